@@ -1,0 +1,181 @@
+"""The one way to change the box: fire, stop and kill go through here and nowhere else.
+
+Each action is planned (the exact command and target), refused in read-only mode or when
+the audit log cannot be written, confirmed by whoever drives the console (the CLI's
+prompt or --yes, the TUI's dialog), carried out by the Box (which re-checks the process's
+identity right before signalling) and written to the audit log.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import psutil
+
+from samai.console.audit import AuditError, AuditLog
+from samai.console.config import Config, Stage
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.model import FireResult, SignalResult
+from samai.remote.transport import TransportError
+
+
+class UnknownStage(ValueError):
+    def __init__(self, name: str, config: Config) -> None:
+        known = ", ".join(s.name for s in config.stages) or "none"
+        super().__init__(f"unknown stage {name!r} (stages in {config.source}: {known})")
+
+
+@dataclass(frozen=True)
+class ActionPlan:
+    action: str  # fire | stop | kill
+    target: str
+    subject: str
+    command: str  # the exact command, or the signal and what receives it
+    details: tuple[str, ...] = ()
+    pid: int | None = None
+    start_time: float | None = None
+
+
+# Given the plan, says how it was confirmed ("--yes", "prompt", "dialog"), or None to decline.
+Confirm = Callable[[ActionPlan], Awaitable[str | None]]
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    ok: bool
+    status: str  # done | refused | cancelled | failed
+    message: str
+    plan: ActionPlan
+    result: FireResult | SignalResult | None = None
+
+
+def own_lineage() -> list[int]:
+    """This process and its ancestors: never signalled on a local target."""
+    me = psutil.Process()
+    return [me.pid] + [p.pid for p in me.parents()]
+
+
+class Actions:
+    def __init__(self, box: Box, config: Config, audit: AuditLog, *, readonly: bool, confirm: Confirm) -> None:
+        self.box = box
+        self.config = config
+        self.audit = audit
+        self.readonly = readonly
+        self.confirm = confirm
+
+    def _stage(self, name: str) -> Stage:
+        stage = self.config.stage(name)
+        if stage is None:
+            raise UnknownStage(name, self.config)
+        return stage
+
+    def _protect(self) -> list[int]:
+        return own_lineage() if self.config.target.is_local else []
+
+    # ------------------------------------------------------------ the actions
+
+    async def fire(self, stage_name: str) -> ActionOutcome:
+        stage = self._stage(stage_name)
+        plan = ActionPlan(
+            action="fire",
+            target=self.config.target.url,
+            subject=f"stage {stage.name}",
+            command=stage.command,
+            details=(f"workspace {self.config.workspace}", f"log {stage.log}",
+                     *(f"env {k}={v}" for k, v in stage.env)),
+        )
+        return await self._carry_out(plan, lambda: self.box.fire(stage.name, stage.command, stage.log,
+                                                                  env=dict(stage.env)))
+
+    async def stop(self, stage_name: str, *, grace: float = 10.0) -> ActionOutcome:
+        stage = self._stage(stage_name)
+        plan = ActionPlan(
+            action="stop",
+            target=self.config.target.url,
+            subject=f"stage {stage.name}",
+            command=f"SIGTERM to the process group of stage {stage.name}, SIGKILL after {grace:g} s",
+        )
+        return await self._carry_out(plan, lambda: self.box.stop(stage.name, grace=grace, protect=self._protect()))
+
+    async def kill(self, pid: int, start_time: float, *, signal: str = "TERM", grace: float = 5.0) -> ActionOutcome:
+        signal = signal.upper()
+        then = f", SIGKILL after {grace:g} s" if signal != "KILL" else ""
+        details: tuple[str, ...] = (f"start time {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(start_time))}",)
+        try:
+            snap = await self.box.snapshot()
+            proc = snap.process(pid)
+            if proc is not None:
+                children = [p.pid for p in snap.processes if p.ppid == pid]
+                details = (f"user {proc.user}", *details, f"command {proc.command}",
+                           f"children (not signalled) {children}" if children else "no children")
+        except (BoxError, TransportError):
+            pass  # the plan is still exact; the identity check happens on the box regardless
+        plan = ActionPlan(
+            action="kill",
+            target=self.config.target.url,
+            subject=f"pid {pid}",
+            command=f"SIG{signal} to pid {pid}{then}",
+            details=details,
+            pid=pid,
+            start_time=start_time,
+        )
+        return await self._carry_out(plan, lambda: self.box.kill(pid, start_time, signal=signal, grace=grace,
+                                                                  protect=self._protect()))
+
+    # ------------------------------------------------------------ the layer
+
+    async def _carry_out(self, plan: ActionPlan,
+                         run: Callable[[], Awaitable[FireResult | SignalResult]]) -> ActionOutcome:
+        if self.readonly:
+            return ActionOutcome(False, "refused", f"{plan.action} refused: the console is read-only", plan)
+        try:
+            self.audit.ensure_writable()
+        except AuditError as e:
+            return ActionOutcome(False, "refused", f"{plan.action} refused: {e}", plan)
+        how = await self.confirm(plan)
+        if not how:
+            self._audit(plan, "declined", "cancelled", "")
+            return ActionOutcome(False, "cancelled", f"{plan.action} {plan.subject}: cancelled", plan)
+        try:
+            result = await run()
+        except (BoxError, TransportError) as e:
+            self._audit(plan, how, "error", str(e))
+            return ActionOutcome(False, "failed", f"{plan.action} {plan.subject} failed: {e}", plan)
+        outcome = _outcome(plan, result)
+        try:
+            self._audit(plan, how, outcome.status, outcome.message, result)
+        except AuditError as e:  # the action happened; say loudly that its record did not
+            return ActionOutcome(False, "failed", f"{outcome.message}; but {e}", plan, result)
+        return outcome
+
+    def _audit(self, plan: ActionPlan, confirmation: str, status: str, message: str,
+               result: FireResult | SignalResult | None = None) -> None:
+        pid, start_time = plan.pid, plan.start_time
+        if isinstance(result, FireResult):
+            pid, start_time = result.pid, result.start_time
+        self.audit.record(
+            target=plan.target, action=plan.action, subject=plan.subject, command=plan.command,
+            pid=pid, start_time=start_time, confirmation=confirmation, result=status, message=message,
+            user=os.environ.get("USER") or str(os.getuid()),
+        )
+
+
+def _outcome(plan: ActionPlan, result: FireResult | SignalResult) -> ActionOutcome:
+    if isinstance(result, FireResult):
+        if result.state == "running":
+            msg = f"fired stage {result.stage}: pid {result.pid} verified running, log {result.log}"
+        elif result.state == "done":
+            msg = f"stage {result.stage} finished at once with rc=0, log {result.log}"
+        else:
+            msg = f"stage {result.stage} {result.state}: {result.reason}"
+        return ActionOutcome(result.ok, "done" if result.ok else "failed", msg, plan, result)
+    if result.result == "refused":
+        return ActionOutcome(False, "refused", f"{plan.action} {plan.subject} refused: {result.reason}", plan, result)
+    what = {"exited": "exited after the signal", "killed": "killed (SIGKILL)", "gone": "was not running"}
+    msg = f"{plan.subject} {what.get(result.result, result.result)}"
+    if result.survivors:
+        msg += f"; still alive: {', '.join(map(str, result.survivors))}"
+    return ActionOutcome(result.ok, "done" if result.ok else "failed", msg, plan, result)

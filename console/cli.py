@@ -1,0 +1,217 @@
+"""The command line. Exit codes: 0 ok, 1 a check found a problem or an action was refused,
+2 a usage, config or connection error, always with a one-line reason on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+from dataclasses import asdict
+from typing import NoReturn, Sequence
+
+from samai.console import __version__
+from samai.console import config as config_mod
+from samai.console.actions import ActionOutcome, ActionPlan, Actions, UnknownStage
+from samai.console.audit import AuditLog
+from samai.console.paths import audit_log
+from samai.console.report import describe_snapshot
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.follow import LogFollower
+from samai.remote.targets import TargetError, open_transport
+from samai.remote.transport import TransportError
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+FOLLOW_POLL_S = 0.5
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for: reported in one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--config", metavar="FILE", default=default, help="samai.toml (default: built-in tiny)")
+    parser.add_argument("--target", metavar="URL", default=default,
+                        help="local, ssh://user@host[:port] or envelope+http(s)://host[:port]")
+    parser.add_argument("--readonly", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                        help="refuse every action that changes the box")
+    parser.add_argument("--theme", metavar="NAME", default=default, help="the TUI's theme")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="samai-console", description="Operations console for an LLM fine-tuning box.")
+    parser.add_argument("--version", action="version", version=f"samai-console {__version__}")
+    _global_options(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _global_options(p, suppress=True)
+        return p
+
+    p = command("snapshot", "one snapshot of the box: disk, stages, processes, ports")
+    p.add_argument("--json", action="store_true", help="the whole snapshot as JSON")
+
+    p = command("fire", "start a stage (detached, verified)")
+    p.add_argument("stage")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    p = command("stop", "stop a running stage: its process group, TERM then KILL")
+    p.add_argument("stage")
+    p.add_argument("--grace", type=float, default=10.0, metavar="S", help="seconds between TERM and KILL")
+    p.add_argument("--yes", action="store_true")
+
+    p = command("kill", "signal one process, identified by pid and start time")
+    p.add_argument("pid", type=int)
+    p.add_argument("--start-time", type=float, required=True, metavar="T",
+                   help="the process's start time (epoch seconds, as `snapshot` shows it)")
+    p.add_argument("--signal", choices=("TERM", "KILL", "INT", "HUP"), default="TERM", type=str.upper)
+    p.add_argument("--grace", type=float, default=5.0, metavar="S", help="seconds before KILL follows TERM")
+    p.add_argument("--yes", action="store_true")
+
+    p = command("tail", "print the end of a file on the box (relative paths are in the workspace)")
+    p.add_argument("path")
+    p.add_argument("-n", type=int, default=10, metavar="N", help="start with the last N lines")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing what is appended")
+    p.add_argument("--grep", metavar="REGEX", help="only lines matching REGEX (a leading ! inverts)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_mod.load(args.config)
+        if args.target:
+            cfg = cfg.with_target(args.target)
+        if args.command is None:
+            from samai.console.app import run_app  # the TUI's imports are kept off the CLI's path
+
+            return run_app(cfg, readonly=args.readonly, theme=args.theme)
+        return asyncio.run(_run(args, cfg))
+    except (config_mod.ConfigError, UsageError, UnknownStage, TargetError) as e:
+        return _fail(str(e), EXIT_USAGE)
+    except (BoxError, TransportError) as e:
+        return _fail(f"cannot reach {args.target or 'the target'}: {e}", EXIT_USAGE)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"samai-console: {message}", file=sys.stderr)
+    return code
+
+
+async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
+    box = Box(open_transport(cfg.target.url), cfg.workspace, python=cfg.target.box_python, timeout=cfg.target.timeout)
+    try:
+        handler = {"snapshot": _snapshot, "fire": _fire, "stop": _stop, "kill": _kill, "tail": _tail}[args.command]
+        return await handler(args, cfg, box)
+    finally:
+        await box.close()
+
+
+# ------------------------------------------------------------------ reads
+
+
+async def _snapshot(args, cfg, box: Box) -> int:
+    snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts])
+    if args.json:
+        print(json.dumps(asdict(snap), default=_json_bytes))
+    else:
+        print(describe_snapshot(snap, cfg))
+    return EXIT_OK
+
+
+def _json_bytes(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(type(value).__name__)
+
+
+def _line_filter(pattern: str | None):
+    if not pattern:
+        return lambda line: True
+    invert = pattern.startswith("!")
+    try:
+        rx = re.compile(pattern[1:] if invert else pattern)
+    except re.error as e:
+        raise UsageError(f"--grep {pattern!r}: not a regular expression ({e})") from e
+    return lambda line: bool(rx.search(line)) != invert
+
+
+async def _tail(args, cfg, box: Box) -> int:
+    if args.n < 0:
+        raise UsageError("-n must be 0 or more")
+    keep = _line_filter(args.grep)
+    path = args.path if args.path.startswith("/") else f"{cfg.workspace}/{args.path}"
+    follower = LogFollower(path, last_lines=args.n)
+    while True:
+        update = follower.consume(await box.read_log(follower.cursor()))
+        if update.notice:
+            print(f"samai-console: {update.notice}", file=sys.stderr)
+        if follower.missing and not args.follow:
+            return EXIT_PROBLEM
+        for line in update.lines:
+            if keep(line):
+                print(line)
+        sys.stdout.flush()
+        if update.more:
+            continue
+        if not args.follow:
+            last = follower.decoder.flush()
+            if last is not None and keep(last):
+                print(last)
+            return EXIT_OK
+        await asyncio.sleep(FOLLOW_POLL_S)
+
+
+# ------------------------------------------------------------------ actions
+
+
+def _actions(args, cfg, box: Box) -> Actions:
+    return Actions(box, cfg, AuditLog(audit_log()), readonly=args.readonly, confirm=_confirmer(args.yes))
+
+
+def _confirmer(yes: bool):
+    async def confirm(plan: ActionPlan) -> str | None:
+        if yes:
+            return "--yes"
+        if not sys.stdin.isatty():
+            print("samai-console: needs confirmation: run it at a terminal or pass --yes", file=sys.stderr)
+            return None
+        print(f"{plan.action} {plan.subject} on {plan.target}\n  {plan.command}", file=sys.stderr)
+        for line in plan.details:
+            print(f"  {line}", file=sys.stderr)
+        answer = await asyncio.to_thread(input, "Proceed? [y/N] ")
+        return "prompt" if answer.strip().lower() in ("y", "yes") else None
+
+    return confirm
+
+
+def _report(outcome: ActionOutcome) -> int:
+    result = outcome.result
+    stream = sys.stdout if outcome.ok else sys.stderr
+    print(f"samai-console: {outcome.message}", file=stream)
+    for line in getattr(result, "log_tail", ()) if not outcome.ok else ():
+        print(f"  | {line}", file=stream)
+    return EXIT_OK if outcome.ok else EXIT_PROBLEM
+
+
+async def _fire(args, cfg, box: Box) -> int:
+    return _report(await _actions(args, cfg, box).fire(args.stage))
+
+
+async def _stop(args, cfg, box: Box) -> int:
+    return _report(await _actions(args, cfg, box).stop(args.stage, grace=args.grace))
+
+
+async def _kill(args, cfg, box: Box) -> int:
+    outcome = await _actions(args, cfg, box).kill(args.pid, args.start_time, signal=args.signal, grace=args.grace)
+    return _report(outcome)

@@ -1,0 +1,29 @@
+"""Where the console keeps its own files on this machine (XDG base directories)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _xdg(variable: str, fallback: str) -> Path:
+    value = os.environ.get(variable, "")
+    base = Path(value) if os.path.isabs(value) else Path.home() / fallback
+    return base / "samai"
+
+
+def data_dir() -> Path:
+    return _xdg("XDG_DATA_HOME", ".local/share")
+
+
+def state_dir() -> Path:
+    return _xdg("XDG_STATE_HOME", ".local/state")
+
+
+def default_workspace(pipeline: str) -> Path:
+    """The embedded default workspace: a local folder per pipeline under the user's data dir."""
+    return data_dir() / "workspaces" / pipeline
+
+
+def audit_log() -> Path:
+    return state_dir() / "audit.jsonl"

@@ -1,0 +1,44 @@
+"""Plain-text views of box data for the command line (the TUI has its own widgets)."""
+
+from __future__ import annotations
+
+from samai.console import units
+from samai.console.config import Config
+from samai.remote.model import Snapshot
+
+TOP_PROCESSES = 15
+
+
+def describe_snapshot(snap: Snapshot, cfg: Config) -> str:
+    lines = [f"{snap.host}  workspace {cfg.workspace}  round trip {snap.rtt * 1000:.0f} ms"]
+    for d in snap.disks:
+        lines.append(f"disk  {d.label:<9} {d.mount:<12} used {units.size(d.used)} of {units.size(d.total)}, "
+                     f"free {units.size(d.free)}")
+    lines.append("stages")
+    for stage in cfg.stages:
+        rec = snap.state(stage.name)
+        state = rec.status if rec else "idle"
+        extra = ""
+        if rec:
+            extra = f"pid {rec.pid}  fired {units.duration(snap.time - rec.fired_at)} ago"
+            if rec.rc is not None:
+                extra += f"  rc={rec.rc}"
+        lines.append(f"  [{stage.key}] {stage.name:<10} {state:<8} {extra}")
+    present = [a for a in snap.artifacts if a.exists]
+    if present:
+        lines.append("artifacts")
+        lines.extend(f"  {a.name:<12} {units.size(a.bytes):>9}  {a.path}" for a in present)
+    if snap.listeners:
+        lines.append("listening")
+        for s in snap.listeners:
+            proc = snap.process(s.pid) if s.pid else None
+            owner = f"pid {s.pid} {proc.command[:60]}" if proc else "owner not visible"
+            lines.append(f"  {s.host}:{s.port:<6} {owner}")
+    lines.append(f"processes ({len(snap.processes)}; top {TOP_PROCESSES} by cpu)")
+    lines.append(f"  {'PID':>7} {'USER':<10} {'CPU%':>5} {'RSS':>9} {'START':>14}  COMMAND")
+    for p in sorted(snap.processes, key=lambda p: p.cpu_percent, reverse=True)[:TOP_PROCESSES]:
+        lines.append(f"  {p.pid:>7} {p.user[:10]:<10} {p.cpu_percent:>5.1f} {units.size(p.rss):>9} "
+                     f"{p.start_time:>14.2f}  {p.command[:80]}")
+    for e in snap.errors:
+        lines.append(f"error {e.get('what')}: {e.get('error')}")
+    return "\n".join(lines)

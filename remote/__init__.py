@@ -1,0 +1,1 @@
+"""Everything that touches the box: transports, the Box API built on them, and the box tools."""

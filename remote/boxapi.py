@@ -1,0 +1,146 @@
+"""The Box: the pipeline box as the console sees it, built once on any Transport.
+
+Every call is one round trip: a box tool run with a JSON request on stdin. The tools are
+uploaded to WORKSPACE/.samai/tools/<hash>/ the first time a Box needs them, and again only
+when their content (and so the hash) changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import posixpath
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Mapping, Sequence
+
+from samai.remote import model
+from samai.remote.follow import LogCursor
+from samai.remote.model import FireResult, LogChunk, SignalResult, Snapshot
+from samai.remote.transport import Transport
+
+TOOLS = ("procfs.py", "probe.py", "launch.py", "kill.py")
+READY = ".ready"
+
+
+class BoxError(Exception):
+    """A box tool failed or answered with something that is not its reply."""
+
+
+@dataclass(frozen=True)
+class ToolSet:
+    digest: str
+    files: Mapping[str, bytes]
+
+    @classmethod
+    def bundled(cls) -> ToolSet:
+        folder = resources.files("samai.remote.box")
+        files = {name: folder.joinpath(name).read_bytes() for name in TOOLS}
+        h = hashlib.sha256()
+        for name in TOOLS:
+            h.update(name.encode() + b"\0" + files[name] + b"\0")
+        return cls(h.hexdigest()[:16], files)
+
+
+class Box:
+    def __init__(self, transport: Transport, workspace: str, *, python: str = "python3",
+                 timeout: float = 30.0, tools: ToolSet | None = None) -> None:
+        self.transport = transport
+        self.workspace = workspace
+        self.python = python
+        self.timeout = timeout
+        self.tools = tools or ToolSet.bundled()
+        self.tools_dir = posixpath.join(workspace, ".samai", "tools", self.tools.digest)
+        self._tools_ready = False
+
+    # ------------------------------------------------------------ plumbing
+
+    async def ensure_tools(self) -> None:
+        if self._tools_ready:
+            return
+        marker = posixpath.join(self.tools_dir, READY)
+        probe = await self.transport.run(["test", "-f", marker], timeout=self.timeout)
+        if probe.rc != 0:
+            for name, data in self.tools.files.items():
+                await self.transport.put(posixpath.join(self.tools_dir, name), data)
+            await self.transport.put(marker, self.tools.digest.encode())
+        self._tools_ready = True
+
+    async def call(self, tool: str, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
+        await self.ensure_tools()
+        # -S: the tools need only the standard library, and skipping site halves the start-up.
+        argv = [self.python, "-S", posixpath.join(self.tools_dir, tool)]
+        result = await self.transport.run(argv, stdin=json.dumps(request).encode(), timeout=timeout or self.timeout)
+        if result.rc != 0:
+            if result.rc == 127 or b"No such file" in result.stderr:
+                self._tools_ready = False  # someone removed them: upload again next call
+            raise BoxError(f"{tool} failed (rc={result.rc}): {result.stderr_text()[-500:]}")
+        try:
+            reply = json.loads(result.stdout)
+        except ValueError as e:
+            raise BoxError(f"{tool} answered something that is not JSON: {result.stdout[:200]!r}") from e
+        if not isinstance(reply, dict):
+            raise BoxError(f"{tool} answered {type(reply).__name__}, not an object")
+        return reply
+
+    # ------------------------------------------------------------ reads
+
+    async def snapshot(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
+                       processes: bool = True, artifact_budget_s: float = 1.0) -> Snapshot:
+        """Disk, artifact sizes, processes, listeners, new log bytes and stage states: one call."""
+        request = {
+            "workspace": self.workspace,
+            "artifacts": [{"name": name, "path": path} for name, path in artifacts],
+            "artifact_budget_s": artifact_budget_s,
+            "logs": [c.request() for c in logs],
+            "processes": processes,
+        }
+        started = time.monotonic()
+        raw = await self.call("probe.py", request)
+        return model.snapshot(raw, time.monotonic() - started)
+
+    async def read_log(self, cursor: LogCursor) -> LogChunk:
+        request = {"logs": [cursor.request()], "processes": False, "states": False}
+        raw = await self.call("probe.py", request)
+        return model.log_chunk(raw["logs"][0])
+
+    async def tail(self, path: str, offset: int | None = None, **cursor: Any) -> LogChunk:
+        """New bytes of one log from offset (None: the last `last_lines` lines)."""
+        return await self.read_log(LogCursor(path, offset, **cursor))
+
+    async def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes start..end inclusive; fails unless the file really holds all of them."""
+        request = {"ranges": [{"path": path, "start": start, "end": end}], "processes": False, "states": False}
+        raw = (await self.call("probe.py", request))["ranges"][0]
+        if "error" in raw:
+            raise BoxError(f"read {path} [{start}-{end}]: {raw['error']}")
+        data = base64.b64decode(raw["data"])
+        if len(data) != end - start + 1:
+            raise BoxError(f"read {path} [{start}-{end}]: got {len(data)} bytes, file is {raw['size']} bytes")
+        return data
+
+    # ------------------------------------------------------------ actions (called by the action layer)
+
+    async def fire(self, stage: str, command: str, log: str, *, env: Mapping[str, str] | None = None,
+                   verify_s: float = 3.0) -> FireResult:
+        request = {"stage": stage, "workspace": self.workspace, "command": command, "log": log,
+                   "env": dict(env or {}), "verify_s": verify_s}
+        raw = await self.call("launch.py", request, timeout=self.timeout + verify_s)
+        return model.fire_result(raw, stage)
+
+    async def stop(self, stage: str, *, signal: str = "TERM", grace: float = 10.0,
+                   protect: Sequence[int] = ()) -> SignalResult:
+        request = {"stage": stage, "workspace": self.workspace, "signal": signal, "grace": grace,
+                   "protect": list(protect)}
+        return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))
+
+    async def kill(self, pid: int, start_time: float, *, signal: str = "TERM", grace: float = 5.0,
+                   protect: Sequence[int] = ()) -> SignalResult:
+        request = {"pid": pid, "start_time": start_time, "signal": signal, "grace": grace,
+                   "protect": list(protect)}
+        return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))
+
+    async def close(self) -> None:
+        await self.transport.close()

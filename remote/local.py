@@ -1,0 +1,63 @@
+"""LocalTransport: the target is this machine; commands are asyncio subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import tempfile
+from typing import Sequence
+
+from samai.remote.transport import RunResult, TransportError, TransportTimeout
+
+
+class LocalTransport:
+    name = "local"
+
+    async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> RunResult:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # so a timeout can take its whole group down
+            )
+        except OSError as e:
+            raise TransportError(f"cannot start {argv[0]}: {e.strerror}") from e
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as e:
+            _kill_group(proc.pid)
+            await proc.wait()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise TransportTimeout(f"{argv[0]} ran past its {timeout:g} s deadline and was killed") from e
+        return RunResult(proc.returncode, out, err)
+
+    async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        await asyncio.to_thread(_write_atomic, path, data, mode)
+
+    async def close(self) -> None:
+        return None
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _write_atomic(path: str, data: bytes, mode: int) -> None:
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".put-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -1,0 +1,200 @@
+"""Typed data that crosses from the Box to the console: built from the box tools' JSON."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Marker:
+    name: str
+    pattern: str  # a regular expression matched against each log line's bytes
+    severity: str = "info"  # info | warning | error
+
+    def request(self) -> dict[str, str]:
+        return {"name": self.name, "pattern": self.pattern}
+
+
+@dataclass(frozen=True)
+class Disk:
+    label: str
+    path: str
+    mount: str
+    total: int
+    used: int
+    free: int
+
+
+@dataclass(frozen=True)
+class ArtifactSize:
+    name: str
+    path: str
+    exists: bool
+    bytes: int = 0
+    allocated: int = 0
+    files: int = 0
+    complete: bool = True  # False when the size walk ran out of its time budget
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    user: str
+    start_time: float
+    state: str
+    cpu_time: float
+    cpu_percent: float
+    rss: int
+    comm: str
+    argv: tuple[str, ...]
+
+    @property
+    def command(self) -> str:
+        return " ".join(self.argv) if self.argv else f"[{self.comm}]"
+
+
+@dataclass(frozen=True)
+class Listener:
+    proto: str
+    host: str
+    port: int
+    inode: int
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class MarkerHit:
+    marker: str
+    offset: int
+    line: str
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    path: str
+    data: bytes = b""
+    offset: int = 0
+    next_offset: int = 0
+    size: int = 0
+    inode: int | None = None
+    more: bool = False
+    rotated: bool = False
+    truncated: bool = False
+    hits: tuple[MarkerHit, ...] = ()
+    error: str | None = None
+    missing: bool = False
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """A stage launch as recorded on the box, with what the probe saw of it just now."""
+
+    stage: str
+    pid: int
+    pgid: int
+    start_time: float | None
+    log: str
+    cmd: str
+    fired_at: float
+    alive: bool = False
+    rc: int | None = None
+    group: tuple[int, ...] = ()
+
+    @property
+    def status(self) -> str:
+        if self.alive:
+            return "running"
+        if self.rc is None:
+            return "lost" if not self.group else "orphaned"
+        return "done" if self.rc == 0 else "failed"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: float
+    host: str
+    boot_time: int
+    rtt: float  # seconds for the whole round trip, as the console saw it
+    disks: tuple[Disk, ...]
+    artifacts: tuple[ArtifactSize, ...]
+    processes: tuple[Process, ...]
+    listeners: tuple[Listener, ...]
+    logs: tuple[LogChunk, ...]
+    states: tuple[StageRecord, ...]
+    errors: tuple[dict[str, Any], ...] = ()
+    probe_pid: int | None = None
+
+    def process(self, pid: int) -> Process | None:
+        return next((p for p in self.processes if p.pid == pid), None)
+
+    def state(self, stage: str) -> StageRecord | None:
+        return next((s for s in self.states if s.stage == stage), None)
+
+
+@dataclass(frozen=True)
+class FireResult:
+    ok: bool
+    state: str  # running | done | failed | refused
+    stage: str
+    reason: str = ""
+    pid: int | None = None
+    start_time: float | None = None
+    rc: int | None = None
+    log: str | None = None
+    log_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    ok: bool
+    result: str  # exited | killed | refused | gone
+    reason: str = ""
+    signalled: tuple[int, ...] = ()
+    survivors: tuple[int, ...] = ()
+
+
+# ------------------------------------------------------------ from the tools' JSON
+
+
+def _pick(cls, raw: dict[str, Any], **overrides: Any):
+    names = cls.__dataclass_fields__.keys()
+    values = {k: v for k, v in raw.items() if k in names}
+    values.update(overrides)
+    return cls(**values)
+
+
+def log_chunk(raw: dict[str, Any]) -> LogChunk:
+    hits = tuple(MarkerHit(**h) for h in raw.get("hits") or ())
+    return _pick(LogChunk, raw, data=base64.b64decode(raw.get("data") or ""), hits=hits)
+
+
+def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
+    return Snapshot(
+        time=raw["time"],
+        host=raw.get("host", ""),
+        boot_time=raw["boot_time"],
+        rtt=rtt,
+        disks=tuple(_pick(Disk, d) for d in raw.get("disks") or ()),
+        artifacts=tuple(_pick(ArtifactSize, a) for a in raw.get("artifacts") or ()),
+        processes=tuple(_pick(Process, p, argv=tuple(p.get("argv") or ())) for p in raw.get("processes") or ()),
+        listeners=tuple(_pick(Listener, s) for s in raw.get("listeners") or ()),
+        logs=tuple(log_chunk(c) for c in raw.get("logs") or ()),
+        states=tuple(_pick(StageRecord, s, group=tuple(s.get("group") or ())) for s in raw.get("states") or ()),
+        errors=tuple(raw.get("errors") or ()),
+        probe_pid=raw.get("probe_pid"),
+    )
+
+
+def fire_result(raw: dict[str, Any], stage: str) -> FireResult:
+    return _pick(FireResult, raw, stage=stage, log_tail=tuple(raw.get("log_tail") or ()))
+
+
+def signal_result(raw: dict[str, Any]) -> SignalResult:
+    return _pick(SignalResult, raw, signalled=tuple(raw.get("signalled") or ()),
+                 survivors=tuple(raw.get("survivors") or ()))

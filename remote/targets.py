@@ -1,0 +1,19 @@
+"""Target URLs → Transports."""
+
+from __future__ import annotations
+
+from samai.remote.local import LocalTransport
+from samai.remote.transport import Transport
+
+
+class TargetError(Exception):
+    """The target URL is malformed or names a transport this build cannot open."""
+
+
+def open_transport(url: str) -> Transport:
+    if url == "local":
+        return LocalTransport()
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme in ("ssh", "envelope+http", "envelope+https"):
+        raise TargetError(f"target {url}: the {scheme} transport is not part of this build yet; use 'local'")
+    raise TargetError(f"target {url!r}: expected local, ssh://user@host[:port] or envelope+http(s)://host[:port]")

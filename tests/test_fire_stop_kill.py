@@ -1,0 +1,141 @@
+"""Firing, stopping and killing real processes through the Box on this machine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from samai.remote.boxapi import Box
+from samai.remote.local import LocalTransport
+from tests.helpers import wait_for
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_fire_verifies_the_chain_and_it_prints_chain_done(box: Box, workspace: Path) -> None:
+    result = await box.fire("hello", "echo hello from $SAMAI_STAGE; sleep 1.5; echo bye", "logs/hello.log",
+                            verify_s=0.5)
+    assert result.ok and result.state == "running"
+    assert abs(result.start_time - psutil.Process(result.pid).create_time()) < 0.05
+    assert os.getpgid(result.pid) == result.pid and os.getsid(result.pid) == result.pid
+    log = workspace / "logs" / "hello.log"
+    wait_for(lambda: "CHAIN_DONE rc=0" in log.read_text(), timeout=10)
+    text = log.read_text()
+    assert "hello from hello" in text and text.index("bye") < text.index("CHAIN_DONE rc=0")
+    snap = await box.snapshot()
+    assert snap.state("hello").status == "done" and snap.state("hello").rc == 0
+
+
+async def test_a_chain_whose_command_does_not_exist_is_reported_failed(box: Box) -> None:
+    started = time.monotonic()
+    result = await box.fire("broken", "no-such-command-xyz --flag", "logs/broken.log", verify_s=3.0)
+    assert time.monotonic() - started < 3.0  # reported as soon as it died, not after the wait
+    assert not result.ok and result.state == "failed" and result.rc == 127
+    assert any("no-such-command-xyz" in line and "not found" in line for line in result.log_tail)
+    assert result.log_tail[-1] == "CHAIN_DONE rc=127"
+
+
+async def test_a_quick_successful_stage_is_done_not_failed(box: Box) -> None:
+    result = await box.fire("quick", "true", "logs/quick.log", verify_s=2.0)
+    assert result.ok and result.state == "done" and result.rc == 0
+
+
+async def test_a_restarted_box_reattaches_to_a_running_stage(box: Box, workspace: Path) -> None:
+    fired = await box.fire("long", "sleep 30", "logs/long.log", verify_s=0.3)
+    try:
+        fresh = Box(LocalTransport(), str(workspace), python=sys.executable)  # as a restarted console would build it
+        rec = (await fresh.snapshot()).state("long")
+        assert rec is not None and rec.status == "running"
+        assert (rec.pid, rec.start_time, rec.cmd) == (fired.pid, fired.start_time, "sleep 30")
+        again = await fresh.fire("long", "sleep 30", "logs/long.log", verify_s=0.3)
+        assert again.state == "refused" and "already running" in again.reason
+    finally:
+        await box.stop("long", grace=1)
+    assert not _alive(fired.pid)
+
+
+async def test_fire_rotates_the_previous_log(box: Box, workspace: Path) -> None:
+    await box.fire("r", "echo first", "logs/r.log", verify_s=1.0)
+    await box.fire("r", "echo second", "logs/r.log", verify_s=1.0)
+    assert "second" in (workspace / "logs" / "r.log").read_text()
+    assert "first" in (workspace / "logs" / "r.log.1").read_text()
+
+
+async def test_kill_with_a_wrong_start_time_is_refused_and_the_process_lives(box: Box, spawn) -> None:
+    proc = spawn("sleep", "30")
+    real = psutil.Process(proc.pid).create_time()
+    result = await box.kill(proc.pid, real - 5.0, signal="KILL")
+    assert result.result == "refused" and "another process" in result.reason
+    time.sleep(0.2)
+    assert proc.poll() is None
+    result = await box.kill(proc.pid, real, signal="TERM", grace=2)
+    assert result.ok and result.result == "exited"
+    assert proc.wait(5) == -signal.SIGTERM
+
+
+async def test_kill_refuses_init_and_the_console_itself(box: Box) -> None:
+    me = psutil.Process()
+    assert (await box.kill(1, 0.0)).result == "refused"
+    result = await box.kill(me.pid, me.create_time(), signal="TERM")
+    assert result.result == "refused" and "protected" in result.reason
+    parent = me.parent()
+    assert (await box.kill(parent.pid, parent.create_time())).result == "refused"
+
+
+async def test_stop_kills_the_whole_group_even_a_child_that_ignores_term(box: Box, workspace: Path) -> None:
+    stubborn = f"{sys.executable} -c 'import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
+               f"print(\"ready\", flush=True); time.sleep(60)'"
+    fired = await box.fire("stubborn", f"{stubborn} & sleep 60; wait", "logs/stubborn.log", verify_s=0.3)
+    assert fired.state == "running"
+    log = workspace / "logs" / "stubborn.log"
+    wait_for(lambda: "ready" in log.read_text())
+    group = [p for p in psutil.process_iter() if _pgid(p.pid) == fired.pid]
+    assert len(group) >= 3  # the chain, its subshell's sleep and the stubborn child
+    started = time.monotonic()
+    result = await box.stop("stubborn", grace=1.0)
+    assert result.ok and result.result == "killed" and not result.survivors
+    assert time.monotonic() - started >= 1.0  # TERM first, KILL only after the grace period
+    assert not any(_alive(p.pid) for p in group)
+    assert "CHAIN_DONE rc=" in log.read_text()
+
+
+async def test_stop_of_a_stage_that_is_not_running_says_so(box: Box) -> None:
+    assert (await box.stop("never-fired")).result == "gone"
+    await box.fire("brief", "true", "logs/brief.log", verify_s=1.0)
+    assert (await box.stop("brief")).result == "gone"
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def test_launch_does_not_leave_the_callers_pipes_open(workspace: Path) -> None:
+    """A detached chain must not hold the launcher's stdout: SSH sessions would hang on it."""
+    box = Box(LocalTransport(), str(workspace), python=sys.executable)
+    import asyncio
+
+    started = time.monotonic()
+    result = asyncio.run(box.fire("detached", "sleep 20", "logs/d.log", verify_s=0.2))
+    assert time.monotonic() - started < 5
+    try:
+        fds = os.listdir(f"/proc/{result.pid}/fd")
+        links = {os.readlink(f"/proc/{result.pid}/fd/{fd}") for fd in fds}
+        assert not any(link.startswith("pipe:") for link in links)
+        assert os.path.realpath("/dev/null") in links
+    finally:
+        asyncio.run(box.stop("detached", grace=1))
+

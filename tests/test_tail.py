@@ -1,0 +1,161 @@
+"""Following logs by byte offset through the probe: no gaps, no duplicates, no mojibake."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from samai.remote.boxapi import Box
+from samai.remote.decode import LineDecoder
+from samai.remote.follow import LogFollower
+from samai.remote.model import Marker
+
+
+async def _poll(box: Box, follower: LogFollower) -> tuple[list[str], list[str]]:
+    """Everything the log holds right now (following `more`), and the notices seen."""
+    lines, notices = [], []
+    while True:
+        update = follower.consume(await box.read_log(follower.cursor()))
+        lines += update.lines
+        if update.notice:
+            notices.append(update.notice)
+        if not update.more:
+            return lines, notices
+
+
+async def test_offsets_resume_without_gaps_or_duplicates(box: Box, workspace: Path) -> None:
+    log = workspace / "a.log"
+    follower = LogFollower(str(log), offset=0, max_bytes=1000)  # small reads: many boundaries
+    got: list[str] = []
+    n = 0
+    with open(log, "w") as f:
+        for burst in range(20):
+            for _ in range(37 * burst % 90):
+                f.write(f"line {n:05d} {'x' * (n % 50)}\n")
+                n += 1
+            f.write("partial-")  # a line cut by the writer, finished in the next burst
+            f.flush()
+            got += (await _poll(box, follower))[0]
+            f.write(f"done {burst}\n")
+        f.flush()
+    got += (await _poll(box, follower))[0]
+    expected = log.read_text().splitlines()
+    assert got == expected
+
+
+async def test_tail_starts_with_the_last_n_lines(box: Box, workspace: Path) -> None:
+    log = workspace / "b.log"
+    log.write_text("".join(f"{i}\n" for i in range(10_000)))
+    lines, _ = await _poll(box, LogFollower(str(log), last_lines=5))
+    assert lines == ["9995", "9996", "9997", "9998", "9999"]
+    log.write_text("only\nthree\nlines")  # no final newline
+    chunk = await box.tail(str(log), last_lines=10)
+    assert chunk.data == b"only\nthree\nlines"
+
+
+async def test_truncation_and_rotation_are_detected(box: Box, workspace: Path) -> None:
+    log = workspace / "c.log"
+    log.write_text("one\ntwo\n")
+    follower = LogFollower(str(log), last_lines=10)
+    assert (await _poll(box, follower))[0] == ["one", "two"]
+
+    log.write_text("3\n")  # truncated in place (copytruncate)
+    lines, notices = await _poll(box, follower)
+    assert lines == ["3"] and "truncated" in notices[0]
+
+    log.rename(workspace / "c.log.1")  # rotated: a new file under the old name
+    log.write_text("fresh\n")
+    lines, notices = await _poll(box, follower)
+    assert lines == ["fresh"] and "replaced" in notices[0]
+
+
+async def test_truncation_that_regrew_past_the_old_offset_is_caught(box: Box, workspace: Path) -> None:
+    log = workspace / "d.log"
+    log.write_text("aaaa\nbbbb\n")
+    follower = LogFollower(str(log), last_lines=10)
+    await _poll(box, follower)
+    with open(log, "r+") as f:  # same inode, rewritten, now longer than before
+        f.truncate(0)
+        f.write("new-1\nnew-2\nnew-3\n")
+    lines, notices = await _poll(box, follower)
+    assert lines == ["new-1", "new-2", "new-3"] and "truncated" in notices[0]
+
+
+async def test_a_multibyte_character_split_at_the_read_boundary(box: Box, workspace: Path) -> None:
+    log = workspace / "e.log"
+    text = "训练 loss 下降 ✓ é😀\n" * 3
+    log.write_bytes(text.encode())
+    for size in (5, 6, 7, 8):  # reads that end at every position inside 2-, 3- and 4-byte characters
+        lines, _ = await _poll(box, LogFollower(str(log), offset=0, max_bytes=size))
+        assert lines == text.splitlines()
+        assert "\ufffd" not in "".join(lines)
+
+
+async def test_invalid_bytes_become_replacement_characters(box: Box, workspace: Path) -> None:
+    log = workspace / "f.log"
+    log.write_bytes(b"ok \xff\xfe end\n\x00bin\xc3\n")
+    lines, _ = await _poll(box, LogFollower(str(log), offset=0))
+    assert lines == ["ok \ufffd\ufffd end", "\x00bin\ufffd"]
+
+
+async def test_a_10mb_line_is_capped_and_the_next_line_is_intact(box: Box, workspace: Path) -> None:
+    log = workspace / "g.log"
+    log.write_bytes(b"start\n" + b"\xe2\x82\xac" * (10 * 1024 * 1024 // 3) + b"\nafter\n")
+    follower = LogFollower(str(log), offset=0, max_bytes=1024 * 1024, max_line=4096)
+    lines, _ = await _poll(box, follower)
+    assert lines[0] == "start" and lines[2] == "after"
+    assert len(lines[1].encode()) < 4200 and "more bytes" in lines[1]
+    assert "\ufffd" not in lines[1]
+    assert follower.offset == log.stat().st_size
+
+
+async def test_marker_hits_are_found_once_even_across_reads(box: Box, workspace: Path) -> None:
+    log = workspace / "h.log"
+    markers = (Marker("TRAIN_NAN", "TRAIN_NAN", "error"), Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+"))
+    follower = LogFollower(str(log), markers=markers, offset=0, max_bytes=7)
+    hits = []
+    with open(log, "wb") as f:
+        for part in (b"step 1\nTRAIN", b"_NAN at step 2\n", b"CHAIN_DO", b"NE rc=1\nnoise\n"):
+            f.write(part)
+            f.flush()
+            while True:
+                update = follower.consume(await box.read_log(follower.cursor()))
+                hits += update.hits
+                if not update.more:
+                    break
+    assert [(h.marker, h.line) for h in hits] == [("TRAIN_NAN", "TRAIN_NAN at step 2"),
+                                                  ("CHAIN_DONE", "CHAIN_DONE rc=1")]
+    assert hits[0].offset == len(b"step 1\n")
+
+
+async def test_a_missing_log_is_reported_then_read_from_its_start(box: Box, workspace: Path) -> None:
+    log = workspace / "later.log"
+    follower = LogFollower(str(log), last_lines=10)
+    lines, notices = await _poll(box, follower)
+    assert lines == [] and "No such file" in notices[0]
+    log.write_text("first\n")
+    lines, notices = await _poll(box, follower)
+    assert lines == ["first"] and "appeared" in notices[0]
+
+
+def test_decoder_completes_a_character_split_across_feeds() -> None:
+    data = "é€😀\n".encode()
+    for cut in range(1, len(data)):
+        d = LineDecoder()
+        assert d.feed(data[:cut]) == [] and d.feed(data[cut:]) == ["é€😀"]
+
+
+def test_decoder_cuts_a_long_line_on_a_character_boundary() -> None:
+    d = LineDecoder(max_line=10)
+    (line,) = d.feed("€€€€€€€€\n".encode())  # 24 bytes; 10 cut inside the 4th euro
+    assert line.startswith("€€€ ") and "14 more bytes" in line and "\ufffd" not in line
+    assert d.feed(b"next\r\n") == ["next"]
+
+
+def test_follower_remembers_where_an_unfinished_line_began() -> None:
+    from samai.remote.model import LogChunk
+
+    f = LogFollower("x")
+    f.consume(LogChunk("x", data=b"done\nhalf a li", offset=0, next_offset=14, inode=1))
+    assert f.cursor().scan_from == 5 and f.cursor().offset == 14
+    assert os.path.basename(f.cursor().path) == "x"

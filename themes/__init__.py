@@ -1,0 +1,1 @@
+"""Textual themes and the console's stylesheet."""
