@@ -10,8 +10,8 @@ from samai.remote.decode import DEFAULT_MAX_LINE, LineDecoder
 from samai.remote.model import LogChunk, Marker, MarkerHit
 
 DEFAULT_READ = 256 * 1024
+MARKER_SCAN_READ = 4 * 1024 * 1024  # a markers-only watch transfers no bytes, so it can scan more
 SCAN_CARRY = 64 * 1024  # the probe re-scans at most this much of an unfinished line
-CHECK_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class LogCursor:
     last_lines: int | None = None
     max_bytes: int = DEFAULT_READ
     markers: tuple[Marker, ...] = ()
+    want_data: bool = True
 
     def request(self) -> dict:
         return {
@@ -36,6 +37,7 @@ class LogCursor:
             "scan_from": self.scan_from,
             "last_lines": self.last_lines,
             "max_bytes": self.max_bytes,
+            "data": self.want_data,
             "markers": [m.request() for m in self.markers],
         }
 
@@ -50,27 +52,30 @@ class TailUpdate:
 
 @dataclass
 class LogFollower:
+    """One followed log. With want_data=False only marker hits come back (no bytes moved)."""
+
     path: str
     markers: tuple[Marker, ...] = ()
     last_lines: int | None = 0
     offset: int | None = None
     max_bytes: int = DEFAULT_READ
     max_line: int = DEFAULT_MAX_LINE
+    want_data: bool = True
     inode: int | None = None
     missing: bool = False
     check: bytes = b""
+    line_start: int | None = None  # where the unfinished last line began
     decoder: LineDecoder = field(init=False)
 
     def __post_init__(self) -> None:
         self.decoder = LineDecoder(self.max_line)
 
     def cursor(self) -> LogCursor:
-        carry = self.decoder.pending_bytes
         scan_from = None
-        if self.offset is not None and carry <= SCAN_CARRY:
-            scan_from = self.offset - carry
+        if self.offset is not None and self.line_start is not None and self.offset - self.line_start <= SCAN_CARRY:
+            scan_from = self.line_start
         return LogCursor(self.path, self.offset, self.inode, self.check, scan_from, self.last_lines,
-                         self.max_bytes, self.markers)
+                         self.max_bytes, self.markers, self.want_data)
 
     def consume(self, chunk: LogChunk) -> TailUpdate:
         update = TailUpdate()
@@ -86,14 +91,20 @@ class LogFollower:
             self.missing = False
         if chunk.rotated or chunk.truncated:
             update.lines.extend(self._flush())
-            self.check = b""
             what = "replaced by a new file" if chunk.rotated else "truncated"
             update.notice = f"{self.path}: {what}; reading from its start"
-        update.lines.extend(self.decoder.feed(chunk.data))
+            self.check, self.line_start = b"", None
+        if self.want_data:
+            update.lines.extend(self.decoder.feed(chunk.data))
         update.hits = chunk.hits
         update.more = chunk.more
+        if chunk.next_offset != chunk.offset or self.offset is None:
+            self.check = chunk.tail or self.check
+        if self.line_start is None or chunk.offset != self.offset:
+            self.line_start = chunk.offset  # reads start on a line boundary unless told otherwise
+        if chunk.line_end is not None:
+            self.line_start = chunk.line_end
         self.offset, self.inode = chunk.next_offset, chunk.inode
-        self.check = (self.check + chunk.data)[-CHECK_BYTES:]
         return update
 
     def _flush(self) -> list[str]:

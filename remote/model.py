@@ -81,6 +81,8 @@ class LogChunk:
     data: bytes = b""
     offset: int = 0
     next_offset: int = 0
+    line_end: int | None = None  # just after the last line break read (where the next line starts)
+    tail: bytes = b""  # the last bytes read: the next read checks them to catch a rewrite
     size: int = 0
     inode: int | None = None
     more: bool = False
@@ -171,7 +173,8 @@ def _pick(cls, raw: dict[str, Any], **overrides: Any):
 
 def log_chunk(raw: dict[str, Any]) -> LogChunk:
     hits = tuple(MarkerHit(**h) for h in raw.get("hits") or ())
-    return _pick(LogChunk, raw, data=base64.b64decode(raw.get("data") or ""), hits=hits)
+    return _pick(LogChunk, raw, data=base64.b64decode(raw.get("data") or ""),
+                 tail=base64.b64decode(raw.get("tail") or ""), hits=hits)
 
 
 def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from samai.remote.boxapi import Box
@@ -152,10 +151,21 @@ def test_decoder_cuts_a_long_line_on_a_character_boundary() -> None:
     assert d.feed(b"next\r\n") == ["next"]
 
 
-def test_follower_remembers_where_an_unfinished_line_began() -> None:
-    from samai.remote.model import LogChunk
-
-    f = LogFollower("x")
-    f.consume(LogChunk("x", data=b"done\nhalf a li", offset=0, next_offset=14, inode=1))
-    assert f.cursor().scan_from == 5 and f.cursor().offset == 14
-    assert os.path.basename(f.cursor().path) == "x"
+async def test_a_markers_only_watch_moves_no_bytes_and_misses_no_marker(box: Box, workspace: Path) -> None:
+    log = workspace / "m.log"
+    follower = LogFollower(str(log), markers=(Marker("HEALTH_OK", "HEALTH_OK"),), offset=0, max_bytes=10,
+                           want_data=False)
+    hits = []
+    with open(log, "wb") as f:
+        for part in (b"booting\nHEAL", b"TH_OK port 8080\nHEALTH_", b"OK again\n"):
+            f.write(part)
+            f.flush()
+            while True:
+                chunk = await box.read_log(follower.cursor())
+                assert chunk.data == b""
+                update = follower.consume(chunk)
+                hits += update.hits
+                if not update.more:
+                    break
+    assert [h.line for h in hits] == ["HEALTH_OK port 8080", "HEALTH_OK again"]
+    assert follower.offset == log.stat().st_size

@@ -7,7 +7,7 @@ entry in the reply; the probe itself only fails on a request it cannot parse.
 Request (every key optional):
   {"workspace": PATH, "artifacts": [{"name", "path"}], "artifact_budget_s": 1.0,
    "logs": [{"path", "offset", "inode", "check", "scan_from", "last_lines", "max_bytes",
-             "markers": [{"name", "pattern"}]}],
+             "data": true, "markers": [{"name", "pattern"}]}],
    "ranges": [{"path", "start", "end"}], "processes": true, "states": true}
 Reply: {"time", "boot_time", "clk_tck", "host", "disks", "artifacts", "processes",
         "listeners", "logs", "ranges", "states", "errors"}
@@ -30,6 +30,7 @@ MAX_RANGE_BYTES = 16 * 1024 * 1024
 MAX_SCAN_CARRY = 64 * 1024  # longest unfinished line re-scanned for markers
 MAX_HIT_TEXT = 400
 TAIL_BLOCK = 64 * 1024
+CHECK_BYTES = 16  # the last bytes read, which the next read checks to catch a rewrite
 
 class UserNames(object):
     def __init__(self):
@@ -345,13 +346,16 @@ def read_log(req):
         f.seek(scan_from)
         data = f.read(offset - scan_from + max_bytes)
     new = data[offset - scan_from :]
+    last_nl = data.rfind(b"\n")
     entry.update(
         offset=offset,
         next_offset=offset + len(new),
+        line_end=scan_from + last_nl + 1 if last_nl >= 0 else None,
         more=offset + len(new) < size,
         rotated=rotated,
         truncated=truncated,
-        data=base64.b64encode(new).decode("ascii"),
+        data=base64.b64encode(new).decode("ascii") if req.get("data", True) else "",
+        tail=base64.b64encode(data[-CHECK_BYTES:]).decode("ascii"),
         hits=marker_hits(data, scan_from, compile_markers(req.get("markers") or ())),
     )
     return entry
