@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test test-fast lint clean
+.PHONY: run test test-fast lint screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "samai-console needs Python >= 3.11")'
@@ -25,6 +25,10 @@ test: $(STAMP)
 # For iteration: everything but the slow tests.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -x -q $(PYTEST_ARGS)
+
+# The README's screenshot, rendered from the recorded box in tests/data.
+screenshot: $(STAMP)
+	$(BIN)/python docs/screenshot.py docs/screenshot.svg
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -9,16 +9,18 @@ identity right before signalling) and written to the audit log.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import psutil
 
+from samai.console import units
 from samai.console.audit import AuditError, AuditLog
 from samai.console.config import Config, Stage
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.model import FireResult, SignalResult
+from samai.remote.model import CleanResult, FireResult, SignalResult
 from samai.remote.transport import TransportError
 
 
@@ -30,7 +32,7 @@ class UnknownStage(ValueError):
 
 @dataclass(frozen=True)
 class ActionPlan:
-    action: str  # fire | stop | kill
+    action: str  # fire | stop | kill | restart | clean
     target: str
     subject: str
     command: str  # the exact command, or the signal and what receives it
@@ -49,7 +51,7 @@ class ActionOutcome:
     status: str  # done | refused | cancelled | failed
     message: str
     plan: ActionPlan
-    result: FireResult | SignalResult | None = None
+    result: FireResult | SignalResult | CleanResult | None = None
 
 
 def own_lineage() -> list[int]:
@@ -125,10 +127,42 @@ class Actions:
         return await self._carry_out(plan, lambda: self.box.kill(pid, start_time, signal=signal, grace=grace,
                                                                   protect=self._protect()))
 
+    async def clean(self, paths: Sequence[str], *, why: str = "") -> ActionOutcome:
+        plan = ActionPlan(
+            action="clean",
+            target=self.config.target.url,
+            subject=why or f"{len(paths)} path(s) in the workspace",
+            command="rm -rf -- " + " ".join(shlex.quote(p) for p in paths),
+            details=(f"inside {self.config.workspace} only; anything resolving outside it is refused",),
+        )
+        return await self._carry_out(plan, lambda: self.box.remove(paths))
+
+    async def restart(self, stage_name: str, *, clear: Sequence[str] = (), grace: float = 10.0) -> ActionOutcome:
+        """Stop the stage if it runs, delete the given poison files, fire it again: one confirmation."""
+        stage = self._stage(stage_name)
+        steps = [f"stop: SIGTERM to the group of stage {stage.name}, SIGKILL after {grace:g} s"]
+        if clear:
+            steps.append("clean: rm -rf -- " + " ".join(shlex.quote(p) for p in clear))
+        steps.append(f"fire: {stage.command}")
+        plan = ActionPlan(action="restart", target=self.config.target.url, subject=f"stage {stage.name}",
+                          command="; ".join(steps), details=(f"workspace {self.config.workspace}",))
+
+        async def run() -> FireResult:
+            stopped = await self.box.stop(stage.name, grace=grace, protect=self._protect())
+            if not stopped.ok:
+                return FireResult(False, "refused", stage.name, f"stop failed: {stopped.reason}")
+            if clear:
+                cleaned = await self.box.remove(clear)
+                if not cleaned.ok:
+                    return FireResult(False, "refused", stage.name, f"clean refused: {cleaned.refused}")
+            return await self.box.fire(stage.name, stage.command, stage.log, env=dict(stage.env))
+
+        return await self._carry_out(plan, run)
+
     # ------------------------------------------------------------ the layer
 
     async def _carry_out(self, plan: ActionPlan,
-                         run: Callable[[], Awaitable[FireResult | SignalResult]]) -> ActionOutcome:
+                         run: Callable[[], Awaitable[FireResult | SignalResult | CleanResult]]) -> ActionOutcome:
         if self.readonly:
             return ActionOutcome(False, "refused", f"{plan.action} refused: the console is read-only", plan)
         try:
@@ -152,7 +186,7 @@ class Actions:
         return outcome
 
     def _audit(self, plan: ActionPlan, confirmation: str, status: str, message: str,
-               result: FireResult | SignalResult | None = None) -> None:
+               result: FireResult | SignalResult | CleanResult | None = None) -> None:
         pid, start_time = plan.pid, plan.start_time
         if isinstance(result, FireResult):
             pid, start_time = result.pid, result.start_time
@@ -163,7 +197,12 @@ class Actions:
         )
 
 
-def _outcome(plan: ActionPlan, result: FireResult | SignalResult) -> ActionOutcome:
+def _outcome(plan: ActionPlan, result: FireResult | SignalResult | CleanResult) -> ActionOutcome:
+    if isinstance(result, CleanResult):
+        msg = f"removed {len(result.removed)} path(s), {units.size(result.freed)} freed"
+        if result.refused:
+            msg += "; refused: " + "; ".join(f"{p} ({why})" for p, why in result.refused)
+        return ActionOutcome(result.ok, "done" if result.ok else "refused", msg, plan, result)
     if isinstance(result, FireResult):
         if result.state == "running":
             msg = f"fired stage {result.stage}: pid {result.pid} verified running, log {result.log}"

@@ -75,6 +75,7 @@ class Stage:
     makes: tuple[str, ...] = ()
     frees: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()
+    poison: tuple[str, ...] = ()  # files a previous run leaves that must go before a restart
     env: tuple[tuple[str, str], ...] = ()
 
 
@@ -84,6 +85,7 @@ class Ui:
     max_log_lines: int = 20_000
     tail_lines: int = 200
     keys: tuple[tuple[str, str], ...] = ()  # binding id -> key, applied with App.set_keymap
+    eval_reports: str = "runs/eval/*/summary.json"  # eval summaries, a glob in the workspace
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ class _Reader:
 
     def budget(self, raw: Any) -> Budget:
         b = self.table(raw, "budget", {"capacity_gb", "reserve_gb"})
-        capacity = self.number(b, "capacity_gb", "budget", None, 0.001)
+        capacity = self.number(b, "capacity_gb", "budget", None, 0.000001)
         return Budget(capacity, float(self.number(b, "reserve_gb", "budget", 2.0)))
 
     def artifacts(self, raw: Any) -> tuple[Artifact, ...]:
@@ -262,7 +264,7 @@ class _Reader:
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name):
             raise self.fail(where, "a stage name of letters, digits, '_', '.', '-'", name)
         s = self.table(raw, where, {"key", "command", "log", "description", "markers", "needs", "makes",
-                                    "frees", "ports", "env"})
+                                    "frees", "ports", "poison", "env"})
         key = self.value(s, "key", where, "one key, not one the console uses itself ("
                          + " ".join(sorted(RESERVED_KEYS)) + ")",
                          lambda v: isinstance(v, str) and len(v) == 1 and v not in RESERVED_KEYS, None)
@@ -286,7 +288,7 @@ class _Reader:
                      description=self.text(s, "description", where),
                      markers=self.markers(s.get("markers"), f"{where}.markers"),
                      needs=refs["needs"], makes=refs["makes"], frees=refs["frees"],
-                     ports=tuple(ports), env=tuple(env.items()))
+                     ports=tuple(ports), poison=self.names(s, "poison", where), env=tuple(env.items()))
 
     def markers(self, raw: Any, where: str) -> tuple[Marker, ...]:
         if raw is None:
@@ -310,10 +312,11 @@ class _Reader:
         return tuple(m for i, m in enumerate(out) if m.name not in {o.name for o in out[:i]})
 
     def ui(self, raw: Any) -> Ui:
-        u = self.table(raw, "ui", {"theme", "max_log_lines", "tail_lines", "keys"})
+        u = self.table(raw, "ui", {"theme", "max_log_lines", "tail_lines", "keys", "eval_reports"})
         keys = self.value(u, "keys", "ui", "a table of binding id = \"key\"",
                           lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), {})
         return Ui(self.text(u, "theme", "ui", "samai-dark"),
                   self.integer(u, "max_log_lines", "ui", 20_000, 100),
                   self.integer(u, "tail_lines", "ui", 200, 0),
-                  tuple(keys.items()))
+                  tuple(keys.items()),
+                  self.text(u, "eval_reports", "ui", "runs/eval/*/summary.json"))

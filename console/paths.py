@@ -27,3 +27,11 @@ def default_workspace(pipeline: str) -> Path:
 
 def audit_log() -> Path:
     return state_dir() / "audit.jsonl"
+
+
+def config_dir() -> Path:
+    return _xdg("XDG_CONFIG_HOME", ".config")
+
+
+def saved_logs_dir() -> Path:
+    return state_dir() / "saved-logs"

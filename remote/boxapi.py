@@ -18,10 +18,10 @@ from typing import Any, Mapping, Sequence
 
 from samai.remote import model
 from samai.remote.follow import LogCursor
-from samai.remote.model import FireResult, LogChunk, SignalResult, Snapshot
+from samai.remote.model import CleanResult, FireResult, LogChunk, SignalResult, Snapshot
 from samai.remote.transport import Transport
 
-TOOLS = ("procfs.py", "probe.py", "launch.py", "kill.py")
+TOOLS = ("procfs.py", "probe.py", "launch.py", "kill.py", "clean.py")
 READY = ".ready"
 
 
@@ -88,13 +88,16 @@ class Box:
     # ------------------------------------------------------------ reads
 
     async def snapshot(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
-                       processes: bool = True, artifact_budget_s: float = 1.0) -> Snapshot:
-        """Disk, artifact sizes, processes, listeners, new log bytes and stage states: one call."""
+                       reports: Sequence[str] = (), processes: bool = True,
+                       artifact_budget_s: float = 1.0) -> Snapshot:
+        """Disk, artifact sizes, processes, listeners, new log bytes, report files and stage
+        states: one call."""
         request = {
             "workspace": self.workspace,
             "artifacts": [{"name": name, "path": path} for name, path in artifacts],
             "artifact_budget_s": artifact_budget_s,
             "logs": [c.request() for c in logs],
+            "reports": [{"glob": g} for g in reports],
             "processes": processes,
         }
         started = time.monotonic()
@@ -141,6 +144,11 @@ class Box:
         request = {"pid": pid, "start_time": start_time, "signal": signal, "grace": grace,
                    "protect": list(protect)}
         return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))
+
+    async def remove(self, paths: Sequence[str]) -> CleanResult:
+        """Delete workspace paths; anything that resolves outside the workspace is refused."""
+        raw = await self.call("clean.py", {"workspace": self.workspace, "paths": list(paths)})
+        return model.clean_result(raw)
 
     async def close(self) -> None:
         await self.transport.close()

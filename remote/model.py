@@ -94,6 +94,16 @@ class LogChunk:
 
 
 @dataclass(frozen=True)
+class Report:
+    """A small file read whole (an eval summary, say), found by a workspace glob."""
+
+    glob: str
+    path: str
+    mtime: float
+    text: str
+
+
+@dataclass(frozen=True)
 class StageRecord:
     """A stage launch as recorded on the box, with what the probe saw of it just now."""
 
@@ -129,6 +139,7 @@ class Snapshot:
     listeners: tuple[Listener, ...]
     logs: tuple[LogChunk, ...]
     states: tuple[StageRecord, ...]
+    reports: tuple[Report, ...] = ()
     errors: tuple[dict[str, Any], ...] = ()
     probe_pid: int | None = None
 
@@ -161,6 +172,21 @@ class SignalResult:
     survivors: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class CleanResult:
+    removed: tuple[tuple[str, int], ...] = ()  # (path, bytes)
+    refused: tuple[tuple[str, str], ...] = ()  # (path, reason)
+    missing: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+    @property
+    def freed(self) -> int:
+        return sum(n for _, n in self.removed)
+
+
 # ------------------------------------------------------------ from the tools' JSON
 
 
@@ -189,6 +215,7 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         listeners=tuple(_pick(Listener, s) for s in raw.get("listeners") or ()),
         logs=tuple(log_chunk(c) for c in raw.get("logs") or ()),
         states=tuple(_pick(StageRecord, s, group=tuple(s.get("group") or ())) for s in raw.get("states") or ()),
+        reports=tuple(_pick(Report, r) for r in raw.get("reports") or ()),
         errors=tuple(raw.get("errors") or ()),
         probe_pid=raw.get("probe_pid"),
     )
@@ -201,3 +228,9 @@ def fire_result(raw: dict[str, Any], stage: str) -> FireResult:
 def signal_result(raw: dict[str, Any]) -> SignalResult:
     return _pick(SignalResult, raw, signalled=tuple(raw.get("signalled") or ()),
                  survivors=tuple(raw.get("survivors") or ()))
+
+
+def clean_result(raw: dict[str, Any]) -> CleanResult:
+    return CleanResult(tuple((r["path"], r["bytes"]) for r in raw.get("removed") or ()),
+                       tuple((r["path"], r["reason"]) for r in raw.get("refused") or ()),
+                       tuple(raw.get("missing") or ()))

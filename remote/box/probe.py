@@ -8,12 +8,14 @@ Request (every key optional):
   {"workspace": PATH, "artifacts": [{"name", "path"}], "artifact_budget_s": 1.0,
    "logs": [{"path", "offset", "inode", "check", "scan_from", "last_lines", "max_bytes",
              "data": true, "markers": [{"name", "pattern"}]}],
-   "ranges": [{"path", "start", "end"}], "processes": true, "states": true}
+   "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
+   "processes": true, "states": true}
 Reply: {"time", "boot_time", "clk_tck", "host", "disks", "artifacts", "processes",
-        "listeners", "logs", "ranges", "states", "errors"}
+        "listeners", "logs", "ranges", "reports", "states", "errors"}
 """
 
 import base64
+import glob
 import json
 import os
 import pwd
@@ -30,6 +32,8 @@ MAX_RANGE_BYTES = 16 * 1024 * 1024
 MAX_SCAN_CARRY = 64 * 1024  # longest unfinished line re-scanned for markers
 MAX_HIT_TEXT = 400
 TAIL_BLOCK = 64 * 1024
+MAX_REPORTS = 50
+MAX_REPORT_BYTES = 64 * 1024
 CHECK_BYTES = 16  # the last bytes read, which the next read checks to catch a rewrite
 
 class UserNames(object):
@@ -392,6 +396,28 @@ def ranges(requests):
     return out
 
 
+# ---------------------------------------------------------------- reports
+
+
+def reports(workspace, specs, errors):
+    """Small files (eval summaries and the like) matching workspace globs, newest first."""
+    out = []
+    for spec in specs:
+        paths = glob.glob(resolve(workspace, spec["glob"]))
+        try:
+            paths.sort(key=os.path.getmtime, reverse=True)
+        except OSError:
+            pass  # one vanished meanwhile; the order matters less than the reply
+        for path in paths[: int(spec.get("max", MAX_REPORTS))]:
+            try:
+                with open(path, "rb") as f:
+                    text = f.read(MAX_REPORT_BYTES).decode("utf-8", "replace")
+                out.append({"glob": spec["glob"], "path": path, "mtime": os.path.getmtime(path), "text": text})
+            except OSError as e:
+                errors.append({"what": path, "error": str(e)})
+    return out
+
+
 # ---------------------------------------------------------------- stage states
 
 
@@ -451,6 +477,7 @@ def probe(req):
     reply["listeners"] = listeners([p["pid"] for p in procs], errors) if procs else []
     reply["logs"] = logs(req.get("logs") or ())
     reply["ranges"] = ranges(req.get("ranges") or ())
+    reply["reports"] = reports(workspace, req.get("reports") or (), errors)
     by_pid = dict((p["pid"], p) for p in procs)
     reply["states"] = stage_states(workspace, by_pid, btime, errors) if workspace and req.get("states", True) else []
     return reply

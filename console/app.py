@@ -1,0 +1,427 @@
+"""The Textual app: one screen of live panes over the Box, every stage one key away.
+
+All I/O happens in workers: the poll loop (one snapshot at a time, the next scheduled when
+the last completes) and one worker per action. Widgets only render what they are handed.
+Every change to the box goes through the action layer (samai.console.actions)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+from textual.widgets import Footer
+
+from samai.console import paths, prefs
+from samai.console.actions import ActionPlan, Actions
+from samai.console.audit import AuditLog
+from samai.console.budget import disk_budget, project
+from samai.console.config import Config
+from samai.console.state import ConsoleState, StateUpdate
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.model import Snapshot
+from samai.remote.targets import TargetError, open_transport
+from samai.remote.transport import TransportError
+from samai.themes import DEFAULT_THEME, THEMES, stylesheet
+from samai.widgets.alerts import AlertsPane
+from samai.widgets.curves import CurvesPane
+from samai.widgets.dialogs import ConfirmDialog, HelpScreen, KillDialog, PathDialog
+from samai.widgets.disk import DiskPane
+from samai.widgets.evals import EvalTable
+from samai.widgets.logview import LogView
+from samai.widgets.processes import ProcessPane
+from samai.widgets.stages import StagesBar
+from samai.widgets.status import Connection, StatusBar
+
+STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
+MAX_BACKOFF_S = 30.0
+KILL_GRACE_S = 5.0
+STOP_GRACE_S = 10.0
+# Actions that change the box: in read-only mode their keys are never bound.
+DANGEROUS = {"kill", "stop", "restart", "clean", "fire"}
+
+
+def _one_action_at_a_time(method):
+    """Run an action in a worker, refusing a second while one is in flight: cancelling an action
+    half-way would lose its result and its audit line, and queueing one stacks up surprises."""
+
+    @functools.wraps(method)
+    async def guarded(self: SamaiApp, *args):
+        if self._action_running:
+            self.notify("another action is still running; wait for its result", severity="warning")
+            return
+        self._action_running = True
+        try:
+            await method(self, *args)
+        finally:
+            self._action_running = False
+        self._log_chosen = False  # the operator picked a log: stop choosing one for them
+
+    return work(guarded, group="action", exit_on_error=False)
+
+
+
+class SamaiApp(App[None]):
+    TITLE = "samai-console"
+    CSS = stylesheet()
+    BINDINGS = [
+        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("question_mark", "help", "Help", id="app.help"),
+        Binding("l", "next_log", "Next log", id="app.next_log"),
+        Binding("o", "open_file", "Open file", id="app.open"),
+        Binding("k", "kill", "Kill", id="app.kill"),
+        Binding("s", "stop", "Stop stage", id="app.stop"),
+        Binding("r", "restart", "Restart", id="app.restart"),
+        Binding("c", "clean", "Clean", id="app.clean"),
+    ]
+
+    def __init__(self, config: Config, *, readonly: bool = False, theme: str | None = None,
+                 audit: AuditLog | None = None, poll: bool = True, clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.config = config
+        self._action_running = False
+        self._log_chosen = False  # the operator picked a log: stop choosing one for them
+        self.polling = poll  # off only to render recorded snapshots (screenshots, snapshot tests)
+        self.clock = clock
+        self.readonly = readonly
+        self.state = ConsoleState(config)
+        self.box: Box | None = None
+        self.audit = audit or AuditLog(paths.audit_log())
+        self.connection = Connection(config.target.url, readonly=readonly)
+        self._bind_stage_keys()
+        if readonly:
+            self._unbind_dangerous()
+        self.set_keymap(dict(config.ui.keys))
+        for t in THEMES:
+            self.register_theme(t)
+        chosen = theme or prefs.load().get("theme") or config.ui.theme
+        self.theme = chosen if chosen in self.available_themes else DEFAULT_THEME
+
+    # ------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        yield StagesBar(id="stages")
+        with Horizontal(id="middle"):
+            with Vertical(id="left"):
+                yield DiskPane(id="disk")
+                yield ProcessPane(id="processes")
+            yield LogView(id="log", max_lines=self.config.ui.max_log_lines)
+        with Horizontal(id="bottom"):
+            yield CurvesPane(id="curves")
+            yield EvalTable(id="evals")
+            yield AlertsPane(id="alerts")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        titles = {"#stages": "stages", "#disk": "disk budget", "#processes": "processes & ports",
+                  "#curves": "training", "#evals": "eval runs", "#alerts": "alerts"}
+        for selector, title in titles.items():
+            self.query_one(selector).border_title = title
+        self.query_one(StatusBar).show(self.connection)
+        self.query_one(AlertsPane).show([])
+        if self.config.stages:
+            self._show_stage_log(self.config.stages[0].name)
+        self.theme_changed_signal.subscribe(self, lambda theme: self._save_theme(theme.name))
+        self.set_interval(1.0, self._tick)
+        if self.polling:
+            self.poll()
+
+    # ------------------------------------------------------------ polling
+
+    @work(group="poll", exclusive=True, exit_on_error=False)
+    async def poll(self) -> None:
+        backoff = self.config.target.poll_interval
+        while True:
+            try:
+                if self.box is None:
+                    self.box = self._open_box()
+                followers = self.state.followers()
+                snap = await asyncio.wait_for(self.box.snapshot(**self.state.request(followers)),
+                                              self.config.target.timeout)
+            except (BoxError, TransportError, TargetError, asyncio.TimeoutError) as e:
+                self._poll_failed(str(e) or type(e).__name__)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            backoff = self.config.target.poll_interval
+            try:
+                self.show_snapshot(snap, followers)
+            except Exception as e:  # a bug in one render must not stop the polling
+                self.log.error("render failed", e)
+                self.notify(f"internal error while rendering: {e!r}", severity="error")
+            # A log pane behind a flood catches up at once; everything else waits for the interval.
+            behind = bool(followers) and followers[-1] is self.state.shown and snap.logs[-1].more
+            await asyncio.sleep(0.05 if behind else self.config.target.poll_interval)
+
+    def _open_box(self) -> Box:
+        t = self.config.target
+        return Box(open_transport(t.url), self.config.workspace, python=t.box_python, timeout=t.timeout)
+
+    def _poll_failed(self, error: str) -> None:
+        was = self.connection.state
+        self.connection = replace(self.connection, state="connecting" if was == "connecting" else "lost",
+                                  error=error)
+        if was == "connected":
+            self.state.failed_poll(error, self.clock())
+            self.query_one(AlertsPane).show(self.state.alerts)
+        self._tick()
+
+    def show_snapshot(self, snap: Snapshot, followers: list) -> None:
+        """Fold in and render one snapshot taken with these followers' cursors."""
+        self._render(self.state.apply(snap, followers, self.clock()))
+
+    def _render(self, u: StateUpdate) -> None:
+        snap = u.snapshot
+        if self.connection.state == "lost":
+            self.notify("the box answers again", title="reconnected")
+        self.connection = Connection(self.config.target.url, snap.host, "connected", 0.0, snap.rtt, False,
+                                     self.readonly)
+        if not self._log_chosen:
+            self._follow_busiest_stage(u)
+        self.query_one(StagesBar).show(u.stages, self.clock())
+        self.query_one(DiskPane).show(u.budget, self._next_projection(u))
+        self.query_one(ProcessPane).show(u.processes, snap.time)
+        log = self.query_one(LogView)
+        if u.log_notice:
+            log.notice(u.log_notice)
+        if u.log_lines:
+            log.append(u.log_lines)
+        if u.new_points:
+            self.query_one(CurvesPane).add(u.new_points)
+        self.query_one(EvalTable).show(u.evals)
+        if u.new_alerts:
+            self.query_one(AlertsPane).show(self.state.alerts)
+            for a in u.new_alerts:
+                if a.severity == "error":
+                    self.notify(a.text, severity="error", timeout=8)
+        self._tick()
+
+    def _follow_busiest_stage(self, u: StateUpdate) -> None:
+        """Until the operator picks a log, show the running stage's (else the last one fired)."""
+        fired = sorted((v for v in u.stages if v.since), key=lambda v: (v.status == "running", v.since))
+        if fired and fired[-1].name != self.state.shown_stage:
+            self._show_stage_log(fired[-1].name)
+
+    def _next_projection(self, u: StateUpdate):
+        upcoming = next((self.config.stage(v.name) for v in u.stages if v.status in ("idle", "blocked")), None)
+        return project(self.config, u.budget, upcoming) if upcoming else None
+
+    def _tick(self) -> None:
+        age = max(self.clock() - self.state.received_at, 0.0) if self.state.received_at else None
+        stale = age is not None and age > STALE_POLLS * self.config.target.poll_interval
+        self.connection = replace(self.connection, age=age, stale=stale)
+        self.screen.set_class(stale, "-stale")
+        self.query_one(StatusBar).show(self.connection)
+
+    # ------------------------------------------------------------ keys
+
+    def _bind_stage_keys(self) -> None:
+        if self.readonly:
+            return
+        for stage in self.config.stages:
+            binding = Binding(stage.key, f"fire('{stage.name}')", f"Fire {stage.name}", show=False,
+                              id=f"stage.{stage.name}")
+            self._bindings.key_to_bindings.setdefault(stage.key, []).append(binding)
+
+    def _unbind_dangerous(self) -> None:
+        for key, bindings in list(self._bindings.key_to_bindings.items()):
+            kept = [b for b in bindings if b.action.split("(")[0] not in DANGEROUS]
+            if kept:
+                self._bindings.key_to_bindings[key] = kept
+            else:
+                del self._bindings.key_to_bindings[key]
+
+    def _actions(self) -> Actions:
+        if self.box is None:
+            self.box = self._open_box()
+        return Actions(self.box, self.config, self.audit, readonly=self.readonly, confirm=self._confirm)
+
+    async def _confirm(self, plan: ActionPlan) -> str | None:
+        checks, poison = (), ()
+        name = plan.subject.removeprefix("stage ")
+        if plan.action in ("fire", "restart") and (pre := self.state.preflight(name)):
+            checks, poison = pre.checks, pre.poison
+        confirmed = await self.push_screen_wait(ConfirmDialog(plan, checks, poison if plan.action == "restart"
+                                                              else ()))
+        return "dialog" if confirmed else None
+
+    def _current_stage(self) -> str | None:
+        return self.state.shown_stage
+
+    def open_stage_log(self, name: str) -> None:
+        self._log_chosen = True
+        self._show_stage_log(name)
+
+    def _show_stage_log(self, name: str) -> None:
+        self.state.show_stage_log(name)
+        self.query_one(LogView).reset(self.state.shown.path, self.state.shown_markers())
+        self.query_one(LogView).border_title = f"log · {name}"
+
+    def action_next_log(self) -> None:
+        self._log_chosen = True
+        names = [s.name for s in self.config.stages]
+        if names:
+            current = self._current_stage()
+            nxt = names[(names.index(current) + 1) % len(names)] if current in names else names[0]
+            self._show_stage_log(nxt)
+
+    @work(group="dialog", exclusive=True)
+    async def action_open_file(self) -> None:
+        path = await self.push_screen_wait(PathDialog("open a file on the box in the log pane",
+                                                      "/path/on/box.log (relative: inside the workspace)"))
+        if path:
+            self._log_chosen = True
+            follower = self.state.show_log(path)
+            self.query_one(LogView).reset(follower.path, ())
+            self.query_one(LogView).border_title = f"file · {path}"
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self._help_rows()))
+
+    def _help_rows(self) -> list[tuple[str, str, str]]:
+        rows = []
+        seen = set()
+        for node in (self, self.screen, self.query_one(LogView), self.query_one(ProcessPane)):
+            for key, bindings in node._bindings.key_to_bindings.items():
+                for b in bindings:
+                    if (b.id or b.action) not in seen and b.description:
+                        seen.add(b.id or b.action)
+                        rows.append((self.get_key_display(b), b.description, b.id or ""))
+        rows.append(("ctrl+p", "command palette: fire, stop, open log, theme, target", ""))
+        return rows
+
+    # ------------------------------------------------------------ actions (each in its own worker)
+
+    @_one_action_at_a_time
+    async def action_fire(self, stage: str) -> None:
+        self._report(await self._actions().fire(stage))
+        self._log_chosen = True
+        self._show_stage_log(stage)
+
+    @_one_action_at_a_time
+    async def action_stop(self, stage: str | None = None) -> None:
+        stage = stage or self._current_stage()
+        if stage:
+            self._report(await self._actions().stop(stage, grace=STOP_GRACE_S))
+
+    @_one_action_at_a_time
+    async def action_restart(self, stage: str | None = None) -> None:
+        stage = stage or self._current_stage()
+        pre = self.state.preflight(stage) if stage else None
+        if stage:
+            self._report(await self._actions().restart(stage, clear=pre.poison if pre else (), grace=STOP_GRACE_S))
+
+    @_one_action_at_a_time
+    async def action_kill(self) -> None:
+        process = self.query_one(ProcessPane).selected()
+        snap = self.state.snapshot
+        if process is None or snap is None:
+            self.notify("select a process in the processes pane first", severity="warning")
+            return
+        children = [p for p in snap.processes if p.ppid == process.pid]
+        signal = await self.push_screen_wait(KillDialog(process, children, KILL_GRACE_S))
+        if signal:
+            actions = self._actions()
+            actions.confirm = _already_confirmed
+            self._report(await actions.kill(process.pid, process.start_time, signal=signal, grace=KILL_GRACE_S))
+
+    @_one_action_at_a_time
+    async def action_clean(self) -> None:
+        snap = self.state.snapshot
+        if snap is None:
+            return
+        reclaimable = [a for a in disk_budget(self.config, snap).artifacts if a.reclaimable]
+        if not reclaimable:
+            self.notify("nothing is reclaimable now", severity="information")
+            return
+        why = "reclaimable intermediates: " + ", ".join(a.name for a in reclaimable)
+        self._report(await self._actions().clean([a.path for a in reclaimable], why=why))
+
+    def _report(self, outcome) -> None:
+        severity = "information" if outcome.ok else "warning" if outcome.status == "cancelled" else "error"
+        self.notify(outcome.message, severity=severity, timeout=6 if outcome.ok else 12)
+        tail = getattr(outcome.result, "log_tail", ())
+        if not outcome.ok and tail:
+            self.query_one(LogView).notice("last lines of the failed chain:")
+            self.query_one(LogView).append(list(tail))
+
+    # ------------------------------------------------------------ palette, theme, target, save
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for stage in self.config.stages:
+            name = stage.name
+            yield SystemCommand(f"Open log: {name}", stage.log, lambda n=name: self.open_stage_log(n))
+            if not self.readonly:
+                yield SystemCommand(f"Fire {name}", stage.command, lambda n=name: self.action_fire(n))
+                yield SystemCommand(f"Stop {name}", "its process group: TERM, then KILL",
+                                    lambda n=name: self.action_stop(n))
+                yield SystemCommand(f"Restart {name}", "stop, clear poison files, fire",
+                                    lambda n=name: self.action_restart(n))
+        yield SystemCommand("Open file…", "any file on the box, in the log pane", self.action_open_file)
+        yield SystemCommand("Switch target…", "local, ssh://user@host[:port]", self.switch_target)
+        for theme in THEMES:
+            yield SystemCommand(f"Theme: {theme.name}", "switch the colours", lambda n=theme.name: self._set_theme(n))
+
+    def _set_theme(self, name: str) -> None:
+        self.theme = name
+
+    @work(thread=True, group="prefs", exit_on_error=False)
+    def _save_theme(self, name: str) -> None:
+        prefs.save(theme=name)
+
+    @work(group="dialog", exclusive=True)
+    async def switch_target(self) -> None:
+        url = await self.push_screen_wait(PathDialog("switch target", "local or ssh://user@host[:port]",
+                                                     self.config.target.url))
+        if not url or url == self.config.target.url:
+            return
+        try:
+            open_transport(url)
+        except TargetError as e:
+            self.notify(str(e), severity="error")
+            return
+        old, self.box = self.box, None
+        if old:
+            await old.close()
+        self.config = self.config.with_target(url)
+        self.state = ConsoleState(self.config)
+        self.connection = Connection(url, readonly=self.readonly)
+        if self.config.stages:
+            self._show_stage_log(self.config.stages[0].name)
+        self.poll()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place a failed worker is reported: nothing fails silently."""
+        if event.state == WorkerState.ERROR:
+            self.notify(f"{event.worker.name} failed: {event.worker.error!r}", severity="error", timeout=15)
+
+    def on_log_view_save_requested(self, event: LogView.SaveRequested) -> None:
+        self._save_lines(event.lines)
+
+    @work(thread=True, group="save", exit_on_error=False)
+    def _save_lines(self, lines: tuple[str, ...]) -> None:
+        folder = paths.saved_logs_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"{self.state.shown_stage or 'file'}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        Path(target).write_text("\n".join(lines) + "\n", "utf-8")
+        self.call_from_thread(self.notify, f"saved {len(lines)} lines to {target}")
+
+
+async def _already_confirmed(plan: ActionPlan) -> str:
+    return "dialog"  # the kill dialog showed the process and both signals; its choice is the confirmation
+
+
+def run_app(config: Config, *, readonly: bool = False, theme: str | None = None) -> int:
+    SamaiApp(config, readonly=readonly, theme=theme).run()
+    return 0

@@ -1,0 +1,224 @@
+"""The TUI through Pilot, against the real local Box and real processes."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from textual.widgets import Button
+
+from samai.console import config, prefs
+from samai.console.app import SamaiApp
+from samai.widgets.dialogs import ConfirmDialog, KillDialog
+from samai.widgets.logview import LogView
+from samai.widgets.processes import ProcessPane
+from samai.widgets.status import StatusBar
+
+SIZE = (140, 45)
+
+PIPE = """
+pipeline = "pilot"
+[target]
+poll_interval = 0.2
+timeout = {timeout}
+python = "{python}"
+[workspace]
+path = "{ws}"
+[stages.hello]
+key = "h"
+command = "echo hello from the chain; echo STEP_OK; sleep 30"
+markers = [{{ name = "STEP_OK" }}, {{ name = "BAD_THING", severity = "error" }}]
+[stages.other]
+key = "x"
+command = "echo other"
+[ui]
+tail_lines = 50
+"""
+
+
+def _config(tmp_path: Path, ws: Path, python: str = sys.executable, timeout: float = 5.0) -> config.Config:
+    f = tmp_path / "pilot.toml"
+    f.write_text(PIPE.format(ws=ws, python=python, timeout=timeout))
+    return config.load(f)
+
+
+async def _until(pilot, predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await pilot.pause(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def _audit(isolated_dirs: Path) -> list[dict]:
+    path = isolated_dirs / "xdg_state_home" / "samai" / "audit.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _log_text(app: SamaiApp) -> str:
+    return "\n".join(app.query_one(LogView).lines)
+
+
+async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path, workspace, isolated_dirs):
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE) as pilot:
+        await _until(pilot, lambda: app.state.snapshot)
+        await pilot.press("h")
+        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen)
+        shown = " ".join(str(w.render()) for w in dialog.query("Static"))
+        assert "echo hello from the chain; echo STEP_OK; sleep 30" in shown
+        assert app.focused.id == "cancel"
+        await pilot.press("enter")  # Enter on an unread dialog cancels
+        await _until(pilot, lambda: not isinstance(app.screen, ConfirmDialog))
+        assert not (workspace / ".samai" / "state" / "hello.json").exists()
+
+        await pilot.press("h")
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.click("#confirm")
+        state_file = workspace / ".samai" / "state" / "hello.json"
+        await _until(pilot, state_file.exists)
+        await _until(pilot, lambda: "hello from the chain" in _log_text(app))
+        await _until(pilot, lambda: "STEP_OK" in str(app.query_one("#stages").render()))
+        pid = json.loads(state_file.read_text())["pid"]
+        assert psutil.Process(pid).is_running()
+        await _until(pilot, lambda: not app._action_running)
+
+        await pilot.press("s")  # stop the stage whose log is shown
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.click("#confirm")
+        await _until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
+        await _until(pilot, lambda: not app._action_running)
+    actions = [(e["action"], e["confirmation"], e["result"]) for e in _audit(isolated_dirs)]
+    assert actions == [("fire", "declined", "cancelled"), ("fire", "dialog", "done"), ("stop", "dialog", "done")]
+
+
+async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace, spawn, isolated_dirs):
+    victim = spawn("sleep", "31.25")
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE) as pilot:
+        await _until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
+        pane = app.query_one(ProcessPane)
+        pane.table.focus()
+        await pilot.press("slash")
+        await pilot.press(*"31\\.25", "enter")
+        await _until(pilot, lambda: pane.selected() and pane.selected().pid == victim.pid)
+        await pilot.press("k")
+        dialog = await _until(pilot, lambda: isinstance(app.screen, KillDialog) and app.screen)
+        assert app.focused.id == "cancel"
+        assert str(victim.pid) in str(dialog.query_one(".title").render())
+        await pilot.press("enter")
+        await _until(pilot, lambda: not isinstance(app.screen, KillDialog))
+        await pilot.pause(0.3)
+        assert victim.poll() is None
+
+        await pilot.press("k")
+        await _until(pilot, lambda: isinstance(app.screen, KillDialog))
+        app.screen.query_one("#TERM", Button).press()
+        await _until(pilot, lambda: victim.poll() is not None)
+        await _until(pilot, lambda: not app._action_running)
+    (entry,) = _audit(isolated_dirs)
+    assert (entry["action"], entry["pid"], entry["result"]) == ("kill", victim.pid, "done")
+
+
+async def test_readonly_never_binds_dangerous_keys(tmp_path, workspace, spawn, isolated_dirs):
+    victim = spawn("sleep", "32.5")
+    app = SamaiApp(_config(tmp_path, workspace), readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await _until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
+        bound = {b.action.split("(")[0] for bs in app._bindings.key_to_bindings.values() for b in bs}
+        assert not bound & {"fire", "kill", "stop", "restart", "clean"}
+        for key in ("h", "k", "s", "r", "c"):
+            await pilot.press(key)
+            await pilot.pause(0.1)
+            assert not isinstance(app.screen, (ConfirmDialog, KillDialog))
+        assert "READ-ONLY" in str(app.query_one(StatusBar).render())
+        outcome = await app._actions().fire("hello")  # and the action layer refuses on its own
+        assert outcome.status == "refused"
+    assert victim.poll() is None
+    assert not (workspace / ".samai" / "state" / "hello.json").exists()
+    assert _audit(isolated_dirs) == []
+
+
+async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, workspace):
+    cfg_file = tmp_path / "f.toml"
+    cfg_file.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
+                        '[stages.boom]\nkey = "b"\ncommand = "echo BAD_THING happened; sleep 1; exit 3"\n'
+                        'markers = [{ name = "BAD_THING", severity = "error" }]\n')
+    app = SamaiApp(config.load(cfg_file))
+    async with app.run_test(size=SIZE) as pilot:
+        await _until(pilot, lambda: app.state.snapshot)
+        await pilot.press("b")
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.click("#confirm")
+        await _until(pilot, lambda: any("stage boom failed rc=3" in a.text for a in app.state.alerts), 15)
+        texts = [a.text for a in app.state.alerts]
+        assert any("BAD_THING happened" in t for t in texts)
+        assert "BAD_THING" in str(app.query_one("#alerts").render())
+        assert "failed" in str(app.query_one("#stages").render())
+
+
+async def test_stale_indicator_when_the_box_stops_answering(tmp_path, workspace):
+    gate = tmp_path / "hang"
+    wrapper = tmp_path / "box-python"
+    wrapper.write_text(f'#!/bin/sh\nif [ -e "{gate}" ]; then exec sleep 60; fi\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    app = SamaiApp(_config(tmp_path, workspace, python=str(wrapper), timeout=1.0))
+    async with app.run_test(size=SIZE) as pilot:
+        await _until(pilot, lambda: app.connection.state == "connected")
+        gate.write_text("")
+        await _until(pilot, lambda: app.connection.stale, 10)
+        assert app.screen.has_class("-stale")
+        assert "STALE" in str(app.query_one(StatusBar).render())
+        await pilot.press("l")  # the screen keeps answering keys while the box is gone
+        assert app.query_one(LogView).border_title == "log · other"
+        await _until(pilot, lambda: app.connection.state == "lost", 10)
+        gate.unlink()
+        await _until(pilot, lambda: app.connection.state == "connected" and not app.connection.stale, 40)
+        assert not app.screen.has_class("-stale")
+        assert any("not answering" in a.text for a in app.state.alerts)
+
+
+async def test_theme_switch_persists(tmp_path, workspace):
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.theme == "samai-dark"
+        app.theme = "samai-light"
+        await _until(pilot, lambda: prefs.load().get("theme") == "samai-light")
+    again = SamaiApp(_config(tmp_path, workspace))
+    assert again.theme == "samai-light"
+    assert SamaiApp(_config(tmp_path, workspace), theme="samai-contrast").theme == "samai-contrast"
+
+
+async def test_keys_can_be_remapped_from_the_config(tmp_path, workspace):
+    f = tmp_path / "k.toml"
+    f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
+                 '[stages.a]\nkey = "a"\ncommand = "true"\n[stages.b]\nkey = "b"\ncommand = "true"\n'
+                 '[ui]\nkeys = {{ "app.next_log" = "ctrl+n" }}\n'.replace("{{", "{").replace("}}", "}"))
+    app = SamaiApp(config.load(f))
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.query_one(LogView).border_title == "log · a"
+        await pilot.press("l")
+        await pilot.pause(0.1)
+        assert app.query_one(LogView).border_title == "log · a"
+        await pilot.press("ctrl+n")
+        await pilot.pause(0.1)
+        assert app.query_one(LogView).border_title == "log · b"
+
+
+@pytest.mark.parametrize("theme", ["samai-dark", "samai-light", "samai-contrast"])
+async def test_help_lists_every_binding(tmp_path, workspace, theme):
+    app = SamaiApp(_config(tmp_path, workspace), theme=theme)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause(0.2)
+        rows = app._help_rows()
+        ids = {r[2] for r in rows}
+        assert {"app.kill", "app.stop", "app.restart", "app.open", "stage.hello", "stage.other"} <= ids
+        assert app.screen.__class__.__name__ == "HelpScreen"

@@ -1,0 +1,48 @@
+"""Training curves: loss and grad_norm by step, with NaN/inf (and hidden NaN) steps marked."""
+
+from __future__ import annotations
+
+import math
+
+from textual_plotext import PlotextPlot
+
+from samai.console.trainlog import TrainPoint
+
+
+class CurvesPane(PlotextPlot):
+    DEFAULT_CSS = "CurvesPane { height: 1fr; min-height: 8; }"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.points: list[TrainPoint] = []
+
+    def on_mount(self) -> None:
+        self._draw()
+
+    def add(self, points: list[TrainPoint]) -> None:
+        if points:
+            self.points.extend(points)
+            self._draw()
+
+    def reset(self) -> None:
+        self.points = []
+        self._draw()
+
+    def _draw(self) -> None:
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title("loss · grad_norm by step" if self.points else "no training steps logged yet")
+        good = [p for p in self.points if not p.bad]
+        for name, values, colour in (("loss", [(p.step, p.loss) for p in good], "cyan"),
+                                     ("grad_norm", [(p.step, p.grad_norm) for p in good], "orange")):
+            xy = [(x, y) for x, y in values if y is not None and math.isfinite(y)]
+            if xy:
+                plt.plot([x for x, _ in xy], [y for _, y in xy], label=name, color=colour, marker="braille")
+        bad = [p.step for p in self.points if p.bad]
+        if bad:
+            finite = [p.loss for p in good if p.loss is not None] or [0.0]
+            plt.scatter(bad, [max(finite)] * len(bad), label=f"NaN/inf ({len(bad)})", color="red", marker="x")
+        plt.xlabel("step")
+        self.border_subtitle = f"{len(self.points)} steps" + (f" · {len(bad)} bad" if bad else "")
+        self.refresh()

@@ -1,0 +1,24 @@
+"""Eval results: one row per eval run, with the counts that expose a fake 0 %."""
+
+from __future__ import annotations
+
+from textual.widgets import DataTable
+
+from samai.console.state import EvalRun
+
+
+class EvalTable(DataTable):
+    DEFAULT_CSS = "EvalTable { height: 1fr; }"
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.add_columns("run", "n", "accuracy", "empty", "truncated")
+
+    def show(self, runs: list[EvalRun]) -> None:
+        self.clear()
+        for r in sorted(runs, key=lambda r: r.mtime, reverse=True):
+            acc = "?" if r.accuracy is None else f"{100 * r.accuracy:.1f} %"
+            suspicious = r.n and (r.empty_content > r.n // 2)
+            self.add_row(r.name, str(r.n), acc + (" (fake 0?)" if suspicious and not r.accuracy else ""),
+                         str(r.empty_content), str(r.truncated), key=r.name)
+        self.border_subtitle = f"{len(runs)} runs" if runs else "no eval runs yet"

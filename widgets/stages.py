@@ -1,0 +1,41 @@
+"""The stages bar: each stage with its key, state, elapsed time and last marker."""
+
+from __future__ import annotations
+
+import time
+
+from textual.content import Content
+from textual.widgets import Static
+
+from samai.console import units
+from samai.console.state import StageView
+
+STATUS_STYLE = {
+    "idle": ("○", "$foreground 60%"),
+    "running": ("●", "$primary bold"),
+    "done": ("✓", "$success"),
+    "failed": ("✗", "$error bold"),
+    "lost": ("?", "$error"),
+    "orphaned": ("!", "$error"),
+    "blocked": ("■", "$warning"),
+}
+SEVERITY_STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}
+
+
+class StagesBar(Static):
+    DEFAULT_CSS = "StagesBar { height: auto; max-height: 6; padding: 0 1; }"
+
+    def show(self, views: list[StageView], now: float | None = None) -> None:
+        now = now or time.time()
+        parts: list = []
+        for v in views:
+            glyph, style = STATUS_STYLE.get(v.status, ("·", ""))
+            parts += [(f"[{v.key}]", "bold $accent"), " ", (v.name, "bold"), " ", (f"{glyph} {v.status}", style)]
+            if v.since and v.status == "running":
+                parts.append(f" {units.duration(now - v.since)}")
+            elif v.rc is not None and v.status != "done":
+                parts.append(f" rc={v.rc}")
+            if v.last_marker:
+                parts += [" · ", (v.last_marker[:32], SEVERITY_STYLE.get(v.last_marker_severity, ""))]
+            parts.append("   ")
+        self.update(Content.assemble(*parts) if parts else Content("no stages configured"))
