@@ -22,9 +22,9 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# For iteration: everything but the slow tests.
+# For iteration: quiet, stop at the first failure.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -x -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -x -q $(PYTEST_ARGS)
 
 # The README's screenshot, rendered from the recorded box in tests/data.
 screenshot: $(STAMP)

@@ -22,7 +22,7 @@ from textual.worker import Worker, WorkerState
 from textual.widgets import Footer
 
 from samai.console import paths, prefs
-from samai.console.actions import ActionPlan, Actions
+from samai.console.actions import ActionOutcome, ActionPlan, Actions
 from samai.console.audit import AuditLog
 from samai.console.budget import disk_budget, project
 from samai.console.config import Config
@@ -46,6 +46,7 @@ STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
 MAX_BACKOFF_S = 30.0
 KILL_GRACE_S = 5.0
 STOP_GRACE_S = 10.0
+FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
 # Actions that change the box: in read-only mode their keys are never bound.
 DANGEROUS = {"kill", "stop", "restart", "clean", "fire"}
 
@@ -247,13 +248,11 @@ class SamaiApp(App[None]):
         return Actions(self.box, self.config, self.audit, readonly=self.readonly, confirm=self._confirm)
 
     async def _confirm(self, plan: ActionPlan) -> str | None:
-        checks, poison = (), ()
+        checks = ()
         name = plan.subject.removeprefix("stage ")
         if plan.action in ("fire", "restart") and (pre := self.state.preflight(name)):
-            checks, poison = pre.checks, pre.poison
-        confirmed = await self.push_screen_wait(ConfirmDialog(plan, checks, poison if plan.action == "restart"
-                                                              else ()))
-        return "dialog" if confirmed else None
+            checks = pre.checks
+        return "dialog" if await self.push_screen_wait(ConfirmDialog(plan, checks)) else None
 
     def _current_stage(self) -> str | None:
         return self.state.shown_stage
@@ -347,13 +346,11 @@ class SamaiApp(App[None]):
         why = "reclaimable intermediates: " + ", ".join(a.name for a in reclaimable)
         self._report(await self._actions().clean([a.path for a in reclaimable], why=why))
 
-    def _report(self, outcome) -> None:
+    def _report(self, outcome: ActionOutcome) -> None:
         severity = "information" if outcome.ok else "warning" if outcome.status == "cancelled" else "error"
-        self.notify(outcome.message, severity=severity, timeout=6 if outcome.ok else 12)
-        tail = getattr(outcome.result, "log_tail", ())
-        if not outcome.ok and tail:
-            self.query_one(LogView).notice("last lines of the failed chain:")
-            self.query_one(LogView).append(list(tail))
+        tail = getattr(outcome.result, "log_tail", ()) if not outcome.ok else ()
+        message = "\n".join([outcome.message, *(line[:100] for line in tail[-FAILED_TAIL_LINES:])])
+        self.notify(message, severity=severity, timeout=6 if outcome.ok else 15)
 
     # ------------------------------------------------------------ palette, theme, target, save
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from textual.color import Color
 from textual_plotext import PlotextPlot
 
 from samai.console.trainlog import TrainPoint
@@ -17,7 +18,12 @@ class CurvesPane(PlotextPlot):
         self.points: list[TrainPoint] = []
 
     def on_mount(self) -> None:
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._draw())
         self._draw()
+
+    def _colour(self, name: str, fallback: str) -> tuple[int, int, int]:
+        """A colour of the app's theme, so that the series follow a theme switch."""
+        return Color.parse(getattr(self.app.current_theme, name, None) or fallback).rgb
 
     def add(self, points: list[TrainPoint]) -> None:
         if points:
@@ -34,15 +40,16 @@ class CurvesPane(PlotextPlot):
         plt.clear_figure()
         plt.title("loss · grad_norm by step" if self.points else "no training steps logged yet")
         good = [p for p in self.points if not p.bad]
-        for name, values, colour in (("loss", [(p.step, p.loss) for p in good], "cyan"),
-                                     ("grad_norm", [(p.step, p.grad_norm) for p in good], "orange")):
+        series = (("loss", [(p.step, p.loss) for p in good], self._colour("primary", "cyan")),
+                  ("grad_norm", [(p.step, p.grad_norm) for p in good], self._colour("accent", "orange")))
+        for name, values, colour in series:
             xy = [(x, y) for x, y in values if y is not None and math.isfinite(y)]
             if xy:
                 plt.plot([x for x, _ in xy], [y for _, y in xy], label=name, color=colour, marker="braille")
         bad = [p.step for p in self.points if p.bad]
         if bad:
             finite = [p.loss for p in good if p.loss is not None] or [0.0]
-            plt.scatter(bad, [max(finite)] * len(bad), label=f"NaN/inf ({len(bad)})", color="red", marker="x")
+            plt.scatter(bad, [max(finite)] * len(bad), label=f"NaN/inf ({len(bad)})", color=self._colour("error", "red"), marker="x")
         plt.xlabel("step")
         self.border_subtitle = f"{len(self.points)} steps" + (f" · {len(bad)} bad" if bad else "")
         self.refresh()

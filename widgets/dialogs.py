@@ -4,14 +4,12 @@ target and opens with Cancel focused: Enter on a dialog you did not read does no
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
-from textual.widgets import Button, Checkbox, DataTable, Input, Label, Static
+from textual.widgets import Button, DataTable, Input, Label, Static
 
 from samai.console.actions import ActionPlan
 from samai.console.preflight import Check
@@ -31,11 +29,6 @@ DIALOG_CSS = """
 """
 
 
-@dataclass(frozen=True)
-class Decision:
-    clear_poison: bool = False
-
-
 def _plan_widgets(plan: ActionPlan) -> list:
     return [
         Label(f"{plan.action} {plan.subject} on {plan.target}", classes="title"),
@@ -44,15 +37,15 @@ def _plan_widgets(plan: ActionPlan) -> list:
     ]
 
 
-class ConfirmDialog(ModalScreen[Decision | None]):
+class ConfirmDialog(ModalScreen[bool]):
     """Fire, stop, restart, clean: the plan, the preflight checks, Cancel focused."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="ConfirmDialog")
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, plan: ActionPlan, checks: tuple[Check, ...] = (), poison: tuple[str, ...] = ()) -> None:
+    def __init__(self, plan: ActionPlan, checks: tuple[Check, ...] = ()) -> None:
         super().__init__()
-        self.plan, self.checks, self.poison = plan, checks, poison
+        self.plan, self.checks = plan, checks
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -62,8 +55,6 @@ class ConfirmDialog(ModalScreen[Decision | None]):
                     for c in self.checks:
                         glyph, style = CHECK_STYLE[c.severity]
                         yield Static(Content.assemble((f"{glyph} ", style), c.text))
-            if self.poison:
-                yield Checkbox(f"clear poison files first: {', '.join(self.poison)}", value=True, id="clear")
             blocked = any(c.severity == "error" for c in self.checks)
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
@@ -74,14 +65,10 @@ class ConfirmDialog(ModalScreen[Decision | None]):
         self.query_one("#cancel", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id != "confirm":
-            self.dismiss(None)
-            return
-        clear = self.query_one("#clear", Checkbox).value if self.poison else False
-        self.dismiss(Decision(clear_poison=clear))
+        self.dismiss(event.button.id == "confirm")
 
     def action_cancel(self) -> None:
-        self.dismiss(None)
+        self.dismiss(False)
 
 
 class KillDialog(ModalScreen[str | None]):
