@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence
 
 import psutil
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.worker import Worker, WorkerState
 from textual.widgets import Footer
+from textual.worker import Worker, WorkerState
 
 from samai.console import paths, prefs
 from samai.console.actions import ActionOutcome, ActionPlan, Actions
@@ -149,7 +149,7 @@ class SamaiApp(App[None]):
                 followers = self.state.followers()
                 snap = await asyncio.wait_for(self.box.snapshot(**self.state.request(followers)),
                                               self.config.target.timeout)
-            except (BoxError, TransportError, TargetError, asyncio.TimeoutError) as e:
+            except (TimeoutError, BoxError, TransportError, TargetError) as e:
                 self._poll_failed(str(e) or type(e).__name__)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
@@ -291,7 +291,7 @@ class SamaiApp(App[None]):
         rows = []
         seen = set()
         for node in (self, self.screen, self.query_one(LogView), self.query_one(ProcessPane)):
-            for key, bindings in node._bindings.key_to_bindings.items():
+            for bindings in node._bindings.key_to_bindings.values():
                 for b in bindings:
                     if (b.id or b.action) not in seen and b.description:
                         seen.add(b.id or b.action)

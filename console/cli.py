@@ -8,8 +8,9 @@ import asyncio
 import json
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 from samai.console import __version__
 from samai.console import config as config_mod

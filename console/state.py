@@ -14,7 +14,7 @@ from samai.console.budget import DiskBudget, disk_budget
 from samai.console.config import Config, Stage
 from samai.console.preflight import Preflight, poison_artifacts, preflight
 from samai.console.trainlog import TrainLogParser, TrainPoint
-from samai.remote.follow import MARKER_SCAN_READ, LogCursor, LogFollower
+from samai.remote.follow import MARKER_SCAN_READ, LogFollower
 from samai.remote.model import Marker, Process, Report, Snapshot
 
 MAX_ALERTS = 200
@@ -147,7 +147,7 @@ class ConsoleState:
         update = StateUpdate(snap, [], disk_budget(self.config, snap), self._process_rows(snap),
                              [run for run in map(eval_run, snap.reports) if run])
         watched = {id(f): name for name, f in self.watches.items()}
-        for follower, chunk in zip(followers, snap.logs):
+        for follower, chunk in zip(followers, snap.logs, strict=True):
             tail = follower.consume(chunk)
             if follower is self.shown:
                 update.log_lines, update.log_notice = tail.lines, tail.notice
@@ -177,8 +177,9 @@ class ConsoleState:
             severity = marker.severity if marker else "info"
             self.last_markers[stage.name] = (hit.line[:60], severity)
             if severity != "info":
-                update.new_alerts.append(Alert(self.received_at, severity, f"{stage.name}: {hit.line[:200]}", stage.name,
-                                               "r restart" if severity == "error" else ""))
+                hint = "r restart" if severity == "error" else ""
+                update.new_alerts.append(Alert(self.received_at, severity, f"{stage.name}: {hit.line[:200]}",
+                                               stage.name, hint))
 
     def _stage_view(self, stage: Stage, snap: Snapshot, update: StateUpdate) -> StageView:
         rec = snap.state(stage.name)

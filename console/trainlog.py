@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 _DICT = re.compile(r"\{[^{}]*'loss'[^{}]*\}")
 _PAIR = re.compile(r"'(\w+)'\s*:\s*(?:tensor\()?'?([-+\w.]+)'?\)?")

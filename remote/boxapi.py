@@ -12,9 +12,10 @@ import hashlib
 import json
 import posixpath
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from samai.remote import model
 from samai.remote.follow import LogCursor

@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 import tempfile
-from typing import Sequence
+from collections.abc import Sequence
 
 from samai.remote.transport import RunResult, TransportError, TransportTimeout
 
@@ -27,7 +27,7 @@ class LocalTransport:
             raise TransportError(f"cannot start {argv[0]}: {e.strerror}") from e
         try:
             out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as e:
+        except (TimeoutError, asyncio.CancelledError) as e:
             _kill_group(proc.pid)
             await proc.wait()
             if isinstance(e, asyncio.CancelledError):

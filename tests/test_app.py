@@ -148,7 +148,8 @@ async def test_readonly_never_binds_dangerous_keys(tmp_path, workspace, spawn, i
 
 async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, workspace):
     cfg_file = tmp_path / "f.toml"
-    cfg_file.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
+    cfg_file.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n'
+                        f'[workspace]\npath = "{workspace}"\n'
                         '[stages.boom]\nkey = "b"\ncommand = "echo BAD_THING happened; sleep 1; exit 3"\n'
                         'markers = [{ name = "BAD_THING", severity = "error" }]\n')
     app = SamaiApp(config.load(cfg_file))

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 from samai.console import config
-from samai.console.budget import GB, disk_budget, project
+from samai.console.budget import disk_budget, project
 from samai.console.preflight import poison_artifacts, preflight
 from samai.console.trainlog import TrainLogParser
 from samai.remote.boxapi import Box

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from samai.remote.boxapi import TOOLS, Box
+from samai.remote.boxapi import TOOLS, Box, BoxError
 from samai.remote.local import LocalTransport
 
 
@@ -117,7 +117,7 @@ async def test_tools_are_uploaded_once_and_again_when_removed(workspace: Path) -
     assert ready.stat().st_mtime_ns == first  # same hash: nothing uploaded
     for f in Path(box.tools_dir).iterdir():
         f.unlink()
-    with pytest.raises(Exception):
+    with pytest.raises(BoxError):
         await box.snapshot()  # this Box believed its tools were there
     await box.snapshot()  # ...and uploads them again on the next call
     assert ready.exists()

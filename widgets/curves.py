@@ -49,7 +49,8 @@ class CurvesPane(PlotextPlot):
         bad = [p.step for p in self.points if p.bad]
         if bad:
             finite = [p.loss for p in good if p.loss is not None] or [0.0]
-            plt.scatter(bad, [max(finite)] * len(bad), label=f"NaN/inf ({len(bad)})", color=self._colour("error", "red"), marker="x")
+            plt.scatter(bad, [max(finite)] * len(bad), label=f"NaN/inf ({len(bad)})",
+                        color=self._colour("error", "red"), marker="x")
         plt.xlabel("step")
         self.border_subtitle = f"{len(self.points)} steps" + (f" · {len(bad)} bad" if bad else "")
         self.refresh()

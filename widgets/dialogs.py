@@ -4,6 +4,7 @@ target and opens with Cancel focused: Enter on a dialog you did not read does no
 from __future__ import annotations
 
 import time
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll

@@ -39,8 +39,12 @@ class DiskPane(Static):
                 if a.intermediate else ("", "")
             parts += [f"  {a.name:<12} {units.size(a.actual):>9}", tag, "\n"]
         if next_stage:
-            verdict = ("fits", "$success") if next_stage.fits else \
-                ("fits after cleaning", "$warning") if next_stage.fits_after_cleaning else ("DOES NOT FIT", "$error bold")
+            if next_stage.fits:
+                verdict = ("fits", "$success")
+            elif next_stage.fits_after_cleaning:
+                verdict = ("fits after cleaning", "$warning")
+            else:
+                verdict = ("DOES NOT FIT", "$error bold")
             parts += [f"next: {next_stage.stage} +{units.size(next_stage.adds)} at peak → ",
                       f"{units.size(next_stage.free_at_peak)} free  ", verdict, "\n"]
         parts += ["reclaimable: ", (units.size(budget.reclaimable), "$accent bold" if budget.reclaimable else "")]

@@ -21,7 +21,6 @@ from typing import ClassVar
 from rich.cells import cell_len, chop_cells
 from rich.segment import Segment
 from rich.style import Style
-
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.cache import LRUCache

@@ -68,7 +68,8 @@ def find_target(pid, start_time, group, btime):
     if st and st["state"] != "Z":
         started = start_epoch(st["starttime"], btime)
         if not same_start(started, start_time):
-            return None, refuse("pid %d is now another process (started %.2f, expected %s)" % (pid, started, start_time))
+            why = "pid %d is now another process (started %.2f, expected %s)" % (pid, started, start_time)
+            return None, refuse(why)
         return (st["pgid"] if group else None), None
     if group:
         # The leader is gone; its group may live on. Members born after it belong to it.

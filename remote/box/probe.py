@@ -36,7 +36,7 @@ MAX_REPORTS = 50
 MAX_REPORT_BYTES = 64 * 1024
 CHECK_BYTES = 16  # the last bytes read, which the next read checks to catch a rewrite
 
-class UserNames(object):
+class UserNames:
     def __init__(self):
         self.cache = {}
 
