@@ -20,7 +20,7 @@ COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "elapsed", "ports", "command")
 SORTS = ("cpu", "rss", "pid", "elapsed")
 
 
-def _sort_key(sort: str, now: float):
+def _sort_key(sort: str):
     return {
         "cpu": lambda r: -r.cpu_percent,
         "rss": lambda r: -r.process.rss,
@@ -81,7 +81,7 @@ class ProcessPane(Vertical):
         rows = [r for r in self.rows if self.show_kernel or r.process.argv]
         if self.pattern:
             rows = [r for r in rows if self.pattern.search(f"{r.stage or ''} {r.process.user} {r.process.command}")]
-        by = _sort_key(self.sort, self.now)
+        by = _sort_key(self.sort)
         return sorted(rows, key=lambda r: (r.stage is None, r.stage or "", by(r)))
 
     def _render_rows(self) -> None:

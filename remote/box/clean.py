@@ -7,10 +7,11 @@ Each path is resolved (symlinks included) before the check, so neither `..` nor 
 that points outside can make it delete anything but the workspace's own contents.
 """
 
-import json
 import os
 import shutil
 import sys
+
+from procfs import serve
 
 
 def size_of(path):
@@ -55,15 +56,5 @@ def clean(req):
     return reply
 
 
-def main():
-    try:
-        reply = clean(json.loads(sys.stdin.read()))
-    except (ValueError, KeyError, TypeError) as e:
-        sys.stderr.write("clean: bad request: %r\n" % (e,))
-        return 2
-    sys.stdout.write(json.dumps(reply) + "\n")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve("clean", clean))

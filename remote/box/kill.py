@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 
-from procfs import ancestors, boot_time, group_members, read_stat, same_start, start_epoch
+from procfs import ancestors, boot_time, group_members, read_stat, same_start, serve, start_epoch
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT, "HUP": signal.SIGHUP}
 POLL_S = 0.05
@@ -145,15 +145,5 @@ def kill(req):
     return reply
 
 
-def main():
-    try:
-        reply = kill(json.loads(sys.stdin.read()))
-    except (ValueError, KeyError, TypeError) as e:
-        sys.stderr.write("kill: bad request: %r\n" % (e,))
-        return 2
-    sys.stdout.write(json.dumps(reply) + "\n")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve("kill", kill))

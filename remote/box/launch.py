@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from procfs import alive, boot_time, read_stat, start_epoch
+from procfs import alive, boot_time, read_stat, serve, start_epoch
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TAIL_LINES = 20
@@ -161,18 +161,5 @@ def launch(req):
     return dict(record, ok=rc == 0, state=state, rc=rc, reason=reason, log_tail=log_tail(log))
 
 
-def main():
-    try:
-        req = json.loads(sys.stdin.read())
-        reply = launch(req)
-    except (ValueError, KeyError, TypeError) as e:
-        sys.stderr.write("launch: bad request: %r\n" % (e,))
-        return 2
-    except OSError as e:
-        reply = {"ok": False, "state": "failed", "reason": str(e)}
-    sys.stdout.write(json.dumps(reply) + "\n")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve("launch", launch, lambda e: {"ok": False, "state": "failed", "reason": str(e)}))

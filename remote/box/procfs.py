@@ -1,6 +1,8 @@
-"""/proc readers shared by the box tools. Standard library only, Python >= 3.8."""
+"""/proc readers and the request/reply loop shared by the box tools. Stdlib only, Python >= 3.8."""
 
+import json
 import os
+import sys
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -86,3 +88,19 @@ def ancestors(pid):
             break
         pid = st["ppid"]
     return chain
+
+
+def serve(name, handler, on_os_error=None):
+    """One JSON request on stdin, one JSON reply on stdout. A request the tool cannot read is
+    exit 2 with the reason on stderr; an OSError becomes on_os_error's reply when given."""
+    try:
+        reply = handler(json.loads(sys.stdin.read()))
+    except (ValueError, KeyError, TypeError) as e:
+        sys.stderr.write("%s: bad request: %r\n" % (name, e))
+        return 2
+    except OSError as e:
+        if on_os_error is None:
+            raise
+        reply = on_os_error(e)
+    sys.stdout.write(json.dumps(reply) + "\n")
+    return 0
