@@ -127,3 +127,14 @@ def _cursor(path: str):
     from samai.remote.follow import LogCursor
 
     return LogCursor(path)
+
+
+async def test_read_range_returns_exactly_the_bytes_asked_for(box: Box, workspace: Path) -> None:
+    blob = workspace / "model.gguf"
+    blob.write_bytes(bytes(range(256)) * 40)
+    assert await box.read_range(str(blob), 10, 19) == bytes(range(10, 20))
+    assert await box.read_range(str(blob), 10_230, 10_239) == bytes(range(246, 256))
+    with pytest.raises(BoxError, match="got 5 bytes, file is 10240 bytes"):
+        await box.read_range(str(blob), 10_235, 10_244)  # past the end: never a silent short read
+    with pytest.raises(BoxError, match="No such file"):
+        await box.read_range(str(workspace / "absent"), 0, 1)
