@@ -173,17 +173,37 @@ class Actions:
         if not how:
             self._audit(plan, "declined", "cancelled", "")
             return ActionOutcome(False, "cancelled", f"{plan.action} {plan.subject}: cancelled", plan)
+        started = time.time()
         try:
             result = await run()
         except (BoxError, TransportError) as e:
-            self._audit(plan, how, "error", str(e))
-            return ActionOutcome(False, "failed", f"{plan.action} {plan.subject} failed: {e}", plan)
+            # Never run it again blindly: look at the box and say what actually happened.
+            seen = await self._what_happened(plan, started)
+            message = f"{plan.action} {plan.subject}: {e}; {seen}"
+            self._audit(plan, how, "error", message)
+            return ActionOutcome(False, "failed", message, plan)
         outcome = _outcome(plan, result)
         try:
             self._audit(plan, how, outcome.status, outcome.message, result)
         except AuditError as e:  # the action happened; say loudly that its record did not
             return ActionOutcome(False, "failed", f"{outcome.message}; but {e}", plan, result)
         return outcome
+
+    async def _what_happened(self, plan: ActionPlan, started: float) -> str:
+        """After a call that broke half-way: read the box (reconnecting) and report its state."""
+        try:
+            snap = await self.box.snapshot()
+        except (BoxError, TransportError) as e:
+            return f"the box cannot be read either ({e}): check it before trying again"
+        if plan.pid is not None:
+            proc = snap.process(plan.pid)
+            alive = proc is not None and abs(proc.start_time - (plan.start_time or 0)) < 0.011
+            return f"pid {plan.pid} is {'still running' if alive else 'gone'}"
+        rec = snap.state(plan.subject.removeprefix("stage "))
+        if rec is None or rec.fired_at < started - 1:
+            return "the box shows no new launch of it" if plan.action in ("fire", "restart") else \
+                f"the stage is {rec.status if rec else 'idle'}"
+        return f"the box shows it was fired: pid {rec.pid}, {rec.status}"
 
     def _audit(self, plan: ActionPlan, confirmation: str, status: str, message: str,
                result: FireResult | SignalResult | CleanResult | None = None) -> None:

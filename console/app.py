@@ -26,6 +26,7 @@ from samai.console.actions import ActionOutcome, ActionPlan, Actions
 from samai.console.audit import AuditLog
 from samai.console.budget import disk_budget, project
 from samai.console.config import Config
+from samai.console.connect import open_box
 from samai.console.state import ConsoleState, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import Snapshot
@@ -165,8 +166,7 @@ class SamaiApp(App[None]):
             await asyncio.sleep(0.05 if behind else self.config.target.poll_interval)
 
     def _open_box(self) -> Box:
-        t = self.config.target
-        return Box(open_transport(t.url), self.config.workspace, python=t.box_python, timeout=t.timeout)
+        return open_box(self.config)
 
     def _poll_failed(self, error: str) -> None:
         was = self.connection.state

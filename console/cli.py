@@ -16,11 +16,12 @@ from samai.console import __version__
 from samai.console import config as config_mod
 from samai.console.actions import ActionOutcome, ActionPlan, Actions, UnknownStage
 from samai.console.audit import AuditLog
+from samai.console.connect import open_box
 from samai.console.paths import audit_log
 from samai.console.report import describe_snapshot
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
-from samai.remote.targets import TargetError, open_transport
+from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
@@ -110,7 +111,7 @@ def _fail(message: str, code: int) -> int:
 
 
 async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
-    box = Box(open_transport(cfg.target.url), cfg.workspace, python=cfg.target.box_python, timeout=cfg.target.timeout)
+    box = open_box(cfg)
     try:
         handler = {"snapshot": _snapshot, "fire": _fire, "stop": _stop, "kill": _kill, "tail": _tail}[args.command]
         return await handler(args, cfg, box)

@@ -11,7 +11,7 @@ import re
 import sys
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from samai.console import paths
 from samai.remote.model import Marker
 
 # Keys the console binds itself; a stage may not take them.
-RESERVED_KEYS = frozenset("q ? / k s r o f n N w l g G j".split())
+RESERVED_KEYS = frozenset("q ? / k s r o c l f n N w g G a S".split())
 SEVERITIES = ("info", "warning", "error")
 CHAIN_DONE = Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+", "info")
 BUILTIN_PIPELINES = ("tiny", "samai-8b")
@@ -39,6 +39,10 @@ class Target:
     python: str = ""  # the box's Python for the box tools (>= 3.8); empty: see box_python
     poll_interval: float = 1.0
     timeout: float = 30.0  # deadline of one call to the box
+    keepalive_interval: float = 5.0  # SSH: a silent link is noticed after interval * count
+    keepalive_count: int = 3
+    connect_timeout: float = 10.0
+    max_channels: int = 6  # SSH: concurrent channels on the one connection
 
     @property
     def is_local(self) -> bool:
@@ -108,9 +112,10 @@ class Config:
         return next((a for a in self.artifacts if a.name == name), None)
 
     def with_target(self, url: str) -> Config:
-        target = Target(url, self.target.python, self.target.poll_interval, self.target.timeout)
-        return Config(self.source, self.pipeline, target, self.workspace, self.budget, self.artifacts,
-                      self.stages, self.model, self.ui)
+        workspace = self.workspace
+        if self.target.is_local and url != "local" and workspace == str(paths.default_workspace(self.pipeline)):
+            workspace = f"samai/{self.pipeline}"  # the default workspace of a remote box: in its home
+        return replace(self, target=replace(self.target, url=url), workspace=workspace)
 
 
 # ------------------------------------------------------------------ reading
@@ -216,20 +221,27 @@ class _Reader:
         )
 
     def target(self, raw: Any) -> Target:
-        t = self.table(raw, "target", {"url", "python", "poll_interval", "timeout"})
+        t = self.table(raw, "target", {"url", "python", "poll_interval", "timeout", "keepalive_interval",
+                                       "keepalive_count", "connect_timeout", "max_channels"})
         url = self.text(t, "url", "target", "local")
         if not re.match(r"^(local|ssh://.+|envelope\+https?://.+)$", url):
             raise self.fail("target.url", "local, ssh://user@host[:port] or envelope+http(s)://host[:port]", url)
         return Target(url, self.text(t, "python", "target", ""),
                       float(self.number(t, "poll_interval", "target", 1.0, 0.1)),
-                      float(self.number(t, "timeout", "target", 30.0, 1.0)))
+                      float(self.number(t, "timeout", "target", 30.0, 1.0)),
+                      float(self.number(t, "keepalive_interval", "target", 5.0, 0.0)),
+                      self.integer(t, "keepalive_count", "target", 3, 1),
+                      float(self.number(t, "connect_timeout", "target", 10.0, 0.5)),
+                      self.integer(t, "max_channels", "target", 6, 1))
 
     def workspace(self, raw: Any, pipeline: str, target: Target) -> str:
         w = self.table(raw, "workspace", {"path"})
         path = self.text(w, "path", "workspace", "")
         if not path:
             return str(paths.default_workspace(pipeline)) if target.is_local else f"samai/{pipeline}"
-        return os.path.expanduser(path) if target.is_local else path
+        if target.is_local:
+            return os.path.expanduser(path)
+        return path[2:] if path.startswith("~/") else path  # a remote command starts in the home folder
 
     def budget(self, raw: Any) -> Budget:
         b = self.table(raw, "budget", {"capacity_gb", "reserve_gb"})

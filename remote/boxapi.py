@@ -54,12 +54,13 @@ class Box:
         self.timeout = timeout
         self.tools = tools or ToolSet.bundled()
         self.tools_dir = posixpath.join(workspace, ".samai", "tools", self.tools.digest)
-        self._tools_ready = False
+        self._tools_checked: int | None = None  # the transport generation the tools were checked in
 
     # ------------------------------------------------------------ plumbing
 
     async def ensure_tools(self) -> None:
-        if self._tools_ready:
+        """Upload the tools unless this connection has already seen them (by their hash)."""
+        if self._tools_checked == self.transport.generation:
             return
         marker = posixpath.join(self.tools_dir, READY)
         probe = await self.transport.run(["test", "-f", marker], timeout=self.timeout)
@@ -67,7 +68,7 @@ class Box:
             for name, data in self.tools.files.items():
                 await self.transport.put(posixpath.join(self.tools_dir, name), data)
             await self.transport.put(marker, self.tools.digest.encode())
-        self._tools_ready = True
+        self._tools_checked = self.transport.generation
 
     async def call(self, tool: str, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
         await self.ensure_tools()
@@ -76,7 +77,7 @@ class Box:
         result = await self.transport.run(argv, stdin=json.dumps(request).encode(), timeout=timeout or self.timeout)
         if result.rc != 0:
             if result.rc == 127 or b"No such file" in result.stderr:
-                self._tools_ready = False  # someone removed them: upload again next call
+                self._tools_checked = None  # someone removed them: upload again next call
             raise BoxError(f"{tool} failed (rc={result.rc}): {result.stderr_text()[-500:]}")
         try:
             reply = json.loads(result.stdout)

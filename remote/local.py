@@ -13,6 +13,7 @@ from samai.remote.transport import RunResult, TransportError, TransportTimeout
 
 class LocalTransport:
     name = "local"
+    generation = 0  # there is no connection to lose
 
     async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> RunResult:
         try:

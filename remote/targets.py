@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from samai.remote.local import LocalTransport
-from samai.remote.transport import Transport
+from samai.remote.ssh import SshOptions, SshTarget, SshTransport
+from samai.remote.transport import Transport, TransportError
 
 
 class TargetError(Exception):
     """The target URL is malformed or names a transport this build cannot open."""
 
 
-def open_transport(url: str) -> Transport:
+def open_transport(url: str, ssh: SshOptions | None = None) -> Transport:
     if url == "local":
         return LocalTransport()
     scheme = url.split("://", 1)[0] if "://" in url else ""
-    if scheme in ("ssh", "envelope+http", "envelope+https"):
-        raise TargetError(f"target {url}: the {scheme} transport is not part of this build yet; use 'local'")
+    if scheme == "ssh":
+        try:
+            return SshTransport(SshTarget.parse(url), ssh)
+        except TransportError as e:
+            raise TargetError(str(e)) from e
+    if scheme in ("envelope+http", "envelope+https"):
+        raise TargetError(f"target {url}: the {scheme} transport is not part of this build yet; use local or ssh://")
     raise TargetError(f"target {url!r}: expected local, ssh://user@host[:port] or envelope+http(s)://host[:port]")

@@ -30,6 +30,7 @@ class Transport(Protocol):
     a shell line, so nothing in them is ever interpreted."""
 
     name: str
+    generation: int  # changes whenever the connection under it was made anew
 
     async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> RunResult: ...
 

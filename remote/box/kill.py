@@ -94,7 +94,8 @@ def append_line(path, line):
 
 def stage_request(req):
     """The kill request for a stage, from the record its launch left in the workspace."""
-    path = os.path.join(os.path.expanduser(req["workspace"]), ".samai", "state", req["stage"] + ".json")
+    path = os.path.join(os.path.abspath(os.path.expanduser(req["workspace"])), ".samai", "state",
+                        req["stage"] + ".json")
     try:
         with open(path) as f:
             rec = json.load(f)

@@ -111,7 +111,8 @@ def wait_for_pidfile(path, proc, deadline):
 
 
 def launch(req):
-    stage, workspace, command = req["stage"], os.path.expanduser(req["workspace"]), req["command"]
+    stage, command = req["stage"], req["command"]
+    workspace = os.path.abspath(os.path.expanduser(req["workspace"]))  # the chain runs from /
     if not STAGE_NAME.match(stage):
         return {"ok": False, "state": "refused", "reason": "bad stage name %r" % stage}
     btime = boot_time()

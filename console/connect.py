@@ -1,0 +1,14 @@
+"""From a config to a Box on its target: the one place the console opens one."""
+
+from __future__ import annotations
+
+from samai.console.config import Config
+from samai.remote.boxapi import Box
+from samai.remote.ssh import SshOptions
+from samai.remote.targets import open_transport
+
+
+def open_box(cfg: Config) -> Box:
+    t = cfg.target
+    ssh = SshOptions(t.keepalive_interval, t.keepalive_count, t.connect_timeout, t.max_channels)
+    return Box(open_transport(t.url, ssh), cfg.workspace, python=t.box_python, timeout=t.timeout)
