@@ -44,7 +44,7 @@ from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
-MAX_BACKOFF_S = 30.0
+MAX_BACKOFF_S = 8.0  # a box that comes back is seen within seconds, not minutes
 KILL_GRACE_S = 5.0
 STOP_GRACE_S = 10.0
 FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
@@ -148,9 +148,8 @@ class SamaiApp(App[None]):
                 if self.box is None:
                     self.box = self._open_box()
                 followers = self.state.followers()
-                snap = await asyncio.wait_for(self.box.snapshot(**self.state.request(followers)),
-                                              self.config.target.timeout)
-            except (TimeoutError, BoxError, TransportError, TargetError) as e:
+                snap = await self.box.snapshot(**self.state.request(followers))  # each call has a deadline
+            except (BoxError, TransportError, TargetError) as e:
                 self._poll_failed(str(e) or type(e).__name__)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)

@@ -7,6 +7,7 @@ when their content (and so the hash) changes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -20,7 +21,7 @@ from typing import Any
 from samai.remote import model
 from samai.remote.follow import LogCursor
 from samai.remote.model import CleanResult, FireResult, LogChunk, SignalResult, Snapshot
-from samai.remote.transport import Transport
+from samai.remote.transport import Stream, Transport, TransportError
 
 TOOLS = ("procfs.py", "probe.py", "launch.py", "kill.py", "clean.py")
 READY = ".ready"
@@ -55,6 +56,9 @@ class Box:
         self.tools = tools or ToolSet.bundled()
         self.tools_dir = posixpath.join(workspace, ".samai", "tools", self.tools.digest)
         self._tools_checked: int | None = None  # the transport generation the tools were checked in
+        self._probe: Stream | None = None  # one probe kept running: polls pay no process start
+        self._probe_lock = asyncio.Lock()
+        self._probe_generation = 0
 
     # ------------------------------------------------------------ plumbing
 
@@ -70,22 +74,38 @@ class Box:
             await self.transport.put(marker, self.tools.digest.encode())
         self._tools_checked = self.transport.generation
 
-    async def call(self, tool: str, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
-        await self.ensure_tools()
+    def _argv(self, tool: str, *args: str) -> list[str]:
         # -S: the tools need only the standard library, and skipping site halves the start-up.
-        argv = [self.python, "-S", posixpath.join(self.tools_dir, tool)]
-        result = await self.transport.run(argv, stdin=json.dumps(request).encode(), timeout=timeout or self.timeout)
+        return [self.python, "-S", posixpath.join(self.tools_dir, tool), *args]
+
+    async def call(self, tool: str, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
+        """Run one tool for one request."""
+        await self.ensure_tools()
+        result = await self.transport.run(self._argv(tool), stdin=json.dumps(request).encode(),
+                                          timeout=timeout or self.timeout)
         if result.rc != 0:
             if result.rc == 127 or b"No such file" in result.stderr:
                 self._tools_checked = None  # someone removed them: upload again next call
             raise BoxError(f"{tool} failed (rc={result.rc}): {result.stderr_text()[-500:]}")
-        try:
-            reply = json.loads(result.stdout)
-        except ValueError as e:
-            raise BoxError(f"{tool} answered something that is not JSON: {result.stdout[:200]!r}") from e
-        if not isinstance(reply, dict):
-            raise BoxError(f"{tool} answered {type(reply).__name__}, not an object")
-        return reply
+        return _reply(tool, result.stdout)
+
+    async def ask_probe(self, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
+        """One request to the running probe (started on first use, and again after a failure)."""
+        await self.ensure_tools()
+        async with self._probe_lock:
+            if self._probe is not None and self._probe_generation != self.transport.generation:
+                await self._probe.close()  # it lived on a connection that is gone
+                self._probe = None
+            if self._probe is None:
+                self._probe = await self.transport.open_stream(self._argv("probe.py", "--serve"))
+                self._probe_generation = self.transport.generation
+            try:
+                raw = await self._probe.request(json.dumps(request).encode(), timeout=timeout or self.timeout)
+            except BaseException:  # a failure, a deadline, or our caller giving up (cancellation)
+                stream, self._probe = self._probe, None
+                await asyncio.shield(stream.close())  # a half-answered probe is never asked again
+                raise
+        return _reply("probe.py", raw)
 
     # ------------------------------------------------------------ reads
 
@@ -103,12 +123,12 @@ class Box:
             "processes": processes,
         }
         started = time.monotonic()
-        raw = await self.call("probe.py", request)
+        raw = await self.ask_probe(request)
         return model.snapshot(raw, time.monotonic() - started)
 
     async def read_log(self, cursor: LogCursor) -> LogChunk:
         request = {"logs": [cursor.request()], "processes": False, "states": False}
-        raw = await self.call("probe.py", request)
+        raw = await self.ask_probe(request)
         return model.log_chunk(raw["logs"][0])
 
     async def tail(self, path: str, offset: int | None = None, **cursor: Any) -> LogChunk:
@@ -118,7 +138,7 @@ class Box:
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes start..end inclusive; fails unless the file really holds all of them."""
         request = {"ranges": [{"path": path, "start": start, "end": end}], "processes": False, "states": False}
-        raw = (await self.call("probe.py", request))["ranges"][0]
+        raw = (await self.ask_probe(request))["ranges"][0]
         if "error" in raw:
             raise BoxError(f"read {path} [{start}-{end}]: {raw['error']}")
         data = base64.b64decode(raw["data"])
@@ -153,4 +173,19 @@ class Box:
         return model.clean_result(raw)
 
     async def close(self) -> None:
+        if self._probe is not None:
+            await self._probe.close()
+            self._probe = None
         await self.transport.close()
+
+
+def _reply(tool: str, raw: bytes) -> dict:
+    try:
+        reply = json.loads(raw)
+    except ValueError as e:
+        raise BoxError(f"{tool} answered something that is not JSON: {raw[:200]!r}") from e
+    if not isinstance(reply, dict):
+        raise BoxError(f"{tool} answered {type(reply).__name__}, not an object")
+    if "error" in reply:
+        raise BoxError(f"{tool}: {reply['error']}")
+    return reply

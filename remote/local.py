@@ -8,7 +8,7 @@ import signal
 import tempfile
 from collections.abc import Sequence
 
-from samai.remote.transport import RunResult, TransportError, TransportTimeout
+from samai.remote.transport import RunResult, TransportError, TransportTimeout, read_framed
 
 
 class LocalTransport:
@@ -36,11 +36,43 @@ class LocalTransport:
             raise TransportTimeout(f"{argv[0]} ran past its {timeout:g} s deadline and was killed") from e
         return RunResult(proc.returncode, out, err)
 
+    async def open_stream(self, argv: Sequence[str]) -> LocalStream:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            raise TransportError(f"cannot start {argv[0]}: {e.strerror}") from e
+        return LocalStream(proc, argv[0])
+
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
         await asyncio.to_thread(_write_atomic, path, data, mode)
 
     async def close(self) -> None:
         return None
+
+
+class LocalStream:
+    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+        self.proc, self.name = proc, name
+
+    async def request(self, line: bytes, *, timeout: float) -> bytes:
+        try:
+            self.proc.stdin.write(line + b"\n")
+            async with asyncio.timeout(timeout):
+                await self.proc.stdin.drain()
+                return await read_framed(self.proc.stdout.readline, self.proc.stdout.readexactly)
+        except TimeoutError as e:
+            await self.close()
+            raise TransportTimeout(f"{self.name} ran past its {timeout:g} s deadline and was killed") from e
+        except (OSError, ValueError, asyncio.IncompleteReadError, TransportError) as e:
+            await self.close()
+            raise TransportError(f"{self.name} stream failed (rc={self.proc.returncode}): {e}") from e
+
+    async def close(self) -> None:
+        if self.proc.returncode is None:
+            _kill_group(self.proc.pid)
+        await self.proc.wait()
 
 
 def _kill_group(pgid: int) -> None:

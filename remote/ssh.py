@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import asyncssh
 
-from samai.remote.transport import RunResult, TransportError, TransportTimeout
+from samai.remote.transport import RunResult, TransportError, TransportTimeout, read_framed
 
 KILL_TIMEOUT_S = 10.0
 
@@ -61,7 +61,7 @@ class SshTransport:
     def __init__(self, target: SshTarget, options: SshOptions | None = None) -> None:
         self.target = target
         self.options = options or SshOptions()
-        self.generation = 0  # counts connections: the box tools are checked once per connection
+        self.generation = 0  # counts lost connections: what lived on the old one is gone
         self._conn: asyncssh.SSHClientConnection | None = None
         self._connecting = asyncio.Lock()
         self._channels = asyncio.Semaphore(self.options.max_channels)
@@ -72,7 +72,6 @@ class SshTransport:
         async with self._connecting:
             if self._conn is None:
                 self._conn = await self._connect()
-                self.generation += 1
             return self._conn
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
@@ -100,6 +99,7 @@ class SshTransport:
         if self._conn is not None:
             self._conn.abort()
             self._conn = None
+            self.generation += 1
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -141,6 +141,19 @@ class SshTransport:
             raise TransportError(f"{self.target}: connection lost during {argv[0]}")
         return RunResult(proc.exit_status, out or b"", err or b"")
 
+    async def open_stream(self, argv: Sequence[str]) -> SshStream:
+        """A long-running command on its own channel (held for the stream's life)."""
+        conn = await self._connection()
+        await self._channels.acquire()
+        try:
+            proc = await conn.create_process("echo $$; exec " + shlex.join(argv), encoding=None)
+            header = await asyncio.wait_for(proc.stdout.readline(), self.options.connect_timeout)
+            return SshStream(self, proc, int(header), argv)
+        except (OSError, asyncssh.Error, asyncio.TimeoutError, ValueError) as e:
+            self._channels.release()
+            self._drop()
+            raise TransportError(f"{self.target}: cannot start {argv[0]} ({_reason(e)})") from e
+
     async def _kill_remote(self, pid: int | None, argv: Sequence[str]) -> None:
         """KILL pid only if its command line is still exactly argv (the pid was not reused)."""
         if pid is None:
@@ -161,6 +174,37 @@ class SshTransport:
         result = await self.run(["sh", "-c", script], stdin=data, timeout=self.options.connect_timeout + 60)
         if result.rc != 0:
             raise TransportError(f"cannot write {path} on {self.target}: {result.stderr_text()}")
+
+
+class SshStream:
+    def __init__(self, transport: SshTransport, proc: asyncssh.SSHClientProcess, pid: int,
+                 argv: Sequence[str]) -> None:
+        self.transport, self.proc, self.pid, self.argv = transport, proc, pid, list(argv)
+        self._open = True
+
+    async def request(self, line: bytes, *, timeout: float) -> bytes:
+        try:
+            async with asyncio.timeout(timeout):
+                self.proc.stdin.write(line + b"\n")
+                return await read_framed(self.proc.stdout.readline, self.proc.stdout.readexactly)
+        except TimeoutError as e:
+            await self.close(kill=True)
+            raise TransportTimeout(f"{self.argv[0]} on {self.transport.target} ran past its {timeout:g} s "
+                                   f"deadline and was killed there") from e
+        except (OSError, asyncssh.Error, asyncio.IncompleteReadError, TransportError) as e:
+            self.transport._drop()
+            await self.close()
+            raise TransportError(f"{self.transport.target}: connection lost during {self.argv[0]} "
+                                 f"({_reason(e)})") from e
+
+    async def close(self, *, kill: bool = False) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self.proc.close()  # the command reads end-of-input and exits
+        if kill:
+            await self.transport._kill_remote(self.pid, self.argv)
+        self.transport._channels.release()
 
 
 def _reason(e: BaseException) -> str:

@@ -15,6 +15,14 @@ class TransportTimeout(TransportError):
     """A command ran past its deadline and was killed."""
 
 
+async def read_framed(read_line, read_exactly) -> bytes:
+    """A reply framed as b"<length>\\n" and then that many bytes (see Stream.request)."""
+    header = await read_line()
+    if not header.endswith(b"\n") or not header.strip().isdigit():
+        raise TransportError(f"the stream ended or sent {header[:80]!r} instead of a reply")
+    return await read_exactly(int(header))
+
+
 @dataclass(frozen=True)
 class RunResult:
     rc: int
@@ -25,15 +33,29 @@ class RunResult:
         return self.stderr.decode("utf-8", "replace").strip()
 
 
+class Stream(Protocol):
+    """A long-running command on the target spoken to one line at a time."""
+
+    async def request(self, line: bytes, *, timeout: float) -> bytes:
+        """Send one line; return the reply that answers it (sent as a length line, then that
+        many bytes). Past the deadline the command is killed on the target and TransportTimeout
+        raised; after any failure the stream is closed."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 class Transport(Protocol):
     """Runs argv on the target with stdin as bytes. Arguments are passed as data, never as
     a shell line, so nothing in them is ever interpreted."""
 
     name: str
-    generation: int  # changes whenever the connection under it was made anew
+    generation: int  # changes whenever the connection under it is lost: streams on it are gone
 
     async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> RunResult: ...
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+    async def open_stream(self, argv: Sequence[str]) -> Stream: ...
 
     async def close(self) -> None: ...

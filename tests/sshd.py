@@ -75,7 +75,8 @@ class SshServer:
         self.write_known_hosts((keys / "host.pub").read_text())
         (dot_ssh / "config").write_text(
             f"Host {self.alias}\n  HostName 127.0.0.1\n  Port {self.port}\n  User root\n"
-            f"  IdentityFile {dot_ssh / 'id_ed25519'}\n")
+            f"  IdentityFile {dot_ssh / 'id_ed25519'}\n  UserKnownHostsFile {dot_ssh / 'known_hosts'}\n"
+            f"  BatchMode yes\n")
         config = self.root / "sshd_config"
         config.write_text("\n".join([
             f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {keys / 'host'}",
@@ -114,6 +115,11 @@ class SshServer:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def ssh_argv(self) -> list[str]:
+        """The OpenSSH client aimed at this server (it reads the config of the passwd home,
+        not $HOME, so the test config is named explicitly)."""
+        return ["ssh", "-F", str(self.client_home / ".ssh" / "config"), self.alias]
 
     def url(self, user: str = "root") -> str:
         return f"ssh://{user}@127.0.0.1:{self.port}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import stat
 import sys
 import time
@@ -173,7 +175,8 @@ async def test_stale_indicator_when_the_box_stops_answering(tmp_path, workspace)
     app = SamaiApp(_config(tmp_path, workspace, python=str(wrapper), timeout=1.0))
     async with app.run_test(size=SIZE) as pilot:
         await _until(pilot, lambda: app.connection.state == "connected")
-        gate.write_text("")
+        gate.write_text("")  # new processes of the box's python hang...
+        os.kill(app.state.snapshot.probe_pid, signal.SIGSTOP)  # ...and the running probe freezes
         await _until(pilot, lambda: app.connection.stale, 10)
         assert app.screen.has_class("-stale")
         assert "STALE" in str(app.query_one(StatusBar).render())
@@ -200,7 +203,7 @@ async def test_theme_switch_persists(tmp_path, workspace):
 async def test_keys_can_be_remapped_from_the_config(tmp_path, workspace):
     f = tmp_path / "k.toml"
     f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
-                 '[stages.a]\nkey = "a"\ncommand = "true"\n[stages.b]\nkey = "b"\ncommand = "true"\n'
+                 '[stages.a]\nkey = "d"\ncommand = "true"\n[stages.b]\nkey = "e"\ncommand = "true"\n'
                  '[ui]\nkeys = {{ "app.next_log" = "ctrl+n" }}\n'.replace("{{", "{").replace("}}", "}"))
     app = SamaiApp(config.load(f))
     async with app.run_test(size=SIZE) as pilot:

@@ -34,7 +34,7 @@ command = "true"
 needs = ["base"]
 makes = ["merged"]
 [stages.convert]
-key = "c"
+key = "t"
 command = "true"
 needs = ["merged"]
 makes = ["gguf"]

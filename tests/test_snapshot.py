@@ -117,10 +117,12 @@ async def test_tools_are_uploaded_once_and_again_when_removed(workspace: Path) -
     assert ready.stat().st_mtime_ns == first  # same hash: nothing uploaded
     for f in Path(box.tools_dir).iterdir():
         f.unlink()
+    await box.snapshot()  # the probe it keeps running needs no file
     with pytest.raises(BoxError):
-        await box.snapshot()  # this Box believed its tools were there
-    await box.snapshot()  # ...and uploads them again on the next call
+        await box.stop("none")  # but a tool started anew fails: this Box believed they were there
+    assert (await box.stop("none")).result == "gone"  # ...and uploads them again on the next call
     assert ready.exists()
+    await box.close()
 
 
 def _cursor(path: str):

@@ -68,7 +68,7 @@ async def test_snapshot_over_ssh_sees_processes_and_listeners(ssh_box: Box, spaw
 async def test_one_connection_serves_every_call(ssh_box: Box) -> None:
     for _ in range(5):
         await ssh_box.snapshot()
-    assert ssh_box.transport.generation == 1
+    assert ssh_box.transport.generation == 0  # never lost
 
 
 async def test_fire_stop_kill_and_tail_over_ssh(ssh_box: Box, workspace: Path, spawn) -> None:
@@ -153,7 +153,7 @@ async def test_a_cut_connection_resumes_the_tail_without_gaps_or_repeats(ssh_box
                 got += update.lines
                 if not update.more:
                     break
-    assert failures >= 3 and ssh_box.transport.generation >= 4
+    assert failures >= 3 and ssh_box.transport.generation >= 3
     assert got == log.read_text().splitlines()
 
 

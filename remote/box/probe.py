@@ -1,4 +1,5 @@
-"""The box probe: one invocation, one JSON request on stdin, one JSON reply on stdout.
+"""The box probe: one JSON request on stdin, one JSON reply on stdout (or, with --serve, one
+request and one reply per line for as long as stdin stays open).
 
 Runs ON the box. Standard library only, Python >= 3.8, reads /proc directly so that one
 poll costs one process start and no shell-outs. Anything unreadable becomes an error
@@ -483,17 +484,36 @@ def probe(req):
     return reply
 
 
-def main():
+def answer(text):
+    """The reply line for one request line; a request it cannot read gets an error reply."""
     try:
-        req = json.loads(sys.stdin.buffer.read().decode("utf-8") or "{}")
+        req = json.loads(text or "{}")
         if not isinstance(req, dict):
             raise ValueError("request must be a JSON object")
-    except ValueError as e:
-        sys.stderr.write("probe: bad request: %s\n" % e)
-        return 2
-    out = json.dumps(probe(req), separators=(",", ":"))
-    sys.stdout.write(out)
-    sys.stdout.write("\n")
+        reply = probe(req)
+    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
+        reply = {"error": "%s: %s" % (type(e).__name__, e)}
+    return json.dumps(reply, separators=(",", ":")) + "\n"
+
+
+def serve():
+    """One request per line on stdin, each answered with a length line and the reply, until
+    stdin closes: the console keeps one probe running per connection instead of starting one
+    per poll. The length lets the reader take a reply of megabytes without scanning for a
+    line end."""
+    out = sys.stdout.buffer
+    for line in sys.stdin.buffer:
+        reply = answer(line.decode("utf-8", "replace")).encode("utf-8")
+        out.write(b"%d\n" % len(reply))
+        out.write(reply)
+        out.flush()
+    return 0
+
+
+def main():
+    if sys.argv[1:] == ["--serve"]:
+        return serve()
+    sys.stdout.write(answer(sys.stdin.buffer.read().decode("utf-8", "replace")))
     return 0
 
 
