@@ -21,7 +21,7 @@ from typing import Any
 from samai.remote import model
 from samai.remote.follow import LogCursor
 from samai.remote.model import CleanResult, FireResult, LogChunk, SignalResult, Snapshot
-from samai.remote.transport import Stream, Transport, TransportError
+from samai.remote.transport import Stream, Transport
 
 TOOLS = ("procfs.py", "probe.py", "launch.py", "kill.py", "clean.py")
 READY = ".ready"

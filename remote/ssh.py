@@ -149,7 +149,7 @@ class SshTransport:
             proc = await conn.create_process("echo $$; exec " + shlex.join(argv), encoding=None)
             header = await asyncio.wait_for(proc.stdout.readline(), self.options.connect_timeout)
             return SshStream(self, proc, int(header), argv)
-        except (OSError, asyncssh.Error, asyncio.TimeoutError, ValueError) as e:
+        except (TimeoutError, OSError, asyncssh.Error, ValueError) as e:
             self._channels.release()
             self._drop()
             raise TransportError(f"{self.target}: cannot start {argv[0]} ({_reason(e)})") from e
