@@ -138,6 +138,10 @@ class SamaiApp(App[None]):
         if self.polling:
             self.poll()
 
+    async def on_unmount(self) -> None:
+        if self.box is not None:
+            await self.box.close()  # the SSH connection and the probe on the box end with the console
+
     # ------------------------------------------------------------ polling
 
     @work(group="poll", exclusive=True, exit_on_error=False)

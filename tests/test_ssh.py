@@ -71,6 +71,20 @@ async def test_one_connection_serves_every_call(ssh_box: Box) -> None:
     assert ssh_box.transport.generation == 0  # never lost
 
 
+async def test_channels_on_the_one_connection_are_bounded(server, ssh_home) -> None:
+    transport = _transport(server, max_channels=2)
+    before = set(server.session_processes())
+    try:
+        started = time.monotonic()
+        calls = asyncio.gather(*(transport.run(["sleep", "0.5"], timeout=20) for _ in range(6)))
+        await asyncio.sleep(0.6)
+        assert len(set(server.session_processes()) - before) == 1  # one connection carries them all
+        assert all(r.rc == 0 for r in await calls)
+        assert time.monotonic() - started >= 1.4  # six half-second calls, two at a time
+    finally:
+        await transport.close()
+
+
 async def test_fire_stop_kill_and_tail_over_ssh(ssh_box: Box, workspace: Path, spawn) -> None:
     fired = await ssh_box.fire("remote", "echo started over ssh; sleep 60", "logs/remote.log", verify_s=0.5)
     assert fired.ok and fired.state == "running"
