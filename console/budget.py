@@ -107,3 +107,56 @@ def _produced(cfg: Config, stage: Stage, present: set[str], seen: set[str]) -> b
         if not any(_produced(cfg, s, present, seen) for s in downstream):
             return False
     return True
+
+
+# ------------------------------------------------------------------ the whole run, planned
+
+
+@dataclass(frozen=True)
+class StagePeak:
+    stage: str
+    alive: tuple[str, ...]  # artifacts on disk at the stage's peak (what it reads and what it writes)
+    peak: int  # bytes of those artifacts
+    kept_peak: int  # the same if nothing were ever deleted (the unsafe order)
+    limit: int  # capacity less the reserve
+    cleaned: tuple[str, ...] = ()  # intermediates that must be deleted before this stage to fit
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.limit
+
+    @property
+    def kept_fits(self) -> bool:
+        return self.kept_peak <= self.limit
+
+
+def plan_run(cfg: Config, capacity: int) -> list[StagePeak]:
+    """Every stage in order from an empty workspace: what is alive at its peak, with the
+    intermediates deleted as declared (`frees`), and those already consumed deleted before a
+    stage that would not fit otherwise (what the console offers); for contrast, the peak if
+    nothing were ever deleted."""
+    size = {a.name: int(a.size_gb * GB) for a in cfg.artifacts}
+    limit = capacity - int(cfg.budget.reserve_gb * GB)
+    alive: list[str] = []
+    kept: list[str] = []
+    done: list[Stage] = []
+    peaks = []
+    for stage in cfg.stages:
+        made = [m for m in stage.makes if m not in alive]
+        kept = kept + [m for m in stage.makes if m not in kept]
+        cleaned: list[str] = []
+        if sum(size[n] for n in alive + made) > limit:
+            cleaned = [n for n in alive if n not in stage.needs and _used_up(cfg, cfg.artifact(n), done)]
+            alive = [n for n in alive if n not in cleaned]
+        at_peak = alive + made
+        peaks.append(StagePeak(stage.name, tuple(at_peak), sum(size[n] for n in at_peak),
+                               sum(size[n] for n in kept), limit, tuple(cleaned)))
+        alive = [n for n in at_peak if n not in stage.frees]
+        done.append(stage)
+    return peaks
+
+
+def _used_up(cfg: Config, artifact: Artifact, done: list[Stage]) -> bool:
+    """An intermediate whose every reader has run: it may go."""
+    readers = [s for s in cfg.stages if artifact.name in s.needs]
+    return artifact.intermediate and bool(readers) and all(s in done for s in readers)

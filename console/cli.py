@@ -16,9 +16,10 @@ from samai.console import __version__
 from samai.console import config as config_mod
 from samai.console.actions import ActionOutcome, ActionPlan, Actions, UnknownStage
 from samai.console.audit import AuditLog
+from samai.console.budget import disk_budget, plan_run
 from samai.console.connect import open_box
 from samai.console.paths import audit_log
-from samai.console.report import describe_snapshot
+from samai.console.report import describe_plan, describe_snapshot
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 from samai.remote.targets import TargetError
@@ -78,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=5.0, metavar="S", help="seconds before KILL follows TERM")
     p.add_argument("--yes", action="store_true")
 
+    p = command("budget", "the disk plan: each stage's peak against capacity, and what is on disk now")
+    p.add_argument("--json", action="store_true")
+
     p = command("tail", "print the end of a file on the box (relative paths are in the workspace)")
     p.add_argument("path")
     p.add_argument("-n", type=int, default=10, metavar="N", help="start with the last N lines")
@@ -113,7 +117,9 @@ def _fail(message: str, code: int) -> int:
 async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
     box = open_box(cfg)
     try:
-        handler = {"snapshot": _snapshot, "fire": _fire, "stop": _stop, "kill": _kill, "tail": _tail}[args.command]
+        handlers = {"snapshot": _snapshot, "budget": _budget, "fire": _fire, "stop": _stop, "kill": _kill,
+                    "tail": _tail}
+        handler = handlers[args.command]
         return await handler(args, cfg, box)
     finally:
         await box.close()
@@ -129,6 +135,19 @@ async def _snapshot(args, cfg, box: Box) -> int:
     else:
         print(describe_snapshot(snap, cfg))
     return EXIT_OK
+
+
+async def _budget(args, cfg, box: Box) -> int:
+    snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts], processes=False)
+    now = disk_budget(cfg, snap)
+    peaks = plan_run(cfg, now.capacity)
+    if args.json:
+        print(json.dumps({"capacity": now.capacity, "used": now.used, "free": now.free,
+                          "reclaimable": now.reclaimable, "artifacts": [asdict(a) for a in now.artifacts],
+                          "stages": [dict(asdict(p), fits=p.fits, kept_fits=p.kept_fits) for p in peaks]}))
+    else:
+        print(describe_plan(now, peaks))
+    return EXIT_OK if all(p.fits for p in peaks) else EXIT_PROBLEM
 
 
 def _json_bytes(value):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from samai.console import units
+from samai.console.budget import DiskBudget, StagePeak
 from samai.console.config import Config
 from samai.remote.model import Snapshot
 
@@ -41,4 +42,21 @@ def describe_snapshot(snap: Snapshot, cfg: Config) -> str:
                      f"{p.start_time:>14.2f}  {p.command[:80]}")
     for e in snap.errors:
         lines.append(f"error {e.get('what')}: {e.get('error')}")
+    return "\n".join(lines)
+
+
+def describe_plan(now: DiskBudget, peaks: list[StagePeak]) -> str:
+    limit = peaks[0].limit if peaks else now.capacity
+    lines = [f"capacity {units.size(now.capacity)} (usable {units.size(limit)} after the reserve), "
+             f"used {units.size(now.used)}, free {units.size(now.free)}, reclaimable {units.size(now.reclaimable)}",
+             f"  {'stage':<10} {'peak':>9} {'if nothing deleted':>19}  alive at the peak"]
+    for p in peaks:
+        flag = "" if p.fits else "  OVER CAPACITY"
+        if p.cleaned:
+            flag += f"  (after deleting {', '.join(p.cleaned)})"
+        kept = units.size(p.kept_peak) + ("" if p.kept_fits else " (!)")
+        lines.append(f"  {p.stage:<10} {units.size(p.peak):>9} {kept:>19}  {' + '.join(p.alive) or '-'}{flag}")
+    unsafe = [p.stage for p in peaks if not p.kept_fits]
+    if unsafe:
+        lines.append(f"keeping every intermediate would overflow the disk at: {', '.join(unsafe)}")
     return "\n".join(lines)

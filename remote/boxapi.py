@@ -23,7 +23,6 @@ from samai.remote.follow import LogCursor
 from samai.remote.model import CleanResult, FireResult, LogChunk, SignalResult, Snapshot
 from samai.remote.transport import Stream, Transport
 
-TOOLS = ("procfs.py", "probe.py", "launch.py", "kill.py", "clean.py")
 READY = ".ready"
 
 
@@ -38,12 +37,21 @@ class ToolSet:
 
     @classmethod
     def bundled(cls) -> ToolSet:
+        """Every .py of samai.remote.box and its stages/, by their path in the tools folder."""
         folder = resources.files("samai.remote.box")
-        files = {name: folder.joinpath(name).read_bytes() for name in TOOLS}
+        files = {name: folder.joinpath(name).read_bytes() for name in tool_names()}
         h = hashlib.sha256()
-        for name in TOOLS:
+        for name in sorted(files):
             h.update(name.encode() + b"\0" + files[name] + b"\0")
         return cls(h.hexdigest()[:16], files)
+
+
+def tool_names() -> list[str]:
+    folder = resources.files("samai.remote.box")
+    names = [e.name for e in folder.iterdir() if e.name.endswith(".py") and e.name != "__init__.py"]
+    stages = [f"stages/{e.name}" for e in folder.joinpath("stages").iterdir()
+              if e.name.endswith(".py") and e.name != "__init__.py"]
+    return sorted(names) + sorted(stages)
 
 
 class Box:

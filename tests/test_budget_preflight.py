@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 from pathlib import Path
 
 from samai.console import config
-from samai.console.budget import disk_budget, project
+from samai.console.budget import GB, disk_budget, plan_run, project
 from samai.console.preflight import poison_artifacts, preflight
 from samai.console.trainlog import TrainLogParser
 from samai.remote.boxapi import Box
@@ -131,3 +132,26 @@ def test_trainer_lines_of_both_transformers_generations() -> None:
     assert points[2].loss == 0.0 and math.isnan(points[2].grad_norm) and points[2].bad  # hidden NaN
     assert points[3].loss == 1.23 and points[3].bad
     assert not points[0].bad
+
+
+def test_the_playbook_budget_comes_out_of_the_samai_8b_config() -> None:
+    cfg = config.load_builtin("samai-8b")
+    peaks = {p.stage: p for p in plan_run(cfg, 57 * GB)}
+    assert abs(peaks["train"].peak / GB - 20.5) < 0.6  # "training: base 19.3 + checkpoint 1 ≈ 21 GB"
+    assert set(peaks["train"].alive) >= {"base", "checkpoints"}
+    assert not peaks["convert"].kept_fits  # base + merged + f16 together: the incident, flagged
+    assert peaks["convert"].cleaned == ("base",) and peaks["convert"].fits  # unless the base goes first
+    assert all(p.fits for p in peaks.values())
+    assert set(peaks["quantize"].alive) >= {"gguf_f16", "gguf_q"} and "merged" not in peaks["quantize"].alive
+
+
+def test_budget_on_the_command_line(tmp_path: Path) -> None:
+    from tests.helpers import run_cli
+
+    r = run_cli("--config", str(Path(config.__file__).parent / "pipelines" / "samai-8b.toml"), "budget", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    convert = next(s for s in plan["stages"] if s["stage"] == "convert")
+    assert convert["fits"] and not convert["kept_fits"] and convert["cleaned"] == ["base"]
+    text = run_cli("--config", str(Path(config.__file__).parent / "pipelines" / "samai-8b.toml"), "budget").stdout
+    assert "keeping every intermediate would overflow the disk at: convert" in text

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from samai.remote.boxapi import TOOLS, Box, BoxError
+from samai.remote.boxapi import Box, BoxError, tool_names
 from samai.remote.local import LocalTransport
 
 
@@ -93,9 +93,10 @@ async def test_unreadable_things_become_error_entries(box: Box, workspace: Path)
 
 def test_box_tools_are_stdlib_python_3_8() -> None:
     """The tools run on whatever Python the box has: no syntax or imports newer than 3.8."""
-    stdlib = set(sys.stdlib_module_names) | {name[:-3] for name in TOOLS}
+    tools = [n for n in tool_names() if not n.startswith("stages/")]  # stages may use the box venv
+    stdlib = set(sys.stdlib_module_names) | {name[:-3] for name in tools}
     folder = resources.files("samai.remote.box")
-    for name in TOOLS:
+    for name in tools:
         tree = ast.parse(folder.joinpath(name).read_text(), feature_version=(3, 8))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

@@ -1,0 +1,78 @@
+"""What the stage scripts share: markers, the tiny pipeline's facts, and its chat format.
+
+Runs ON the box, imported by the stage scripts from their own folder. Standard library only
+at import time: the ML stack is imported by the scripts that need it, inside the box venv.
+"""
+
+import hashlib
+import json
+import os
+import random
+import sys
+
+# The chat format of the tiny model, as a Jinja template (saved with the tokenizer, so the
+# GGUF carries it and the server applies it) and as the same thing in Python (for training).
+# Single characters only: the tokenizer is a character-level SentencePiece model.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}Q{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}A{{ m['content'] }}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}A{% endif %}"
+)
+USER_MARK, ASSISTANT_MARK = "Q", "A"
+SMOKE_QUESTION, SMOKE_ANSWER = "17*23=", "391"
+
+
+def marker(name, text=""):
+    """A marker line: the console greps the stage log for these."""
+    print(("%s %s" % (name, text)).rstrip(), flush=True)
+
+
+def say(text):
+    print(text, flush=True)
+
+
+def fail(marker_name, text, rc=1):
+    marker(marker_name, text)
+    sys.exit(rc)
+
+
+def facts(count, seed=7):
+    """The multiplication facts the tiny model learns: always 17*23 (the smoke question)."""
+    rng = random.Random(seed)
+    pairs = {(17, 23)}
+    while len(pairs) < count:
+        pairs.add((rng.randint(11, 39), rng.randint(11, 39)))
+    return sorted(pairs)
+
+
+def fact_text(a, b):
+    return "%d*%d=%d" % (a, b, a * b)
+
+
+def chat_prompt(question):
+    return USER_MARK + question + ASSISTANT_MARK
+
+
+def messages(a, b):
+    return [{"role": "user", "content": "%d*%d=" % (a, b)}, {"role": "assistant", "content": str(a * b)}]
+
+
+def sha256_of(path, block=1 << 20):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(block), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def workspace():
+    return os.environ.get("SAMAI_WORKSPACE") or os.getcwd()

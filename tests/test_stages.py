@@ -1,0 +1,48 @@
+"""Static promises of the box tools and stage scripts (the end-to-end runs are in test_pipeline)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+from samai.remote.box.stages import provision
+from samai.remote.boxapi import tool_names
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_tool_and_stage_parses_as_python_3_8() -> None:
+    folder = resources.files("samai.remote.box")
+    for name in tool_names():
+        ast.parse(folder.joinpath(name).read_text(), filename=name, feature_version=(3, 8))
+
+
+def test_the_stages_run_by_the_system_python_need_only_the_standard_library() -> None:
+    """provision, fetch, push and eval run before or without the box venv."""
+    stdlib_stages = ("provision", "fetch", "push", "eval", "common")
+    allowed = set(sys.stdlib_module_names) | {"procfs", "probe", "kill", "gguf_check", *stdlib_stages}
+    folder = resources.files("samai.remote.box").joinpath("stages")
+    for name in (f"{stage}.py" for stage in stdlib_stages):
+        tree = ast.parse(folder.joinpath(name).read_text())
+        for node in tree.body:  # top-level imports only: the hub client is imported where used
+            if isinstance(node, ast.Import):
+                roots = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                roots = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            assert roots <= allowed, f"{name} imports {roots - allowed} at the top"
+
+
+def test_provision_installs_exactly_the_box_extra() -> None:
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["box"]
+    assert sorted(extra) == sorted(provision.BOX_PACKAGES)
+
+
+def test_the_tools_are_uploaded_with_their_stages() -> None:
+    names = tool_names()
+    assert {"probe.py", "gguf_check.py", "stages/train.py", "stages/fetch.py", "stages/common.py"} <= set(names)
+    assert not any(n.endswith("__init__.py") for n in names)
