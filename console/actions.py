@@ -19,6 +19,7 @@ import psutil
 from samai.console import units
 from samai.console.audit import AuditError, AuditLog
 from samai.console.config import Config, Stage
+from samai.console.preflight import Check, Preflight, poison_artifacts, preflight
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import CleanResult, FireResult, SignalResult
 from samai.remote.transport import TransportError
@@ -39,9 +40,16 @@ class ActionPlan:
     details: tuple[str, ...] = ()
     pid: int | None = None
     start_time: float | None = None
+    checks: tuple[Check, ...] = ()  # the preflight of a fire or restart
+
+    @property
+    def blocked(self) -> bool:
+        """The preflight found an error: only an explicit override may go ahead."""
+        return any(c.severity == "error" for c in self.checks)
 
 
-# Given the plan, says how it was confirmed ("--yes", "prompt", "dialog"), or None to decline.
+# Given the plan, says how it was confirmed ("--yes", "prompt", "dialog"; "override" for a
+# blocked plan that the operator chose to run anyway), or None to decline.
 Confirm = Callable[[ActionPlan], Awaitable[str | None]]
 
 
@@ -79,8 +87,17 @@ class Actions:
 
     # ------------------------------------------------------------ the actions
 
+    async def _preflight(self, stage: Stage) -> Preflight | None:
+        try:
+            snap = await self.box.snapshot(artifacts=[(a.name, a.path) for a in self.config.artifacts]
+                                           + poison_artifacts(self.config))
+        except (BoxError, TransportError):
+            return None  # the fire itself will say what is wrong with the box
+        return preflight(self.config, snap, stage)
+
     async def fire(self, stage_name: str) -> ActionOutcome:
         stage = self._stage(stage_name)
+        pre = await self._preflight(stage)
         plan = ActionPlan(
             action="fire",
             target=self.config.target.url,
@@ -88,6 +105,7 @@ class Actions:
             command=stage.command,
             details=(f"workspace {self.config.workspace}", f"log {stage.log}",
                      *(f"env {k}={v}" for k, v in stage.env)),
+            checks=pre.checks if pre else (),
         )
         return await self._carry_out(plan, lambda: self.box.fire(stage.name, stage.command, stage.log,
                                                                   env=dict(stage.env)))
@@ -144,8 +162,10 @@ class Actions:
         if clear:
             steps.append("clean: rm -rf -- " + " ".join(shlex.quote(p) for p in clear))
         steps.append(f"fire: {stage.command}")
+        pre = await self._preflight(stage)
+        checks = tuple(c for c in pre.checks if "already running" not in c.text) if pre else ()
         plan = ActionPlan(action="restart", target=self.config.target.url, subject=f"stage {stage.name}",
-                          command="; ".join(steps), details=(f"workspace {self.config.workspace}",))
+                          command="; ".join(steps), details=(f"workspace {self.config.workspace}",), checks=checks)
 
         async def run() -> FireResult:
             stopped = await self.box.stop(stage.name, grace=grace, protect=self._protect())
@@ -170,6 +190,8 @@ class Actions:
         except AuditError as e:
             return ActionOutcome(False, "refused", f"{plan.action} refused: {e}", plan)
         how = await self.confirm(plan)
+        if how and plan.blocked and how != "override":
+            how = None  # a blocked plan needs the override, not just a yes
         if not how:
             self._audit(plan, "declined", "cancelled", "")
             return ActionOutcome(False, "cancelled", f"{plan.action} {plan.subject}: cancelled", plan)

@@ -251,11 +251,9 @@ class SamaiApp(App[None]):
         return Actions(self.box, self.config, self.audit, readonly=self.readonly, confirm=self._confirm)
 
     async def _confirm(self, plan: ActionPlan) -> str | None:
-        checks = ()
-        name = plan.subject.removeprefix("stage ")
-        if plan.action in ("fire", "restart") and (pre := self.state.preflight(name)):
-            checks = pre.checks
-        return "dialog" if await self.push_screen_wait(ConfirmDialog(plan, checks)) else None
+        if not await self.push_screen_wait(ConfirmDialog(plan, plan.checks)):
+            return None
+        return "override" if plan.blocked else "dialog"  # the dialog said "anyway" for a blocked plan
 
     def _current_stage(self) -> str | None:
         return self.state.shown_stage

@@ -62,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("snapshot", "one snapshot of the box: disk, stages, processes, ports")
     p.add_argument("--json", action="store_true", help="the whole snapshot as JSON")
 
-    p = command("fire", "start a stage (detached, verified)")
+    p = command("fire", "start a stage (detached, verified) after its preflight")
     p.add_argument("stage")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--force", action="store_true", help="fire even when the preflight blocks it")
 
     p = command("stop", "stop a running stage: its process group, TERM then KILL")
     p.add_argument("stage")
@@ -197,11 +198,19 @@ async def _tail(args, cfg, box: Box) -> int:
 
 
 def _actions(args, cfg, box: Box) -> Actions:
-    return Actions(box, cfg, AuditLog(audit_log()), readonly=args.readonly, confirm=_confirmer(args.yes))
+    return Actions(box, cfg, AuditLog(audit_log()), readonly=args.readonly,
+                   confirm=_confirmer(args.yes, getattr(args, "force", False)))
 
 
-def _confirmer(yes: bool):
+def _confirmer(yes: bool, force: bool = False):
     async def confirm(plan: ActionPlan) -> str | None:
+        for check in plan.checks:
+            print(f"  {'✓!✗'[('ok', 'warning', 'error').index(check.severity)]} {check.text}", file=sys.stderr)
+        if plan.blocked and not force:
+            print("samai-console: the preflight blocks it; pass --force to run it anyway", file=sys.stderr)
+            return None
+        if plan.blocked:
+            return "override"
         if yes:
             return "--yes"
         if not sys.stdin.isatty():

@@ -21,6 +21,12 @@ command = "echo hello; sleep {sleep}"
 [stages.broken]
 key = "b"
 command = "definitely-not-a-command"
+[artifacts.base]
+path = "models/base"
+[stages.needy]
+key = "e"
+command = "echo I had what I needed"
+needs = ["base"]
 """
 
 
@@ -80,10 +86,20 @@ def test_a_failing_stage_exits_1_with_its_log_tail(cfg_file: Path) -> None:
     assert "rc=127" in r.stderr and "definitely-not-a-command" in r.stderr
 
 
+def test_a_blocked_preflight_needs_force(cfg_file: Path, workspace: Path, isolated_dirs) -> None:
+    r = run_cli("--config", str(cfg_file), "fire", "needy", "--yes")
+    assert r.returncode == 1 and "needs base (models/base): missing" in r.stderr and "--force" in r.stderr
+    assert not (workspace / ".samai" / "state" / "needy.json").exists()
+    r = run_cli("--config", str(cfg_file), "fire", "needy", "--force")
+    assert r.returncode == 0, r.stderr
+    assert [(e["confirmation"], e["result"]) for e in _audit(isolated_dirs)] == [("declined", "cancelled"),
+                                                                               ("override", "done")]
+
+
 def test_unknown_stage_is_a_usage_error(cfg_file: Path, isolated_dirs) -> None:
     r = run_cli("--config", str(cfg_file), "fire", "nope", "--yes")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
-    assert "unknown stage 'nope'" in r.stderr and "hello, broken" in r.stderr
+    assert "unknown stage 'nope'" in r.stderr and "hello, broken, needy" in r.stderr
     assert _audit(isolated_dirs) == []
 
 

@@ -44,6 +44,7 @@ import urllib.request
 
 CHUNK = 1024 * 1024
 QUIET_BELOW = 8 * CHUNK  # no progress lines for smaller files
+HEARTBEAT_S = 10.0  # a progress line at least this often, even between 10 % steps
 READ_TIMEOUT_S = 30  # per socket read: a stalled server is a retry, not a hang
 RETRIES = 5
 MAX_BACKOFF_S = 60.0
@@ -118,8 +119,8 @@ def truncate(path):
 
 
 class Progress:
-    """Progress lines for the stage log: at most one a second, plus one per 10 % step;
-    none for files under QUIET_BELOW, which are done before anyone could read them."""
+    """Progress lines for the stage log: one per 10 % step or every HEARTBEAT_S, never two
+    within a second; none for files under QUIET_BELOW, done before anyone could read them."""
 
     def __init__(self, label, total=None, done=0):
         self.label, self.total, self.first = label, total, done
@@ -135,7 +136,8 @@ class Progress:
             return
         now = time.monotonic()
         step = self.step(done)
-        if now - self.last_time < 1.0 and (step is None or step <= self.last_step):
+        since = now - self.last_time
+        if since < 1.0 or (since < HEARTBEAT_S and (step is None or step <= self.last_step)):
             return
         self.last_time, self.last_step = now, step
         rate = (done - self.first) / max(now - self.started, 1e-3)

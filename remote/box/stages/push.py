@@ -249,15 +249,19 @@ def hf_verify(api, repo, entries, token):
     return ok
 
 
-def push_hf(repo, artifacts, entries, manifest_name, retries, backoff):
+def hf_client():
+    """(HfApi(), token), checked before any waiting: a push that cannot happen fails at once."""
     token = os.environ.get("HF_TOKEN")
     if not token:
         raise PushError("HF_TOKEN is not set")
     try:
-        from huggingface_hub import HfApi
+        from huggingface_hub import HfApi  # only hf: targets need it
     except ImportError:
         raise PushError("huggingface_hub is not installed on the box (pip install huggingface_hub)") from None
-    api = HfApi()
+    return HfApi(), token
+
+
+def push_hf(api, token, repo, artifacts, entries, manifest_name, retries, backoff):
     for path, name in artifacts:
         if os.path.isdir(path):
             with_retries(lambda p=path, n=name: api.upload_folder(
@@ -316,6 +320,7 @@ def run(args):
     if "/" in args.manifest or args.manifest in ("", ".", ".."):
         raise PushError("--manifest is a file name, not a path")
     artifacts = [(path, target_name(path)) for path in args.artifacts]
+    hf = hf_client() if kind == "hf" else None
     deadline = time.monotonic() + args.wait_timeout
     for path, _name in artifacts:
         wait_until_complete(path, deadline, args.stable, args.wait_timeout)
@@ -327,7 +332,7 @@ def run(args):
     if kind == "dir":
         manifest = push_dir(where, entries, args.manifest, args.retries, args.backoff)
     else:
-        manifest = push_hf(where, artifacts, entries, args.manifest, args.retries, args.backoff)
+        manifest = push_hf(hf[0], hf[1], where, artifacts, entries, args.manifest, args.retries, args.backoff)
     if manifest is None:
         return 1
     print("PUSH_DONE %d files %d bytes manifest=%s" % (len(entries), sum(e[2] for e in entries), manifest))
