@@ -387,17 +387,16 @@ def transfer(url, part, span, want, token, label):
         raise Transient("server refused to resume at byte %d (file is %s bytes); starting over"
                         % (have, e.total)) from None
     try:
-        if source.offset != first:
-            if source.offset != 0:
-                raise Transient("server answered from byte %d, asked for %d" % (source.offset, first))
-            if span:
-                print("server ignored the Range request: reading through to byte %d" % first)
-                skip(source, first)
-            else:
-                # Never append a whole body to a partial file: that is how a file grows garbage.
-                print("server ignored the Range request: restarting %s from byte 0" % part)
-                truncate(part)
-                first = 0
+        if source.offset > first:
+            raise FetchError("asked for bytes from %d, the server sent them from %d" % (first, source.offset))
+        if source.offset < first and source.offset == 0 and not span:
+            # Never append a whole body to a partial file: that is how a file grows garbage.
+            print("server ignored the Range request: restarting %s from byte 0" % part)
+            truncate(part)
+            first = 0
+        elif source.offset < first:
+            print("server sent bytes from %d: reading through to byte %d" % (source.offset, first))
+            skip(source, first - source.offset)
         whole = want if want is not None or span else source.total  # for the progress lines
         copy_body(source, part, first, body_end(source, span), label, whole)
     finally:
