@@ -299,7 +299,7 @@ def test_push_waits_for_a_growing_file_then_verifies(tmp_path):
     writer = threading.Thread(target=write_slowly)
     writer.start()
     try:
-        r = push("--to", f"dir:{target}", "--stable", "0.5", "--wait-timeout", "20", "--backoff", "0.1",
+        r = push("--to", f"dir:{target}", "--stable", "1", "--wait-timeout", "20", "--backoff", "0.1",
                  "out/model.gguf", "adapter", cwd=ws)
     finally:
         writer.join()

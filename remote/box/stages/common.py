@@ -10,10 +10,12 @@ import os
 import random
 import sys
 
-# The chat format of the tiny model, as a Jinja template (saved with the tokenizer, so the
-# GGUF carries it and the server applies it) and as the same thing in Python (for training).
-# Single characters only: the tokenizer is a character-level SentencePiece model.
+# The chat format of the tiny model, as a Jinja template saved with the tokenizer, so that the
+# GGUF carries it and the server applies it. It starts with the BOS token itself: llama.cpp adds
+# no BOS to a templated prompt, and a prompt without the BOS the model was trained with gets
+# other answers. Single characters only: the tokenizer is a character-level SentencePiece model.
 CHAT_TEMPLATE = (
+    "{{ bos_token }}"
     "{% for m in messages %}"
     "{% if m['role'] == 'user' %}Q{{ m['content'] }}"
     "{% elif m['role'] == 'assistant' %}A{{ m['content'] }}{{ eos_token }}{% endif %}"

@@ -22,6 +22,14 @@ Why each rule (playbook §3):
   executable must exist, else the nested tree is flattened into place.
 - Every download is checked: size and sha256 when given; a file that fails is moved to PATH.bad
   so nothing downstream picks it up.
+
+Locks: PATH.lock for each output file (a manifest locks file by file, so it also keeps out of
+the way of a single-file fetch of one of its files); `tar` also holds DIR.lock while it
+extracts. A lock file holds its holder's pid and is removed on release.
+Retries: transient failures (connection refused or reset, a stalled read, HTTP 5xx/408/429) are
+retried 5 times in a row with backoff, resuming each time; a retry after progress starts the
+count again. The archive of `tar` is downloaded beside DIR and removed once extracted (unless
+--keep-archive); a file:// archive is read where it is and never removed.
 """
 
 import argparse
@@ -521,6 +529,8 @@ def read_small(url, token, backoff):
             source.close()
         if len(data) > MANIFEST_LIMIT:
             raise FetchError("%s is larger than %s" % (shown(url), human(MANIFEST_LIMIT)))
+        if source.length is not None and len(data) < source.length:
+            raise Transient("connection closed %d bytes short" % (source.length - len(data)))
         return data
     try:
         return retrying(attempt, backoff)

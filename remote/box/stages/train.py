@@ -43,8 +43,9 @@ def load_examples(path, tok):
             msgs = json.loads(line)["messages"]
             prompt = tok.apply_chat_template(msgs[:-1], add_generation_prompt=True, tokenize=False)
             full = tok.apply_chat_template(msgs, tokenize=False)
-            ids = tok(full, add_special_tokens=True)["input_ids"]
-            n_prompt = len(tok(prompt, add_special_tokens=True)["input_ids"])
+            # the template writes the BOS itself: the tokenizer must not add a second one
+            ids = tok(full, add_special_tokens=False)["input_ids"]
+            n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
             examples.append({"input_ids": ids, "labels": [-100] * n_prompt + ids[n_prompt:]})
     return examples
 
