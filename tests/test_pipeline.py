@@ -46,7 +46,7 @@ async def run_stage(box: Box, cfg: config.Config, name: str, timeout: float = 60
     """Fire a stage and wait for its chain to end; its log as text."""
     stage = cfg.stage(name)
     fired = await box.fire(stage.name, stage.command, stage.log, env=dict(stage.env), verify_s=1.0)
-    assert fired.state in ("running", "done"), f"{name}: {fired.reason} {fired.log_tail}"
+    assert fired.state != "refused", f"{name}: {fired.reason}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rec = (await box.snapshot(processes=True)).state(name)
