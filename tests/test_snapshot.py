@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -116,8 +117,7 @@ async def test_tools_are_uploaded_once_and_again_when_removed(workspace: Path) -
     first = ready.stat().st_mtime_ns
     await Box(LocalTransport(), str(workspace), python=sys.executable).snapshot()
     assert ready.stat().st_mtime_ns == first  # same hash: nothing uploaded
-    for f in Path(box.tools_dir).iterdir():
-        f.unlink()
+    shutil.rmtree(box.tools_dir)
     await box.snapshot()  # the probe it keeps running needs no file
     with pytest.raises(BoxError):
         await box.stop("none")  # but a tool started anew fails: this Box believed they were there
