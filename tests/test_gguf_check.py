@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import struct
@@ -386,18 +385,6 @@ def test_ggml_type_table_matches_gguf_py() -> None:
 def test_file_type_names_match_gguf_py() -> None:
     for value, name in gguf_check.FILE_TYPE_NAMES.items():
         assert LlamaFileType(value).name == name
-
-
-def test_box_tool_is_stdlib_python_3_8() -> None:
-    tree = ast.parse(SCRIPT.read_text(), feature_version=(3, 8))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots = {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            roots = {(node.module or "").split(".")[0]}
-        else:
-            continue
-        assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
 
 
 def test_never_raises_on_cut_or_flipped_bytes(tmp_path: Path) -> None:

@@ -8,7 +8,11 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import sys
+
+# The tools folder (gguf_check, procfs, ...) sits above the stages.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The chat format of the tiny model, as a Jinja template saved with the tokenizer, so that the
 # GGUF carries it and the server applies it. It starts with the BOS token itself: llama.cpp adds
@@ -59,6 +63,26 @@ def chat_prompt(question):
 
 def messages(a, b):
     return [{"role": "user", "content": "%d*%d=" % (a, b)}, {"role": "assistant", "content": str(a * b)}]
+
+
+def accept_gguf(tmp, out, **expect):
+    """Move a freshly written GGUF into place only if the checker passes it (GGUF_BAD otherwise)."""
+    from gguf_check import check_file
+
+    result = check_file(tmp, **expect)
+    if not result["ok"]:
+        fail("GGUF_BAD", "; ".join(pr["message"] for pr in result["problems"]), rc=1)
+    os.replace(tmp, out)
+    return result
+
+
+def delete_intermediate(path):
+    """An input that the config declares an intermediate, deleted once its output is in place."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+    say("deleted the intermediate %s" % path)
 
 
 def sha256_of(path, block=1 << 20):

@@ -11,17 +11,13 @@ Runs ON the box, in the box venv:
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import fail, marker, say  # noqa: E402
-from gguf_check import check_file  # noqa: E402
+from common import accept_gguf, delete_intermediate, fail, marker, say  # noqa: E402
 
 
 def default_converter():
@@ -49,14 +45,10 @@ def main():
     rc = subprocess.call(cmd, env=env)
     if rc != 0:
         fail("GGUF_BAD", "the converter exited with rc=%d" % rc, rc=1)
-    result = check_file(tmp)
-    if not result["ok"]:
-        fail("GGUF_BAD", "; ".join(pr["message"] for pr in result["problems"]), rc=1)
-    os.replace(tmp, args.out)
+    result = accept_gguf(tmp, args.out)
     say("%s: %d tensors, %d bytes" % (args.out, result["tensor_count"], os.path.getsize(args.out)))
     if args.delete_input:
-        shutil.rmtree(args.model)
-        say("deleted the intermediate %s" % args.model)
+        delete_intermediate(args.model)
     marker("CONVERT_DONE", "%s in %.0f s" % (args.out, time.time() - started))
 
 

@@ -14,12 +14,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import fail, marker, say  # noqa: E402
-from gguf_check import check_file  # noqa: E402
+from common import accept_gguf, delete_intermediate, fail, marker, say  # noqa: E402
 
 
 def quantize_with_library(src, dst, qtype):
@@ -55,14 +52,10 @@ def main():
         rc = quantize_with_library(args.src, tmp, args.type)
     if rc != 0:
         fail("GGUF_BAD", "quantizing to %s failed with rc=%d" % (args.type, rc), rc=1)
-    result = check_file(tmp, expect_tensors=args.expect_tensors, expect_last=args.last_tensor)
-    if not result["ok"]:
-        fail("GGUF_BAD", "; ".join(pr["message"] for pr in result["problems"]), rc=1)
-    os.replace(tmp, args.out)
+    result = accept_gguf(tmp, args.out, expect_tensors=args.expect_tensors, expect_last=args.last_tensor)
     say("%s: %s, %d tensors, %d bytes" % (args.out, args.type, result["tensor_count"], os.path.getsize(args.out)))
     if args.delete_input:
-        os.remove(args.src)
-        say("deleted the intermediate %s" % args.src)
+        delete_intermediate(args.src)
     marker("QUANT_DONE", "%s in %.0f s" % (args.out, time.time() - started))
 
 

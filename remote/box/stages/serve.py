@@ -23,9 +23,7 @@ import time
 import urllib.error
 import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import SMOKE_ANSWER, SMOKE_QUESTION, fail, marker, say  # noqa: E402
 from kill import kill  # noqa: E402
