@@ -71,7 +71,8 @@ def accept_gguf(tmp, out, **expect):
 
     result = check_file(tmp, **expect)
     if not result["ok"]:
-        fail("GGUF_BAD", "; ".join(pr["message"] for pr in result["problems"]), rc=1)
+        os.replace(tmp, out + ".bad")  # kept to look at, under a name nothing downstream reads
+        fail("GGUF_BAD", "%s.bad: %s" % (out, "; ".join(pr["message"] for pr in result["problems"])), rc=1)
     os.replace(tmp, out)
     return result
 
