@@ -119,7 +119,8 @@ class StagePeak:
     peak: int  # bytes of those artifacts
     kept_peak: int  # the same if nothing were ever deleted (the unsafe order)
     limit: int  # capacity less the reserve
-    cleaned: tuple[str, ...] = ()  # intermediates that must be deleted before this stage to fit
+    cleaned: tuple[str, ...] = ()  # consumed intermediates whose deletion would make it fit
+    cleaned_peak: int | None = None  # the peak once they are deleted
 
     @property
     def fits(self) -> bool:
@@ -131,10 +132,10 @@ class StagePeak:
 
 
 def plan_run(cfg: Config, capacity: int) -> list[StagePeak]:
-    """Every stage in order from an empty workspace: what is alive at its peak, with the
-    intermediates deleted as declared (`frees`), and those already consumed deleted before a
-    stage that would not fit otherwise (what the console offers); for contrast, the peak if
-    nothing were ever deleted."""
+    """Every stage in order from an empty workspace: what is alive at its peak with the
+    intermediates deleted as declared (`frees`); for a stage that would not fit, what deleting
+    the intermediates already consumed would bring it to (what the console offers); and, for
+    contrast, the peak if nothing were ever deleted."""
     size = {a.name: int(a.size_gb * GB) for a in cfg.artifacts}
     limit = capacity - int(cfg.budget.reserve_gb * GB)
     alive: list[str] = []
@@ -142,15 +143,14 @@ def plan_run(cfg: Config, capacity: int) -> list[StagePeak]:
     done: list[Stage] = []
     peaks = []
     for stage in cfg.stages:
-        made = [m for m in stage.makes if m not in alive]
+        at_peak = alive + [m for m in stage.makes if m not in alive]
         kept = kept + [m for m in stage.makes if m not in kept]
+        peak = sum(size[n] for n in at_peak)
         cleaned: list[str] = []
-        if sum(size[n] for n in alive + made) > limit:
+        if peak > limit:
             cleaned = [n for n in alive if n not in stage.needs and _used_up(cfg, cfg.artifact(n), done)]
-            alive = [n for n in alive if n not in cleaned]
-        at_peak = alive + made
-        peaks.append(StagePeak(stage.name, tuple(at_peak), sum(size[n] for n in at_peak),
-                               sum(size[n] for n in kept), limit, tuple(cleaned)))
+        peaks.append(StagePeak(stage.name, tuple(at_peak), peak, sum(size[n] for n in kept), limit, tuple(cleaned),
+                               peak - sum(size[n] for n in cleaned) if cleaned else None))
         alive = [n for n in at_peak if n not in stage.frees]
         done.append(stage)
     return peaks

@@ -53,7 +53,7 @@ def describe_plan(now: DiskBudget, peaks: list[StagePeak]) -> str:
     for p in peaks:
         flag = "" if p.fits else "  OVER CAPACITY"
         if p.cleaned:
-            flag += f"  (after deleting {', '.join(p.cleaned)})"
+            flag += f": {units.size(p.cleaned_peak)} after deleting {', '.join(p.cleaned)} first"
         kept = units.size(p.kept_peak) + ("" if p.kept_fits else " (!)")
         lines.append(f"  {p.stage:<10} {units.size(p.peak):>9} {kept:>19}  {' + '.join(p.alive) or '-'}{flag}")
     unsafe = [p.stage for p in peaks if not p.kept_fits]
