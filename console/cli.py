@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import NoReturn
 
-from samai.console import __version__
+from samai.console import __version__, checks
 from samai.console import config as config_mod
 from samai.console.actions import ActionOutcome, ActionPlan, Actions, UnknownStage
 from samai.console.audit import AuditLog
 from samai.console.budget import disk_budget, plan_run
 from samai.console.connect import open_box
 from samai.console.paths import audit_log
-from samai.console.report import describe_plan, describe_snapshot
+from samai.console.report import describe_check, describe_plan, describe_snapshot
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 from samai.remote.targets import TargetError
@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("budget", "the disk plan: each stage's peak against capacity, and what is on disk now")
     p.add_argument("--json", action="store_true")
 
+    p = command("check", "judge a GGUF, a training log or an eval run on the box")
+    p.add_argument("kind", choices=("gguf", "trainlog", "eval"))
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--expect-tensors", type=int, metavar="N", help="gguf: the tensor count it must have")
+    p.add_argument("--expect-last", metavar="NAME", help="gguf: the name its last tensor must have")
+
     p = command("tail", "print the end of a file on the box (relative paths are in the workspace)")
     p.add_argument("path")
     p.add_argument("-n", type=int, default=10, metavar="N", help="start with the last N lines")
@@ -118,8 +125,8 @@ def _fail(message: str, code: int) -> int:
 async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
     box = open_box(cfg)
     try:
-        handlers = {"snapshot": _snapshot, "budget": _budget, "fire": _fire, "stop": _stop, "kill": _kill,
-                    "tail": _tail}
+        handlers = {"snapshot": _snapshot, "budget": _budget, "check": _check, "fire": _fire, "stop": _stop,
+                    "kill": _kill, "tail": _tail}
         handler = handlers[args.command]
         return await handler(args, cfg, box)
     finally:
@@ -151,6 +158,34 @@ async def _budget(args, cfg, box: Box) -> int:
     return EXIT_OK if all(p.fits for p in peaks) else EXIT_PROBLEM
 
 
+async def _check(args, cfg, box: Box) -> int:
+    path = _on_target(cfg, args.path)
+    try:
+        if args.kind == "gguf":
+            model = dict(cfg.model)
+            result = await checks.check_gguf(box, path, expect_tensors=args.expect_tensors or
+                                             model.get("gguf_tensor_count"),
+                                             expect_last=args.expect_last or model.get("gguf_last_tensor"),
+                                             local=cfg.target.is_local)
+        elif args.kind == "trainlog":
+            from samai.console.trainlog import check_trainlog
+
+            result = check_trainlog(await checks.read_lines(box, path))
+        else:
+            from samai.console.evalcheck import check_eval
+
+            result = check_eval(await checks.read_lines(box, path))
+    except checks.Unreadable as e:
+        return _fail(str(e), EXIT_USAGE)
+    print(json.dumps(result) if args.json else describe_check(args.kind, path, result))
+    return EXIT_PROBLEM if checks.has_errors(result) else EXIT_OK
+
+
+def _on_target(cfg, path: str) -> str:
+    """Paths given to commands are paths on the target; relative ones are in the workspace."""
+    return path if path.startswith("/") else f"{cfg.workspace}/{path}"
+
+
 def _json_bytes(value):
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
@@ -172,8 +207,7 @@ async def _tail(args, cfg, box: Box) -> int:
     if args.n < 0:
         raise UsageError("-n must be 0 or more")
     keep = _line_filter(args.grep)
-    path = args.path if args.path.startswith("/") else f"{cfg.workspace}/{args.path}"
-    follower = LogFollower(path, last_lines=args.n)
+    follower = LogFollower(_on_target(cfg, args.path), last_lines=args.n)
     while True:
         update = follower.consume(await box.read_log(follower.cursor()))
         if update.notice:

@@ -60,3 +60,22 @@ def describe_plan(now: DiskBudget, peaks: list[StagePeak]) -> str:
     if unsafe:
         lines.append(f"keeping every intermediate would overflow the disk at: {', '.join(unsafe)}")
     return "\n".join(lines)
+
+
+def describe_check(kind: str, path: str, result: dict) -> str:
+    """What a check found, for a person: the headline figures, then every finding."""
+    shown = {"gguf": ("size", "version", "tensor_count", "kv_count", "data_offset", "expected_size", "last_tensor",
+                      "bytes_read"),
+             "trainlog": ("lines", "unparsed"),
+             "eval": ("n", "correct", "accuracy", "pred_none", "truncated", "empty_content", "malformed")}[kind]
+    lines = [f"{kind} {path}: " + "  ".join(f"{k} {result[k]}" for k in shown if result.get(k) is not None)]
+    if kind == "trainlog":
+        points = result.get("points", [])
+        lines.append(f"  {len(points)} logged steps" + (f", last loss {points[-1]['loss']}" if points else ""))
+    findings = result.get("problems", []) + result.get("anomalies", [])
+    for f in findings:
+        where = f" (step {f['step']})" if f.get("step") is not None else ""
+        lines.append(f"  {f.get('severity', 'error'):<7} {f['code']}{where}: {f['message']}")
+    if not findings:
+        lines.append("  no problems found")
+    return "\n".join(lines)

@@ -143,6 +143,14 @@ class Box:
         """New bytes of one log from offset (None: the last `last_lines` lines)."""
         return await self.read_log(LogCursor(path, offset, **cursor))
 
+    async def file_size(self, path: str) -> int:
+        """The size of a file on the box (BoxError if it cannot be read)."""
+        request = {"ranges": [{"path": path, "start": 0, "end": 0}], "processes": False, "states": False}
+        raw = (await self.ask_probe(request))["ranges"][0]
+        if "error" in raw:
+            raise BoxError(f"{path}: {raw['error']}")
+        return raw["size"]
+
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes start..end inclusive; fails unless the file really holds all of them."""
         request = {"ranges": [{"path": path, "start": start, "end": end}], "processes": False, "states": False}

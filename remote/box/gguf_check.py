@@ -19,12 +19,15 @@ Result: {"ok", "version", "tensor_count", "kv_count", "alignment", "header_end",
   data_end: data_start + max(offset + nbytes), the least a loader needs; expected_size: the same
   padded to the alignment, which is what GGUF writers produce. A size in between is fine.
 
-Problem codes: bad_magic, bad_version, implausible_count, bad_string, bad_type, truncated_header,
-  misaligned_tensor, overlapping_tensors, tensor_out_of_file, size_mismatch, tensor_count_mismatch,
-  last_tensor_mismatch, and also bad_shape, bad_alignment, duplicate_name, unexpected_offset
-  (llama.cpp refuses those files too), unreadable (CLI only). Every problem is severity "error" today.
-  A string/array that runs past the end of the file is bad_string/implausible_count when its length
-  is absurd (over a hard limit), truncated_header when it is sane (the file was cut there).
+Problem codes (a contract: `samai-console check gguf` and its users match on them): lfs_pointer,
+  bad_magic, bad_version, bad_kv_type, absurd_count (a count or length beyond what the file could
+  hold: the "string length 2^58" trap of a misplaced patch), header_truncated, misaligned, overlap,
+  truncated (file shorter than its tensors need), oversize (longer than its header describes),
+  tensor_count_mismatch, last_tensor_mismatch; and also bad_tensor_type, bad_shape, bad_alignment,
+  duplicate_name, unexpected_offset (llama.cpp refuses those files too), unreadable (CLI only).
+  Every problem is severity "error" today. A string/array that runs past the end of the file is
+  absurd_count when its length is absurd (over a hard limit), header_truncated when it is sane
+  (the file was cut there).
 """
 
 from __future__ import annotations
@@ -203,7 +206,7 @@ class RangeReader:
         if 0 <= rel and rel + n <= len(self.buf):
             return rel
         if self.pos > MAX_HEADER_BYTES:
-            raise HeaderProblem("implausible_count", "The header would go past %d bytes (at offset %d): a count or"
+            raise HeaderProblem("absurd_count", "The header would go past %d bytes (at offset %d): a count or"
                                 " length is corrupt and the parser is walking the tensor data."
                                 % (MAX_HEADER_BYTES, self.pos), self.pos)
         kept = self.buf[rel:] if 0 <= rel < len(self.buf) else b""
@@ -292,8 +295,10 @@ def magic_hint(head):
 
 def read_fixed_header(reader, result):
     if reader.file_size == 0:
-        raise HeaderProblem("truncated_header", "The file is empty.", 0)
+        raise HeaderProblem("header_truncated", "The file is empty.", 0)
     head = reader.peek(64)
+    if head.startswith(b"version https://git-lfs"):
+        raise HeaderProblem("lfs_pointer", "A git-lfs pointer file, not the model: fetch the LFS object.", 0)
     if head[:4] != MAGIC[:len(head[:4])]:
         raise HeaderProblem("bad_magic", "Magic is %r (hex %s), not b'GGUF'.%s"
                             % (head[:4], head[:4].hex(), magic_hint(head)), 0)
@@ -305,7 +310,7 @@ def read_fixed_header(reader, result):
         result["tensor_count"] = reader.u64()
         result["kv_count"] = reader.u64()
     except Truncated:
-        raise HeaderProblem("truncated_header", "The file (%d bytes) ends inside the %d-byte fixed header."
+        raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside the %d-byte fixed header."
                             % (reader.file_size, FIXED_HEADER), reader.pos) from None
 
 
@@ -328,7 +333,7 @@ def header_bytes_hex(reader):
 
 
 # Structural errors that a misplaced patch produces: the parser loses step and reads garbage.
-CORRUPTION_SIGNS = ("bad_string", "bad_type", "implausible_count", "bad_shape")
+CORRUPTION_SIGNS = ("absurd_count", "bad_kv_type", "bad_shape")
 
 
 def patch_hint(reader, result):
@@ -348,7 +353,7 @@ def check_counts(reader, result):
         which = "kv_count" if kvs * MIN_KV_BYTES > tensors * MIN_TENSOR_INFO_BYTES else "tensor_count"
         offset = 16 if which == "kv_count" else 8
         raise HeaderProblem(
-            "implausible_count",
+            "absurd_count",
             "%s=%d is absurd for a %d-byte file (tensor_count=%d, kv_count=%d need at least %d bytes of header;"
             " or the file is cut short)." % (which, result[which], reader.file_size, tensors, kvs, least)
             + patch_hint(reader, result), offset)
@@ -364,17 +369,17 @@ def read_length(reader, kind, cap, where):
     try:
         length = reader.u64()
     except Truncated:
-        raise HeaderProblem("truncated_header", "The file ends inside the header, at %s." % where, offset) from None
+        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where, offset) from None
     if kind == "key" and length == 0:
-        raise HeaderProblem("bad_string", "Empty key (length 0 at offset %d) at %s." % (offset, where), offset)
+        raise HeaderProblem("absurd_count", "Empty key (length 0 at offset %d) at %s." % (offset, where), offset)
     past_end = length > reader.remaining()
     if length > cap:
-        raise HeaderProblem("bad_string", "%s length %d (0x%x) at offset %d, %s, is absurd: over the %d-byte limit%s."
+        raise HeaderProblem("absurd_count", "%s length %d (0x%x) at offset %d, %s, is absurd: over the %d-byte limit%s."
                             % (kind.capitalize(), length, length, offset, where, cap,
                                " and past the end of the %d-byte file" % reader.file_size if past_end else ""),
                             offset)
     if past_end:  # a sane length the file cannot hold: most likely the file was cut there
-        raise HeaderProblem("truncated_header", "The file (%d bytes) ends inside the %s at %s: %d bytes declared at"
+        raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside the %s at %s: %d bytes declared at"
                             " offset %d, %d left (cut short, or a corrupt length)."
                             % (reader.file_size, kind, where, length, offset, reader.remaining()), offset)
     return length
@@ -388,7 +393,7 @@ def read_key(reader, index, previous_key):
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise HeaderProblem("bad_string", "Key at offset %d, %s, is not text: %r." % (offset, where, raw[:40]),
+        raise HeaderProblem("absurd_count", "Key at offset %d, %s, is not text: %r." % (offset, where, raw[:40]),
                             offset - 8) from None
 
 
@@ -397,9 +402,9 @@ def read_value_type(reader, where):
     try:
         value_type = reader.u32()
     except Truncated:
-        raise HeaderProblem("truncated_header", "The file ends inside the header, at %s." % where, offset) from None
+        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where, offset) from None
     if value_type not in VALUE_TYPE_NAMES:
-        raise HeaderProblem("bad_type", "Unknown KV value type %d (0x%x) at offset %d, %s."
+        raise HeaderProblem("bad_kv_type", "Unknown KV value type %d (0x%x) at offset %d, %s."
                             % (value_type, value_type, offset, where), offset)
     return value_type
 
@@ -421,7 +426,7 @@ def skip_strings(reader, count, where):
         reader.skip(length)
         empty_run = 0 if length else empty_run + 1
         if empty_run > MAX_EMPTY_RUN:
-            raise HeaderProblem("bad_string", "More than %d empty strings in a row in %s (at offset %d): zeros read"
+            raise HeaderProblem("absurd_count", "More than %d empty strings in a row in %s (at offset %d): zeros read"
                                 " as strings, so the array count is corrupt." % (MAX_EMPTY_RUN, where, reader.pos),
                                 reader.pos)
 
@@ -429,21 +434,21 @@ def skip_strings(reader, count, where):
 def skip_array(reader, where, depth=0):
     """Step over an array value; return (element type name, count)."""
     if depth > MAX_ARRAY_DEPTH:
-        raise HeaderProblem("bad_type", "Arrays nested more than %d deep at offset %d, %s."
+        raise HeaderProblem("bad_kv_type", "Arrays nested more than %d deep at offset %d, %s."
                             % (MAX_ARRAY_DEPTH, reader.pos, where), reader.pos)
     element_type = read_value_type(reader, where)
     offset = reader.pos
     try:
         count = reader.u64()
     except Truncated:
-        raise HeaderProblem("truncated_header", "The file ends inside the header, at %s." % where, offset) from None
+        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where, offset) from None
     least = count * SCALAR_SIZES.get(element_type, 8)
     if least > reader.remaining():
         if count > MAX_ARRAY_COUNT:
-            raise HeaderProblem("implausible_count", "Array count %d (0x%x) at offset %d, %s, is absurd: it runs"
+            raise HeaderProblem("absurd_count", "Array count %d (0x%x) at offset %d, %s, is absurd: it runs"
                                 " past the end of the %d-byte file." % (count, count, offset, where, reader.file_size),
                                 offset)
-        raise HeaderProblem("truncated_header", "The file ends inside the array at %s (offset %d)."
+        raise HeaderProblem("header_truncated", "The file ends inside the array at %s (offset %d)."
                             % (where, offset), offset)
     if element_type == STRING:
         skip_strings(reader, count, where)
@@ -477,7 +482,7 @@ def read_kvs(reader, result):
             read_kv_value(reader, result, key, value_type, where)
         except Truncated as cut:
             message = "The file ends inside the value of %s." % where
-            raise HeaderProblem("truncated_header", message, cut.offset) from None
+            raise HeaderProblem("header_truncated", message, cut.offset) from None
         previous_key = key
     return previous_key
 
@@ -538,7 +543,7 @@ def read_tensor_info(reader, index, previous):
         type_id = reader.u32()
         offset = reader.u64()
     except Truncated:
-        raise HeaderProblem("truncated_header", "The file (%d bytes) ends inside %s, which starts at offset %d."
+        raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside %s, which starts at offset %d."
                             % (reader.file_size, where, info_offset), info_offset) from None
     return Tensor(name, dims, type_id, offset, tensor_nbytes(dims, type_id), info_offset)
 
@@ -546,7 +551,7 @@ def read_tensor_info(reader, index, previous):
 def check_tensor_info(tensor, problems):
     """Problems that leave the header readable: reported, parsing goes on."""
     if tensor.type_id not in GGML_TYPES:
-        problems.add("bad_type", "Tensor %r has unknown ggml type %d (info at offset %d)."
+        problems.add("bad_tensor_type", "Tensor %r has unknown ggml type %d (info at offset %d)."
                      % (tensor.name, tensor.type_id, tensor.info_offset), tensor.info_offset)
         return
     type_name, block, _size = GGML_TYPES[tensor.type_id]
@@ -600,7 +605,7 @@ def read_header(reader, result, problems):
 def check_alignment_of_tensors(tensors, alignment, problems):
     for t in tensors:
         if t.offset % alignment:
-            problems.add("misaligned_tensor", "Tensor %r offset %d is not a multiple of the alignment %d."
+            problems.add("misaligned", "Tensor %r offset %d is not a multiple of the alignment %d."
                          % (t.name, t.offset, alignment), t.info_offset)
 
 
@@ -609,7 +614,7 @@ def check_overlaps(tensors, problems):
     for i in range(1, len(ordered)):
         before, after = ordered[i - 1], ordered[i]
         if after.offset < before.offset + before.nbytes:
-            problems.add("overlapping_tensors", "Tensor %r [%d, %d) overlaps %r [%d, %d) (offsets relative to"
+            problems.add("overlap", "Tensor %r [%d, %d) overlaps %r [%d, %d) (offsets relative to"
                          " the data start)." % (after.name, after.offset, after.offset + after.nbytes, before.name,
                                                 before.offset, before.offset + before.nbytes), after.info_offset)
 
@@ -617,7 +622,7 @@ def check_overlaps(tensors, problems):
 def check_within_file(tensors, data_start, file_size, problems):
     for t in tensors:
         if t.nbytes is not None and data_start + t.offset + t.nbytes > file_size:
-            problems.add("tensor_out_of_file", "Tensor %r data [%d, %d) runs past the end of the %d-byte file."
+            problems.add("truncated", "Tensor %r data [%d, %d) runs past the end of the %d-byte file."
                          % (t.name, data_start + t.offset, data_start + t.offset + t.nbytes, file_size),
                          t.info_offset)
 
@@ -644,11 +649,11 @@ def check_size(result, tensors, problems):
     result["data_end"] = data_start + end if tensors else result["header_end"]
     result["expected_size"] = data_start + align(end, alignment)
     if file_size < result["data_end"]:
-        problems.add("size_mismatch", "The file is %d bytes, %d SHORT of data_start %d + end of tensor data %d = %d"
+        problems.add("truncated", "The file is %d bytes, %d SHORT of data_start %d + end of tensor data %d = %d"
                      " (truncated download or copy?)." % (file_size, result["data_end"] - file_size, data_start, end,
                                                           result["data_end"]), file_size)
     elif file_size > result["expected_size"]:
-        problems.add("size_mismatch", "The file is %d bytes, %d BIGGER than data_start %d + padded end of tensor"
+        problems.add("oversize", "The file is %d bytes, %d BIGGER than data_start %d + padded end of tensor"
                      " data %d = %d: the header does not describe it all (tensor infos lost or data appended?)."
                      % (file_size, file_size - result["expected_size"], data_start, align(end, alignment),
                         result["expected_size"]), result["expected_size"])
@@ -659,7 +664,7 @@ def check_layout(result, tensors, problems):
     check_alignment_of_tensors(tensors, alignment, problems)
     check_overlaps(tensors, problems)
     check_within_file(tensors, result["data_start"], result["file_size"], problems)
-    if not (problems.counts.get("misaligned_tensor") or problems.counts.get("overlapping_tensors")):
+    if not (problems.counts.get("misaligned") or problems.counts.get("overlap")):
         check_contiguous(tensors, alignment, problems)
     check_size(result, tensors, problems)
 
@@ -690,7 +695,7 @@ def check(read_at, file_size, expect_tensors=None, expect_last=None):
     except HeaderProblem as problem:
         problems.add(problem.code, problem.message, problem.offset)
     except Truncated as cut:  # read_at gave less than file_size promised: the file shrank
-        problems.add("truncated_header", "The file ended at offset %d while reading the header (%d bytes"
+        problems.add("header_truncated", "The file ended at offset %d while reading the header (%d bytes"
                      " expected there)." % (cut.offset, cut.length), cut.offset)
     check_expectations(result, complete, expect_tensors, expect_last, problems)
     result["problems"] = problems.finish()
