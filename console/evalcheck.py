@@ -95,7 +95,7 @@ def _has_reasoning(item: dict) -> bool:
 
 def _leaks_think(item: dict) -> bool:
     content = _text(item.get("content"))
-    return all(tag in content for tag in THINK_TAGS)
+    return any(tag in content for tag in THINK_TAGS)
 
 
 def _shows_split(item: dict) -> bool:

@@ -118,8 +118,8 @@ class Box:
     # ------------------------------------------------------------ reads
 
     async def snapshot(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
-                       reports: Sequence[str] = (), processes: bool = True,
-                       artifact_budget_s: float = 1.0) -> Snapshot:
+                       reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
+                       binaries: Sequence[str] = (), artifact_budget_s: float = 1.0) -> Snapshot:
         """Disk, artifact sizes, processes, listeners, new log bytes, report files and stage
         states: one call."""
         request = {
@@ -129,6 +129,8 @@ class Box:
             "logs": [c.request() for c in logs],
             "reports": [{"glob": g} for g in reports],
             "processes": processes,
+            "writers": writers,
+            "binaries": list(binaries),
         }
         started = time.monotonic()
         raw = await self.ask_probe(request)

@@ -140,6 +140,8 @@ class Snapshot:
     logs: tuple[LogChunk, ...]
     states: tuple[StageRecord, ...]
     reports: tuple[Report, ...] = ()
+    writers: tuple[tuple[str, tuple[int, ...]], ...] = ()  # files under the workspace with 2+ writers
+    binaries: tuple[tuple[str, bool, bool], ...] = ()  # (path, exists, executable)
     errors: tuple[dict[str, Any], ...] = ()
     probe_pid: int | None = None
 
@@ -216,6 +218,8 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         logs=tuple(log_chunk(c) for c in raw.get("logs") or ()),
         states=tuple(_pick(StageRecord, s, group=tuple(s.get("group") or ())) for s in raw.get("states") or ()),
         reports=tuple(_pick(Report, r) for r in raw.get("reports") or ()),
+        writers=tuple((path, tuple(pids)) for path, pids in (raw.get("writers") or {}).items()),
+        binaries=tuple((b["path"], b["exists"], b["executable"]) for b in raw.get("binaries") or ()),
         errors=tuple(raw.get("errors") or ()),
         probe_pid=raw.get("probe_pid"),
     )

@@ -10,9 +10,9 @@ Request (every key optional):
    "logs": [{"path", "offset", "inode", "check", "scan_from", "last_lines", "max_bytes",
              "data": true, "markers": [{"name", "pattern"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
-   "processes": true, "states": true}
+   "processes": true, "states": true, "writers": false, "binaries": [PATH]}
 Reply: {"time", "boot_time", "clk_tck", "host", "disks", "artifacts", "processes",
-        "listeners", "logs", "ranges", "reports", "states", "errors"}
+        "listeners", "logs", "ranges", "reports", "states", "writers", "binaries", "errors"}
 """
 
 import base64
@@ -155,6 +155,48 @@ def socket_owners(inodes, pids):
                     owners[inode] = pid
                     wanted.discard(inode)
     return owners
+
+
+def open_for_writing(fd_dir, fd):
+    """True when the descriptor was opened O_WRONLY or O_RDWR (from /proc/PID/fdinfo)."""
+    try:
+        with open(fd_dir.replace("/fd", "/fdinfo") + "/" + fd) as f:
+            for line in f:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8) & 3 != 0
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def writers(folder, pids):
+    """Files under folder open for writing by more than one process: {path: [pid, ...]}.
+    Two writers on one file is how a download got corrupted (playbook §3)."""
+    folder = os.path.realpath(folder).rstrip("/") + "/"
+    found = {}
+    for pid in pids:
+        fd_dir = "/proc/%d/fd" % pid
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd_dir + "/" + fd)
+            except OSError:
+                continue
+            if link.startswith(folder) and open_for_writing(fd_dir, fd):
+                found.setdefault(link, set()).add(pid)
+    return dict((path, sorted(p)) for path, p in found.items() if len(p) > 1)
+
+
+def binaries(workspace, paths):
+    """Each declared binary: does it exist, and may it be executed (the tar-prefix trap)?"""
+    out = []
+    for path in paths:
+        full = resolve(workspace, path)
+        out.append({"path": path, "exists": os.path.exists(full), "executable": os.access(full, os.X_OK)})
+    return out
 
 
 def listeners(pids, errors):
@@ -476,6 +518,8 @@ def probe(req):
     procs = processes(btime, errors) if req.get("processes", True) else []
     reply["processes"] = procs
     reply["listeners"] = listeners([p["pid"] for p in procs], errors) if procs else []
+    reply["writers"] = writers(workspace, [p["pid"] for p in procs]) if workspace and req.get("writers") else {}
+    reply["binaries"] = binaries(workspace, req.get("binaries") or ())
     reply["logs"] = logs(req.get("logs") or ())
     reply["ranges"] = ranges(req.get("ranges") or ())
     reply["reports"] = reports(workspace, req.get("reports") or (), errors)

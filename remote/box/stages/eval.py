@@ -38,16 +38,21 @@ def chat(url, prompt, max_tokens, timeout):
     return choice["message"], choice.get("finish_reason")
 
 
-def prediction(text):
-    """The first number in the answer, or None."""
-    found = NUMBER.search(text)
-    return found.group() if found else None
+def prediction(content, reasoning):
+    """The answer's number: the last one in content once any thinking is cut away, else the last
+    one of the reasoning (an unclosed <think> leaves all of it there), else None."""
+    answer = content.rsplit("</think>", 1)[-1] if "</think>" in content else content.split("<think>", 1)[0]
+    for text in (answer, content + "\n" + reasoning):
+        found = NUMBER.findall(text)
+        if found:
+            return found[-1]
+    return None
 
 
 def evaluate(item, args):
     message, finish = chat(args.url, item["prompt"], args.max_tokens, args.timeout)
     content, reasoning = message.get("content") or "", message.get("reasoning_content") or ""
-    pred = prediction(content + "\n" + reasoning)
+    pred = prediction(content, reasoning)
     return {"id": item["id"], "prompt": item["prompt"], "gold": item["gold"], "pred": pred,
             "correct": pred == str(item["gold"]), "finish_reason": finish, "content": content,
             "reasoning_content": reasoning}

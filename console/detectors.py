@@ -1,0 +1,132 @@
+"""Box-wide detectors: each trap of the playbook that a snapshot can show, as a finding with
+the action that deals with it. `samai-console doctor` prints them; the TUI raises them as alerts
+and binds their action (which then goes through its usual confirmation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from samai.console.budget import disk_budget, project
+from samai.console.config import Config
+from samai.console.preflight import POISON_PREFIX
+from samai.remote.model import Snapshot
+
+# The [model] settings that name binaries the pipeline runs (checked for the tar-prefix trap).
+BINARY_SETTINGS = ("llama_server", "llama_quantize")
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str  # info | warning | error
+    message: str
+    action: str = ""  # "kill PID START", "stop STAGE", "restart STAGE", "clean"; empty: look, don't touch
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.code, self.message
+
+
+def declared_binaries(cfg: Config) -> list[str]:
+    model = dict(cfg.model)
+    return [str(model[k]) for k in BINARY_SETTINGS if model.get(k)]
+
+
+def detect(cfg: Config, snap: Snapshot) -> list[Finding]:
+    found: list[Finding] = []
+    for check in (_shared_writers, _serve_ports, _reasoning_format, _poison, _disk, _binaries, _lost_stages):
+        found.extend(check(cfg, snap))
+    return found
+
+
+def _shared_writers(cfg: Config, snap: Snapshot):
+    """One file written by processes of different groups: two downloads into one file (§3).
+    Processes of one group writing one file are a shell and its children sharing an output."""
+    for path, pids in snap.writers:
+        groups = {snap.process(p).pgid for p in pids if snap.process(p)}
+        if len(groups) > 1:
+            newest = max((snap.process(p) for p in pids if snap.process(p)), key=lambda p: p.start_time)
+            yield Finding("shared_writer", "error",
+                          f"{path} is being written by {len(pids)} processes in {len(groups)} groups "
+                          f"(pids {', '.join(map(str, pids))}): two writers corrupt a download",
+                          f"kill {newest.pid} {newest.start_time}")
+
+
+def _serve_ports(cfg: Config, snap: Snapshot):
+    """More than one listener on a serve port, or one the console did not start: a stale server
+    answers the health check and takes the eval (§6)."""
+    for stage in cfg.stages:
+        rec = snap.state(stage.name)
+        ours = {rec.pgid} if rec and rec.alive else set()
+        for port in stage.ports:
+            held = [s for s in snap.listeners if s.port == port and s.pid]
+            if len(held) > 1:
+                yield Finding("port_contended", "error", f"port {port} has {len(held)} listeners "
+                              f"(pids {', '.join(str(s.pid) for s in held)})", _kill_action(snap, held[-1].pid))
+            for s in held:
+                proc = snap.process(s.pid)
+                if proc and proc.pgid not in ours:
+                    yield Finding("stale_server", "warning", f"port {port} (stage {stage.name}) is held by pid "
+                                  f"{proc.pid} which the console did not start: {proc.command[:80]}",
+                                  _kill_action(snap, proc.pid))
+
+
+def _reasoning_format(cfg: Config, snap: Snapshot):
+    """llama-server splitting <think> into reasoning_content: the fake 0 % (§6)."""
+    for p in snap.processes:
+        if p.argv and p.argv[0].endswith("llama-server") and "--reasoning-format" not in p.argv:
+            yield Finding("reasoning_split", "warning", f"llama-server pid {p.pid} runs without "
+                          "--reasoning-format none: an unclosed <think> empties content", _kill_action(snap, p.pid))
+
+
+def _poison(cfg: Config, snap: Snapshot):
+    """Poison files of an earlier run while the stage is not running: restart clears them (§9)."""
+    sizes = {a.name: a for a in snap.artifacts}
+    for stage in cfg.stages:
+        rec = snap.state(stage.name)
+        if rec and rec.alive:
+            continue
+        present = [path for path in stage.poison if sizes.get(f"{POISON_PREFIX}{stage.name}:{path}") and
+                   sizes[f"{POISON_PREFIX}{stage.name}:{path}"].exists]
+        if present:
+            yield Finding("poison_files", "warning", f"stage {stage.name}: {', '.join(present)} from an earlier "
+                          "run; restarting clears them", f"restart {stage.name}")
+
+
+def _disk(cfg: Config, snap: Snapshot):
+    """The next stage's projected peak above the free space (§4)."""
+    budget = disk_budget(cfg, snap)
+    for stage in cfg.stages:
+        rec = snap.state(stage.name)
+        if rec is not None:
+            continue  # only the stages still ahead
+        p = project(cfg, budget, stage)
+        if not p.fits:
+            can_clean = p.fits_after_cleaning and budget.reclaimable
+            yield Finding("disk_peak", "error" if not can_clean else "warning",
+                          f"stage {stage.name} needs {p.adds / 1e9:.1f} GB at its peak, "
+                          f"{p.free_now / 1e9:.1f} GB free" + (" (clean intermediates first)" if can_clean else ""),
+                          "clean" if can_clean else "")
+        return  # the next stage only
+
+
+def _binaries(cfg: Config, snap: Snapshot):
+    """A declared binary missing or not executable: often a tarball unpacked as bin/bin/ (§3)."""
+    for path, exists, executable in snap.binaries:
+        if not executable:
+            what = "is not executable" if exists else "does not exist"
+            yield Finding("binary_missing", "error", f"{path} {what} (a tarball with a nested prefix?)")
+
+
+def _lost_stages(cfg: Config, snap: Snapshot):
+    """A stage whose process died without CHAIN_DONE: killed -9, OOM-killed, or the box rebooted."""
+    for rec in snap.states:
+        if rec.status in ("lost", "orphaned"):
+            action = f"stop {rec.stage}" if rec.status == "orphaned" else f"restart {rec.stage}"
+            yield Finding("stage_lost", "error", f"stage {rec.stage} (pid {rec.pid}) died without CHAIN_DONE"
+                          + ("; its group still runs" if rec.status == "orphaned" else ""), action)
+
+
+def _kill_action(snap: Snapshot, pid: int) -> str:
+    proc = snap.process(pid)
+    return f"kill {pid} {proc.start_time}" if proc else ""
