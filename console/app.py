@@ -29,7 +29,7 @@ from samai.console.config import Config
 from samai.console.connect import open_box
 from samai.console.state import ConsoleState, StateUpdate
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.model import Snapshot
+from samai.remote.model import Process, Snapshot
 from samai.remote.targets import TargetError, open_transport
 from samai.remote.transport import TransportError
 from samai.themes import DEFAULT_THEME, THEMES, stylesheet
@@ -49,7 +49,7 @@ KILL_GRACE_S = 5.0
 STOP_GRACE_S = 10.0
 FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
 # Actions that change the box: in read-only mode their keys are never bound.
-DANGEROUS = {"kill", "stop", "restart", "clean", "fire"}
+DANGEROUS = {"kill", "stop", "restart", "clean", "fire", "fix"}
 
 
 def _one_action_at_a_time(method):
@@ -66,7 +66,6 @@ def _one_action_at_a_time(method):
             await method(self, *args)
         finally:
             self._action_running = False
-        self._log_chosen = False  # the operator picked a log: stop choosing one for them
 
     return work(guarded, group="action", exit_on_error=False)
 
@@ -84,6 +83,7 @@ class SamaiApp(App[None]):
         Binding("s", "stop", "Stop stage", id="app.stop"),
         Binding("r", "restart", "Restart", id="app.restart"),
         Binding("c", "clean", "Clean", id="app.clean"),
+        Binding("x", "fix", "Fix alert", id="app.fix"),
     ]
 
     def __init__(self, config: Config, *, readonly: bool = False, theme: str | None = None,
@@ -321,9 +321,29 @@ class SamaiApp(App[None]):
         if stage:
             self._report(await self._actions().restart(stage, clear=pre.poison if pre else (), grace=STOP_GRACE_S))
 
+    async def action_fix(self) -> None:
+        """The newest alert's suggested action, through that action's own confirmation."""
+        alert = next((a for a in self.state.alerts if a.action), None)
+        if alert is None:
+            self.notify("no alert with a suggested action", severity="information")
+            return
+        verb, _, rest = alert.action.partition(" ")
+        if verb == "kill":
+            pid, start = rest.split()
+            snap = self.state.snapshot
+            proc = snap.process(int(pid)) if snap else None
+            if proc is None or abs(proc.start_time - float(start)) > 0.011:
+                self.notify(f"pid {pid} is gone or is another process now", severity="warning")
+                return
+            self.action_kill(proc)
+        elif verb in ("stop", "restart"):
+            getattr(self, f"action_{verb}")(rest)
+        elif verb == "clean":
+            self.action_clean()
+
     @_one_action_at_a_time
-    async def action_kill(self) -> None:
-        process = self.query_one(ProcessPane).selected()
+    async def action_kill(self, process: Process | None = None) -> None:
+        process = process or self.query_one(ProcessPane).selected()
         snap = self.state.snapshot
         if process is None or snap is None:
             self.notify("select a process in the processes pane first", severity="warning")

@@ -18,7 +18,9 @@ from samai.console.actions import ActionOutcome, ActionPlan, Actions, UnknownSta
 from samai.console.audit import AuditLog
 from samai.console.budget import disk_budget, plan_run
 from samai.console.connect import open_box
+from samai.console.detectors import declared_binaries, detect
 from samai.console.paths import audit_log
+from samai.console.preflight import poison_artifacts
 from samai.console.report import describe_check, describe_plan, describe_snapshot
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
@@ -83,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("budget", "the disk plan: each stage's peak against capacity, and what is on disk now")
     p.add_argument("--json", action="store_true")
 
+    p = command("doctor", "look for the playbook's traps on the box: writers, ports, servers, poison, disk")
+    p.add_argument("--json", action="store_true")
+
     p = command("check", "judge a GGUF, a training log or an eval run on the box")
     p.add_argument("kind", choices=("gguf", "trainlog", "eval"))
     p.add_argument("path")
@@ -125,8 +130,8 @@ def _fail(message: str, code: int) -> int:
 async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
     box = open_box(cfg)
     try:
-        handlers = {"snapshot": _snapshot, "budget": _budget, "check": _check, "fire": _fire, "stop": _stop,
-                    "kill": _kill, "tail": _tail}
+        handlers = {"snapshot": _snapshot, "budget": _budget, "doctor": _doctor, "check": _check, "fire": _fire,
+                    "stop": _stop, "kill": _kill, "tail": _tail}
         handler = handlers[args.command]
         return await handler(args, cfg, box)
     finally:
@@ -156,6 +161,20 @@ async def _budget(args, cfg, box: Box) -> int:
     else:
         print(describe_plan(now, peaks))
     return EXIT_OK if all(p.fits for p in peaks) else EXIT_PROBLEM
+
+
+async def _doctor(args, cfg, box: Box) -> int:
+    snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts] + poison_artifacts(cfg),
+                              writers=True, binaries=declared_binaries(cfg))
+    findings = detect(cfg, snap)
+    if args.json:
+        print(json.dumps({"findings": [asdict(f) for f in findings]}))
+    else:
+        for f in findings:
+            print(f"{f.severity:<7} {f.code}: {f.message}" + (f"  [fix: {f.action}]" if f.action else ""))
+        if not findings:
+            print("no traps found")
+    return EXIT_PROBLEM if any(f.severity == "error" for f in findings) else EXIT_OK
 
 
 async def _check(args, cfg, box: Box) -> int:

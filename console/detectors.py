@@ -4,6 +4,7 @@ and binds their action (which then goes through its usual confirmation)."""
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 from samai.console.budget import disk_budget, project
@@ -45,7 +46,7 @@ def _shared_writers(cfg: Config, snap: Snapshot):
     for path, pids in snap.writers:
         groups = {snap.process(p).pgid for p in pids if snap.process(p)}
         if len(groups) > 1:
-            newest = max((snap.process(p) for p in pids if snap.process(p)), key=lambda p: p.start_time)
+            newest = max((snap.process(p) for p in pids if snap.process(p)), key=lambda p: (p.start_time, p.pid))
             yield Finding("shared_writer", "error",
                           f"{path} is being written by {len(pids)} processes in {len(groups)} groups "
                           f"(pids {', '.join(map(str, pids))}): two writers corrupt a download",
@@ -74,7 +75,8 @@ def _serve_ports(cfg: Config, snap: Snapshot):
 def _reasoning_format(cfg: Config, snap: Snapshot):
     """llama-server splitting <think> into reasoning_content: the fake 0 % (§6)."""
     for p in snap.processes:
-        if p.argv and p.argv[0].endswith("llama-server") and "--reasoning-format" not in p.argv:
+        # argv[0] for the binary; argv[1] when an interpreter runs a script of that name
+        if any(posixpath.basename(a) == "llama-server" for a in p.argv[:2]) and "--reasoning-format" not in p.argv:
             yield Finding("reasoning_split", "warning", f"llama-server pid {p.pid} runs without "
                           "--reasoning-format none: an unclosed <think> empties content", _kill_action(snap, p.pid))
 

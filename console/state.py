@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from samai.console.budget import DiskBudget, disk_budget
 from samai.console.config import Config, Stage
+from samai.console.detectors import declared_binaries, detect
 from samai.console.preflight import Preflight, poison_artifacts, preflight
 from samai.console.trainlog import TrainLogParser, TrainPoint
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
@@ -28,6 +29,8 @@ class Alert:
     text: str
     stage: str | None = None
     hint: str = ""  # the key that fixes it, e.g. "r restart"
+    code: str = ""  # a detector's code, e.g. stale_server
+    action: str = ""  # what `x` does about it: "kill PID START", "stop STAGE", "restart STAGE", "clean"
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class ConsoleState:
         self.received_at: float | None = None
         self._cpu: dict[tuple[int, float], tuple[float, float]] = {}
         self._statuses: dict[str, str] = {}
+        self._standing: set[tuple[str, str]] = set()
 
     def path_of(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.config.workspace, path)
@@ -139,7 +143,8 @@ class ConsoleState:
         """The next snapshot's keyword arguments: artifact paths, log cursors, report globs."""
         artifacts = [(a.name, a.path) for a in self.config.artifacts] + poison_artifacts(self.config)
         return {"artifacts": artifacts, "logs": [f.cursor() for f in followers],
-                "reports": [self.config.ui.eval_reports]}
+                "reports": [self.config.ui.eval_reports], "writers": True,
+                "binaries": declared_binaries(self.config)}
 
     def apply(self, snap: Snapshot, followers: list[LogFollower], now: float) -> StateUpdate:
         """Fold in a snapshot taken with the cursors of `followers` (in that order)."""
@@ -157,8 +162,17 @@ class ConsoleState:
                 self._hits(self.config.stage(watched[id(follower)]), tail.hits, update)
             # else: a log pane follower replaced while this snapshot was in flight
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
+        update.new_alerts += self._findings(snap)
         self._keep(update.new_alerts)
         return update
+
+    def _findings(self, snap: Snapshot) -> list[Alert]:
+        """Detector findings as alerts: once when they appear, again only if they go and come back."""
+        findings = detect(self.config, snap)
+        new = [f for f in findings if f.key not in self._standing]
+        self._standing = {f.key for f in findings}
+        return [Alert(self.received_at, f.severity, f.message, code=f.code, action=f.action,
+                      hint="x fix" if f.action else "") for f in new]
 
     def preflight(self, name: str) -> Preflight | None:
         stage = self.config.stage(name)

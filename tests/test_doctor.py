@@ -1,0 +1,108 @@
+"""The detectors against real processes, files and sockets: `doctor` and the TUI's alerts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import run_cli, wait_for
+
+WRITER = "import sys,time\nf=open(sys.argv[1],'a')\nf.write('x');f.flush()\nprint('ready',flush=True)\ntime.sleep(60)"
+
+
+def _config(tmp_path: Path, workspace: Path, port: int, extra: str = "") -> Path:
+    f = tmp_path / "doctor.toml"
+    f.write_text(f'[workspace]\npath = "{workspace}"\n'
+                 f'[model]\nllama_server = "{workspace}/bin/llama-server"\n'
+                 '[artifacts.base]\npath = "base"\n'
+                 f'[stages.serve]\nkey = "v"\ncommand = "sleep 30"\nports = [{port}]\n'
+                 '[stages.train]\nkey = "t"\ncommand = "sleep 30"\npoison = ["TRAIN_NAN"]\n' + extra)
+    return f
+
+
+def _doctor(cfg: Path) -> tuple[int, list[dict]]:
+    r = run_cli("--config", str(cfg), "doctor", "--json")
+    return r.returncode, json.loads(r.stdout)["findings"] if r.stdout else [{"stderr": r.stderr}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_quiet_box_has_nothing_but_the_missing_binary(tmp_path, workspace) -> None:
+    rc, findings = _doctor(_config(tmp_path, workspace, _free_port()))
+    assert [f["code"] for f in findings] == ["binary_missing"] and rc == 1
+    (workspace / "bin").mkdir()
+    (workspace / "bin" / "llama-server").write_text("#!/bin/sh\n")
+    rc, findings = _doctor(_config(tmp_path, workspace, _free_port()))
+    assert "not executable" in findings[0]["message"]
+    (workspace / "bin" / "llama-server").chmod(0o755)
+    assert _doctor(_config(tmp_path, workspace, _free_port())) == (0, [])
+
+
+def test_two_independent_writers_on_one_file(tmp_path, workspace, spawn) -> None:
+    target = workspace / "model.gguf.part"
+    procs = [spawn(sys.executable, "-c", WRITER, str(target), stdout=subprocess.PIPE, text=True,
+                   start_new_session=True) for _ in range(2)]
+    for p in procs:
+        assert p.stdout.readline() == "ready\n"
+    _, findings = _doctor(_config(tmp_path, workspace, _free_port()))
+    shared = [f for f in findings if f["code"] == "shared_writer"]
+    assert len(shared) == 1 and str(target) in shared[0]["message"]
+    assert shared[0]["action"].startswith(f"kill {procs[1].pid} ")  # the newer one
+
+
+def test_a_shell_and_its_child_sharing_an_output_is_not_flagged(tmp_path, workspace, spawn) -> None:
+    log = workspace / "chain.log"
+    with open(log, "a") as out:
+        spawn("sh", "-c", "sleep 30 & sleep 30; wait", stdout=out, start_new_session=True)
+    time.sleep(0.3)
+    _, findings = _doctor(_config(tmp_path, workspace, _free_port()))
+    assert not [f for f in findings if f["code"] == "shared_writer"]
+
+
+def test_a_stale_server_and_a_split_reasoning_server(tmp_path, workspace, spawn) -> None:
+    port = _free_port()
+    fake = workspace / "bin" / "llama-server"
+    fake.parent.mkdir()
+    code = f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\ntime.sleep(60)"
+    fake.write_text(f"#!{sys.executable}\n{code}\n")
+    fake.chmod(0o755)
+    server = spawn(str(fake), "-m", "old.gguf")
+    wait_for(lambda: _listening(port))
+    rc, findings = _doctor(_config(tmp_path, workspace, port))
+    codes = {f["code"]: f for f in findings}
+    assert "stale_server" in codes and str(server.pid) in codes["stale_server"]["message"]
+    assert "reasoning_split" in codes and codes["reasoning_split"]["action"].startswith(f"kill {server.pid} ")
+
+
+def test_poison_files_and_a_lost_stage(tmp_path, workspace) -> None:
+    (workspace / "TRAIN_NAN").write_text("")
+    cfg = _config(tmp_path, workspace, _free_port())
+    assert run_cli("--config", str(cfg), "fire", "train", "--yes").returncode == 0
+    state = json.loads((workspace / ".samai" / "state" / "train.json").read_text())
+    _, findings = _doctor(cfg)
+    assert "poison_files" not in {f["code"] for f in findings}  # it runs: not a restart yet
+    os.killpg(state["pgid"], signal.SIGKILL)  # the OOM killer's way: no CHAIN_DONE
+    wait_for(lambda: "stage_lost" in {f["code"] for f in _doctor(cfg)[1]})
+    codes = {f["code"]: f for f in _doctor(cfg)[1]}
+    assert codes["stage_lost"]["action"] == "restart train"
+    assert codes["poison_files"]["action"] == "restart train" and "TRAIN_NAN" in codes["poison_files"]["message"]
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
