@@ -194,7 +194,7 @@ async def _check(args, cfg, box: Box) -> int:
             from samai.console.evalcheck import check_eval
 
             result = check_eval(await checks.read_lines(box, path))
-    except checks.Unreadable as e:
+    except (checks.Unreadable, ValueError) as e:  # ValueError: a trainer_state.json that is not JSON
         return _fail(str(e), EXIT_USAGE)
     print(json.dumps(result) if args.json else describe_check(args.kind, path, result))
     return EXIT_PROBLEM if checks.has_errors(result) else EXIT_OK

@@ -158,6 +158,9 @@ class ConsoleState:
                 update.log_lines, update.log_notice = tail.lines, tail.notice
             elif follower is self.train_log:
                 update.new_points = self.trainlog.feed(tail.lines)
+                update.new_alerts += [Alert(now, a.severity, f"train: {a.message}", "train", code=a.code,
+                                            hint="r restart" if a.severity == "error" else "")
+                                      for a in self.trainlog.drain_anomalies()]
             elif id(follower) in watched:
                 self._hits(self.config.stage(watched[id(follower)]), tail.hits, update)
             # else: a log pane follower replaced while this snapshot was in flight

@@ -1,20 +1,67 @@
-"""Training-log points from HF Trainer log lines, incrementally.
+"""Training points and training anomalies from whatever the box's training log holds, incrementally.
 
-Both forms the Trainer prints are read: transformers 4's bare numbers
-(`{'loss': 1.0778, 'grad_norm': nan, ...}`) and transformers 5's quoted values
-(`{'loss': '0.8897', 'grad_norm': '1.14', ...}`), with `nan`/`inf` and `tensor(1.23)`.
-Lines without a step get the next step in order."""
+Read:
+- HF Trainer log dicts, transformers 4 (`{'loss': 1.0778, 'grad_norm': nan, ...}`) and 5
+  (`{'loss': '0.8897', ...}`), with `nan`/`inf`/`-inf` and `tensor(1.23, device='cuda:0')`;
+  the final `{'train_runtime': ..., 'train_loss': ...}` dict is the run's summary, eval dicts
+  (`eval_*`) are neither steps nor unparsed;
+- trainer_state.json's `log_history` (bare `NaN`/`Infinity`, or `nan`/`inf`, allowed);
+- DeepSpeed: `steps: N loss: X ...`, `step=N, skipped=S, ...`, `OVERFLOW! ... Skipping step.
+  Attempted loss scale: A, reducing to B`, `Current loss scale already at minimum`;
+- torch's `Attempting to unscale FP16 gradients` and the NaN guard's `TRAIN_NAN ...` marker.
+
+A line may hold many tqdm `\\r` segments; each is read. Lines without a step get the next one
+in order. Nothing raises on garbage: lines that hold nothing known are counted as unparsed.
+
+The anomaly codes and severities below are a contract (scripts and tests match on them)."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import os
 import re
-from collections.abc import Iterable
+import statistics
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-_DICT = re.compile(r"\{[^{}]*'loss'[^{}]*\}")
-_PAIR = re.compile(r"'(\w+)'\s*:\s*(?:tensor\()?'?([-+\w.]+)'?\)?")
 FIELDS = ("loss", "grad_norm", "learning_rate", "epoch")
+ERROR, WARNING = "error", "warning"
+
+SEVERITY = {
+    "nan_loss": ERROR,
+    "nan_grad_norm": ERROR,
+    "hidden_nan": ERROR,  # loss 0 while grad_norm is nan/inf: the Trainer's nan filter at work
+    "zero_loss_streak": WARNING,
+    "loss_spike": WARNING,
+    "overflow_skip": WARNING,
+    "loss_scale_min": ERROR,
+    "unscale_fp16": ERROR,
+    "nan_guard_fired": ERROR,
+}
+EVENT_CODES = frozenset({"overflow_skip", "loss_scale_min", "unscale_fp16", "nan_guard_fired"})
+
+ZERO_STREAK = 3  # logged steps in a row with loss exactly 0
+SPIKE_WINDOW, SPIKE_MIN_HISTORY = 10, 3  # finite losses the median is taken over (at least 3)
+SPIKE_FACTOR, SPIKE_MARGIN = 3.0, 1.0  # above 3x that median AND more than 1.0 above the last
+OVERFLOW_STREAK = 5  # skipped steps in a row worth a second warning
+
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_DICT = re.compile(r"\{[^{}]*\}")
+# a value: tensor(1.2, device='cuda:0') or np.float64(1.2), 'quoted', "quoted", or bare (nan, 1e-05)
+_PAIR = re.compile(r"""['"](\w+)['"]\s*:\s*"""
+                   r"""(?:[\w.]+\(\s*([^,()\s]+)[^()]*\)|'([^']*)'|"([^"]*)"|([^,}\s]+))""")
+_DS_STEPS = re.compile(r"\bsteps:\s*(\d+)\s+loss:\s*([^\s,]+)")
+_DS_PROGRESS = re.compile(r"\bstep=(\d+),\s*skipped=(\d+)")
+_DS_OVERFLOW = re.compile(r"Attempted loss scale:\s*(\d[\d.eE+]*)(?:,\s*reducing to\s*(\d[\d.eE+]*))?")
+_NAN_MARKER = re.compile(r"^[\s\d:\-T.,+/|]*(?:\[[^\]]*\][\s:]*)*TRAIN_NAN\b[\s:]*(.*)")
+_BARE_NON_FINITE = re.compile(r"(:\s*|\[\s*|,\s*)(-?)(nan|inf(?:inity)?)\b", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------ records
 
 
 @dataclass(frozen=True)
@@ -26,36 +73,426 @@ class TrainPoint:
     epoch: float | None = None
 
     @property
+    def hidden_nan(self) -> bool:
+        """Loss 0 while grad_norm is not finite: the Trainer replaced a NaN loss (logging_nan_inf_filter)."""
+        return self.loss == 0 and self.grad_norm is not None and not math.isfinite(self.grad_norm)
+
+    @property
     def bad(self) -> bool:
-        """NaN/inf anywhere, or loss 0 while grad_norm is not finite (the Trainer hiding a NaN)."""
-        values = [v for v in (self.loss, self.grad_norm) if v is not None]
-        hidden = self.loss == 0 and self.grad_norm is not None and not math.isfinite(self.grad_norm)
-        return hidden or any(not math.isfinite(v) for v in values)
+        """NaN/inf anywhere, or a hidden NaN."""
+        values = (self.loss, self.grad_norm, self.learning_rate, self.epoch)
+        return self.hidden_nan or any(v is not None and not math.isfinite(v) for v in values)
+
+    def to_json(self) -> dict[str, Any]:
+        """NaN and inf become null (JSON has neither); the anomalies say which they were."""
+        return {"step": self.step, **{name: _finite_or_none(getattr(self, name)) for name in FIELDS}}
 
 
-def _number(text: str) -> float | None:
+@dataclass(frozen=True)
+class Anomaly:
+    code: str
+    severity: str
+    step: int | None
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "severity": self.severity, "step": self.step, "message": self.message}
+
+
+def _anomaly(code: str, step: int | None, message: str) -> Anomaly:
+    return Anomaly(code, SEVERITY[code], step, message)
+
+
+def _number(text: Any) -> float | None:
+    """A float from a number or its text (nan/inf included), else None."""
+    if text is None or isinstance(text, bool):
+        return None
     try:
         return float(text)
-    except ValueError:
+    except (TypeError, ValueError):
         return None
 
 
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _show(value: float | None) -> str:
+    """A value for a message: nan/inf spelt out, numbers to 4 significant digits."""
+    return "none" if value is None else f"{value:.4g}"
+
+
+def _as_step(value: float | None) -> int | None:
+    return int(value) if value is not None and math.isfinite(value) else None
+
+
+# ------------------------------------------------------------------ point anomalies
+
+
+class PointWatch:
+    """Anomalies a sequence of training points shows, checked one point at a time.
+
+    nan_loss, nan_grad_norm, hidden_nan and zero_loss_streak are reported once per run (the
+    curves pane marks every bad step); each loss spike is its own event."""
+
+    def __init__(self) -> None:
+        self._reported: set[str] = set()
+        self._zero_run: list[int] = []
+        self._recent: deque[float] = deque(maxlen=SPIKE_WINDOW)
+
+    def check(self, point: TrainPoint) -> list[Anomaly]:
+        found = [*self._non_finite(point), *self._zero_streak(point), *self._spike(point)]
+        if point.loss is not None and math.isfinite(point.loss) and not point.bad:
+            self._recent.append(point.loss)
+        return found
+
+    def _once(self, code: str, step: int, message: str) -> list[Anomaly]:
+        if code in self._reported:
+            return []
+        self._reported.add(code)
+        return [_anomaly(code, step, message)]
+
+    def _non_finite(self, p: TrainPoint) -> list[Anomaly]:
+        if p.hidden_nan:
+            return self._once("hidden_nan", p.step,
+                              f"loss 0 with grad_norm {_show(p.grad_norm)} at step {p.step} (grad_norm shown as "
+                              "null): the Trainer's nan filter replaced a NaN loss; the run is not learning")
+        found = []
+        if p.loss is not None and not math.isfinite(p.loss):
+            found += self._once("nan_loss", p.step,
+                                f"loss is {_show(p.loss)} at step {p.step} (shown as null)")
+        if p.grad_norm is not None and not math.isfinite(p.grad_norm):
+            found += self._once("nan_grad_norm", p.step,
+                                f"grad_norm is {_show(p.grad_norm)} at step {p.step} (shown as null): gradients "
+                                "overflow; with fp16 use bf16 or fp32 instead (playbook §9)")
+        return found
+
+    def _zero_streak(self, p: TrainPoint) -> list[Anomaly]:
+        if p.loss != 0:
+            self._zero_run = []
+            return []
+        self._zero_run.append(p.step)
+        if len(self._zero_run) < ZERO_STREAK:
+            return []
+        first = self._zero_run[0]
+        return self._once("zero_loss_streak", first,
+                          f"loss exactly 0 for {ZERO_STREAK} logged steps in a row from step {first}: "
+                          "a hidden NaN or labels that mask everything out")
+
+    def _spike(self, p: TrainPoint) -> list[Anomaly]:
+        if p.loss is None or not math.isfinite(p.loss) or len(self._recent) < SPIKE_MIN_HISTORY:
+            return []
+        median, previous = statistics.median(self._recent), self._recent[-1]
+        if p.loss <= SPIKE_FACTOR * median or p.loss <= previous + SPIKE_MARGIN:
+            return []
+        factor = f"{p.loss / median:.1f}x" if median > 0 else "far above"
+        return [_anomaly("loss_spike", p.step,
+                         f"loss jumped to {_show(p.loss)} at step {p.step}: {factor} the median "
+                         f"{_show(median)} of the previous {len(self._recent)} logged losses")]
+
+
+# ------------------------------------------------------------------ the parser
+
+
 class TrainLogParser:
+    """Feed it log lines as they arrive: `feed` returns the new points; `drain_anomalies`
+    returns the anomalies found since its last call (all of them stay in `anomalies`)."""
+
     def __init__(self) -> None:
         self.points: list[TrainPoint] = []
+        self.anomalies: list[Anomaly] = []
+        self.summary: dict[str, float | None] | None = None
+        self.lines = 0
+        self.unparsed = 0
+        self.overflow_skips = 0
+        self._drained = 0
+        self._watch = PointWatch()
+        self._announced: int | None = None  # a step DeepSpeed's progress line named, not yet logged
+        self._events_reported: set[str] = set()
+        self._overflow_run = 0
+        self._overflow_last_step: int | None = None
+
+    # -------------------------------------------------------------- public
 
     def feed(self, lines: Iterable[str]) -> list[TrainPoint]:
-        """The new points in lines (also kept in self.points)."""
-        new = []
+        """The new points in lines (also kept in self.points); new anomalies go to self.anomalies."""
+        first_new = len(self.points)
+        seen = unparsed = 0
         for line in lines:
-            for found in _DICT.finditer(line.rsplit("\r", 1)[-1]):
-                values = {k: _number(v) for k, v in _PAIR.findall(found.group())}
-                if "train_runtime" in values or "eval_loss" in values:
-                    continue  # the run's summary and eval lines are not training steps
-                last = self.points[-1].step if self.points else 0
-                step = values.get("step")
-                point = TrainPoint(int(step) if step is not None and math.isfinite(step) else last + 1,
-                                   *(values.get(f) for f in FIELDS))
-                self.points.append(point)
-                new.append(point)
+            seen += 1
+            if not self._read_line(line) and line and not line.isspace():
+                unparsed += 1
+        self.lines += seen
+        self.unparsed += unparsed
+        return self.points[first_new:]
+
+    def feed_state(self, entries: Iterable[Mapping[str, Any]]) -> list[TrainPoint]:
+        """The new points in trainer_state.json log_history entries (each one counts as a line)."""
+        first_new = len(self.points)
+        for entry in entries:
+            self.lines += 1
+            values = {str(k): _number(v) for k, v in entry.items()} if isinstance(entry, Mapping) else {}
+            if not self._take_record(values):
+                self.unparsed += 1
+        return self.points[first_new:]
+
+    def drain_anomalies(self) -> list[Anomaly]:
+        """Anomalies found since the last call: each one is handed out once."""
+        new = self.anomalies[self._drained:]
+        self._drained = len(self.anomalies)
         return new
+
+    def result(self) -> dict[str, Any]:
+        """JSON-ready: NaN/inf are null, and the anomalies say which they were."""
+        summary = None if self.summary is None else {k: _finite_or_none(v) for k, v in self.summary.items()}
+        return {"points": [p.to_json() for p in self.points],
+                "anomalies": [a.to_json() for a in self.anomalies],
+                "summary": summary, "lines": self.lines, "unparsed": self.unparsed}
+
+    # -------------------------------------------------------------- lines and segments
+
+    def _read_line(self, line: str) -> bool:
+        """Whether the line held anything known."""
+        if not ("loss" in line or "FP16" in line or "TRAIN_NAN" in line or "skipped=" in line):
+            return False  # the cheap test almost every line fails: no regex runs on it
+        if "\x1b" in line:
+            line = _ANSI.sub("", line)
+        known = False
+        for segment in line.split("\r"):  # tqdm redraws with \r: each segment is its own text
+            known = self._read_segment(segment) or known
+        return known
+
+    def _read_segment(self, seg: str) -> bool:
+        """Literal tests first: a regex runs only on a segment that names what it looks for."""
+        if "Skipping step" in seg and ("OVERFLOW" in seg or "overflow" in seg):  # DeepSpeed's, apex's
+            return self._overflow(seg)
+        if "already at minimum" in seg:
+            return self._event("loss_scale_min", self._next_step(),
+                               "DeepSpeed's fp16 loss scale is at its minimum and the run exits: "
+                               "fp16 keeps overflowing; train in bf16 or fp32 (playbook §9)")
+        if "unscale FP16" in seg:
+            return self._event("unscale_fp16", self._next_step(),
+                               "Attempting to unscale FP16 gradients: the fp16 GradScaler on a frozen base "
+                               "with fp16 trainable weights; train in bf16 or fp32 (playbook §9)")
+        if "TRAIN_NAN" in seg and self._nan_marker(seg):
+            return True
+        if "loss" in seg and "{" in seg and self._trainer_dicts(seg):
+            return True
+        if "steps:" in seg and self._deepspeed_steps(seg):
+            return True
+        return "skipped=" in seg and self._deepspeed_progress(seg)
+
+    # -------------------------------------------------------------- record kinds
+
+    def _trainer_dicts(self, seg: str) -> bool:
+        known = False
+        for found in _DICT.finditer(seg):
+            known = self._take_record(_dict_values(found.group())) or known
+        return known
+
+    def _take_record(self, values: dict[str, float | None]) -> bool:
+        """A logged dict: a training step, the run's summary or an eval; False if none of those."""
+        if any(key.startswith("eval_") for key in values):
+            return True  # eval results are not training steps
+        if "loss" not in values and ("train_runtime" in values or "train_loss" in values):
+            self.summary = values
+            return True
+        if values.get("loss") is None:
+            return False
+        step = _as_step(values.get("step"))
+        self._add_point(TrainPoint(step if step is not None else self._next_step(),
+                                   *(values.get(name) for name in FIELDS)))
+        return True
+
+    def _deepspeed_steps(self, seg: str) -> bool:
+        found = _DS_STEPS.search(seg)
+        loss = _number(found.group(2)) if found else None
+        if loss is None:
+            return False
+        self._add_point(TrainPoint(int(found.group(1)), loss))
+        return True
+
+    def _deepspeed_progress(self, seg: str) -> bool:
+        """`step=N, skipped=S`: step N ran; the next dict without a step is step N."""
+        found = _DS_PROGRESS.search(seg)
+        if not found:
+            return False
+        self._announced = int(found.group(1))
+        return True
+
+    def _overflow(self, seg: str) -> bool:
+        found = _DS_OVERFLOW.search(seg)
+        step = self._next_step()
+        self.overflow_skips += 1
+        in_a_row = self._overflow_last_step is not None and step <= self._overflow_last_step + 1
+        self._overflow_run = self._overflow_run + 1 if in_a_row else 1
+        self._overflow_last_step = step
+        scale = ""
+        if found:
+            attempted, reduced = (g.rstrip(".") if g else g for g in found.groups())
+            scale = f" (loss scale {attempted}" + (f" → {reduced})" if reduced else ")")
+        if self.overflow_skips == 1:
+            self._report(_anomaly("overflow_skip", step,
+                                  f"step {step} skipped on an fp16 overflow{scale}; a few while "
+                                  "the loss scale settles are normal"))
+        if self._overflow_run == OVERFLOW_STREAK:
+            self._report(_anomaly("overflow_skip", step,
+                                  f"{OVERFLOW_STREAK} steps in a row skipped on fp16 overflow up to step {step}"
+                                  f"{scale}, {self.overflow_skips} skipped so far: the run may not be learning; "
+                                  "bf16 or fp32 avoid it (playbook §9)"))
+        return True
+
+    def _nan_marker(self, seg: str) -> bool:
+        found = _NAN_MARKER.match(seg)
+        if not found:
+            return False  # TRAIN_NAN named mid-line (a refusal, a cleanup), not the guard firing
+        detail = found.group(1).strip()
+        last = self.points[-1].step if self.points else None
+        return self._event("nan_guard_fired", last,
+                           "the NaN guard stopped the run (TRAIN_NAN" + (f": {detail}" if detail else "")
+                           + "); no final/ was written; clear final/ TRAIN_DONE TRAIN_NAN before a restart")
+
+    # -------------------------------------------------------------- steps and reports
+
+    def _next_step(self) -> int:
+        """The step a record without one belongs to: the one DeepSpeed announced, or the last + 1."""
+        last = self.points[-1].step if self.points else 0
+        if self._announced is not None and self._announced > last:
+            return self._announced
+        return last + 1
+
+    def _add_point(self, point: TrainPoint) -> None:
+        self.points.append(point)
+        for anomaly in self._watch.check(point):
+            self._report(anomaly)
+
+    def _event(self, code: str, step: int | None, message: str) -> bool:
+        """A log event worth one report per run (it repeats on every rank and retry)."""
+        if code not in self._events_reported:
+            self._events_reported.add(code)
+            self._report(_anomaly(code, step, message))
+        return True
+
+    def _report(self, anomaly: Anomaly) -> None:
+        self.anomalies.append(anomaly)
+
+
+def _dict_values(text: str) -> dict[str, float | None]:
+    """The key: number pairs of one printed dict, whichever way the value is written."""
+    values = {}
+    for key, *forms in _PAIR.findall(text):
+        # findall gives "" for the alternatives that did not match; '' is a quoted empty value
+        values[key] = _number(next((form for form in forms if form), None))
+    return values
+
+
+# ------------------------------------------------------------------ trainer_state.json
+
+
+def _state_entries(state: str | Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """log_history of a trainer_state.json (its text or the loaded object)."""
+    if isinstance(state, str):
+        try:
+            state = json.loads(state)  # accepts the bare NaN/Infinity json.dumps writes
+        except ValueError:
+            try:
+                state = json.loads(_BARE_NON_FINITE.sub(_json_non_finite, state))
+            except ValueError as e:
+                raise ValueError(f"not a readable trainer_state.json: {e}") from None
+    history = state.get("log_history") if isinstance(state, Mapping) else None
+    if not isinstance(history, list):
+        raise ValueError("not a trainer_state.json: it has no log_history list")
+    return history
+
+
+def _json_non_finite(found: re.Match) -> str:
+    """`nan`/`inf` written bare, as JSON's NaN/Infinity (outside strings: only after : [ or ,)."""
+    word = "NaN" if found.group(3).lower() == "nan" else "Infinity"
+    return f"{found.group(1)}{found.group(2)}{word}"
+
+
+def parse_trainer_state(state: str | Mapping[str, Any]) -> list[TrainPoint]:
+    """The training points of a trainer_state.json's log_history (exact steps, full precision)."""
+    parser = TrainLogParser()
+    return parser.feed_state(_state_entries(state))
+
+
+# ------------------------------------------------------------------ one-shot check
+
+
+def check_trainlog(lines_or_text: str | Iterable[str],
+                   trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> dict[str, Any]:
+    """Points, anomalies and the summary of a whole training log, JSON-ready.
+
+    lines_or_text may also be a trainer_state.json (its text or its lines; its log_history
+    entries then count as the lines). trainer_state (its text, the loaded object or a Path) adds
+    that run's exact points: they replace the log's for the steps they cover, and the point
+    anomalies are checked again over the merged points."""
+    parser = TrainLogParser()
+    lines = _lines(lines_or_text)
+    state_text, lines = _peek_state(lines)
+    if state_text is not None:
+        parser.feed_state(_state_entries(state_text))
+    else:
+        parser.feed(lines)
+    result = parser.result()
+    if trainer_state is not None:
+        _merge_state(result, parser, _read_state(trainer_state))
+    return result
+
+
+def check_trainlog_path(path: str | os.PathLike,
+                        trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> dict[str, Any]:
+    """check_trainlog over a local file, streamed (lines split on \\n only: \\r stays in the line)."""
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+        return check_trainlog(f, trainer_state)
+
+
+def has_errors(result: Mapping[str, Any]) -> bool:
+    """Whether a check_trainlog result holds an anomaly of severity error (the CLI then exits 1)."""
+    return any(a.get("severity") == ERROR for a in result.get("anomalies", []))
+
+
+def _lines(lines_or_text: str | Iterable[str]) -> Iterator[str]:
+    if not isinstance(lines_or_text, str):
+        return iter(lines_or_text)
+    lines = lines_or_text.split("\n")  # not splitlines(): that would also split on tqdm's \r
+    if lines and lines[-1] == "":
+        lines.pop()
+    return iter(lines)
+
+
+def _peek_state(lines: Iterator[str]) -> tuple[str | None, Iterator[str]]:
+    """The whole text when the lines are a trainer_state.json, else None; and the lines, unconsumed."""
+    head = list(itertools.islice(lines, 64))
+    rest = itertools.chain(head, lines)
+    first = head[0].lstrip() if head else ""
+    json_object = first.startswith("{") and not first.startswith("{'")  # {' opens a Trainer log dict
+    if not (json_object and any('"log_history"' in line for line in head)):
+        return None, rest
+    return "\n".join(line.rstrip("\n") for line in rest), iter(())
+
+
+def _read_state(state: str | Mapping[str, Any] | os.PathLike) -> TrainLogParser:
+    if isinstance(state, os.PathLike):
+        with open(state, encoding="utf-8", errors="replace") as f:
+            state = f.read()
+    parser = TrainLogParser()
+    parser.feed_state(_state_entries(state))
+    return parser
+
+
+def _merge_state(result: dict[str, Any], log: TrainLogParser, state: TrainLogParser) -> None:
+    """State points win for their steps; the log's other points stay; point anomalies are
+    checked again over the merged sequence; the log's events are kept."""
+    by_step = {p.step: p for p in log.points}
+    by_step.update({p.step: p for p in state.points})
+    merged = [by_step[step] for step in sorted(by_step)]
+    watch = PointWatch()
+    point_anomalies = [a for p in merged for a in watch.check(p)]
+    events = [a for a in log.anomalies if a.code in EVENT_CODES]
+    anomalies = sorted(point_anomalies + events, key=lambda a: a.step if a.step is not None else math.inf)
+    result["points"] = [p.to_json() for p in merged]
+    result["anomalies"] = [a.to_json() for a in anomalies]
+    if result["summary"] is None and state.summary is not None:
+        result["summary"] = state.result()["summary"]

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
+
+# Rendered times (alerts, dialogs) must not depend on where the tests run: snapshots compare them.
+os.environ["TZ"] = "UTC"
+time.tzset()
 
 
 @pytest.fixture(autouse=True)

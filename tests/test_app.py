@@ -36,7 +36,7 @@ key = "h"
 command = "echo hello from the chain; echo STEP_OK; sleep 30"
 markers = [{{ name = "STEP_OK" }}, {{ name = "BAD_THING", severity = "error" }}]
 [stages.other]
-key = "x"
+key = "y"
 command = "echo other"
 [ui]
 tail_lines = 50
@@ -226,3 +226,36 @@ async def test_help_lists_every_binding(tmp_path, workspace, theme):
         ids = {r[2] for r in rows}
         assert {"app.kill", "app.stop", "app.restart", "app.open", "stage.hello", "stage.other"} <= ids
         assert app.screen.__class__.__name__ == "HelpScreen"
+
+
+async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixes(tmp_path, workspace, spawn):
+    port = _free_port()
+    f = tmp_path / "alerts.toml"
+    nan = "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 0.0001, 'epoch': 0.1}"
+    f.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
+                 f'[stages.train]\nkey = "t"\ncommand = "for i in 1 2 3; do echo \\"{nan}\\"; done; sleep 30"\n'
+                 f'[stages.serve]\nkey = "v"\ncommand = "sleep 30"\nports = [{port}]\n')
+    stray = spawn(sys.executable, "-c", f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\n"
+                  "s.listen()\ntime.sleep(60)")
+    app = SamaiApp(config.load(f))
+    async with app.run_test(size=SIZE) as pilot:
+        await _until(pilot, lambda: any(a.code == "stale_server" for a in app.state.alerts))
+        await pilot.press("t")
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot.click("#confirm")
+        await _until(pilot, lambda: any(a.code == "hidden_nan" for a in app.state.alerts))
+        assert "hidden" in str(app.query_one("#alerts").render()).lower()
+        await _until(pilot, lambda: not app._action_running)
+        await pilot.press("x")  # the newest alert with an action: the stale server on the serve port
+        dialog = await _until(pilot, lambda: isinstance(app.screen, KillDialog) and app.screen)
+        assert dialog.process.pid == stray.pid and app.focused.id == "cancel"
+        await pilot.press("escape")
+        await app.box.stop("train", grace=1)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -85,3 +85,26 @@ def test_a_multi_gigabyte_gguf_costs_a_few_kilobytes(tmp_path: Path) -> None:
 def test_a_missing_file_is_exit_2(tmp_path: Path, kind: str) -> None:
     r = run_cli("check", kind, str(tmp_path / "absent"))
     assert r.returncode == 2 and "No such file" in r.stderr
+
+
+def test_check_trainlog_on_a_real_trainer_log_and_a_hidden_nan(tmp_path: Path) -> None:
+    real = Path(__file__).parent / "data" / "trainer_v5_tiny.log"
+    rc, result = check("trainlog", str(real))
+    assert rc == 0 and len(result["points"]) == 12 and result["anomalies"] == []
+    bad = tmp_path / "train.log"
+    bad.write_text(real.read_text() + "".join(
+        f"{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1e-4, 'epoch': {i}}}\n" for i in range(3)))
+    rc, result = check("trainlog", str(bad))
+    assert rc == 1 and {"hidden_nan", "zero_loss_streak"} <= {a["code"] for a in result["anomalies"]}
+    assert result["points"][-1]["grad_norm"] is None  # NaN is null in JSON, and an anomaly says so
+
+
+def test_check_eval_finds_the_fake_zero(tmp_path: Path) -> None:
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": i, "prompt": "17*23=", "gold": "391", "pred": None, "correct": False,
+                                         "finish_reason": "length", "content": "",
+                                         "reasoning_content": "<think>17*23 is"}) + "\n" for i in range(10)))
+    rc, result = check("eval", str(items))
+    assert rc == 1 and "fake_zero" in {p["code"] for p in result["problems"]}
+    text = run_cli("check", "eval", str(items)).stdout
+    assert "fake_zero" in text and "--reasoning-format none" in text

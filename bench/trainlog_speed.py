@@ -1,0 +1,126 @@
+"""How fast `check trainlog` reads a big training log, against grep on the same file in the same run.
+
+    python bench/trainlog_speed.py [--mb 100] [--every 50] [--keep]
+
+Writes a synthetic log of about --mb MB into a temp dir: mostly tqdm progress noise (lines of
+many \\r-separated bar redraws) and info lines, with an HF Trainer dict (transformers 4 and 5
+forms in turn, some written over a live bar) every --every lines and DeepSpeed progress lines
+now and then. Then times check_trainlog_path over it (the CLI's parse, streamed from the
+file), plain Python line iteration of the file (the floor any Python reader pays) and
+`grep -c "'loss'"` (the baseline), and prints lines/s, MB/s and the ratios.
+This is a measurement, not a test: nothing here asserts on timings."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from samai.console.trainlog import check_trainlog_path
+
+INFO = (
+    "[2026-11-30 07:34:{s:02d},426] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) | fwd: 41.2 | bwd: 80.3",
+    "[2026-11-30 07:34:{s:02d},512] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator",
+    "[transformers] mtime may not be reliable on this filesystem, falling back to numerical ordering",
+    "Saving model checkpoint to runs/train/checkpoint-{s}",
+    "  Num examples = 52,002 | Num Epochs = 3 | Total optimization steps = 4,875",
+)
+
+
+def bar(done: int, total: int) -> str:
+    pct = done * 100 // total
+    fill = "\u2588" * (pct // 10)
+    return f"\r{pct:3d}%|{fill:<10}| {done}/{total} [00:{done % 60:02d}<05:02,  2.91it/s]"
+
+
+def trainer_dict(step: int, rng: random.Random) -> str:
+    loss, norm, lr, epoch = 2.0 / (1 + step / 500) + rng.random() * 0.1, rng.uniform(0.5, 3), 1e-4, step / 1625
+    if step % 2:
+        return f"{{'loss': {loss:.4f}, 'grad_norm': {norm:.4f}, 'learning_rate': {lr}, 'epoch': {epoch:.2f}}}"
+    return f"{{'loss': '{loss:.4g}', 'grad_norm': '{norm:.4g}', 'learning_rate': '{lr:.4g}', 'epoch': '{epoch:.4g}'}}"
+
+
+def write_log(path: Path, size_mb: int, every: int, seed: int = 7) -> int:
+    """The synthetic log; returns how many Trainer dicts it holds."""
+    rng = random.Random(seed)
+    target, written, step, n = size_mb * 1_000_000, 0, 0, 0
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        while written < target:
+            block = []
+            for _ in range(1000):
+                n += 1
+                if n % every == 0:
+                    step += 1
+                    line = trainer_dict(step, rng)
+                    block.append(bar(step % 4875, 4875) + "\r" + " " * 60 + "\r" + line if step % 3 == 0 else line)
+                elif n % (every * 10) == 1:
+                    block.append(f"[2026-11-30 07:35:01,000] [INFO] [logging.py:96:log_dist] [Rank 0] "
+                                 f"step={step}, skipped=0, lr=[0.0001], mom=[(0.9, 0.999)]")
+                elif rng.random() < 0.7:
+                    start = rng.randrange(4800)
+                    block.append("".join(bar(start + i, 4875) for i in range(rng.randint(1, 12))))
+                else:
+                    block.append(rng.choice(INFO).format(s=n % 60))
+            text = "\n".join(block) + "\n"
+            f.write(text)
+            written += len(text.encode())
+    return step
+
+
+def timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def python_lines(path: Path) -> int:
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+        return sum(1 for _ in f)
+
+
+def grep_count(path: Path) -> int:
+    out = subprocess.run(["grep", "-c", "'loss'", str(path)], capture_output=True, text=True, check=False)
+    return int(out.stdout.strip() or 0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mb", type=int, default=100, help="size of the synthetic log in MB")
+    p.add_argument("--every", type=int, default=50, help="a Trainer dict every this many lines")
+    p.add_argument("--keep", action="store_true", help="keep the log (its path is printed)")
+    args = p.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="trainlog-bench-"))
+    try:
+        log = folder / "train.log"
+        dicts, write_s = timed(lambda: write_log(log, args.mb, args.every))
+        size = log.stat().st_size
+        print(f"log: {log} {size / 1e6:.1f} MB, {dicts} Trainer dicts (written in {write_s:.1f} s)")
+        grep_count(log)  # the page cache is warm for everyone, grep included
+        greps, grep_s = timed(lambda: grep_count(log))
+        lines, iter_s = timed(lambda: python_lines(log))
+        result, check_s = timed(lambda: check_trainlog_path(log))
+        assert len(result["points"]) == dicts == greps, (len(result["points"]), dicts, greps)
+
+        def rate(seconds: float) -> str:
+            return f"{lines / seconds / 1e6:6.2f} M lines/s  {size / seconds / 1e6:7.1f} MB/s  ({seconds:.2f} s)"
+
+        print(f"lines: {lines:,}  points: {len(result['points']):,}  anomalies: {len(result['anomalies'])}  "
+              f"unparsed: {result['unparsed']:,}")
+        print(f"check_trainlog         {rate(check_s)}")
+        print(f"python line iteration  {rate(iter_s)}")
+        print(f"grep -c \"'loss'\"       {rate(grep_s)}")
+        print(f"check / grep: {check_s / grep_s:.1f}x the time;  check / line iteration: {check_s / iter_s:.1f}x")
+    finally:
+        if args.keep:
+            print(f"kept {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

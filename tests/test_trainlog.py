@@ -1,0 +1,315 @@
+"""The training-log parser: real transformers-5 output, 4.x dicts, DeepSpeed, noise, and the anomaly contract."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from samai.console.trainlog import (
+    SEVERITY,
+    TrainLogParser,
+    TrainPoint,
+    check_trainlog,
+    check_trainlog_path,
+    has_errors,
+    parse_trainer_state,
+)
+
+DATA = Path(__file__).parent / "data"
+REAL_LOG = (DATA / "trainer_v5_tiny.log").read_text()
+REAL_STATE = (DATA / "trainer_state_tiny.json").read_text()
+
+
+def codes(result_or_anomalies) -> list[str]:
+    anomalies = result_or_anomalies["anomalies"] if isinstance(result_or_anomalies, dict) else result_or_anomalies
+    return [a["code"] if isinstance(a, dict) else a.code for a in anomalies]
+
+
+def dict_line(loss, grad_norm=1.0, lr=1e-4, epoch=0.1) -> str:
+    return f"{{'loss': {loss}, 'grad_norm': {grad_norm}, 'learning_rate': {lr}, 'epoch': {epoch}}}"
+
+
+def same_3_digits(a: float, b: float) -> bool:
+    return a == b or math.isclose(a, b, rel_tol=5e-3)
+
+
+# ------------------------------------------------------------------ the real run
+
+
+def test_the_real_transformers_5_log_matches_its_trainer_state() -> None:
+    result = check_trainlog(REAL_LOG)
+    history = [e for e in json.loads(REAL_STATE)["log_history"] if "loss" in e]
+    assert [p["step"] for p in result["points"]] == list(range(1, 13)) == [e["step"] for e in history]
+    for point, entry in zip(result["points"], history, strict=True):
+        for name in ("loss", "grad_norm", "learning_rate", "epoch"):
+            assert same_3_digits(point[name], entry[name]), (point, entry, name)
+    assert result["anomalies"] == [] and not has_errors(result)
+    assert result["summary"]["train_loss"] == 1.538 and result["summary"]["train_runtime"] == 0.2835
+    # four lines (LoRA banner, a DeepSpeed warning, a transformers notice, TRAIN_DONE) hold no record
+    assert result["lines"] == 17 and result["unparsed"] == 4
+
+
+def test_trainer_state_gives_exact_points_and_is_recognised_as_a_state_file() -> None:
+    points = parse_trainer_state(REAL_STATE)
+    assert [p.step for p in points] == list(range(1, 13))
+    assert points[0] == TrainPoint(1, 3.4853992462158203, 10.622142791748047, 0.0, 0.25)
+    for given in (REAL_STATE, REAL_STATE.splitlines()):  # the CLI hands over lines
+        result = check_trainlog(given)
+        assert len(result["points"]) == 12 and result["anomalies"] == [] and result["unparsed"] == 0
+
+
+@pytest.mark.parametrize("nan, inf", [("NaN", "Infinity"), ("nan", "inf")])
+def test_trainer_state_with_non_finite_tokens(nan: str, inf: str) -> None:
+    state = ('{"global_step": 3, "best_model_checkpoint": "runs/nan", "log_history": [\n'
+             f'  {{"loss": 2.5, "grad_norm": {inf}, "learning_rate": 1e-4, "epoch": 0.1, "step": 1}},\n'
+             f'  {{"loss": {nan}, "grad_norm": -{inf}, "learning_rate": 1e-4, "epoch": 0.2, "step": 2}},\n'
+             '  {"eval_loss": 2.0, "epoch": 0.2, "step": 2},\n'
+             '  {"train_runtime": 9.5, "train_loss": 2.4, "epoch": 0.2, "step": 2}]}')
+    points = parse_trainer_state(state)
+    assert [p.step for p in points] == [1, 2]
+    assert math.isinf(points[0].grad_norm) and math.isnan(points[1].loss) and points[1].grad_norm == -math.inf
+    result = check_trainlog(state)
+    assert codes(result) == ["nan_grad_norm", "nan_loss"]
+    assert result["summary"]["train_loss"] == 2.4
+    json.dumps(result, allow_nan=False)
+
+
+def test_a_broken_trainer_state_says_so() -> None:
+    with pytest.raises(ValueError, match="trainer_state"):
+        parse_trainer_state('{"log_history": [{"loss": 1.0, "st')
+
+
+def test_the_state_file_replaces_the_logs_rounded_points_for_its_steps() -> None:
+    log = REAL_LOG + dict_line(0.3) + "\n"  # a 13th step logged after the checkpoint
+    result = check_trainlog(log, trainer_state=REAL_STATE)
+    assert [p["step"] for p in result["points"]] == list(range(1, 14))
+    assert result["points"][0]["loss"] == 3.4853992462158203 and result["points"][12]["loss"] == 0.3
+    assert result["anomalies"] == []
+
+
+# ------------------------------------------------------------------ line forms
+
+
+def test_transformers_4_lines_with_nan_inf_and_tensor_values() -> None:
+    parser = TrainLogParser()
+    points = parser.feed([
+        "{'loss': 1.0778, 'grad_norm': 2.5, 'learning_rate': 2e-05, 'epoch': 0.1}",
+        "{'loss': 1.01, 'grad_norm': tensor(1091.0826, device='cuda:0'), 'learning_rate': 2e-05, 'epoch': 0.2}",
+        "{'loss': tensor(0.98), 'grad_norm': inf, 'learning_rate': 2e-05, 'epoch': 0.3}",
+        "{'loss': 0.97, 'grad_norm': -inf, 'learning_rate': np.float64(2e-05), 'epoch': 0.4}",
+        "{'loss': nan, 'grad_norm': nan, 'learning_rate': 2e-05, 'epoch': 0.5}",
+        "{'loss': '0.8897', 'grad_norm': '1.14', 'learning_rate': '0.00111', 'epoch': '47.5', 'step': 40}",
+        "{'loss': 0.88, 'epoch': 47.6}",
+    ])
+    assert [p.step for p in points] == [1, 2, 3, 4, 5, 40, 41]  # 'step' resets the count
+    assert points[0] == TrainPoint(1, 1.0778, 2.5, 2e-05, 0.1) and not points[0].bad
+    assert points[1].grad_norm == 1091.0826 and not points[1].bad
+    assert points[2].loss == 0.98 and points[2].grad_norm == math.inf and points[2].bad
+    assert points[3].grad_norm == -math.inf and points[3].learning_rate == 2e-05
+    assert math.isnan(points[4].loss)
+    assert points[5] == TrainPoint(40, 0.8897, 1.14, 0.00111, 47.5)
+    assert points[6].grad_norm is None
+    assert codes(parser.anomalies) == ["nan_grad_norm", "nan_loss"]  # each once, at its first step
+    assert [a.step for a in parser.anomalies] == [3, 5]
+
+
+def test_eval_lines_and_the_summary_are_not_steps() -> None:
+    result = check_trainlog([
+        dict_line(1.5),
+        "{'eval_loss': 1.4, 'eval_runtime': 3.1, 'eval_samples_per_second': 10.0, 'epoch': 1.0}",
+        dict_line(1.3),
+        "{'train_runtime': 12.3, 'train_samples_per_second': 5.5, 'train_loss': 1.4, 'epoch': 1.0}",
+    ])
+    assert [p["step"] for p in result["points"]] == [1, 2]
+    assert result["summary"] == {"train_runtime": 12.3, "train_samples_per_second": 5.5, "train_loss": 1.4,
+                                 "epoch": 1.0}
+    assert result["unparsed"] == 0
+
+
+def test_tqdm_segments_and_ansi_escapes() -> None:
+    bar = "".join(f"\r {i}%|\u2588         | {i}/100 [00:0{i % 10}<00:10, 9.5it/s]" for i in range(30))
+    lines = [
+        bar,
+        bar + "\r" + " " * 40 + "\r" + dict_line(2.0) + "\r" + bar,  # tqdm.write over a live bar
+        "\x1b[A\x1b[32m" + dict_line(1.9) + "\x1b[0m",
+        f"\r 5%|\x1b[A | 5/100 \r{dict_line(1.8)}\r{dict_line(1.7)}",  # two records on one line
+    ]
+    result = check_trainlog(lines)
+    assert [(p["step"], p["loss"]) for p in result["points"]] == [(1, 2.0), (2, 1.9), (3, 1.8), (4, 1.7)]
+    assert result["lines"] == 4 and result["unparsed"] == 1  # the bare bar
+
+
+def test_garbage_truncated_and_binary_lines_are_counted_never_raised() -> None:
+    lines = [
+        "junk \x00\ufffd\ufffd {not a dict",
+        "{'loss': 1.07, 'grad_no",  # truncated by a crash
+        "{'loss': 'abc', 'epoch': 1}",
+        "{'loss': }",
+        "\ufffd\ufffd\x7fELF\x02\x01\x01" + "\x00" * 20,
+        "steps: x loss: y",
+        "step=, skipped=",
+        "",
+        "   ",
+        "loss" * 1000,
+        "{" * 500 + "'loss'" + "}" * 500,
+        dict_line(1.0),
+    ]
+    result = check_trainlog(lines)
+    assert [p["step"] for p in result["points"]] == [1]
+    assert result["lines"] == 12 and result["unparsed"] == 9  # blank lines are not unparsed
+    assert result["anomalies"] == []
+
+
+# ------------------------------------------------------------------ DeepSpeed
+
+
+def test_deepspeed_steps_progress_and_a_lone_overflow() -> None:
+    parser = TrainLogParser()
+    points = parser.feed([
+        "[2024-05-01 10:00:00,000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 "
+        "Skipping step. Attempted loss scale: 65536, reducing to 32768",
+        "steps: 20 loss: 0.8397 iter time (s): 0.312 samples/sec: 102.6",
+        "steps: 30 loss: 0.8100 iter time (s): 0.310 samples/sec: 103.1",
+        "[2024-05-01 10:00:09,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=40, skipped=1, "
+        "lr=[0.0001], mom=[(0.9, 0.999)]",
+        dict_line(0.80),  # the Trainer's dict for the step DeepSpeed just announced
+        dict_line(0.79),
+    ])
+    assert [(p.step, p.loss) for p in points] == [(20, 0.8397), (30, 0.81), (40, 0.8), (41, 0.79)]
+    [overflow] = parser.anomalies
+    assert (overflow.code, overflow.severity, overflow.step) == ("overflow_skip", "warning", 1)
+    assert "65536 → 32768" in overflow.message
+    assert parser.overflow_skips == 1 and parser.unparsed == 0
+
+
+def test_overflows_in_a_row_warn_again_and_the_minimum_scale_is_an_error() -> None:
+    scale = 2 ** 16
+    lines = [dict_line(1.0)]
+    for _ in range(6):  # logged every step: each overflow is followed by its step's dict
+        lines.append(f"OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {scale}, reducing to {scale // 2}")
+        lines.append(dict_line(1.0))
+        scale //= 2
+    lines += ["[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: 1024.0, "
+              "but hysteresis is 2. Reducing hysteresis to 1"] * 2
+    lines += ["Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."] * 3
+    result = check_trainlog(lines)
+    assert codes(result) == ["overflow_skip", "overflow_skip", "loss_scale_min"]
+    first, streak, minimum = result["anomalies"]
+    assert first["step"] == 2 and streak["step"] == 6 and "5 steps in a row" in streak["message"]
+    assert minimum["severity"] == "error" and has_errors(result)
+    assert result["unparsed"] == 0
+
+
+def test_overflows_far_apart_are_not_a_streak() -> None:
+    lines = []
+    for _ in range(8):
+        lines += ["[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"]
+        lines += [dict_line(1.0)] * 3
+    result = check_trainlog(lines)
+    assert codes(result) == ["overflow_skip"] and not has_errors(result)
+
+
+# ------------------------------------------------------------------ anomalies
+
+
+def test_a_hidden_nan_run() -> None:
+    lines = [dict_line(2.3, 4.1)] + [dict_line(0.0, "nan")] * 3 + [dict_line(0.0, "nan")]
+    parser = TrainLogParser()
+    points = parser.feed(lines)
+    assert [p.bad for p in points] == [False, True, True, True, True]
+    assert [(a.code, a.severity, a.step) for a in parser.anomalies] == [
+        ("hidden_nan", "error", 2), ("zero_loss_streak", "warning", 2)]
+    result = parser.result()
+    assert result["points"][1] == {"step": 2, "loss": 0.0, "grad_norm": None, "learning_rate": 1e-4, "epoch": 0.1}
+    assert "nan" in result["anomalies"][0]["message"] and "null" in result["anomalies"][0]["message"]
+    assert json.loads(json.dumps(result, allow_nan=False)) == result and has_errors(result)
+
+
+def test_zero_loss_needs_three_in_a_row() -> None:
+    assert codes(check_trainlog([dict_line(0.0), dict_line(0.0), dict_line(1.0), dict_line(0.0)])) == []
+    assert codes(check_trainlog([dict_line(1.0)] + [dict_line(0.0)] * 3)) == ["zero_loss_streak"]
+
+
+def test_a_loss_spike_is_reported_with_its_factor() -> None:
+    losses = [2.0, 1.9, 2.1, 1.8, 1.7, 1.9, 8.5, 8.4, 1.6, 1.7, 9.0]
+    result = check_trainlog([dict_line(x) for x in losses])
+    assert codes(result) == ["loss_spike", "loss_spike"]  # 8.4 right after 8.5 is the same spike
+    first = result["anomalies"][0]
+    assert first["step"] == 7 and first["severity"] == "warning" and "4.5x" in first["message"]
+    assert not has_errors(result)
+
+
+def test_jumps_that_are_not_spikes() -> None:
+    for losses in ([1.0, 1.0, 9.0],  # too little history for a median
+                   [2.0, 2.1, 1.9, 5.9, 2.0],  # under 3x the median
+                   [0.1, 0.12, 0.1, 0.11, 0.45]):  # 4x the median, but less than 1.0 above the last
+        assert codes(check_trainlog([dict_line(x) for x in losses])) == [], losses
+
+
+def test_unscale_fp16_and_the_nan_guard_marker() -> None:
+    lines = [
+        "Traceback (most recent call last):",
+        "ValueError: Attempting to unscale FP16 gradients.",
+        "TRAIN_REFUSED poison files from an earlier run in runs/train: TRAIN_NAN; clear them first",
+        dict_line(0.0, "nan"),
+        "TRAIN_NAN 3 of the first 4 logged steps had loss 0/nan or grad_norm nan",
+        "[train] TRAIN_NAN again",
+    ]
+    result = check_trainlog(lines)
+    assert codes(result) == ["unscale_fp16", "hidden_nan", "nan_guard_fired"]
+    unscale, _, guard = result["anomalies"]
+    assert unscale["severity"] == "error" and "bf16" in unscale["message"] and "§9" in unscale["message"]
+    assert guard["severity"] == "error" and guard["step"] == 1 and "3 of the first 4" in guard["message"]
+    assert result["unparsed"] == 2  # the traceback header, and the refusal: it names TRAIN_NAN, no marker
+
+
+def test_every_code_has_its_contract_severity() -> None:
+    assert SEVERITY == {"nan_loss": "error", "nan_grad_norm": "error", "hidden_nan": "error",
+                        "zero_loss_streak": "warning", "loss_spike": "warning", "overflow_skip": "warning",
+                        "loss_scale_min": "error", "unscale_fp16": "error", "nan_guard_fired": "error"}
+
+
+# ------------------------------------------------------------------ incremental
+
+
+MIXED = [
+    "LoRA r=16: 71680 trainable parameters",
+    "\r 1%|  | 1/100 [00:01<01:39]\r" + dict_line(2.0, 3.0),
+    dict_line(1.9, 2.9),
+    "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+    dict_line(1.8),
+    dict_line(1.9),
+    dict_line(9.0),
+    dict_line(0.0, "nan"), dict_line(0.0, "nan"), dict_line(0.0, "nan"),
+    "{'loss': 1.07, 'grad_no",
+    "Attempting to unscale FP16 gradients",
+    "TRAIN_NAN 3 of the first 4 logged steps had loss 0/nan",
+    "{'train_runtime': 1.0, 'train_loss': 1.5, 'epoch': 1.0}",
+]
+
+
+def test_feeding_in_pieces_gives_the_one_shot_result_and_each_anomaly_once() -> None:
+    whole = check_trainlog(MIXED)
+    assert codes(whole) == ["overflow_skip", "loss_spike", "hidden_nan", "zero_loss_streak", "unscale_fp16",
+                            "nan_guard_fired"]
+    for size in range(1, len(MIXED) + 1):
+        parser = TrainLogParser()
+        points, drained = [], []
+        for start in range(0, len(MIXED), size):
+            points += parser.feed(MIXED[start:start + size])
+            drained += parser.drain_anomalies()
+            assert parser.drain_anomalies() == []
+        assert parser.result() == whole
+        assert points == parser.points and drained == parser.anomalies
+
+
+def test_check_trainlog_path_keeps_tqdm_carriage_returns_in_the_line(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    log.write_bytes(b"\r 1%|  | 1/9\r 2%|  | 2/9\r" + dict_line(1.0).encode() + b"\r\n"
+                    + b"\xff\xfe binary\n" + dict_line(0.9).encode())
+    result = check_trainlog_path(log)
+    assert [p["loss"] for p in result["points"]] == [1.0, 0.9]
+    assert result["lines"] == 3 and result["unparsed"] == 1
