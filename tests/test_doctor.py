@@ -106,3 +106,16 @@ def _listening(port: int) -> bool:
         return False
 
 
+
+
+def test_two_listeners_on_a_serve_port(tmp_path, workspace, spawn) -> None:
+    port = _free_port()
+    code = ("import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n"
+            f"s.bind(('127.0.0.1',{port}))\ns.listen()\nprint('ready',flush=True)\ntime.sleep(60)")
+    servers = [spawn(sys.executable, "-c", code, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    for s in servers:
+        assert s.stdout.readline() == "ready\n"
+    rc, findings = _doctor(_config(tmp_path, workspace, port))
+    contended = [f for f in findings if f["code"] == "port_contended"]
+    assert rc == 1 and len(contended) == 1 and "2 listeners" in contended[0]["message"]
+    assert {str(s.pid) for s in servers} <= set(contended[0]["message"].replace(",", " ").replace(")", " ").split())
