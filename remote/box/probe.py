@@ -132,13 +132,9 @@ def listening_sockets(errors):
     return found
 
 
-def socket_owners(inodes, pids):
-    """Map socket inode -> pid by reading /proc/PID/fd links (only as far as needed)."""
-    owners = {}
-    wanted = set(inodes)
+def fd_links(pids):
+    """(pid, fd, target) of every open descriptor this user may see."""
     for pid in pids:
-        if not wanted:
-            break
         fd_dir = "/proc/%d/fd" % pid
         try:
             fds = os.listdir(fd_dir)
@@ -146,21 +142,32 @@ def socket_owners(inodes, pids):
             continue
         for fd in fds:
             try:
-                link = os.readlink(fd_dir + "/" + fd)
+                yield pid, fd, os.readlink(fd_dir + "/" + fd)
             except OSError:
                 continue
-            if link.startswith("socket:["):
-                inode = int(link[8:-1])
-                if inode in wanted:
-                    owners[inode] = pid
-                    wanted.discard(inode)
+
+
+def socket_owners(inodes, pids):
+    """Map socket inode -> pid by reading /proc/PID/fd links (only as far as needed)."""
+    owners = {}
+    wanted = set(inodes)
+    if not wanted:
+        return owners
+    for pid, _fd, link in fd_links(pids):
+        if link.startswith("socket:["):
+            inode = int(link[8:-1])
+            if inode in wanted:
+                owners[inode] = pid
+                wanted.discard(inode)
+                if not wanted:
+                    break
     return owners
 
 
-def open_for_writing(fd_dir, fd):
+def open_for_writing(pid, fd):
     """True when the descriptor was opened O_WRONLY or O_RDWR (from /proc/PID/fdinfo)."""
     try:
-        with open(fd_dir.replace("/fd", "/fdinfo") + "/" + fd) as f:
+        with open("/proc/%d/fdinfo/%s" % (pid, fd)) as f:
             for line in f:
                 if line.startswith("flags:"):
                     return int(line.split()[1], 8) & 3 != 0
@@ -174,19 +181,9 @@ def writers(folder, pids):
     Two writers on one file is how a download got corrupted (playbook §3)."""
     folder = os.path.realpath(folder).rstrip("/") + "/"
     found = {}
-    for pid in pids:
-        fd_dir = "/proc/%d/fd" % pid
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(fd_dir + "/" + fd)
-            except OSError:
-                continue
-            if link.startswith(folder) and open_for_writing(fd_dir, fd):
-                found.setdefault(link, set()).add(pid)
+    for pid, fd, link in fd_links(pids):
+        if link.startswith(folder) and open_for_writing(pid, fd):
+            found.setdefault(link, set()).add(pid)
     return dict((path, sorted(p)) for path, p in found.items() if len(p) > 1)
 
 
