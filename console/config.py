@@ -43,6 +43,7 @@ class Target:
     keepalive_count: int = 3
     connect_timeout: float = 10.0
     max_channels: int = 6  # SSH: concurrent channels on the one connection
+    token_env: str = "SAMAI_ENVELOPE_TOKEN"  # envelope: the variable holding the gateway's token
 
     @property
     def is_local(self) -> bool:
@@ -222,7 +223,7 @@ class _Reader:
 
     def target(self, raw: Any) -> Target:
         t = self.table(raw, "target", {"url", "python", "poll_interval", "timeout", "keepalive_interval",
-                                       "keepalive_count", "connect_timeout", "max_channels"})
+                                       "keepalive_count", "connect_timeout", "max_channels", "token_env"})
         url = self.text(t, "url", "target", "local")
         if not re.match(r"^(local|ssh://.+|envelope\+https?://.+)$", url):
             raise self.fail("target.url", "local, ssh://user@host[:port] or envelope+http(s)://host[:port]", url)
@@ -232,7 +233,8 @@ class _Reader:
                       float(self.number(t, "keepalive_interval", "target", 5.0, 0.0)),
                       self.integer(t, "keepalive_count", "target", 3, 1),
                       float(self.number(t, "connect_timeout", "target", 10.0, 0.5)),
-                      self.integer(t, "max_channels", "target", 6, 1))
+                      self.integer(t, "max_channels", "target", 6, 1),
+                      self.text(t, "token_env", "target", "SAMAI_ENVELOPE_TOKEN"))
 
     def workspace(self, raw: Any, pipeline: str, target: Target) -> str:
         w = self.table(raw, "workspace", {"path"})

@@ -11,4 +11,4 @@ from samai.remote.targets import open_transport
 def open_box(cfg: Config) -> Box:
     t = cfg.target
     ssh = SshOptions(t.keepalive_interval, t.keepalive_count, t.connect_timeout, t.max_channels)
-    return Box(open_transport(t.url, ssh), cfg.workspace, python=t.box_python, timeout=t.timeout)
+    return Box(open_transport(t.url, ssh, t.token_env), cfg.workspace, python=t.box_python, timeout=t.timeout)

@@ -75,7 +75,7 @@ class Box:
         if self._tools_checked == self.transport.generation:
             return
         marker = posixpath.join(self.tools_dir, READY)
-        probe = await self.transport.run(["test", "-f", marker], timeout=self.timeout)
+        probe = await self.transport.run(["test", "-f", marker], timeout=self.timeout, retry_safe=True)
         if probe.rc != 0:
             for name, data in self.tools.files.items():
                 await self.transport.put(posixpath.join(self.tools_dir, name), data)

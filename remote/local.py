@@ -15,7 +15,8 @@ class LocalTransport:
     name = "local"
     generation = 0  # there is no connection to lose
 
-    async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> RunResult:
+    async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float,
+                  retry_safe: bool = False) -> RunResult:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

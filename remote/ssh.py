@@ -109,7 +109,8 @@ class SshTransport:
 
     # ------------------------------------------------------------ calls
 
-    async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> RunResult:
+    async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float,
+                  retry_safe: bool = False) -> RunResult:
         # The login shell prints its pid, then becomes the command (same pid): a deadline can
         # then kill exactly that process. Every argument is quoted; data travels on stdin.
         command = "echo $$; exec " + shlex.join(argv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from samai.remote.envelope import DEFAULT_TOKEN_ENV, EnvelopeTransport
 from samai.remote.local import LocalTransport
 from samai.remote.ssh import SshOptions, SshTarget, SshTransport
 from samai.remote.transport import Transport, TransportError
@@ -11,7 +12,7 @@ class TargetError(Exception):
     """The target URL is malformed or names a transport this build cannot open."""
 
 
-def open_transport(url: str, ssh: SshOptions | None = None) -> Transport:
+def open_transport(url: str, ssh: SshOptions | None = None, token_env: str = DEFAULT_TOKEN_ENV) -> Transport:
     if url == "local":
         return LocalTransport()
     scheme = url.split("://", 1)[0] if "://" in url else ""
@@ -21,5 +22,8 @@ def open_transport(url: str, ssh: SshOptions | None = None) -> Transport:
         except TransportError as e:
             raise TargetError(str(e)) from e
     if scheme in ("envelope+http", "envelope+https"):
-        raise TargetError(f"target {url}: the {scheme} transport is not part of this build yet; use local or ssh://")
+        try:
+            return EnvelopeTransport(url, token_env=token_env)
+        except TransportError as e:
+            raise TargetError(str(e)) from e
     raise TargetError(f"target {url!r}: expected local, ssh://user@host[:port] or envelope+http(s)://host[:port]")

@@ -52,7 +52,11 @@ class Transport(Protocol):
     name: str
     generation: int  # changes whenever the connection under it is lost: streams on it are gone
 
-    async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float) -> RunResult: ...
+    async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float,
+                  retry_safe: bool = False) -> RunResult:
+        """retry_safe: the command only reads, so a transport that retries (the envelope's) may
+        send it again; everything else runs at most once."""
+        ...
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
 
