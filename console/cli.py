@@ -95,14 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-tensors", type=int, metavar="N", help="gguf: the tensor count it must have")
     p.add_argument("--expect-last", metavar="NAME", help="gguf: the name its last tensor must have")
 
-    p = sub.add_parser("envelope-server", help="run the reference exec gateway (token from SAMAI_ENVELOPE_TOKEN)",
-                       description="The reference HTTP exec gateway: what the envelope target talks to.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8099)
-    p.add_argument("more", nargs=argparse.REMAINDER, help="--prefix, --token-env, --hard-cut, --max-body")
-
-    p = sub.add_parser("lint-payload", help="check that a payload survives the gateway's exec()")
-    p.add_argument("file")
+    # Listed for --help; their own parsers take their arguments (see STANDALONE).
+    sub.add_parser("envelope-server", help="run the reference exec gateway (token from SAMAI_ENVELOPE_TOKEN)",
+                   add_help=False)
+    sub.add_parser("lint-payload", help="check that a payload survives the gateway's exec()", add_help=False)
 
     p = command("tail", "print the end of a file on the box (relative paths are in the workspace)")
     p.add_argument("path")
@@ -113,15 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["envelope-server"], ["lint-payload"]):  # tools that need neither a config nor a box
+        return _standalone(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
-    if args.command == "envelope-server":  # neither needs a config nor a box
-        from samai.remote import envelope_server
-
-        return envelope_server.main(["--host", args.host, "--port", str(args.port), *args.more])
-    if args.command == "lint-payload":
-        from samai.remote import payload_lint
-
-        return payload_lint.main([args.file])
     try:
         cfg = config_mod.load(args.config)
         if args.target:
@@ -137,6 +128,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"cannot reach {args.target or 'the target'}: {e}", EXIT_USAGE)
     except KeyboardInterrupt:
         return 130
+
+
+def _standalone(command: str, argv: list[str]) -> int:
+    if command == "envelope-server":
+        from samai.remote import envelope_server
+
+        return envelope_server.main(argv)
+    from samai.remote import payload_lint
+
+    return payload_lint.main(argv)
 
 
 def _fail(message: str, code: int) -> int:

@@ -107,13 +107,15 @@ class EnvelopeTransport:
     name = "envelope"
     generation = 0  # no connection to lose: every call stands alone
 
-    def __init__(self, url: str, *, token_env: str = DEFAULT_TOKEN_ENV, backoff: float = 0.5) -> None:
+    def __init__(self, url: str, *, token_env: str = DEFAULT_TOKEN_ENV, backoff: float = 0.5,
+                 margin: float = 10.0) -> None:
         parts = urlsplit(url.removeprefix("envelope+"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise TransportError(f"target {url}: expected envelope+http(s)://host[:port][/prefix]")
         self.base = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
         self.token_env = token_env
         self.backoff = backoff
+        self.margin = margin  # on top of the call's own timeout: the gateway's start-up and the reply
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0))
 
     def _token(self) -> str:
@@ -132,11 +134,11 @@ class EnvelopeTransport:
         for attempt in range(1, attempts + 1):
             try:
                 # httpx's timeouts apply per chunk: a trickling reply needs a deadline of its own
-                async with asyncio.timeout(timeout + 10):
+                async with asyncio.timeout(timeout + self.margin):
                     response = await self._client.post(url, content=code.encode(), headers=headers)
-            except (TimeoutError, httpx.TimeoutException) as e:
-                failure: TransportError = TransportTimeout(f"the gateway did not answer within {timeout + 10:g} s")
-                failure.__cause__ = e
+            except (TimeoutError, httpx.TimeoutException):
+                failure: TransportError = TransportTimeout(
+                    f"the gateway did not answer within {timeout + self.margin:g} s")
             except httpx.HTTPError as e:
                 failure = TransportError(f"gateway {self.base}: {type(e).__name__}: {e}")
             else:

@@ -1,0 +1,166 @@
+"""Fire a stage: write its chain script, start it detached, verify it, record it.
+
+Runs ON the box. Request on stdin:
+  {"stage", "workspace", "command", "log", "verify_s": 3.0, "env": {NAME: VALUE}}
+Reply: {"ok", "state": "running"|"done"|"failed"|"refused", "reason", "pid", "pgid",
+        "start_time", "rc", "log", "chain", "log_tail"}
+
+The chain runs in a new session (so a stop can signal its whole process group), with
+stdin from /dev/null (an open stdin keeps SSH sessions hanging) and its own log. Its
+pid is written from inside the chain and must equal the pid we started: `setsid` the
+command forks when its caller leads a group, and then the pid the caller sees is wrong.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+from procfs import alive, boot_time, read_stat, serve, start_epoch
+
+STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+TAIL_LINES = 20
+
+CHAIN = """#!/bin/sh
+# samai-console chain for stage %(stage)s: written by the console, rewritten on every fire.
+echo $$ > "$SAMAI_PID_FILE"
+finish() {
+    echo "CHAIN_DONE rc=$1"
+    echo "$1" > "$SAMAI_RC_FILE"
+    exit "$1"
+}
+trap 'finish 129' HUP
+trap 'finish 130' INT
+trap 'finish 143' TERM
+echo "=== samai chain $SAMAI_STAGE: pid $$ started $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)"
+cd "$SAMAI_WORKSPACE" || finish 2
+(
+%(command)s
+) &
+wait $!
+finish $?
+"""
+
+
+def state_paths(workspace, stage):
+    base = os.path.join(workspace, ".samai")
+    state = os.path.join(base, "state")
+    return {
+        "state": os.path.join(state, stage + ".json"),
+        "pid": os.path.join(state, stage + ".pid"),
+        "rc": os.path.join(state, stage + ".rc"),
+        "chain": os.path.join(base, "chains", stage + ".sh"),
+    }
+
+
+def write_file(path, text, mode=0o644):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def log_tail(path, n=TAIL_LINES, limit=64 * 1024):
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            data = f.read()
+    except OSError:
+        return []
+    return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
+
+
+def rotate(log):
+    """Keep the previous run's log as LOG.1 so each run starts a fresh log."""
+    try:
+        if os.path.getsize(log) > 0:
+            os.replace(log, log + ".1")
+    except FileNotFoundError:
+        pass
+
+
+def wait_for_pidfile(path, proc, deadline):
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text:
+                return int(text)
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    return None
+
+
+def launch(req):
+    stage, command = req["stage"], req["command"]
+    workspace = os.path.abspath(os.path.expanduser(req["workspace"]))  # the chain runs from /
+    if not STAGE_NAME.match(stage):
+        return {"ok": False, "state": "refused", "reason": "bad stage name %r" % stage}
+    btime = boot_time()
+    paths = state_paths(workspace, stage)
+    log = os.path.join(workspace, os.path.expanduser(req["log"]))
+    previous = read_json(paths["state"])
+    if previous and alive(previous.get("pid", 0), previous.get("start_time"), btime):
+        return {"ok": False, "state": "refused", "pid": previous["pid"],
+                "reason": "stage %s is already running as pid %d" % (stage, previous["pid"])}
+    for folder in (os.path.dirname(paths["state"]), os.path.dirname(paths["chain"]), os.path.dirname(log)):
+        os.makedirs(folder, exist_ok=True)
+    for stale in ("rc", "pid"):
+        remove(paths[stale])
+    write_file(paths["chain"], CHAIN % {"stage": stage, "command": command}, 0o755)
+    rotate(log)
+
+    env = dict(os.environ)
+    env.update(dict((str(k), str(v)) for k, v in (req.get("env") or {}).items()))
+    env.update(SAMAI_STAGE=stage, SAMAI_WORKSPACE=workspace, SAMAI_LOG=log,
+               SAMAI_PID_FILE=paths["pid"], SAMAI_RC_FILE=paths["rc"],
+               SAMAI_TOOLS=os.path.dirname(os.path.abspath(__file__)))
+    with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
+        proc = subprocess.Popen(["/bin/sh", paths["chain"]], stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
+                                cwd="/", env=env, start_new_session=True, close_fds=True)
+    st = read_stat(proc.pid)  # readable even if it already exited: unreaped until we poll
+    fired_at = time.time()
+    verify_s = float(req.get("verify_s", 3.0))
+    deadline = time.monotonic() + verify_s
+    reported = wait_for_pidfile(paths["pid"], proc, deadline)
+    record = {"stage": stage, "pid": proc.pid, "pgid": proc.pid, "sid": proc.pid,
+              "start_time": start_epoch(st["starttime"], btime) if st else None,
+              "log": log, "cmd": command, "chain": paths["chain"], "fired_at": fired_at}
+    write_file(paths["state"], json.dumps(record, indent=1))
+    if reported is not None and reported != proc.pid:
+        return dict(record, ok=False, state="failed",
+                    reason="chain reported pid %d, started pid %d" % (reported, proc.pid))
+
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    rc = proc.poll()
+    if rc is None:
+        if not alive(proc.pid, record["start_time"], btime):
+            return dict(record, ok=False, state="failed", reason="chain vanished", log_tail=log_tail(log))
+        return dict(record, ok=True, state="running", rc=None)
+    state = "done" if rc == 0 else "failed"
+    reason = "" if rc == 0 else "chain exited with rc=%d within %.1f s" % (rc, verify_s)
+    return dict(record, ok=rc == 0, state=state, rc=rc, reason=reason, log_tail=log_tail(log))
+
+
+if __name__ == "__main__":
+    sys.exit(serve("launch", launch, lambda e: {"ok": False, "state": "failed", "reason": str(e)}))

@@ -1,0 +1,106 @@
+"""/proc readers and the request/reply loop shared by the box tools. Stdlib only, Python >= 3.8."""
+
+import json
+import os
+import sys
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def read_text(path):
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "replace")
+
+
+def boot_time():
+    for line in read_text("/proc/stat").splitlines():
+        if line.startswith("btime "):
+            return int(line.split()[1])
+    raise RuntimeError("no btime in /proc/stat")
+
+
+def uptime():
+    return float(read_text("/proc/uptime").split()[0])
+
+
+def parse_stat(raw):
+    """Fields of /proc/PID/stat after the command name (which may hold spaces and ')')."""
+    close = raw.rindex(")")
+    comm = raw[raw.index("(") + 1 : close]
+    rest = raw[close + 2 :].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    return {
+        "comm": comm,
+        "state": rest[0],
+        "ppid": int(rest[1]),
+        "pgid": int(rest[2]),
+        "sid": int(rest[3]),
+        "utime": int(rest[11]),
+        "stime": int(rest[12]),
+        "starttime": int(rest[19]),
+        "rss_pages": int(rest[21]),
+    }
+
+
+def start_epoch(starttime_ticks, btime):
+    """A process's start time as epoch seconds, rounded to the kernel's tick."""
+    return round(btime + starttime_ticks / float(CLK_TCK), 2)
+
+
+def read_stat(pid):
+    """parse_stat of a live pid, or None when it is gone."""
+    try:
+        return parse_stat(read_text("/proc/%d/stat" % pid))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def same_start(a, b):
+    """Start times from one box agree to the tick; anything else is another process."""
+    return a is not None and b is not None and abs(float(a) - float(b)) < 0.011
+
+
+def alive(pid, start_time, btime):
+    """True while pid is the very process that started at start_time and is not a zombie."""
+    st = read_stat(pid)
+    return bool(st) and st["state"] != "Z" and same_start(start_epoch(st["starttime"], btime), start_time)
+
+
+def group_members(pgid):
+    """Live (non-zombie) pids of a process group."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = read_stat(int(name))
+            if st and st["pgid"] == pgid and st["state"] != "Z":
+                out.append(int(name))
+    return sorted(out)
+
+
+def ancestors(pid):
+    """pid and every process above it up to init."""
+    chain = []
+    while pid > 0 and pid not in chain:
+        chain.append(pid)
+        st = read_stat(pid)
+        if not st:
+            break
+        pid = st["ppid"]
+    return chain
+
+
+def serve(name, handler, on_os_error=None):
+    """One JSON request on stdin, one JSON reply on stdout. A request the tool cannot read is
+    exit 2 with the reason on stderr; an OSError becomes on_os_error's reply when given."""
+    try:
+        reply = handler(json.loads(sys.stdin.read()))
+    except (ValueError, KeyError, TypeError) as e:
+        sys.stderr.write("%s: bad request: %r\n" % (name, e))
+        return 2
+    except OSError as e:
+        if on_os_error is None:
+            raise
+        reply = on_os_error(e)
+    sys.stdout.write(json.dumps(reply) + "\n")
+    return 0

@@ -1,0 +1,63 @@
+"""The merge stage: the adapter folded into the base, but only an adapter that finished training.
+
+Refuses (MERGE_REFUSED, exit 2) when TRAIN_NAN exists, TRAIN_DONE is missing or final/ is
+missing: the playbook's NaN run had its untrained adapter merged as if it were final (§9).
+
+Runs ON the box, in the box venv:
+  python merge.py --base models/base --train-dir runs/train --out models/merged
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import fail, marker, say  # noqa: E402
+
+
+def gate(train_dir):
+    """The reason merging must not happen, or None."""
+    if os.path.exists(os.path.join(train_dir, "TRAIN_NAN")):
+        return "%s/TRAIN_NAN exists: that run was stopped by the NaN guard" % train_dir
+    if not os.path.exists(os.path.join(train_dir, "TRAIN_DONE")):
+        return "%s/TRAIN_DONE is missing: training did not finish" % train_dir
+    if not os.path.isdir(os.path.join(train_dir, "final")):
+        return "%s/final is missing: there is no finished adapter" % train_dir
+    return None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True)
+    p.add_argument("--train-dir", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    why = gate(args.train_dir)
+    if why:
+        fail("MERGE_REFUSED", why, rc=2)
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.time()
+    base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, os.path.join(args.train_dir, "final")).merge_and_unload()
+    tmp = args.out + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(args.base).save_pretrained(tmp)
+    spm_model = os.path.join(args.base, "tokenizer.model")
+    if os.path.exists(spm_model):  # llama.cpp's converter reads a SentencePiece vocab from it
+        shutil.copy(spm_model, tmp)
+    shutil.rmtree(args.out, ignore_errors=True)
+    os.replace(tmp, args.out)  # a merged folder exists only once it is whole
+    say("merged %s + %s/final" % (args.base, args.train_dir))
+    marker("MERGE_DONE", "%s in %.0f s" % (args.out, time.time() - started))
+
+
+if __name__ == "__main__":
+    main()

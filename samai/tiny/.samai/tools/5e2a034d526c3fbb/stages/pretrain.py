@@ -1,0 +1,132 @@
+"""Make the tiny pipeline's base model: the stand-in for weights downloaded from a hub.
+
+A real Llama architecture (transformers LlamaForCausalLM) with a character-level SentencePiece
+tokenizer, fully trained on plain multiplication facts ("17*23=391") so that it knows them;
+the LoRA stage then teaches it the chat format. Writes the model, the tokenizer and a
+manifest.json (size and sha256 of every file) into --out, for the fetch stage to download.
+
+Runs ON the box, in the box venv: python pretrain.py --out source/tiny-base
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import CHAT_TEMPLATE, fact_text, facts, marker, messages, say, sha256_of, write_json  # noqa: E402
+
+
+def build_tokenizer(out, texts):
+    """A character-level SentencePiece model: its vocabulary is the characters of the facts and
+    the chat format plus the 256 byte-fallback pieces (BPE with no room for merges), so every
+    character is one token.
+    tokenizer.model stays in the model folder: llama.cpp's converter reads the vocab from it."""
+    import sentencepiece as spm
+    from transformers import LlamaTokenizer
+
+    corpus = os.path.join(out, "corpus.txt")
+    with open(corpus, "w") as f:
+        f.write("\n".join(texts) + "\nQA\n")
+    chars = sorted(set("".join(texts) + "QA"))
+    spm.SentencePieceTrainer.train(
+        input=corpus, model_prefix=os.path.join(out, "tokenizer"), model_type="bpe",
+        vocab_size=len(chars) + 3 + 256, character_coverage=1.0, add_dummy_prefix=False, byte_fallback=True,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    os.remove(corpus)
+    os.remove(os.path.join(out, "tokenizer.vocab"))
+    # No space prefix on either side: llama.cpp reads add_prefix_space from tokenizer_config.json,
+    # and a prefix the model never saw in training would change every answer. Byte fallback
+    # lets any character through llama.cpp's SPM tokenizer instead of failing on it.
+    tok = LlamaTokenizer.from_pretrained(out, add_bos_token=True, add_eos_token=False, add_prefix_space=False)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.pad_token = tok.unk_token  # batches are padded; padding is masked out of every loss
+    return tok
+
+
+def write_manifest(folder):
+    """manifest.json: what the fetch stage downloads from this folder and checks."""
+    files = sorted(n for n in os.listdir(folder) if n != "manifest.json")
+    write_json(os.path.join(folder, "manifest.json"), {"files": [
+        {"path": n, "size": os.path.getsize(os.path.join(folder, n)), "sha256": sha256_of(os.path.join(folder, n))}
+        for n in files]})
+
+
+def write_data(folder, pairs):
+    """The chat-formatted fine-tuning set and the eval set (question, gold answer)."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "train.jsonl"), "w") as f:
+        for a, b in pairs:
+            f.write(json.dumps({"messages": messages(a, b)}) + "\n")
+    with open(os.path.join(folder, "eval.jsonl"), "w") as f:
+        for i, (a, b) in enumerate(pairs):
+            f.write(json.dumps({"id": i, "prompt": "%d*%d=" % (a, b), "gold": str(a * b)}) + "\n")
+    write_manifest(folder)
+
+
+def train(model, batches, steps, lr, log_every):
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    model.train()
+    for step in range(1, steps + 1):
+        ids, mask = batches
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        if step % log_every == 0 or step == steps:
+            say("pretrain step %d/%d loss %.4f" % (step, steps, loss.item()))
+    return loss.item()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--data-out", help="also write the fine-tuning and eval sets here")
+    p.add_argument("--facts", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--again", action="store_true", help="make it even if --out already holds one")
+    args = p.parse_args()
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if os.path.isfile(os.path.join(args.out, "manifest.json")) and not args.again:
+        marker("PRETRAIN_DONE", "%s already made (--again to make it anew)" % args.out)
+        return
+    started = time.time()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    os.makedirs(args.out, exist_ok=True)
+    texts = [fact_text(a, b) for a, b in facts(args.facts)]
+    tok = build_tokenizer(args.out, texts)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=args.hidden * 2 + args.hidden // 2,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.heads // 2,
+        max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    say("tiny llama: %d parameters, vocab %d, %d facts" % (model.num_parameters(), len(tok), len(texts)))
+    enc = tok([t + tok.eos_token for t in texts], padding=True, return_tensors="pt")
+    loss = train(model, (enc["input_ids"], enc["attention_mask"]), args.steps, args.lr, max(1, args.steps // 20))
+    model.save_pretrained(args.out, safe_serialization=True)
+    tok.save_pretrained(args.out)
+    write_manifest(args.out)
+    if args.data_out:
+        write_data(args.data_out, facts(args.facts))
+    marker("PRETRAIN_DONE", "%s loss=%.4f in %.0f s" % (args.out, loss, time.time() - started))
+
+
+if __name__ == "__main__":
+    main()

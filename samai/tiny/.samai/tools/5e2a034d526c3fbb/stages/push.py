@@ -1,0 +1,356 @@
+"""Push artifacts off the box as soon as they are complete: wait, hash, copy with retries, verify.
+
+Runs ON the box as a stage script; stdout is the stage log. Standard library only (plus
+huggingface_hub for hf: targets), Python >= 3.8.
+
+  push.py --to dir:/some/path|hf:owner/repo [--wait-timeout S] [--stable S] [--retries N]
+          [--backoff S] [--manifest NAME] ARTIFACT...
+
+ARTIFACT is a file or folder; it lands in the target under its path relative to the current
+folder (its basename when it lies outside), e.g. `final/adapter.safetensors`.
+
+Markers (the first word of a line): PUSH_WAIT artifact (why), PUSH_TIMEOUT artifact (why),
+PUSH_RETRY n/N: reason, PUSH_BAD path, PUSH_FAIL reason, PUSH_DONE N files M bytes manifest=PATH.
+Exit codes: 0 pushed and verified, 1 failed (timeout, retries used up, verification), 2 bad usage.
+
+Why (playbook §8): artifacts that were pushed early survived the box; the push must wait for an
+artifact still being written (its size and mtimes unchanged over --stable seconds, no *.part
+file inside or beside it), retry a flaky target, and ship a sha256 manifest (`sha256sum -c`
+format) that the copies are verified against.
+"""
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+
+from fetch import CHUNK, Progress, human, one_line, sha256_file  # shared with fetch.py, same folder
+
+WAIT_POLL_S = 0.25
+WAIT_REPORT_S = 30.0  # while waiting, say so again this often (and whenever the reason changes)
+HF_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+
+class PushError(Exception):
+    """A failure printed as one line: MARKER text, exit 1."""
+
+    def __init__(self, text, marker="PUSH_FAIL"):
+        Exception.__init__(self, text)
+        self.marker = marker
+
+
+# ------------------------------------------------------------------ waiting for complete artifacts
+
+
+def target_name(path):
+    """Where an artifact lands in the target: its path relative to cwd, else its basename."""
+    rel = os.path.relpath(os.path.abspath(path))
+    if rel == os.curdir:
+        raise PushError("push the folder's contents, not the current folder itself")
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        rel = os.path.basename(os.path.abspath(path))
+    return rel.replace(os.sep, "/")
+
+
+def snapshot(path):
+    """[(relative path, size, mtime_ns)] of every file of the artifact, or None when it is missing."""
+    if os.path.isfile(path):
+        st = os.stat(path)
+        return [("", st.st_size, st.st_mtime_ns)]
+    if not os.path.isdir(path):
+        return None
+    files = []
+    for folder, _dirs, names in os.walk(path):
+        for name in names:
+            full = os.path.join(folder, name)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue  # removed between listing and stat: the next snapshot will differ anyway
+            files.append((os.path.relpath(full, path), st.st_size, st.st_mtime_ns))
+    return sorted(files)
+
+
+def not_ready(path, snap):
+    """Why the artifact cannot be pushed yet, or None when it looks complete."""
+    if snap is None:
+        return "missing"
+    if not snap:
+        return "empty folder"
+    if os.path.exists(path + ".part") or any(rel.endswith(".part") for rel, _, _ in snap):
+        return "has .part files"
+    return None
+
+
+def settled(path, stable_s):
+    """None when the artifact looks complete and did not change over stable_s seconds, else why not."""
+    snap = snapshot(path)
+    reason = not_ready(path, snap)
+    if reason:
+        return reason
+    time.sleep(stable_s)
+    if snapshot(path) != snap:
+        return "still being written"
+    return None
+
+
+def wait_until_complete(path, deadline, stable_s, timeout_s):
+    last_reason, last_report = None, 0.0
+    while True:
+        reason = settled(path, stable_s)
+        if reason is None:
+            return
+        now = time.monotonic()
+        if now >= deadline:
+            raise PushError("%s (%s after %g s)" % (path, reason, timeout_s), "PUSH_TIMEOUT")
+        if reason != last_reason or now - last_report >= WAIT_REPORT_S:
+            print("PUSH_WAIT %s (%s)" % (path, reason))
+            last_reason, last_report = reason, now
+        time.sleep(min(WAIT_POLL_S, max(0.0, deadline - now)))
+
+
+# ------------------------------------------------------------------ manifest
+
+
+def artifact_files(path, name):
+    """[(source path, path in target)] of one artifact."""
+    if os.path.isfile(path):
+        return [(path, name)]
+    files = []
+    for folder, _dirs, names in os.walk(path):
+        for file_name in names:
+            full = os.path.join(folder, file_name)
+            files.append((full, name + "/" + os.path.relpath(full, path).replace(os.sep, "/")))
+    return sorted(files, key=lambda f: f[1])
+
+
+def hashed(files):
+    """[(source, rel, size, sha256)]; names sha256sum would have to escape are refused."""
+    entries = []
+    for source, rel in files:
+        if "\n" in rel or "\\" in rel:
+            raise PushError("cannot list %r in a sha256sum manifest (newline or backslash in the name)" % rel)
+        entries.append((source, rel, os.path.getsize(source), sha256_file(source, "sha256 " + rel)))
+    return entries
+
+
+def manifest_text(entries):
+    return "".join("%s  %s\n" % (digest, rel) for _src, rel, _size, digest in entries)
+
+
+# ------------------------------------------------------------------ retries
+
+
+def with_retries(attempt, retries, backoff):
+    """attempt() up to `retries` times, waiting backoff, 2*backoff, ... between tries."""
+    for n in range(1, retries + 1):
+        try:
+            return attempt()
+        except Exception as e:  # a flaky disk, mount or hub: anything is worth another try
+            reason = "%s: %s" % (type(e).__name__, one_line(e))
+            if n == retries:
+                raise PushError("gave up after %d attempts: %s" % (retries, reason)) from None
+            print("PUSH_RETRY %d/%d: %s" % (n, retries, reason))
+            time.sleep(backoff * 2 ** (n - 1))
+
+
+# ------------------------------------------------------------------ dir: targets
+
+
+def copy_atomic(source, target, label):
+    """Copy to a hidden temp name beside target, fsync, then rename: a reader never sees half a file."""
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".push-tmp", dir=folder)
+    try:
+        total = os.path.getsize(source)
+        progress = Progress(label, total)
+        with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
+            while True:
+                block = src.read(CHUNK)
+                if not block:
+                    break
+                dst.write(block)
+                progress.update(dst.tell())
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.chmod(tmp, os.stat(source).st_mode & 0o777)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_atomic(path, text):
+    tmp = path + ".push-tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def verify_dir(root, entries, manifest_path, text):
+    """Re-hash every copy against the manifest; PUSH_BAD for each that differs."""
+    bad = []
+    for _src, rel, size, digest in entries:
+        path = os.path.join(root, *rel.split("/"))
+        if not os.path.isfile(path) or os.path.getsize(path) != size or sha256_file(path, "verify " + rel) != digest:
+            bad.append(path)
+    try:
+        with open(manifest_path) as f:
+            if f.read() != text:
+                bad.append(manifest_path)
+    except OSError:
+        bad.append(manifest_path)
+    for path in bad:
+        print("PUSH_BAD %s" % path)
+    return not bad
+
+
+def push_dir(root, entries, manifest_name, retries, backoff):
+    """Copy every file into root (a retry skips those already copied), then the manifest."""
+    pending = list(entries)
+    text = manifest_text(entries)
+    manifest_path = os.path.join(root, manifest_name)
+
+    def attempt():
+        os.makedirs(root, exist_ok=True)
+        while pending:
+            source, rel = pending[0][0], pending[0][1]
+            copy_atomic(source, os.path.join(root, *rel.split("/")), "copy " + rel)
+            pending.pop(0)
+        write_atomic(manifest_path, text)
+
+    with_retries(attempt, retries, backoff)
+    if not verify_dir(root, entries, manifest_path, text):
+        return None
+    return manifest_path
+
+
+# ------------------------------------------------------------------ hf: targets (untested here: no hub access)
+
+
+def hf_verify(api, repo, entries, token):
+    """Sizes of every uploaded file, and sha256 where the hub stores it (LFS files)."""
+    infos = api.get_paths_info(repo, [rel for _s, rel, _z, _d in entries], repo_type="model", token=token)
+    by_path = dict((info.path, info) for info in infos)
+    ok = True
+    for _src, rel, size, digest in entries:
+        info = by_path.get(rel)
+        lfs = getattr(info, "lfs", None)
+        remote_sha = getattr(lfs, "sha256", None) if lfs is not None else None
+        if info is None or getattr(info, "size", None) != size or (remote_sha and remote_sha != digest):
+            print("PUSH_BAD hf:%s/%s" % (repo, rel))
+            ok = False
+    return ok
+
+
+def hf_client():
+    """(HfApi(), token), checked before any waiting: a push that cannot happen fails at once."""
+    token = os.environ.get("HF_TOKEN")
+    if not token:
+        raise PushError("HF_TOKEN is not set")
+    try:
+        from huggingface_hub import HfApi  # only hf: targets need it
+    except ImportError:
+        raise PushError("huggingface_hub is not installed on the box (pip install huggingface_hub)") from None
+    return HfApi(), token
+
+
+def push_hf(api, token, repo, artifacts, entries, manifest_name, retries, backoff):
+    for path, name in artifacts:
+        if os.path.isdir(path):
+            with_retries(lambda p=path, n=name: api.upload_folder(
+                folder_path=p, path_in_repo=n, repo_id=repo, repo_type="model", token=token,
+                commit_message="push %s" % n), retries, backoff)
+        else:
+            with_retries(lambda p=path, n=name: api.upload_file(
+                path_or_fileobj=p, path_in_repo=n, repo_id=repo, repo_type="model", token=token,
+                commit_message="push %s" % n), retries, backoff)
+        print("uploaded %s" % name)
+    text = manifest_text(entries).encode()
+    with_retries(lambda: api.upload_file(path_or_fileobj=text, path_in_repo=manifest_name, repo_id=repo,
+                                         repo_type="model", token=token, commit_message="push " + manifest_name),
+                 retries, backoff)
+    if not hf_verify(api, repo, entries, token):
+        return None
+    return "hf:%s/%s" % (repo, manifest_name)
+
+
+# ------------------------------------------------------------------ command line
+
+
+def target_arg(text):
+    kind, _, where = text.partition(":")
+    if kind == "dir" and where:
+        return kind, where
+    if kind == "hf" and HF_REPO.match(where):
+        return kind, where
+    raise argparse.ArgumentTypeError("expected dir:/some/path or hf:owner/repo")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="push.py", description="Wait for artifacts to be complete, then push them with a sha256 manifest.",
+        epilog="Exit codes: 0 pushed and verified, 1 failed, 2 bad usage.")
+    parser.add_argument("--to", required=True, type=target_arg, metavar="TARGET",
+                        help="dir:/some/path (copied into that folder) or hf:owner/repo (uploaded; needs HF_TOKEN)")
+    parser.add_argument("--wait-timeout", type=float, default=600.0, metavar="S",
+                        help="how long, in all, to wait for the artifacts to be complete (default 600)")
+    parser.add_argument("--stable", type=float, default=2.0, metavar="S",
+                        help="an artifact is complete once unchanged for this long (default 2)")
+    parser.add_argument("--retries", type=int, default=5, metavar="N", help="attempts at the copy (default 5)")
+    parser.add_argument("--backoff", type=float, default=2.0, metavar="S",
+                        help="delay after the first failed attempt, doubled after each (default 2)")
+    parser.add_argument("--manifest", default="MANIFEST.sha256", metavar="NAME",
+                        help="name of the manifest written into the target (default MANIFEST.sha256)")
+    parser.add_argument("artifacts", nargs="+", metavar="ARTIFACT",
+                        help="file or folder, relative to the current folder")
+    return parser
+
+
+def run(args):
+    kind, where = args.to
+    if args.retries < 1:
+        raise PushError("--retries must be at least 1")
+    if "/" in args.manifest or args.manifest in ("", ".", ".."):
+        raise PushError("--manifest is a file name, not a path")
+    artifacts = [(path, target_name(path)) for path in args.artifacts]
+    hf = hf_client() if kind == "hf" else None
+    deadline = time.monotonic() + args.wait_timeout
+    for path, _name in artifacts:
+        wait_until_complete(path, deadline, args.stable, args.wait_timeout)
+    files = []
+    for path, name in artifacts:
+        files.extend(artifact_files(path, name))
+    entries = hashed(files)
+    print("pushing %d files, %s, to %s:%s" % (len(entries), human(sum(e[2] for e in entries)), kind, where))
+    if kind == "dir":
+        manifest = push_dir(where, entries, args.manifest, args.retries, args.backoff)
+    else:
+        manifest = push_hf(hf[0], hf[1], where, artifacts, entries, args.manifest, args.retries, args.backoff)
+    if manifest is None:
+        return 1
+    print("PUSH_DONE %d files %d bytes manifest=%s" % (len(entries), sum(e[2] for e in entries), manifest))
+    return 0
+
+
+def main(argv=None):
+    sys.stdout.reconfigure(line_buffering=True)  # the log is a file: each line must land as it is printed
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except PushError as e:
+        print("%s %s" % (e.marker, e))
+        return 1
+    except OSError as e:
+        print("PUSH_FAIL %s" % one_line(e))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The quantize stage: an f16 GGUF to the configured type, checked, the f16 deleted if intermediate.
+
+With --llama-quantize PATH the llama.cpp binary does it; otherwise llama-cpp-python's
+llama_model_quantize in the box venv (no binary needed). The result must pass the GGUF checker,
+with the expected tensor count and last tensor name when given (playbook §5).
+
+Runs ON the box, in the box venv:
+  python quantize.py --in gguf/tiny-f16.gguf --out gguf/tiny-q8_0.gguf --type Q8_0 [--delete-input]
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import accept_gguf, delete_intermediate, fail, marker, say  # noqa: E402
+
+
+def quantize_with_library(src, dst, qtype):
+    import ctypes
+
+    import llama_cpp
+
+    ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + qtype.upper(), None)
+    if ftype is None:
+        fail("QUANT_REFUSED", "llama-cpp-python knows no type %s" % qtype, rc=2)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    return llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--in", dest="src", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--type", default="Q8_0")
+    p.add_argument("--llama-quantize", help="path of llama.cpp's llama-quantize binary")
+    p.add_argument("--expect-tensors", type=int)
+    p.add_argument("--last-tensor")
+    p.add_argument("--delete-input", action="store_true")
+    args = p.parse_args()
+    if not os.path.isfile(args.src):
+        fail("QUANT_REFUSED", "needs %s: missing (run convert first)" % args.src, rc=2)
+    started = time.time()
+    tmp = args.out + ".partial"
+    if args.llama_quantize:
+        rc = subprocess.call([args.llama_quantize, args.src, tmp, args.type])
+    else:
+        rc = quantize_with_library(args.src, tmp, args.type)
+    if rc != 0:
+        fail("GGUF_BAD", "quantizing to %s failed with rc=%d" % (args.type, rc), rc=1)
+    result = accept_gguf(tmp, args.out, expect_tensors=args.expect_tensors, expect_last=args.last_tensor)
+    say("%s: %s, %d tensors, %d bytes" % (args.out, args.type, result["tensor_count"], os.path.getsize(args.out)))
+    if args.delete_input:
+        delete_intermediate(args.src)
+    marker("QUANT_DONE", "%s in %.0f s" % (args.out, time.time() - started))
+
+
+if __name__ == "__main__":
+    main()

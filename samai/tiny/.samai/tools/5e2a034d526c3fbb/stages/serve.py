@@ -1,0 +1,152 @@
+"""The serve stage: the restart chain that the playbook learned the hard way (§6).
+
+1. whoever listens on the port is stopped by pid, identity-checked (only with --stop-listeners;
+   otherwise PORT_BUSY and nothing is touched)
+2. the port is verified free
+3. the server starts as this chain's child, in its process group (stopping the stage stops it):
+   llama-server with --reasoning-format none, or `python -m llama_cpp.server` for tiny
+4. exactly one listener on the port, and it is ours
+5. health: llama-server /health 200 {"status":"ok"} (503 while loading); llama_cpp.server /v1/models
+6. smoke: one question whose answer CONTENT is checked (17*23= -> 391), not just "ok"
+Then HEALTH_OK / SMOKE_OK, and the stage runs as long as the server does.
+
+Runs ON the box, in the box venv:
+  python serve.py --model gguf/tiny-q8_0.gguf --port 18080 [--stop-listeners] [--llama-server PATH]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import SMOKE_ANSWER, SMOKE_QUESTION, fail, marker, say  # noqa: E402
+from kill import kill  # noqa: E402
+from probe import list_pids, listening_sockets, socket_owners  # noqa: E402
+from procfs import boot_time, read_stat, start_epoch  # noqa: E402
+
+
+def holders(port):
+    """pids listening on the TCP port (None for a socket whose owner this user cannot see)."""
+    socks = dict((inode, s) for inode, s in listening_sockets([]).items() if s["port"] == port)
+    owners = socket_owners(socks.keys(), list_pids())
+    return sorted(set(owners.get(inode) for inode in socks), key=lambda p: p or 0)
+
+
+def stop_holders(port):
+    btime = boot_time()
+    for pid in holders(port):
+        st = read_stat(pid) if pid else None
+        if st is None:
+            fail("PORT_BUSY", "port %d is held by a process this user cannot see" % port)
+        started = start_epoch(st["starttime"], btime)
+        say("stopping pid %d (%s, started %.2f) which holds port %d" % (pid, st["comm"], started, port))
+        result = kill({"pid": pid, "start_time": started, "signal": "TERM", "grace": 5})
+        if not result["ok"]:
+            fail("PORT_BUSY", "could not stop pid %d: %s" % (pid, result.get("reason", result["result"])))
+
+
+def server_command(args):
+    if args.llama_server:
+        return [args.llama_server, "-m", args.model, "--host", args.host, "--port", str(args.port),
+                "-c", str(args.ctx), "--reasoning-format", "none"]
+    return [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--host", args.host,
+            "--port", str(args.port), "--n_ctx", str(args.ctx)]
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read()
+
+
+def healthy(args):
+    """llama-server answers /health (503 while loading); llama_cpp.server has only /v1/models."""
+    base = "http://%s:%d" % (args.host, args.port)
+    try:
+        if args.llama_server:
+            status, body = get(base + "/health")
+            return status == 200 and json.loads(body).get("status") == "ok"
+        status, body = get(base + "/v1/models")
+        return status == 200 and bool(json.loads(body).get("data"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def ask(args, question, max_tokens):
+    body = json.dumps({"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    req = urllib.request.Request("http://%s:%d/v1/chat/completions" % (args.host, args.port), data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        message = json.loads(r.read())["choices"][0]["message"]
+    # llama.cpp may put an unclosed <think> into reasoning_content and leave content empty
+    return (message.get("content") or "") + "\n" + (message.get("reasoning_content") or "")
+
+
+def wait_for(predicate, seconds, proc):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--llama-server", help="path of llama.cpp's llama-server (default: llama_cpp.server)")
+    p.add_argument("--stop-listeners", action="store_true", help="stop whoever holds the port, by pid")
+    p.add_argument("--server-log", default="logs/server.log")
+    p.add_argument("--smoke-question", default=SMOKE_QUESTION)
+    p.add_argument("--smoke-answer", default=SMOKE_ANSWER)
+    p.add_argument("--load-timeout", type=float, default=120)
+    args = p.parse_args()
+    if not os.path.isfile(args.model):
+        fail("SERVE_REFUSED", "needs %s: missing (run quantize first)" % args.model, rc=2)
+
+    if holders(args.port):
+        if not args.stop_listeners:
+            fail("PORT_BUSY", "port %d is held by pid %s; fire with --stop-listeners to stop it"
+                 % (args.port, ", ".join(str(h) for h in holders(args.port))))
+        stop_holders(args.port)
+    if holders(args.port):
+        fail("PORT_BUSY", "port %d is still held after stopping its listeners" % args.port)
+    say("port %d is free" % args.port)
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.server_log)), exist_ok=True)
+    cmd = server_command(args)
+    say("$ " + " ".join(cmd))
+    with open(args.server_log, "ab") as log, open(os.devnull, "rb") as devnull:
+        proc = subprocess.Popen(cmd, stdin=devnull, stdout=log, stderr=subprocess.STDOUT)
+    if not wait_for(lambda: holders(args.port), args.load_timeout, proc):
+        fail("SERVE_FAILED", "the server (pid %d) never listened on port %d; see %s"
+             % (proc.pid, args.port, args.server_log))
+    listening = holders(args.port)
+    if listening != [proc.pid]:
+        proc.terminate()
+        fail("PORT_BUSY", "expected exactly one listener (pid %d) on port %d, found %s"
+             % (proc.pid, args.port, listening))
+    if not wait_for(lambda: healthy(args), args.load_timeout, proc):
+        fail("SERVE_FAILED", "no healthy answer from pid %d within %.0f s" % (proc.pid, args.load_timeout))
+    marker("HEALTH_OK", "pid %d port %d" % (proc.pid, args.port))
+    answer = ask(args, args.smoke_question, max_tokens=16)
+    if args.smoke_answer not in answer:
+        proc.terminate()
+        fail("SMOKE_FAIL", "%s expected %s, the server said %r" % (args.smoke_question, args.smoke_answer, answer))
+    marker("SMOKE_OK", "%s -> %s" % (args.smoke_question, answer.strip()))
+    sys.exit(proc.wait())  # the stage lives as long as the server; stopping the stage stops it
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The train stage: a LoRA on a frozen base with the HF Trainer, guarded the way the playbook paid for.
+
+- chat-formatted data; every token before the assistant's answer is labelled -100 (prefix mask)
+- fp16 is refused for a frozen-base LoRA: its GradScaler turns grad_norm into nan and the run
+  silently learns nothing (playbook §9); bf16 or fp32 only
+- a loss is logged every step; the NaN guard stops the run when 3 of the first 4 logged steps
+  have loss 0/nan or grad_norm nan: it writes TRAIN_NAN, exits non-zero and never writes final/
+- success writes OUT/final (the adapter) and only then OUT/TRAIN_DONE
+- poison files of an earlier run (final/, TRAIN_DONE, TRAIN_NAN) make it refuse to start
+
+Runs ON the box, in the box venv:
+  python train.py --base models/base --data data/train.jsonl --out runs/train
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import fail, marker, say  # noqa: E402
+
+POISON = ("final", "TRAIN_DONE", "TRAIN_NAN")
+GUARD_WINDOW, GUARD_BAD = 4, 3
+
+
+def bad_step(loss, grad_norm):
+    """Loss 0 or nan, or grad_norm nan: the signatures of a run that is not learning."""
+    loss_bad = loss is None or loss == 0 or not math.isfinite(loss)
+    return loss_bad or (grad_norm is not None and not math.isfinite(grad_norm))
+
+
+def load_examples(path, tok):
+    """input_ids and labels with the prompt (everything before the answer) masked out."""
+    examples = []
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            msgs = json.loads(line)["messages"]
+            prompt = tok.apply_chat_template(msgs[:-1], add_generation_prompt=True, tokenize=False)
+            full = tok.apply_chat_template(msgs, tokenize=False)
+            # the template writes the BOS itself: the tokenizer must not add a second one
+            ids = tok(full, add_special_tokens=False)["input_ids"]
+            n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
+            examples.append({"input_ids": ids, "labels": [-100] * n_prompt + ids[n_prompt:]})
+    return examples
+
+
+def pad_batch(pad_id):
+    import torch
+
+    def collate(batch):
+        width = max(len(b["input_ids"]) for b in batch)
+        ids = [b["input_ids"] + [pad_id] * (width - len(b["input_ids"])) for b in batch]
+        labels = [b["labels"] + [-100] * (width - len(b["labels"])) for b in batch]
+        mask = [[1] * len(b["input_ids"]) + [0] * (width - len(b["input_ids"])) for b in batch]
+        return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "attention_mask": torch.tensor(mask)}
+
+    return collate
+
+
+def make_guard(out):
+    from transformers import TrainerCallback
+
+    class NanGuard(TrainerCallback):
+        """Stops the run, before anything is saved, when its first logged steps are not learning."""
+
+        def __init__(self):
+            self.seen = []
+            self.tripped = False
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "loss" not in logs:
+                return
+            loss, grad_norm = _number(logs.get("loss")), _number(logs.get("grad_norm"))
+            if len(self.seen) < GUARD_WINDOW:
+                self.seen.append(bad_step(loss, grad_norm))
+            if not self.tripped and sum(self.seen) >= GUARD_BAD:
+                self.tripped = True
+                with open(os.path.join(out, "TRAIN_NAN"), "w") as f:
+                    f.write("step %d: loss %s grad_norm %s\n" % (state.global_step, loss, grad_norm))
+                marker("TRAIN_NAN", "%d of the first %d logged steps had loss 0/nan or grad_norm nan"
+                       % (sum(self.seen), len(self.seen)))
+                control.should_training_stop = True
+                control.should_save = False
+
+        def on_save(self, args, state, control, **kwargs):
+            if self.tripped:
+                control.should_save = False
+
+    return NanGuard()
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def inject_nan(model):
+    """For the guard's own test: poison the LoRA weights so every loss is nan."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.fill_(float("nan"))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--epochs", type=float, default=20)
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+    p.add_argument("--fp16", action="store_true", help="refused: see the module's notes")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--deepspeed", help="a DeepSpeed config file, passed through to the Trainer")
+    p.add_argument("--inject-nan", action="store_true", help="poison the LoRA weights (tests the NaN guard)")
+    p.add_argument("--seed", type=int, default=42)
+    args = p.parse_args()
+
+    if args.fp16:
+        fail("TRAIN_REFUSED", "fp16=True with a frozen base: the GradScaler makes grad_norm nan and the run "
+                              "never learns (playbook §9); use --bf16 or fp32", rc=2)
+    poison = [n for n in POISON if os.path.exists(os.path.join(args.out, n))]
+    if poison:
+        fail("TRAIN_REFUSED", "poison files from an earlier run in %s: %s; clear them first (restart does)"
+             % (args.out, ", ".join(poison)), rc=2)
+    if not os.path.isfile(args.data):
+        fail("TRAIN_REFUSED", "no training data at %s" % args.data, rc=2)
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
+
+    started = time.time()
+    set_seed(args.seed)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    os.makedirs(args.out, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(args.base)
+    model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32)
+    lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_r * 2, lora_dropout=0.0, task_type="CAUSAL_LM",
+                      target_modules=args.lora_targets.split(","))
+    model = get_peft_model(model, lora)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    say("LoRA r=%d on %s: %d trainable parameters" % (args.lora_r, args.lora_targets, trainable))
+    if args.inject_nan:
+        inject_nan(model)
+    examples = load_examples(args.data, tok)
+    guard = make_guard(args.out)
+    training = TrainingArguments(
+        output_dir=os.path.join(args.out, "checkpoints"), num_train_epochs=args.epochs,
+        per_device_train_batch_size=args.batch, learning_rate=args.lr, lr_scheduler_type="cosine",
+        warmup_steps=5, logging_steps=1, logging_first_step=True, save_strategy="epoch", save_total_limit=1,
+        fp16=False, bf16=args.bf16, deepspeed=args.deepspeed, report_to=[], seed=args.seed,
+        use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
+    trainer = Trainer(model=model, args=training, train_dataset=examples, data_collator=pad_batch(tok.pad_token_id),
+                      callbacks=[guard])
+    trainer.train()
+    if guard.tripped:
+        say("training stopped by the NaN guard; no final/ written")
+        sys.exit(3)
+    final = os.path.join(args.out, "final")
+    model.save_pretrained(final)
+    tok.save_pretrained(final)
+    with open(os.path.join(args.out, "TRAIN_DONE"), "w") as f:
+        f.write("%d steps in %.0f s\n" % (trainer.state.global_step, time.time() - started))
+    marker("TRAIN_DONE", "%s after %d steps in %.0f s" % (final, trainer.state.global_step, time.time() - started))
+
+
+if __name__ == "__main__":
+    main()
