@@ -57,7 +57,8 @@ async def main(runs: int) -> None:
         gateway.wait(10)
     print(f"snapshot latency, {runs} runs each, interleaved ({os.cpu_count()} CPUs)")
     for name, values in times.items():
-        print(f"{name:<9} median {1000 * statistics.median(values):7.1f} ms   p95 {1000 * percentile(values, .95):7.1f} ms")
+        median, p95 = 1000 * statistics.median(values), 1000 * percentile(values, 0.95)
+        print(f"{name:<9} median {median:7.1f} ms   p95 {p95:7.1f} ms")
     ratio = statistics.median(times["envelope"]) / statistics.median(times["local"])
     print(f"envelope / local: x{ratio:.1f}")
 

@@ -27,10 +27,11 @@ TOKEN = "tok-" + "s3cret" * 6
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     """The reference gateway as an operator runs it: `samai-console envelope-server`."""
-    log = tmp_path_factory.mktemp("gw") / "gateway.log"
+    home = tmp_path_factory.mktemp("gw")  # the gateway's cwd: where relative workspaces land
+    log = home / "gateway.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "samai.console", "envelope-server", "--port", "0", "--faults"],
-                                stdout=subprocess.PIPE, stderr=err, text=True,
+                                stdout=subprocess.PIPE, stderr=err, text=True, cwd=home,
                                 env={**os.environ, "SAMAI_ENVELOPE_TOKEN": TOKEN})
         line = proc.stdout.readline()
         assert line.startswith("listening on http://"), line
