@@ -176,6 +176,7 @@ async def test_a_fire_that_breaks_is_sent_once_and_reported_from_the_box(gateway
     assert expected in outcome.message, outcome.message
     log = workspace / "logs" / "once.log"
     assert (log.read_text().count("=== samai chain once") if log.exists() else 0) == (1 if ran else 0)
+    assert TOKEN not in (isolated_dirs / "audit.jsonl").read_text()  # audited, without the token
     if ran:
         await box.stop("once", grace=1)
     await box.close()
