@@ -169,3 +169,13 @@ async def test_a_markers_only_watch_moves_no_bytes_and_misses_no_marker(box: Box
                     break
     assert [h.line for h in hits] == ["HEALTH_OK port 8080", "HEALTH_OK again"]
     assert follower.offset == log.stat().st_size
+
+
+async def test_markers_match_within_their_own_line_only(box: Box, workspace: Path) -> None:
+    log = workspace / "k.log"
+    log.write_bytes(b"Traceback (most recent call last):\n  at Traceback frame\nloss a\nb nan nan\nend\n")
+    markers = (Marker("TB", "^Traceback "), Marker("SPLIT", r"a\s+b"), Marker("NAN", "nan"))
+    update = LogFollower(str(log), markers=markers, offset=0).consume(await box.read_log(
+        LogFollower(str(log), markers=markers, offset=0).cursor()))
+    assert [(h.marker, h.line) for h in update.hits] == [("TB", "Traceback (most recent call last):"),
+                                                         ("NAN", "b nan nan")]

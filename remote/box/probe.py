@@ -332,28 +332,44 @@ def start_of_last_lines(f, size, n, limit):
 
 
 def marker_hits(data, base, markers):
-    """Hits of compiled markers on the complete lines of data (which starts at offset base)."""
+    """Hits of markers on the complete lines of data (which starts at offset base), one per
+    marker and line, in line order.
+
+    One combined pattern runs over the whole chunk in C (markers are rare); only the few lines
+    it stops at are then tested marker by marker, each on its own line, so that no pattern can
+    match across a line break. A leading ^ is checked as "at the start of the line" instead of
+    being left to re.MULTILINE, which is several times slower."""
     end = data.rfind(b"\n") + 1
-    if not markers or end <= 0:
+    if not markers.patterns or end <= 0:
         return []
     hits = []
-    pos = 0
-    while pos < end:
-        nl = data.index(b"\n", pos)
-        line = data[pos:nl]
-        for name, pattern in markers:
-            if pattern.search(line):
-                text = line[:MAX_HIT_TEXT].decode("utf-8", "replace")
-                hits.append({"marker": name, "offset": base + pos, "line": text})
-        pos = nl + 1
+    next_line = 0
+    for match in markers.any.finditer(data, 0, end):
+        if match.start() < next_line:
+            continue  # this line is done
+        start = data.rfind(b"\n", 0, match.start()) + 1
+        next_line = data.index(b"\n", match.start()) + 1
+        line = data[start:next_line - 1]
+        for name, pattern, anchored in markers.patterns:
+            found = pattern.match(line) if anchored else pattern.search(line)
+            if found:
+                hits.append({"marker": name, "offset": base + start,
+                             "line": line[:MAX_HIT_TEXT].decode("utf-8", "replace")})
     return hits
 
 
-def compile_markers(specs):
-    out = []
-    for m in specs:
-        out.append((m["name"], re.compile(m.get("pattern", re.escape(m["name"])).encode("utf-8"))))
-    return out
+class Markers(object):
+    """Markers compiled for marker_hits: each pattern alone, and all of them as one alternation."""
+
+    def __init__(self, specs):
+        self.patterns = []
+        for m in specs:
+            source = m.get("pattern", re.escape(m["name"]))
+            anchored = source.startswith("^")
+            self.patterns.append((m["name"], re.compile((source[1:] if anchored else source).encode("utf-8")),
+                                  anchored))
+        joined = b"|".join(b"(?:" + p.pattern + b")" for _, p, _ in self.patterns)
+        self.any = re.compile(joined or b"(?!)")
 
 
 def rewritten(f, offset, check):
@@ -400,7 +416,7 @@ def read_log(req):
         truncated=truncated,
         data=base64.b64encode(new).decode("ascii") if req.get("data", True) else "",
         tail=base64.b64encode(data[-CHECK_BYTES:]).decode("ascii"),
-        hits=marker_hits(data, scan_from, compile_markers(req.get("markers") or ())),
+        hits=marker_hits(data, scan_from, Markers(req.get("markers") or ())),
     )
     return entry
 
