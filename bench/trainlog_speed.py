@@ -99,7 +99,7 @@ def main() -> None:
         log = folder / "train.log"
         dicts, write_s = timed(lambda: write_log(log, args.mb, args.every))
         size = log.stat().st_size
-        print(f"log: {log} {size / 1e6:.1f} MB, {dicts} Trainer dicts (written in {write_s:.1f} s)")
+        print(f"log: {size / 1e6:.1f} MB, {dicts} Trainer dicts (written in {write_s:.1f} s)")
         grep_count(log)  # the page cache is warm for everyone, grep included
         greps, grep_s = timed(lambda: grep_count(log))
         lines, iter_s = timed(lambda: python_lines(log))

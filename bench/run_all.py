@@ -1,0 +1,55 @@
+"""Run every benchmark of bench/ and write bench/RESULTS.md: what was measured, on what, and how
+to measure it again. Each script measures its own baseline in the same run, so the ratios hold
+on a noisy machine even when the absolute figures do not.
+
+    python bench/run_all.py            (root and openssh-server for the SSH one: .ci/run installs it)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = [
+    ("snapshot over SSH vs local vs one ssh per probe", ["ssh_snapshot.py", "--runs", "20"]),
+    ("snapshot through the exec gateway vs local", ["envelope_snapshot.py", "--runs", "15"]),
+    ("log pane under a 50,000 lines/s flood vs an idle log", ["log_flood.py"]),
+    ("probe marker scan vs grep -c -E", ["marker_scan.py", "--mb", "1024", "--runs", "3"]),
+    ("check gguf on a 4 GiB sparse GGUF vs GGUFReader", ["gguf_check_speed.py"]),
+    ("check trainlog on a 100 MB log vs grep", ["trainlog_speed.py"]),
+]
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), "?")
+    return (f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs ({cpu}), "
+            f"{int(mem) // 1024} MiB RAM, Python {platform.python_version()}")
+
+
+def main() -> int:
+    sections = [f"# Benchmarks\n\nMeasured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}.\n\n"
+                "Reproduce: `python bench/run_all.py` from the repository root (or one script alone).\n"]
+    failed = 0
+    for title, argv in BENCHES:
+        print(f"== {title}", flush=True)
+        done = subprocess.run([sys.executable, str(HERE / argv[0]), *argv[1:]], capture_output=True, text=True,
+                              cwd=HERE.parent, timeout=900)
+        output = (done.stdout.strip() or done.stderr.strip()[-2000:])
+        failed += done.returncode != 0
+        print(output, flush=True)
+        sections.append(f"## {title}\n\n`python bench/{' '.join(argv)}`"
+                        + (f" (exit {done.returncode})" if done.returncode else "") + f"\n\n```\n{output}\n```\n")
+    (HERE / "RESULTS.md").write_text("\n".join(sections))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
