@@ -9,7 +9,7 @@ from textual.widgets import Static
 from samai.console import units
 from samai.console.budget import DiskBudget, Projection
 
-BAR_WIDTH = 24
+BAR_WIDTH = 16
 
 
 def usage_bar(used: int, total: int, adds: int = 0, width: int = BAR_WIDTH) -> list:
