@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from samai.console.config import load_builtin  # noqa: E402
 from samai.remote.boxapi import Box  # noqa: E402
-from samai.remote.follow import LogFollower  # noqa: E402
+from samai.remote.follow import MARKER_SCAN_READ, LogFollower  # noqa: E402
 from samai.remote.local import LocalTransport  # noqa: E402
 
 NOISE = [b"{'loss': '0.8897', 'grad_norm': '1.14', 'learning_rate': '0.00111', 'epoch': '47.5'}\n",
@@ -39,7 +39,7 @@ def write_log(path: Path, megabytes: int) -> int:
 
 
 async def probe_scan(box: Box, path: Path, markers) -> tuple[float, int]:
-    follower = LogFollower(str(path), markers=markers, offset=0, want_data=False)
+    follower = LogFollower(str(path), markers=markers, offset=0, want_data=False, max_bytes=MARKER_SCAN_READ)
     hits = 0
     started = time.perf_counter()
     while True:

@@ -6,6 +6,8 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
+from samai.remote.needles import required_needles
+
 
 @dataclass(frozen=True)
 class Marker:
@@ -13,8 +15,9 @@ class Marker:
     pattern: str  # a regular expression matched against each log line's bytes
     severity: str = "info"  # info | warning | error
 
-    def request(self) -> dict[str, str]:
-        return {"name": self.name, "pattern": self.pattern}
+    def request(self) -> dict:
+        needles = required_needles(self.pattern)
+        return {"name": self.name, "pattern": self.pattern, "needles": list(needles) if needles else None}
 
 
 @dataclass(frozen=True)

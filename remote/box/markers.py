@@ -1,32 +1,36 @@
 """Marker hits in a chunk of log bytes: which configured markers occur on which lines.
 
 Runs ON the box, imported by probe.py. Standard library only, Python >= 3.8.
+
+Markers are rare and logs are large, so the scan looks for candidate lines as fast as the
+bytes can be read, and runs the regexes only on those lines. When the console sent needles
+(literals one of which every match contains), a few bytes that cover all needles and are rare
+in this chunk are searched with bytes.find (memchr); otherwise, or when no rare enough bytes
+exist, one combined pattern runs over the chunk.
 """
 
 import re
 
 MAX_HIT_TEXT = 400
+SAMPLE_BYTES = 16 * 1024  # from each of three places in the chunk, to judge how rare a byte is
+MAX_CANDIDATE_RATE = 1.0 / 2048  # candidates per byte above which the combined regex is faster
 
 
 def marker_hits(data, base, markers):
     """Hits of markers on the complete lines of data (which starts at offset base), one per
-    marker and line, in line order.
-
-    One combined pattern runs over the whole chunk in C (markers are rare); only the few lines
-    it stops at are then tested marker by marker, each on its own line, so that no pattern can
-    match across a line break. A leading ^ is checked as "at the start of the line" instead of
+    marker and line, in line order. Each pattern is tested on its own line, so that none can
+    match across a line break; a leading ^ is checked as "at the start of the line" instead of
     being left to re.MULTILINE, which is several times slower."""
     end = data.rfind(b"\n") + 1
     if not markers.patterns or end <= 0:
         return []
+    cover = rare_cover(data, end, markers.needles)
+    starts = lines_with_bytes(data, end, cover) if cover else lines_matching(data, end, markers.combined)
     hits = []
-    next_line = 0
-    for match in markers.any.finditer(data, 0, end):
-        if match.start() < next_line:
-            continue  # this line is done
-        start = data.rfind(b"\n", 0, match.start()) + 1
-        next_line = data.index(b"\n", match.start()) + 1
-        line = data[start:next_line - 1]
+    for start in starts:
+        line = data[start:data.index(b"\n", start)]
+        if cover and not any(p.search(line) for p in markers.combined):
+            continue
         for name, pattern, anchored in markers.patterns:
             found = pattern.match(line) if anchored else pattern.search(line)
             if found:
@@ -35,8 +39,79 @@ def marker_hits(data, base, markers):
     return hits
 
 
+def lines_matching(data, end, patterns):
+    """Starts of the lines in data[:end] where any of patterns matches, in order (usually one
+    combined pattern, which runs over the whole chunk in C)."""
+    starts = set()
+    for pattern in patterns:
+        next_line = 0
+        for match in pattern.finditer(data, 0, end):
+            if match.start() >= next_line:
+                starts.add(data.rfind(b"\n", 0, match.start()) + 1)
+                next_line = data.index(b"\n", match.start()) + 1
+    return sorted(starts)
+
+
+def lines_with_bytes(data, end, cover):
+    """Starts of the lines in data[:end] that hold any byte of cover, in order."""
+    starts = set()
+    for byte in cover:
+        pos = data.find(byte, 0, end)
+        while pos >= 0:
+            starts.add(data.rfind(b"\n", 0, pos) + 1)
+            pos = data.find(byte, data.index(b"\n", pos) + 1, end)
+    return sorted(starts)
+
+
+def rare_cover(data, end, needles):
+    """A few bytes such that every needle holds one of them, chosen greedily by how rare they
+    are in a sample of the chunk; None when there are no needles, or the bytes are so common
+    that testing each candidate line would cost more than the combined regex."""
+    if not needles:
+        return None
+    third = end // 3
+    sample = data[:SAMPLE_BYTES] + data[third:third + SAMPLE_BYTES] + data[end - SAMPLE_BYTES:end]
+    count = {}
+    cover = []
+    uncovered = list(needles)
+    while uncovered:
+        holders = {}
+        for needle in uncovered:
+            for byte in set(needle):
+                holders[byte] = holders.get(byte, 0) + 1
+        for byte in holders:
+            if byte not in count:
+                count[byte] = sample.count(byte)
+        best = min(holders, key=lambda b: (count[b] + 1.0) / holders[b])
+        cover.append(best)
+        uncovered = [n for n in uncovered if best not in n]
+    if sum(count[b] for b in cover) > MAX_CANDIDATE_RATE * max(len(sample), 1):
+        return None
+    return cover
+
+
+INLINE_FLAGS = ((re.IGNORECASE, b"i"), (re.MULTILINE, b"m"), (re.DOTALL, b"s"), (re.VERBOSE, b"x"))
+LEADING_FLAGS = re.compile(br"^\(\?[aiLmsux]+\)")
+
+
+def combine(patterns):
+    """One alternation of all patterns, each keeping its own flags: a (?i) at the start of one
+    becomes (?i:...) around it, as global flags are only allowed at the very start. Should that
+    still not compile, the patterns are returned as they are, to be run one by one."""
+    pieces = []
+    for p in patterns:
+        letters = b"".join(letter for flag, letter in INLINE_FLAGS if p.flags & flag)
+        source = LEADING_FLAGS.sub(b"", p.pattern, count=1) if letters else p.pattern
+        pieces.append(b"(?" + letters + b":" + source + b")")
+    try:
+        return [re.compile(b"|".join(pieces))] if pieces else []
+    except re.error:
+        return list(patterns)
+
+
 class Markers(object):
-    """Markers compiled for marker_hits: each pattern alone, and all of them as one alternation."""
+    """Markers compiled for marker_hits: each pattern alone, all of them as one alternation, and
+    the needles when every marker came with some."""
 
     def __init__(self, specs):
         self.patterns = []
@@ -45,5 +120,8 @@ class Markers(object):
             anchored = source.startswith("^")
             self.patterns.append((m["name"], re.compile((source[1:] if anchored else source).encode("utf-8")),
                                   anchored))
-        joined = b"|".join(b"(?:" + p.pattern + b")" for _, p, _ in self.patterns)
-        self.any = re.compile(joined or b"(?!)")
+        self.combined = combine([p for _, p, _ in self.patterns])
+        needles = [m.get("needles") for m in specs]
+        self.needles = None
+        if needles and all(needles):
+            self.needles = sorted({n.encode("utf-8") for group in needles for n in group})

@@ -305,21 +305,30 @@ def resolve(workspace, path):
 # ---------------------------------------------------------------- logs
 
 
-def start_of_last_lines(f, size, n, limit):
+def pread(fd, offset, n):
+    """n bytes at offset, fewer only at the end of the file: one read unless the kernel
+    returns a short one (no file object, so no second copy through its buffer)."""
+    data = os.pread(fd, n, offset)
+    while len(data) < n:
+        more = os.pread(fd, n - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def start_of_last_lines(fd, size, n, limit):
     """Offset where the last n lines of an open file begin, looking back at most limit bytes."""
     pos = size
     newlines = 0
     floor = max(0, size - limit)
     # A trailing newline ends the last line; it does not start a new one.
-    if size:
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            newlines = -1
+    if size and pread(fd, size - 1, 1) == b"\n":
+        newlines = -1
     while pos > floor:
         step = min(TAIL_BLOCK, pos - floor)
         pos -= step
-        f.seek(pos)
-        block = f.read(step)
+        block = pread(fd, pos, step)
         idx = len(block)
         while True:
             idx = block.rfind(b"\n", 0, idx)
@@ -331,7 +340,7 @@ def start_of_last_lines(f, size, n, limit):
     return floor
 
 
-def rewritten(f, offset, check):
+def rewritten(fd, offset, check):
     """True when the bytes just before offset are no longer the ones last read there: the
     file was truncated and has since grown past the old offset (tail -F misses this)."""
     if not check:
@@ -339,32 +348,33 @@ def rewritten(f, offset, check):
     expected = base64.b64decode(check)
     if offset < len(expected):
         return True
-    f.seek(offset - len(expected))
-    return f.read(len(expected)) != expected
+    return pread(fd, offset - len(expected), len(expected)) != expected
 
 
 def read_log(req):
     path = req["path"]
     max_bytes = min(int(req.get("max_bytes") or DEFAULT_LOG_BYTES), MAX_LOG_BYTES)
     entry = {"path": path}
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
         size = st.st_size
         entry.update(inode=st.st_ino, dev=st.st_dev, size=size, mtime=st.st_mtime)
         offset = req.get("offset")
         rotated = req.get("inode") is not None and req["inode"] != st.st_ino
-        truncated = not rotated and offset is not None and (size < offset or rewritten(f, offset, req.get("check")))
+        truncated = not rotated and offset is not None and (size < offset or rewritten(fd, offset, req.get("check")))
         if rotated or truncated:
             offset = 0
         if offset is None:
             n = req.get("last_lines")
-            offset = start_of_last_lines(f, size, int(n), max_bytes) if n else size
+            offset = start_of_last_lines(fd, size, int(n), max_bytes) if n else size
         scan_from = req.get("scan_from")
         if scan_from is None or rotated or truncated or not (0 <= offset - scan_from <= MAX_SCAN_CARRY):
             scan_from = offset
-        f.seek(scan_from)
-        data = f.read(offset - scan_from + max_bytes)
-    new = data[offset - scan_from :]
+        data = pread(fd, scan_from, offset - scan_from + max_bytes)
+    finally:
+        os.close(fd)
+    new = memoryview(data)[offset - scan_from :]  # no copy of megabytes
     last_nl = data.rfind(b"\n")
     entry.update(
         offset=offset,
