@@ -117,12 +117,18 @@ class Box:
 
     # ------------------------------------------------------------ reads
 
-    async def snapshot(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
-                       reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
-                       binaries: Sequence[str] = (), artifact_budget_s: float = 1.0) -> Snapshot:
+    async def snapshot(self, **what: Any) -> Snapshot:
         """Disk, artifact sizes, processes, listeners, new log bytes, report files and stage
-        states: one call."""
-        request = {
+        states: one call (what: the arguments of snapshot_request)."""
+        started = time.monotonic()
+        raw = await self.ask_probe(self.snapshot_request(**what))
+        return model.snapshot(raw, time.monotonic() - started)
+
+    def snapshot_request(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
+                         reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
+                         binaries: Sequence[str] = (), artifact_budget_s: float = 1.0) -> dict:
+        """The probe request behind snapshot()."""
+        return {
             "workspace": self.workspace,
             "artifacts": [{"name": name, "path": path} for name, path in artifacts],
             "artifact_budget_s": artifact_budget_s,
@@ -132,9 +138,6 @@ class Box:
             "writers": writers,
             "binaries": list(binaries),
         }
-        started = time.monotonic()
-        raw = await self.ask_probe(request)
-        return model.snapshot(raw, time.monotonic() - started)
 
     async def read_log(self, cursor: LogCursor) -> LogChunk:
         request = {"logs": [cursor.request()], "processes": False, "states": False}
