@@ -15,176 +15,21 @@ Reply: {"time", "boot_time", "clk_tck", "host", "disks", "artifacts", "processes
         "listeners", "logs", "ranges", "reports", "states", "writers", "binaries", "errors"}
 """
 
-import base64
 import glob
 import json
 import os
-import pwd
-import re
 import socket
 import sys
 import time
 
-from markers import Markers, marker_hits
-from procfs import CLK_TCK, PAGE_SIZE, boot_time, parse_stat, read_text, start_epoch, uptime
+from disk import Listings, artifacts, disks, resolve
+from logfiles import logs, ranges
+from procfs import CLK_TCK, boot_time
+from procs import Facts, processes
+from sockets import fd_links, listeners, watched_folder, writers
 
-DEFAULT_LOG_BYTES = 256 * 1024
-MAX_LOG_BYTES = 8 * 1024 * 1024
-MAX_RANGE_BYTES = 16 * 1024 * 1024
-MAX_SCAN_CARRY = 64 * 1024  # longest unfinished line re-scanned for markers
-TAIL_BLOCK = 64 * 1024
 MAX_REPORTS = 50
 MAX_REPORT_BYTES = 64 * 1024
-CHECK_BYTES = 16  # the last bytes read, which the next read checks to catch a rewrite
-
-class UserNames:
-    def __init__(self):
-        self.cache = {}
-
-    def __call__(self, uid):
-        if uid not in self.cache:
-            try:
-                self.cache[uid] = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                self.cache[uid] = str(uid)
-        return self.cache[uid]
-
-
-def process_uid(pid):
-    return os.stat("/proc/%d" % pid).st_uid
-
-
-def read_process(pid, btime, now_up, user_name):
-    with open("/proc/%d/stat" % pid, "rb") as f:
-        st = parse_stat(f.read().decode("utf-8", "replace"))
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0")]
-        if argv and argv[-1] == "":
-            argv.pop()
-    except OSError:
-        argv = []
-    cpu_s = (st["utime"] + st["stime"]) / float(CLK_TCK)
-    age = max(now_up - st["starttime"] / float(CLK_TCK), 1e-6)
-    return {
-        "pid": pid,
-        "ppid": st["ppid"],
-        "pgid": st["pgid"],
-        "sid": st["sid"],
-        "user": user_name(process_uid(pid)),
-        "start_time": start_epoch(st["starttime"], btime),
-        "state": st["state"],
-        "cpu_time": round(cpu_s, 2),
-        "cpu_percent": round(100.0 * cpu_s / age, 1),
-        "rss": st["rss_pages"] * PAGE_SIZE,
-        "comm": st["comm"],
-        "argv": argv,
-    }
-
-
-def list_pids():
-    return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
-
-
-def processes(btime, errors):
-    now_up = uptime()
-    user_name = UserNames()
-    out = []
-    for pid in list_pids():
-        try:
-            out.append(read_process(pid, btime, now_up, user_name))
-        except (OSError, ValueError, IndexError):
-            continue  # it exited between listdir and read: not an error
-    return out
-
-
-# ---------------------------------------------------------------- sockets
-
-
-def decode_address(hex_addr, family):
-    host_hex, port_hex = hex_addr.split(":")
-    raw = bytes.fromhex(host_hex)
-    if family == socket.AF_INET:
-        host = socket.inet_ntop(family, raw[::-1])
-    else:  # /proc stores IPv6 as four host-order 32-bit words
-        words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
-        host = socket.inet_ntop(family, words)
-    return host, int(port_hex, 16)
-
-
-def listening_sockets(errors):
-    """{inode: {"proto", "host", "port"}} for every TCP socket in LISTEN state."""
-    found = {}
-    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        path = "/proc/net/" + name
-        try:
-            lines = read_text(path).splitlines()[1:]
-        except OSError as e:
-            if name == "tcp":
-                errors.append({"what": path, "error": str(e)})
-            continue
-        for line in lines:
-            f = line.split()
-            if len(f) < 10 or f[3] != "0A":
-                continue
-            host, port = decode_address(f[1], family)
-            found[int(f[9])] = {"proto": name, "host": host, "port": port}
-    return found
-
-
-def fd_links(pids):
-    """(pid, fd, target) of every open descriptor this user may see."""
-    for pid in pids:
-        fd_dir = "/proc/%d/fd" % pid
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                yield pid, fd, os.readlink(fd_dir + "/" + fd)
-            except OSError:
-                continue
-
-
-def socket_owners(inodes, pids):
-    """Map socket inode -> pid by reading /proc/PID/fd links (only as far as needed)."""
-    owners = {}
-    wanted = set(inodes)
-    if not wanted:
-        return owners
-    for pid, _fd, link in fd_links(pids):
-        if link.startswith("socket:["):
-            inode = int(link[8:-1])
-            if inode in wanted:
-                owners[inode] = pid
-                wanted.discard(inode)
-                if not wanted:
-                    break
-    return owners
-
-
-def open_for_writing(pid, fd):
-    """True when the descriptor was opened O_WRONLY or O_RDWR (from /proc/PID/fdinfo)."""
-    try:
-        with open("/proc/%d/fdinfo/%s" % (pid, fd)) as f:
-            for line in f:
-                if line.startswith("flags:"):
-                    return int(line.split()[1], 8) & 3 != 0
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def writers(folder, pids):
-    """Files under folder open for writing by more than one process: {path: [pid, ...]}.
-    Two writers on one file is how a download got corrupted (playbook §3)."""
-    folder = os.path.realpath(folder).rstrip("/") + "/"
-    found = {}
-    for pid, fd, link in fd_links(pids):
-        if link.startswith(folder) and open_for_writing(pid, fd):
-            found.setdefault(link, set()).add(pid)
-    return dict((path, sorted(p)) for path, p in found.items() if len(p) > 1)
 
 
 def binaries(workspace, paths):
@@ -193,231 +38,6 @@ def binaries(workspace, paths):
     for path in paths:
         full = resolve(workspace, path)
         out.append({"path": path, "exists": os.path.exists(full), "executable": os.access(full, os.X_OK)})
-    return out
-
-
-def listeners(pids, errors):
-    socks = listening_sockets(errors)
-    owners = socket_owners(socks.keys(), pids)
-    out = []
-    for inode, s in sorted(socks.items(), key=lambda kv: (kv[1]["port"], kv[1]["proto"])):
-        entry = dict(s)
-        entry["inode"] = inode
-        entry["pid"] = owners.get(inode)
-        out.append(entry)
-    return out
-
-
-# ---------------------------------------------------------------- disk and artifacts
-
-
-def mount_point(path):
-    path = os.path.realpath(path)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    dev = os.stat(path).st_dev
-    while path != "/":
-        parent = os.path.dirname(path)
-        if os.stat(parent).st_dev != dev:
-            break
-        path = parent
-    return path
-
-
-def disk_usage(label, path):
-    mount = mount_point(path)
-    st = os.statvfs(mount)
-    total = st.f_blocks * st.f_frsize
-    free = st.f_bavail * st.f_frsize
-    used = (st.f_blocks - st.f_bfree) * st.f_frsize
-    return {"label": label, "path": path, "mount": mount, "total": total, "used": used, "free": free}
-
-
-def disks(workspace, errors):
-    out = []
-    seen = set()
-    for label, path in (("workspace", workspace), ("root", "/")):
-        if not path:
-            continue
-        try:
-            d = disk_usage(label, path)
-        except OSError as e:
-            errors.append({"what": "disk " + path, "error": str(e)})
-            continue
-        if d["mount"] not in seen:
-            seen.add(d["mount"])
-            out.append(d)
-    return out
-
-
-def tree_size(path, deadline):
-    """(apparent bytes, allocated bytes, files, complete) of a file or a directory tree."""
-    st = os.lstat(path)
-    if not os.path.isdir(path) or os.path.islink(path):
-        return st.st_size, st.st_blocks * 512, 1, True
-    size, alloc, files = 0, 0, 0
-    stack = [path]
-    while stack:
-        if time.monotonic() > deadline:
-            return size, alloc, files, False
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-            else:
-                size += st.st_size
-                alloc += st.st_blocks * 512
-                files += 1
-    return size, alloc, files, True
-
-
-def artifacts(workspace, specs, budget_s):
-    deadline = time.monotonic() + budget_s
-    out = []
-    for spec in specs:
-        path = resolve(workspace, spec["path"])
-        entry = {"name": spec.get("name", path), "path": path, "exists": False}
-        try:
-            size, alloc, files, complete = tree_size(path, deadline)
-            entry.update(exists=True, bytes=size, allocated=alloc, files=files, complete=complete)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            entry["error"] = str(e)
-        out.append(entry)
-    return out
-
-
-def resolve(workspace, path):
-    path = os.path.expanduser(path)
-    if workspace and not os.path.isabs(path):
-        path = os.path.join(workspace, path)
-    return path
-
-
-# ---------------------------------------------------------------- logs
-
-
-def pread(fd, offset, n):
-    """n bytes at offset, fewer only at the end of the file: one read unless the kernel
-    returns a short one (no file object, so no second copy through its buffer)."""
-    data = os.pread(fd, n, offset)
-    while len(data) < n:
-        more = os.pread(fd, n - len(data), offset + len(data))
-        if not more:
-            break
-        data += more
-    return data
-
-
-def start_of_last_lines(fd, size, n, limit):
-    """Offset where the last n lines of an open file begin, looking back at most limit bytes."""
-    pos = size
-    newlines = 0
-    floor = max(0, size - limit)
-    # A trailing newline ends the last line; it does not start a new one.
-    if size and pread(fd, size - 1, 1) == b"\n":
-        newlines = -1
-    while pos > floor:
-        step = min(TAIL_BLOCK, pos - floor)
-        pos -= step
-        block = pread(fd, pos, step)
-        idx = len(block)
-        while True:
-            idx = block.rfind(b"\n", 0, idx)
-            if idx < 0:
-                break
-            newlines += 1
-            if newlines >= n:
-                return pos + idx + 1
-    return floor
-
-
-def rewritten(fd, offset, check):
-    """True when the bytes just before offset are no longer the ones last read there: the
-    file was truncated and has since grown past the old offset (tail -F misses this)."""
-    if not check:
-        return False
-    expected = base64.b64decode(check)
-    if offset < len(expected):
-        return True
-    return pread(fd, offset - len(expected), len(expected)) != expected
-
-
-def read_log(req):
-    path = req["path"]
-    max_bytes = min(int(req.get("max_bytes") or DEFAULT_LOG_BYTES), MAX_LOG_BYTES)
-    entry = {"path": path}
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        st = os.fstat(fd)
-        size = st.st_size
-        entry.update(inode=st.st_ino, dev=st.st_dev, size=size, mtime=st.st_mtime)
-        offset = req.get("offset")
-        rotated = req.get("inode") is not None and req["inode"] != st.st_ino
-        truncated = not rotated and offset is not None and (size < offset or rewritten(fd, offset, req.get("check")))
-        if rotated or truncated:
-            offset = 0
-        if offset is None:
-            n = req.get("last_lines")
-            offset = start_of_last_lines(fd, size, int(n), max_bytes) if n else size
-        scan_from = req.get("scan_from")
-        if scan_from is None or rotated or truncated or not (0 <= offset - scan_from <= MAX_SCAN_CARRY):
-            scan_from = offset
-        data = pread(fd, scan_from, offset - scan_from + max_bytes)
-    finally:
-        os.close(fd)
-    new = memoryview(data)[offset - scan_from :]  # no copy of megabytes
-    last_nl = data.rfind(b"\n")
-    entry.update(
-        offset=offset,
-        next_offset=offset + len(new),
-        line_end=scan_from + last_nl + 1 if last_nl >= 0 else None,
-        more=offset + len(new) < size,
-        rotated=rotated,
-        truncated=truncated,
-        data=base64.b64encode(new).decode("ascii") if req.get("data", True) else "",
-        tail=base64.b64encode(data[-CHECK_BYTES:]).decode("ascii"),
-        hits=marker_hits(data, scan_from, Markers(req.get("markers") or ())),
-    )
-    return entry
-
-
-def logs(requests):
-    out = []
-    for req in requests:
-        try:
-            out.append(read_log(req))
-        except (OSError, ValueError, re.error) as e:
-            out.append({"path": req.get("path"), "error": str(e), "missing": isinstance(e, FileNotFoundError)})
-    return out
-
-
-def read_range(req):
-    path, start, end = req["path"], int(req["start"]), int(req["end"])
-    if start < 0 or end < start or end - start + 1 > MAX_RANGE_BYTES:
-        raise ValueError("bad range %d-%d (at most %d bytes)" % (start, end, MAX_RANGE_BYTES))
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        f.seek(start)
-        data = f.read(end - start + 1)
-    return {"path": path, "start": start, "size": size, "data": base64.b64encode(data).decode("ascii")}
-
-
-def ranges(requests):
-    out = []
-    for req in requests:
-        try:
-            out.append(read_range(req))
-        except (OSError, ValueError, KeyError) as e:
-            out.append({"path": req.get("path"), "error": str(e)})
     return out
 
 
@@ -481,7 +101,17 @@ def stage_states(workspace, by_pid, btime, errors):
 # ---------------------------------------------------------------- main
 
 
-def probe(req):
+class Memory(object):
+    """What a --serve probe keeps from one request to the next, to answer the next one with
+    fewer reads: only what it can tell still holds, so that an answer is a fresh probe's (the
+    limits of "can tell" are in Facts and fd_links)."""
+
+    def __init__(self):
+        self.facts = Facts()
+        self.listings = Listings()
+
+
+def probe(req, memory=None):
     errors = []
     btime = boot_time()
     workspace = req.get("workspace")
@@ -496,11 +126,16 @@ def probe(req):
         "errors": errors,
     }
     reply["disks"] = disks(workspace, errors)
-    reply["artifacts"] = artifacts(workspace, req.get("artifacts") or (), float(req.get("artifact_budget_s", 1.0)))
-    procs = processes(btime, errors) if req.get("processes", True) else []
+    facts = memory.facts if memory else None
+    reply["artifacts"] = artifacts(workspace, req.get("artifacts") or (), float(req.get("artifact_budget_s", 1.0)),
+                                   memory.listings if memory else None)
+    procs, pids = processes(btime, errors, facts) if req.get("processes", True) else ([], [])
     reply["processes"] = procs
-    reply["listeners"] = listeners([p["pid"] for p in procs], errors) if procs else []
-    reply["writers"] = writers(workspace, [p["pid"] for p in procs]) if workspace and req.get("writers") else {}
+    # One walk of every open descriptor serves both writers and listeners; listeners alone
+    # read only as many as it takes to find each listening socket's owner.
+    links = list(fd_links(pids, facts, watched_folder(workspace))) if workspace and req.get("writers") else None
+    reply["listeners"] = listeners(pids, errors, links, facts) if procs else []
+    reply["writers"] = writers(workspace, links) if links is not None else {}
     reply["binaries"] = binaries(workspace, req.get("binaries") or ())
     reply["logs"] = logs(req.get("logs") or ())
     reply["ranges"] = ranges(req.get("ranges") or ())
@@ -510,13 +145,13 @@ def probe(req):
     return reply
 
 
-def answer(text):
+def answer(text, memory=None):
     """The reply line for one request line; a request it cannot read gets an error reply."""
     try:
         req = json.loads(text or "{}")
         if not isinstance(req, dict):
             raise ValueError("request must be a JSON object")
-        reply = probe(req)
+        reply = probe(req, memory)
     except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
         reply = {"error": "%s: %s" % (type(e).__name__, e)}
     return json.dumps(reply, separators=(",", ":")) + "\n"
@@ -528,8 +163,9 @@ def serve():
     per poll. The length lets the reader take a reply of megabytes without scanning for a
     line end."""
     out = sys.stdout.buffer
+    memory = Memory()
     for line in sys.stdin.buffer:
-        reply = answer(line.decode("utf-8", "replace")).encode("utf-8")
+        reply = answer(line.decode("utf-8", "replace"), memory).encode("utf-8")
         out.write(b"%d\n" % len(reply))
         out.write(reply)
         out.flush()

@@ -13,6 +13,24 @@ def read_text(path):
         return f.read().decode("utf-8", "replace")
 
 
+def read_proc(path, size=4096):
+    """All of a one-record /proc file (PID/stat, cmdline, schedstat, fdinfo/FD) with os.open and
+    os.read: a Python file object costs several syscalls more. Such a file answers a read with
+    all it holds up to size, so a short read is its end; a many-record one like /proc/net/tcp
+    may not, and is read with read_text."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.read(fd, size)
+        if len(data) < size:
+            return data
+        chunks = [data]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def boot_time():
     for line in read_text("/proc/stat").splitlines():
         if line.startswith("btime "):
@@ -28,7 +46,7 @@ def parse_stat(raw):
     """Fields of /proc/PID/stat after the command name (which may hold spaces and ')')."""
     close = raw.rindex(")")
     comm = raw[raw.index("(") + 1 : close]
-    rest = raw[close + 2 :].split()
+    rest = raw[close + 2 :].split(" ", 22)  # fields 3..24 are all that is read; leave the rest whole
     # rest[0] is field 3 (state); field N is rest[N - 3].
     return {
         "comm": comm,
@@ -40,6 +58,8 @@ def parse_stat(raw):
         "stime": int(rest[12]),
         "starttime": int(rest[19]),
         "rss_pages": int(rest[21]),
+        "flags": int(rest[6]),
+        "threads": int(rest[17]),
     }
 
 

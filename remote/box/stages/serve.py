@@ -27,8 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import SMOKE_ANSWER, SMOKE_QUESTION, fail, marker, say  # noqa: E402
 from kill import kill  # noqa: E402
-from probe import list_pids, listening_sockets, socket_owners  # noqa: E402
 from procfs import boot_time, read_stat, start_epoch  # noqa: E402
+from procs import list_pids  # noqa: E402
+from sockets import listening_sockets, socket_owners  # noqa: E402
 
 
 def holders(port):

@@ -1,0 +1,142 @@
+"""Disk usage of the workspace's filesystems and the sizes of artifact trees.
+
+Runs ON the box, imported by probe.py. Standard library only, Python >= 3.8.
+"""
+
+import os
+import stat
+import time
+
+
+def mount_point(path):
+    path = os.path.realpath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    dev = os.stat(path).st_dev
+    while path != "/":
+        parent = os.path.dirname(path)
+        if os.stat(parent).st_dev != dev:
+            break
+        path = parent
+    return path
+
+
+def disk_usage(label, path):
+    mount = mount_point(path)
+    st = os.statvfs(mount)
+    total = st.f_blocks * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return {"label": label, "path": path, "mount": mount, "total": total, "used": used, "free": free}
+
+
+def disks(workspace, errors):
+    out = []
+    seen = set()
+    for label, path in (("workspace", workspace), ("root", "/")):
+        if not path:
+            continue
+        try:
+            d = disk_usage(label, path)
+        except OSError as e:
+            errors.append({"what": "disk " + path, "error": str(e)})
+            continue
+        if d["mount"] not in seen:
+            seen.add(d["mount"])
+            out.append(d)
+    return out
+
+
+class Listings(object):
+    """Directory listings kept from one artifact walk to the next (in --serve, from one request
+    to the next), so that an unchanged directory costs one lstat instead of a scandir. A listing
+    is reused only while the directory's (device, inode, ctime) is the one it was taken under:
+    adding, removing or renaming an entry sets the directory's ctime, and so does a utime()
+    that puts an old mtime back, which no one can do to a ctime. A directory changed less than
+    RACY_S before it was listed is listed again next time, since another change within the same
+    timestamp tick would leave its ctime as it was. Files are never taken from here: each is
+    lstat'ed on every walk, since a file grows without its directory changing."""
+
+    RACY_S = 2.0
+
+    def __init__(self):
+        self.kept = {}  # path -> ((dev, ino, ctime_ns), file names, directory names)
+        self.seen = {}  # what this walk used: only that is kept for the next one
+
+    def entries(self, path):
+        """(file names, directory names) of a directory; OSError when it cannot be read."""
+        st = os.lstat(path)
+        key = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        kept = self.kept.get(path)
+        if kept is not None and kept[0] == key:
+            self.seen[path] = kept
+            return kept[1], kept[2]
+        files, dirs = [], []
+        with os.scandir(path) as it:
+            for entry in it:
+                try:
+                    (dirs if entry.is_dir(follow_symlinks=False) else files).append(entry.name)
+                except OSError:
+                    continue
+        if time.time() - st.st_ctime_ns / 1e9 > self.RACY_S:
+            self.seen[path] = (key, files, dirs)
+        return files, dirs
+
+    def done(self):
+        self.kept, self.seen = self.seen, {}
+
+
+def tree_size(path, deadline, listings=None):
+    """(apparent bytes, allocated bytes, files, complete) of a file or a directory tree."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size, st.st_blocks * 512, 1, True
+    listings = listings or Listings()
+    size, alloc, files = 0, 0, 0
+    stack = [path]
+    lstat = os.lstat
+    while stack:
+        if time.monotonic() > deadline:
+            return size, alloc, files, False
+        folder = stack.pop()
+        try:
+            names, dirs = listings.entries(folder)
+        except OSError:
+            continue
+        folder += "/"
+        for name in names:
+            try:
+                st = lstat(folder + name)
+            except OSError:
+                continue
+            size += st.st_size
+            alloc += st.st_blocks * 512
+            files += 1
+        stack.extend(folder + name for name in dirs)
+    return size, alloc, files, True
+
+
+def artifacts(workspace, specs, budget_s, listings=None):
+    deadline = time.monotonic() + budget_s
+    listings = listings or Listings()
+    out = []
+    for spec in specs:
+        path = resolve(workspace, spec["path"])
+        entry = {"name": spec.get("name", path), "path": path, "exists": False}
+        try:
+            size, alloc, files, complete = tree_size(path, deadline, listings)
+            entry.update(exists=True, bytes=size, allocated=alloc, files=files, complete=complete)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            entry["error"] = str(e)
+        out.append(entry)
+    listings.done()
+    return out
+
+
+def resolve(workspace, path):
+    path = os.path.expanduser(path)
+    if workspace and not os.path.isabs(path):
+        path = os.path.join(workspace, path)
+    return path

@@ -1,0 +1,160 @@
+"""Processes from /proc: one reply entry each, and what a --serve probe may keep of them.
+
+Runs ON the box, imported by probe.py. Standard library only, Python >= 3.8.
+"""
+
+import os
+import pwd
+
+from procfs import CLK_TCK, PAGE_SIZE, parse_stat, read_proc, start_epoch, uptime
+
+PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
+HZ = float(CLK_TCK)
+
+class UserNames:
+    def __init__(self):
+        self.cache = {}
+        self.kernel_uid = None  # the owner of a kernel thread's /proc/PID, the same for all
+
+    def __call__(self, uid):
+        if uid not in self.cache:
+            try:
+                self.cache[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                self.cache[uid] = str(uid)
+        return self.cache[uid]
+
+
+class Facts(object):
+    """What a process cannot change without running, kept between --serve requests: its command
+    line, its owner and its open descriptors. Only a process's own threads exec, rewrite argv,
+    change uid, open and close files; so while a single-threaded process has not run since its
+    facts were read, they still hold. "Has not run" is read from /proc/PID/schedstat: its run
+    time in nanoseconds, taken before the facts, has grown by the time it leaves a CPU (and one
+    on a CPU as its stat is read is in state R, which is never trusted). Its stat is read anew
+    every time (a sleeping process's parent can die, its pages can be reclaimed); when that has
+    not moved by a byte either, its whole entry holds, but for what depends on the clock and on
+    the user database. The paths of its open files are not facts of its own: see fd_links.
+    Out of reach of this: a debugger writing into its memory, and a process that shares its
+    memory or its descriptor table without being one of its threads (clone without
+    CLONE_THREAD, which no program does by accident), which could change them while it sleeps."""
+
+    def __init__(self):
+        self.kept = {}  # pid -> Kept, from the last request
+        self.now = {}  # pid -> Kept, confirmed or read anew in this request: the next one's kept
+
+    def begin(self):
+        self.kept, self.now = self.now, {}
+
+
+class Kept(object):
+    """One process's facts and its last reply entry, as Facts keeps them."""
+
+    __slots__ = ("stat", "btime", "sched", "uid", "argv", "entry", "cpu_s", "start_s", "fds", "plan")
+
+    def __init__(self, sched, uid, argv):
+        self.sched, self.uid, self.argv = sched, uid, argv
+        self.fds = None  # [(fd, link), ...] once fd_links has listed them
+        self.plan = None  # (folder, the (pid, fd, link) to give as they are, the fds to read again)
+
+
+def schedstat(base, sched=None):
+    """/proc/PID/schedstat (or sched, read from it already), or None where it tells nothing:
+    missing, or zeros from a kernel built without scheduler statistics."""
+    if sched is None:
+        try:
+            sched = read_proc(base + "/schedstat")
+        except OSError:
+            return None
+    fields = sched.split()
+    if len(fields) < 3 or fields[0] == b"0" or fields[2] == b"0":
+        return None
+    return sched
+
+
+def read_process(pid, btime, now_up, user_name, facts=None):
+    """The reply entry of one process, and whether it is a kernel thread (which has no command
+    line and no open files: neither is read)."""
+    base = "/proc/%d" % pid
+    raw = read_proc(base + "/stat")
+    kept = facts.kept.get(pid) if facts is not None else None
+    sched = None
+    if kept is not None and kept.stat == raw and kept.btime == btime:
+        try:
+            sched = read_proc(base + "/schedstat")
+        except OSError:
+            sched = None
+        if sched == kept.sched:  # which was found telling when it was kept
+            facts.now[pid] = kept
+            entry = dict(kept.entry)
+            entry["user"] = user_name(kept.uid)
+            entry["cpu_percent"] = round(100.0 * kept.cpu_s / max(now_up - kept.start_s, 1e-6), 1)
+            return entry, False
+    st = parse_stat(raw.decode("utf-8", "replace"))
+    kthread = st["flags"] & PF_KTHREAD
+    cacheable = facts is not None and not kthread and st["threads"] == 1 and st["state"] not in ("R", "Z", "X")
+    if cacheable:
+        sched = schedstat(base, sched)  # before the facts: a run after this read shows next time
+    if not cacheable or sched is None:
+        kept = None
+    elif kept is None or kept.sched != sched or kept.start_s != st["starttime"] / HZ:
+        kept = Kept(sched, None, None)
+    if kthread:  # every kernel thread's /proc/PID belongs to root (as this namespace sees it)
+        argv = []
+        if user_name.kernel_uid is None:
+            user_name.kernel_uid = os.stat(base).st_uid
+        uid = user_name.kernel_uid
+    elif kept is not None and kept.argv is not None:
+        argv, uid = kept.argv, kept.uid
+    else:
+        try:
+            argv = read_proc(base + "/cmdline").decode("utf-8", "replace").split("\0")
+        except OSError:
+            argv = []
+        if argv and argv[-1] == "":
+            argv.pop()
+        uid = os.stat(base).st_uid
+    cpu_s = (st["utime"] + st["stime"]) / HZ
+    start_s = st["starttime"] / HZ
+    entry = {
+        "pid": pid,
+        "ppid": st["ppid"],
+        "pgid": st["pgid"],
+        "sid": st["sid"],
+        "user": user_name(uid),
+        "start_time": start_epoch(st["starttime"], btime),
+        "state": st["state"],
+        "cpu_time": round(cpu_s, 2),
+        "cpu_percent": round(100.0 * cpu_s / max(now_up - start_s, 1e-6), 1),
+        "rss": st["rss_pages"] * PAGE_SIZE,
+        "comm": st["comm"],
+        "argv": argv,
+    }
+    if kept is not None:
+        kept.stat, kept.btime, kept.uid, kept.argv, kept.entry = raw, btime, uid, argv, entry
+        kept.cpu_s, kept.start_s = cpu_s, start_s
+        facts.now[pid] = kept
+    return entry, kthread
+
+
+def list_pids():
+    return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+
+
+def processes(btime, errors, facts=None):
+    """(reply entries of every process, pids of those that are not kernel threads)."""
+    now_up = uptime()
+    user_name = UserNames()
+    if facts is not None:
+        facts.begin()
+    out = []
+    user_pids = []
+    for pid in list_pids():
+        try:
+            entry, kthread = read_process(pid, btime, now_up, user_name, facts)
+        except (OSError, ValueError, IndexError):
+            continue  # it exited between listdir and read: not an error
+        out.append(entry)
+        if not kthread:
+            user_pids.append(pid)
+    return out, user_pids

@@ -1,0 +1,286 @@
+"""What a --serve probe remembers between requests never shows in its answers: processes that
+exec, rewrite their argv, open listeners, die, or hold files that get renamed, between two
+requests to one probe, show in the second reply as a fresh probe would see them.
+
+Each process here sleeps through a few requests first (blocked reading its stdin), so that the
+probe has every reason to trust what it remembered, and is then made to change."""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from samai.remote.boxapi import Box
+from tests.helpers import wait_for
+
+# Blocks on stdin; each line it reads is a command, each answered with one line.
+SLEEPER = """import os, socket, sys
+held = []
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "ping":
+        print("ok", flush=True)
+    elif cmd[0] == "exec":
+        os.execv(sys.executable, [sys.executable, "-c", "import sys; sys.stdin.read()", "after-exec"])
+    elif cmd[0] == "listen":
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        held.append(s)
+        print(s.getsockname()[1], flush=True)
+    elif cmd[0] == "open":
+        held.append(open(cmd[1], "ab"))
+        print("ok", flush=True)
+    elif cmd[0] == "rewrite":  # argv rewritten in place, as setproctitle does: no exec, same comm
+        f = open("/proc/self/stat").read()
+        fields = f[f.rindex(")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            args = mem.read(end - start)
+            mem.seek(start + args.rindex(b"before-rewrite"))
+            mem.write(b"after--rewrite")
+        print("ok", flush=True)
+"""
+
+
+def _sleeper(spawn, *args: str) -> subprocess.Popen:
+    """A started SLEEPER, blocked reading its next command."""
+    proc = spawn(sys.executable, "-c", SLEEPER, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert _tell(proc, "ping") == "ok"
+    return proc
+
+
+def _tell(proc: subprocess.Popen, command: str) -> str:
+    proc.stdin.write(command + "\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip()
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie (whose files are closed) waiting for whoever adopted it to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+async def _settle(box: Box, **kw):
+    """A few requests while everything sleeps: the probe now remembers all it may."""
+    for _ in range(3):
+        snap = await box.snapshot(**kw)
+    return snap
+
+
+async def test_a_process_that_execs_gets_its_new_argv(box: Box, spawn) -> None:
+    proc = _sleeper(spawn, "before-exec")
+    snap = await _settle(box)
+    assert snap.process(proc.pid).argv[-1] == "before-exec"
+    comm = snap.process(proc.pid).comm
+    proc.stdin.write("exec\n")
+    proc.stdin.flush()
+    wait_for(lambda: b"after-exec" in Path(f"/proc/{proc.pid}/cmdline").read_bytes())
+    wait_for(lambda: Path(f"/proc/{proc.pid}/stat").read_text().split()[2] == "S")
+    seen = (await box.snapshot()).process(proc.pid)
+    assert seen.argv[-1] == "after-exec" and seen.comm == comm  # same pid, start time and comm
+
+
+async def test_argv_rewritten_in_place_is_seen(box: Box, spawn) -> None:
+    proc = _sleeper(spawn, "before-rewrite")
+    assert (await _settle(box)).process(proc.pid).argv[-1] == "before-rewrite"
+    assert _tell(proc, "rewrite") == "ok"
+    assert (await box.snapshot()).process(proc.pid).argv[-1] == "after--rewrite"
+
+
+@pytest.mark.parametrize("writers", [True, False])
+async def test_a_new_listener_is_seen_with_its_owner(box: Box, spawn, writers: bool) -> None:
+    proc = _sleeper(spawn)
+    await _settle(box, writers=writers)
+    port = int(_tell(proc, "listen"))
+    by_port = {s.port: s for s in (await box.snapshot(writers=writers)).listeners}
+    assert by_port[port].pid == proc.pid
+
+
+@pytest.mark.parametrize("writers", [True, False])
+async def test_a_listener_goes_to_the_process_still_holding_it_when_its_owner_dies(box: Box, spawn,
+                                                                                 writers: bool) -> None:
+    code = ("import os,socket,sys,time\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen()\n"
+            "child=os.fork()\nif child==0:\n    time.sleep(60)\n    os._exit(0)\n"
+            "print(s.getsockname()[1],child,flush=True)\nsys.stdin.read()")
+    parent = spawn(sys.executable, "-c", code, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    port, child = map(int, parent.stdout.readline().split())
+    try:
+        owners = {s.port: s.pid for s in (await _settle(box, writers=writers)).listeners}
+        assert owners[port] == min(parent.pid, child)  # both hold it: the lowest pid is named
+        parent.kill()
+        parent.wait()
+        snap = await box.snapshot(writers=writers)
+        assert snap.process(parent.pid) is None
+        assert {s.port: s.pid for s in snap.listeners}[port] == child
+        os.kill(child, signal.SIGKILL)
+        wait_for(lambda: _ended(child))
+        assert port not in {s.port for s in (await box.snapshot(writers=writers)).listeners}
+    finally:
+        if Path(f"/proc/{child}").exists():
+            os.kill(child, signal.SIGKILL)
+
+
+async def test_a_process_that_exits_is_gone_from_the_next_reply(box: Box, spawn) -> None:
+    proc = _sleeper(spawn)
+    assert (await _settle(box, writers=True)).process(proc.pid) is not None
+    proc.kill()
+    proc.wait()
+    assert (await box.snapshot(writers=True)).process(proc.pid) is None
+
+
+async def test_writers_follow_a_rename_and_a_new_writer(box: Box, workspace: Path, spawn) -> None:
+    part = workspace / "model.gguf.part"
+    first, second, third = (_sleeper(spawn) for _ in range(3))
+    assert _tell(first, f"open {part}") == "ok" and _tell(second, f"open {part}") == "ok"
+    snap = await _settle(box, writers=True)
+    assert dict(snap.writers) == {str(part): tuple(sorted((first.pid, second.pid)))}
+    done = workspace / "model.gguf"
+    part.rename(done)  # under two writers that sleep through it
+    snap = await box.snapshot(writers=True)
+    assert dict(snap.writers) == {str(done): tuple(sorted((first.pid, second.pid)))}
+    assert _tell(third, f"open {done}") == "ok"
+    snap = await box.snapshot(writers=True)
+    assert dict(snap.writers) == {str(done): tuple(sorted((first.pid, second.pid, third.pid)))}
+
+
+async def test_serve_answers_as_a_fresh_probe_does(box: Box, workspace: Path, spawn) -> None:
+    procs = [_sleeper(spawn, f"arg-{i}") for i in range(5)]
+    port = int(_tell(procs[0], "listen"))
+    await _settle(box, writers=True)
+    served = await box.snapshot(writers=True)
+    tool = Path(box.tools_dir, "probe.py")
+    done = subprocess.run([sys.executable, "-S", str(tool)], input=json.dumps({"workspace": str(workspace)}),
+                          capture_output=True, text=True, check=True)  # one-shot: nothing remembered
+    fresh = json.loads(done.stdout)
+    by_pid = {p["pid"]: p for p in fresh["processes"]}
+    for proc in procs:
+        mine, theirs = served.process(proc.pid), by_pid[proc.pid]
+        assert (mine.argv, mine.user, mine.start_time, mine.comm, mine.ppid, mine.pgid) == (
+            tuple(theirs["argv"]), theirs["user"], theirs["start_time"], theirs["comm"], theirs["ppid"],
+            theirs["pgid"])
+    assert {s.port: s.pid for s in served.listeners}[port] == procs[0].pid
+    assert {s["port"]: s["pid"] for s in fresh["listeners"]}[port] == procs[0].pid
+
+
+# ---------------------------------------------------------------- the probe's own functions
+
+
+BOX_MODULES = ("procfs", "disk", "sockets")
+
+
+@pytest.fixture
+def tools(monkeypatch):
+    """The probe's modules as the box runs them (top-level modules, from the tools folder)."""
+    monkeypatch.syspath_prepend(str(resources.files("samai.remote.box")))
+    for name in BOX_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    yield SimpleNamespace(**{name: importlib.import_module(name) for name in BOX_MODULES})
+    for name in BOX_MODULES:
+        sys.modules.pop(name, None)
+
+
+def test_remembered_listings_never_hide_a_change(tools, workspace: Path, monkeypatch) -> None:
+    monkeypatch.setattr(tools.disk.Listings, "RACY_S", 0.0)  # remember every listing at once
+    tree = workspace / "venv"
+    for d in range(5):
+        (tree / f"pkg{d}" / "sub").mkdir(parents=True)
+        for f in range(3):
+            (tree / f"pkg{d}" / "sub" / f"m{f}.py").write_bytes(b"x" * 100)
+    listings = tools.disk.Listings()
+
+    def check() -> tuple:
+        time.sleep(0.05)  # past the timestamp tick of the last change
+        remembered = tools.disk.artifacts(str(workspace), [{"name": "venv", "path": "venv"}], 10.0, listings)
+        fresh = tools.disk.artifacts(str(workspace), [{"name": "venv", "path": "venv"}], 10.0)
+        assert remembered == fresh
+        return remembered[0]["bytes"], remembered[0]["files"]
+
+    assert check() == (1500, 15)
+    assert len(listings.kept) == 11  # venv, 5 pkg, 5 sub: all remembered
+    (tree / "pkg0" / "sub" / "m0.py").write_bytes(b"x" * 1000)  # grows; its folder does not change
+    assert check() == (2400, 15)
+    (tree / "pkg1" / "sub" / "new.py").write_bytes(b"y" * 7)
+    assert check() == (2407, 16)
+    for f in (tree / "pkg2" / "sub").iterdir():
+        f.unlink()
+    (tree / "pkg2" / "sub").rmdir()
+    assert check() == (2107, 13)
+    (tree / "pkg3" / "sub" / "m1.py").unlink()
+    (tree / "pkg3" / "sub" / "m1.py").mkdir()  # a file become a folder of the same name
+    (tree / "pkg3" / "sub" / "m1.py" / "inner").write_bytes(b"z" * 50)
+    assert check() == (2057, 13)
+    os.rename(tree / "pkg4", workspace / "elsewhere")
+    assert check() == (1757, 10)
+
+
+async def test_a_folder_changed_between_two_requests_is_seen(box: Box, workspace: Path) -> None:
+    tree = workspace / "runs" / "checkpoints"
+    (tree / "checkpoint-1").mkdir(parents=True)
+    (tree / "checkpoint-1" / "weights").write_bytes(b"w" * 1000)
+    time.sleep(2.2)  # old enough for the probe to remember the listings (Listings.RACY_S)
+    arts = [("checkpoints", "runs/checkpoints")]
+    for _ in range(2):
+        (art,) = (await box.snapshot(artifacts=arts, processes=False)).artifacts
+    assert (art.bytes, art.files) == (1000, 1)
+    with open(tree / "checkpoint-1" / "weights", "ab") as f:
+        f.write(b"w" * 500)
+    (tree / "checkpoint-2").mkdir()
+    (tree / "checkpoint-2" / "weights").write_bytes(b"v" * 10)
+    (art,) = (await box.snapshot(artifacts=arts, processes=False)).artifacts
+    assert (art.bytes, art.files) == (1510, 2)
+
+
+def test_listening_sockets_from_netlink_are_those_of_proc_net(tools) -> None:
+    mine = [socket.socket(socket.AF_INET), socket.socket(socket.AF_INET6)]
+    try:
+        mine[0].bind(("127.0.0.1", 0))
+        mine[1].bind(("::1", 0))
+        for s in mine:
+            s.listen()
+        try:
+            tools.sockets.diag_listening(socket.AF_INET)
+        except OSError as e:  # a sandbox without sock_diag: the fallback below is all there is
+            if e.errno in (errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT, errno.ENOENT, errno.EPERM, errno.EACCES):
+                pytest.skip(f"no sock_diag here: {e}")
+            raise
+        errors: list = []
+        found = tools.sockets.listening_sockets(errors)
+        assert tools.sockets.SOCK_DIAG["usable"]
+        assert found == tools.sockets.proc_net_listening(errors) and not errors
+        ports = {(v["proto"], v["host"], v["port"]) for v in found.values()}
+        assert ("tcp", "127.0.0.1", mine[0].getsockname()[1]) in ports
+        assert ("tcp6", "::1", mine[1].getsockname()[1]) in ports
+    finally:
+        for s in mine:
+            s.close()
+
+
+def test_without_netlink_the_probe_reads_proc_net(tools, monkeypatch) -> None:
+    def refused(family):
+        raise OSError(93, "Protocol not supported")
+
+    monkeypatch.setattr(tools.sockets, "diag_listening", refused)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        found = tools.sockets.listening_sockets([])
+        assert s.getsockname()[1] in {v["port"] for v in found.values()}
+    assert not tools.sockets.SOCK_DIAG["usable"]
