@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from samai.console import paths, prefs
-from samai.console.actions import ActionOutcome, ActionPlan, Actions
 from samai.console.audit import AuditLog
 from samai.console.budget import disk_budget, project
 from samai.console.config import Config
@@ -35,13 +35,16 @@ from samai.remote.transport import TransportError
 from samai.themes import DEFAULT_THEME, THEMES, stylesheet
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.curves import CurvesPane
-from samai.widgets.dialogs import ConfirmDialog, HelpScreen, KillDialog, PathDialog
 from samai.widgets.disk import DiskPane
 from samai.widgets.evals import EvalTable
+from samai.widgets.footer import KeysFooter
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
 from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
+
+if TYPE_CHECKING:
+    from samai.console.actions import ActionOutcome, ActionPlan, Actions
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
 MAX_BACKOFF_S = 8.0  # a box that comes back is seen within seconds, not minutes
@@ -122,7 +125,7 @@ class SamaiApp(App[None]):
             yield CurvesPane(id="curves")
             yield EvalTable(id="evals")
             yield AlertsPane(id="alerts")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         titles = {"#stages": "stages", "#disk": "disk budget", "#processes": "processes & ports",
@@ -136,7 +139,7 @@ class SamaiApp(App[None]):
         self.theme_changed_signal.subscribe(self, lambda theme: self._save_theme(theme.name))
         self.set_interval(1.0, self._tick)
         if self.polling:
-            self.poll()
+            self.call_after_refresh(self.poll)  # the screen first: the box's first answer is painted after it
 
     async def on_unmount(self) -> None:
         if self.box is not None:
@@ -246,11 +249,15 @@ class SamaiApp(App[None]):
                 del self._bindings.key_to_bindings[key]
 
     def _actions(self) -> Actions:
+        from samai.console.actions import Actions  # with psutil: needed only once an action runs, not to start
+
         if self.box is None:
             self.box = self._open_box()
         return Actions(self.box, self.config, self.audit, readonly=self.readonly, confirm=self._confirm)
 
     async def _confirm(self, plan: ActionPlan) -> str | None:
+        from samai.widgets.dialogs import ConfirmDialog  # each dialog's module is imported when one opens, not to start
+
         if not await self.push_screen_wait(ConfirmDialog(plan, plan.checks)):
             return None
         return "override" if plan.blocked else "dialog"  # the dialog said "anyway" for a blocked plan
@@ -277,6 +284,8 @@ class SamaiApp(App[None]):
 
     @work(group="dialog", exclusive=True)
     async def action_open_file(self) -> None:
+        from samai.widgets.dialogs import PathDialog  # see _confirm
+
         path = await self.push_screen_wait(PathDialog("open a file on the box in the log pane",
                                                       "/path/on/box.log (relative: inside the workspace)"))
         if path:
@@ -286,6 +295,8 @@ class SamaiApp(App[None]):
             self.query_one(LogView).border_title = f"file · {path}"
 
     def action_help(self) -> None:
+        from samai.widgets.dialogs import HelpScreen  # see _confirm
+
         self.push_screen(HelpScreen(self._help_rows()))
 
     def _help_rows(self) -> list[tuple[str, str, str]]:
@@ -343,6 +354,8 @@ class SamaiApp(App[None]):
 
     @_one_action_at_a_time
     async def action_kill(self, process: Process | None = None) -> None:
+        from samai.widgets.dialogs import KillDialog  # see _confirm
+
         process = process or self.query_one(ProcessPane).selected()
         snap = self.state.snapshot
         if process is None or snap is None:
@@ -368,6 +381,7 @@ class SamaiApp(App[None]):
         self._report(await self._actions().clean([a.path for a in reclaimable], why=why))
 
     def _report(self, outcome: ActionOutcome) -> None:
+        self.state.sizer.refresh_all()  # whatever the action made or removed is sized in the next poll
         severity = "information" if outcome.ok else "warning" if outcome.status == "cancelled" else "error"
         tail = getattr(outcome.result, "log_tail", ()) if not outcome.ok else ()
         message = "\n".join([outcome.message, *(line[:100] for line in tail[-FAILED_TAIL_LINES:])])
@@ -400,6 +414,8 @@ class SamaiApp(App[None]):
 
     @work(group="dialog", exclusive=True)
     async def switch_target(self) -> None:
+        from samai.widgets.dialogs import PathDialog  # see _confirm
+
         url = await self.push_screen_wait(PathDialog("switch target", "local or ssh://user@host[:port]",
                                                      self.config.target.url))
         if not url or url == self.config.target.url:
@@ -441,5 +457,9 @@ async def _already_confirmed(plan: ActionPlan) -> str:
 
 
 def run_app(config: Config, *, readonly: bool = False, theme: str | None = None) -> int:
+    # What the imports built lives as long as the console: no garbage collection need walk it again
+    # (a full one during start-up walked all of it, delaying the first paint, and each later one would).
+    gc.freeze()
+    gc.enable()  # the CLI turns it off while the TUI's modules load
     SamaiApp(config, readonly=readonly, theme=theme).run()
     return 0

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from samai.console import __version__, checks
+from samai.console import __version__
 from samai.console import config as config_mod
-from samai.console.actions import ActionOutcome, ActionPlan, Actions, UnknownStage
 from samai.console.audit import AuditLog
 from samai.console.budget import disk_budget, plan_run
 from samai.console.connect import open_box
@@ -26,6 +26,9 @@ from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
+
+if TYPE_CHECKING:
+    from samai.console.actions import ActionOutcome, ActionPlan, Actions
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 FOLLOW_POLL_S = 0.5
@@ -118,11 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.target:
             cfg = cfg.with_target(args.target)
         if args.command is None:
+            gc.disable()  # what the TUI imports and builds to start lives as long as it: see run_app
             from samai.console.app import run_app  # the TUI's imports are kept off the CLI's path
 
             return run_app(cfg, readonly=args.readonly, theme=args.theme)
         return asyncio.run(_run(args, cfg))
-    except (config_mod.ConfigError, UsageError, UnknownStage, TargetError) as e:
+    except (config_mod.ConfigError, UsageError, TargetError) as e:
         return _fail(str(e), EXIT_USAGE)
     except (BoxError, TransportError) as e:
         return _fail(f"cannot reach {args.target or 'the target'}: {e}", EXIT_USAGE)
@@ -146,12 +150,16 @@ def _fail(message: str, code: int) -> int:
 
 
 async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
+    from samai.console.actions import UnknownStage  # the action layer (and psutil) is kept off the TUI's path
+
     box = open_box(cfg)
     try:
         handlers = {"snapshot": _snapshot, "budget": _budget, "doctor": _doctor, "check": _check, "fire": _fire,
                     "stop": _stop, "kill": _kill, "tail": _tail}
         handler = handlers[args.command]
         return await handler(args, cfg, box)
+    except UnknownStage as e:
+        return _fail(str(e), EXIT_USAGE)
     finally:
         await box.close()
 
@@ -196,6 +204,8 @@ async def _doctor(args, cfg, box: Box) -> int:
 
 
 async def _check(args, cfg, box: Box) -> int:
+    from samai.console import checks  # with the box's GGUF checker: only `check` needs it
+
     path = _on_target(cfg, args.path)
     try:
         if args.kind == "gguf":
@@ -269,6 +279,8 @@ async def _tail(args, cfg, box: Box) -> int:
 
 
 def _actions(args, cfg, box: Box) -> Actions:
+    from samai.console.actions import Actions  # see _run
+
     return Actions(box, cfg, AuditLog(audit_log()), readonly=args.readonly,
                    confirm=_confirmer(args.yes, getattr(args, "force", False)))
 

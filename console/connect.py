@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from samai.console.config import Config
 from samai.remote.boxapi import Box
-from samai.remote.ssh import SshOptions
-from samai.remote.targets import open_transport
+from samai.remote.targets import open_transport, scheme
 
 
 def open_box(cfg: Config) -> Box:
     t = cfg.target
-    ssh = SshOptions(t.keepalive_interval, t.keepalive_count, t.connect_timeout, t.max_channels)
+    ssh = None
+    if scheme(t.url) == "ssh":
+        from samai.remote.ssh import SshOptions  # asyncssh: only for an ssh target (see samai.remote.targets)
+
+        ssh = SshOptions(t.keepalive_interval, t.keepalive_count, t.connect_timeout, t.max_channels)
     return Box(open_transport(t.url, ssh, t.token_env), cfg.workspace, python=t.box_python, timeout=t.timeout)

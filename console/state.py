@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from samai.console.budget import DiskBudget, disk_budget
 from samai.console.config import Config, Stage
 from samai.console.detectors import declared_binaries, detect
 from samai.console.preflight import Preflight, poison_artifacts, preflight
+from samai.console.sizing import ArtifactSizer
 from samai.console.trainlog import TrainLogParser, TrainPoint
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
 from samai.remote.model import Marker, Process, Report, Snapshot
@@ -101,6 +102,7 @@ class ConsoleState:
         train = config.stage("train")
         self.train_log = LogFollower(self.path_of(train.log), offset=0) if train else None
         self.trainlog = TrainLogParser()
+        self.sizer = ArtifactSizer([(a.name, a.path) for a in config.artifacts] + poison_artifacts(config))
         self.shown: LogFollower | None = None  # the log in the log pane
         self.shown_stage: str | None = None
         self.last_markers: dict[str, tuple[str, str]] = {}
@@ -141,13 +143,14 @@ class ConsoleState:
 
     def request(self, followers: list[LogFollower]) -> dict:
         """The next snapshot's keyword arguments: artifact paths, log cursors, report globs."""
-        artifacts = [(a.name, a.path) for a in self.config.artifacts] + poison_artifacts(self.config)
-        return {"artifacts": artifacts, "logs": [f.cursor() for f in followers],
+        making = {name for s in self.config.stages if self._statuses.get(s.name) == "running" for name in s.makes}
+        return {"artifacts": self.sizer.due(self.received_at, making), "logs": [f.cursor() for f in followers],
                 "reports": [self.config.ui.eval_reports], "writers": True,
                 "binaries": declared_binaries(self.config)}
 
     def apply(self, snap: Snapshot, followers: list[LogFollower], now: float) -> StateUpdate:
         """Fold in a snapshot taken with the cursors of `followers` (in that order)."""
+        snap = replace(snap, artifacts=self.sizer.merge(snap.artifacts, now))
         self.snapshot, self.received_at = snap, now
         update = StateUpdate(snap, [], disk_budget(self.config, snap), self._process_rows(snap),
                              [run for run in map(eval_run, snap.reports) if run])
@@ -205,6 +208,8 @@ class ConsoleState:
             status = "blocked"
         before = self._statuses.get(stage.name)
         self._statuses[stage.name] = status
+        if before is not None and before != status:
+            self.sizer.refresh_all()  # what it made (or removed) is sized in the next poll
         if before == "running" and status in ("failed", "lost", "orphaned"):
             rc = f" rc={rec.rc}" if rec and rec.rc is not None else ""
             update.new_alerts.append(Alert(self.received_at, "error", f"stage {stage.name} {status}{rc}", stage.name,

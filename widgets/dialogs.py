@@ -4,6 +4,7 @@ target and opens with Cancel focused: Enter on a dialog you did not read does no
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -12,9 +13,10 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Static
 
-from samai.console.actions import ActionPlan
-from samai.console.preflight import Check
-from samai.remote.model import Process
+if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not imported with the TUI
+    from samai.console.actions import ActionPlan
+    from samai.console.preflight import Check
+    from samai.remote.model import Process
 
 CHECK_STYLE = {"ok": ("✓", "$success"), "warning": ("!", "$warning"), "error": ("✗", "$error bold")}
 

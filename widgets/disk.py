@@ -4,10 +4,10 @@ next stage's projected peak against free space, and what could be reclaimed."""
 from __future__ import annotations
 
 from textual.content import Content
-from textual.widgets import Static
 
 from samai.console import units
 from samai.console.budget import DiskBudget, Projection
+from samai.widgets.pane import Pane
 
 BAR_WIDTH = 16
 
@@ -22,7 +22,7 @@ def usage_bar(used: int, total: int, adds: int = 0, width: int = BAR_WIDTH) -> l
                                                                          "$foreground 40%")]
 
 
-class DiskPane(Static):
+class DiskPane(Pane):
     DEFAULT_CSS = "DiskPane { height: auto; padding: 0 1; }"
 
     def show(self, budget: DiskBudget, next_stage: Projection | None = None) -> None:
@@ -48,4 +48,4 @@ class DiskPane(Static):
             parts += [f"next: {next_stage.stage} +{units.size(next_stage.adds)} at peak → ",
                       f"{units.size(next_stage.free_at_peak)} free  ", verdict, "\n"]
         parts += ["reclaimable: ", (units.size(budget.reclaimable), "$accent bold" if budget.reclaimable else "")]
-        self.update(Content.assemble(*parts))
+        self.show_content(Content.assemble(*parts))

@@ -5,20 +5,26 @@ from __future__ import annotations
 from textual.widgets import DataTable
 
 from samai.console.state import EvalRun
+from samai.widgets.pane import set_subtitle
 
 
 class EvalTable(DataTable):
     DEFAULT_CSS = "EvalTable { height: 1fr; }"
+
+    _runs: list[EvalRun] | None = None  # the runs on show
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.add_columns("run", "n", "accuracy", "empty", "truncated")
 
     def show(self, runs: list[EvalRun]) -> None:
+        if runs == self._runs:
+            return  # rebuilding the same rows would repaint the table (and its scroll bars) for nothing
+        self._runs = list(runs)
         self.clear()
         for r in sorted(runs, key=lambda r: r.mtime, reverse=True):
             acc = "?" if r.accuracy is None else f"{100 * r.accuracy:.1f} %"
             suspicious = r.n and (r.empty_content > r.n // 2)
             self.add_row(r.name, str(r.n), acc + (" (fake 0?)" if suspicious and not r.accuracy else ""),
                          str(r.empty_content), str(r.truncated), key=r.name)
-        self.border_subtitle = f"{len(runs)} runs" if runs else "no eval runs yet"
+        set_subtitle(self, f"{len(runs)} runs" if runs else "no eval runs yet")

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import re
 
+from rich.cells import cell_len
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.widgets import DataTable, Input
 
 from samai.console import units
 from samai.console.state import ProcessRow
 from samai.remote.model import Process
+from samai.widgets.pane import set_subtitle
 
 COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "elapsed", "ports", "command")
 SORTS = ("cpu", "rss", "pid", "elapsed")
@@ -27,6 +30,42 @@ def _sort_key(sort: str):
         "pid": lambda r: r.process.pid,
         "elapsed": lambda r: r.process.start_time,
     }[sort]
+
+
+class ProcessTable(DataTable):
+    """The processes pane's table. DataTable keys all it renders by a count of updates: one
+    changed cell and it renders every visible cell anew (with a few cpu% and elapsed values
+    changing each poll, most of what an idle console does), and what it rendered before stays
+    in its caches, never used again, until they fill. This one keeps each rendered cell by
+    what decides its look, and `updated` lets go of what is no longer shown."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self._cells_now: dict[tuple, list] = {}  # rendered cells used since the last update
+        self._cells_before: dict[tuple, list] = {}  # and between the two updates before
+
+    def updated(self) -> None:
+        """Call after each batch of changes to the rows."""
+        self._clear_caches()  # DataTable's: keyed by the count of updates, never hit again
+        self._cells_before, self._cells_now = self._cells_now, {}
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._cells_now, self._cells_before = {}, {}  # a theme or focus change: every cell looks different
+
+    def _render_cell(self, row_index: int, column_index: int, base_style, width: int, cursor: bool = False,
+                     hover: bool = False):
+        if row_index < 0 or column_index < 0:  # the header: a few cells, left to DataTable
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        key = (row_index, column_index, self.get_cell_at(Coordinate(row_index, column_index)), base_style, width,
+               cursor, hover, self.show_cursor, self.cell_padding, self._pseudo_class_state)
+        lines = self._cells_now.get(key)
+        if lines is None:
+            lines = self._cells_before.get(key)
+            if lines is None:
+                lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+            self._cells_now[key] = lines
+        return lines
 
 
 class ProcessPane(Vertical):
@@ -54,17 +93,19 @@ class ProcessPane(Vertical):
         self.show_kernel = False
         self.pattern: re.Pattern | None = None
         self.now = 0.0
-        self._keys: list[str] = []
+        self._keys: list[str] = []  # the rows' keys, in the table's order
+        self._shown: dict[str, tuple[str, ...]] = {}  # each row's cells, by key
+        self._columns: list = []
 
     def compose(self) -> ComposeResult:
-        table = DataTable(cursor_type="row", zebra_stripes=True)
-        table.add_columns(*COLUMNS)
+        table = ProcessTable(cursor_type="row", zebra_stripes=True)
+        self._columns = table.add_columns(*COLUMNS)
         yield table
         yield Input(placeholder="filter processes (regex on command/user/stage; Enter applies, Esc clears)")
 
     @property
-    def table(self) -> DataTable:
-        return self.query_one(DataTable)
+    def table(self) -> ProcessTable:
+        return self.query_one(ProcessTable)
 
     def show(self, rows: list[ProcessRow], now: float) -> None:
         self.rows, self.now = rows, now
@@ -85,22 +126,66 @@ class ProcessPane(Vertical):
         return sorted(rows, key=lambda r: (r.stage is None, r.stage or "", by(r)))
 
     def _render_rows(self) -> None:
+        rows = self.visible()
+        shown = {_key(r): self._cells(r) for r in rows}
+        if not self._patch(shown):
+            self._rebuild(shown)
+        self._shown = shown
+        set_subtitle(self, f"{len(rows)} shown · sort {self.sort}" + (" · filtered" if self.pattern else ""))
+
+    def _cells(self, r: ProcessRow) -> tuple[str, ...]:
+        p = r.process
+        return (r.stage or "", str(p.pid), p.user[:10], f"{r.cpu_percent:.1f}", units.size(p.rss),
+                units.duration(self.now - p.start_time), ",".join(map(str, r.ports)), p.command[:200])
+
+    def _patch(self, shown: dict[str, tuple[str, ...]]) -> bool:
+        """Bring the table to `shown` row by row: remove the processes that are gone, add the new
+        ones, change only the cells that differ, then put the rows in order. A poll changes a few
+        cpu% and elapsed values; a rebuild would measure every cell again and repaint the table,
+        its scroll bars and the layout. False where this cannot give what a rebuild would: a
+        value wider than its column (a rebuild widens it; columns only grow)."""
+        table = self.table
+        old = self._shown
+        changes = [(key, column, new) for key, cells in shown.items() if key in old
+                   for column, new, was in zip(self._columns, cells, old[key], strict=True) if new != was]
+        if any(cell_len(new) > table.columns[column].content_width for _, column, new in changes):
+            return False
+        order = {cells[1]: i for i, cells in enumerate(shown.values())}  # by pid, unique among live processes
+        if len(order) != len(shown):
+            return False
+        if not changes and list(shown) == self._keys:
+            return True  # nothing to do: no repaint
+        keep = self.selected()
+        for key in old.keys() - shown.keys():
+            table.remove_row(key)
+        for key, cells in shown.items():
+            if key not in old:
+                table.add_row(*cells, key=key)
+        for key, column, new in changes:
+            table.update_cell(key, column, new)
+        if list(shown) != self._keys:
+            table.sort(self._columns[1], key=order.__getitem__)
+            self._keys = list(shown)
+            self._select(keep)
+        table.updated()
+        return True
+
+    def _rebuild(self, shown: dict[str, tuple[str, ...]]) -> None:
         table = self.table
         keep = self.selected()
-        rows = self.visible()
         table.clear()
-        self._keys = []
-        for r in rows:
-            p = r.process
-            table.add_row(r.stage or "", str(p.pid), p.user[:10], f"{r.cpu_percent:.1f}", units.size(p.rss),
-                          units.duration(self.now - p.start_time), ",".join(map(str, r.ports)), p.command[:200],
-                          key=_key(r))
-            self._keys.append(_key(r))
-        if keep:
-            key = f"{keep.pid}:{keep.start_time}"
-            if key in self._keys:
-                table.move_cursor(row=self._keys.index(key), animate=False, scroll=False)
-        self.border_subtitle = f"{len(rows)} shown · sort {self.sort}" + (" · filtered" if self.pattern else "")
+        for key, cells in shown.items():
+            table.add_row(*cells, key=key)
+        self._keys = list(shown)
+        self._select(keep)
+        table.updated()
+
+    def _select(self, process: Process | None) -> None:
+        """Put the cursor back on the process it was on, else on the first row."""
+        key = f"{process.pid}:{process.start_time}" if process else None
+        row = self._keys.index(key) if key in self._keys else 0
+        if row != self.table.cursor_row:
+            self.table.move_cursor(row=row, animate=False, scroll=False)
 
     # ------------------------------------------------------------ keys
 

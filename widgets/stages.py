@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from textual.content import Content
-from textual.widgets import Static
 
 from samai.console import units
 from samai.console.state import StageView
+from samai.widgets.pane import Pane
 
 STATUS_STYLE = {
     "idle": ("○", "$foreground 60%"),
@@ -22,7 +22,7 @@ STATUS_STYLE = {
 SEVERITY_STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}
 
 
-class StagesBar(Static):
+class StagesBar(Pane):
     DEFAULT_CSS = "StagesBar { height: auto; max-height: 6; padding: 0 1; }"
 
     def show(self, views: list[StageView], now: float | None = None) -> None:
@@ -38,4 +38,4 @@ class StagesBar(Static):
             if v.last_marker:
                 parts += [" · ", (v.last_marker[:32], SEVERITY_STYLE.get(v.last_marker_severity, ""))]
             parts.append("   ")
-        self.update(Content.assemble(*parts) if parts else Content("no stages configured"))
+        self.show_content(Content.assemble(*parts) if parts else Content("no stages configured"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from textual.content import Content
-from textual.widgets import Static
 
 from samai.console import units
+from samai.widgets.pane import Pane
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Connection:
     error: str = ""
 
 
-class StatusBar(Static):
+class StatusBar(Pane):
     DEFAULT_CSS = "StatusBar { height: 1; background: $panel; padding: 0 1; }"
 
     def show(self, c: Connection) -> None:
@@ -42,4 +42,4 @@ class StatusBar(Static):
             parts += ["  ", (c.error[:120], "$error")]
         if c.readonly:
             parts += ["  ", (" READ-ONLY ", "reverse $warning")]
-        self.update(Content.assemble(*parts))
+        self.show_content(Content.assemble(*parts), layout=False)  # one line, whatever it says

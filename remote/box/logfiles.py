@@ -8,7 +8,7 @@ import base64
 import os
 import re
 
-from markers import Markers, marker_hits
+from markers import compiled, marker_hits
 
 DEFAULT_LOG_BYTES = 256 * 1024
 MAX_LOG_BYTES = 8 * 1024 * 1024
@@ -98,7 +98,7 @@ def read_log(req):
         truncated=truncated,
         data=base64.b64encode(new).decode("ascii") if req.get("data", True) else "",
         tail=base64.b64encode(data[-CHECK_BYTES:]).decode("ascii"),
-        hits=marker_hits(data, scan_from, Markers(req.get("markers") or ())),
+        hits=marker_hits(data, scan_from, compiled(req.get("markers") or ())),
     )
     return entry
 

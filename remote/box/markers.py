@@ -109,6 +109,21 @@ def combine(patterns):
         return list(patterns)
 
 
+COMPILED = {}  # the markers of each watched log, compiled once per probe process
+MAX_COMPILED = 64
+
+
+def compiled(specs):
+    """Markers(specs), compiled once: a --serve probe is asked for the same logs every second."""
+    key = tuple((m.get("name"), m.get("pattern"), tuple(m.get("needles") or ())) for m in specs)
+    markers = COMPILED.get(key)
+    if markers is None:
+        if len(COMPILED) >= MAX_COMPILED:
+            COMPILED.clear()
+        markers = COMPILED[key] = Markers(specs)
+    return markers
+
+
 class Markers(object):
     """Markers compiled for marker_hits: each pattern alone, all of them as one alternation, and
     the needles when every marker came with some."""

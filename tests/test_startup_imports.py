@@ -1,0 +1,66 @@
+"""Start-up: the TUI's path imports no transport it does not use, and nothing that only actions,
+dialogs or `check` need; the ssh and envelope targets still open through the same code path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from samai.console import config
+from samai.console.connect import open_box
+from samai.remote.targets import open_transport
+
+# What the TUI imports before its first paint (`samai-console` with no command, local target).
+TUI_PATH = """
+import json, sys
+from samai.console import cli, config
+from samai.console.app import SamaiApp
+from samai.console.connect import open_box
+cfg = config.load()
+box = open_box(cfg)
+SamaiApp(cfg, poll=False)
+print(json.dumps(sorted(sys.modules)))
+"""
+NOT_BEFORE_FIRST_PAINT = ("asyncssh", "httpx", "psutil", "samai.remote.ssh", "samai.remote.envelope",
+                          "samai.console.actions", "samai.console.checks", "samai.widgets.dialogs")
+
+
+def test_the_tui_path_imports_no_transport_and_nothing_only_actions_need(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-c", TUI_PATH], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert "samai.console.app" in loaded and "samai.remote.local" in loaded
+    assert sorted(loaded & set(NOT_BEFORE_FIRST_PAINT)) == []
+
+
+def _config(tmp_path, url: str) -> config.Config:
+    f = tmp_path / "t.toml"
+    f.write_text(f'[target]\nurl = "{url}"\nkeepalive_interval = 7.0\nkeepalive_count = 4\nconnect_timeout = 3.0\n'
+                 'max_channels = 2\ntoken_env = "MY_GATEWAY_TOKEN"\n')
+    return config.load(f)
+
+
+async def test_an_ssh_target_opens_its_transport_with_the_configured_options(tmp_path) -> None:
+    from samai.remote.ssh import SshOptions, SshTarget, SshTransport
+
+    box = open_box(_config(tmp_path, "ssh://ops@gpu-box:2222"))
+    try:
+        assert isinstance(box.transport, SshTransport)
+        assert box.transport.target == SshTarget("gpu-box", "ops", 2222)
+        assert box.transport.options == SshOptions(7.0, 4, 3.0, 2)
+    finally:
+        await box.close()  # nothing was connected
+    assert isinstance(open_transport("ssh://gpu-box"), SshTransport)
+
+
+async def test_an_envelope_target_opens_its_transport_with_the_configured_token_variable(tmp_path) -> None:
+    from samai.remote.envelope import EnvelopeTransport
+
+    box = open_box(_config(tmp_path, "envelope+http://127.0.0.1:9"))
+    try:
+        assert isinstance(box.transport, EnvelopeTransport)
+        assert box.transport.token_env == "MY_GATEWAY_TOKEN"
+    finally:
+        await box.close()
