@@ -24,3 +24,11 @@ def duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def age(seconds: float | None) -> str:
+    """An age as kubectl and k9s show it: seconds only in the first minute, then minutes. A table
+    of ages then changes once a minute rather than every second, for the eye and for the CPU."""
+    if seconds is not None and 60 <= seconds < 3600:
+        return f"{int(seconds) // 60}m"
+    return duration(seconds)

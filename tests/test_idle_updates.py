@@ -102,12 +102,12 @@ async def test_the_process_table_changed_in_place_shows_what_a_rebuild_shows(mon
         clears = _calls(monkeypatch, patched.table, "clear")
         # 12 is gone, 13 is new, 11 now uses the most CPU, every elapsed time moved on.
         later = [_row(10, 0.5), _row(11, 7.0), _row(13, 2.0, "bash")]
-        patched.show(later, NOW + 5)
-        fresh.show(later, NOW + 5)
+        patched.show(later, NOW + 65)
+        fresh.show(later, NOW + 65)
         await pilot.pause()
         assert clears == []  # changed row by row, not rebuilt
         assert [patched.table.get_row_at(i) for i in range(3)] == [fresh.table.get_row_at(i) for i in range(3)]
-        assert patched.table.get_row_at(0)[1] == "11" and patched.table.get_row_at(0)[5] == "1m35s"
+        assert patched.table.get_row_at(0)[1] == "11" and patched.table.get_row_at(0)[5] == "2m"
         assert patched.selected().pid == 11  # the cursor stayed on its process
         assert _shown(patched) == _shown(fresh)
 
@@ -176,3 +176,10 @@ async def test_the_footer_recomposes_only_when_its_keys_change() -> None:
         await pilot.pause()
         descriptions = {k.description for k in _keys(pilot.app)}
         assert "Wrap" in descriptions and "Follow" not in descriptions
+
+
+def test_ages_tick_each_second_only_in_the_first_minute() -> None:
+    from samai.console import units
+
+    assert [units.age(s) for s in (None, 5, 59.9, 60, 61, 3599, 3600, 3661, 90_000)] == [
+        "?", "5s", "59s", "1m", "1m", "59m", "1h00m", "1h01m", "1d01h"]

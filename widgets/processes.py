@@ -34,38 +34,54 @@ def _sort_key(sort: str):
 
 class ProcessTable(DataTable):
     """The processes pane's table. DataTable keys all it renders by a count of updates: one
-    changed cell and it renders every visible cell anew (with a few cpu% and elapsed values
+    changed cell and it renders every visible line and cell anew (with a few cpu% values
     changing each poll, most of what an idle console does), and what it rendered before stays
-    in its caches, never used again, until they fill. This one keeps each rendered cell by
-    what decides its look, and `updated` lets go of what is no longer shown."""
+    in its caches, never used again, until they fill. This one keeps each rendered line and
+    cell by what decides its look, and `updated` lets go of what is no longer shown."""
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
-        self._cells_now: dict[tuple, list] = {}  # rendered cells used since the last update
-        self._cells_before: dict[tuple, list] = {}  # and between the two updates before
+        self._kept_now: dict[tuple, object] = {}  # rendered lines and cells used since the last update
+        self._kept_before: dict[tuple, object] = {}  # and between the two updates before
 
     def updated(self) -> None:
         """Call after each batch of changes to the rows."""
         self._clear_caches()  # DataTable's: keyed by the count of updates, never hit again
-        self._cells_before, self._cells_now = self._cells_now, {}
+        self._kept_before, self._kept_now = self._kept_now, {}
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._cells_now, self._cells_before = {}, {}  # a theme or focus change: every cell looks different
+        self._kept_now, self._kept_before = {}, {}  # a theme or focus change: everything looks different
+
+    def _kept(self, key: tuple, render):
+        found = self._kept_now.get(key)
+        if found is None:
+            found = self._kept_before.get(key)
+            if found is None:
+                found = render()
+            self._kept_now[key] = found
+        return found
+
+    def _render_line(self, y: int, x1: int, x2: int, base_style):
+        try:
+            row_key, _ = self._get_offsets(y)
+            cells = tuple(self._data[row_key].values())
+        except LookupError:  # the header, or below the last row
+            return super()._render_line(y, x1, x2, base_style)
+        key = ("line", y, x1, x2, self.size.width, row_key, cells,
+               tuple(column.get_render_width(self) for column in self.ordered_columns), base_style,
+               self.cursor_coordinate, self.hover_coordinate, self.cursor_type, self._show_hover_cursor,
+               self.show_cursor, self._pseudo_class_state)
+        return self._kept(key, lambda: super(ProcessTable, self)._render_line(y, x1, x2, base_style))
 
     def _render_cell(self, row_index: int, column_index: int, base_style, width: int, cursor: bool = False,
                      hover: bool = False):
         if row_index < 0 or column_index < 0:  # the header: a few cells, left to DataTable
             return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        key = (row_index, column_index, self.get_cell_at(Coordinate(row_index, column_index)), base_style, width,
-               cursor, hover, self.show_cursor, self.cell_padding, self._pseudo_class_state)
-        lines = self._cells_now.get(key)
-        if lines is None:
-            lines = self._cells_before.get(key)
-            if lines is None:
-                lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-            self._cells_now[key] = lines
-        return lines
+        key = ("cell", row_index, column_index, self.get_cell_at(Coordinate(row_index, column_index)), base_style,
+               width, cursor, hover, self.show_cursor, self.cell_padding, self._pseudo_class_state)
+        return self._kept(key, lambda: super(ProcessTable, self)._render_cell(row_index, column_index, base_style,
+                                                                              width, cursor, hover))
 
 
 class ProcessPane(Vertical):
@@ -136,7 +152,7 @@ class ProcessPane(Vertical):
     def _cells(self, r: ProcessRow) -> tuple[str, ...]:
         p = r.process
         return (r.stage or "", str(p.pid), p.user[:10], f"{r.cpu_percent:.1f}", units.size(p.rss),
-                units.duration(self.now - p.start_time), ",".join(map(str, r.ports)), p.command[:200])
+                units.age(self.now - p.start_time), ",".join(map(str, r.ports)), p.command[:200])
 
     def _patch(self, shown: dict[str, tuple[str, ...]]) -> bool:
         """Bring the table to `shown` row by row: remove the processes that are gone, add the new
