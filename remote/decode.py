@@ -29,6 +29,22 @@ class LineDecoder:
         multibyte character, so a character split across two reads stays whole."""
         lines: list[str] = []
         start = 0
+        if self._pending or self._dropped:  # the line begun in the last chunk first
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._keep(data)
+                return lines
+            self._keep(data[:nl])
+            lines.append(self._finish())
+            start = nl + 1
+        end = data.rfind(b"\n") + 1
+        if end > start:
+            # All complete lines in one decode (the same text line by line would give, as b"\n"
+            # is never part of a character), unless one of them could be over the cap.
+            whole = data[start:end - 1].decode("utf-8", "replace").split("\n")
+            if max(map(len, whole)) * 4 <= self.max_line:  # a character is at most 4 bytes
+                lines += [line[:-1] if line.endswith("\r") else line for line in whole]
+                start = end
         while True:
             nl = data.find(b"\n", start)
             if nl < 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from samai.remote.boxapi import Box
@@ -179,3 +180,35 @@ async def test_markers_match_within_their_own_line_only(box: Box, workspace: Pat
         LogFollower(str(log), markers=markers, offset=0).cursor()))
     assert [(h.marker, h.line) for h in update.hits] == [("TB", "Traceback (most recent call last):"),
                                                          ("NAN", "b nan nan")]
+
+
+def test_decoding_whole_chunks_gives_what_decoding_byte_by_byte_gives() -> None:
+    """The decoder's fast path (all complete lines of a chunk in one decode) against its line by
+    line path, which feeding one byte at a time always takes: garbage, CRLF, characters split
+    across reads, and lines over the cap."""
+    rng = random.Random(5)
+    pieces = [b"plain line", "é€😀 utf-8".encode(), b"\xff\xfe\x80 garbage", b"crlf\r", b"", b"\xe2\x82",
+              b"x" * 300, "€".encode() * 90]
+    data = b"".join(rng.choice(pieces) + (b"\n" if rng.random() < 0.7 else b"") for _ in range(3000))
+    slow, fast = LineDecoder(max_line=256), LineDecoder(max_line=256)
+    expected = [line for i in range(len(data)) for line in slow.feed(data[i:i + 1])]
+    got, pos = [], 0
+    while pos < len(data):
+        size = rng.randint(1, 5000)
+        got += fast.feed(data[pos:pos + size])
+        pos += size
+    assert got == expected and fast.flush() == slow.flush()
+    assert any("line cut" in line for line in got) and any("\ufffd" in line for line in got)
+
+
+async def test_the_last_n_lines_across_read_blocks(box: Box, workspace: Path) -> None:
+    """The probe looks back in 64 KB blocks: line starts on either side of a block edge, with
+    and without a final newline, and more lines asked for than the file has."""
+    rng = random.Random(3)
+    lines = [b"%d " % i + b"x" * rng.randint(0, 200) for i in range(1500)]
+    for trailing in (b"\n", b""):
+        log = workspace / f"blocks{len(trailing)}.log"
+        log.write_bytes(b"\n".join(lines) + trailing)
+        for n in (1, 2, 7, 499, 1000, 1499, 1500, 5000):
+            chunk = await box.tail(str(log), last_lines=n, max_bytes=1 << 20)
+            assert chunk.data == b"\n".join(lines[-n:]) + trailing, (n, trailing)

@@ -42,14 +42,12 @@ def start_of_last_lines(fd, size, n, limit):
         step = min(TAIL_BLOCK, pos - floor)
         pos -= step
         block = pread(fd, pos, step)
-        idx = len(block)
-        while True:
-            idx = block.rfind(b"\n", 0, idx)
-            if idx < 0:
-                break
-            newlines += 1
-            if newlines >= n:
-                return pos + idx + 1
+        found = block.count(b"\n")
+        if newlines + found < n:
+            newlines += found
+            continue
+        before = block.rsplit(b"\n", n - newlines)[0]  # all before the newline that starts the last n lines
+        return pos + len(before) + 1
     return floor
 
 

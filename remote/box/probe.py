@@ -8,7 +8,7 @@ entry in the reply; the probe itself only fails on a request it cannot parse.
 Request (every key optional):
   {"workspace": PATH, "artifacts": [{"name", "path"}], "artifact_budget_s": 1.0,
    "logs": [{"path", "offset", "inode", "check", "scan_from", "last_lines", "max_bytes",
-             "data": true, "markers": [{"name", "pattern"}]}],
+             "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
    "processes": true, "states": true, "writers": false, "binaries": [PATH]}
 Reply: {"time", "boot_time", "clk_tck", "host", "disks", "artifacts", "processes",
