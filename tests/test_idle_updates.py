@@ -183,3 +183,17 @@ def test_ages_tick_each_second_only_in_the_first_minute() -> None:
 
     assert [units.age(s) for s in (None, 5, 59.9, 60, 61, 3599, 3600, 3661, 90_000)] == [
         "?", "5s", "59s", "1m", "1m", "59m", "1h00m", "1h01m", "1d01h"]
+
+
+async def test_a_changed_cell_repaints_its_row_only(monkeypatch) -> None:
+    async with Panes().run_test(size=(120, 40)) as pilot:
+        pane = pilot.app.query_one("#patched", ProcessPane)
+        pane.sort = "pid"  # a new cpu% then moves no row
+        pane.show([_row(10, 5.0), _row(11, 1.0), _row(12, 0.0)], NOW)
+        await pilot.pause()
+        refreshes = _calls(monkeypatch, pane.table, "refresh")
+        pane.show([_row(10, 5.0), _row(11, 3.0), _row(12, 0.0)], NOW)
+        await pilot.pause()
+        assert refreshes and all(regions for regions in refreshes)  # regions, never the whole table
+        assert {region.y for (region,) in refreshes} == {pane.table._get_row_region(1).y}
+        assert pane.table.get_row_at(1)[3] == "3.0"

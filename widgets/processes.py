@@ -7,12 +7,14 @@ import re
 
 from rich.cells import cell_len
 from textual import on
+from textual._styles_cache import StylesCache
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.widgets import DataTable, Input
+from textual.widgets.data_table import RowKey
 
 from samai.console import units
 from samai.console.state import ProcessRow
@@ -46,12 +48,27 @@ class ProcessTable(DataTable):
 
     def updated(self) -> None:
         """Call after each batch of changes to the rows."""
-        self._clear_caches()  # DataTable's: keyed by the count of updates, never hit again
+        styles_cache = self._styles_cache  # what is on screen: repainted where refreshed, kept elsewhere
+        self._styles_cache = StylesCache()
+        self._clear_caches()  # DataTable's own: keyed by the count of updates, never hit again
+        self._styles_cache = styles_cache
         self._kept_before, self._kept_now = self._kept_now, {}
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._kept_now, self._kept_before = {}, {}  # a theme or focus change: everything looks different
+
+    def set_cells(self, changes) -> None:
+        """update_cell for each (row key, column key, value), with the widths as they are, repainting
+        only the rows that changed (update_cell repaints the whole table for each cell)."""
+        rows = set()
+        for key, column, value in changes:
+            row_key = RowKey(key)
+            self._data[row_key][column] = value
+            rows.add(self._row_locations.get(row_key))
+        self._update_count += 1
+        for row in rows:
+            self.refresh_row(row)
 
     def _kept(self, key: tuple, render):
         found = self._kept_now.get(key)
@@ -177,8 +194,7 @@ class ProcessPane(Vertical):
         for key, cells in shown.items():
             if key not in old:
                 table.add_row(*cells, key=key)
-        for key, column, new in changes:
-            table.update_cell(key, column, new)
+        table.set_cells(changes)
         if list(shown) != self._keys:
             table.sort(self._columns[1], key=order.__getitem__)
             self._keys = list(shown)
