@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.coordinate import Coordinate
 from textual.widgets import Static
 from textual.widgets._footer import FooterKey
 
@@ -185,7 +186,7 @@ def test_ages_tick_each_second_only_in_the_first_minute() -> None:
         "?", "5s", "59s", "1m", "1m", "59m", "1h00m", "1h01m", "1d01h"]
 
 
-async def test_a_changed_cell_repaints_its_row_only(monkeypatch) -> None:
+async def test_a_changed_cell_repaints_itself_only(monkeypatch) -> None:
     async with Panes().run_test(size=(120, 40)) as pilot:
         pane = pilot.app.query_one("#patched", ProcessPane)
         pane.sort = "pid"  # a new cpu% then moves no row
@@ -195,5 +196,6 @@ async def test_a_changed_cell_repaints_its_row_only(monkeypatch) -> None:
         pane.show([_row(10, 5.0), _row(11, 3.0), _row(12, 0.0)], NOW)
         await pilot.pause()
         assert refreshes and all(regions for regions in refreshes)  # regions, never the whole table
-        assert {region.y for (region,) in refreshes} == {pane.table._get_row_region(1).y}
+        cpu = pane.table._get_cell_region(Coordinate(1, COLUMNS.index("cpu%")))
+        assert {region for (region,) in refreshes} == {cpu.translate(-pane.table.scroll_offset)}
         assert pane.table.get_row_at(1)[3] == "3.0"

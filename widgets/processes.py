@@ -60,15 +60,15 @@ class ProcessTable(DataTable):
 
     def set_cells(self, changes) -> None:
         """update_cell for each (row key, column key, value), with the widths as they are, repainting
-        only the rows that changed (update_cell repaints the whole table for each cell)."""
-        rows = set()
+        only the cells that changed (update_cell repaints the whole table for each cell)."""
+        cells = []
         for key, column, value in changes:
             row_key = RowKey(key)
             self._data[row_key][column] = value
-            rows.add(self._row_locations.get(row_key))
+            cells.append(Coordinate(self._row_locations.get(row_key), self._column_locations.get(column)))
         self._update_count += 1
-        for row in rows:
-            self.refresh_row(row)
+        for cell in cells:
+            self.refresh_coordinate(cell)
 
     def _kept(self, key: tuple, render):
         found = self._kept_now.get(key)
