@@ -67,6 +67,7 @@ class Box:
         self._probe: Stream | None = None  # one probe kept running: polls pay no process start
         self._probe_lock = asyncio.Lock()
         self._probe_generation = 0
+        self._processes = HeldProcesses()
 
     # ------------------------------------------------------------ plumbing
 
@@ -107,13 +108,15 @@ class Box:
             if self._probe is None:
                 self._probe = await self.transport.open_stream(self._argv("probe.py", "--serve"))
                 self._probe_generation = self.transport.generation
+                self._processes = HeldProcesses()
             try:
-                raw = await self._probe.request(json.dumps(request).encode(), timeout=timeout or self.timeout)
+                raw = await self._probe.request(json.dumps(self._processes.ask(request)).encode(),
+                                                timeout=timeout or self.timeout)
+                return self._processes.fold(_reply("probe.py", raw))
             except BaseException:  # a failure, a deadline, or our caller giving up (cancellation)
                 stream, self._probe = self._probe, None
                 await asyncio.shield(stream.close())  # a half-answered probe is never asked again
                 raise
-        return _reply("probe.py", raw)
 
     # ------------------------------------------------------------ reads
 
@@ -198,6 +201,42 @@ class Box:
             await self._probe.close()
             self._probe = None
         await self.transport.close()
+
+
+class HeldProcesses:
+    """The processes of the running probe's last reply, so that the next request asks only for
+    what changed since (see probe.py) and its reply is made whole again here."""
+
+    def __init__(self) -> None:
+        self.by_pid: dict[int, dict] = {}
+        self.mark: str | None = None
+
+    def ask(self, request: Mapping[str, Any]) -> Mapping[str, Any]:
+        if self.mark is None or not request.get("processes", True):
+            return request
+        return {**request, "processes_since": self.mark}
+
+    def fold(self, reply: dict) -> dict:
+        """The reply with every process in "processes", in pid order."""
+        mark = reply.pop("processes_mark", None)
+        if mark is None:  # no processes asked, or a probe that marks nothing: all or none given
+            return reply
+        since = reply.pop("processes_since", None)
+        if since is None:
+            self.by_pid = {p["pid"]: p for p in reply["processes"]}
+        elif since == self.mark:
+            for pid in reply.pop("processes_gone", ()):
+                self.by_pid.pop(pid, None)
+            changed = {p["pid"]: p for p in reply["processes"]}
+            new = changed.keys() - self.by_pid.keys()
+            self.by_pid.update(changed)
+            if new:
+                self.by_pid = dict(sorted(self.by_pid.items()))
+        else:
+            raise BoxError(f"probe.py answered changes since {since}, not since {self.mark}")
+        self.mark = mark
+        reply["processes"] = list(self.by_pid.values())
+        return reply
 
 
 def _reply(tool: str, raw: bytes) -> dict:

@@ -208,6 +208,12 @@ def log_chunk(raw: dict[str, Any]) -> LogChunk:
                  tail=base64.b64decode(raw.get("tail") or ""), hits=hits)
 
 
+def process(raw: dict[str, Any], now: float) -> Process:
+    """A process entry, with its CPU use averaged over its life so far (at least a second)."""
+    percent = round(100 * raw["cpu_time"] / max(now - raw["start_time"], 1.0), 1)
+    return _pick(Process, raw, argv=tuple(raw.get("argv") or ()), cpu_percent=percent)
+
+
 def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
     return Snapshot(
         time=raw["time"],
@@ -216,7 +222,7 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         rtt=rtt,
         disks=tuple(_pick(Disk, d) for d in raw.get("disks") or ()),
         artifacts=tuple(_pick(ArtifactSize, a) for a in raw.get("artifacts") or ()),
-        processes=tuple(_pick(Process, p, argv=tuple(p.get("argv") or ())) for p in raw.get("processes") or ()),
+        processes=tuple(process(p, raw["time"]) for p in raw.get("processes") or ()),
         listeners=tuple(_pick(Listener, s) for s in raw.get("listeners") or ()),
         logs=tuple(log_chunk(c) for c in raw.get("logs") or ()),
         states=tuple(_pick(StageRecord, s, group=tuple(s.get("group") or ())) for s in raw.get("states") or ()),

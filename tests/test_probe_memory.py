@@ -21,7 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from samai.remote.boxapi import Box
+from samai.remote import model
+from samai.remote.boxapi import Box, BoxError, HeldProcesses
 from tests.helpers import wait_for
 
 # Blocks on stdin; each line it reads is a command, each answered with one line.
@@ -182,7 +183,7 @@ async def test_serve_answers_as_a_fresh_probe_does(box: Box, workspace: Path, sp
 # ---------------------------------------------------------------- the probe's own functions
 
 
-BOX_MODULES = ("procfs", "disk", "sockets")
+BOX_MODULES = ("procfs", "disk", "sockets", "markers", "logfiles", "procs", "probe")
 
 
 @pytest.fixture
@@ -278,3 +279,122 @@ def test_without_netlink_the_probe_reads_proc_net(tools, monkeypatch) -> None:
         found = tools.sockets.listening_sockets([])
         assert s.getsockname()[1] in {v["port"] for v in found.values()}
     assert not tools.sockets.SOCK_DIAG["usable"]
+
+
+# ---------------------------------------------------------------- only what changed
+
+
+def _ask(tools, memory, since=None) -> dict:
+    request = {"processes": True, "states": False} | ({"processes_since": since} if since else {})
+    return json.loads(tools.probe.answer(json.dumps(request), memory))
+
+
+def test_a_reply_since_the_last_one_gives_only_what_changed(tools, spawn) -> None:
+    sleeping, leaving = _sleeper(spawn, "stays"), _sleeper(spawn, "leaves")
+    memory = tools.probe.Memory()
+    first = _ask(tools, memory)
+    assert {sleeping.pid, leaving.pid} <= {p["pid"] for p in first["processes"]}
+    assert "processes_since" not in first and "processes_gone" not in first
+    settled = _ask(tools, memory, first["processes_mark"])
+    assert settled["processes_since"] == first["processes_mark"]
+    leaving.kill()
+    leaving.wait()
+    arrived = _sleeper(spawn, "arrives")
+    changes = _ask(tools, memory, settled["processes_mark"])
+    changed = {p["pid"] for p in changes["processes"]}
+    assert sleeping.pid not in changed and arrived.pid in changed  # asleep all along: unchanged
+    assert leaving.pid in changes["processes_gone"] and leaving.pid not in changed
+    full = _ask(tools, memory, first["processes_mark"])  # not the last mark: everything again
+    assert "processes_since" not in full and sleeping.pid in {p["pid"] for p in full["processes"]}
+    assert _ask(tools, tools.probe.Memory(), full["processes_mark"])["processes_mark"] != full["processes_mark"]
+
+
+async def test_the_box_makes_each_reply_whole_again(box: Box, spawn) -> None:
+    stays, leaves = _sleeper(spawn, "stays"), _sleeper(spawn, "leaves")
+    snap = await _settle(box)
+    assert snap.process(stays.pid) and snap.process(leaves.pid)
+    leaves.kill()
+    leaves.wait()
+    arrives = _sleeper(spawn, "arrives")
+    snap = await box.snapshot()
+    assert snap.process(stays.pid).argv[-1] == "stays" and snap.process(leaves.pid) is None
+    assert snap.process(arrives.pid).argv[-1] == "arrives"
+    pids = [p.pid for p in snap.processes]
+    assert pids == sorted(pids) and len(set(pids)) == len(pids)
+
+
+async def test_held_processes_that_are_not_the_probes_last_are_all_replaced(box: Box, spawn) -> None:
+    proc = _sleeper(spawn)
+    await _settle(box)
+    held = box._processes
+    held.by_pid[999_999_999] = dict(held.by_pid[proc.pid], pid=999_999_999)  # what the box never had
+    held.mark = "another-probe.1"
+    snap = await box.snapshot()
+    assert snap.process(999_999_999) is None and snap.process(proc.pid) is not None
+
+
+def test_changes_since_another_reply_than_the_held_one_are_refused() -> None:
+    held = HeldProcesses()
+    entry = {"pid": 7, "cpu_time": 1.0, "start_time": 0.0}
+    held.fold({"processes": [entry], "processes_mark": "s.1"})
+    assert held.ask({"processes": True}) == {"processes": True, "processes_since": "s.1"}
+    assert held.ask({"processes": False}) == {"processes": False}
+    with pytest.raises(BoxError, match="since s.0"):
+        held.fold({"processes": [], "processes_gone": [7], "processes_since": "s.0", "processes_mark": "s.2"})
+
+
+def test_a_process_first_seen_shows_its_cpu_over_its_life() -> None:
+    entry = {"pid": 7, "ppid": 1, "pgid": 7, "sid": 7, "user": "root", "state": "S", "rss": 0, "comm": "x",
+             "argv": ["x"], "cpu_time": 30.0, "start_time": 1000.0}
+    assert model.process(entry, 1100.0).cpu_percent == 30.0
+    assert model.process(entry, 1000.2).cpu_percent == 3000.0  # under a second old: over one second
+
+
+def test_kept_files_read_fresh_and_close_with_their_process(tools, spawn) -> None:
+    busy = spawn(sys.executable, "-c", "while True: pass")
+    files = tools.procs.OpenFiles()
+    cpu = [int(files.read(busy.pid, "stat").split()[13])]
+    kept = files.fds[(busy.pid, "stat")]
+    wait_for(lambda: int(files.read(busy.pid, "stat").split()[13]) > cpu[0])  # the same descriptor, fresh
+    assert files.fds[(busy.pid, "stat")] == kept
+    busy.kill()
+    busy.wait()
+    with pytest.raises(OSError):
+        files.read(busy.pid, "stat")
+    assert (busy.pid, "stat") not in files.fds
+    files.read(os.getpid(), "stat")
+    files.keep_only({os.getpid()})
+    files.keep_only(set())
+    assert files.fds == {}
+
+
+def test_kept_files_stay_within_their_limit(tools, spawn) -> None:
+    procs = [_sleeper(spawn) for _ in range(3)]
+    files = tools.procs.OpenFiles(limit=2)
+    for proc in procs:
+        assert files.read(proc.pid, "stat").startswith(b"%d (" % proc.pid)
+    assert len(files.fds) == 2
+    open_before = len(os.listdir("/proc/self/fd"))
+    memory = tools.probe.Memory()
+    memory.facts.files = files
+    for _ in range(3):
+        _ask(tools, memory)
+    assert len(files.fds) <= 2 and len(os.listdir("/proc/self/fd")) <= open_before
+
+
+def test_kept_entries_go_when_the_user_database_changes(tools, spawn, tmp_path: Path, monkeypatch) -> None:
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0::/root:/bin/sh\n")
+    monkeypatch.setattr(tools.procs.UserNames, "PASSWD", str(passwd))
+    proc = _sleeper(spawn)
+    facts = tools.procs.Facts()
+    btime = tools.procfs.boot_time()
+
+    def entry():
+        return next(e for e in tools.procs.processes(btime, [], facts)[0] if e["pid"] == proc.pid)
+
+    entry()
+    kept = entry()
+    assert entry() is kept  # asleep: the very entry given again
+    passwd.write_text("root:x:0:0::/root:/bin/sh\nnewuser:x:1234:1234::/home/newuser:/bin/sh\n")
+    assert entry() is not kept and entry() == kept

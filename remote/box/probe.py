@@ -10,11 +10,17 @@ Request (every key optional):
    "logs": [{"path", "offset", "inode", "check", "scan_from", "last_lines", "max_bytes",
              "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
-   "processes": true, "states": true, "writers": false, "binaries": [PATH]}
+   "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH]}
 Reply: {"time", "boot_time", "clk_tck", "host", "disks", "artifacts", "processes",
         "listeners", "logs", "ranges", "reports", "states", "writers", "binaries", "errors"}
+
+A --serve probe marks each reply's processes ("processes_mark"). A request that names the mark
+of the last reply ("processes_since") gets only what changed since: "processes" holds the new
+and changed entries, "processes_gone" the pids that are gone, and "processes_since" repeats the
+mark. Any other mark, or none, gets every process.
 """
 
+import binascii
 import glob
 import json
 import os
@@ -109,6 +115,29 @@ class Memory(object):
     def __init__(self):
         self.facts = Facts()
         self.listings = Listings()
+        self.session = binascii.hexlify(os.urandom(8)).decode()  # no other probe's marks match
+        self.replies = 0
+        self.sent = {}  # pid -> the entry the last marked reply gave for it
+        self.mark = None  # of that reply
+
+
+def process_reply(reply, procs, since, memory):
+    """Fill in the reply's processes: all of them, or (to a request that holds the last reply's
+    processes) what changed since. An entry unchanged since is the very object given then."""
+    if memory is None:
+        reply["processes"] = procs
+        return
+    sent = memory.sent
+    if since is not None and since == memory.mark:
+        reply["processes"] = [p for p in procs if sent.get(p["pid"]) is not p and sent.get(p["pid"]) != p]
+        live = set(p["pid"] for p in procs)
+        reply["processes_gone"] = [pid for pid in sent if pid not in live]
+        reply["processes_since"] = since
+    else:
+        reply["processes"] = procs
+    memory.replies += 1
+    memory.mark = reply["processes_mark"] = "%s.%d" % (memory.session, memory.replies)
+    memory.sent = dict((p["pid"], p) for p in procs)
 
 
 def probe(req, memory=None):
@@ -129,10 +158,15 @@ def probe(req, memory=None):
     facts = memory.facts if memory else None
     reply["artifacts"] = artifacts(workspace, req.get("artifacts") or (), float(req.get("artifact_budget_s", 1.0)),
                                    memory.listings if memory else None)
-    procs, pids = processes(btime, errors, facts) if req.get("processes", True) else ([], [])
-    reply["processes"] = procs
+    if req.get("processes", True):
+        procs, pids = processes(btime, errors, facts)
+        process_reply(reply, procs, req.get("processes_since"), memory)
+    else:
+        procs, pids = [], []
+        reply["processes"] = procs
     # One walk of every open descriptor serves both writers and listeners; listeners alone
     # read only as many as it takes to find each listening socket's owner.
+    pids = [pid for pid in pids if pid != reply["probe_pid"]]  # its own descriptors: /proc files
     links = list(fd_links(pids, facts, watched_folder(workspace))) if workspace and req.get("writers") else None
     reply["listeners"] = listeners(pids, errors, links, facts) if procs else []
     reply["writers"] = writers(workspace, links) if links is not None else {}

@@ -5,16 +5,34 @@ Runs ON the box, imported by probe.py. Standard library only, Python >= 3.8.
 
 import os
 import pwd
+import resource
 
-from procfs import CLK_TCK, PAGE_SIZE, parse_stat, read_proc, start_epoch, uptime
+from procfs import CLK_TCK, PAGE_SIZE, parse_stat, read_proc, start_epoch
 
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
 HZ = float(CLK_TCK)
+RESERVED_FDS = 256  # of the probe's descriptor limit, left for everything but OpenFiles
 
 class UserNames:
+    """uid -> user name, read once per uid for as long as the user database is unchanged."""
+
+    PASSWD = "/etc/passwd"
+
     def __init__(self):
         self.cache = {}
         self.kernel_uid = None  # the owner of a kernel thread's /proc/PID, the same for all
+        self.signature = self.passwd_signature()
+
+    @classmethod
+    def passwd_signature(cls):
+        try:
+            st = os.stat(cls.PASSWD)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def still_valid(self):
+        return self.passwd_signature() == self.signature
 
     def __call__(self, uid):
         if uid not in self.cache:
@@ -33,8 +51,10 @@ class Facts(object):
     time in nanoseconds, taken before the facts, has grown by the time it leaves a CPU (and one
     on a CPU as its stat is read is in state R, which is never trusted). Its stat is read anew
     every time (a sleeping process's parent can die, its pages can be reclaimed); when that has
-    not moved by a byte either, its whole entry holds, but for what depends on the clock and on
-    the user database. The paths of its open files are not facts of its own: see fd_links.
+    not moved by a byte either, its whole entry holds: the very entry object is given again, so
+    that a reply can tell it unchanged by identity. User names are kept with it for as long as
+    /etc/passwd is unchanged (a user renamed in a directory service other than that file shows
+    when the process next runs). The paths of its open files are not facts of its own: see fd_links.
     Out of reach of this: a debugger writing into its memory, and a process that shares its
     memory or its descriptor table without being one of its threads (clone without
     CLONE_THREAD, which no program does by accident), which could change them while it sleeps."""
@@ -42,15 +62,19 @@ class Facts(object):
     def __init__(self):
         self.kept = {}  # pid -> Kept, from the last request
         self.now = {}  # pid -> Kept, confirmed or read anew in this request: the next one's kept
+        self.user_name = UserNames()
+        self.files = OpenFiles()
 
     def begin(self):
         self.kept, self.now = self.now, {}
+        if not self.user_name.still_valid():  # the kept entries hold names that may be stale
+            self.kept, self.user_name = {}, UserNames()
 
 
 class Kept(object):
     """One process's facts and its last reply entry, as Facts keeps them."""
 
-    __slots__ = ("stat", "btime", "sched", "uid", "argv", "entry", "cpu_s", "start_s", "fds", "plan")
+    __slots__ = ("stat", "btime", "sched", "uid", "argv", "entry", "start_s", "fds", "plan")
 
     def __init__(self, sched, uid, argv):
         self.sched, self.uid, self.argv = sched, uid, argv
@@ -58,12 +82,64 @@ class Kept(object):
         self.plan = None  # (folder, the (pid, fd, link) to give as they are, the fds to read again)
 
 
-def schedstat(base, sched=None):
+class OpenFiles(object):
+    """/proc/PID/stat and schedstat kept open between --serve requests. A read at offset 0 of an
+    open one is as fresh as a new open's, and costs one syscall instead of three; and the
+    descriptor stays bound to its process, not its pid: once that process is gone it reads
+    ESRCH, never the file of another process given the same pid. At most `limit` are kept, so
+    that the probe never runs out of descriptors; beyond that, files are opened per read."""
+
+    def __init__(self, limit=None):
+        if limit is None:
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - RESERVED_FDS
+        self.limit = max(0, limit)
+        self.fds = {}  # (pid, "stat" | "schedstat") -> fd
+        self.pids = set()  # as keep_only was last told: every pid with a file open is one of them
+
+    def read(self, pid, name):
+        key = (pid, name)
+        fd = self.fds.get(key)
+        if fd is not None:
+            try:
+                return self.pread(fd, key)
+            except OSError:  # its process is gone; the pid may be another's now
+                os.close(self.fds.pop(key))
+        if len(self.fds) >= self.limit:
+            return read_proc("/proc/%d/%s" % key)
+        fd = os.open("/proc/%d/%s" % key, os.O_RDONLY)
+        try:
+            data = self.pread(fd, key)
+        except OSError:
+            os.close(fd)
+            raise
+        self.fds[key] = fd
+        return data
+
+    @staticmethod
+    def pread(fd, key):
+        data = os.pread(fd, 4096, 0)
+        return data if len(data) < 4096 else read_proc("/proc/%d/%s" % key)
+
+    def keep_only(self, pids):
+        """Close the files of every process but these (a set)."""
+        for pid in self.pids - pids:
+            for name in ("stat", "schedstat"):
+                fd = self.fds.pop((pid, name), None)
+                if fd is not None:
+                    os.close(fd)
+        self.pids = pids
+
+
+def fresh_read(pid, name):
+    return read_proc("/proc/%d/%s" % (pid, name))
+
+
+def schedstat(pid, read, sched=None):
     """/proc/PID/schedstat (or sched, read from it already), or None where it tells nothing:
     missing, or zeros from a kernel built without scheduler statistics."""
     if sched is None:
         try:
-            sched = read_proc(base + "/schedstat")
+            sched = read(pid, "schedstat")
         except OSError:
             return None
     fields = sched.split()
@@ -72,29 +148,27 @@ def schedstat(base, sched=None):
     return sched
 
 
-def read_process(pid, btime, now_up, user_name, facts=None):
+def read_process(pid, btime, user_name, facts=None):
     """The reply entry of one process, and whether it is a kernel thread (which has no command
     line and no open files: neither is read)."""
     base = "/proc/%d" % pid
-    raw = read_proc(base + "/stat")
+    read = facts.files.read if facts is not None else fresh_read
+    raw = read(pid, "stat")
     kept = facts.kept.get(pid) if facts is not None else None
     sched = None
     if kept is not None and kept.stat == raw and kept.btime == btime:
         try:
-            sched = read_proc(base + "/schedstat")
+            sched = read(pid, "schedstat")
         except OSError:
             sched = None
         if sched == kept.sched:  # which was found telling when it was kept
             facts.now[pid] = kept
-            entry = dict(kept.entry)
-            entry["user"] = user_name(kept.uid)
-            entry["cpu_percent"] = round(100.0 * kept.cpu_s / max(now_up - kept.start_s, 1e-6), 1)
-            return entry, False
+            return kept.entry, False
     st = parse_stat(raw.decode("utf-8", "replace"))
     kthread = st["flags"] & PF_KTHREAD
     cacheable = facts is not None and not kthread and st["threads"] == 1 and st["state"] not in ("R", "Z", "X")
     if cacheable:
-        sched = schedstat(base, sched)  # before the facts: a run after this read shows next time
+        sched = schedstat(pid, read, sched)  # before the facts: a run after this read shows next time
     if not cacheable or sched is None:
         kept = None
     elif kept is None or kept.sched != sched or kept.start_s != st["starttime"] / HZ:
@@ -125,14 +199,13 @@ def read_process(pid, btime, now_up, user_name, facts=None):
         "start_time": start_epoch(st["starttime"], btime),
         "state": st["state"],
         "cpu_time": round(cpu_s, 2),
-        "cpu_percent": round(100.0 * cpu_s / max(now_up - start_s, 1e-6), 1),
         "rss": st["rss_pages"] * PAGE_SIZE,
         "comm": st["comm"],
         "argv": argv,
     }
     if kept is not None:
         kept.stat, kept.btime, kept.uid, kept.argv, kept.entry = raw, btime, uid, argv, entry
-        kept.cpu_s, kept.start_s = cpu_s, start_s
+        kept.start_s = start_s
         facts.now[pid] = kept
     return entry, kthread
 
@@ -143,15 +216,17 @@ def list_pids():
 
 def processes(btime, errors, facts=None):
     """(reply entries of every process, pids of those that are not kernel threads)."""
-    now_up = uptime()
-    user_name = UserNames()
     if facts is not None:
         facts.begin()
+    user_name = facts.user_name if facts is not None else UserNames()
     out = []
     user_pids = []
-    for pid in list_pids():
+    pids = list_pids()
+    if facts is not None:
+        facts.files.keep_only(set(pids))
+    for pid in pids:
         try:
-            entry, kthread = read_process(pid, btime, now_up, user_name, facts)
+            entry, kthread = read_process(pid, btime, user_name, facts)
         except (OSError, ValueError, IndexError):
             continue  # it exited between listdir and read: not an error
         out.append(entry)
