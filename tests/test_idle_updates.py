@@ -1,11 +1,11 @@
 """An idle poll does as little as it can: panes handed what they show do nothing, the processes
-table changes only the rows and cells that changed. What is shown must still follow the data."""
+table repaints only the lines that changed. What is shown must still follow the data."""
 
 from __future__ import annotations
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.coordinate import Coordinate
+from textual.geometry import Region
 from textual.widgets import Static
 from textual.widgets._footer import FooterKey
 
@@ -13,7 +13,7 @@ from samai.console.state import EvalRun, ProcessRow
 from samai.remote.model import Process
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter
-from samai.widgets.processes import COLUMNS, ProcessPane
+from samai.widgets.processes import COLUMNS, ProcessPane, ProcessTable
 from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
 
@@ -50,7 +50,16 @@ class Panes(App):
 def _shown(pane: ProcessPane) -> list[str]:
     """The table as painted: header and rows, as text."""
     table = pane.table
-    return [table.render_line(y).text for y in range(table.row_count + 1)]
+    return [table.render_line(y).text for y in range(len(table.rows) + 1)]
+
+
+def _styles(table: ProcessTable, y: int) -> list:
+    return [segment.style for segment in table.render_line(y)]
+
+
+def _line(table: ProcessTable, row: int) -> Region:
+    """The region a refresh of that row's line repaints."""
+    return Region(0, row + 1 - table.scroll_offset.y, max(table.virtual_size.width, table.size.width), 1)
 
 
 async def test_a_pane_repaints_only_when_its_content_changes(monkeypatch) -> None:
@@ -82,15 +91,14 @@ async def test_the_eval_table_is_rebuilt_only_when_the_runs_change(monkeypatch) 
 async def test_an_unchanged_poll_leaves_the_process_table_alone(monkeypatch) -> None:
     async with Panes().run_test(size=(120, 40)) as pilot:
         pane = pilot.app.query_one("#patched", ProcessPane)
-        rows = [_row(10, 5.0), _row(11, 1.0)]
-        pane.show(rows, NOW)
-        await pilot.pause()
-        table = pane.table
-        touched = [_calls(monkeypatch, table, name) for name in
-                   ("clear", "add_row", "remove_row", "update_cell", "sort", "refresh")]
         pane.show([_row(10, 5.0), _row(11, 1.0)], NOW)
         await pilot.pause()
-        assert touched == [[]] * len(touched)
+        table = pane.table
+        size = table.virtual_size
+        refreshes = _calls(monkeypatch, table, "refresh")  # a new virtual size is a refresh too
+        pane.show([_row(10, 5.0), _row(11, 1.0)], NOW)
+        await pilot.pause()
+        assert refreshes == [] and table.virtual_size == size
 
 
 async def test_the_process_table_changed_in_place_shows_what_a_rebuild_shows(monkeypatch) -> None:
@@ -99,18 +107,18 @@ async def test_the_process_table_changed_in_place_shows_what_a_rebuild_shows(mon
         fresh = pilot.app.query_one("#fresh", ProcessPane)
         patched.show([_row(10, 5.0), _row(11, 1.0), _row(12, 0.0)], NOW)
         await pilot.pause()
-        patched.table.move_cursor(row=1)  # on 11
-        clears = _calls(monkeypatch, patched.table, "clear")
-        # 12 is gone, 13 is new, 11 now uses the most CPU, every elapsed time moved on.
+        assert patched.selected().pid == 10
+        refreshes = _calls(monkeypatch, patched.table, "refresh")
+        # 12 is gone, 13 is new, 11 now uses the most CPU and 10 the least, every elapsed time moved on.
         later = [_row(10, 0.5), _row(11, 7.0), _row(13, 2.0, "bash")]
         patched.show(later, NOW + 65)
         fresh.show(later, NOW + 65)
         await pilot.pause()
-        assert clears == []  # changed row by row, not rebuilt
-        assert [patched.table.get_row_at(i) for i in range(3)] == [fresh.table.get_row_at(i) for i in range(3)]
-        assert patched.table.get_row_at(0)[1] == "11" and patched.table.get_row_at(0)[5] == "2m"
-        assert patched.selected().pid == 11  # the cursor stayed on its process
+        assert refreshes and all(regions for regions in refreshes)  # lines, never the whole table
         assert _shown(patched) == _shown(fresh)
+        assert [cells[1] for _, cells in patched.table.rows] == ["11", "13", "10"]
+        assert "2m" in _shown(patched)[1] and "bash" in _shown(patched)[2]
+        assert patched.selected().pid == 10 and patched.table.cursor_row == 2  # the cursor stayed on its process
 
 
 async def test_a_value_wider_than_its_column_widens_it_as_before(monkeypatch) -> None:
@@ -118,15 +126,18 @@ async def test_a_value_wider_than_its_column_widens_it_as_before(monkeypatch) ->
         pane = pilot.app.query_one("#patched", ProcessPane)
         pane.show([_row(10, 5.0)], NOW)
         await pilot.pause()
-        user = pane.table.columns[pane._columns[COLUMNS.index("user")]]
-        cpu = pane.table.columns[pane._columns[COLUMNS.index("cpu%")]]
-        narrow = cpu.content_width
+        table = pane.table
+        user, cpu = COLUMNS.index("user"), COLUMNS.index("cpu%")
+        assert table.widths[cpu] == len("cpu%") and " 5.0   50.0 MB" in _shown(pane)[1]
+        refreshes = _calls(monkeypatch, table, "refresh")
         pane.show([_row(10, 100.0)], NOW)
         await pilot.pause()
-        assert cpu.content_width > narrow and pane.table.get_row_at(0)[3] == "100.0"
+        assert table.widths[cpu] == len("100.0") and " 100.0  50.0 MB" in _shown(pane)[1]
+        assert () in refreshes  # the whole table: every line moved
         pane.show([_row(10, 5.0)], NOW)
         await pilot.pause()
-        assert cpu.content_width == len("100.0") and user.content_width == len("user")  # columns only grow
+        assert table.widths[cpu] == len("100.0") and table.widths[user] == len("user")  # columns only grow
+        assert " cpu%   rss" in _shown(pane)[0] and " 5.0    50.0 MB" in _shown(pane)[1]
 
 
 async def test_the_process_table_paints_the_new_values_and_follows_the_theme() -> None:
@@ -143,7 +154,77 @@ async def test_the_process_table_paints_the_new_values_and_follows_the_theme() -
         pilot.app.theme = "textual-light"
         await pilot.pause()
         assert pane.table.render_line(2).text == after.text
-        assert [s.style for s in pane.table.render_line(2)] != [s.style for s in after]
+        assert _styles(pane.table, 2) != [s.style for s in after]
+
+
+async def test_a_changed_cell_repaints_its_line_only(monkeypatch) -> None:
+    async with Panes().run_test(size=(120, 40)) as pilot:
+        pane = pilot.app.query_one("#patched", ProcessPane)
+        pane.sort = "pid"  # a new cpu% then moves no row
+        pane.show([_row(10, 5.0), _row(11, 1.0), _row(12, 0.0)], NOW)
+        await pilot.pause()
+        table = pane.table
+        refreshes = _calls(monkeypatch, table, "refresh")
+        pane.show([_row(10, 5.0), _row(11, 3.0), _row(12, 0.0)], NOW)
+        await pilot.pause()
+        assert refreshes == [(_line(table, 1),)]
+        assert " 3.0 " in table.render_line(2).text
+
+
+async def test_the_cursor_follows_keys_and_clicks_and_shows() -> None:
+    async with Panes().run_test(size=(120, 40)) as pilot:
+        pane = pilot.app.query_one("#patched", ProcessPane)
+        pane.sort = "pid"
+        pane.show([_row(pid, 1.0) for pid in range(10, 15)], NOW)
+        table = pane.table
+        table.focus()
+        await pilot.pause()
+        await pilot.press("down")
+        assert table.cursor_row == 1 and pane.selected().pid == 11
+        await pilot.press("up", "up")
+        assert table.cursor_row == 0  # stops at the first row
+        await pilot.press("end")
+        assert table.cursor_row == 4
+        await pilot.press("home")
+        assert table.cursor_row == 0
+        await pilot.click(table, offset=(3, 2))  # the second line under the header
+        await pilot.pause()
+        assert table.cursor_row == 1 and pane.selected().pid == 11
+        # rows 1 and 3 are odd rows (same stripe), 0 and 2 even ones
+        focused = _styles(table, 2)
+        assert focused != _styles(table, 4) and focused != _styles(table, 1)
+        pilot.app.set_focus(None)
+        await pilot.pause()
+        assert not table.has_focus
+        blurred = _styles(table, 2)
+        assert blurred != focused and blurred != _styles(table, 4) and blurred != _styles(table, 1)
+
+
+async def test_a_scrolled_table_keeps_its_header_and_its_cursor_in_view() -> None:
+    async with Panes().run_test(size=(120, 40)) as pilot:
+        pane = pilot.app.query_one("#patched", ProcessPane)
+        pane.sort = "pid"
+        pane.show([_row(pid, 1.0, "python " + "x" * 150) for pid in range(100, 160)], NOW)
+        table = pane.table
+        table.focus()
+        await pilot.pause()
+        header = table.render_line(0).text
+        assert table.virtual_size.height == 61 and header.startswith(" stage  pid  ")
+        lines = table.scrollable_content_region.height
+        assert lines < 61
+        for keys in (["end"], ["up"] * 3, ["pageup"], ["pagedown"], ["home"], ["pagedown"]):
+            await pilot.press(*keys)
+            await pilot.pause()
+            y = table.cursor_row + 1 - table.scroll_offset.y  # the cursor's line on screen
+            assert 0 < y < lines and f" {100 + table.cursor_row} " in table.render_line(y).text
+            assert table.render_line(0).text == header
+        assert table.cursor_row == lines - 1  # a page down from the first row
+        line = table.render_line(1).text
+        table.scroll_to(x=12, animate=False)  # the command is wider than the pane
+        await pilot.pause()
+        assert table.scroll_offset.x == 12 and table.virtual_size.width > table.size.width
+        assert table.render_line(0).text.startswith(header[12:])  # the header scrolls with the rows
+        assert table.render_line(1).text.startswith(line[12:])
 
 
 class Focusable(Static, can_focus=True):
@@ -184,18 +265,3 @@ def test_ages_tick_each_second_only_in_the_first_minute() -> None:
 
     assert [units.age(s) for s in (None, 5, 59.9, 60, 61, 3599, 3600, 3661, 90_000)] == [
         "?", "5s", "59s", "1m", "1m", "59m", "1h00m", "1h01m", "1d01h"]
-
-
-async def test_a_changed_cell_repaints_itself_only(monkeypatch) -> None:
-    async with Panes().run_test(size=(120, 40)) as pilot:
-        pane = pilot.app.query_one("#patched", ProcessPane)
-        pane.sort = "pid"  # a new cpu% then moves no row
-        pane.show([_row(10, 5.0), _row(11, 1.0), _row(12, 0.0)], NOW)
-        await pilot.pause()
-        refreshes = _calls(monkeypatch, pane.table, "refresh")
-        pane.show([_row(10, 5.0), _row(11, 3.0), _row(12, 0.0)], NOW)
-        await pilot.pause()
-        assert refreshes and all(regions for regions in refreshes)  # regions, never the whole table
-        cpu = pane.table._get_cell_region(Coordinate(1, COLUMNS.index("cpu%")))
-        assert {region for (region,) in refreshes} == {cpu.translate(-pane.table.scroll_offset)}
-        assert pane.table.get_row_at(1)[3] == "3.0"

@@ -1,20 +1,29 @@
 """Processes and ports: one row per process, grouped by the stage whose process group it is
-in, listening ports beside their owner; sortable, filterable with `/`."""
+in, listening ports beside their owner; sortable, filterable with `/`.
+
+The table is its own Line API widget, not a DataTable: each poll changes a few cells (cpu%, the
+ages of young processes), and DataTable re-renders a changed line from scratch (row styles, every
+cell of the row formatted again through Rich): about 0.7 ms a line, most of what an idle console
+spends. Here a line is a few strings in one style, kept by what it shows, and an update repaints
+only the lines whose cells changed."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from rich.cells import cell_len
-from textual import on
-from textual._styles_cache import StylesCache
+from rich.segment import Segment
+from rich.style import Style
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.cache import LRUCache
 from textual.containers import Vertical
-from textual.coordinate import Coordinate
-from textual.message import Message
-from textual.widgets import DataTable, Input
-from textual.widgets.data_table import RowKey
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Input
 
 from samai.console import units
 from samai.console.state import ProcessRow
@@ -23,6 +32,8 @@ from samai.widgets.pane import set_subtitle
 
 COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "elapsed", "ports", "command")
 SORTS = ("cpu", "rss", "pid", "elapsed")
+
+Row = tuple[str, tuple[str, ...]]  # a row's key and its cells
 
 
 def _sort_key(sort: str):
@@ -34,77 +45,215 @@ def _sort_key(sort: str):
     }[sort]
 
 
-class ProcessTable(DataTable):
-    """The processes pane's table. DataTable keys all it renders by a count of updates: one
-    changed cell and it renders every visible line and cell anew (with a few cpu% values
-    changing each poll, most of what an idle console does), and what it rendered before stays
-    in its caches, never used again, until they fill. This one keeps each rendered line and
-    cell by what decides its look, and `updated` lets go of what is no longer shown."""
+class ProcessTable(ScrollView, can_focus=True):
+    """Rows of text cells under a header that stays on top, with a row cursor; it looks like a
+    DataTable with zebra stripes and a row cursor (the same theme variables)."""
 
-    def __init__(self, **kw) -> None:
+    ALLOW_SELECT = False
+    BINDINGS = [
+        Binding("up", "cursor_by(-1)", "Cursor up", show=False),
+        Binding("down", "cursor_by(1)", "Cursor down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home,ctrl+home", "cursor_to(0)", "First row", show=False),
+        Binding("end,ctrl+end", "cursor_to(-1)", "Last row", show=False),
+    ]
+    COMPONENT_CLASSES = {
+        "process-table--header",
+        "process-table--even-row",
+        "process-table--odd-row",
+        "process-table--cursor",
+    }
+    DEFAULT_CSS = """
+    ProcessTable {
+        background: $surface;
+        color: $foreground;
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .process-table--cursor {
+                background: $block-cursor-background;
+                color: $block-cursor-foreground;
+                text-style: $block-cursor-text-style;
+            }
+            & > .process-table--header { background-tint: $foreground 5%; }
+        }
+        &:dark > .process-table--even-row { background: $surface-darken-1 40%; }
+        & > .process-table--header { text-style: bold; background: $panel; color: $foreground; }
+        &:ansi > .process-table--header { background: ansi_bright_blue; color: ansi_default; }
+        & > .process-table--even-row { background: $surface-lighten-1 50%; }
+        & > .process-table--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+            text-style: $block-cursor-blurred-text-style;
+        }
+    }
+    """
+
+    def __init__(self, labels: Sequence[str], **kw) -> None:
         super().__init__(**kw)
-        self._kept_now: dict[tuple, object] = {}  # rendered lines and cells used since the last update
-        self._kept_before: dict[tuple, object] = {}  # and between the two updates before
+        self._labels = tuple(labels)
+        self._widths = [cell_len(label) for label in self._labels]  # only grow
+        self._rows: list[Row] = []
+        self._cursor = 0
+        self._styles: dict[str, Style] = {}  # by look; until the theme, the focus or the CSS change
+        # By cells, look, scroll x and width: a screenful and more, bounded so that the lines of ages
+        # ticking by in the first minute of a process do not pile up.
+        self._lines: LRUCache[tuple, Strip] = LRUCache(256)
 
-    def updated(self) -> None:
-        """Call after each batch of changes to the rows."""
-        styles_cache = self._styles_cache  # what is on screen: repainted where refreshed, kept elsewhere
-        self._styles_cache = StylesCache()
-        self._clear_caches()  # DataTable's own: keyed by the count of updates, never hit again
-        self._styles_cache = styles_cache
-        self._kept_before, self._kept_now = self._kept_now, {}
+    def on_mount(self) -> None:
+        self._set_virtual_size()  # the header's
+
+    # ------------------------------------------------------------ data
+
+    @property
+    def rows(self) -> Sequence[Row]:
+        return self._rows
+
+    @property
+    def cursor_row(self) -> int:
+        return self._cursor
+
+    @property
+    def cursor_key(self) -> str | None:
+        return self._rows[self._cursor][0] if self._cursor < len(self._rows) else None
+
+    @property
+    def widths(self) -> list[int]:
+        """Each column's width in cells, without the padding."""
+        return list(self._widths)
+
+    def index(self, key: str) -> int | None:
+        return next((i for i, (k, _) in enumerate(self._rows) if k == key), None)
+
+    def set_rows(self, rows: Sequence[Row]) -> None:
+        """Show `rows`, repainting only the lines whose cells changed (a wider value: all)."""
+        old, self._rows = self._rows, list(rows)
+        changed = [i for i in range(max(len(old), len(rows))) if i >= len(old) or i >= len(rows)
+                   or old[i][1] != rows[i][1]]
+        grew = [self._grow(rows[i][1]) for i in changed if i < len(rows)]  # every row: no short cut
+        if any(grew):
+            self._lines.clear()
+            self.refresh()
+        else:
+            for i in changed:
+                self._refresh_row(i)
+        self._set_virtual_size()
+        if self._cursor >= len(rows):
+            self.move_cursor(len(rows) - 1, scroll=False)
+
+    def _grow(self, cells: tuple[str, ...]) -> bool:
+        """Widen the columns to fit `cells`; True if any grew."""
+        grew = False
+        for i, cell in enumerate(cells):
+            if (width := cell_len(cell)) > self._widths[i]:
+                self._widths[i], grew = width, True
+        return grew
+
+    def _table_width(self) -> int:
+        return sum(self._widths) + 2 * len(self._widths)  # a cell of padding each side
+
+    def _set_virtual_size(self) -> None:
+        size = Size(self._table_width(), len(self._rows) + 1)
+        if size != self.virtual_size:  # a new size is a layout pass (and an equal one is skipped anyway)
+            self.virtual_size = size
+
+    def _refresh_row(self, row: int) -> None:
+        y = row + 1  # under the header
+        if 0 < y - self.scroll_offset.y < self.scrollable_content_region.height:
+            self.refresh_line(y)
+
+    # ------------------------------------------------------------ cursor
+
+    def move_cursor(self, row: int, scroll: bool = True) -> None:
+        row = max(0, min(row, len(self._rows) - 1))
+        if row != self._cursor:
+            old, self._cursor = self._cursor, row
+            self._refresh_row(old)
+            self._refresh_row(row)
+        if scroll:
+            self._scroll_to_row(row)
+
+    def _scroll_to_row(self, row: int) -> None:
+        """Scroll the least that shows `row` below the header."""
+        lines = self.scrollable_content_region.height - 1
+        if row < self.scroll_y:
+            self.scroll_to(y=row, animate=False, force=True)
+        elif row >= self.scroll_y + lines:
+            self.scroll_to(y=row - lines + 1, animate=False, force=True)
+
+    def action_cursor_by(self, rows: int) -> None:
+        self.move_cursor(self._cursor + rows)
+
+    def action_page(self, pages: int) -> None:
+        self.move_cursor(self._cursor + pages * max(1, self.scrollable_content_region.height - 1))
+
+    def action_cursor_to(self, row: int) -> None:
+        self.move_cursor(row if row >= 0 else len(self._rows) + row)
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is not None and offset.y > 0 and (row := offset.y - 1 + self.scroll_offset.y) < len(self._rows):
+            self.move_cursor(row)
+
+    # ------------------------------------------------------------ painting
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._kept_now, self._kept_before = {}, {}  # a theme or focus change: everything looks different
+        self._restyle()
 
-    def set_cells(self, changes) -> None:
-        """update_cell for each (row key, column key, value), with the widths as they are, repainting
-        only the cells that changed (update_cell repaints the whole table for each cell)."""
-        cells = []
-        for key, column, value in changes:
-            row_key = RowKey(key)
-            self._data[row_key][column] = value
-            cells.append(Coordinate(self._row_locations.get(row_key), self._column_locations.get(column)))
-        self._update_count += 1
-        for cell in cells:
-            self.refresh_coordinate(cell)
+    def on_focus(self) -> None:
+        self._restyle()  # also where CSS restyles only the cursor on focus: no style update then
 
-    def _kept(self, key: tuple, render):
-        found = self._kept_now.get(key)
-        if found is None:
-            found = self._kept_before.get(key)
-            if found is None:
-                found = render()
-            self._kept_now[key] = found
-        return found
+    def on_blur(self) -> None:
+        self._restyle()
 
-    def _render_line(self, y: int, x1: int, x2: int, base_style):
-        try:
-            row_key, _ = self._get_offsets(y)
-            cells = tuple(self._data[row_key].values())
-        except LookupError:  # the header, or below the last row
-            return super()._render_line(y, x1, x2, base_style)
-        key = ("line", y, x1, x2, self.size.width, row_key, cells,
-               tuple(column.get_render_width(self) for column in self.ordered_columns), base_style,
-               self.cursor_coordinate, self.hover_coordinate, self.cursor_type, self._show_hover_cursor,
-               self.show_cursor, self._pseudo_class_state)
-        return self._kept(key, lambda: super(ProcessTable, self)._render_line(y, x1, x2, base_style))
+    def _restyle(self) -> None:
+        self._styles.clear()
+        self._lines.clear()
+        self.refresh()
 
-    def _render_cell(self, row_index: int, column_index: int, base_style, width: int, cursor: bool = False,
-                     hover: bool = False):
-        if row_index < 0 or column_index < 0:  # the header: a few cells, left to DataTable
-            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        key = ("cell", row_index, column_index, self.get_cell_at(Coordinate(row_index, column_index)), base_style,
-               width, cursor, hover, self.show_cursor, self.cell_padding, self._pseudo_class_state)
-        return self._kept(key, lambda: super(ProcessTable, self)._render_cell(row_index, column_index, base_style,
-                                                                              width, cursor, hover))
+    def _style(self, look: str) -> Style:
+        """The style of a look ("header", "even", "cursor-odd", ...), as DataTable combines them."""
+        if not self._styles:
+            component = self.get_component_rich_style
+            cursor = component("process-table--cursor")
+            even, odd = component("process-table--even-row"), component("process-table--odd-row")
+            self._styles = {"base": self.rich_style, "header": component("process-table--header"), "even": even,
+                            "odd": odd, "cursor-even": even + cursor, "cursor-odd": odd + cursor}
+        return self._styles[look]
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.size.width
+        row = y + scroll_y - 1
+        if y == 0:
+            cells, look = self._labels, "header"
+        elif row < len(self._rows):
+            cells = self._rows[row][1]
+            look = ("cursor-" if row == self._cursor else "") + ("odd" if row % 2 else "even")
+        else:
+            return Strip.blank(width, self._style("base"))
+        key = (cells, look, scroll_x, width)
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = self._render(cells, self._style(look), scroll_x, width)
+        return line
+
+    def _render(self, cells: tuple[str, ...], style: Style, scroll_x: int, line_width: int) -> Strip:
+        """One segment a cell, padded as DataTable pads, then the row's style to the right edge."""
+        segments = [Segment(f" {cell}{' ' * (width - cell_len(cell))} ", style)
+                    for cell, width in zip(cells, self._widths, strict=True)]
+        table_width = self._table_width()
+        if line_width > table_width:
+            segments.append(Segment(" " * (line_width - table_width), style))
+        strip = Strip(segments, max(line_width, table_width))  # its length known: not measured again
+        return strip.crop(scroll_x, scroll_x + line_width).adjust_cell_length(line_width, self._style("base"))
 
 
 class ProcessPane(Vertical):
     DEFAULT_CSS = """
     ProcessPane { height: 1fr; }
-    ProcessPane DataTable { height: 1fr; }
+    ProcessPane ProcessTable { height: 1fr; }
     ProcessPane Input { display: none; height: 3; }
     ProcessPane.-filtering Input { display: block; }
     """
@@ -114,11 +263,6 @@ class ProcessPane(Vertical):
         Binding("a", "toggle_all", "All/kernel", id="processes.all"),
     ]
 
-    class Selected(Message):
-        def __init__(self, process: Process | None) -> None:
-            super().__init__()
-            self.process = process
-
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.rows: list[ProcessRow] = []
@@ -126,14 +270,9 @@ class ProcessPane(Vertical):
         self.show_kernel = False
         self.pattern: re.Pattern | None = None
         self.now = 0.0
-        self._keys: list[str] = []  # the rows' keys, in the table's order
-        self._shown: dict[str, tuple[str, ...]] = {}  # each row's cells, by key
-        self._columns: list = []
 
     def compose(self) -> ComposeResult:
-        table = ProcessTable(cursor_type="row", zebra_stripes=True)
-        self._columns = table.add_columns(*COLUMNS)
-        yield table
+        yield ProcessTable(COLUMNS)
         yield Input(placeholder="filter processes (regex on command/user/stage; Enter applies, Esc clears)")
 
     @property
@@ -145,11 +284,8 @@ class ProcessPane(Vertical):
         self._render_rows()
 
     def selected(self) -> Process | None:
-        table = self.table
-        if not self._keys or table.cursor_row < 0 or table.cursor_row >= len(self._keys):
-            return None
-        key = self._keys[table.cursor_row]
-        return next((r.process for r in self.rows if _key(r) == key), None)
+        key = self.table.cursor_key
+        return next((r.process for r in self.rows if _key(r.process) == key), None) if key else None
 
     def visible(self) -> list[ProcessRow]:
         rows = [r for r in self.rows if self.show_kernel or r.process.argv]
@@ -160,10 +296,9 @@ class ProcessPane(Vertical):
 
     def _render_rows(self) -> None:
         rows = self.visible()
-        shown = {_key(r): self._cells(r) for r in rows}
-        if not self._patch(shown):
-            self._rebuild(shown)
-        self._shown = shown
+        keep = self.selected()
+        self.table.set_rows([(_key(r.process), self._cells(r)) for r in rows])
+        self._select(keep)
         set_subtitle(self, f"{len(rows)} shown · sort {self.sort}" + (" · filtered" if self.pattern else ""))
 
     def _cells(self, r: ProcessRow) -> tuple[str, ...]:
@@ -171,53 +306,10 @@ class ProcessPane(Vertical):
         return (r.stage or "", str(p.pid), p.user[:10], f"{r.cpu_percent:.1f}", units.size(p.rss),
                 units.age(self.now - p.start_time), ",".join(map(str, r.ports)), p.command[:200])
 
-    def _patch(self, shown: dict[str, tuple[str, ...]]) -> bool:
-        """Bring the table to `shown` row by row: remove the processes that are gone, add the new
-        ones, change only the cells that differ, then put the rows in order. A poll changes a few
-        cpu% and elapsed values; a rebuild would measure every cell again and repaint the table,
-        its scroll bars and the layout. False where this cannot give what a rebuild would: a
-        value wider than its column (a rebuild widens it; columns only grow)."""
-        table = self.table
-        old = self._shown
-        changes = [(key, column, new) for key, cells in shown.items() if key in old
-                   for column, new, was in zip(self._columns, cells, old[key], strict=True) if new != was]
-        if any(cell_len(new) > table.columns[column].content_width for _, column, new in changes):
-            return False
-        order = {cells[1]: i for i, cells in enumerate(shown.values())}  # by pid, unique among live processes
-        if len(order) != len(shown):
-            return False
-        if not changes and list(shown) == self._keys:
-            return True  # nothing to do: no repaint
-        keep = self.selected()
-        for key in old.keys() - shown.keys():
-            table.remove_row(key)
-        for key, cells in shown.items():
-            if key not in old:
-                table.add_row(*cells, key=key)
-        table.set_cells(changes)
-        if list(shown) != self._keys:
-            table.sort(self._columns[1], key=order.__getitem__)
-            self._keys = list(shown)
-            self._select(keep)
-        table.updated()
-        return True
-
-    def _rebuild(self, shown: dict[str, tuple[str, ...]]) -> None:
-        table = self.table
-        keep = self.selected()
-        table.clear()
-        for key, cells in shown.items():
-            table.add_row(*cells, key=key)
-        self._keys = list(shown)
-        self._select(keep)
-        table.updated()
-
     def _select(self, process: Process | None) -> None:
         """Put the cursor back on the process it was on, else on the first row."""
-        key = f"{process.pid}:{process.start_time}" if process else None
-        row = self._keys.index(key) if key in self._keys else 0
-        if row != self.table.cursor_row:
-            self.table.move_cursor(row=row, animate=False, scroll=False)
+        row = self.table.index(_key(process)) if process else None
+        self.table.move_cursor(row or 0, scroll=False)
 
     # ------------------------------------------------------------ keys
 
@@ -256,5 +348,5 @@ class ProcessPane(Vertical):
             self._render_rows()
 
 
-def _key(r: ProcessRow) -> str:
-    return f"{r.process.pid}:{r.process.start_time}"
+def _key(p: Process) -> str:
+    return f"{p.pid}:{p.start_time}"
