@@ -1,5 +1,6 @@
-"""Start-up: the TUI's path imports no transport it does not use, and nothing that only actions,
-dialogs or `check` need; the ssh and envelope targets still open through the same code path."""
+"""Start-up: the TUI's path imports no transport it does not use, nothing that only actions,
+dialogs or `check` need, and no plotting library (the curves pane mounts its plot after the first
+paint); the ssh and envelope targets still open through the same code path."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ SamaiApp(cfg, poll=False)
 print(json.dumps(sorted(sys.modules)))
 """
 NOT_BEFORE_FIRST_PAINT = ("asyncssh", "httpx", "psutil", "samai.remote.ssh", "samai.remote.envelope",
-                          "samai.console.actions", "samai.console.checks", "samai.widgets.dialogs")
+                          "samai.console.actions", "samai.console.checks", "samai.widgets.dialogs",
+                          "textual_plotext", "plotext")
 
 
 def test_the_tui_path_imports_no_transport_and_nothing_only_actions_need(tmp_path) -> None:
@@ -64,3 +66,25 @@ async def test_an_envelope_target_opens_its_transport_with_the_configured_token_
         assert box.transport.token_env == "MY_GATEWAY_TOKEN"
     finally:
         await box.close()
+
+
+async def test_the_curves_pane_plots_what_it_was_given_before_its_plot_was_mounted() -> None:
+    from textual.app import App
+
+    from samai.console.trainlog import TrainPoint
+    from samai.widgets.curves import CurvesPane
+
+    class Curves(App):
+        def compose(self):
+            pane = CurvesPane()
+            pane.add([TrainPoint(step=s, loss=1.0 / s, grad_norm=1.0) for s in range(1, 6)])
+            assert pane.plot is None
+            yield pane
+
+    app = Curves()
+    async with app.run_test(size=(80, 20)) as pilot:
+        pane = app.query_one(CurvesPane)
+        await pilot.pause()
+        assert pane.plot is not None and pane.plot in pane.children
+        assert pane.border_subtitle == "5 steps"
+        assert "loss" in "".join(line.text for line in pane.plot.render_lines(pane.plot.region.reset_offset))

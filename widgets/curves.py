@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from textual.color import Color
-from textual_plotext import PlotextPlot
+from textual.containers import Container
 
 from samai.console.trainlog import TrainPoint
 
+if TYPE_CHECKING:
+    from textual_plotext import PlotextPlot
 
-class CurvesPane(PlotextPlot):
-    DEFAULT_CSS = "CurvesPane { height: 1fr; min-height: 8; }"
+
+class CurvesPane(Container):
+    """The pane; its plot is mounted just after the first paint, since plotext takes a tenth of
+    the console's start-up to import and the first screen never has a point to plot."""
+
+    DEFAULT_CSS = "CurvesPane { height: 1fr; min-height: 8; } CurvesPane > * { height: 1fr; }"
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.points: list[TrainPoint] = []
+        self.plot: PlotextPlot | None = None
 
     def on_mount(self) -> None:
+        self.call_after_refresh(self._mount_plot)
+
+    async def _mount_plot(self) -> None:
+        from textual_plotext import PlotextPlot
+
+        self.plot = PlotextPlot()
+        await self.mount(self.plot)
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._draw())
         self._draw()
 
@@ -35,7 +50,9 @@ class CurvesPane(PlotextPlot):
         self._draw()
 
     def _draw(self) -> None:
-        plt = self.plt
+        if self.plot is None:
+            return  # drawn once it is mounted
+        plt = self.plot.plt
         plt.clear_data()
         plt.clear_figure()
         plt.title("loss · grad_norm by step" if self.points else "no training steps logged yet")
@@ -53,4 +70,4 @@ class CurvesPane(PlotextPlot):
                         color=self._colour("error", "red"), marker="x")
         plt.xlabel("step")
         self.border_subtitle = f"{len(self.points)} steps" + (f" · {len(bad)} bad" if bad else "")
-        self.refresh()
+        self.plot.refresh()
