@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -62,6 +63,46 @@ async def test_a_restarted_box_reattaches_to_a_running_stage(box: Box, workspace
     finally:
         await box.stop("long", grace=1)
     assert not _alive(fired.pid)
+
+
+def _as_if_the_clock_stepped(workspace: Path, stage: str, seconds: int, boot_id: str | None = None) -> None:
+    """Rewrite a stage's record as its launch would have written it had /proc/stat's btime been
+    `seconds` later: what every tool on the box sees once the clock has been stepped back by that
+    much (chrony's makestep, a VM resumed), since btime moves with the clock."""
+    path = workspace / ".samai" / "state" / f"{stage}.json"
+    rec = json.loads(path.read_text())
+    assert rec["boot_id"] and rec["boot_time"]
+    rec.update(start_time=round(rec["start_time"] + seconds, 2), boot_time=rec["boot_time"] + seconds)
+    if boot_id:
+        rec["boot_id"] = boot_id
+    path.write_text(json.dumps(rec))
+
+
+async def test_after_a_clock_step_a_running_stage_still_runs_once_and_stops(box: Box, workspace: Path) -> None:
+    fired = await box.fire("long", "sleep 30", "logs/long.log", verify_s=0.3)
+    try:
+        _as_if_the_clock_stepped(workspace, "long", 5)
+        assert (await box.snapshot()).state("long").status == "running"  # not lost, not orphaned
+        again = await box.fire("long", "sleep 30", "logs/long.log", verify_s=0.3)
+        assert again.state == "refused" and "already running" in again.reason  # no second run beside it
+        stopped = await box.stop("long", grace=1)
+        assert stopped.ok and stopped.result == "exited"
+    finally:
+        if _alive(fired.pid):
+            os.killpg(fired.pid, signal.SIGKILL)
+    assert not _alive(fired.pid)
+
+
+async def test_a_record_from_another_boot_matches_no_process(box: Box, workspace: Path) -> None:
+    fired = await box.fire("long", "sleep 30", "logs/long.log", verify_s=0.3)
+    try:
+        _as_if_the_clock_stepped(workspace, "long", 5, boot_id="another-boot")
+        assert (await box.snapshot()).state("long").status != "running"
+        stopped = await box.stop("long", grace=1)
+        assert stopped.result == "refused" and "another process" in stopped.reason
+        assert _alive(fired.pid)
+    finally:
+        os.killpg(fired.pid, signal.SIGKILL)
 
 
 async def test_fire_rotates_the_previous_log(box: Box, workspace: Path) -> None:

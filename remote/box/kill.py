@@ -1,15 +1,17 @@
 """Signal one process or one process group, after re-checking its identity. Never by name.
 
 Runs ON the box. Request on stdin, either a process or a recorded stage:
-  {"pid", "start_time", "signal": "TERM"|"KILL"|"INT"|"HUP", "grace": 5.0,
+  {"pid", "start_time", "boot_time", "boot_id", "signal": "TERM"|"KILL"|"INT"|"HUP", "grace": 5.0,
    "group": false, "protect": [PID, ...], "log": PATH|null}
   {"stage", "workspace", "signal", "grace", "protect"}   (the stage's group, from its record)
 Reply: {"ok", "result": "exited"|"killed"|"refused"|"gone", "reason", "pgid",
         "signalled": [PID...], "survivors": [PID...]}
 
 Identity is (pid, start time): the start time is read again right before the signal, so a
-recycled pid is refused. Pid 1, this tool, its ancestors (the session that runs it) and
-any pid the caller protects are never signalled. With "group", the process group is
+recycled pid is refused. A start time given with the boot time it was computed from (and this
+boot's id) is read against that boot time, so that a clock stepped since moves nothing. Pid 1,
+this tool, its ancestors (the session that runs it) and any pid the caller protects are never
+signalled. With "group", the process group is
 signalled; a group whose leader already exited is still found through members that started
 after the leader did (a pgid cannot be recycled while any member lives). TERM, INT and HUP
 are followed by KILL when the target outlives the grace period.
@@ -21,7 +23,7 @@ import signal
 import sys
 import time
 
-from procfs import ancestors, boot_time, group_members, read_stat, same_start, serve, start_epoch
+from procfs import ancestors, boot_time, group_members, read_stat, record_btime, same_start, serve, start_epoch
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT, "HUP": signal.SIGHUP}
 POLL_S = 0.05
@@ -101,7 +103,8 @@ def stage_request(req):
             rec = json.load(f)
     except FileNotFoundError:
         return None
-    return dict(req, pid=rec["pid"], start_time=rec["start_time"], group=True, log=rec.get("log"))
+    return dict(req, pid=rec["pid"], start_time=rec["start_time"], boot_time=rec.get("boot_time"),
+                boot_id=rec.get("boot_id"), group=True, log=rec.get("log"))
 
 
 def kill(req):
@@ -117,7 +120,7 @@ def kill(req):
     name = str(req.get("signal", "TERM")).upper()
     if name not in SIGNALS:
         return refuse("unknown signal %s (use one of %s)" % (name, ", ".join(sorted(SIGNALS))))
-    btime = boot_time()
+    btime = record_btime(req, boot_time())
     start_time = float(req["start_time"])
     pgid, refusal = find_target(pid, start_time, bool(req.get("group")), btime)
     if refusal:

@@ -3,7 +3,7 @@
 Runs ON the box. Request on stdin:
   {"stage", "workspace", "command", "log", "verify_s": 3.0, "env": {NAME: VALUE}}
 Reply: {"ok", "state": "running"|"done"|"failed"|"refused", "reason", "pid", "pgid",
-        "start_time", "rc", "log", "chain", "log_tail"}
+        "start_time", "boot_time", "boot_id", "rc", "log", "chain", "log_tail"}
 
 The chain runs in a new session (so a stop can signal its whole process group), with
 stdin from /dev/null (an open stdin keeps SSH sessions hanging) and its own log. Its
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from procfs import alive, boot_time, read_stat, serve, start_epoch
+from procfs import alive, boot_id, boot_time, read_stat, record_btime, serve, start_epoch
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TAIL_LINES = 20
@@ -119,7 +119,7 @@ def launch(req):
     paths = state_paths(workspace, stage)
     log = os.path.join(workspace, os.path.expanduser(req["log"]))
     previous = read_json(paths["state"])
-    if previous and alive(previous.get("pid", 0), previous.get("start_time"), btime):
+    if previous and alive(previous.get("pid", 0), previous.get("start_time"), record_btime(previous, btime)):
         return {"ok": False, "state": "refused", "pid": previous["pid"],
                 "reason": "stage %s is already running as pid %d" % (stage, previous["pid"])}
     for folder in (os.path.dirname(paths["state"]), os.path.dirname(paths["chain"]), os.path.dirname(log)):
@@ -144,6 +144,7 @@ def launch(req):
     reported = wait_for_pidfile(paths["pid"], proc, deadline)
     record = {"stage": stage, "pid": proc.pid, "pgid": proc.pid, "sid": proc.pid,
               "start_time": start_epoch(st["starttime"], btime) if st else None,
+              "boot_time": btime, "boot_id": boot_id(),  # what start_time is read against: record_btime
               "log": log, "cmd": command, "chain": paths["chain"], "fired_at": fired_at}
     write_file(paths["state"], json.dumps(record, indent=1))
     if reported is not None and reported != proc.pid:

@@ -30,7 +30,7 @@ import time
 
 from disk import Listings, artifacts, disks, resolve
 from logfiles import logs, ranges
-from procfs import CLK_TCK, boot_time
+from procfs import CLK_TCK, boot_id, boot_time, record_btime, same_start
 from procs import Facts, processes
 from sockets import fd_links, listeners, watched_folder, writers
 
@@ -83,6 +83,7 @@ def stage_states(workspace, by_pid, btime, errors):
         errors.append({"what": state_dir, "error": str(e)})
         return []
     out = []
+    this_boot = boot_id() if names else None
     for name in names:
         path = os.path.join(state_dir, name)
         try:
@@ -92,7 +93,9 @@ def stage_states(workspace, by_pid, btime, errors):
             errors.append({"what": path, "error": str(e)})
             continue
         proc = by_pid.get(rec.get("pid"))
-        rec["alive"] = bool(proc) and proc["start_time"] == rec.get("start_time") and proc["state"] != "Z"
+        # Its start as the record's boot time reads it (which a stepped clock may have moved).
+        started = proc["start_time"] - btime + record_btime(rec, btime, this_boot) if proc else None
+        rec["alive"] = bool(proc) and same_start(started, rec.get("start_time")) and proc["state"] != "Z"
         rec["group"] = sorted(p["pid"] for p in by_pid.values() if p["pgid"] == rec.get("pgid") and p["state"] != "Z")
         rc_path = os.path.join(state_dir, name[: -len(".json")] + ".rc")
         try:

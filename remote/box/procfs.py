@@ -38,6 +38,27 @@ def boot_time():
     raise RuntimeError("no btime in /proc/stat")
 
 
+def boot_id():
+    """This boot's random id (None where the kernel does not tell it)."""
+    try:
+        return read_text("/proc/sys/kernel/random/boot_id").strip() or None
+    except OSError:
+        return None
+
+
+def record_btime(rec, btime, this_boot=None):
+    """The boot time to read a recorded start time against. /proc/stat's btime moves when the
+    clock is stepped (chrony's makestep, a VM resumed); a process's start in ticks since boot
+    does not. So a start time recorded with the boot time it was computed from ("boot_time")
+    is read against that one, while this is still the boot it was recorded on ("boot_id");
+    anything else against btime (a record from another boot then matches no process)."""
+    if rec.get("boot_time") is None or not rec.get("boot_id"):
+        return btime
+    if rec["boot_id"] != (this_boot or boot_id()):
+        return btime
+    return rec["boot_time"]
+
+
 def uptime():
     return float(read_text("/proc/uptime").split()[0])
 
