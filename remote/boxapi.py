@@ -112,11 +112,11 @@ class Box:
             try:
                 raw = await self._probe.request(json.dumps(self._processes.ask(request)).encode(),
                                                 timeout=timeout or self.timeout)
-                return self._processes.fold(_reply("probe.py", raw))
             except BaseException:  # a failure, a deadline, or our caller giving up (cancellation)
                 stream, self._probe = self._probe, None
                 await asyncio.shield(stream.close())  # a half-answered probe is never asked again
                 raise
+            return self._processes.fold(_reply("probe.py", raw))
 
     # ------------------------------------------------------------ reads
 
@@ -233,7 +233,8 @@ class HeldProcesses:
             if new:
                 self.by_pid = dict(sorted(self.by_pid.items()))
         else:
-            raise BoxError(f"probe.py answered changes since {since}, not since {self.mark}")
+            expected, self.by_pid, self.mark = self.mark, {}, None  # the next reply: every process
+            raise BoxError(f"probe.py answered changes since {since}, not since {expected}")
         self.mark = mark
         reply["processes"] = list(self.by_pid.values())
         return reply

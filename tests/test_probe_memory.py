@@ -323,6 +323,15 @@ async def test_the_box_makes_each_reply_whole_again(box: Box, spawn) -> None:
     assert pids == sorted(pids) and len(set(pids)) == len(pids)
 
 
+async def test_an_error_reply_keeps_the_probe_and_what_it_holds(box: Box, spawn) -> None:
+    proc = _sleeper(spawn)
+    await _settle(box)
+    probe = box._probe
+    with pytest.raises(BoxError, match="could not convert"):
+        await box.ask_probe({"artifact_budget_s": "soon"})  # the probe cannot read it: an error reply
+    assert box._probe is probe and (await box.snapshot()).process(proc.pid) is not None
+
+
 async def test_held_processes_that_are_not_the_probes_last_are_all_replaced(box: Box, spawn) -> None:
     proc = _sleeper(spawn)
     await _settle(box)
@@ -339,8 +348,9 @@ def test_changes_since_another_reply_than_the_held_one_are_refused() -> None:
     held.fold({"processes": [entry], "processes_mark": "s.1"})
     assert held.ask({"processes": True}) == {"processes": True, "processes_since": "s.1"}
     assert held.ask({"processes": False}) == {"processes": False}
-    with pytest.raises(BoxError, match="since s.0"):
+    with pytest.raises(BoxError, match="since s.0, not since s.1"):
         held.fold({"processes": [], "processes_gone": [7], "processes_since": "s.0", "processes_mark": "s.2"})
+    assert held.ask({"processes": True}) == {"processes": True}  # so the next reply holds every process
 
 
 def test_a_process_first_seen_shows_its_cpu_over_its_life() -> None:
