@@ -4,7 +4,7 @@ Disk totals come with every poll at the cost of one statvfs; an artifact's size 
 of every file in it, and a provisioned venv holds some 40,000 files: walked every second, it
 would cost the box more CPU than everything else the probe does. So a tree is walked on every
 poll only while a running stage makes it; any other tree every REFRESH_S, or less often for a big
-one (so that sizing stays near 0.2 % of the box's core at any size), and at once after an action
+one (so that sizing stays near 0.1 % of the box's core at any size), and at once after an action
 or a stage's change of state. Single files and missing paths cost one lstat each and are sized on
 every poll (poison files among them)."""
 
@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from samai.remote.model import ArtifactSize
 
 REFRESH_S = 15.0
-REFRESH_S_PER_FILE = 0.002  # an lstat costs some 4 us: a walk every files * 2 ms is 0.2 % of a core
+REFRESH_S_PER_FILE = 0.004  # an lstat costs some 4 us: a walk every files * 4 ms is 0.1 % of a core
 SMALL_TREE_FILES = 64  # a tree this small costs no more than a stat call or two
 
 
