@@ -21,7 +21,7 @@ from samai.console.audit import AuditError, AuditLog
 from samai.console.config import Config, Stage
 from samai.console.preflight import Check, Preflight, poison_artifacts, preflight
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.model import CleanResult, FireResult, SignalResult
+from samai.remote.model import Boot, CleanResult, FireResult, SignalResult
 from samai.remote.transport import TransportError
 
 
@@ -120,7 +120,8 @@ class Actions:
         )
         return await self._carry_out(plan, lambda: self.box.stop(stage.name, grace=grace, protect=self._protect()))
 
-    async def kill(self, pid: int, start_time: float, *, signal: str = "TERM", grace: float = 5.0) -> ActionOutcome:
+    async def kill(self, pid: int, start_time: float, *, boot: Boot | None = None, signal: str = "TERM",
+                   grace: float = 5.0) -> ActionOutcome:
         signal = signal.upper()
         then = f", SIGKILL after {grace:g} s" if signal != "KILL" else ""
         details: tuple[str, ...] = (f"start time {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(start_time))}",)
@@ -142,8 +143,8 @@ class Actions:
             pid=pid,
             start_time=start_time,
         )
-        return await self._carry_out(plan, lambda: self.box.kill(pid, start_time, signal=signal, grace=grace,
-                                                                  protect=self._protect()))
+        return await self._carry_out(plan, lambda: self.box.kill(pid, start_time, boot=boot, signal=signal,
+                                                                  grace=grace, protect=self._protect()))
 
     async def clean(self, paths: Sequence[str], *, why: str = "") -> ActionOutcome:
         plan = ActionPlan(

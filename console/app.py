@@ -366,7 +366,8 @@ class SamaiApp(App[None]):
         if signal:
             actions = self._actions()
             actions.confirm = _already_confirmed
-            self._report(await actions.kill(process.pid, process.start_time, signal=signal, grace=KILL_GRACE_S))
+            self._report(await actions.kill(process.pid, process.start_time, boot=snap.boot, signal=signal,
+                                            grace=KILL_GRACE_S))
 
     @_one_action_at_a_time
     async def action_clean(self) -> None:

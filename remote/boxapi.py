@@ -20,7 +20,7 @@ from typing import Any
 
 from samai.remote import model
 from samai.remote.follow import LogCursor
-from samai.remote.model import CleanResult, FireResult, LogChunk, SignalResult, Snapshot
+from samai.remote.model import Boot, CleanResult, FireResult, LogChunk, SignalResult, Snapshot
 from samai.remote.transport import Stream, Transport
 
 READY = ".ready"
@@ -185,10 +185,14 @@ class Box:
                    "protect": list(protect)}
         return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))
 
-    async def kill(self, pid: int, start_time: float, *, signal: str = "TERM", grace: float = 5.0,
-                   protect: Sequence[int] = ()) -> SignalResult:
+    async def kill(self, pid: int, start_time: float, *, boot: Boot | None = None, signal: str = "TERM",
+                   grace: float = 5.0, protect: Sequence[int] = ()) -> SignalResult:
+        """Signal pid if it is the process that started at start_time (as read on `boot`: the
+        boot of the snapshot it came from; without it, the box's boot time now)."""
         request = {"pid": pid, "start_time": start_time, "signal": signal, "grace": grace,
                    "protect": list(protect)}
+        if boot is not None:
+            request.update(boot_time=boot.time, boot_id=boot.id)
         return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))
 
     async def remove(self, paths: Sequence[str]) -> CleanResult:

@@ -131,6 +131,16 @@ class StageRecord:
 
 
 @dataclass(frozen=True)
+class Boot:
+    """The boot a snapshot was taken on, and the boot time its start times were computed from:
+    the box reads a start time sent back with them against that boot time (a clock stepped
+    since moves /proc/stat's, not a process's start in ticks since boot)."""
+
+    time: int
+    id: str | None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     time: float
     host: str
@@ -147,6 +157,11 @@ class Snapshot:
     binaries: tuple[tuple[str, bool, bool], ...] = ()  # (path, exists, executable)
     errors: tuple[dict[str, Any], ...] = ()
     probe_pid: int | None = None
+    boot_id: str | None = None
+
+    @property
+    def boot(self) -> Boot:
+        return Boot(self.boot_time, self.boot_id)
 
     def process(self, pid: int) -> Process | None:
         return next((p for p in self.processes if p.pid == pid), None)
@@ -231,6 +246,7 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         binaries=tuple((b["path"], b["exists"], b["executable"]) for b in raw.get("binaries") or ()),
         errors=tuple(raw.get("errors") or ()),
         probe_pid=raw.get("probe_pid"),
+        boot_id=raw.get("boot_id"),
     )
 
 

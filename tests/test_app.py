@@ -16,6 +16,7 @@ from textual.widgets import Button
 
 from samai.console import config, prefs
 from samai.console.app import SamaiApp
+from samai.remote.boxapi import Box
 from samai.widgets.dialogs import ConfirmDialog, KillDialog
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
@@ -101,8 +102,17 @@ async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path
     assert actions == [("fire", "declined", "cancelled"), ("fire", "dialog", "done"), ("stop", "dialog", "done")]
 
 
-async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace, spawn, isolated_dirs):
+async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace, spawn, isolated_dirs,
+                                                             monkeypatch):
     victim = spawn("sleep", "31.25")
+    boots = []
+    real_kill = Box.kill
+
+    async def kill(self, *args, **kw):  # the real kill, its boot noted
+        boots.append(kw.get("boot"))
+        return await real_kill(self, *args, **kw)
+
+    monkeypatch.setattr(Box, "kill", kill)
     app = SamaiApp(_config(tmp_path, workspace))
     async with app.run_test(size=SIZE) as pilot:
         await _until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
@@ -127,6 +137,7 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
         await _until(pilot, lambda: not app._action_running)
     (entry,) = _audit(isolated_dirs)
     assert (entry["action"], entry["pid"], entry["result"]) == ("kill", victim.pid, "done")
+    assert boots == [app.state.snapshot.boot] and boots[0].id  # the start time's boot went with it
 
 
 async def test_readonly_never_binds_dangerous_keys(tmp_path, workspace, spawn, isolated_dirs):

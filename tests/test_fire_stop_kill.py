@@ -13,6 +13,7 @@ import psutil
 
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
+from samai.remote.model import Boot
 from tests.helpers import wait_for
 
 
@@ -154,6 +155,20 @@ async def test_stop_of_a_stage_that_is_not_running_says_so(box: Box) -> None:
     assert (await box.stop("never-fired")).result == "gone"
     await box.fire("brief", "true", "logs/brief.log", verify_s=1.0)
     assert (await box.stop("brief")).result == "gone"
+
+
+async def test_a_kill_reads_the_start_time_against_the_boot_it_came_with(box: Box, spawn) -> None:
+    proc = spawn("sleep", "30")
+    snap = await box.snapshot()
+    seen = snap.process(proc.pid)
+    assert snap.boot == Boot(snap.boot_time, snap.boot_id) and snap.boot_id
+    # As the snapshot would have read it before the clock was stepped back by 5 s.
+    before_step, started = Boot(snap.boot_time + 5, snap.boot_id), seen.start_time + 5
+    assert (await box.kill(proc.pid, started, signal="KILL")).result == "refused"  # read against btime now
+    other_boot = await box.kill(proc.pid, started, boot=Boot(before_step.time, "another-boot"), signal="KILL")
+    assert other_boot.result == "refused" and proc.poll() is None
+    done = await box.kill(proc.pid, started, boot=before_step, grace=2)
+    assert done.ok and done.result == "exited" and proc.wait(5) == -signal.SIGTERM
 
 
 def _pgid(pid: int) -> int | None:

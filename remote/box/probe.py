@@ -11,7 +11,7 @@ Request (every key optional):
              "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
    "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH]}
-Reply: {"time", "boot_time", "clk_tck", "host", "disks", "artifacts", "processes",
+Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts", "processes",
         "listeners", "logs", "ranges", "reports", "states", "writers", "binaries", "errors"}
 
 A --serve probe marks each reply's processes ("processes_mark"). A request that names the mark
@@ -83,7 +83,6 @@ def stage_states(workspace, by_pid, btime, errors):
         errors.append({"what": state_dir, "error": str(e)})
         return []
     out = []
-    this_boot = boot_id() if names else None
     for name in names:
         path = os.path.join(state_dir, name)
         try:
@@ -94,7 +93,7 @@ def stage_states(workspace, by_pid, btime, errors):
             continue
         proc = by_pid.get(rec.get("pid"))
         # Its start as the record's boot time reads it (which a stepped clock may have moved).
-        started = proc["start_time"] - btime + record_btime(rec, btime, this_boot) if proc else None
+        started = proc["start_time"] - btime + record_btime(rec, btime) if proc else None
         rec["alive"] = bool(proc) and same_start(started, rec.get("start_time")) and proc["state"] != "Z"
         rec["group"] = sorted(p["pid"] for p in by_pid.values() if p["pgid"] == rec.get("pgid") and p["state"] != "Z")
         rc_path = os.path.join(state_dir, name[: -len(".json")] + ".rc")
@@ -152,6 +151,7 @@ def probe(req, memory=None):
     reply = {
         "time": time.time(),
         "boot_time": btime,
+        "boot_id": boot_id(),  # with boot_time: what a start time here is read against (kill.py)
         "clk_tck": CLK_TCK,
         "host": socket.gethostname(),
         "probe_pid": os.getpid(),

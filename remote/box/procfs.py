@@ -6,6 +6,7 @@ import sys
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+BOOT_ID = []  # boot_id(), once read
 
 
 def read_text(path):
@@ -39,14 +40,17 @@ def boot_time():
 
 
 def boot_id():
-    """This boot's random id (None where the kernel does not tell it)."""
-    try:
-        return read_text("/proc/sys/kernel/random/boot_id").strip() or None
-    except OSError:
-        return None
+    """This boot's random id (None where the kernel does not tell it); read once, since no
+    process outlives its boot."""
+    if not BOOT_ID:
+        try:
+            BOOT_ID.append(read_text("/proc/sys/kernel/random/boot_id").strip() or None)
+        except OSError:
+            BOOT_ID.append(None)
+    return BOOT_ID[0]
 
 
-def record_btime(rec, btime, this_boot=None):
+def record_btime(rec, btime):
     """The boot time to read a recorded start time against. /proc/stat's btime moves when the
     clock is stepped (chrony's makestep, a VM resumed); a process's start in ticks since boot
     does not. So a start time recorded with the boot time it was computed from ("boot_time")
@@ -54,7 +58,7 @@ def record_btime(rec, btime, this_boot=None):
     anything else against btime (a record from another boot then matches no process)."""
     if rec.get("boot_time") is None or not rec.get("boot_id"):
         return btime
-    if rec["boot_id"] != (this_boot or boot_id()):
+    if rec["boot_id"] != boot_id():
         return btime
     return rec["boot_time"]
 
