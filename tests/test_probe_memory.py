@@ -329,6 +329,8 @@ async def test_an_error_reply_keeps_the_probe_and_what_it_holds(box: Box, spawn)
     probe = box._probe
     with pytest.raises(BoxError, match="could not convert"):
         await box.ask_probe({"artifact_budget_s": "soon"})  # the probe cannot read it: an error reply
+    with pytest.raises(BoxError, match="OverflowError"):
+        await box.ask_probe({"reports": [{"glob": "*", "max": float("inf")}]})  # nor this, deeper in
     assert box._probe is probe and (await box.snapshot()).process(proc.pid) is not None
 
 

@@ -189,7 +189,7 @@ def answer(text, memory=None):
         if not isinstance(req, dict):
             raise ValueError("request must be a JSON object")
         reply = probe(req, memory)
-    except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
+    except Exception as e:  # a request it cannot serve, or a bug: said, and the probe serves on
         reply = {"error": "%s: %s" % (type(e).__name__, e)}
     return json.dumps(reply, separators=(",", ":")) + "\n"
 
