@@ -40,6 +40,8 @@ from pathlib import Path
 
 from startup import SIZE, Tui
 
+from samai.remote.box.procfs import read_stat
+
 IN_NAMESPACE = "SAMAI_BENCH_OWN_BOX"  # set when this script runs again inside its own PID namespace
 TICK = os.sysconf("SC_CLK_TCK")
 MB = 1024 * 1024
@@ -80,9 +82,8 @@ def box_processes() -> set[tuple[int, str]]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if Path(f"/proc/{entry}/cmdline").read_bytes():
-                    raw = Path(f"/proc/{entry}/stat").read_text()
-                    found.add((int(entry), raw[raw.rindex(")") + 2:].split()[19]))
+                if Path(f"/proc/{entry}/cmdline").read_bytes() and (st := read_stat(int(entry))):
+                    found.add((int(entry), st["starttime"]))
             except OSError:
                 continue
     return found

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from samai.console.config import load_builtin  # noqa: E402
 from samai.console.sizing import REFRESH_S, REFRESH_S_PER_FILE  # noqa: E402
 from samai.console.state import ConsoleState  # noqa: E402
+from samai.remote.box.procfs import boot_time, read_stat, start_epoch  # noqa: E402
 from samai.remote.boxapi import Box  # noqa: E402
 from samai.remote.local import LocalTransport  # noqa: E402
 
@@ -92,16 +93,13 @@ def make_workspace(root: Path, venv_files: int) -> None:
 
 
 def cpu_ticks(pid: int) -> int:
-    raw = Path(f"/proc/{pid}/stat").read_text()
-    fields = raw[raw.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])
+    st = read_stat(pid)
+    return st["utime"] + st["stime"]
 
 
 def start_time(pid: int) -> float:
-    btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                 if line.startswith("btime "))
-    raw = Path(f"/proc/{pid}/stat").read_text()
-    return round(btime + int(raw[raw.rindex(")") + 2:].split()[19]) / CLK_TCK, 2)
+    """As the box's tools record it."""
+    return start_epoch(read_stat(pid)["starttime"], boot_time())
 
 
 def probe_pid() -> int:
@@ -111,12 +109,11 @@ def probe_pid() -> int:
         if not name.isdigit():
             continue
         try:
-            raw = Path(f"/proc/{name}/stat").read_text()
             argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(raw[raw.rindex(")") + 2:].split()[1]) == me and any(a.endswith(b"probe.py") for a in argv) \
-                and b"--serve" in argv:
+        st = read_stat(int(name))
+        if st and st["ppid"] == me and any(a.endswith(b"probe.py") for a in argv) and b"--serve" in argv:
             return int(name)
     raise RuntimeError("no probe.py --serve among this process's children")
 
