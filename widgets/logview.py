@@ -33,6 +33,7 @@ from textual.timer import Timer
 from textual.widgets import Input
 
 from samai.remote.model import Marker
+from samai.remote.visible import CONTROL_PICTURES
 
 FLUSH_INTERVAL = 0.1  # seconds: the most often buffered lines reach the screen
 DEFAULT_MAX_LINES = 20_000
@@ -42,11 +43,6 @@ TAB_SIZE = 8
 _RANKS = {"info": 1, "warning": 2, "error": 3}
 _RANK_CLASSES = ("", "logview--info", "logview--warning", "logview--error")
 
-# Control characters become visible stand-ins (U+2400 pictures, U+FFFD for C1), so nothing
-# reaches the terminal that it would act on. Tabs are expanded separately.
-_CONTROLS = {c: chr(0x2400 + c) for c in range(0x20) if c != 0x09}
-_CONTROLS.update({0x7F: "\u2421", 0x2028: "\ufffd", 0x2029: "\ufffd"})
-_CONTROLS.update({c: "\ufffd" for c in range(0x80, 0xA0)})
 # Patterns that refer to their own groups by number cannot be joined into one alternation.
 _GROUP_REFERENCE = re.compile(r"\\[1-9]|\(\?P=|\(\?\(")
 # What smartcase ignores when it looks for an uppercase letter: escapes (\W, \S) and group syntax.
@@ -65,7 +61,7 @@ def clean_line(line: str) -> str:
         line = next((part for part in reversed(line.split("\r")) if part), "")
     if "\t" in line:
         line = line.expandtabs(TAB_SIZE)
-    return line.translate(_CONTROLS)
+    return line.translate(CONTROL_PICTURES)
 
 
 class _Notice(str):
