@@ -12,6 +12,7 @@ import pytest
 
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
+from tests.helpers import stop_stages_under
 
 # Rendered times (alerts, dialogs) must not depend on where the tests run: snapshots compare them.
 os.environ["TZ"] = "UTC"
@@ -25,6 +26,13 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         folder.mkdir()
         monkeypatch.setenv(name, str(folder))
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def stop_what_the_test_fired(tmp_path: Path):
+    """Whatever a test fired is stopped after it, whether it passed, failed or timed out."""
+    yield
+    stop_stages_under(tmp_path)
 
 
 @pytest.fixture

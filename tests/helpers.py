@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import samai.remote.box
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 60, stdin=subprocess.DEVNULL):
@@ -22,3 +26,23 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+KILL_TOOL = Path(samai.remote.box.__file__).with_name("kill.py")
+
+
+def stop_stages_under(folder: Path) -> list[str]:
+    """Stop every stage recorded in a workspace under folder that may still run; their names.
+
+    Fired chains are detached (their own session), so they outlive a test that failed or timed
+    out half-way; this stops them with the box's own identity-checked kill tool."""
+    stopped = []
+    records = [r for depth in range(4) for r in folder.glob("*/" * depth + ".samai/state/*.json")]
+    for record in records:
+        workspace, stage = record.parents[2], record.stem
+        request = json.dumps({"stage": stage, "workspace": str(workspace), "signal": "TERM", "grace": 2})
+        done = subprocess.run([sys.executable, "-S", str(KILL_TOOL)], input=request, capture_output=True,
+                              text=True, timeout=30)
+        if '"gone"' not in done.stdout:
+            stopped.append(stage)
+    return stopped
