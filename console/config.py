@@ -6,8 +6,11 @@ With no file, the built-in `tiny` pipeline on this machine is the configuration.
 
 from __future__ import annotations
 
+import math
 import os
+import posixpath
 import re
+import stat
 import sys
 import tomllib
 from collections.abc import Callable
@@ -24,13 +27,29 @@ RESERVED_KEYS = frozenset("q ? / k s r o c x l f n N w g G a S".split())
 SEVERITIES = ("info", "warning", "error")
 CHAIN_DONE = Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+", "info")
 BUILTIN_PIPELINES = ("tiny", "samai-8b")
+MAX_CONFIG_BYTES = 1 << 20  # a samai.toml is a few KB: anything bigger is not one
+MAX_GB = 1_000_000.0  # a petabyte: any size or capacity above it is a typo
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # stage and pipeline names: safe as file names
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Folders that are the system itself, with everything in them: never a workspace.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                "/sys", "/usr")
+# Folders that hold other people's or the system's files: a folder inside one may be a
+# workspace, the folder itself may not (a clean there would reach everything beside it).
+SHARED_FOLDERS = ("/", "/home", "/root", "/tmp", "/var", "/var/tmp", "/var/lib", "/var/log", "/var/cache",
+                  "/var/opt", "/var/spool", "/var/mail", "/var/www", "/opt", "/srv", "/mnt", "/media", "/snap")
 
 
 class ConfigError(Exception):
     def __init__(self, source: str, key: str, expected: str, got: Any = None) -> None:
-        got_text = "" if got is None else f", got {got!r}"
+        got_text = "" if got is None else f", got {_short(repr(got))}"
         super().__init__(f"{source}: {key}: expected {expected}{got_text}")
         self.source, self.key = source, key
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 @dataclass(frozen=True)
@@ -128,12 +147,44 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
         return load_builtin("tiny")
     source = str(path)
     try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except OSError as e:
-        raise ConfigError(source, "(file)", "a readable file", e.strerror) from e
+        text = read_capped(path, source).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(source, "(file)", "UTF-8 text", f"invalid byte at {e.start}") from e
     return parse(text, source)
+
+
+def read_capped(path: str | os.PathLike[str], source: str) -> bytes:
+    """The file's bytes, if it is a regular file of at most MAX_CONFIG_BYTES: a FIFO, a device
+    (/dev/zero) or a huge file is refused before it is read, never read until memory runs out."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused just below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except (OSError, ValueError) as e:
+        raise ConfigError(source, "(file)", "a readable file", getattr(e, "strerror", None) or str(e)) from e
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(source, "(file)", "a regular file", _file_kind(mode))
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise ConfigError(source, "(file)", "a readable file", e.strerror) from e
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(source, "(file)", f"at most {MAX_CONFIG_BYTES} bytes", "a larger file")
+    return b"".join(chunks)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def load_builtin(name: str) -> Config:
@@ -148,7 +199,84 @@ def parse(text: str, source: str) -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "(syntax)", "valid TOML", str(e)) from e
+    except RecursionError as e:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(source, "(syntax)", "valid TOML", "arrays or tables nested too deep") from e
     return _Reader(source).config(raw)
+
+
+# ------------------------------------------------------------------ where the console may write
+
+
+def escape_reason(path: str, workspace: str) -> str | None:
+    """Why path, taken relative to the workspace, is not inside it; None when it is. Only the
+    text is judged here: the box checks again, after symlinks, when it writes."""
+    if path.startswith("~"):
+        return "'~' is another folder"
+    norm = posixpath.normpath(path) if path else "."
+    if posixpath.isabs(norm):
+        root = posixpath.normpath(workspace) if posixpath.isabs(workspace) else None
+        if root is None or not _within(norm, root) or norm == root:
+            return f"absolute and not under {workspace}"
+        return None
+    if norm == ".":
+        return "it is the workspace itself"
+    if norm == ".." or norm.startswith("../"):
+        return "'..' leads out of it"
+    return None
+
+
+def local_workspace_reason(workspace: str) -> str | None:
+    """Why a workspace on this machine would put the system's or the console's own files in
+    reach of a clean; None when it is a folder of its own."""
+    seen = {posixpath.normpath(workspace), os.path.realpath(workspace)}
+    home = {posixpath.normpath(str(Path.home())), os.path.realpath(Path.home())}
+    for p in seen:
+        problem = system_folder_reason(p, home)
+        if problem:
+            return problem
+    room = {posixpath.normpath(str(paths.workspaces_dir())), os.path.realpath(paths.workspaces_dir())}
+    for own in paths.own_dirs():
+        for d in {posixpath.normpath(str(own)), os.path.realpath(own)}:
+            for p in seen:
+                if _within(d, p):
+                    return f"a folder that holds the console's own files ({own})"
+                if _within(p, d) and not any(_within(p, r) and p != r for r in room):
+                    return f"a folder inside the console's own files ({own})"
+    return None
+
+
+def remote_workspace_reason(workspace: str) -> str | None:
+    """The same for a box's workspace, judged by its text (relative: to the login's home)."""
+    if workspace == "~":
+        return "the home folder"
+    if workspace.startswith("~"):
+        return "another user's home folder"
+    norm = posixpath.normpath(workspace) if workspace else "."
+    if posixpath.isabs(norm):
+        return system_folder_reason(norm, set())
+    if norm == ".":
+        return "the home folder"
+    if norm == ".." or norm.startswith("../"):
+        return "a folder outside the home folder ('..')"
+    return None
+
+
+def system_folder_reason(path: str, homes: set[str]) -> str | None:
+    if path == "/":
+        return "the root folder"
+    for tree in SYSTEM_TREES:
+        if _within(path, tree):
+            return f"the system folder {tree}" + ("" if path == tree else " or one inside it")
+    if path in SHARED_FOLDERS:
+        return f"the shared folder {path}"
+    if posixpath.dirname(path) == "/home" or path in homes:
+        return f"a home folder ({path})"
+    return None
+
+
+def _within(path: str, folder: str) -> bool:
+    """path is folder or anything below it (both normalised, absolute)."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 # ------------------------------------------------------------------ validation
@@ -186,15 +314,27 @@ class _Reader:
         return v
 
     def text(self, raw, key, where, default=""):
-        return self.value(raw, key, where, "a string", lambda v: isinstance(v, str), default)
+        # A NUL cannot be part of an argument, a path or an environment value: refused here, not on the box.
+        return self.value(raw, key, where, "a string (without NUL)", lambda v: isinstance(v, str) and "\0" not in v,
+                          default)
 
-    def number(self, raw, key, where, default, minimum=0.0):
-        ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= minimum  # noqa: E731
-        return self.value(raw, key, where, f"a number >= {minimum:g}", ok, default)
+    def number(self, raw, key, where, default, minimum=0.0, maximum=1e9):
+        ok = lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+                        and (isinstance(v, int) or math.isfinite(v)) and minimum <= v <= maximum)
+        return self.value(raw, key, where, f"a number >= {minimum:g} and <= {maximum:g}", ok, default)
 
-    def integer(self, raw, key, where, default, minimum=1):
-        ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum  # noqa: E731
-        return self.value(raw, key, where, f"an integer >= {minimum}", ok, default)
+    def integer(self, raw, key, where, default, minimum=1, maximum=10**9):
+        ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= maximum  # noqa: E731
+        return self.value(raw, key, where, f"an integer >= {minimum} and <= {maximum}", ok, default)
+
+    def path_inside(self, raw, key, where, workspace, default=""):
+        """A path the console reads, writes or deletes in the workspace: relative to it, or
+        absolute under it, and never leaving it (`..`, `~`)."""
+        path = self.text(raw, key, where, default)
+        problem = escape_reason(path, workspace)
+        if problem:
+            raise self.fail(f"{where}.{key}" if where else key, f"a path inside the workspace ({problem})", path)
+        return path
 
     def names(self, raw, key, where):
         ok = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
@@ -205,20 +345,23 @@ class _Reader:
     def config(self, raw: dict[str, Any]) -> Config:
         self.table(raw, "", {"pipeline", "target", "workspace", "budget", "artifacts", "stages", "model", "ui"})
         pipeline = self.text(raw, "pipeline", "", "custom")
+        if not NAME.match(pipeline):  # it names the default workspace's folder
+            raise self.fail("pipeline", "a name of letters, digits, '_', '.', '-'", pipeline)
         target = self.target(raw.get("target"))
-        artifacts = self.artifacts(raw.get("artifacts"))
-        stages = self.stages(raw.get("stages"), {a.name for a in artifacts})
+        workspace = self.workspace(raw.get("workspace"), pipeline, target)
+        artifacts = self.artifacts(raw.get("artifacts"), workspace)
+        stages = self.stages(raw.get("stages"), {a.name for a in artifacts}, workspace)
         model = self.mapping(raw.get("model"), "model")
         return Config(
             source=self.source,
             pipeline=pipeline,
             target=target,
-            workspace=self.workspace(raw.get("workspace"), pipeline, target),
+            workspace=workspace,
             budget=self.budget(raw.get("budget")),
             artifacts=artifacts,
             stages=stages,
             model=tuple(model.items()),
-            ui=self.ui(raw.get("ui")),
+            ui=self.ui(raw.get("ui"), workspace),
         )
 
     def target(self, raw: Any) -> Target:
@@ -228,12 +371,12 @@ class _Reader:
         if not re.match(r"^(local|ssh://.+|envelope\+https?://.+)$", url):
             raise self.fail("target.url", "local, ssh://user@host[:port] or envelope+http(s)://host[:port]", url)
         return Target(url, self.text(t, "python", "target", ""),
-                      float(self.number(t, "poll_interval", "target", 1.0, 0.1)),
-                      float(self.number(t, "timeout", "target", 30.0, 1.0)),
-                      float(self.number(t, "keepalive_interval", "target", 5.0, 0.0)),
-                      self.integer(t, "keepalive_count", "target", 3, 1),
-                      float(self.number(t, "connect_timeout", "target", 10.0, 0.5)),
-                      self.integer(t, "max_channels", "target", 6, 1),
+                      float(self.number(t, "poll_interval", "target", 1.0, 0.1, 3600.0)),
+                      float(self.number(t, "timeout", "target", 30.0, 1.0, 86400.0)),
+                      float(self.number(t, "keepalive_interval", "target", 5.0, 0.0, 3600.0)),
+                      self.integer(t, "keepalive_count", "target", 3, 1, 1000),
+                      float(self.number(t, "connect_timeout", "target", 10.0, 0.5, 3600.0)),
+                      self.integer(t, "max_channels", "target", 6, 1, 1000),
                       self.text(t, "token_env", "target", "SAMAI_ENVELOPE_TOKEN"))
 
     def workspace(self, raw: Any, pipeline: str, target: Target) -> str:
@@ -242,15 +385,21 @@ class _Reader:
         if not path:
             return str(paths.default_workspace(pipeline)) if target.is_local else f"samai/{pipeline}"
         if target.is_local:
-            return os.path.expanduser(path)
-        return path[2:] if path.startswith("~/") else path  # a remote command starts in the home folder
+            workspace = os.path.abspath(os.path.expanduser(path))
+            problem = local_workspace_reason(workspace)
+        else:
+            workspace = path[2:] if path.startswith("~/") else path  # a remote command starts in the home folder
+            problem = remote_workspace_reason(workspace)
+        if problem:
+            raise self.fail("workspace.path", f"a folder of its own for the pipeline, not {problem}", path)
+        return workspace
 
     def budget(self, raw: Any) -> Budget:
         b = self.table(raw, "budget", {"capacity_gb", "reserve_gb"})
-        capacity = self.number(b, "capacity_gb", "budget", None, 0.000001)
-        return Budget(capacity, float(self.number(b, "reserve_gb", "budget", 2.0)))
+        capacity = self.number(b, "capacity_gb", "budget", None, 0.000001, MAX_GB)
+        return Budget(capacity, float(self.number(b, "reserve_gb", "budget", 2.0, 0.0, MAX_GB)))
 
-    def artifacts(self, raw: Any) -> tuple[Artifact, ...]:
+    def artifacts(self, raw: Any, workspace: str) -> tuple[Artifact, ...]:
         table = self.mapping(raw, "artifacts")
         out = []
         for name, spec in table.items():
@@ -258,25 +407,26 @@ class _Reader:
             a = self.table(spec, where, {"path", "size_gb", "intermediate"})
             if "path" not in a:
                 raise self.fail(f"{where}.path", "the artifact's path (relative to the workspace)")
-            out.append(Artifact(name, self.text(a, "path", where), float(self.number(a, "size_gb", where, 0.0)),
+            out.append(Artifact(name, self.path_inside(a, "path", where, workspace),
+                                float(self.number(a, "size_gb", where, 0.0, 0.0, MAX_GB)),
                                 self.value(a, "intermediate", where, "true or false",
                                            lambda v: isinstance(v, bool), False)))
         return tuple(out)
 
-    def stages(self, raw: Any, artifact_names: set[str]) -> tuple[Stage, ...]:
+    def stages(self, raw: Any, artifact_names: set[str], workspace: str) -> tuple[Stage, ...]:
         table = self.mapping(raw, "stages")
         stages: list[Stage] = []
         for name, spec in table.items():
-            stage = self.stage(name, spec, artifact_names)
+            stage = self.stage(name, spec, artifact_names, workspace)
             clash = next((s for s in stages if s.key == stage.key), None)
             if clash:
                 raise self.fail(f"stages.{name}.key", f"a key no other stage uses ({clash.name} has it)", stage.key)
             stages.append(stage)
         return tuple(stages)
 
-    def stage(self, name: str, raw: Any, artifact_names: set[str]) -> Stage:
+    def stage(self, name: str, raw: Any, artifact_names: set[str], workspace: str) -> Stage:
         where = f"stages.{name}"
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", name):
+        if not NAME.match(name):
             raise self.fail(where, "a stage name of letters, digits, '_', '.', '-'", name)
         s = self.table(raw, where, {"key", "command", "log", "description", "markers", "needs", "makes",
                                     "frees", "ports", "poison", "env"})
@@ -297,13 +447,20 @@ class _Reader:
         ports = self.value(s, "ports", where, "a list of TCP ports (1-65535)",
                            lambda v: isinstance(v, list) and all(isinstance(p, int) and 0 < p < 65536 for p in v),
                            [])
-        env = self.value(s, "env", where, "a table of string values",
-                         lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), {})
-        return Stage(name=name, key=key, command=command, log=self.text(s, "log", where, f"logs/{name}.log"),
+        env = self.value(s, "env", where, "a table of NAME = \"string\" (NAME: letters, digits, '_')",
+                         lambda v: isinstance(v, dict) and all(ENV_NAME.match(k) and isinstance(x, str)
+                                                               and "\0" not in x for k, x in v.items()), {})
+        poison = self.names(s, "poison", where)
+        for i, path in enumerate(poison):
+            problem = escape_reason(path, workspace) or ("\0" in path and "it holds a NUL")
+            if problem:
+                raise self.fail(f"{where}.poison[{i}]", f"a path inside the workspace ({problem})", path)
+        return Stage(name=name, key=key, command=command,
+                     log=self.path_inside(s, "log", where, workspace, f"logs/{name}.log"),
                      description=self.text(s, "description", where),
                      markers=self.markers(s.get("markers"), f"{where}.markers"),
                      needs=refs["needs"], makes=refs["makes"], frees=refs["frees"],
-                     ports=tuple(ports), poison=self.names(s, "poison", where), env=tuple(env.items()))
+                     ports=tuple(ports), poison=poison, env=tuple(env.items()))
 
     def markers(self, raw: Any, where: str) -> tuple[Marker, ...]:
         if raw is None:
@@ -326,12 +483,12 @@ class _Reader:
             out.append(Marker(name, pattern, severity))
         return tuple(m for i, m in enumerate(out) if m.name not in {o.name for o in out[:i]})
 
-    def ui(self, raw: Any) -> Ui:
+    def ui(self, raw: Any, workspace: str) -> Ui:
         u = self.table(raw, "ui", {"theme", "max_log_lines", "tail_lines", "keys", "eval_reports"})
         keys = self.value(u, "keys", "ui", "a table of binding id = \"key\"",
                           lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), {})
         return Ui(self.text(u, "theme", "ui", "samai-dark"),
-                  self.integer(u, "max_log_lines", "ui", 20_000, 100),
-                  self.integer(u, "tail_lines", "ui", 200, 0),
+                  self.integer(u, "max_log_lines", "ui", 20_000, 100, 10_000_000),
+                  self.integer(u, "tail_lines", "ui", 200, 0, 1_000_000),
                   tuple(keys.items()),
-                  self.text(u, "eval_reports", "ui", "runs/eval/*/summary.json"))
+                  self.path_inside(u, "eval_reports", "ui", workspace, "runs/eval/*/summary.json"))

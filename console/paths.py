@@ -20,9 +20,14 @@ def state_dir() -> Path:
     return _xdg("XDG_STATE_HOME", ".local/state")
 
 
+def workspaces_dir() -> Path:
+    """Where the default workspaces live: the one part of the data dir a workspace may be in."""
+    return data_dir() / "workspaces"
+
+
 def default_workspace(pipeline: str) -> Path:
     """The embedded default workspace: a local folder per pipeline under the user's data dir."""
-    return data_dir() / "workspaces" / pipeline
+    return workspaces_dir() / pipeline
 
 
 def audit_log() -> Path:
@@ -35,3 +40,9 @@ def config_dir() -> Path:
 
 def saved_logs_dir() -> Path:
     return state_dir() / "saved-logs"
+
+
+def own_dirs() -> tuple[Path, ...]:
+    """The console's own folders on this machine: no workspace may hold them or lie in them
+    (a workspace's clean would delete them), save a workspace inside workspaces_dir()."""
+    return data_dir(), state_dir(), config_dir()
