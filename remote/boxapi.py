@@ -181,16 +181,20 @@ class Box:
 
     async def stop(self, stage: str, *, signal: str = "TERM", grace: float = 10.0,
                    protect: Sequence[int] = ()) -> SignalResult:
+        """Signal every process the stage's chain started (its group, and any that left it for
+        a session of its own); what outlives SIGKILL comes back as the result's survivors."""
         request = {"stage": stage, "workspace": self.workspace, "signal": signal, "grace": grace,
                    "protect": list(protect)}
         return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))
 
     async def kill(self, pid: int, start_time: float, *, boot: Boot | None = None, signal: str = "TERM",
-                   grace: float = 5.0, protect: Sequence[int] = ()) -> SignalResult:
+                   grace: float = 5.0, protect: Sequence[int] = (), group: bool = False) -> SignalResult:
         """Signal pid if it is the process that started at start_time (as read on `boot`: the
-        boot of the snapshot it came from; without it, the box's boot time now)."""
+        boot of the snapshot it came from; without it, the box's boot time now): that process
+        alone, or with group its whole process group. Its children and group that are left
+        running come back as the result's remaining."""
         request = {"pid": pid, "start_time": start_time, "signal": signal, "grace": grace,
-                   "protect": list(protect)}
+                   "protect": list(protect), "group": bool(group)}
         if boot is not None:
             request.update(boot_time=boot.time, boot_id=boot.id)
         return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))

@@ -185,11 +185,16 @@ class FireResult:
 
 @dataclass(frozen=True)
 class SignalResult:
+    """A kill or a stop as the box did it. ok is false while anything it was asked to end is
+    still alive (survivors); remaining is what it was not asked to end and still runs: the
+    children or group of a process killed alone, or what a group started outside it."""
+
     ok: bool
-    result: str  # exited | killed | refused | gone
+    result: str  # exited | killed | failed | refused | gone
     reason: str = ""
     signalled: tuple[int, ...] = ()
     survivors: tuple[int, ...] = ()
+    remaining: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,7 +261,7 @@ def fire_result(raw: dict[str, Any], stage: str) -> FireResult:
 
 def signal_result(raw: dict[str, Any]) -> SignalResult:
     return _pick(SignalResult, raw, signalled=tuple(raw.get("signalled") or ()),
-                 survivors=tuple(raw.get("survivors") or ()))
+                 survivors=tuple(raw.get("survivors") or ()), remaining=tuple(raw.get("remaining") or ()))
 
 
 def clean_result(raw: dict[str, Any]) -> CleanResult:

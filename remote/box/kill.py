@@ -1,29 +1,51 @@
-"""Signal one process or one process group, after re-checking its identity. Never by name.
+"""Signal one process, one process group, or every process of a stage. Never by name.
 
 Runs ON the box. Request on stdin, either a process or a recorded stage:
   {"pid", "start_time", "boot_time", "boot_id", "signal": "TERM"|"KILL"|"INT"|"HUP", "grace": 5.0,
-   "group": false, "protect": [PID, ...], "log": PATH|null}
-  {"stage", "workspace", "signal", "grace", "protect"}   (the stage's group, from its record)
-Reply: {"ok", "result": "exited"|"killed"|"refused"|"gone", "reason", "pgid",
-        "signalled": [PID...], "survivors": [PID...]}
+   "group": false|true, "protect": [PID, ...]}
+  {"stage", "workspace", "signal", "grace", "protect"}   (every process of the stage, from its record)
+Reply: {"ok", "result": "exited"|"killed"|"failed"|"refused"|"gone", "reason", "pgid",
+        "signalled": [PID...], "survivors": [PID...], "remaining": [PID...]}
 
-Identity is (pid, start time): the start time is read again right before the signal, so a
-recycled pid is refused. A start time given with the boot time it was computed from (and this
-boot's id) is read against that boot time, so that a clock stepped since moves nothing. Pid 1,
-this tool, its ancestors (the session that runs it) and any pid the caller protects are never
-signalled. With "group", the process group is
-signalled; a group whose leader already exited is still found through members that started
-after the leader did (a pgid cannot be recycled while any member lives). TERM, INT and HUP
-are followed by KILL when the target outlives the grace period.
+"group" is required: false signals this process only, true its whole process group. A stage
+is followed to every process its chain started (chain_pids: its group, the processes that
+carry its chain marker, whatever session they moved to, and their descendants), each group
+among them signalled as a group. "survivors": what it was asked to end and is still alive,
+by pid; while there is one, "ok" is false and "result" is "failed" (or "refused" when the
+signal itself was not permitted). "remaining": what it was not asked to end and still runs,
+the target's children and group, so that the console can say who is left.
+
+Identity is (pid, start time): the start time is read again right before each signal (through
+a pidfd where the kernel has them, so that nothing can take the pid in between), so a recycled
+pid is refused. A start time given with the boot time it was computed from (and this boot's
+id) is read against that boot time, so that a clock stepped since moves nothing. Pid 1, kernel
+threads, this tool, its ancestors (the session that runs it) and any pid the caller protects
+are never signalled. A group whose leader already exited is still found through members that
+started after the leader did (a pgid cannot be recycled while any member lives). TERM, INT and
+HUP are followed by KILL when the target outlives the grace period. Every failure is one line.
 """
 
 import json
 import os
+import pwd
 import signal
 import sys
 import time
 
-from procfs import ancestors, boot_time, group_members, read_stat, record_btime, same_start, serve, start_epoch
+from procfs import (
+    ChainMarkers,
+    ancestors,
+    boot_time,
+    chain_pids,
+    group_members,
+    is_kernel_thread,
+    live_processes,
+    read_stat,
+    record_btime,
+    same_start,
+    serve,
+    start_epoch,
+)
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT, "HUP": signal.SIGHUP}
 POLL_S = 0.05
@@ -34,56 +56,373 @@ def refuse(reason, **extra):
     return dict(extra, ok=False, result="refused", reason=reason)
 
 
-def gone(pid, start_time, btime):
-    st = read_stat(pid)
-    return not st or st["state"] == "Z" or not same_start(start_epoch(st["starttime"], btime), start_time)
+def gone_reply(reason):
+    return {"ok": True, "result": "gone", "reason": reason, "signalled": [], "survivors": [], "remaining": []}
 
 
-def survivors(pid, start_time, pgid, btime):
-    if pgid is not None:
-        return group_members(pgid)
-    return [] if gone(pid, start_time, btime) else [pid]
+def owner(pid):
+    try:
+        uid = os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
-def wait_until_gone(pid, start_time, pgid, btime, seconds):
+def denied(pid):
+    return "pid %d belongs to user %s: permission denied" % (pid, owner(pid))
+
+
+# ------------------------------------------------------------ identity and signals
+
+
+class Identity(object):
+    """Processes by (pid, start time), all read against one boot time."""
+
+    def __init__(self, btime):
+        self.btime = btime
+        self.started = {}  # pid -> start time (epoch), as first seen
+
+    def add(self, pid, start_time=None):
+        if pid not in self.started:
+            if start_time is None:
+                st = read_stat(pid)
+                if not st:
+                    return
+                start_time = start_epoch(st["starttime"], self.btime)
+            self.started[pid] = start_time
+
+    def alive(self, pid):
+        st = read_stat(pid)
+        return bool(st) and st["state"] != "Z" and same_start(start_epoch(st["starttime"], self.btime),
+                                                              self.started.get(pid))
+
+    def living(self, pids=None):
+        return sorted(p for p in (self.started if pids is None else pids) if self.alive(p))
+
+
+def signal_process(ident, pid, signum):
+    """Signal pid if it is still the process ident knows: True if signalled, False if gone.
+    Raises PermissionError. Through a pidfd where there is one: once opened it names that very
+    process, so the identity read after it cannot be overtaken by a recycled pid."""
+    fd = None
+    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        except OSError:  # an older kernel: the plain kill below, after the same check
+            fd = None
+    try:
+        if not ident.alive(pid):
+            return False
+        if fd is not None:
+            signal.pidfd_send_signal(fd, signum)
+        else:
+            os.kill(pid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def signal_group(ident, pgid, members, signum):
+    """killpg(pgid) if one of members (known to ident) still lives in it: while one does, the
+    pgid cannot have been given to another group. True if signalled."""
+    for pid in members:
+        st = read_stat(pid)
+        if st and st["pgid"] == pgid and ident.alive(pid):
+            try:
+                os.killpg(pgid, signum)
+                return True
+            except ProcessLookupError:
+                return False
+    return False
+
+
+def wait_until(done, seconds):
     deadline = time.monotonic() + seconds
-    while True:
-        left = survivors(pid, start_time, pgid, btime)
-        if not left or time.monotonic() >= deadline:
-            return left
+    while not done() and time.monotonic() < deadline:
         time.sleep(POLL_S)
 
 
-def send(pid, pgid, signum):
-    try:
-        if pgid is not None:
-            os.killpg(pgid, signum)
-        else:
-            os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
+def descendants(pids, table):
+    """Every process below pids by parent pid, in table (live_processes)."""
+    children = {}
+    for pid, e in table.items():
+        children.setdefault(e["ppid"], []).append(pid)
+    found, todo = set(), list(pids)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
-def find_target(pid, start_time, group, btime):
-    """(pgid or None, refusal or None) after re-reading the process's identity."""
+# ------------------------------------------------------------ checks before any signal
+
+
+def check_request(req):
+    """(signal name, grace) or a refusal."""
+    name = str(req.get("signal", "TERM")).upper()
+    if name not in SIGNALS:
+        return None, None, refuse("unknown signal %s (use one of %s)" % (name, ", ".join(sorted(SIGNALS))))
+    return name, float(req.get("grace", 5.0)), None
+
+
+def forbidden(pids, req):
+    """A refusal if any of pids may never be signalled, else None."""
+    protected = set(ancestors(os.getpid())) | set(int(p) for p in req.get("protect") or ()) | {1}
+    hit = sorted(protected.intersection(pids))
+    if hit:
+        return refuse("pid %s is protected (init, the console or its session)" % ", ".join(map(str, hit)))
+    for pid in sorted(pids):
+        st = read_stat(pid)
+        if st and is_kernel_thread(pid, st):
+            return refuse("pid %d is a kernel thread (%s): never signalled" % (pid, st["comm"]))
+    return None
+
+
+# ------------------------------------------------------------ one process or its group
+
+
+def kill(req):
+    if "stage" in req:
+        return stop_stage(req)
+    pid = req["pid"]
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return refuse("refusing to signal pid %r" % (pid,))
+    if pid == 2:
+        return refuse("pid 2 is kthreadd, the kernel's thread parent: never signalled")
+    if not isinstance(req.get("group"), bool):
+        return refuse('say "group": false (this process only) or true (its whole process group)')
+    if req.get("start_time") is None:
+        return refuse("a start time is required to identify pid %d" % pid)
+    name, grace, refusal = check_request(req)
+    if refusal:
+        return refusal
+    btime = record_btime(req, boot_time())
+    start_time = float(req["start_time"])
     st = read_stat(pid)
     if st and st["state"] != "Z":
         started = start_epoch(st["starttime"], btime)
         if not same_start(started, start_time):
-            why = "pid %d is now another process (started %.2f, expected %s)" % (pid, started, start_time)
-            return None, refuse(why)
-        return (st["pgid"] if group else None), None
-    if group:
-        # The leader is gone; its group may live on. Members born after it belong to it.
-        members = [m for m in group_members(pid) if not _born_before(m, start_time, btime)]
-        if members:
-            return pid, None
-    return None, {"ok": True, "result": "gone", "reason": "pid %d has already exited" % pid, "survivors": []}
+            return refuse("pid %d is now another process (started %.2f, expected %s)" % (pid, started, start_time))
+        if is_kernel_thread(pid, st):
+            return refuse("pid %d is a kernel thread (%s): never signalled" % (pid, st["comm"]))
+        pgid = st["pgid"]
+    elif req["group"] and any(not born_before(m, start_time, btime) for m in group_members(pid)):
+        pgid = pid  # the leader is gone; members born after it still hold its group
+    else:
+        return gone_reply("pid %d has already exited" % pid)
+    if req["group"]:
+        return kill_group(req, pid, pgid, start_time, btime, name, grace)
+    return kill_process(req, pid, pgid, start_time, btime, name, grace)
 
 
-def _born_before(pid, start_time, btime):
+def born_before(pid, start_time, btime):
     st = read_stat(pid)
     return bool(st) and start_epoch(st["starttime"], btime) < float(start_time) - 0.011
+
+
+def kill_process(req, pid, pgid, start_time, btime, name, grace):
+    refusal = forbidden([pid], req)
+    if refusal:
+        return refusal
+    ident = Identity(btime)
+    ident.add(pid, start_time)
+    others = Identity(btime)  # its children and, when it leads one, its group: not asked to end
+
+    def note_others():
+        table = live_processes(btime)
+        related = descendants([pid], table) | (set(p for p, e in table.items() if e["pgid"] == pid) if pgid == pid
+                                                else set())
+        for p in related - {pid}:
+            others.add(p, table[p]["start_time"])
+
+    note_others()
+    try:
+        if not signal_process(ident, pid, SIGNALS[name]):
+            return gone_reply("pid %d has already exited" % pid)
+    except PermissionError:
+        return refuse(denied(pid))
+    result = "killed" if name == "KILL" else "exited"
+    wait_until(lambda: not ident.alive(pid), KILL_WAIT_S if name == "KILL" else grace)
+    if ident.alive(pid) and name != "KILL":
+        note_others()  # children it started during the grace period are reparented once it dies
+        try:
+            signal_process(ident, pid, signal.SIGKILL)
+        except PermissionError:
+            pass  # signalled once already, so permitted; an exec of a setuid program since
+        result = "killed"
+        wait_until(lambda: not ident.alive(pid), KILL_WAIT_S)
+    return outcome(result, ident, others, None, [pid])
+
+
+def kill_group(req, pid, pgid, start_time, btime, name, grace):
+    if pgid <= 1:
+        return refuse("pid %d has no process group of its own to signal (pgid %d)" % (pid, pgid))
+    members = group_members(pgid)
+    refusal = forbidden(members, req)
+    if refusal:
+        return refusal
+    ident = Identity(btime)
+    ident.add(pid, start_time)
+    for m in members:
+        ident.add(m)
+    others = Identity(btime)  # processes it started outside the group: not asked to end
+
+    def note_group():
+        table = live_processes(btime)
+        for p, e in table.items():
+            if e["pgid"] == pgid:
+                ident.add(p, e["start_time"])
+        for p in descendants(list(ident.started), table):
+            if table[p]["pgid"] != pgid:
+                others.add(p, table[p]["start_time"])
+
+    def group_alive():
+        return [p for p in group_members(pgid) if ident.alive(p) or p not in ident.started]
+
+    note_group()
+    try:
+        if not signal_group(ident, pgid, list(ident.started), SIGNALS[name]):
+            return gone_reply("process group %d has already exited" % pgid)
+    except PermissionError:
+        return refuse(denied(pid if ident.alive(pid) else members[0]), pgid=pgid)
+    result = "killed" if name == "KILL" else "exited"
+    wait_until(lambda: not group_alive(), KILL_WAIT_S if name == "KILL" else grace)
+    if group_alive() and name != "KILL":
+        note_group()
+        try:
+            signal_group(ident, pgid, list(ident.started), signal.SIGKILL)
+        except PermissionError:
+            pass  # the survivors are reported below, by pid
+        result = "killed"
+        wait_until(lambda: not group_alive(), KILL_WAIT_S)
+    note_group()
+    return outcome(result, ident, others, pgid, list(ident.started))
+
+
+def outcome(result, ident, others, pgid, signalled):
+    """The reply: what it was asked to end and still lives fails it, whatever was sent."""
+    left = ident.living()
+    reply = {"ok": not left, "result": result, "pgid": pgid, "signalled": sorted(signalled), "survivors": left,
+             "remaining": [p for p in others.living() if p not in ident.started]}
+    if left:
+        reply["result"] = "failed"
+        reply["reason"] = "still alive after SIGKILL: %s" % ", ".join(
+            "%d (user %s)" % (p, owner(p)) for p in left)
+    return reply
+
+
+# ------------------------------------------------------------ every process of a stage
+
+
+def stage_record(req):
+    path = os.path.join(os.path.abspath(os.path.expanduser(req["workspace"])), ".samai", "state",
+                        req["stage"] + ".json")
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except FileNotFoundError:
+        return None
+    if not isinstance(rec, dict):
+        raise ValueError("%s is not a stage record" % path)
+    return rec
+
+
+class Chain(object):
+    """The processes of one stage's chain, found again on every look (chain_pids) and kept:
+    a process once found stays followed by its (pid, start time) even after its parent died
+    and took the trail with it."""
+
+    def __init__(self, rec, btime):
+        self.rec = rec
+        self.now = boot_time()
+        self.btime = btime  # the record's: what its start time is read against
+        self.ident = Identity(btime)
+        self.markers = ChainMarkers()
+        self.groups = set()  # pgids led by a process of the chain
+
+    def look(self):
+        table = live_processes(self.now)
+        offset = self.btime - self.now
+        for pid in chain_pids(table, self.rec, offset, self.markers):
+            e = table[pid]
+            self.ident.add(pid, round(e["start_time"] + offset, 2))
+            if e["pgid"] == pid or e["pgid"] == self.rec.get("pgid"):
+                self.groups.add(e["pgid"])
+        return self.ident.living()
+
+    def send(self, signum):
+        """Signal every group the chain leads, then each of its processes outside them (a
+        second TERM could run a shell's trap twice). (signalled, denied) pids."""
+        alive = self.look()
+        covered = set()
+        for pgid in sorted(self.groups):
+            try:
+                if signal_group(self.ident, pgid, alive, signum):
+                    covered.add(pgid)
+            except PermissionError:
+                pass  # each member is tried on its own below
+        signalled, denied_pids = [], []
+        for pid in alive:
+            st = read_stat(pid)
+            try:
+                if (st and st["pgid"] in covered) or signal_process(self.ident, pid, signum):
+                    signalled.append(pid)
+            except PermissionError:
+                denied_pids.append(pid)
+        return signalled, denied_pids
+
+
+def stop_stage(req):
+    rec = stage_record(req)
+    if rec is None:
+        return gone_reply("the stage has never been fired")
+    name, grace, refusal = check_request(req)
+    if refusal:
+        return refusal
+    chain = Chain(rec, record_btime(rec, boot_time()))
+    alive = chain.look()
+    if not alive:
+        return gone_reply("no process of the stage is running") if not recycled(rec, chain.btime) else \
+            refuse("pid %d is now another process (the record's start time is %s)" % (rec["pid"], rec["start_time"]))
+    refusal = forbidden(alive, req)
+    if refusal:
+        return refusal
+    signalled, denied_pids = chain.send(SIGNALS[name])
+    if denied_pids and not signalled:
+        return refuse(denied(denied_pids[0]), pgid=rec.get("pgid"))
+    result = "killed" if name == "KILL" else "exited"
+    wait_until(lambda: not chain.look(), KILL_WAIT_S if name == "KILL" else grace)
+    chain_killed = name == "KILL" and rec.get("pid") in alive
+    if chain.look() and name != "KILL":
+        chain_killed = rec.get("pid") in chain.look()  # it did not get to write its own CHAIN_DONE
+        more, denied_pids = chain.send(signal.SIGKILL)
+        signalled += more
+        result = "killed"
+        wait_until(lambda: not chain.look(), KILL_WAIT_S)
+    left = chain.look()
+    if rec.get("log") and chain_killed and rec["pid"] not in left:
+        append_line(rec["log"], "CHAIN_DONE rc=137 (killed by samai-console)")
+    reply = outcome(result, chain.ident, Identity(chain.btime), rec.get("pgid"), set(signalled))
+    if any(p in denied_pids for p in left):
+        reply["reason"] = "; ".join(denied(p) for p in left if p in denied_pids)
+    return reply
+
+
+def recycled(rec, btime):
+    """True when the record's pid is alive as another process than the one it recorded."""
+    st = read_stat(rec.get("pid") or 0)
+    return bool(st) and st["state"] != "Z" and not same_start(start_epoch(st["starttime"], btime),
+                                                              rec.get("start_time"))
 
 
 def append_line(path, line):
@@ -92,61 +431,6 @@ def append_line(path, line):
             f.write(line + "\n")
     except OSError:
         pass
-
-
-def stage_request(req):
-    """The kill request for a stage, from the record its launch left in the workspace."""
-    path = os.path.join(os.path.abspath(os.path.expanduser(req["workspace"])), ".samai", "state",
-                        req["stage"] + ".json")
-    try:
-        with open(path) as f:
-            rec = json.load(f)
-    except FileNotFoundError:
-        return None
-    return dict(req, pid=rec["pid"], start_time=rec["start_time"], boot_time=rec.get("boot_time"),
-                boot_id=rec.get("boot_id"), group=True, log=rec.get("log"))
-
-
-def kill(req):
-    if "stage" in req:
-        req = stage_request(req)
-        if req is None:
-            return {"ok": True, "result": "gone", "reason": "the stage has never been fired", "survivors": []}
-    pid = req["pid"]
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
-        return refuse("refusing to signal pid %r" % (pid,))
-    if req.get("start_time") is None:
-        return refuse("a start time is required to identify pid %d" % pid)
-    name = str(req.get("signal", "TERM")).upper()
-    if name not in SIGNALS:
-        return refuse("unknown signal %s (use one of %s)" % (name, ", ".join(sorted(SIGNALS))))
-    btime = record_btime(req, boot_time())
-    start_time = float(req["start_time"])
-    pgid, refusal = find_target(pid, start_time, bool(req.get("group")), btime)
-    if refusal:
-        return refusal
-    protected = set(ancestors(os.getpid())) | set(int(p) for p in req.get("protect") or ()) | {1}
-    targets = group_members(pgid) if pgid is not None else [pid]
-    hit = sorted(protected.intersection(targets))
-    if hit:
-        return refuse("pid %s is protected (init, the console or its session)" % ", ".join(map(str, hit)))
-
-    send(pid, pgid, SIGNALS[name])
-    grace = float(req.get("grace", 5.0))
-    left = wait_until_gone(pid, start_time, pgid, btime, grace if name != "KILL" else KILL_WAIT_S)
-    result = "exited"
-    if left and name != "KILL":
-        send(pid, pgid, signal.SIGKILL)
-        left = wait_until_gone(pid, start_time, pgid, btime, KILL_WAIT_S)
-        result = "killed"
-    if name == "KILL":
-        result = "killed"
-    if req.get("log") and result == "killed":
-        append_line(req["log"], "CHAIN_DONE rc=137 (killed by samai-console)")
-    reply = {"ok": not left, "result": result, "pgid": pgid, "signalled": targets, "survivors": left}
-    if left:
-        reply["reason"] = "still alive after KILL: %s" % ", ".join(map(str, left))
-    return reply
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ pid is written from inside the chain and must equal the pid we started: `setsid`
 command forks when its caller leads a group, and then the pid the caller sees is wrong.
 """
 
+import binascii
 import json
 import os
 import re
@@ -131,7 +132,8 @@ def launch(req):
 
     env = dict(os.environ)
     env.update(dict((str(k), str(v)) for k, v in (req.get("env") or {}).items()))
-    env.update(SAMAI_STAGE=stage, SAMAI_WORKSPACE=workspace, SAMAI_LOG=log,
+    chain_id = "%s:%s" % (stage, binascii.hexlify(os.urandom(8)).decode())  # every process it starts: kill.py
+    env.update(SAMAI_STAGE=stage, SAMAI_WORKSPACE=workspace, SAMAI_LOG=log, SAMAI_CHAIN=chain_id,
                SAMAI_PID_FILE=paths["pid"], SAMAI_RC_FILE=paths["rc"],
                SAMAI_TOOLS=os.path.dirname(os.path.abspath(__file__)))
     with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
@@ -145,7 +147,8 @@ def launch(req):
     record = {"stage": stage, "pid": proc.pid, "pgid": proc.pid, "sid": proc.pid,
               "start_time": start_epoch(st["starttime"], btime) if st else None,
               "boot_time": btime, "boot_id": boot_id(),  # what start_time is read against: record_btime
-              "log": log, "cmd": command, "chain": paths["chain"], "fired_at": fired_at}
+              "log": log, "cmd": command, "chain": paths["chain"], "fired_at": fired_at,
+              "chain_id": chain_id}  # the SAMAI_CHAIN its processes carry
     write_file(paths["state"], json.dumps(record, indent=1))
     if reported is not None and reported != proc.pid:
         return dict(record, ok=False, state="failed",

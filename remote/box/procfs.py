@@ -7,6 +7,8 @@ import sys
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 BOOT_ID = []  # boot_id(), once read
+PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
+CHAIN_VAR = b"SAMAI_CHAIN="  # in a stage's environment: <stage>:<random id>, also in its record (launch.py)
 
 
 def read_text(path):
@@ -123,6 +125,107 @@ def group_members(pgid):
     return sorted(out)
 
 
+def live_processes(btime):
+    """{pid: {"ppid", "pgid", "start_time" (epoch, read against btime), "state", "flags"}} of
+    every process that is not a zombie: the shape of the probe's entries that chain_pids reads."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = read_stat(int(name))
+            if st and st["state"] != "Z":
+                out[int(name)] = {"ppid": st["ppid"], "pgid": st["pgid"], "state": st["state"], "flags": st["flags"],
+                                  "start_time": start_epoch(st["starttime"], btime)}
+    return out
+
+
+class ChainMarkers(object):
+    """The chain marker each process was started with: SAMAI_CHAIN from /proc/PID/environ,
+    which launch.py puts in a stage's environment. Every process the chain starts inherits it,
+    whatever session or group it moves to; one that clears its environment is still found as a
+    descendant (chain_pids). Only a process of the same user (or any, as root) can be read.
+    Kept by (pid, start time) for as long as that process lives: what a process was started
+    with does not change, and an exec that drops the marker keeps it here, which errs towards
+    following the process."""
+
+    def __init__(self):
+        self.known = {}
+
+    def __call__(self, pid, start_time):
+        key = (pid, start_time)
+        if key not in self.known:
+            self.known[key] = read_marker(pid)
+        return self.known[key]
+
+    def keep_only(self, table):
+        """Forget every process that is not in table (pid -> entry)."""
+        self.known = dict((k, v) for k, v in self.known.items()
+                          if k[0] in table and table[k[0]]["start_time"] == k[1])
+
+
+def read_marker(pid):
+    try:
+        data = read_proc("/proc/%d/environ" % pid, 65536)
+    except OSError:  # gone, or another user's
+        return None
+    at = data.find(b"\0" + CHAIN_VAR)
+    if at < 0:
+        if not data.startswith(CHAIN_VAR):
+            return None
+        at = -1
+    start = at + 1 + len(CHAIN_VAR)
+    end = data.find(b"\0", start)
+    return data[start:end if end >= 0 else len(data)].decode("utf-8", "replace")
+
+
+def chain_pids(table, rec, offset, marker_of):
+    """Every live process that a stage's chain started, as the stage's record (from launch.py)
+    and table (live_processes, or the probe's entries by pid) tell them: its chain process if it
+    is still the one recorded; the members of its process group; every process that carries its
+    chain marker (marker_of(pid, start_time), see ChainMarkers); and every descendant of these
+    by parent pid. Start times in table are read against a boot time `offset` seconds before
+    the record's (record_btime). Nothing born before the chain can be one of its processes:
+    that keeps out a group that took over a pgid long free, and a record from another boot."""
+    start = rec.get("start_time")
+    if start is None:
+        return set()
+
+    def born_since(pid):
+        return table[pid]["start_time"] + offset >= float(start) - 0.011
+
+    found = set()
+    leader = table.get(rec.get("pid"))
+    if leader and leader["state"] != "Z" and same_start(leader["start_time"] + offset, start):
+        found.add(rec["pid"])
+    if not leader or rec.get("pid") in found:  # a live pgid held by another process is not ours
+        pgid = rec.get("pgid")
+        found.update(p for p, e in table.items() if e["pgid"] == pgid and e["state"] != "Z" and born_since(p))
+    marker = rec.get("chain_id")
+    if marker:
+        found.update(p for p, e in table.items() if p not in found and e["state"] != "Z" and born_since(p)
+                     and marker_of(p, e["start_time"]) == marker)
+    children = {}
+    for pid, e in table.items():
+        if e["state"] != "Z":
+            children.setdefault(e["ppid"], []).append(pid)
+    todo = list(found)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def is_kernel_thread(pid, st):
+    """A kernel thread (PF_KTHREAD), kthreadd (pid 2) or one of its children: never signalled."""
+    if pid == 2 or st["flags"] & PF_KTHREAD:
+        return True
+    if st["ppid"] != 2:
+        return False
+    parent = read_stat(2)  # in a pid namespace, pid 2 may be an ordinary process
+    return bool(parent) and (parent["comm"] == "kthreadd" or bool(parent["flags"] & PF_KTHREAD))
+
+
 def ancestors(pid):
     """pid and every process above it up to init."""
     chain = []
@@ -135,17 +238,23 @@ def ancestors(pid):
     return chain
 
 
+def one_line(error):
+    """An exception as one line of text: its type and its message, newlines folded."""
+    return " ".join(("%s: %s" % (type(error).__name__, error)).split())
+
+
 def serve(name, handler, on_os_error=None):
     """One JSON request on stdin, one JSON reply on stdout. A request the tool cannot read is
-    exit 2 with the reason on stderr; an OSError becomes on_os_error's reply when given."""
+    exit 2 with the reason on stderr; an OSError becomes on_os_error's reply when given. Any
+    other failure is a one-line error reply, never a traceback: the console shows it as it is."""
     try:
         reply = handler(json.loads(sys.stdin.read()))
     except (ValueError, KeyError, TypeError) as e:
-        sys.stderr.write("%s: bad request: %r\n" % (name, e))
+        sys.stderr.write("%s: bad request: %s\n" % (name, one_line(e)))
         return 2
     except OSError as e:
-        if on_os_error is None:
-            raise
-        reply = on_os_error(e)
+        reply = on_os_error(e) if on_os_error is not None else {"error": "%s: %s" % (name, one_line(e))}
+    except Exception as e:  # a bug, or something /proc said that no reader expected
+        reply = {"error": "%s: %s" % (name, one_line(e))}
     sys.stdout.write(json.dumps(reply) + "\n")
     return 0
