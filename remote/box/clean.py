@@ -3,56 +3,46 @@
 Runs ON the box. Request on stdin: {"workspace": PATH, "paths": [PATH, ...]}
 Reply: {"removed": [{"path", "bytes"}], "refused": [{"path", "reason"}], "missing": [PATH]}
 
-Each path is resolved (symlinks included) before the check, so neither `..` nor a link
-that points outside can make it delete anything but the workspace's own contents.
+A path is relative to the workspace or absolute under it; one that leaves it (`..`, `~`,
+another absolute path) is refused by its text. Every folder on the way is then opened
+without following symlinks (see confine.py), and the deletion walks the tree by descriptors:
+neither a link that points outside nor one swapped in while it runs can make it delete
+anything but the workspace's own contents. A symlink is removed as a link.
 """
 
 import os
-import shutil
 import sys
 
+from confine import Escape, open_folder, open_root, parts_inside, remove_tree, workspace_root
 from procfs import serve
 
 
-def size_of(path):
-    if not os.path.isdir(path) or os.path.islink(path):
-        return os.lstat(path).st_size
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
-def inside(path, workspace):
-    return os.path.commonpath([path, workspace]) == workspace and path != workspace
-
-
 def clean(req):
-    workspace = os.path.realpath(os.path.expanduser(req["workspace"]))
     reply = {"removed": [], "refused": [], "missing": []}
+    try:
+        workspace = workspace_root(req["workspace"])
+    except Escape as e:
+        reply["refused"] = [{"path": given, "reason": str(e)} for given in req["paths"]]
+        return reply
     for given in req["paths"]:
-        path = given if os.path.isabs(given) else os.path.join(workspace, given)
-        # Resolve the parent only: deleting a symlink removes the link, not what it points to.
-        real = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
-        if not inside(real, workspace) or os.path.basename(path) in ("", ".", ".."):
-            reply["refused"].append({"path": given, "reason": "outside the workspace %s" % workspace})
-            continue
-        if not os.path.lexists(real):
-            reply["missing"].append(given)
-            continue
         try:
-            size = size_of(real)
-            if os.path.isdir(real) and not os.path.islink(real):
-                shutil.rmtree(real)
-            else:
-                os.unlink(real)
+            names = parts_inside(workspace, given)
+            root = open_root(workspace)
+            try:
+                folder = open_folder(root, names[:-1])
+            finally:
+                os.close(root)
+            try:
+                size = remove_tree(folder, names[-1])
+            finally:
+                os.close(folder)
             reply["removed"].append({"path": given, "bytes": size})
-        except OSError as e:
+        except FileNotFoundError:
+            reply["missing"].append(given)
+        except Escape as e:
             reply["refused"].append({"path": given, "reason": str(e)})
+        except OSError as e:
+            reply["refused"].append({"path": given, "reason": "%s: %s" % (given, e.strerror or e)})
     return reply
 
 

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+import confine
+from confine import Escape
 from procfs import alive, boot_id, boot_time, read_stat, record_btime, serve, start_epoch
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -56,12 +58,33 @@ def state_paths(workspace, stage):
     }
 
 
-def write_file(path, text, mode=0o644):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+class Places(object):
+    """The folders launch writes in, opened inside the workspace without following symlinks
+    (see confine.py): its state records, its chain scripts and the stage's log folder."""
+
+    def __init__(self, given_workspace, stage, log):
+        self.workspace = confine.workspace_root(given_workspace)
+        self.log = os.path.join(self.workspace, *confine.parts_inside(self.workspace, log))
+        self.log_folder, self.log_name = confine.open_parent(self.workspace, log, create=True)
+        root = confine.open_root(self.workspace)
+        try:
+            self.state = confine.open_folder(root, [".samai", "state"], create=True)
+            self.chains = confine.open_folder(root, [".samai", "chains"], create=True)
+        finally:
+            os.close(root)
+        self.stage = stage
+
+    def prepare(self, chain_text):
+        """Clear the last run's pid and rc, write the chain script, rotate the log; the log's
+        descriptor to append to."""
+        for stale in (".rc", ".pid"):
+            confine.unlink(self.state, self.stage + stale)
+        confine.write_file(self.chains, self.stage + ".sh", chain_text.encode("utf-8"), 0o755)
+        confine.rotate(self.log_folder, self.log_name)
+        return confine.open_append(self.log_folder, self.log_name)
+
+    def record(self, text):
+        confine.write_file(self.state, self.stage + ".json", text.encode("utf-8"))
 
 
 def read_json(path):
@@ -72,13 +95,6 @@ def read_json(path):
         return None
 
 
-def remove(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def log_tail(path, n=TAIL_LINES, limit=64 * 1024):
     try:
         with open(path, "rb") as f:
@@ -87,15 +103,6 @@ def log_tail(path, n=TAIL_LINES, limit=64 * 1024):
     except OSError:
         return []
     return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
-
-
-def rotate(log):
-    """Keep the previous run's log as LOG.1 so each run starts a fresh log."""
-    try:
-        if os.path.getsize(log) > 0:
-            os.replace(log, log + ".1")
-    except FileNotFoundError:
-        pass
 
 
 def wait_for_pidfile(path, proc, deadline):
@@ -116,19 +123,21 @@ def launch(req):
     workspace = os.path.abspath(os.path.expanduser(req["workspace"]))  # the chain runs from /
     if not STAGE_NAME.match(stage):
         return {"ok": False, "state": "refused", "reason": "bad stage name %r" % stage}
+    try:
+        places = Places(req["workspace"], stage, req["log"])
+    except (Escape, OSError) as e:
+        return {"ok": False, "state": "refused", "reason": "stage %s: %s" % (stage, e)}
+    workspace, log = places.workspace, places.log
     btime = boot_time()
     paths = state_paths(workspace, stage)
-    log = os.path.join(workspace, os.path.expanduser(req["log"]))
     previous = read_json(paths["state"])
     if previous and alive(previous.get("pid", 0), previous.get("start_time"), record_btime(previous, btime)):
         return {"ok": False, "state": "refused", "pid": previous["pid"],
                 "reason": "stage %s is already running as pid %d" % (stage, previous["pid"])}
-    for folder in (os.path.dirname(paths["state"]), os.path.dirname(paths["chain"]), os.path.dirname(log)):
-        os.makedirs(folder, exist_ok=True)
-    for stale in ("rc", "pid"):
-        remove(paths[stale])
-    write_file(paths["chain"], CHAIN % {"stage": stage, "command": command}, 0o755)
-    rotate(log)
+    try:
+        log_fd = places.prepare(CHAIN % {"stage": stage, "command": command})
+    except (Escape, OSError) as e:
+        return {"ok": False, "state": "refused", "reason": "stage %s: %s" % (stage, e)}
 
     env = dict(os.environ)
     env.update(dict((str(k), str(v)) for k, v in (req.get("env") or {}).items()))
@@ -136,7 +145,7 @@ def launch(req):
     env.update(SAMAI_STAGE=stage, SAMAI_WORKSPACE=workspace, SAMAI_LOG=log, SAMAI_CHAIN=chain_id,
                SAMAI_PID_FILE=paths["pid"], SAMAI_RC_FILE=paths["rc"],
                SAMAI_TOOLS=os.path.dirname(os.path.abspath(__file__)))
-    with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
+    with os.fdopen(log_fd, "ab") as out, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(["/bin/sh", paths["chain"]], stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
                                 cwd="/", env=env, start_new_session=True, close_fds=True)
     st = read_stat(proc.pid)  # readable even if it already exited: unreaped until we poll
@@ -149,7 +158,7 @@ def launch(req):
               "boot_time": btime, "boot_id": boot_id(),  # what start_time is read against: record_btime
               "log": log, "cmd": command, "chain": paths["chain"], "fired_at": fired_at,
               "chain_id": chain_id}  # the SAMAI_CHAIN its processes carry
-    write_file(paths["state"], json.dumps(record, indent=1))
+    places.record(json.dumps(record, indent=1))
     if reported is not None and reported != proc.pid:
         return dict(record, ok=False, state="failed",
                     reason="chain reported pid %d, started pid %d" % (reported, proc.pid))

@@ -1,0 +1,192 @@
+"""Paths the console writes, rotates or deletes on the box, held inside the workspace at the
+moment of use.
+
+Runs ON the box, imported by launch.py, clean.py and install.py. Standard library only,
+Python >= 3.8. A path is first judged by its text (relative to the workspace, or absolute
+under it, with no `..` that leaves it). Then every folder on the way is opened relative to the
+one before it (dir_fd) with O_NOFOLLOW, and the file itself is opened, renamed or deleted
+relative to its folder's descriptor: a folder or file swapped for a symlink between a check
+and a write makes the call fail instead of redirecting it outside the workspace.
+"""
+
+import errno
+import os
+import stat
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# The system itself, and folders that hold everyone's files: never a workspace to write in.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                "/sys", "/usr")
+SHARED_FOLDERS = ("/", "/home", "/root", "/tmp", "/var", "/var/tmp", "/var/lib", "/var/log", "/var/cache",
+                  "/var/opt", "/var/spool", "/var/mail", "/var/www", "/opt", "/srv", "/mnt", "/media", "/snap")
+
+
+class Escape(Exception):
+    """A path that would leave the workspace, or a workspace that is no place to write: refused,
+    nothing touched."""
+
+
+def within(path, folder):
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def workspace_root(given):
+    """The workspace as given (~ expanded, absolute), after checking that its real location is
+    a folder of its own: not a system folder, a shared one or a home folder."""
+    workspace = os.path.abspath(os.path.expanduser(given))
+    for path in (workspace, os.path.realpath(workspace)):
+        if path in SHARED_FOLDERS or any(within(path, tree) for tree in SYSTEM_TREES):
+            raise Escape("workspace %s is a system or shared folder: refused" % given)
+        if os.path.dirname(path) == "/home" or path == os.path.realpath(os.path.expanduser("~")):
+            raise Escape("workspace %s is a home folder: refused" % given)
+    return workspace
+
+
+def parts_inside(workspace, path):
+    """The names leading from the workspace to path (relative to it, or absolute under it)."""
+    if not path or path.startswith("~"):
+        raise Escape("%r is not a path inside the workspace" % path)
+    norm = os.path.normpath(path)
+    if os.path.isabs(norm):
+        for root in (os.path.normpath(workspace), os.path.realpath(workspace)):
+            if within(norm, root) and norm != root:
+                norm = norm[len(root.rstrip("/")) + 1:]
+                break
+        else:
+            raise Escape("%s is outside the workspace %s" % (path, workspace))
+    if norm in (".", "..") or norm.startswith("../"):
+        raise Escape("%s is outside the workspace %s" % (path, workspace))
+    return [p for p in norm.split("/") if p]
+
+
+def open_root(workspace):
+    """A descriptor of the workspace folder itself (its own symlinks are the operator's choice)."""
+    return os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_folder(root_fd, names, create=False, mode=0o755):
+    """A descriptor of the folder root/names[0]/names[1]/..., each opened without following a
+    symlink (made when create and missing)."""
+    fd = os.dup(root_fd)
+    try:
+        for name in names:
+            try:
+                step = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(name, mode, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                step = _open_step(name, fd)
+            except OSError as e:
+                raise _refusal(e, name) from e
+            os.close(fd)
+            fd = step
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_step(name, fd):
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=fd)
+    except OSError as e:
+        raise _refusal(e, name) from e
+
+
+def _refusal(e, name):
+    if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        return Escape("%s is a symlink or not a folder: refused, it could lead out of the workspace" % name)
+    return e
+
+
+def open_parent(workspace, path, create=False):
+    """(descriptor of path's folder, path's own name), path checked to be inside the workspace."""
+    names = parts_inside(workspace, path)
+    root = open_root(workspace)
+    try:
+        return open_folder(root, names[:-1], create), names[-1]
+    finally:
+        os.close(root)
+
+
+def open_append(folder_fd, name, mode=0o644):
+    """A log opened for appending: a regular file, never through a symlink, never a FIFO or a
+    device (which would block or write elsewhere)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, mode, dir_fd=folder_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO):
+            raise Escape("%s is a symlink or a FIFO: refused, a log is written only to a file in the workspace"
+                         % name) from e
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Escape("%s is not a regular file: refused" % name)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def open_read(folder_fd, name):
+    return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
+
+
+def write_file(folder_fd, name, data, mode=0o644):
+    """Replace name in the folder atomically with data (a temporary file renamed over it: a
+    symlink at name is replaced, never followed)."""
+    tmp = name + ".tmp"
+    unlink(folder_fd, tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=folder_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+
+
+def unlink(folder_fd, name):
+    try:
+        os.unlink(name, dir_fd=folder_fd)
+    except FileNotFoundError:
+        pass
+
+
+def rotate(folder_fd, name):
+    """Keep the previous run's log as NAME.1 so each run starts a fresh log. A log that is a
+    symlink or not a regular file is refused: renaming it would keep the link, and writing to
+    it would write wherever it points."""
+    try:
+        st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise Escape("%s is a symlink or not a regular file: refused, a log is written only to a file in the "
+                     "workspace" % name)
+    if st.st_size > 0:
+        os.replace(name, name + ".1", src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+
+
+def remove_tree(folder_fd, name):
+    """Delete name in the folder (a folder with all it holds); the bytes of the files removed.
+    Symlinks are removed as links, never followed."""
+    st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=folder_fd)
+        return st.st_size
+    total = 0
+    fd = os.open(name, DIR_FLAGS, dir_fd=folder_fd)
+    try:
+        for entry in list(os.scandir(fd)):
+            total += remove_tree(fd, entry.name)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=folder_fd)
+    return total
