@@ -30,12 +30,13 @@ import time
 
 from disk import Listings, artifacts, disks, resolve
 from logfiles import logs, ranges
-from procfs import CLK_TCK, boot_id, boot_time, record_btime, same_start
+from procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, record_btime, same_start
 from procs import Facts, processes
 from sockets import fd_links, listeners, watched_folder, writers
 
 MAX_REPORTS = 50
 MAX_REPORT_BYTES = 64 * 1024
+CHAIN_MARKERS = ChainMarkers()  # kept by a --serve probe: a process's marker is read once
 
 
 def binaries(workspace, paths):
@@ -95,14 +96,18 @@ def stage_states(workspace, by_pid, btime, errors):
         # Its start as the record's boot time reads it (which a stepped clock may have moved).
         started = proc["start_time"] - btime + record_btime(rec, btime) if proc else None
         rec["alive"] = bool(proc) and same_start(started, rec.get("start_time")) and proc["state"] != "Z"
-        rec["group"] = sorted(p["pid"] for p in by_pid.values() if p["pgid"] == rec.get("pgid") and p["state"] != "Z")
+        # Every process its chain started, in its group or not (a setsid child): procfs.chain_pids.
+        rec["group"] = sorted(chain_pids(by_pid, rec, record_btime(rec, btime) - btime, CHAIN_MARKERS))
         rc_path = os.path.join(state_dir, name[: -len(".json")] + ".rc")
         try:
             with open(rc_path) as f:
                 rec["rc"] = int(f.read().strip())
         except (OSError, ValueError):
             rec["rc"] = None
+        if rec["rc"] is not None and rec["group"]:
+            rec["alive"] = True  # its chain has finished, but processes it started still run
         out.append(rec)
+    CHAIN_MARKERS.keep_only(by_pid)
     return out
 
 

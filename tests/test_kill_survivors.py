@@ -1,0 +1,226 @@
+"""Kill and stop end what they were asked to end, or say by pid what still lives (issue 13, item 6).
+
+Real processes throughout: group leaders whose children ignore SIGTERM, stages whose commands
+leave processes behind in sessions of their own, kernel threads, another user's process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.local import LocalTransport
+from tests.helpers import wait_for
+
+PF_KTHREAD = 0x00200000
+
+# Forks two children that ignore SIGTERM, says "ready" and sleeps; SIGTERM ends the leader itself.
+LEADER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for _ in range(2):
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+# Ignores SIGTERM, writes its pid to the file argv[1] names and sleeps.
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _kill_quietly(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def leader(spawn) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """A group leader (its own session) and its two TERM-ignoring children, all killed at the end."""
+    proc = spawn(sys.executable, "-c", LEADER, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    children = sorted(c.pid for c in psutil.Process(proc.pid).children())
+    assert len(children) == 2 and all(os.getpgid(c) == proc.pid for c in children)
+    yield proc, children
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def test_killing_a_group_leader_alone_reports_its_children_still_running(box: Box, leader) -> None:
+    proc, children = leader
+    started = psutil.Process(proc.pid).create_time()
+    result = await box.kill(proc.pid, started, signal="TERM", grace=2, group=False)
+    assert proc.wait(5) == -signal.SIGTERM  # only the leader was asked to end, and it did
+    assert result.ok and result.result == "exited" and not result.survivors
+    assert result.remaining == tuple(children)  # not ok-silent: who is left, by pid
+    assert all(_alive(c) for c in children)
+
+
+async def test_killing_the_whole_group_ends_even_children_that_ignore_term(box: Box, leader) -> None:
+    proc, children = leader
+    started = psutil.Process(proc.pid).create_time()
+    result = await box.kill(proc.pid, started, signal="TERM", grace=1, group=True)
+    assert result.ok and result.result == "killed" and not result.survivors and not result.remaining
+    assert set(result.signalled) == {proc.pid, *children}
+    assert proc.wait(5) == -signal.SIGTERM
+    assert not any(_alive(c) for c in children)
+
+
+async def test_a_kill_request_must_say_process_or_group(box: Box, spawn) -> None:
+    proc = spawn("sleep", "30")
+    request = {"pid": proc.pid, "start_time": psutil.Process(proc.pid).create_time(), "signal": "KILL"}
+    reply = await box.call("kill.py", request)
+    assert reply["result"] == "refused" and '"group"' in reply["reason"]
+    assert proc.poll() is None
+
+
+def _stubborn_script(workspace: Path) -> Path:
+    script = workspace / "stubborn.py"
+    script.write_text(STUBBORN)
+    return script
+
+
+def _pids_in(folder: Path, *names: str) -> list[int]:
+    return [int((folder / name).read_text()) for name in names]
+
+
+async def test_stop_follows_a_stages_processes_into_sessions_of_their_own(box: Box, workspace: Path) -> None:
+    """One child leaves the group with setsid and is orphaned (only its chain marker tells it is
+    the stage's); another leaves it with its environment cleared (its parent still leads to it)."""
+    py, script = sys.executable, _stubborn_script(workspace)
+    command = f"setsid sh -c '{py} {script} orphan.pid &'; setsid env -i {py} {script} bare.pid & sleep 60; wait"
+    fired = await box.fire("escape", command, "logs/escape.log", verify_s=0.3)
+    assert fired.state == "running"
+    wait_for(lambda: (workspace / "orphan.pid").exists() and (workspace / "bare.pid").exists())
+    escaped = _pids_in(workspace, "orphan.pid", "bare.pid")
+    try:
+        assert all(os.getsid(p) != fired.pid and os.getpgid(p) != fired.pid for p in escaped)
+        assert psutil.Process(escaped[0]).ppid() != fired.pid  # its parent sh is gone: no trail by ppid
+        seen = (await box.snapshot()).state("escape")
+        assert set(escaped) <= set(seen.group)
+        result = await box.stop("escape", grace=1)
+        assert not any(_alive(p) for p in escaped), result
+        assert result.ok and result.result == "killed" and not result.survivors
+        assert set(escaped) <= set(result.signalled)
+    finally:
+        _kill_quietly(escaped)
+
+
+async def test_a_stage_whose_chain_finished_runs_while_its_setsid_child_lives(box: Box, workspace: Path) -> None:
+    command = f"setsid sh -c '{sys.executable} {_stubborn_script(workspace)} daemon.pid &'; echo started"
+    fired = await box.fire("daemon", command, "logs/daemon.log", verify_s=2.0)
+    assert fired.state == "done" and fired.rc == 0  # the chain itself is finished
+    wait_for(lambda: (workspace / "daemon.pid").exists())
+    (daemon,) = _pids_in(workspace, "daemon.pid")
+    try:
+        assert _alive(daemon)
+        assert (await box.snapshot()).state("daemon").status == "running"  # not "done" while it runs
+        result = await box.stop("daemon", grace=1)
+        assert result.ok and result.result == "killed" and result.signalled == (daemon,)
+        assert not _alive(daemon)
+        assert (await box.snapshot()).state("daemon").status == "done"
+    finally:
+        _kill_quietly([daemon])
+
+
+def _kernel_threads() -> list[int]:
+    found = []
+    for p in psutil.pids():
+        try:
+            raw = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        if int(raw[raw.rindex(")") + 2:].split()[6]) & PF_KTHREAD:
+            found.append(p)
+    return found
+
+
+async def test_pid_2_is_refused(box: Box) -> None:
+    if not os.path.exists("/proc/2"):
+        pytest.skip("no pid 2 in this pid namespace")
+    started = psutil.Process(2).create_time()
+    for group in (False, True):
+        result = await box.kill(2, started, signal="KILL", group=group)
+        assert result.result == "refused" and "kthreadd" in result.reason and "\n" not in result.reason
+
+
+async def test_a_kernel_thread_is_refused(box: Box) -> None:
+    threads = [p for p in _kernel_threads() if p != 2]
+    if not threads:
+        pytest.skip("no kernel thread is visible in this pid namespace")
+    pid = threads[-1]
+    for group in (False, True):
+        result = await box.kill(pid, psutil.Process(pid).create_time(), signal="KILL", group=group)
+        assert result.result == "refused" and "kernel thread" in result.reason, result
+    assert psutil.pid_exists(pid)
+
+
+@pytest.fixture
+def unprivileged_box() -> Iterator[Box]:
+    """A Box whose tools run as uid 65533 (no user of that id needed), in a workspace it can read."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run the box tools as another user")
+    folder = Path(tempfile.mkdtemp(prefix="samai-kill-"))
+    try:
+        folder.chmod(0o755)
+        python = folder / "python-as-65533"
+        wrapper = f"exec setpriv --reuid=65533 --regid=65533 --clear-groups {sys.executable} \"$@\"\n"
+        python.write_text("#!/bin/sh\n" + wrapper)
+        python.chmod(python.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        (folder / "ws").mkdir(mode=0o755)
+        yield Box(LocalTransport(), str(folder / "ws"), python=str(python))
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize("group", [False, True])
+async def test_another_users_process_is_a_one_line_permission_refusal(unprivileged_box: Box, spawn,
+                                                                      group: bool) -> None:
+    victim = spawn("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "60",
+                   start_new_session=True)
+    wait_for(lambda: psutil.Process(victim.pid).uids().real == 65534)
+    owner = psutil.Process(victim.pid).username()
+    result = await unprivileged_box.kill(victim.pid, psutil.Process(victim.pid).create_time(), group=group)
+    assert result.result == "refused" and not result.ok
+    assert result.reason == f"pid {victim.pid} belongs to user {owner}: permission denied"
+    assert victim.poll() is None
+
+
+async def test_a_failure_in_the_tool_is_one_line_not_a_traceback(box: Box, workspace: Path) -> None:
+    (workspace / ".samai" / "state" / "odd.json").mkdir(parents=True)  # a record that cannot be read
+    with pytest.raises(BoxError) as failed:
+        await box.stop("odd", grace=1)
+    message = str(failed.value)
+    assert "Traceback" not in message and "\n" not in message.strip()
+    assert "IsADirectoryError" in message
