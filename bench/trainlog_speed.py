@@ -1,21 +1,26 @@
-"""How fast `check trainlog` reads a big training log, against grep on the same file in the same run.
+"""How fast `check trainlog` reads a big training log, against grep on the same file in the same run,
+and how much memory the command takes for it.
 
-    python bench/trainlog_speed.py [--mb 100] [--every 50] [--keep]
+    python bench/trainlog_speed.py [--mb 100] [--every 50] [--keep] [--log FILE]
 
 Writes a synthetic log of about --mb MB into a temp dir: mostly tqdm progress noise (lines of
 many \\r-separated bar redraws) and info lines, with an HF Trainer dict (transformers 4 and 5
 forms in turn, some written over a live bar) every --every lines and DeepSpeed progress lines
 now and then. Then times check_trainlog_path over it (the CLI's parse, streamed from the
 file), plain Python line iteration of the file (the floor any Python reader pays) and
-`grep -c "'loss'"` (the baseline), and prints lines/s, MB/s and the ratios.
+`grep -c "'loss'"` (the baseline), and prints lines/s, MB/s and the ratios. Then runs
+`samai-console check trainlog` on it (local target, read through the Box in chunks, as on a
+remote box) in a child process and prints that process's peak RSS and the probe's.
 This is a measurement, not a test: nothing here asserts on timings."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,11 +92,32 @@ def grep_count(path: Path) -> int:
     return int(out.stdout.strip() or 0)
 
 
+# The CLI in-process, so that getrusage sees the command itself; the probe is its child.
+PEAK_RSS = """
+import json, os, resource, sys
+from samai.console.cli import main
+sys.stdout = open(os.devnull, "w")
+code = main(sys.argv[1:])
+print(json.dumps({"rc": code, "self_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "children_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}), file=sys.stderr)
+"""
+
+
+def cli_peak_rss(folder: Path, log: Path) -> dict:
+    """Peak RSS (kB) of `samai-console check trainlog LOG --json` and of its probe."""
+    cfg = folder / "bench.toml"
+    cfg.write_text(f'[workspace]\npath = "{folder / "ws"}"\n')
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS, "--config", str(cfg), "check", "trainlog", str(log),
+                           "--json"], capture_output=True, text=True, check=False)
+    return json.loads(done.stderr.strip().splitlines()[-1])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=int, default=100, help="size of the synthetic log in MB")
     p.add_argument("--every", type=int, default=50, help="a Trainer dict every this many lines")
     p.add_argument("--keep", action="store_true", help="keep the log (its path is printed)")
+    p.add_argument("--rss-only", action="store_true", help="only the command's peak memory, no timings")
     args = p.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="trainlog-bench-"))
@@ -100,6 +126,11 @@ def main() -> None:
         dicts, write_s = timed(lambda: write_log(log, args.mb, args.every))
         size = log.stat().st_size
         print(f"log: {size / 1e6:.1f} MB, {dicts} Trainer dicts (written in {write_s:.1f} s)")
+        peak = cli_peak_rss(folder, log)
+        print(f"samai-console check trainlog --json: rc {peak['rc']}, peak RSS {peak['self_kb'] / 1024:.0f} MiB "
+              f"(its probe: {peak['children_kb'] / 1024:.0f} MiB)")
+        if args.rss_only:
+            return
         grep_count(log)  # the page cache is warm for everyone, grep included
         greps, grep_s = timed(lambda: grep_count(log))
         lines, iter_s = timed(lambda: python_lines(log))

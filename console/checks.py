@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 from samai.remote.box import gguf_check
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 
-WHOLE_FILE_READ = 8 * 1024 * 1024
+CHECK_READ = 4 * 1024 * 1024  # one read of a checked file: its bytes and their lines are what is held at once
 
 
 class Unreadable(Exception):
@@ -23,18 +24,34 @@ def has_errors(result: dict[str, Any]) -> bool:
     return any(f.get("severity", "error") == "error" for f in findings) or result.get("ok") is False
 
 
-async def read_lines(box: Box, path: str) -> list[str]:
-    """Every line of a text file on the box, decoded the way the log pane decodes it."""
-    follower = LogFollower(path, offset=0, max_bytes=WHOLE_FILE_READ)
-    lines: list[str] = []
+async def line_batches(box: Box, path: str) -> AsyncIterator[list[str]]:
+    """The lines of a text file on the box, one read at a time, decoded the way the log pane decodes them."""
+    follower = LogFollower(path, offset=0, max_bytes=CHECK_READ)
     while True:
         update = follower.consume(await box.read_log(follower.cursor()))
         if follower.missing:
             raise Unreadable(update.notice or f"{path}: cannot be read")
-        lines += update.lines
-        if not update.more:
-            last = follower.decoder.flush()
-            return lines + ([last] if last is not None else [])
+        if update.more:
+            yield update.lines
+            continue
+        last = follower.decoder.flush()
+        yield update.lines + ([last] if last is not None else [])
+        return
+
+
+async def read_lines(box: Box, path: str) -> list[str]:
+    """Every line of a text file on the box (for checks that keep every item anyway)."""
+    return [line async for batch in line_batches(box, path) for line in batch]
+
+
+async def check_trainlog(box: Box, path: str) -> dict[str, Any]:
+    """check_trainlog over a log on the box, streamed: memory holds the points kept, never the log."""
+    from samai.console.trainlog import TrainLogCheck
+
+    check = TrainLogCheck()
+    async for batch in line_batches(box, path):
+        check.feed(batch)
+    return check.result()
 
 
 async def check_gguf(box: Box, path: str, *, expect_tensors: int | None, expect_last: str | None,

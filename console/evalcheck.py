@@ -59,7 +59,7 @@ def _item(line: str) -> dict | None:
     """The line's JSON object when it can be scored, else None."""
     try:
         item = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the decoder's stack
         return None
     if not isinstance(item, dict) or "id" not in item or "pred" not in item:
         return None
@@ -71,7 +71,12 @@ def _item(line: str) -> dict | None:
 def _text(value: object) -> str:
     if value is None:
         return ""
-    return value if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except RecursionError:  # a list nested almost as deep as the decoder allows: no answer text
+        return ""
 
 
 def _is_correct(item: dict) -> bool:

@@ -1,4 +1,8 @@
-"""Plain-text views of box data for the command line (the TUI has its own widgets)."""
+"""Plain-text views of box data for the command line (the TUI has its own widgets).
+
+Every line is made inert before the lines are joined (`_text`): a control character from the
+box (ESC, CSI, OSC, C1, a newline inside a command line) is shown as a visible stand-in, so it
+can neither drive the terminal nor fake a line of the report."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from samai.console import units
 from samai.console.budget import DiskBudget, StagePeak
 from samai.console.config import Config
 from samai.remote.model import Snapshot
+from samai.remote.visible import visible
 
 TOP_PROCESSES = 15
 
@@ -42,7 +47,7 @@ def describe_snapshot(snap: Snapshot, cfg: Config) -> str:
                      f"{p.start_time:>14.2f}  {p.command[:80]}")
     for e in snap.errors:
         lines.append(f"error {e.get('what')}: {e.get('error')}")
-    return "\n".join(lines)
+    return _text(lines)
 
 
 def describe_plan(now: DiskBudget, peaks: list[StagePeak]) -> str:
@@ -59,7 +64,7 @@ def describe_plan(now: DiskBudget, peaks: list[StagePeak]) -> str:
     unsafe = [p.stage for p in peaks if not p.kept_fits]
     if unsafe:
         lines.append(f"keeping every intermediate would overflow the disk at: {', '.join(unsafe)}")
-    return "\n".join(lines)
+    return _text(lines)
 
 
 def describe_check(kind: str, path: str, result: dict) -> str:
@@ -78,4 +83,9 @@ def describe_check(kind: str, path: str, result: dict) -> str:
         lines.append(f"  {f.get('severity', 'error'):<7} {f['code']}{where}: {f['message']}")
     if not findings:
         lines.append("  no problems found")
-    return "\n".join(lines)
+    return _text(lines)
+
+
+def _text(lines: list[str]) -> str:
+    """The lines for a terminal: each made inert first, so a newline inside one cannot start another."""
+    return "\n".join(visible(line) for line in lines)

@@ -41,6 +41,7 @@ SEVERITY = {
     "loss_scale_min": ERROR,
     "unscale_fp16": ERROR,
     "nan_guard_fired": ERROR,
+    "no_training_data": ERROR,  # a one-shot check found no step, summary or event at all: wrong file?
 }
 EVENT_CODES = frozenset({"overflow_skip", "loss_scale_min", "unscale_fp16", "nan_guard_fired"})
 
@@ -48,6 +49,7 @@ ZERO_STREAK = 3  # logged steps in a row with loss exactly 0
 SPIKE_WINDOW, SPIKE_MIN_HISTORY = 10, 3  # finite losses the median is taken over (at least 3)
 SPIKE_FACTOR, SPIKE_MARGIN = 3.0, 1.0  # above 3x that median AND more than 1.0 above the last
 OVERFLOW_STREAK = 5  # skipped steps in a row worth a second warning
+STATE_PEEK = 64  # first lines looked at to tell a trainer_state.json from a log
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _DICT = re.compile(r"\{[^{}]*\}")
@@ -394,10 +396,10 @@ def _state_entries(state: str | Mapping[str, Any]) -> list[Mapping[str, Any]]:
     if isinstance(state, str):
         try:
             state = json.loads(state)  # accepts the bare NaN/Infinity json.dumps writes
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder's stack
             try:
                 state = json.loads(_BARE_NON_FINITE.sub(_json_non_finite, state))
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise ValueError(f"not a readable trainer_state.json: {e}") from None
     history = state.get("log_history") if isinstance(state, Mapping) else None
     if not isinstance(history, list):
@@ -428,17 +430,62 @@ def check_trainlog(lines_or_text: str | Iterable[str],
     entries then count as the lines). trainer_state (its text, the loaded object or a Path) adds
     that run's exact points: they replace the log's for the steps they cover, and the point
     anomalies are checked again over the merged points."""
-    parser = TrainLogParser()
-    lines = _lines(lines_or_text)
-    state_text, lines = _peek_state(lines)
-    if state_text is not None:
-        parser.feed_state(_state_entries(state_text))
-    else:
-        parser.feed(lines)
-    result = parser.result()
-    if trainer_state is not None:
-        _merge_state(result, parser, _read_state(trainer_state))
-    return result
+    check = TrainLogCheck()
+    check.feed(_lines(lines_or_text))
+    return check.result(trainer_state)
+
+
+class TrainLogCheck:
+    """check_trainlog fed a batch of lines at a time (a log read from the box in chunks): memory
+    holds the points kept, never the whole log. The first STATE_PEEK lines tell a
+    trainer_state.json (kept whole: its JSON is parsed at once) from a log (parsed as it comes)."""
+
+    def __init__(self) -> None:
+        self.parser = TrainLogParser()
+        self._head: list[str] | None = []  # the first lines, until they tell what kind of file this is
+        self._state: list[str] | None = None  # a trainer_state.json's lines
+
+    def feed(self, lines: Iterable[str]) -> None:
+        lines = iter(lines)
+        if self._head is not None:
+            self._head += itertools.islice(lines, STATE_PEEK - len(self._head))
+            if len(self._head) < STATE_PEEK:
+                return
+            self._decide()
+        if self._state is not None:
+            self._state += lines
+        else:
+            self.parser.feed(lines)
+
+    def result(self, trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> dict[str, Any]:
+        """The check's result, once every line was fed (call it once)."""
+        if self._head is not None:
+            self._decide()
+        if self._state is not None:
+            state, self._state = self._state, None
+            self.parser.feed_state(_state_entries("\n".join(line.rstrip("\n") for line in state)))
+        result = self.parser.result()
+        if trainer_state is not None:
+            _merge_state(result, self.parser, _read_state(trainer_state))
+        if not result["points"] and result["summary"] is None and not result["anomalies"]:
+            result["anomalies"] = [_nothing_found(result["lines"], result["unparsed"]).to_json()]
+        return result
+
+    def _decide(self) -> None:
+        head, self._head = self._head, None
+        if _is_state_head(head):
+            self._state = head
+        else:
+            self.parser.feed(head)
+
+
+def _nothing_found(lines: int, unparsed: int) -> Anomaly:
+    """Not "no problems": a check that read nothing it knows has judged nothing."""
+    if not lines:
+        return _anomaly("no_training_data", None, "the file is empty: no training step to check")
+    return _anomaly("no_training_data", None,
+                    f"nothing parseable in {lines} lines ({unparsed} of them text this reader does not know): "
+                    "no training step, summary or known event; is it the training log?")
 
 
 def check_trainlog_path(path: str | os.PathLike,
@@ -462,15 +509,11 @@ def _lines(lines_or_text: str | Iterable[str]) -> Iterator[str]:
     return iter(lines)
 
 
-def _peek_state(lines: Iterator[str]) -> tuple[str | None, Iterator[str]]:
-    """The whole text when the lines are a trainer_state.json, else None; and the lines, unconsumed."""
-    head = list(itertools.islice(lines, 64))
-    rest = itertools.chain(head, lines)
+def _is_state_head(head: list[str]) -> bool:
+    """Whether a file's first lines are those of a trainer_state.json rather than a log."""
     first = head[0].lstrip() if head else ""
     json_object = first.startswith("{") and not first.startswith("{'")  # {' opens a Trainer log dict
-    if not (json_object and any('"log_history"' in line for line in head)):
-        return None, rest
-    return "\n".join(line.rstrip("\n") for line in rest), iter(())
+    return json_object and any('"log_history"' in line for line in head)
 
 
 def _read_state(state: str | Mapping[str, Any] | os.PathLike) -> TrainLogParser:

@@ -26,7 +26,7 @@ Lines are 1-based, columns 1-based (as editors count).
 
 Usage: ``python -m samai.remote.payload_lint FILE...`` (``-`` reads stdin). Prints ``FILE:LINE:COL: RULE message``
 per violation. Exit 0: clean; 1: violations; 2: a file could not be read or is not valid Python (printed as
-``FILE:LINE:COL: syntax-error message``).
+``FILE:LINE:COL: syntax-error message``; code nested deeper than the parser's limits counts as invalid).
 """
 
 from __future__ import annotations
@@ -161,6 +161,9 @@ def lint_file(path: str) -> int:
     except (SyntaxError, ValueError) as e:  # ValueError: null bytes in the source
         line, col = (getattr(e, "lineno", None) or 1), (getattr(e, "offset", None) or 1)
         print(f"{path}:{line}:{col}: syntax-error {getattr(e, 'msg', None) or e}")
+        return 2
+    except (RecursionError, MemoryError):  # the parser's own limits: the gateway's compile() fails the same way
+        print(f"{path}:1:1: syntax-error too deeply nested for Python's parser")
         return 2
     for v in violations:
         print(f"{path}:{v.line}:{v.col}: {v.rule} {v.message}")

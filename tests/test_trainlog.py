@@ -269,7 +269,8 @@ def test_unscale_fp16_and_the_nan_guard_marker() -> None:
 def test_every_code_has_its_contract_severity() -> None:
     assert SEVERITY == {"nan_loss": "error", "nan_grad_norm": "error", "hidden_nan": "error",
                         "zero_loss_streak": "warning", "loss_spike": "warning", "overflow_skip": "warning",
-                        "loss_scale_min": "error", "unscale_fp16": "error", "nan_guard_fired": "error"}
+                        "loss_scale_min": "error", "unscale_fp16": "error", "nan_guard_fired": "error",
+                        "no_training_data": "error"}
 
 
 # ------------------------------------------------------------------ incremental
