@@ -1,5 +1,11 @@
 """The command line. Exit codes: 0 ok, 1 a check found a problem or an action was refused,
-2 a usage, config or connection error, always with a one-line reason on stderr."""
+2 a usage, config or connection error, always with a one-line reason on stderr; 141 (as a
+process killed by SIGPIPE) when whatever reads stdout closed it early (`snapshot | head`).
+
+Text output shows every control character that comes from the box as a visible stand-in
+(samai.remote.visible): a process's command line or a log line cannot retitle, recolour or
+rewrite the operator's terminal. `--json` output is exact and pure ASCII (json.dumps escapes
+every control character, C1 and U+2028 included); `tail --raw` passes the log's bytes through."""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -26,11 +33,13 @@ from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
+from samai.remote.visible import visible
 
 if TYPE_CHECKING:
     from samai.console.actions import ActionOutcome, ActionPlan, Actions
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_STDOUT_CLOSED = 128 + 13  # what a shell reports for a tool that SIGPIPE ended
 FOLLOW_POLL_S = 0.5
 
 
@@ -40,7 +49,7 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {visible(message)} (see --help)\n")
 
 
 def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -108,10 +117,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=10, metavar="N", help="start with the last N lines")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing what is appended")
     p.add_argument("--grep", metavar="REGEX", help="only lines matching REGEX (a leading ! inverts)")
+    p.add_argument("--raw", action="store_true",
+                   help="pass the log's bytes through unchanged, terminal escapes included (default: shown "
+                        "as visible stand-ins); with --grep, the matching lines as decoded")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _replace_unencodable(sys.stdout, sys.stderr)
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _replace_unencodable(*streams) -> None:
+    """A terminal whose encoding lacks the stand-ins (␛) gets an escape for them, not a traceback."""
+    for stream in streams:
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _stdout_closed() -> int:
+    """Quiet exit when stdout's reader is gone (Python's documented recipe): what is still
+    buffered goes to /dev/null, so the interpreter's own flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_STDOUT_CLOSED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["envelope-server"], ["lint-payload"]):  # tools that need neither a config nor a box
         return _standalone(argv[0], argv[1:])
@@ -145,14 +183,20 @@ def _standalone(command: str, argv: list[str]) -> int:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"samai-console: {message}", file=sys.stderr)
+    """The one-line reason on stderr: box text in it (a path, a box error) shown inert, on one line."""
+    print(f"samai-console: {visible(message)}", file=sys.stderr)
     return code
+
+
+def _json(value) -> str:
+    """Exact and pure ASCII: ensure_ascii escapes C0, C1, U+2028/9 and all other non-ASCII as \\uXXXX."""
+    return json.dumps(value, ensure_ascii=True, default=_json_bytes)
 
 
 async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
     from samai.console.actions import UnknownStage  # the action layer (and psutil) is kept off the TUI's path
 
-    box = open_box(cfg)
+    box = open_box(cfg, readonly=args.readonly)
     try:
         handlers = {"snapshot": _snapshot, "budget": _budget, "doctor": _doctor, "check": _check, "fire": _fire,
                     "stop": _stop, "kill": _kill, "tail": _tail}
@@ -170,7 +214,7 @@ async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
 async def _snapshot(args, cfg, box: Box) -> int:
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts])
     if args.json:
-        print(json.dumps(asdict(snap), default=_json_bytes))
+        print(_json(asdict(snap)))
     else:
         print(describe_snapshot(snap, cfg))
     return EXIT_OK
@@ -181,9 +225,9 @@ async def _budget(args, cfg, box: Box) -> int:
     now = disk_budget(cfg, snap)
     peaks = plan_run(cfg, now.capacity)
     if args.json:
-        print(json.dumps({"capacity": now.capacity, "used": now.used, "free": now.free,
-                          "reclaimable": now.reclaimable, "artifacts": [asdict(a) for a in now.artifacts],
-                          "stages": [dict(asdict(p), fits=p.fits, kept_fits=p.kept_fits) for p in peaks]}))
+        print(_json({"capacity": now.capacity, "used": now.used, "free": now.free,
+                     "reclaimable": now.reclaimable, "artifacts": [asdict(a) for a in now.artifacts],
+                     "stages": [dict(asdict(p), fits=p.fits, kept_fits=p.kept_fits) for p in peaks]}))
     else:
         print(describe_plan(now, peaks))
     return EXIT_OK if all(p.fits for p in peaks) else EXIT_PROBLEM
@@ -194,10 +238,10 @@ async def _doctor(args, cfg, box: Box) -> int:
                               writers=True, binaries=declared_binaries(cfg))
     findings = detect(cfg, snap)
     if args.json:
-        print(json.dumps({"findings": [asdict(f) for f in findings]}))
+        print(_json({"findings": [asdict(f) for f in findings]}))
     else:
-        for f in findings:
-            print(f"{f.severity:<7} {f.code}: {f.message}" + (f"  [fix: {f.action}]" if f.action else ""))
+        for f in findings:  # a finding quotes box text: file names, command lines
+            print(visible(f"{f.severity:<7} {f.code}: {f.message}" + (f"  [fix: {f.action}]" if f.action else "")))
         if not findings:
             print("no traps found")
     return EXIT_PROBLEM if any(f.severity == "error" for f in findings) else EXIT_OK
@@ -215,16 +259,14 @@ async def _check(args, cfg, box: Box) -> int:
                                              expect_last=args.expect_last or model.get("gguf_last_tensor"),
                                              local=cfg.target.is_local)
         elif args.kind == "trainlog":
-            from samai.console.trainlog import check_trainlog
-
-            result = check_trainlog(await checks.read_lines(box, path))
+            result = await checks.check_trainlog(box, path)  # streamed: memory holds the points, not the log
         else:
             from samai.console.evalcheck import check_eval
 
             result = check_eval(await checks.read_lines(box, path))
     except (checks.Unreadable, ValueError) as e:  # ValueError: a trainer_state.json that is not JSON
         return _fail(str(e), EXIT_USAGE)
-    print(json.dumps(result) if args.json else describe_check(args.kind, path, result))
+    print(_json(result) if args.json else describe_check(args.kind, path, result))
     return EXIT_PROBLEM if checks.has_errors(result) else EXIT_OK
 
 
@@ -254,25 +296,40 @@ async def _tail(args, cfg, box: Box) -> int:
     if args.n < 0:
         raise UsageError("-n must be 0 or more")
     keep = _line_filter(args.grep)
+    passthrough = args.raw and not args.grep  # the bytes as read, not lines decoded from them
+    emit = _raw_line if args.raw else _visible_line
     follower = LogFollower(_on_target(cfg, args.path), last_lines=args.n)
     while True:
-        update = follower.consume(await box.read_log(follower.cursor()))
+        chunk = await box.read_log(follower.cursor())
+        update = follower.consume(chunk)
         if update.notice:
-            print(f"samai-console: {update.notice}", file=sys.stderr)
-        if follower.missing and not args.follow:
+            print(f"samai-console: {visible(update.notice)}", file=sys.stderr)
+        if follower.missing and (not args.follow or follower.refused):
             return EXIT_PROBLEM
-        for line in update.lines:
-            if keep(line):
-                print(line)
+        if passthrough:
+            sys.stdout.buffer.write(b"\n" * update.cut_line + chunk.data)
+        else:
+            for line in update.lines:
+                if keep(line):
+                    emit(line)
         sys.stdout.flush()
         if update.more:
             continue
         if not args.follow:
             last = follower.decoder.flush()
-            if last is not None and keep(last):
-                print(last)
+            if last is not None and keep(last) and not passthrough:
+                emit(last)
             return EXIT_OK
         await asyncio.sleep(FOLLOW_POLL_S)
+
+
+def _visible_line(line: str) -> None:
+    print(visible(line))
+
+
+def _raw_line(line: str) -> None:
+    """A decoded line as it was (only `tail --raw --grep` prints these): escapes reach the terminal."""
+    sys.stdout.buffer.write(line.encode("utf-8", "surrogateescape") + b"\n")
 
 
 # ------------------------------------------------------------------ actions
