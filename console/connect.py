@@ -7,11 +7,13 @@ from samai.remote.boxapi import Box
 from samai.remote.targets import open_transport, scheme
 
 
-def open_box(cfg: Config) -> Box:
+def open_box(cfg: Config, *, readonly: bool = False) -> Box:
+    """readonly: a Box that writes nothing on the box (see samai.remote.boxapi)."""
     t = cfg.target
     ssh = None
     if scheme(t.url) == "ssh":
         from samai.remote.ssh import SshOptions  # asyncssh: only for an ssh target (see samai.remote.targets)
 
         ssh = SshOptions(t.keepalive_interval, t.keepalive_count, t.connect_timeout, t.max_channels)
-    return Box(open_transport(t.url, ssh, t.token_env), cfg.workspace, python=t.box_python, timeout=t.timeout)
+    return Box(open_transport(t.url, ssh, t.token_env), cfg.workspace, python=t.box_python, timeout=t.timeout,
+               readonly=readonly)

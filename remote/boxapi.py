@@ -1,8 +1,13 @@
 """The Box: the pipeline box as the console sees it, built once on any Transport.
 
 Every call is one round trip: a box tool run with a JSON request on stdin. The tools are
-uploaded to WORKSPACE/.samai/tools/<hash>/ the first time a Box needs them, and again only
-when their content (and so the hash) changes.
+installed in WORKSPACE/.samai/tools/<hash>/ the first time a Box needs them, and again only
+when their content (and so the hash) changes. The install is itself a box tool (install.py),
+run by LOADER from stdin, that writes only inside the workspace (see box/confine.py).
+
+A read-only Box writes nothing on the box, not even the workspace: its probe runs by LOADER
+from stdin (its code sent ahead of the first request), and it refuses every tool that changes
+the box (launch, kill, clean) by itself, whatever the layers above it allow.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import base64
 import hashlib
 import json
 import posixpath
+import re
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -20,14 +27,32 @@ from typing import Any
 
 from samai.remote import model
 from samai.remote.follow import LogCursor
-from samai.remote.model import Boot, CleanResult, FireResult, LogChunk, SignalResult, Snapshot
+from samai.remote.model import Boot, BoxError, CleanResult, FireResult, LogChunk, SignalResult, Snapshot
 from samai.remote.transport import Stream, Transport
 
 READY = ".ready"
-
-
-class BoxError(Exception):
-    """A box tool failed or answered with something that is not its reply."""
+# Runs a box tool whose code comes on stdin: a length line, then that many bytes of
+# zlib-compressed JSON {file name: source}; argv: the tool's file name and its arguments. The
+# tools import each other flat (`from procfs import ...`): a finder serves them from memory.
+LOADER = """# samai-console: a box tool run from stdin (nothing written on the box)
+import importlib.abc, importlib.util, json, sys, zlib
+size = int(sys.stdin.buffer.readline())
+SOURCES = json.loads(zlib.decompress(sys.stdin.buffer.read(size)).decode("utf-8"))
+class SamaiTools(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if path is None and name + ".py" in SOURCES:
+            return importlib.util.spec_from_loader(name, self, origin="<samai>/" + name + ".py")
+        return None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        exec(compile(SOURCES[module.__name__ + ".py"], module.__spec__.origin, "exec"), module.__dict__)
+sys.meta_path.insert(0, SamaiTools())
+sys.argv = sys.argv[1:]
+exec(compile(SOURCES[sys.argv[0]], "<samai>/" + sys.argv[0], "exec"), {"__name__": "__main__"})
+"""
+FLAT_IMPORT = re.compile(rb"^(?:from|import)\s+(\w+)", re.M)
+WRITING_TOOLS = ("launch.py", "kill.py", "clean.py", "install.py")
 
 
 @dataclass(frozen=True)
@@ -45,6 +70,28 @@ class ToolSet:
             h.update(name.encode() + b"\0" + files[name] + b"\0")
         return cls(h.hexdigest()[:16], files)
 
+    def needed_by(self, tool: str) -> dict[str, bytes]:
+        """tool and every top-level tool it imports, directly or not."""
+        out: dict[str, bytes] = {}
+        todo = [tool]
+        while todo:
+            name = todo.pop()
+            if name in out or name not in self.files:
+                continue
+            out[name] = self.files[name]
+            todo.extend(m.decode() + ".py" for m in FLAT_IMPORT.findall(self.files[name]))
+        return out
+
+
+def loader_input(sources: Mapping[str, bytes]) -> bytes:
+    """What LOADER reads from stdin before the tool's own input."""
+    return _framed({name: data.decode("utf-8") for name, data in sources.items()})
+
+
+def _framed(obj: Any) -> bytes:
+    packed = zlib.compress(json.dumps(obj).encode("utf-8"), 9)
+    return b"%d\n" % len(packed) + packed
+
 
 def tool_names() -> list[str]:
     folder = resources.files("samai.remote.box")
@@ -56,9 +103,10 @@ def tool_names() -> list[str]:
 
 class Box:
     def __init__(self, transport: Transport, workspace: str, *, python: str = "python3",
-                 timeout: float = 30.0, tools: ToolSet | None = None) -> None:
+                 timeout: float = 30.0, tools: ToolSet | None = None, readonly: bool = False) -> None:
         self.transport = transport
         self.workspace = workspace
+        self.readonly = readonly
         self.python = python
         self.timeout = timeout
         self.tools = tools or ToolSet.bundled()
@@ -72,23 +120,39 @@ class Box:
     # ------------------------------------------------------------ plumbing
 
     async def ensure_tools(self) -> None:
-        """Upload the tools unless this connection has already seen them (by their hash)."""
+        """Install the tools unless this connection has already seen them (by their hash)."""
+        self._refuse_in_readonly("install.py")
         if self._tools_checked == self.transport.generation:
             return
         marker = posixpath.join(self.tools_dir, READY)
         probe = await self.transport.run(["test", "-f", marker], timeout=self.timeout, retry_safe=True)
         if probe.rc != 0:
-            for name, data in self.tools.files.items():
-                await self.transport.put(posixpath.join(self.tools_dir, name), data)
-            await self.transport.put(marker, self.tools.digest.encode())
+            await self._install()
         self._tools_checked = self.transport.generation
+
+    async def _install(self) -> None:
+        tools = {name: base64.b64encode(data).decode("ascii") for name, data in self.tools.files.items()}
+        stdin = loader_input(self.tools.needed_by("install.py")) + _framed(tools)
+        result = await self.transport.run(self._loader_argv("install.py", self.workspace, self.tools.digest),
+                                          stdin=stdin, timeout=self.timeout + 30)
+        if result.rc != 0:
+            raise BoxError(f"install.py failed (rc={result.rc}): {result.stderr_text()[-500:]}")
+        _reply("install.py", result.stdout)
+
+    def _refuse_in_readonly(self, tool: str) -> None:
+        if self.readonly and tool in WRITING_TOOLS:
+            raise BoxError(f"{tool} refused: the console is read-only and writes nothing on the box")
 
     def _argv(self, tool: str, *args: str) -> list[str]:
         # -S: the tools need only the standard library, and skipping site halves the start-up.
         return [self.python, "-S", posixpath.join(self.tools_dir, tool), *args]
 
+    def _loader_argv(self, tool: str, *args: str) -> list[str]:
+        return [self.python, "-S", "-c", LOADER, tool, *args]
+
     async def call(self, tool: str, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
         """Run one tool for one request."""
+        self._refuse_in_readonly(tool)
         await self.ensure_tools()
         result = await self.transport.run(self._argv(tool), stdin=json.dumps(request).encode(),
                                           timeout=timeout or self.timeout)
@@ -100,13 +164,14 @@ class Box:
 
     async def ask_probe(self, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
         """One request to the running probe (started on first use, and again after a failure)."""
-        await self.ensure_tools()
+        if not self.readonly:
+            await self.ensure_tools()
         async with self._probe_lock:
             if self._probe is not None and self._probe_generation != self.transport.generation:
                 await self._probe.close()  # it lived on a connection that is gone
                 self._probe = None
             if self._probe is None:
-                self._probe = await self.transport.open_stream(self._argv("probe.py", "--serve"))
+                self._probe = await self._open_probe()
                 self._probe_generation = self.transport.generation
                 self._processes = HeldProcesses()
             try:
@@ -117,6 +182,12 @@ class Box:
                 await asyncio.shield(stream.close())  # a half-answered probe is never asked again
                 raise
             return self._processes.fold(_reply("probe.py", raw))
+
+    async def _open_probe(self) -> Stream:
+        if self.readonly:  # nothing installed: the probe's code goes ahead of its first request
+            return await self.transport.open_stream(self._loader_argv("probe.py", "--serve"),
+                                                    preamble=loader_input(self.tools.needed_by("probe.py")))
+        return await self.transport.open_stream(self._argv("probe.py", "--serve"))
 
     # ------------------------------------------------------------ reads
 
@@ -226,6 +297,7 @@ class HeldProcesses:
 
     def fold(self, reply: dict) -> dict:
         """The reply with every process in "processes", in pid order."""
+        model.check_process_delta(reply)
         mark = reply.pop("processes_mark", None)
         if mark is None:  # no processes asked, or a probe that marks nothing: all or none given
             return reply
@@ -251,7 +323,7 @@ class HeldProcesses:
 def _reply(tool: str, raw: bytes) -> dict:
     try:
         reply = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the parser goes
         raise BoxError(f"{tool} answered something that is not JSON: {raw[:200]!r}") from e
     if not isinstance(reply, dict):
         raise BoxError(f"{tool} answered {type(reply).__name__}, not an object")

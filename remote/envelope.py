@@ -165,12 +165,8 @@ class EnvelopeTransport:
         frame = _result_frame(reply)
         return RunResult(int(frame["rc"]), base64.b64decode(frame["out"]), base64.b64decode(frame["err"]))
 
-    async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        reply = await self.execute(put_payload(path, data, mode), 60, retry_safe=True)
-        _result_frame(reply)
-
-    async def open_stream(self, argv: Sequence[str]) -> EnvelopeStream:
-        return EnvelopeStream(self, list(argv))
+    async def open_stream(self, argv: Sequence[str], *, preamble: bytes = b"") -> EnvelopeStream:
+        return EnvelopeStream(self, list(argv), preamble)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -180,11 +176,12 @@ class EnvelopeStream:
     """No connection stays open through a gateway: each request runs the command anew (the
     probe answers one request per line and ends at end of input)."""
 
-    def __init__(self, transport: EnvelopeTransport, argv: list[str]) -> None:
-        self.transport, self.argv = transport, argv
+    def __init__(self, transport: EnvelopeTransport, argv: list[str], preamble: bytes = b"") -> None:
+        self.transport, self.argv, self.preamble = transport, argv, preamble
 
     async def request(self, line: bytes, *, timeout: float) -> bytes:
-        result = await self.transport.run(self.argv, stdin=line + b"\n", timeout=timeout, retry_safe=True)
+        stdin = self.preamble + line + b"\n"  # each request a new process: each one reads the preamble
+        result = await self.transport.run(self.argv, stdin=stdin, timeout=timeout, retry_safe=True)
         if result.rc != 0:
             raise TransportError(f"{self.argv[-2]} exited with rc={result.rc}: {result.stderr_text()[-300:]}")
         reader = asyncio.StreamReader()

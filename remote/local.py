@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import tempfile
 from collections.abc import Sequence
 
 from samai.remote.transport import RunResult, TransportError, TransportTimeout, read_framed
@@ -37,17 +36,16 @@ class LocalTransport:
             raise TransportTimeout(f"{argv[0]} ran past its {timeout:g} s deadline and was killed") from e
         return RunResult(proc.returncode, out, err)
 
-    async def open_stream(self, argv: Sequence[str]) -> LocalStream:
+    async def open_stream(self, argv: Sequence[str], *, preamble: bytes = b"") -> LocalStream:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
             raise TransportError(f"cannot start {argv[0]}: {e.strerror}") from e
+        if preamble:
+            proc.stdin.write(preamble)  # drained with the first request
         return LocalStream(proc, argv[0])
-
-    async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        await asyncio.to_thread(_write_atomic, path, data, mode)
 
     async def close(self) -> None:
         return None
@@ -82,16 +80,3 @@ def _kill_group(pgid: int) -> None:
     except ProcessLookupError:
         pass
 
-
-def _write_atomic(path: str, data: bytes, mode: int) -> None:
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".put-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

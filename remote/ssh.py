@@ -11,9 +11,7 @@ only the caller knows whether a call may safely run twice.
 from __future__ import annotations
 
 import asyncio
-import posixpath
 import shlex
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -142,13 +140,15 @@ class SshTransport:
             raise TransportError(f"{self.target}: connection lost during {argv[0]}")
         return RunResult(proc.exit_status, out or b"", err or b"")
 
-    async def open_stream(self, argv: Sequence[str]) -> SshStream:
+    async def open_stream(self, argv: Sequence[str], *, preamble: bytes = b"") -> SshStream:
         """A long-running command on its own channel (held for the stream's life)."""
         conn = await self._connection()
         await self._channels.acquire()
         try:
             proc = await conn.create_process("echo $$; exec " + shlex.join(argv), encoding=None)
             header = await asyncio.wait_for(proc.stdout.readline(), self.options.connect_timeout)
+            if preamble:
+                proc.stdin.write(preamble)
             return SshStream(self, proc, int(header), argv)
         except (TimeoutError, OSError, asyncssh.Error, ValueError) as e:
             self._channels.release()
@@ -166,15 +166,6 @@ class SshTransport:
             await asyncio.wait_for(conn.run(guard, encoding=None), KILL_TIMEOUT_S)
         except (TimeoutError, OSError, asyncssh.Error, TransportError):
             self._drop()
-
-    async def put(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        folder = posixpath.dirname(path) or "."
-        tmp = posixpath.join(folder, f".put-{uuid.uuid4().hex[:12]}")
-        script = (f"mkdir -p {shlex.quote(folder)} && cat > {shlex.quote(tmp)} && chmod {mode:o} {shlex.quote(tmp)}"
-                  f" && mv -f {shlex.quote(tmp)} {shlex.quote(path)}")
-        result = await self.run(["sh", "-c", script], stdin=data, timeout=self.options.connect_timeout + 60)
-        if result.rc != 0:
-            raise TransportError(f"cannot write {path} on {self.target}: {result.stderr_text()}")
 
 
 class SshStream:
