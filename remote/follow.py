@@ -1,5 +1,10 @@
 """Following a log by byte offset: resumes without gaps or duplicates across polls,
-reconnects and rotations, and decodes incrementally."""
+reconnects and rotations, and decodes incrementally.
+
+A rotation (see the box's logfiles.py) comes as chunks of the old file first (`drain`), then,
+once that file has stayed at its end for a poll, a `rotated` chunk of the new file from its
+start: its lines follow the old file's last ones, none twice, none missing, and an unfinished
+last line of the old file ends there instead of being glued to the new file's first."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from dataclasses import dataclass, field
 
 from samai.remote.decode import DEFAULT_MAX_LINE, LineDecoder
 from samai.remote.model import LogChunk, Marker, MarkerHit
+from samai.remote.visible import visible
 
 DEFAULT_READ = 256 * 1024
 MARKER_SCAN_READ = 4 * 1024 * 1024  # a markers-only watch transfers no bytes, so it can scan more
@@ -20,19 +26,25 @@ class LogCursor:
 
     path: str
     offset: int | None = None  # None: start at the last `last_lines` lines (0: at the end)
-    inode: int | None = None
+    inode: int | None = None  # with dev: the file offset is in (the path may name another by now)
     check: bytes = b""  # the last bytes read before offset: a rewrite of them means truncation
     scan_from: int | None = None
     last_lines: int | None = None
     max_bytes: int = DEFAULT_READ
     markers: tuple[Marker, ...] = ()
     want_data: bool = True
+    dev: int | None = None
+    mtime: float | None = None  # the file's when last read: a copytruncate copy is no older
+    drained: bool = False  # the last read reached the end of the file the path named before
 
     def request(self) -> dict:
         return {
             "path": self.path,
             "offset": self.offset,
             "inode": self.inode,
+            "dev": self.dev,
+            "mtime": self.mtime,
+            "drained": self.drained,
             "check": base64.b64encode(self.check).decode("ascii"),
             "scan_from": self.scan_from,
             "last_lines": self.last_lines,
@@ -48,6 +60,7 @@ class TailUpdate:
     hits: tuple[MarkerHit, ...] = ()
     notice: str | None = None  # rotation, truncation, a missing file: said once
     more: bool = False  # the file has more bytes than one read returned
+    cut_line: bool = False  # an unfinished line ended here (rotation, truncation): raw bytes need a line break
 
 
 @dataclass
@@ -62,9 +75,14 @@ class LogFollower:
     max_line: int = DEFAULT_MAX_LINE
     want_data: bool = True
     inode: int | None = None
+    dev: int | None = None
+    mtime: float | None = None
     missing: bool = False
+    refused: bool = False  # the path is not a regular file (a FIFO, a device, a socket): waiting will not help
     check: bytes = b""
     line_start: int | None = None  # where the unfinished last line began
+    draining: str | None = None  # "renamed" | "copy" while the old file of a rotation is read
+    drained: bool = False
     decoder: LineDecoder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -75,25 +93,30 @@ class LogFollower:
         if self.offset is not None and self.line_start is not None and self.offset - self.line_start <= SCAN_CARRY:
             scan_from = self.line_start
         return LogCursor(self.path, self.offset, self.inode, self.check, scan_from, self.last_lines,
-                         self.max_bytes, self.markers, self.want_data)
+                         self.max_bytes, self.markers, self.want_data, self.dev, self.mtime, self.drained)
 
     def consume(self, chunk: LogChunk) -> TailUpdate:
         update = TailUpdate()
         if chunk.error is not None:
             if not self.missing:
                 update.notice = f"{self.path}: {chunk.error}"
-            self.missing = True
+            self.missing, self.refused = True, chunk.special is not None
             if self.offset is None:
                 self.offset = 0  # a file that appears later is read from its start
             return update
         if self.missing:
             update.notice = f"{self.path}: file appeared"
-            self.missing = False
+            self.missing = self.refused = False
+        if chunk.drain is not None and self.draining is None:
+            update.notice = self._rotation_notice(chunk)
         if chunk.rotated or chunk.truncated:
-            update.lines.extend(self._flush())
-            what = "replaced by a new file" if chunk.rotated else "truncated"
-            update.notice = f"{self.path}: {what}; reading from its start"
+            cut = self._flush()  # the old file's unfinished last line ends with it
+            update.lines.extend(cut)
+            update.cut_line = bool(cut)
+            update.notice = self._switch_notice(chunk)
             self.check, self.line_start = b"", None
+        self.draining = chunk.drain
+        self.drained = chunk.drain is not None and not chunk.more
         if self.want_data:
             update.lines.extend(self.decoder.feed(chunk.data))
         update.hits = chunk.hits
@@ -104,8 +127,20 @@ class LogFollower:
             self.line_start = chunk.offset  # reads start on a line boundary unless told otherwise
         if chunk.line_end is not None:
             self.line_start = chunk.line_end
-        self.offset, self.inode = chunk.next_offset, chunk.inode
+        self.offset, self.inode, self.dev, self.mtime = chunk.next_offset, chunk.inode, chunk.dev, chunk.mtime
         return update
+
+    def _rotation_notice(self, chunk: LogChunk) -> str:
+        old = visible(chunk.old_file) or "its old file"
+        if chunk.drain == "copy":
+            return f"{self.path}: truncated in place; reading the rest from its copy {old} first"
+        return f"{self.path}: rotated (now {old}); reading the rest of it first"
+
+    def _switch_notice(self, chunk: LogChunk) -> str:
+        if self.draining is not None:
+            return f"{self.path}: the old file is read to its end; reading the new one from its start"
+        what = "replaced by a new file" if chunk.rotated else "truncated"
+        return f"{self.path}: {what}; reading from its start"
 
     def _flush(self) -> list[str]:
         last = self.decoder.flush()

@@ -2,11 +2,27 @@
 byte ranges of any file.
 
 Runs ON the box, imported by probe.py. Standard library only, Python >= 3.8.
+
+A followed log names the file it was reading (dev, inode) and where (offset). When the path now
+names another file (logrotate's rename and create), the old file is read to its end first:
+through the descriptor a --serve probe kept (HeldLogs), else found by (dev, inode) among the
+log's siblings; only once a read finds it still at the end it reached last time ("drained":
+no writer added to it for one poll) does the reader switch to the new file, from its start.
+A file truncated in place (copytruncate) is caught at once (size below the offset, or the
+last bytes read rewritten); its copy (a sibling holding the same bytes before the offset) is
+then read to its end the same way.
+
+Only regular files are read: a FIFO, device or socket is refused before it can block the probe
+(and opened non-blocking, for one swapped in after that check).
 """
 
 import base64
+import errno
+import itertools
 import os
 import re
+import stat
+import time
 
 from markers import compiled, marker_hits
 
@@ -16,6 +32,55 @@ MAX_RANGE_BYTES = 16 * 1024 * 1024
 MAX_SCAN_CARRY = 64 * 1024  # longest unfinished line re-scanned for markers
 TAIL_BLOCK = 64 * 1024
 CHECK_BYTES = 16  # the last bytes read, which the next read checks to catch a rewrite
+MAX_SIBLINGS = 100000  # entries of a log's folder looked through for its rotated file
+MAX_NAMED_SIBLINGS = 256  # entries named after the log that are stat'ed (and maybe read) one by one
+MAX_HELD = 64  # descriptors a --serve probe keeps
+HOLD_S = 60.0  # a kept descriptor unused this long is closed
+HOLD_DELETED_S = 5.0  # ... and sooner for a deleted file, whose disk space it holds
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+SPECIAL_KINDS = ((stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                 (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory"))
+
+
+# ---------------------------------------------------------------- regular files only
+
+
+class NotRegular(OSError):
+    """A path that names a FIFO, a device, a socket or a folder: reading it could block or never end."""
+
+    def __init__(self, kind):
+        OSError.__init__(self, "not a regular file: %s" % kind)
+        self.kind = kind
+
+
+def refuse_special(st):
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in SPECIAL_KINDS if test(st.st_mode)), "special file")
+        raise NotRegular(kind)
+
+
+def open_regular(path):
+    """(fd, stat) of a regular file. Checked before the open (a FIFO's open blocks until a writer
+    comes, a socket's fails with a useless message) and after it (the path may have been swapped
+    meanwhile: the open is non-blocking, so that swap cannot block it either)."""
+    refuse_special(os.stat(path))
+    fd = os.open(path, OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        refuse_special(st)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(path, limit):
+    """At most limit bytes from the start of a regular file."""
+    fd, _ = open_regular(path)
+    try:
+        return pread(fd, 0, limit)
+    finally:
+        os.close(fd)
 
 
 def pread(fd, offset, n):
@@ -28,6 +93,134 @@ def pread(fd, offset, n):
             break
         data += more
     return data
+
+
+# ---------------------------------------------------------------- descriptors a --serve probe keeps
+
+
+class HeldLogs(object):
+    """The descriptors of the logs a --serve probe read, kept between requests by (dev, inode):
+    a log renamed out of its folder, compressed away or deleted after its last read can still be
+    read to its end. Closed when unused for a while (a deleted file soon: while a descriptor is
+    open, its disk space is not freed)."""
+
+    def __init__(self):
+        self.fds = {}  # (dev, inode) -> [fd, last used (monotonic)]
+
+    def get(self, dev, ino):
+        key = (dev, ino) if dev is not None else next((k for k in self.fds if k[1] == ino), None)
+        held = self.fds.get(key)
+        if held is None:
+            return None
+        held[1] = time.monotonic()
+        return held[0]
+
+    def keep(self, fd, st):
+        key = (st.st_dev, st.st_ino)
+        if key in self.fds:
+            return False
+        if len(self.fds) >= MAX_HELD:
+            self.close(min(self.fds, key=lambda k: self.fds[k][1]))
+        self.fds[key] = [fd, time.monotonic()]
+        return True
+
+    def tidy(self):
+        now = time.monotonic()
+        for key, (fd, used) in list(self.fds.items()):
+            if now - used > HOLD_S or (now - used > HOLD_DELETED_S and os.fstat(fd).st_nlink == 0):
+                self.close(key)
+
+    def close(self, key):
+        os.close(self.fds.pop(key)[0])
+
+
+def fd_name(fd):
+    """Where an open file is now (Linux names it in /proc; " (deleted)" when it is gone)."""
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return ""
+
+
+def shown_name(name):
+    """A file name as text that JSON and any terminal can carry (undecodable bytes replaced)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------- the log's siblings
+
+
+def siblings(path):
+    """Entries of the folder that holds path (logrotate keeps LOG.1 and the like beside LOG),
+    those named after it first, the log itself left out."""
+    folder, base = os.path.split(path)
+    try:
+        with os.scandir(folder or ".") as it:
+            found = [e for e in itertools.islice(it, MAX_SIBLINGS) if e.name != base]
+    except OSError:
+        return []
+    found.sort(key=lambda e: not e.name.startswith(base))
+    return found
+
+
+def plain_stat(entry):
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def open_sibling(entry, wanted):
+    """(fd, stat) of a sibling if it is a regular file for which wanted(stat) holds."""
+    try:
+        fd, st = open_regular(entry.path)
+    except OSError:
+        return None
+    if wanted(st):
+        return fd, st
+    os.close(fd)
+    return None
+
+
+def find_by_identity(path, dev, ino):
+    """(fd, stat, name) of the file (dev, ino) among path's siblings. The folder's own inode
+    numbers find it without a stat each; where they may not be st_ino (some overlay file
+    systems), the siblings named after the log are stat'ed too."""
+    same = lambda st: st.st_ino == ino and (dev is None or st.st_dev == dev)  # noqa: E731
+    entries = siblings(path)
+    named = [e for e in entries[:MAX_NAMED_SIBLINGS] if e.name.startswith(os.path.basename(path))]
+    for entry in [e for e in entries if e.inode() == ino] + named:
+        st = plain_stat(entry)
+        found = open_sibling(entry, same) if st is not None and same(st) else None
+        if found:
+            return found[0], found[1], entry.path
+    return None
+
+
+def find_copy(path, now, offset, check, mtime):
+    """(fd, stat, name) of copytruncate's copy of a truncated log: a sibling named after it, made
+    since the last read (modified no earlier), that holds at least offset bytes and the very
+    bytes last read before offset. The newest of them, if several."""
+    if not check or offset < len(check):
+        return None
+    best = None
+    for entry in [e for e in siblings(path)[:MAX_NAMED_SIBLINGS] if e.name.startswith(os.path.basename(path))]:
+        st = plain_stat(entry)
+        if (st is None or st.st_ino == now.st_ino or st.st_size <= offset or (mtime is not None and st.st_mtime < mtime)
+                or (best is not None and st.st_mtime <= best[1].st_mtime)):
+            continue
+        found = open_sibling(entry, lambda s: s.st_size > offset)
+        if found and pread(found[0], offset - len(check), len(check)) == check:
+            if best is not None:
+                os.close(best[0])
+            best = (found[0], found[1], entry.path)
+        elif found:
+            os.close(found[0])
+    return best
+
+
+# ---------------------------------------------------------------- log reads
 
 
 def start_of_last_lines(fd, size, n, limit):
@@ -56,58 +249,129 @@ def rewritten(fd, offset, check):
     file was truncated and has since grown past the old offset (tail -F misses this)."""
     if not check:
         return False
-    expected = base64.b64decode(check)
-    if offset < len(expected):
+    if offset < len(check):
         return True
-    return pread(fd, offset - len(expected), len(expected)) != expected
+    return pread(fd, offset - len(check), len(check)) != check
 
 
-def read_log(req):
+def number(req, key, types=(int,)):
+    """req[key] if it is a number of types (not a bool), else None: these keys only refine a read."""
+    value = req.get(key)
+    return value if isinstance(value, types) and not isinstance(value, bool) else None
+
+
+class Source(object):
+    """The file one read takes its bytes from, and where in it."""
+
+    def __init__(self, fd, st, offset, rotated=False, truncated=False, drain=None, old_file=""):
+        self.fd, self.st, self.offset = fd, st, offset
+        self.rotated, self.truncated = rotated, truncated
+        self.drain, self.old_file = drain, old_file  # drain: "renamed" | "copy" while the old file is read
+
+
+def open_current(path, held, opened):
+    """(fd, stat) of the file path names now: a kept descriptor if the probe has one for it."""
+    st = os.stat(path)
+    refuse_special(st)
+    fd = held.get(st.st_dev, st.st_ino) if held is not None else None
+    if fd is not None:
+        return fd, os.fstat(fd)
+    fd, st = open_regular(path)
+    if held is None or not held.keep(fd, st):
+        opened.append(fd)
+    return fd, st
+
+
+def open_old(path, dev, ino, held, opened):
+    """(fd, stat, name) of the file the path named before, or None if it cannot be found."""
+    fd = held.get(dev, ino) if held is not None else None
+    if fd is not None:
+        return fd, os.fstat(fd), fd_name(fd)
+    found = find_by_identity(path, dev, ino)
+    if found is not None:
+        opened.append(found[0])
+    return found
+
+
+def locate(req, held, opened):
+    """Which file this read takes its bytes from, and from where (None: the last lines)."""
     path = req["path"]
-    max_bytes = min(int(req.get("max_bytes") or DEFAULT_LOG_BYTES), MAX_LOG_BYTES)
-    entry = {"path": path}
-    fd = os.open(path, os.O_RDONLY)
+    offset = req.get("offset")
+    ino, dev = req.get("inode"), number(req, "dev")
+    following = offset is not None and ino is not None
     try:
-        st = os.fstat(fd)
-        size = st.st_size
-        entry.update(inode=st.st_ino, dev=st.st_dev, size=size, mtime=st.st_mtime)
-        offset = req.get("offset")
-        rotated = req.get("inode") is not None and req["inode"] != st.st_ino
-        truncated = not rotated and offset is not None and (size < offset or rewritten(fd, offset, req.get("check")))
-        if rotated or truncated:
-            offset = 0
+        fd, st = open_current(path, held, opened)
+    except FileNotFoundError:
+        if not following:
+            raise
+        fd = st = None
+    if following and (st is None or st.st_ino != ino or (dev is not None and st.st_dev != dev)):
+        old = open_old(path, dev, ino, held, opened)
+        # The old file until a read finds it where the last one left it: nothing written to it since.
+        if old is not None and (offset < old[1].st_size or (offset == old[1].st_size and not req.get("drained"))):
+            return Source(old[0], old[1], offset, drain="renamed", old_file=old[2])
+        if st is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        return Source(fd, st, 0, rotated=True)
+    check = base64.b64decode(req.get("check") or "") if following else b""
+    if following and (st.st_size < offset or rewritten(fd, offset, check)):
+        copy = find_copy(path, st, offset, check, number(req, "mtime", (int, float)))
+        if copy is not None:
+            opened.append(copy[0])
+            return Source(copy[0], copy[1], offset, drain="copy", old_file=copy[2])
+        return Source(fd, st, 0, truncated=True)
+    return Source(fd, st, offset)
+
+
+def read_log(req, held=None):
+    max_bytes = min(int(req.get("max_bytes") or DEFAULT_LOG_BYTES), MAX_LOG_BYTES)
+    opened = []  # descriptors this read opened and does not keep
+    try:
+        src = locate(req, held, opened)
+        size = src.st.st_size
+        offset, restarted = src.offset, src.rotated or src.truncated
         if offset is None:
             n = req.get("last_lines")
-            offset = start_of_last_lines(fd, size, int(n), max_bytes) if n else size
+            offset = start_of_last_lines(src.fd, size, int(n), max_bytes) if n else size
         scan_from = req.get("scan_from")
-        if scan_from is None or rotated or truncated or not (0 <= offset - scan_from <= MAX_SCAN_CARRY):
+        if scan_from is None or restarted or not (0 <= offset - scan_from <= MAX_SCAN_CARRY):
             scan_from = offset
-        data = pread(fd, scan_from, offset - scan_from + max_bytes)
+        data = pread(src.fd, scan_from, offset - scan_from + max_bytes)
     finally:
-        os.close(fd)
+        for fd in opened:
+            os.close(fd)
     new = memoryview(data)[offset - scan_from :]  # no copy of megabytes
     last_nl = data.rfind(b"\n")
-    entry.update(
-        offset=offset,
-        next_offset=offset + len(new),
-        line_end=scan_from + last_nl + 1 if last_nl >= 0 else None,
-        more=offset + len(new) < size,
-        rotated=rotated,
-        truncated=truncated,
-        data=base64.b64encode(new).decode("ascii") if req.get("data", True) else "",
-        tail=base64.b64encode(data[-CHECK_BYTES:]).decode("ascii"),
-        hits=marker_hits(data, scan_from, compiled(req.get("markers") or ())),
-    )
-    return entry
+    return {
+        "path": req["path"],
+        "inode": src.st.st_ino,
+        "dev": src.st.st_dev,
+        "size": size,
+        "mtime": src.st.st_mtime,
+        "offset": offset,
+        "next_offset": offset + len(new),
+        "line_end": scan_from + last_nl + 1 if last_nl >= 0 else None,
+        "more": offset + len(new) < size,
+        "rotated": src.rotated,
+        "truncated": src.truncated,
+        "drain": src.drain,
+        "old_file": shown_name(src.old_file),
+        "data": base64.b64encode(new).decode("ascii") if req.get("data", True) else "",
+        "tail": base64.b64encode(data[-CHECK_BYTES:]).decode("ascii"),
+        "hits": marker_hits(data, scan_from, compiled(req.get("markers") or ())),
+    }
 
 
-def logs(requests):
+def logs(requests, held=None):
     out = []
     for req in requests:
         try:
-            out.append(read_log(req))
+            out.append(read_log(req, held))
         except (OSError, ValueError, re.error) as e:
-            out.append({"path": req.get("path"), "error": str(e), "missing": isinstance(e, FileNotFoundError)})
+            out.append({"path": req.get("path"), "error": str(e), "missing": isinstance(e, FileNotFoundError),
+                        "special": e.kind if isinstance(e, NotRegular) else None})
+    if held is not None:
+        held.tidy()
     return out
 
 
@@ -115,11 +379,12 @@ def read_range(req):
     path, start, end = req["path"], int(req["start"]), int(req["end"])
     if start < 0 or end < start or end - start + 1 > MAX_RANGE_BYTES:
         raise ValueError("bad range %d-%d (at most %d bytes)" % (start, end, MAX_RANGE_BYTES))
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        f.seek(start)
-        data = f.read(end - start + 1)
-    return {"path": path, "start": start, "size": size, "data": base64.b64encode(data).decode("ascii")}
+    fd, st = open_regular(path)
+    try:
+        data = pread(fd, start, end - start + 1)
+    finally:
+        os.close(fd)
+    return {"path": path, "start": start, "size": st.st_size, "data": base64.b64encode(data).decode("ascii")}
 
 
 def ranges(requests):

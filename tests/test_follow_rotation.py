@@ -1,0 +1,344 @@
+"""Following a log through rotation, against a real writer and GNU `tail -F` as the reference:
+logrotate's rename and create loses no line, copytruncate loses no more than tail -F, and a
+FIFO, a device or a socket is refused at once instead of leaving a probe blocked in open()."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from samai.console import config
+from samai.console.app import SamaiApp
+from samai.remote import model
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.follow import LogFollower
+from samai.widgets.logview import LogView
+from tests.helpers import run_cli, wait_for
+
+CONFIG = """
+pipeline = "rotation"
+[target]
+python = "{python}"
+[workspace]
+path = "{ws}"
+[stages.hello]
+key = "h"
+command = "echo hello"
+"""
+
+# Appends numbered lines, thousands a second, with one write each (O_APPEND: whole lines). On
+# SIGHUP it reopens LOG (creating it if the rotation did not), as logrotate's postrotate asks a
+# daemon to, and says on stdout the number of the first line the new file gets. On SIGTERM it
+# stops and says how many lines it wrote.
+WRITER = r"""
+import os, signal, sys, time
+path = sys.argv[1]
+flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+asked = {"reopen": False, "stop": False}
+signal.signal(signal.SIGHUP, lambda *_: asked.update(reopen=True))
+signal.signal(signal.SIGTERM, lambda *_: asked.update(stop=True))
+fd = os.open(path, flags, 0o644)
+n = 0
+while not asked["stop"]:
+    if asked["reopen"]:
+        asked["reopen"] = False
+        os.close(fd)
+        fd = os.open(path, flags, 0o644)
+        print(n, flush=True)
+    os.write(fd, b"line %07d %s\n" % (n, b"x" * (n % 37)))
+    n += 1
+    if n % 40 == 0:
+        time.sleep(0.01)
+print(n, flush=True)
+"""
+
+LINE = re.compile(r"line (\d{7}) x*")
+
+
+class Output:
+    """Every line a follower process prints, collected as it comes (a thread drains the pipe)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.lines = proc, []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def numbers(self) -> list[int]:
+        return [int(m.group(1)) for m in map(LINE.fullmatch, self.lines) if m]
+
+    def has(self, n: int) -> bool:
+        return any(x >= n for x in self.numbers()[-50:])
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=30)
+        self.thread.join(timeout=30)
+        return err
+
+
+@pytest.fixture
+def cfg_file(tmp_path: Path, workspace: Path) -> Path:
+    f = tmp_path / "rotation.toml"
+    f.write_text(CONFIG.format(ws=workspace, python=sys.executable))
+    return f
+
+
+@pytest.fixture
+def followers(cfg_file: Path, spawn):
+    """Ours (`samai-console tail --follow`, a local target) and GNU `tail -F`, both on LOG from its
+    one line "ready" on: each has printed it before this returns."""
+    if b"GNU coreutils" not in subprocess.run(["tail", "--version"], capture_output=True).stdout:
+        pytest.skip("GNU tail is the reference")
+
+    def start(log: Path) -> tuple[Output, Output]:
+        log.write_text("ready\n")
+        ours = Output(spawn(sys.executable, "-m", "samai.console", "--config", str(cfg_file), "tail", str(log),
+                            "-n", "1", "--follow", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        gnu = Output(spawn("tail", "-n", "1", "-F", str(log), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True))
+        wait_for(lambda: ours.lines[:1] == ["ready"] and gnu.lines[:1] == ["ready"], timeout=60)
+        return ours, gnu
+
+    return start
+
+
+def _writer(spawn, tmp_path: Path, log: Path) -> subprocess.Popen:
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    return spawn(sys.executable, "-S", str(script), str(log), stdout=subprocess.PIPE, text=True)
+
+
+def _finish(writer: subprocess.Popen, ours: Output, gnu: Output) -> tuple[int, str, str]:
+    """Stop the writer; once ours has printed its last line (and tail -F had its chance to), stop
+    both: the number of lines written and each follower's stderr."""
+    writer.send_signal(signal.SIGTERM)
+    total = int(writer.stdout.readlines()[-1])
+    writer.wait(timeout=30)
+    wait_for(lambda: ours.has(total - 1), timeout=60)
+    try:
+        wait_for(lambda: gnu.has(total - 1), timeout=5)
+    except AssertionError:
+        pass  # tail -F lost the last lines: the reference is allowed to
+    return total, ours.stop(), gnu.stop()
+
+
+def _shift(log: Path) -> None:
+    """logrotate's `rotate N`: LOG.2 -> LOG.3, LOG.1 -> LOG.2, then LOG -> LOG.1."""
+    for k in range(8, 0, -1):
+        older = Path(f"{log}.{k}")
+        if older.exists():
+            older.rename(f"{log}.{k + 1}")
+    log.rename(f"{log}.1")
+
+
+def _lost(numbers: list[int], total: int) -> int:
+    return total - len(set(numbers))
+
+
+def test_rename_rotation_loses_no_line(tmp_path: Path, workspace: Path, followers, spawn) -> None:
+    log = workspace / "train.log"
+    ours, gnu = followers(log)
+    writer = _writer(spawn, tmp_path, log)
+    wait_for(lambda: ours.has(1000), timeout=60)
+    ways = ("create", "writer creates", "compress", "create", "writer creates")
+    for way in ways:
+        _shift(log)
+        if way == "create":  # logrotate's default: a new empty LOG at once, the daemon told after
+            os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o644))
+        writer.send_signal(signal.SIGHUP)
+        first = int(writer.stdout.readline())  # the writer has moved to the new LOG: no more lines in LOG.1
+        if way == "compress":  # no delaycompress: LOG.1 is gone before the follower's next read
+            rotated = Path(f"{log}.1")
+            with gzip.open(f"{rotated}.gz", "wb") as z:
+                z.write(rotated.read_bytes())
+            rotated.unlink()
+        wait_for(lambda n=first + 500: ours.has(n), timeout=60)  # well into the new file: rotate again
+    total, ours_err, gnu_err = _finish(writer, ours, gnu)
+
+    numbers = ours.numbers()
+    assert ours.lines[0] == "ready" and all(LINE.fullmatch(line) for line in ours.lines[1:]), \
+        "a line of ours is not one the writer wrote (two glued together?)"
+    assert numbers == list(range(total)), (
+        f"ours lost {_lost(numbers, total)} and repeated {len(numbers) - len(set(numbers))} of {total} lines; "
+        f"tail -F lost {_lost(gnu.numbers(), total)}")
+    assert ours_err.count("rotated (now ") == len(ways)
+    assert ours_err.count("reading the new one from its start") == len(ways)
+
+
+def test_copytruncate_loses_no_more_than_gnu_tail(tmp_path: Path, workspace: Path, followers, spawn) -> None:
+    log = workspace / "serve.log"
+    ours, gnu = followers(log)
+    writer = _writer(spawn, tmp_path, log)
+    wait_for(lambda: ours.has(3000), timeout=60)
+    # logrotate's copytruncate, with the writer between two lines: whatever is written while
+    # it copies would be lost to every reader, which is not what this compares.
+    writer.send_signal(signal.SIGSTOP)
+    wait_for(lambda: Path(f"/proc/{writer.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T")
+    shutil.copyfile(log, f"{log}.1")
+    os.truncate(log, 0)
+    writer.send_signal(signal.SIGCONT)
+    on_disk = (Path(f"{log}.1").read_text() + log.read_text()).splitlines()[1:]  # both files, as written so far
+    wait_for(lambda: ours.has(len(on_disk) + 3000), timeout=60)
+    total, ours_err, gnu_err = _finish(writer, ours, gnu)
+
+    numbers = ours.numbers()
+    assert numbers == sorted(set(numbers)), "ours repeated or reordered lines"
+    assert _lost(numbers, total) <= _lost(gnu.numbers(), total)
+    assert [int(line.split()[1]) for line in on_disk] == list(range(len(on_disk)))
+    assert numbers == list(range(total)), "every line still in the copy or the log reached us"
+    assert "truncated in place; reading the rest from its copy" in ours_err
+
+
+# ------------------------------------------------------------ the probe without a kept descriptor
+
+
+async def _one_shot(box: Box, follower: LogFollower) -> tuple[list[str], list[str]]:
+    """What a fresh probe per request (the envelope gateway's way) gives the follower, to the end."""
+    lines, notices = [], []
+    while True:
+        reply = await box.call("probe.py", {"logs": [follower.cursor().request()], "processes": False,
+                                            "states": False})
+        update = follower.consume(model.log_chunk(reply["logs"][0]))
+        lines += update.lines
+        notices += [update.notice] if update.notice else []
+        if not update.more:
+            return lines, notices
+
+
+async def test_a_one_shot_probe_finds_the_rotated_log_among_its_siblings(box: Box, workspace: Path) -> None:
+    log = workspace / "a.log"
+    log.write_text("one\n")
+    follower = LogFollower(str(log), offset=0, max_bytes=5)  # small reads: a drain takes several
+    assert (await _one_shot(box, follower))[0] == ["one"]
+    with open(log, "a", buffering=1) as writer:
+        writer.write("two\n")
+        log.rename(workspace / "a.log-20250101")  # dateext
+        log.write_text("new 1\n")
+        writer.write("three\nunfinished")  # the daemon has not reopened yet
+        writer.flush()
+    lines, notices = await _one_shot(box, follower)
+    assert lines == ["two", "three"] and "rotated (now " in notices[0] and "a.log-20250101" in notices[0]
+    lines, notices = await _one_shot(box, follower)  # the old file stayed at its end: switch
+    assert lines == ["unfinished", "new 1"], "the old file's last line is not glued to the new file's first"
+    assert "reading the new one from its start" in notices[0]
+
+
+async def test_a_serve_probe_reads_a_rotated_log_deleted_before_its_next_read(box: Box, workspace: Path) -> None:
+    """The file it had open is read to its end even when no name of it is left to find."""
+    log = workspace / "b.log"
+    log.write_text("one\n")
+    follower = LogFollower(str(log), offset=0)
+    update = follower.consume(await box.read_log(follower.cursor()))
+    assert update.lines == ["one"]
+    with open(log, "a") as f:
+        f.write("two\n")
+    log.rename(workspace / "b.log.1")
+    log.write_text("new\n")
+    (workspace / "b.log.1").unlink()  # compressed away
+    update = follower.consume(await box.read_log(follower.cursor()))
+    assert update.lines == ["two"] and "rotated (now " in update.notice and "(deleted)" in update.notice
+    update = follower.consume(await box.read_log(follower.cursor()))
+    assert update.lines == ["new"]
+
+
+async def test_the_log_pane_follows_a_rotation_through_the_same_reader(tmp_path: Path, workspace: Path) -> None:
+    f = tmp_path / "pane.toml"
+    f.write_text(CONFIG.format(ws=workspace, python=sys.executable).replace("[target]\n",
+                                                                            "[target]\npoll_interval = 0.2\n"))
+    log = workspace / "logs" / "hello.log"
+    log.parent.mkdir()
+    log.write_text("a 0\n")
+    app = SamaiApp(config.load(f))
+    async with app.run_test(size=(140, 45)) as pilot:
+        app.open_stage_log("hello")
+        view = app.query_one(LogView)
+
+        def shown() -> list[str]:
+            view.flush_now()
+            return [line for line in view.lines if type(line) is str]
+
+        await _until(pilot, lambda: shown() == ["a 0"])
+        with open(log, "a", buffering=1) as writer:  # the daemon, still writing as LOG is rotated
+            writer.write("a 1\n")
+            log.rename(f"{log}.1")
+            writer.write("a 2\npartial")
+            writer.flush()
+        log.write_text("b 0\n")
+        await _until(pilot, lambda: "b 0" in shown())
+        assert shown() == ["a 0", "a 1", "a 2", "partial", "b 0"]
+        notices = [line for line in view.lines if type(line) is not str]
+        assert any("rotated (now " in n for n in notices)
+
+
+async def _until(pilot, predicate, timeout: float = 20.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("condition not met in time")
+
+
+# ------------------------------------------------------------ not a regular file
+
+
+@pytest.fixture
+def specials(workspace: Path):
+    """A FIFO nobody writes to, a character device that never ends, a listening unix socket."""
+    fifo = workspace / "fifo.log"
+    os.mkfifo(fifo)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(workspace / "s.log"))
+    sock.listen()
+    yield {"fifo": str(fifo), "character device": "/dev/zero", "socket": str(workspace / "s.log")}
+    sock.close()
+
+
+def test_special_files_are_refused_at_once(cfg_file: Path, specials: dict[str, str]) -> None:
+    for kind, path in specials.items():
+        for argv in (["tail", path], ["tail", path, "--follow"], ["check", "trainlog", path],
+                     ["check", "gguf", path]):
+            r = run_cli("--config", str(cfg_file), *argv, timeout=30)  # blocked in open(): TimeoutExpired
+            assert r.returncode != 0 and r.stdout == "", (argv, r)
+            assert len(r.stderr.splitlines()) == 1 and f"not a regular file: {kind}" in r.stderr, (argv, r.stderr)
+
+
+async def test_a_special_file_leaves_the_serve_probe_serving(box: Box, workspace: Path, specials) -> None:
+    fifo = specials["fifo"]
+    chunk = await box.read_log(LogFollower(fifo, last_lines=10).cursor())
+    assert chunk.error == "not a regular file: fifo" and chunk.special == "fifo" and not chunk.missing
+    with pytest.raises(BoxError, match="not a regular file: fifo"):
+        await box.read_range(fifo, 0, 10)
+    # A FIFO among the report files and the stage records costs an error entry, not the probe.
+    (workspace / "runs").mkdir()
+    os.mkfifo(workspace / "runs" / "summary.json")
+    record = workspace / ".samai" / "state" / "hello.json"
+    record.parent.mkdir(parents=True)
+    os.mkfifo(record)
+    log = workspace / "ok.log"
+    log.write_text("still served\n")
+    try:
+        snap = await box.snapshot(logs=[LogFollower(str(log), last_lines=5).cursor(),
+                                        LogFollower(specials["socket"], last_lines=5).cursor()],
+                                  reports=["runs/*.json"], processes=False)
+    finally:
+        record.unlink()  # the test's clean-up reads stage records (with a tool of its own)
+    assert snap.logs[0].data == b"still served\n" and snap.logs[1].special == "socket"
+    refused = {Path(e["what"]).name: e["error"] for e in snap.errors}
+    assert refused == {"summary.json": "not a regular file: fifo", "hello.json": "not a regular file: fifo"}
