@@ -172,7 +172,7 @@ class SamaiApp(App[None]):
             await asyncio.sleep(0.05 if behind else self.config.target.poll_interval)
 
     def _open_box(self) -> Box:
-        return open_box(self.config)
+        return open_box(self.config, readonly=self.readonly)
 
     def _poll_failed(self, error: str) -> None:
         was = self.connection.state
