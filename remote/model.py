@@ -88,12 +88,17 @@ class LogChunk:
     tail: bytes = b""  # the last bytes read: the next read checks them to catch a rewrite
     size: int = 0
     inode: int | None = None
+    dev: int | None = None
+    mtime: float | None = None
     more: bool = False
     rotated: bool = False
     truncated: bool = False
+    drain: str | None = None  # "renamed" | "copy": the bytes are the rest of the file the path named before
+    old_file: str = ""  # that file's name now ("" if unknown)
     hits: tuple[MarkerHit, ...] = ()
     error: str | None = None
     missing: bool = False
+    special: str | None = None  # refused: not a regular file but this (fifo, socket, character device...)
 
 
 @dataclass(frozen=True)

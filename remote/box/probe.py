@@ -7,8 +7,8 @@ entry in the reply; the probe itself only fails on a request it cannot parse.
 
 Request (every key optional):
   {"workspace": PATH, "artifacts": [{"name", "path"}], "artifact_budget_s": 1.0,
-   "logs": [{"path", "offset", "inode", "check", "scan_from", "last_lines", "max_bytes",
-             "data": true, "markers": [{"name", "pattern", "needles"}]}],
+   "logs": [{"path", "offset", "inode", "dev", "mtime", "drained", "check", "scan_from", "last_lines",
+             "max_bytes", "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
    "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH]}
 Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts", "processes",
@@ -29,7 +29,7 @@ import sys
 import time
 
 from disk import Listings, artifacts, disks, resolve
-from logfiles import logs, ranges
+from logfiles import HeldLogs, logs, ranges, read_regular
 from procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, record_btime, same_start
 from procs import Facts, processes
 from sockets import fd_links, listeners, watched_folder, writers
@@ -62,8 +62,7 @@ def reports(workspace, specs, errors):
             pass  # one vanished meanwhile; the order matters less than the reply
         for path in paths[: int(spec.get("max", MAX_REPORTS))]:
             try:
-                with open(path, "rb") as f:
-                    text = f.read(MAX_REPORT_BYTES).decode("utf-8", "replace")
+                text = read_regular(path, MAX_REPORT_BYTES).decode("utf-8", "replace")  # a FIFO would block
                 out.append({"glob": spec["glob"], "path": path, "mtime": os.path.getmtime(path), "text": text})
             except OSError as e:
                 errors.append({"what": path, "error": str(e)})
@@ -87,8 +86,7 @@ def stage_states(workspace, by_pid, btime, errors):
     for name in names:
         path = os.path.join(state_dir, name)
         try:
-            with open(path, "rb") as f:
-                rec = json.loads(f.read().decode("utf-8"))
+            rec = json.loads(read_regular(path, MAX_REPORT_BYTES).decode("utf-8"))
         except (OSError, ValueError) as e:
             errors.append({"what": path, "error": str(e)})
             continue
@@ -100,8 +98,7 @@ def stage_states(workspace, by_pid, btime, errors):
         rec["group"] = sorted(chain_pids(by_pid, rec, record_btime(rec, btime) - btime, CHAIN_MARKERS))
         rc_path = os.path.join(state_dir, name[: -len(".json")] + ".rc")
         try:
-            with open(rc_path) as f:
-                rec["rc"] = int(f.read().strip())
+            rec["rc"] = int(read_regular(rc_path, 64).strip())
         except (OSError, ValueError):
             rec["rc"] = None
         if rec["rc"] is not None and rec["group"]:
@@ -122,6 +119,7 @@ class Memory(object):
     def __init__(self):
         self.facts = Facts()
         self.listings = Listings()
+        self.logs = HeldLogs()  # the followed logs' descriptors: a rotated one is read to its end
         self.session = binascii.hexlify(os.urandom(8)).decode()  # no other probe's marks match
         self.replies = 0
         self.sent = {}  # pid -> the entry the last marked reply gave for it
@@ -179,7 +177,7 @@ def probe(req, memory=None):
     reply["listeners"] = listeners(pids, errors, links, facts) if procs else []
     reply["writers"] = writers(workspace, links) if links is not None else {}
     reply["binaries"] = binaries(workspace, req.get("binaries") or ())
-    reply["logs"] = logs(req.get("logs") or ())
+    reply["logs"] = logs(req.get("logs") or (), memory.logs if memory else None)
     reply["ranges"] = ranges(req.get("ranges") or ())
     reply["reports"] = reports(workspace, req.get("reports") or (), errors)
     by_pid = dict((p["pid"], p) for p in procs)
