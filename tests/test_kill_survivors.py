@@ -199,6 +199,7 @@ def unprivileged_box() -> Iterator[Box]:
         python.write_text("#!/bin/sh\n" + wrapper)
         python.chmod(python.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         (folder / "ws").mkdir(mode=0o755)
+        os.chown(folder / "ws", 65533, 65533)  # its own workspace, where it may install the tools
         yield Box(LocalTransport(), str(folder / "ws"), python=str(python))
     finally:
         shutil.rmtree(folder)
@@ -224,3 +225,21 @@ async def test_a_failure_in_the_tool_is_one_line_not_a_traceback(box: Box, works
     message = str(failed.value)
     assert "Traceback" not in message and "\n" not in message.strip()
     assert "IsADirectoryError" in message
+
+
+async def test_a_stage_killed_outright_gets_its_chain_done_only_in_a_log_inside_the_workspace(
+        box: Box, workspace: Path, tmp_path: Path) -> None:
+    inside = await box.fire("inside", "sleep 30", "logs/inside.log", verify_s=0.3)
+    outside = await box.fire("outside", "sleep 30", "logs/outside.log", verify_s=0.3)
+    assert inside.state == outside.state == "running"
+    elsewhere = tmp_path / "elsewhere.log"
+    elsewhere.write_text("not the console's\n")
+    record = workspace / ".samai" / "state" / "outside.json"
+    record.write_text(record.read_text().replace(str(workspace / "logs" / "outside.log"), str(elsewhere)))
+    for stage in ("inside", "outside"):
+        result = await box.stop(stage, signal="KILL")
+        assert result.ok and result.result == "killed"
+    assert not _alive(inside.pid) and not _alive(outside.pid)
+    lines = (workspace / "logs" / "inside.log").read_text().splitlines()
+    assert lines[-1] == "CHAIN_DONE rc=137 (killed by samai-console)"
+    assert elsewhere.read_text() == "not the console's\n"  # a record pointing out of the workspace wrote nothing

@@ -28,10 +28,12 @@ HUP are followed by KILL when the target outlives the grace period. Every failur
 import json
 import os
 import pwd
+import re
 import signal
 import sys
 import time
 
+import confine
 from procfs import (
     ChainMarkers,
     ancestors,
@@ -49,6 +51,8 @@ from procfs import (
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT, "HUP": signal.SIGHUP}
 POLL_S = 0.05
+CHAIN_POLL_S = 0.2  # a look at a stage's processes reads every /proc/PID/stat
+STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # as launch.py names its records
 KILL_WAIT_S = 2.0
 
 
@@ -73,6 +77,18 @@ def owner(pid):
 
 def denied(pid):
     return "pid %d belongs to user %s: permission denied" % (pid, owner(pid))
+
+
+def still_alive(pid):
+    """Why pid outlived a SIGKILL, as far as can be told: another user's, or not (uninterruptible
+    sleep in the kernel, a pid namespace's init)."""
+    try:
+        uid = os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return "%d" % pid
+    if os.geteuid() != 0 and uid != os.geteuid():
+        return denied(pid)
+    return "%d (user %s)" % (pid, owner(pid))
 
 
 # ------------------------------------------------------------ identity and signals
@@ -144,10 +160,10 @@ def signal_group(ident, pgid, members, signum):
     return False
 
 
-def wait_until(done, seconds):
+def wait_until(done, seconds, poll=POLL_S):
     deadline = time.monotonic() + seconds
     while not done() and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+        time.sleep(poll)
 
 
 def descendants(pids, table):
@@ -316,17 +332,21 @@ def outcome(result, ident, others, pgid, signalled):
              "remaining": [p for p in others.living() if p not in ident.started]}
     if left:
         reply["result"] = "failed"
-        reply["reason"] = "still alive after SIGKILL: %s" % ", ".join(
-            "%d (user %s)" % (p, owner(p)) for p in left)
+        reply["reason"] = "still alive after SIGKILL: %s" % ", ".join(still_alive(p) for p in left)
     return reply
 
 
 # ------------------------------------------------------------ every process of a stage
 
 
+def workspace(req):
+    return os.path.abspath(os.path.expanduser(req["workspace"]))
+
+
 def stage_record(req):
-    path = os.path.join(os.path.abspath(os.path.expanduser(req["workspace"])), ".samai", "state",
-                        req["stage"] + ".json")
+    if not isinstance(req["stage"], str) or not STAGE_NAME.match(req["stage"]):
+        raise ValueError("bad stage name %r" % (req["stage"],))
+    path = os.path.join(workspace(req), ".samai", "state", req["stage"] + ".json")
     try:
         with open(path) as f:
             rec = json.load(f)
@@ -401,21 +421,19 @@ def stop_stage(req):
     if denied_pids and not signalled:
         return refuse(denied(denied_pids[0]), pgid=rec.get("pgid"))
     result = "killed" if name == "KILL" else "exited"
-    wait_until(lambda: not chain.look(), KILL_WAIT_S if name == "KILL" else grace)
+    wait_until(lambda: not chain.look(), KILL_WAIT_S if name == "KILL" else grace, CHAIN_POLL_S)
     chain_killed = name == "KILL" and rec.get("pid") in alive
-    if chain.look() and name != "KILL":
-        chain_killed = rec.get("pid") in chain.look()  # it did not get to write its own CHAIN_DONE
-        more, denied_pids = chain.send(signal.SIGKILL)
+    still = chain.look() if name != "KILL" else []
+    if still:
+        chain_killed = rec.get("pid") in still  # it did not get to write its own CHAIN_DONE
+        more, _ = chain.send(signal.SIGKILL)
         signalled += more
         result = "killed"
-        wait_until(lambda: not chain.look(), KILL_WAIT_S)
+        wait_until(lambda: not chain.look(), KILL_WAIT_S, CHAIN_POLL_S)
     left = chain.look()
-    if rec.get("log") and chain_killed and rec["pid"] not in left:
-        append_line(rec["log"], "CHAIN_DONE rc=137 (killed by samai-console)")
-    reply = outcome(result, chain.ident, Identity(chain.btime), rec.get("pgid"), set(signalled))
-    if any(p in denied_pids for p in left):
-        reply["reason"] = "; ".join(denied(p) for p in left if p in denied_pids)
-    return reply
+    if isinstance(rec.get("log"), str) and chain_killed and rec["pid"] not in left:
+        append_line(workspace(req), rec["log"], "CHAIN_DONE rc=137 (killed by samai-console)")
+    return outcome(result, chain.ident, Identity(chain.btime), rec.get("pgid"), set(signalled))
 
 
 def recycled(rec, btime):
@@ -425,12 +443,19 @@ def recycled(rec, btime):
                                                               rec.get("start_time"))
 
 
-def append_line(path, line):
+def append_line(workspace, path, line):
+    """A line at the end of a stage's log, only where that log lies inside the workspace (a
+    record is a file anyone who can write the workspace could have changed)."""
     try:
-        with open(path, "a") as f:
+        folder, name = confine.open_parent(workspace, path)
+        try:
+            fd = confine.open_append(folder, name)
+        finally:
+            os.close(folder)
+        with os.fdopen(fd, "a") as f:
             f.write(line + "\n")
-    except OSError:
-        pass
+    except (OSError, confine.Escape):
+        pass  # the stop stands; only its note in the log is missing
 
 
 if __name__ == "__main__":
