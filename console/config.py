@@ -48,6 +48,19 @@ class ConfigError(Exception):
         self.source, self.key = source, key
 
 
+def _clean_text(text: str) -> bool:
+    """No NUL, and nothing that cannot be encoded (a lone surrogate): fit for argv, paths, env."""
+    return "\0" not in text and (text.isascii() or _utf8(text))
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
@@ -315,7 +328,7 @@ class _Reader:
 
     def text(self, raw, key, where, default=""):
         # A NUL cannot be part of an argument, a path or an environment value: refused here, not on the box.
-        return self.value(raw, key, where, "a string (without NUL)", lambda v: isinstance(v, str) and "\0" not in v,
+        return self.value(raw, key, where, "a string (without NUL)", lambda v: isinstance(v, str) and _clean_text(v),
                           default)
 
     def number(self, raw, key, where, default, minimum=0.0, maximum=1e9):
@@ -337,7 +350,7 @@ class _Reader:
         return path
 
     def names(self, raw, key, where):
-        ok = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
+        ok = lambda v: isinstance(v, list) and all(isinstance(x, str) and _clean_text(x) for x in v)  # noqa: E731
         return tuple(self.value(raw, key, where, "a list of strings", ok, []))
 
     # -------------------------------------------------------------- tables
@@ -449,10 +462,10 @@ class _Reader:
                            [])
         env = self.value(s, "env", where, "a table of NAME = \"string\" (NAME: letters, digits, '_')",
                          lambda v: isinstance(v, dict) and all(ENV_NAME.match(k) and isinstance(x, str)
-                                                               and "\0" not in x for k, x in v.items()), {})
+                                                               and _clean_text(x) for k, x in v.items()), {})
         poison = self.names(s, "poison", where)
         for i, path in enumerate(poison):
-            problem = escape_reason(path, workspace) or ("\0" in path and "it holds a NUL")
+            problem = escape_reason(path, workspace)
             if problem:
                 raise self.fail(f"{where}.poison[{i}]", f"a path inside the workspace ({problem})", path)
         return Stage(name=name, key=key, command=command,
@@ -477,7 +490,7 @@ class _Reader:
             pattern = self.text(m, "pattern", at, re.escape(name))
             try:
                 re.compile(pattern.encode())
-            except re.error as e:
+            except (re.error, OverflowError, RecursionError) as e:  # a huge repeat count, groups nested too deep
                 raise self.fail(f"{at}.pattern", "a valid regular expression", f"{pattern} ({e})") from e
             severity = self.value(m, "severity", at, " or ".join(SEVERITIES), lambda v: v in SEVERITIES, "info")
             out.append(Marker(name, pattern, severity))
