@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+import functools
+import types
+import typing
+from dataclasses import dataclass, is_dataclass
 from typing import Any
 
 from samai.remote.needles import required_needles
+
+
+class BoxError(Exception):
+    """A box tool failed or answered with something that is not its reply."""
 
 
 @dataclass(frozen=True)
@@ -218,58 +225,155 @@ class CleanResult:
 
 
 # ------------------------------------------------------------ from the tools' JSON
+#
+# A reply is untrusted: anything but the documented shape is a BoxError naming what is wrong,
+# never a KeyError or TypeError from deep in a converter, nor a wrongly typed field that breaks
+# a view later. Every field is checked against its annotation.
+
+
+def _converting(convert):
+    """A converter whose malformed input is a BoxError."""
+    @functools.wraps(convert)
+    def checked(*args: Any, **kwargs: Any):
+        try:
+            return convert(*args, **kwargs)
+        except BoxError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
+            raise BoxError(f"malformed reply ({convert.__name__}): {type(e).__name__}: {str(e)[:200]}") from None
+    return checked
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a value read from JSON (and made tuples) has the annotated type."""
+    if hint is Any:
+        return True
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return isinstance(value, hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args, strict=True))
+    if origin is dict:
+        return isinstance(value, dict)
+    return True  # an annotation this check does not know: not checked
+
+
+@functools.cache
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _typed(cls, **values: Any):
+    """cls(**values), each value checked against its field's annotation."""
+    for name, hint in _hints(cls).items():
+        if name in values and not _fits(values[name], hint):
+            value = values[name]
+            shown = repr(value)[:60] if not is_dataclass(value) else type(value).__name__
+            raise BoxError(f"malformed reply: {cls.__name__}.{name} is {type(value).__name__} {shown}")
+    try:
+        return cls(**values)
+    except TypeError as e:  # a field without a default is missing
+        raise BoxError(f"malformed reply: {cls.__name__}: {e}") from None
 
 
 def _pick(cls, raw: dict[str, Any], **overrides: Any):
+    if not isinstance(raw, dict):
+        raise BoxError(f"malformed reply: {cls.__name__} is {type(raw).__name__}, not an object")
     names = cls.__dataclass_fields__.keys()
     values = {k: v for k, v in raw.items() if k in names}
     values.update(overrides)
-    return cls(**values)
+    return _typed(cls, **values)
 
 
+def _items(raw: dict[str, Any], key: str, kind: type = list) -> Any:
+    """raw[key] when it is a `kind` (absent or null: an empty one)."""
+    value = raw.get(key)
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise BoxError(f"malformed reply: {key} is {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+@_converting
 def log_chunk(raw: dict[str, Any]) -> LogChunk:
-    hits = tuple(MarkerHit(**h) for h in raw.get("hits") or ())
+    hits = tuple(_pick(MarkerHit, h) for h in raw.get("hits") or ())
     return _pick(LogChunk, raw, data=base64.b64decode(raw.get("data") or ""),
                  tail=base64.b64decode(raw.get("tail") or ""), hits=hits)
 
 
+@_converting
 def process(raw: dict[str, Any], now: float) -> Process:
     """A process entry, with its CPU use averaged over its life so far (at least a second)."""
     percent = round(100 * raw["cpu_time"] / max(now - raw["start_time"], 1.0), 1)
-    return _pick(Process, raw, argv=tuple(raw.get("argv") or ()), cpu_percent=percent)
+    return _pick(Process, raw, argv=tuple(_items(raw, "argv")), cpu_percent=percent)
 
 
+@_converting
 def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
-    return Snapshot(
+    return _typed(
+        Snapshot,
         time=raw["time"],
         host=raw.get("host", ""),
         boot_time=raw["boot_time"],
         rtt=rtt,
-        disks=tuple(_pick(Disk, d) for d in raw.get("disks") or ()),
-        artifacts=tuple(_pick(ArtifactSize, a) for a in raw.get("artifacts") or ()),
-        processes=tuple(process(p, raw["time"]) for p in raw.get("processes") or ()),
-        listeners=tuple(_pick(Listener, s) for s in raw.get("listeners") or ()),
-        logs=tuple(log_chunk(c) for c in raw.get("logs") or ()),
-        states=tuple(_pick(StageRecord, s, group=tuple(s.get("group") or ())) for s in raw.get("states") or ()),
-        reports=tuple(_pick(Report, r) for r in raw.get("reports") or ()),
-        writers=tuple((path, tuple(pids)) for path, pids in (raw.get("writers") or {}).items()),
-        binaries=tuple((b["path"], b["exists"], b["executable"]) for b in raw.get("binaries") or ()),
-        errors=tuple(raw.get("errors") or ()),
+        disks=tuple(_pick(Disk, d) for d in _items(raw, "disks")),
+        artifacts=tuple(_pick(ArtifactSize, a) for a in _items(raw, "artifacts")),
+        processes=tuple(process(p, raw["time"]) for p in _items(raw, "processes")),
+        listeners=tuple(_pick(Listener, s) for s in _items(raw, "listeners")),
+        logs=tuple(log_chunk(c) for c in _items(raw, "logs")),
+        states=tuple(_pick(StageRecord, s, group=tuple(_items(s, "group"))) for s in _items(raw, "states")),
+        reports=tuple(_pick(Report, r) for r in _items(raw, "reports")),
+        writers=tuple((path, tuple(_items(raw["writers"], path))) for path in _items(raw, "writers", dict)),
+        binaries=tuple((b["path"], b["exists"], b["executable"]) for b in _items(raw, "binaries")),
+        errors=tuple(_items(raw, "errors")),
         probe_pid=raw.get("probe_pid"),
         boot_id=raw.get("boot_id"),
     )
 
 
+@_converting
 def fire_result(raw: dict[str, Any], stage: str) -> FireResult:
-    return _pick(FireResult, raw, stage=stage, log_tail=tuple(raw.get("log_tail") or ()))
+    return _pick(FireResult, raw, stage=stage, log_tail=tuple(_items(raw, "log_tail")))
 
 
+@_converting
 def signal_result(raw: dict[str, Any]) -> SignalResult:
     return _pick(SignalResult, raw, signalled=tuple(raw.get("signalled") or ()),
                  survivors=tuple(raw.get("survivors") or ()), remaining=tuple(raw.get("remaining") or ()))
 
 
+@_converting
 def clean_result(raw: dict[str, Any]) -> CleanResult:
-    return CleanResult(tuple((r["path"], r["bytes"]) for r in raw.get("removed") or ()),
-                       tuple((r["path"], r["reason"]) for r in raw.get("refused") or ()),
-                       tuple(raw.get("missing") or ()))
+    return _typed(CleanResult,
+                  removed=tuple((r["path"], r["bytes"]) for r in _items(raw, "removed")),
+                  refused=tuple((r["path"], r["reason"]) for r in _items(raw, "refused")),
+                  missing=tuple(_items(raw, "missing")))
+
+
+def check_process_delta(reply: dict[str, Any]) -> None:
+    """BoxError unless a --serve probe's marked reply has the shape HeldProcesses.fold reads:
+    its marks are strings, "processes" a list of objects with an integer pid, "processes_gone"
+    a list of pids."""
+    if reply.get("processes_mark") is None:
+        return  # not marked: folded as it is
+    for key in ("processes_mark", "processes_since"):
+        if reply.get(key) is not None and not isinstance(reply[key], str):
+            raise BoxError(f"malformed reply: {key} is {type(reply[key]).__name__}, not a string")
+    if not isinstance(reply.get("processes"), list):
+        raise BoxError("malformed reply: marked, but without a list of processes")
+    for entry in reply["processes"]:
+        if not isinstance(entry, dict) or not _fits(entry.get("pid"), int):
+            raise BoxError(f"malformed reply: a process entry without a pid: {repr(entry)[:60]}")
+    if not all(_fits(pid, int) for pid in _items(reply, "processes_gone")):
+        raise BoxError("malformed reply: processes_gone holds something that is not a pid")

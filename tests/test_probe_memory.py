@@ -327,9 +327,9 @@ async def test_an_error_reply_keeps_the_probe_and_what_it_holds(box: Box, spawn)
     proc = _sleeper(spawn)
     await _settle(box)
     probe = box._probe
-    with pytest.raises(BoxError, match="could not convert"):
+    with pytest.raises(BoxError, match="artifact_budget_s must be a number"):
         await box.ask_probe({"artifact_budget_s": "soon"})  # the probe cannot read it: an error reply
-    with pytest.raises(BoxError, match="OverflowError"):
+    with pytest.raises(BoxError, match=r"reports\[0\]\.max must be an integer"):
         await box.ask_probe({"reports": [{"glob": "*", "max": float("inf")}]})  # nor this, deeper in
     assert box._probe is probe and (await box.snapshot()).process(proc.pid) is not None
 

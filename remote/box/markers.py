@@ -18,37 +18,54 @@ MAX_CANDIDATE_RATE = 1.0 / 2048  # candidates per byte above which the combined 
 
 def marker_hits(data, base, markers):
     """Hits of markers on the complete lines of data (which starts at offset base), one per
-    marker and line, in line order. Each pattern is tested on its own line, so that none can
-    match across a line break; a leading ^ is checked as "at the start of the line" instead of
-    being left to re.MULTILINE, which is several times slower."""
+    marker and line, in line order. Each pattern is tested on its own line, as re.search on
+    that line alone would, so that none can match across a line break. The chunk-wide search
+    that finds candidate lines runs a leading ^ as "anywhere" (re.MULTILINE is several times
+    slower): it may find too many lines, never too few; patterns with which it could find too
+    few (an anchor or a negative lookaround that sees the neighbouring lines) test every line."""
     end = data.rfind(b"\n") + 1
     if not markers.patterns or end <= 0:
         return []
-    cover = rare_cover(data, end, markers.needles)
-    starts = lines_with_bytes(data, end, cover) if cover else lines_matching(data, end, markers.combined)
+    cover = None if markers.every_line else rare_cover(data, end, markers.needles)
+    if markers.every_line:
+        starts = every_line(data, end)
+    else:
+        starts = lines_with_bytes(data, end, cover) if cover else lines_matching(data, end, markers.combined)
     hits = []
     for start in starts:
         line = data[start:data.index(b"\n", start)]
         if cover and not any(p.search(line) for p in markers.combined):
             continue
-        for name, pattern, anchored in markers.patterns:
-            found = pattern.match(line) if anchored else pattern.search(line)
-            if found:
+        for name, pattern in markers.patterns:
+            if pattern.search(line):
                 hits.append({"marker": name, "offset": base + start,
                              "line": line[:MAX_HIT_TEXT].decode("utf-8", "replace")})
     return hits
 
 
+def every_line(data, end):
+    """The start of every line in data[:end]."""
+    starts = [0]
+    pos = data.find(b"\n", 0, end)
+    while 0 <= pos < end - 1:
+        starts.append(pos + 1)
+        pos = data.find(b"\n", pos + 1, end)
+    return starts
+
+
 def lines_matching(data, end, patterns):
     """Starts of the lines in data[:end] where any of patterns matches, in order (usually one
-    combined pattern, which runs over the whole chunk in C)."""
+    combined pattern, which runs over the whole chunk in C). After a match the search goes on
+    from the next line: a match that ran past its line's end must not hide the next line's."""
     starts = set()
     for pattern in patterns:
-        next_line = 0
-        for match in pattern.finditer(data, 0, end):
-            if match.start() >= next_line:
-                starts.add(data.rfind(b"\n", 0, match.start()) + 1)
-                next_line = data.index(b"\n", match.start()) + 1
+        pos = 0
+        while pos < end:
+            match = pattern.search(data, pos, end)
+            if match is None or match.start() >= end:  # none, or an empty one after the last line
+                break
+            starts.add(data.rfind(b"\n", 0, match.start()) + 1)
+            pos = data.index(b"\n", match.start()) + 1
     return sorted(starts)
 
 
@@ -96,8 +113,11 @@ LEADING_FLAGS = re.compile(br"^\(\?[aiLmsux]+\)")
 
 def combine(patterns):
     """One alternation of all patterns, each keeping its own flags: a (?i) at the start of one
-    becomes (?i:...) around it, as global flags are only allowed at the very start. Should that
-    still not compile, the patterns are returned as they are, to be run one by one."""
+    becomes (?i:...) around it, as global flags are only allowed at the very start. None when
+    that does not compile, or would not mean what the patterns mean (a numbered backreference
+    would point into another pattern's groups)."""
+    if any(p.groups and NUMBERED_BACKREFERENCE.search(p.pattern) for p in patterns):
+        return None
     pieces = []
     for p in patterns:
         letters = b"".join(letter for flag, letter in INLINE_FLAGS if p.flags & flag)
@@ -106,7 +126,18 @@ def combine(patterns):
     try:
         return [re.compile(b"|".join(pieces))] if pieces else []
     except re.error:
-        return list(patterns)
+        return None
+
+
+NUMBERED_BACKREFERENCE = re.compile(br"\\[1-9]|\(\?\([1-9]")
+# What makes a search over many lines at once miss a match that the line alone holds: an anchor
+# other than a leading ^ (in a chunk it means the chunk's start or end), or a negative lookaround
+# that would see the next or the previous line. Found in the source text, erring on "may".
+CONTEXT_SENSITIVE = re.compile(r"(?<!\[)\^|\$|\\[AZ]|\(\?<?!")
+
+
+def sees_other_lines(source):
+    return bool(CONTEXT_SENSITIVE.search(source[1:] if source.startswith("^") else source))
 
 
 COMPILED = {}  # the markers of each watched log, compiled once per probe process
@@ -125,18 +156,29 @@ def compiled(specs):
 
 
 class Markers(object):
-    """Markers compiled for marker_hits: each pattern alone, all of them as one alternation, and
-    the needles when every marker came with some."""
+    """Markers compiled for marker_hits: each pattern alone, all of them (a leading ^ left out)
+    as one alternation, and the needles when every marker came with some. re.error when a
+    pattern does not compile."""
 
     def __init__(self, specs):
         self.patterns = []
+        relaxed = []
+        self.every_line = False
         for m in specs:
-            source = m.get("pattern", re.escape(m["name"]))
-            anchored = source.startswith("^")
-            self.patterns.append((m["name"], re.compile((source[1:] if anchored else source).encode("utf-8")),
-                                  anchored))
-        self.combined = combine([p for _, p, _ in self.patterns])
+            source = m.get("pattern")
+            if source is None:
+                source = re.escape(m["name"])
+            pattern = re.compile(source.encode("utf-8"))
+            self.patterns.append((m["name"], pattern))
+            self.every_line = self.every_line or sees_other_lines(source)
+            try:  # leaving out a leading ^ only lets it match in more places
+                relaxed.append(re.compile(source[1:].encode("utf-8")) if source.startswith("^") else pattern)
+            except re.error:
+                self.every_line = True
+        self.combined = combine(relaxed) if not self.every_line else None
+        if self.combined is None:
+            self.every_line = True
         needles = [m.get("needles") for m in specs]
         self.needles = None
-        if needles and all(needles):
+        if needles and all(needles) and all(n for group in needles for n in group):  # "" is in every line
             self.needles = sorted({n.encode("utf-8") for group in needles for n in group})

@@ -90,6 +90,10 @@ def stage_states(workspace, by_pid, btime, errors):
         except (OSError, ValueError) as e:
             errors.append({"what": path, "error": str(e)})
             continue
+        problem = record_problem(rec)
+        if problem:  # a file anyone could have written there: it costs its own entry, not the reply
+            errors.append({"what": path, "error": problem})
+            continue
         proc = by_pid.get(rec.get("pid"))
         # Its start as the record's boot time reads it (which a stepped clock may have moved).
         started = proc["start_time"] - btime + record_btime(rec, btime) if proc else None
@@ -106,6 +110,109 @@ def stage_states(workspace, by_pid, btime, errors):
         out.append(rec)
     CHAIN_MARKERS.keep_only(by_pid)
     return out
+
+
+# ---------------------------------------------------------------- the request's shape
+
+MAX_ARTIFACT_BUDGET_S = 30.0  # a size walk longer than this is a bad request, not a slow disk
+NUMBER = (int, float)
+MAX_OFFSET = 2 ** 63 - 1  # what a file offset (off_t) can hold
+MAX_INODE = 2 ** 64 - 1
+
+
+def check_request(req):
+    """Raise ValueError, naming the key, unless req has the shape the module docstring gives:
+    a malformed request gets one error reply rather than a traceback from deep in a read."""
+    if not isinstance(req, dict):
+        raise ValueError("request must be a JSON object")
+    optional(req, "workspace", "request", str)
+    optional(req, "processes_since", "request", str)
+    budget = optional(req, "artifact_budget_s", "request", NUMBER)
+    if budget is not None and not 0 <= budget <= MAX_ARTIFACT_BUDGET_S:
+        raise ValueError("request.artifact_budget_s must be between 0 and %g" % MAX_ARTIFACT_BUDGET_S)
+    for where, spec in entries(req, "artifacts"):
+        required(spec, "path", where, str)
+        optional(spec, "name", where, str)
+    for where, spec in entries(req, "logs"):
+        check_log_request(spec, where)
+    for where, spec in entries(req, "ranges"):
+        required(spec, "path", where, str)
+        required(spec, "start", where, int)
+        required(spec, "end", where, int)
+    for where, spec in entries(req, "reports"):
+        required(spec, "glob", where, str)
+        optional(spec, "max", where, int)
+    binaries = req.get("binaries")
+    if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
+        raise ValueError("request.binaries must be a list of paths")
+
+
+def check_log_request(spec, where):
+    required(spec, "path", where, str)
+    for key in ("offset", "inode", "dev", "scan_from", "last_lines", "max_bytes"):
+        optional(spec, key, where, int)
+    optional(spec, "mtime", where, NUMBER)
+    optional(spec, "check", where, str)
+    for at, marker in entries(spec, "markers", where):
+        required(marker, "name", at, str)
+        optional(marker, "pattern", at, str)
+        needles = marker.get("needles")
+        if needles is not None and not (isinstance(needles, list) and all(isinstance(n, str) for n in needles)):
+            raise ValueError("%s.needles must be a list of strings" % at)
+
+
+def entries(spec, key, where="request"):
+    """(where, entry) for each object in the list spec[key] (absent or null: none)."""
+    value = spec.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ValueError("%s.%s must be a list of objects" % (where, key))
+    return [("%s.%s[%d]" % (where, key, i), v) for i, v in enumerate(value)]
+
+
+def required(spec, key, where, types):
+    if key not in spec:
+        raise ValueError("%s has no %s" % (where, key))
+    return optional(spec, key, where, types)
+
+
+def optional(spec, key, where, types):
+    """spec[key] when it is null, absent or one of types (never a bool for a number)."""
+    value = spec.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ValueError("%s.%s must be %s, not %s" % (where, key, type_name(types), type(value).__name__))
+    if isinstance(value, float) and value != value:
+        raise ValueError("%s.%s must be a number, not NaN" % (where, key))
+    if isinstance(value, int) and not 0 <= value <= (MAX_INODE if key in ("inode", "dev") else MAX_OFFSET):
+        raise ValueError("%s.%s is out of range" % (where, key))
+    return value
+
+
+def type_name(types):
+    return {str: "a string", int: "an integer"}.get(types, "a number")
+
+
+RECORD_FIELDS = (("stage", (str,)), ("pid", (int,)), ("pgid", (int,)), ("log", (str,)), ("cmd", (str,)),
+                 ("fired_at", NUMBER))
+RECORD_OPTIONAL = (("start_time", NUMBER), ("boot_time", NUMBER), ("boot_id", (str,)))
+
+
+def record_problem(rec):
+    """What makes rec not a stage record as launch.py writes one; None when it is one."""
+    if not isinstance(rec, dict):
+        return "not a stage record: %s" % type(rec).__name__
+    for key, types in RECORD_FIELDS + RECORD_OPTIONAL:
+        value = rec.get(key)
+        if value is None and (key, types) in RECORD_OPTIONAL:
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            return "not a stage record: %s is %s" % (key, type(value).__name__)
+        if isinstance(value, float) and not -1e18 < value < 1e18:  # NaN and inf fail this too
+            return "not a stage record: %s is %r" % (key, value)
+    return None
 
 
 # ---------------------------------------------------------------- main
@@ -189,8 +296,7 @@ def answer(text, memory=None):
     """The reply line for one request line; a request it cannot read gets an error reply."""
     try:
         req = json.loads(text or "{}")
-        if not isinstance(req, dict):
-            raise ValueError("request must be a JSON object")
+        check_request(req)
         reply = probe(req, memory)
     except Exception as e:  # a request it cannot serve, or a bug: said, and the probe serves on
         reply = {"error": "%s: %s" % (type(e).__name__, e)}
