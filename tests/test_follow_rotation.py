@@ -256,6 +256,50 @@ async def test_a_serve_probe_reads_a_rotated_log_deleted_before_its_next_read(bo
     assert update.lines == ["new"]
 
 
+async def test_the_old_file_is_read_for_as_long_as_its_writer_adds_to_it(box: Box, workspace: Path) -> None:
+    """The switch waits for a read that finds the old file where the last one left it."""
+    log = workspace / "c.log"
+    log.write_text("one\n")
+    follower = LogFollower(str(log), offset=0)
+    follower.consume(await box.read_log(follower.cursor()))
+    with open(log, "a", buffering=1) as daemon:
+        log.rename(f"{log}.1")
+        log.write_text("new\n")
+        got = []
+        for n in range(3):  # a poll, then the daemon writes one more line to the file it still has open
+            got += follower.consume(await box.read_log(follower.cursor())).lines
+            daemon.write(f"late {n}\n")
+    for _ in range(2):
+        got += follower.consume(await box.read_log(follower.cursor())).lines
+    assert got == ["late 0", "late 1", "late 2", "new"]
+
+
+async def test_copytruncate_copy_is_read_first_and_an_older_look_alike_is_not(box: Box, workspace: Path) -> None:
+    """copytruncate's copy is made after the last read: an older file that happens to hold the
+    same bytes (the last run's log of the same program) is not read as the rest of this one."""
+    log = workspace / "d.log"
+    log.write_text("starting\n" * 5)
+    older = workspace / "d.log.2"
+    older.write_text("starting\n" * 5 + "the last run's line\n")
+    os.utime(older, (1_000_000_000, 1_000_000_000))
+    follower = LogFollower(str(log), offset=0)
+    follower.consume(await box.read_log(follower.cursor()))
+    log.write_text("fresh\n")  # truncated in place, and no copy made
+    update = follower.consume(await box.read_log(follower.cursor()))
+    assert update.lines == ["fresh"] and "truncated; reading from its start" in update.notice
+
+    with open(log, "a") as f:
+        f.write("unread\n")
+    shutil.copyfile(log, workspace / "d.log.1")  # copytruncate
+    os.truncate(log, 0)
+    log.write_text("new\n")
+    update = follower.consume(await box.read_log(follower.cursor()))
+    assert update.lines == ["unread"] and "reading the rest from its copy" in update.notice
+    assert update.notice.endswith("d.log.1 first")
+    update = follower.consume(await box.read_log(follower.cursor()))
+    assert update.lines == ["new"]
+
+
 async def test_the_log_pane_follows_a_rotation_through_the_same_reader(tmp_path: Path, workspace: Path) -> None:
     f = tmp_path / "pane.toml"
     f.write_text(CONFIG.format(ws=workspace, python=sys.executable).replace("[target]\n",
