@@ -516,3 +516,121 @@ def test_marker_hits_are_the_same_read_whole_or_in_chunks(box, tmp_path_factory,
 
     assert hits_reading(max_bytes) == hits_reading(1 << 20) == reference_hits(whole, list(
         (m.name, m.pattern) for m in markers))
+
+
+# ---------------------------------------------------------------- GGUF headers
+
+PROBLEM_CODES = {"lfs_pointer", "bad_magic", "bad_version", "bad_kv_type", "absurd_count", "header_truncated",
+                 "misaligned", "overlap", "truncated", "oversize", "tensor_count_mismatch", "last_tensor_mismatch",
+                 "bad_tensor_type", "bad_shape", "bad_alignment", "duplicate_name", "unexpected_offset"}
+
+
+@pytest.fixture(scope="module")
+def real_gguf(tmp_path_factory) -> bytes:
+    """A small GGUF written by gguf-py (llama.cpp's own writer): every KV type, arrays, tensors."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path_factory.mktemp("gguf") / "small.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_name("fuzz")
+    w.add_uint32("llama.context_length", 64)
+    w.add_int64("test.i64", -(2 ** 40))
+    w.add_float32("test.f32", 0.5)
+    w.add_bool("test.bool", True)
+    w.add_string("tokenizer.chat_template", "{{ m }}" * 40)
+    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(8)])
+    w.add_array("tokenizer.ggml.scores", [0.25] * 8)
+    w.add_array("test.nested", [["a", "bb"], ["c"]])
+    w.add_tensor("token_embd.weight", np.ones((8, 4), dtype=np.float32))
+    w.add_tensor("output.weight", np.zeros((4, 8), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    data = path.read_bytes()
+    assert box_gguf().check(reader_of(data), len(data))["ok"]
+    return data
+
+
+def box_gguf():
+    from samai.remote.box import gguf_check
+    return gguf_check
+
+
+def reader_of(data: bytes, step: int | None = None):
+    """read_at over data; with step, range reads that come back at most step bytes long."""
+    def read_at(offset: int, length: int) -> bytes:
+        return data[offset:offset + min(length, step or length)]
+    return read_at
+
+
+def assert_findings(result: dict) -> None:
+    assert isinstance(result["ok"], bool)
+    assert {p["code"] for p in result["problems"]} <= PROBLEM_CODES
+    assert result["ok"] == (not result["problems"])
+    json.dumps(result, allow_nan=False)  # JSON-ready, as the CLI's --json prints it
+
+
+@st.composite
+def mutations(draw, data: bytes) -> bytes:
+    """data with a few bytes flipped, inserted, removed or overwritten by a u64/u32, or cut short."""
+    out = bytearray(data)
+    header = min(len(out), 1200)  # where the KVs and tensor infos are
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, max(0, min(len(out), header) - 1)))
+        kind = draw(st.sampled_from(["flip", "insert", "delete", "u64", "u32", "cut"]))
+        if kind == "flip" and out:
+            out[at] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "insert":
+            out[at:at] = draw(st.binary(min_size=1, max_size=8))
+        elif kind == "delete":
+            del out[at:at + draw(st.integers(1, 8))]
+        elif kind in ("u64", "u32"):
+            value = draw(st.sampled_from([0, 1, 2 ** 32 - 1, 2 ** 58, 2 ** 63, 2 ** 64 - 1])
+                         | st.integers(0, 2 ** 64 - 1))
+            packed = value.to_bytes(8, "little") if kind == "u64" else (value % 2 ** 32).to_bytes(4, "little")
+            out[at:at + len(packed)] = packed
+        else:
+            del out[at:]
+    return bytes(out)
+
+
+@FUZZ
+@given(data=st.binary(max_size=200) | st.binary(max_size=120).map(lambda b: b"GGUF\x03\x00\x00\x00" + b))
+def test_random_bytes_give_findings(data) -> None:
+    assert_findings(box_gguf().check(reader_of(data), len(data)))
+
+
+@settings(FUZZ, max_examples=200)
+@given(data=st.data())
+def test_a_mutated_gguf_gives_findings_the_same_in_short_reads_and_bounded_memory(real_gguf, data) -> None:
+    mutated = data.draw(mutations(real_gguf))
+    tracemalloc.start()
+    try:
+        whole = box_gguf().check(reader_of(mutated), len(mutated))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert_findings(whole)
+    assert peak < 8 * 1024 * 1024
+    step = data.draw(st.integers(1, 64))
+    assert box_gguf().check(reader_of(mutated, step), len(mutated)) == whole
+
+
+def test_a_string_length_of_2_to_the_58_is_a_finding_not_an_allocation(real_gguf) -> None:
+    at = real_gguf.index(b"tokenizer.chat_template") + len(b"tokenizer.chat_template") + 4  # past the value type
+    patched = real_gguf[:at] + (2 ** 58).to_bytes(8, "little") + real_gguf[at + 8:]
+    tracemalloc.start()
+    try:
+        result = box_gguf().check(reader_of(patched), len(patched))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [p["code"] for p in result["problems"]] == ["absurd_count"] and peak < 1024 * 1024
+
+
+def test_a_file_that_claims_more_than_it_holds_gives_findings(real_gguf) -> None:
+    """read_at returns less than file_size promised (the file shrank between stat and read)."""
+    for cut in (10, 30, 200, len(real_gguf) - 1):
+        assert_findings(box_gguf().check(reader_of(real_gguf[:cut]), len(real_gguf)))

@@ -328,7 +328,7 @@ def check_version(version):
 
 
 def header_bytes_hex(reader):
-    head = reader.read_at(8, 24)
+    head = reader.fetch(8, 24)  # range reads may come back short
     return " ".join(head[i:i + 8].hex() for i in range(0, len(head), 8))
 
 
