@@ -85,7 +85,7 @@ async def test_the_eval_table_is_rebuilt_only_when_the_runs_change(monkeypatch) 
         assert len(clears) == 1 and table.row_count == 1
         table.show(runs + [EvalRun("r2", 20, 0.0, 19, 0, mtime=2.0)])
         assert len(clears) == 2 and table.row_count == 2
-        assert table.get_row_at(0)[0] == "r2" and table.border_subtitle == "2 runs"
+        assert str(table.get_row_at(0)[0]) == "r2" and table.border_subtitle == "2 runs"  # a Text: never markup
 
 
 async def test_an_unchanged_poll_leaves_the_process_table_alone(monkeypatch) -> None:

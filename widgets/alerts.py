@@ -8,6 +8,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from samai.console.state import Alert
+from samai.remote.visible import visible
 
 STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}
 SHOWN = 50
@@ -22,8 +23,9 @@ class AlertsPane(Static):
             return
         parts: list = []
         for a in alerts[:SHOWN]:
+            # An alert's text quotes the box (paths, log lines): plain text, control characters as stand-ins.
             parts += [time.strftime("%H:%M:%S ", time.localtime(a.time)), (f"{a.severity:<7} ", STYLE[a.severity]),
-                      a.text]
+                      visible(a.text)]
             if a.hint:
                 parts += ["  ", (f"[{a.hint}]", "$accent")]
             parts.append("\n")

@@ -7,6 +7,7 @@ from textual.content import Content
 
 from samai.console import units
 from samai.console.budget import DiskBudget, Projection
+from samai.remote.visible import visible
 from samai.widgets.pane import Pane
 
 BAR_WIDTH = 16
@@ -32,12 +33,12 @@ class DiskPane(Pane):
                        f"{units.size(budget.capacity)}\n"]
         for a in budget.artifacts:
             if a.actual is None:
-                parts += [(f"  {a.name:<12} {'—':>9}", "$foreground 50%"), (f"  (expect {units.size(a.expected)})\n",
-                                                                             "$foreground 50%")]
+                parts += [(f"  {visible(a.name):<12} {'—':>9}", "$foreground 50%"),
+                          (f"  (expect {units.size(a.expected)})\n", "$foreground 50%")]
                 continue
             tag = ("  reclaimable", "$accent") if a.reclaimable else ("  intermediate", "$foreground 60%") \
                 if a.intermediate else ("", "")
-            parts += [f"  {a.name:<12} {units.size(a.actual):>9}", tag, "\n"]
+            parts += [f"  {visible(a.name):<12} {units.size(a.actual):>9}", tag, "\n"]
         if next_stage:
             if next_stage.fits:
                 verdict = ("fits", "$success")
@@ -45,7 +46,7 @@ class DiskPane(Pane):
                 verdict = ("fits after cleaning", "$warning")
             else:
                 verdict = ("DOES NOT FIT", "$error bold")
-            parts += [f"next: {next_stage.stage} +{units.size(next_stage.adds)} at peak → ",
+            parts += [f"next: {visible(next_stage.stage)} +{units.size(next_stage.adds)} at peak → ",
                       f"{units.size(next_stage.free_at_peak)} free  ", verdict, "\n"]
         parts += ["reclaimable: ", (units.size(budget.reclaimable), "$accent bold" if budget.reclaimable else "")]
         self.show_content(Content.assemble(*parts))

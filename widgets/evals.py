@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.widgets import DataTable
 
 from samai.console.state import EvalRun
+from samai.remote.visible import visible
 from samai.widgets.pane import set_subtitle
 
 
@@ -25,6 +27,8 @@ class EvalTable(DataTable):
         for r in sorted(runs, key=lambda r: r.mtime, reverse=True):
             acc = "?" if r.accuracy is None else f"{100 * r.accuracy:.1f} %"
             suspicious = r.n and (r.empty_content > r.n // 2)
-            self.add_row(r.name, str(r.n), acc + (" (fake 0?)" if suspicious and not r.accuracy else ""),
+            # A run's name is a folder on the box: DataTable would parse a str as markup.
+            name = Text(visible(r.name), no_wrap=True, end="")
+            self.add_row(name, str(r.n), acc + (" (fake 0?)" if suspicious and not r.accuracy else ""),
                          str(r.empty_content), str(r.truncated), key=r.name)
         set_subtitle(self, f"{len(runs)} runs" if runs else "no eval runs yet")

@@ -33,7 +33,7 @@ from textual.timer import Timer
 from textual.widgets import Input
 
 from samai.remote.model import Marker
-from samai.remote.visible import CONTROL_PICTURES
+from samai.remote.visible import CONTROL_PICTURES, visible
 
 FLUSH_INTERVAL = 0.1  # seconds: the most often buffered lines reach the screen
 DEFAULT_MAX_LINES = 20_000
@@ -352,7 +352,7 @@ class LogView(ScrollView, can_focus=True):
         self._clear_caches()
         self._rebuild_rows()
         self._max_width = 0
-        self.border_title = Content(title)
+        self.border_title = Content(visible(title))  # a path on the box: literal, control characters shown
         self._update_virtual_size()
         self._scroll_to_row(0, x=0)
         self._set_following(True)

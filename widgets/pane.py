@@ -1,14 +1,40 @@
-"""What the panes share: they repaint only when what they show has changed.
+"""What the panes share: they repaint only when what they show has changed, and text from the
+box is shown as it is, never as markup and never as terminal control sequences.
 
 Most polls find the box as it was. A repaint is the costliest thing an idle console does
 (for a pane of automatic height, a layout pass of the whole screen), so a pane handed what
-it already shows does nothing."""
+it already shows does nothing.
+
+Everything read from the box (file names, command lines, log lines, stage output) may hold
+Textual/Rich markup (`[/x]` alone stops a render with MarkupError, `[@click=…]` is an action)
+and ESC sequences. It reaches a widget only as literal Content (`inert`), or, where Textual
+takes nothing but markup (the command palette's hits), escaped (`literal_markup`)."""
 
 from __future__ import annotations
 
 from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
+
+from samai.remote.visible import visible
+
+
+def inert(text: str) -> Content:
+    """Box text as literal content, one line: control characters (newlines too) as stand-ins."""
+    return Content(visible(text))
+
+
+def inert_lines(text: str) -> Content:
+    """Box text as literal content, its lines kept: every other control character as a stand-in."""
+    return Content("\n".join(visible(line) for line in text.split("\n")))
+
+
+def literal_markup(text: str) -> str:
+    """Box text as markup that renders exactly as `visible(text)` does, for the APIs that take only
+    markup. In Textual's markup a backslash before "[" makes it literal (and is dropped), and no
+    other character starts a tag, so escaping each "[" is all it takes (`textual.markup.escape` is not
+    enough: it leaves "[B]" and "[$v]" alone)."""
+    return visible(text).replace("[", "\\[")
 
 
 class Pane(Static):
@@ -24,7 +50,9 @@ class Pane(Static):
         self.update(content, layout=layout)
 
 
-def set_subtitle(widget: Widget, subtitle: str) -> None:
-    """Set a border subtitle; Textual repaints the whole widget even when it is the same one."""
-    if widget.border_subtitle != subtitle:
-        widget.border_subtitle = subtitle
+def set_subtitle(widget: Widget, subtitle: str | Content) -> None:
+    """Set a border subtitle, a str taken literally; Textual repaints the whole widget even when it is
+    the same one. (The border_subtitle property reads back as markup.)"""
+    content = subtitle if isinstance(subtitle, Content) else inert(subtitle)
+    if widget.border_subtitle != content.markup:
+        widget.border_subtitle = content

@@ -20,6 +20,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.containers import Vertical
+from textual.content import Content
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -28,6 +29,7 @@ from textual.widgets import Input
 from samai.console import units
 from samai.console.state import ProcessRow
 from samai.remote.model import Process
+from samai.remote.visible import visible
 from samai.widgets.pane import set_subtitle
 
 COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "elapsed", "ports", "command")
@@ -302,9 +304,11 @@ class ProcessPane(Vertical):
         set_subtitle(self, f"{len(rows)} shown · sort {self.sort}" + (" · filtered" if self.pattern else ""))
 
     def _cells(self, r: ProcessRow) -> tuple[str, ...]:
+        """The row's text; a user name or a command line is anyone's: control characters as stand-ins
+        (the table paints cells as plain segments, so markup in them is never parsed)."""
         p = r.process
-        return (r.stage or "", str(p.pid), p.user[:10], f"{r.cpu_percent:.1f}", units.size(p.rss),
-                units.age(self.now - p.start_time), ",".join(map(str, r.ports)), p.command[:200])
+        return (r.stage or "", str(p.pid), visible(p.user[:10]), f"{r.cpu_percent:.1f}", units.size(p.rss),
+                units.age(self.now - p.start_time), ",".join(map(str, r.ports)), visible(p.command[:200]))
 
     def _select(self, process: Process | None) -> None:
         """Put the cursor back on the process it was on, else on the first row."""
@@ -332,7 +336,7 @@ class ProcessPane(Vertical):
         try:
             self.pattern = re.compile(text, 0 if any(c.isupper() for c in text) else re.I) if text else None
         except re.error as e:
-            self.query_one(Input).border_title = f"bad regex: {e}"
+            self.query_one(Input).border_title = Content(visible(f"bad regex: {e}"))  # it quotes the pattern
             return
         self.remove_class("-filtering")
         self.table.focus()

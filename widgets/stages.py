@@ -8,6 +8,7 @@ from textual.content import Content
 
 from samai.console import units
 from samai.console.state import StageView
+from samai.remote.visible import visible
 from samai.widgets.pane import Pane
 
 STATUS_STYLE = {
@@ -30,12 +31,14 @@ class StagesBar(Pane):
         parts: list = []
         for v in views:
             glyph, style = STATUS_STYLE.get(v.status, ("·", ""))
-            parts += [(f"[{v.key}]", "bold $accent"), " ", (v.name, "bold"), " ", (f"{glyph} {v.status}", style)]
+            parts += [(f"[{visible(v.key)}]", "bold $accent"), " ", (v.name, "bold"), " ",
+                      (f"{glyph} {v.status}", style)]
             if v.since and v.status == "running":
                 parts.append(f" {units.duration(now - v.since)}")
             elif v.rc is not None and v.status != "done":
                 parts.append(f" rc={v.rc}")
             if v.last_marker:
-                parts += [" · ", (v.last_marker[:32], SEVERITY_STYLE.get(v.last_marker_severity, ""))]
+                # a line of the stage's log: plain text, control characters as stand-ins
+                parts += [" · ", (visible(v.last_marker[:32]), SEVERITY_STYLE.get(v.last_marker_severity, ""))]
             parts.append("   ")
         self.show_content(Content.assemble(*parts) if parts else Content("no stages configured"))

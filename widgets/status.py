@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from textual.content import Content
 
 from samai.console import units
+from samai.remote.visible import visible
 from samai.widgets.pane import Pane
 
 
@@ -28,9 +29,10 @@ class StatusBar(Pane):
     def show(self, c: Connection) -> None:
         self.set_class(c.stale, "-stale")
         state_style = {"connected": "$success", "connecting": "$warning"}.get(c.state, "$error bold")
-        parts: list = [("samai-console", "bold $primary"), "  ", (c.target, "bold")]
+        # The host name and the error are the box's words: plain text, control characters as stand-ins.
+        parts: list = [("samai-console", "bold $primary"), "  ", (visible(c.target), "bold")]
         if c.host:
-            parts += [" (", c.host, ")"]
+            parts += [" (", visible(c.host), ")"]
         parts += ["  ", (f"● {c.state}", state_style)]
         if c.rtt is not None:
             parts += [f"   rtt {c.rtt * 1000:.0f} ms"]
@@ -39,7 +41,7 @@ class StatusBar(Pane):
         if c.stale:
             parts += ["  ", (" STALE: the box is not answering; panes show old data ", "reverse $error")]
         if c.error:
-            parts += ["  ", (c.error[:120], "$error")]
+            parts += ["  ", (visible(c.error[:120]), "$error")]
         if c.readonly:
             parts += ["  ", (" READ-ONLY ", "reverse $warning")]
         self.show_content(Content.assemble(*parts), layout=False)  # one line, whatever it says
