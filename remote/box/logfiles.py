@@ -107,13 +107,19 @@ class HeldLogs(object):
     def __init__(self):
         self.fds = {}  # (dev, inode) -> [fd, last used (monotonic)]
 
-    def get(self, dev, ino):
+    def get(self, dev, ino, touch=True):
         key = (dev, ino) if dev is not None else next((k for k in self.fds if k[1] == ino), None)
         held = self.fds.get(key)
         if held is None:
             return None
-        held[1] = time.monotonic()
+        if touch:
+            held[1] = time.monotonic()
         return held[0]
+
+    def touch(self, st):
+        held = self.fds.get((st.st_dev, st.st_ino))
+        if held is not None:
+            held[1] = time.monotonic()
 
     def keep(self, fd, st):
         key = (st.st_dev, st.st_ino)
@@ -284,7 +290,7 @@ def open_current(path, held, opened):
 
 def open_old(path, dev, ino, held, opened):
     """(fd, stat, name) of the file the path named before, or None if it cannot be found."""
-    fd = held.get(dev, ino) if held is not None else None
+    fd = held.get(dev, ino, touch=False) if held is not None else None  # kept on only while read (below)
     if fd is not None:
         return fd, os.fstat(fd), fd_name(fd)
     found = find_by_identity(path, dev, ino)
@@ -309,6 +315,8 @@ def locate(req, held, opened):
         old = open_old(path, dev, ino, held, opened)
         # The old file until a read finds it where the last one left it: nothing written to it since.
         if old is not None and (offset < old[1].st_size or (offset == old[1].st_size and not req.get("drained"))):
+            if held is not None:
+                held.touch(old[1])
             return Source(old[0], old[1], offset, drain="renamed", old_file=old[2])
         if st is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
