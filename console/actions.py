@@ -1,9 +1,17 @@
-"""The one way to change the box: fire, stop and kill go through here and nowhere else.
+"""The one way to change the box: fire, stop, kill, restart and clean go through here and nowhere else.
 
-Each action is planned (the exact command and target), refused in read-only mode or when
-the audit log cannot be written, confirmed by whoever drives the console (the CLI's
-prompt or --yes, the TUI's dialog), carried out by the Box (which re-checks the process's
-identity right before signalling) and written to the audit log.
+Planning and running are separate steps, and what runs is exactly the plan that was confirmed:
+
+1. plan_*() reads the box and builds an ActionPlan: the exact command and target, the preflight
+   of a fire, and every process the action will signal (a fire of a stage with declared ports
+   lists the listeners it will stop on them first, by pid and start time).
+2. The front end shows that plan and answers with a Decision (confirm(plan) -> Decision):
+   confirmed, override (only for a plan that shows it is blocked) or declined.
+3. run(plan, decision) carries out that plan: refused in read-only mode, refused when the
+   decision is not for this plan or does not fit it (a blocked plan needs an override, an
+   override needs a blocked plan), refused when its audit intent line cannot be written; then
+   the Box (which re-checks each process's identity right before signalling), then the
+   outcome line. Every pid signalled on the operator's behalf has its own audit lines.
 """
 
 from __future__ import annotations
@@ -19,16 +27,30 @@ import psutil
 from samai.console import units
 from samai.console.audit import AuditError, AuditLog
 from samai.console.config import Config, Stage
-from samai.console.preflight import Check, Preflight, poison_artifacts, preflight
+from samai.console.preflight import Check, poison_artifacts, preflight
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.model import Boot, CleanResult, FireResult, SignalResult
+from samai.remote.model import Boot, CleanResult, FireResult, SignalResult, Snapshot
 from samai.remote.transport import TransportError
+
+PORT_GRACE_S = 5.0  # a listener on a stage's port: TERM, then KILL after this long
+SIGNALS = ("TERM", "KILL", "INT", "HUP")
+SHOWN_MEMBERS = 8  # of a process group, in a kill plan
 
 
 class UnknownStage(ValueError):
     def __init__(self, name: str, config: Config) -> None:
         known = ", ".join(s.name for s in config.stages) or "none"
         super().__init__(f"unknown stage {name!r} (stages in {config.source}: {known})")
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    """A process listening on a port the stage declares: stopped by pid before the stage fires."""
+
+    port: int
+    pid: int
+    start_time: float
+    command: str
 
 
 @dataclass(frozen=True)
@@ -41,6 +63,17 @@ class ActionPlan:
     pid: int | None = None
     start_time: float | None = None
     checks: tuple[Check, ...] = ()  # the preflight of a fire or restart
+    # What runs, exactly as shown:
+    stage: str | None = None
+    chain: str = ""  # the stage command that a fire or restart launches
+    log: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    signal: str = "TERM"
+    grace: float = 0.0
+    group: bool = False  # kill: the process's whole process group, not just the process
+    boot: Boot | None = None  # the boot the start times were read on
+    paths: tuple[str, ...] = ()  # clean: what is deleted; restart: the poison files cleared
+    holders: tuple[PortHolder, ...] = ()  # fire, restart: stopped first, each audited
 
     @property
     def blocked(self) -> bool:
@@ -48,9 +81,35 @@ class ActionPlan:
         return any(c.severity == "error" for c in self.checks)
 
 
-# Given the plan, says how it was confirmed ("--yes", "prompt", "dialog"; "override" for a
-# blocked plan that the operator chose to run anyway), or None to decline.
-Confirm = Callable[[ActionPlan], Awaitable[str | None]]
+@dataclass(frozen=True)
+class Decision:
+    """A front end's answer for one plan it showed. Build it with confirmed/override/declined."""
+
+    plan: ActionPlan
+    verdict: str  # confirmed | override | declined
+    how: str  # how it was given ("--yes", "prompt", "dialog", "--force --yes"), or why it was declined
+
+    @classmethod
+    def confirmed(cls, plan: ActionPlan, how: str) -> Decision:
+        return cls(plan, "confirmed", how)
+
+    @classmethod
+    def override(cls, plan: ActionPlan, how: str) -> Decision:
+        """Run a plan shown as blocked anyway: valid only for a blocked plan."""
+        return cls(plan, "override", how)
+
+    @classmethod
+    def declined(cls, plan: ActionPlan, why: str) -> Decision:
+        return cls(plan, "declined", why)
+
+    @property
+    def confirmation(self) -> str:
+        """What the audit log's "confirmation" says."""
+        return self.verdict if self.verdict in ("override", "declined") else self.how
+
+
+# Shows the plan (its checks, and that it is blocked) and says what the operator decided.
+Confirm = Callable[[ActionPlan], Awaitable[Decision]]
 
 
 @dataclass(frozen=True)
@@ -60,6 +119,7 @@ class ActionOutcome:
     message: str
     plan: ActionPlan
     result: FireResult | SignalResult | CleanResult | None = None
+    audit_id: str | None = None
 
 
 def own_lineage() -> list[int]:
@@ -85,132 +145,220 @@ class Actions:
     def _protect(self) -> list[int]:
         return own_lineage() if self.config.target.is_local else []
 
-    # ------------------------------------------------------------ the actions
-
-    async def _preflight(self, stage: Stage) -> Preflight | None:
+    async def _snapshot(self, **what) -> Snapshot | None:
         try:
-            snap = await self.box.snapshot(artifacts=[(a.name, a.path) for a in self.config.artifacts]
-                                           + poison_artifacts(self.config))
+            return await self.box.snapshot(**what)
         except (BoxError, TransportError):
-            return None  # the fire itself will say what is wrong with the box
-        return preflight(self.config, snap, stage)
+            return None  # the action itself will say what is wrong with the box
 
-    async def fire(self, stage_name: str) -> ActionOutcome:
+    # ------------------------------------------------------------ plans
+
+    async def plan_fire(self, stage_name: str) -> ActionPlan:
         stage = self._stage(stage_name)
-        pre = await self._preflight(stage)
-        plan = ActionPlan(
-            action="fire",
-            target=self.config.target.url,
-            subject=f"stage {stage.name}",
-            command=stage.command,
-            details=(f"workspace {self.config.workspace}", f"log {stage.log}",
+        snap = await self._stage_snapshot()
+        checks = preflight(self.config, snap, stage).checks if snap else ()
+        holders = _port_holders(stage, snap) if snap else ()
+        return ActionPlan(
+            action="fire", target=self.config.target.url, subject=f"stage {stage.name}", command=stage.command,
+            details=(*_holder_lines(holders), f"workspace {self.config.workspace}", f"log {stage.log}",
                      *(f"env {k}={v}" for k, v in stage.env)),
-            checks=pre.checks if pre else (),
+            checks=checks, stage=stage.name, chain=stage.command, log=stage.log, env=stage.env,
+            boot=snap.boot if snap else None, holders=holders,
         )
-        return await self._carry_out(plan, lambda: self.box.fire(stage.name, stage.command, stage.log,
-                                                                  env=dict(stage.env)))
 
-    async def stop(self, stage_name: str, *, grace: float = 10.0) -> ActionOutcome:
+    async def plan_restart(self, stage_name: str, *, clear: Sequence[str] = (), grace: float = 10.0) -> ActionPlan:
+        """Stop the stage if it runs, delete the given poison files, stop the port's other
+        listeners, fire it again: one plan, one confirmation."""
         stage = self._stage(stage_name)
-        plan = ActionPlan(
-            action="stop",
-            target=self.config.target.url,
-            subject=f"stage {stage.name}",
-            command=f"SIGTERM to the process group of stage {stage.name}, SIGKILL after {grace:g} s",
-        )
-        return await self._carry_out(plan, lambda: self.box.stop(stage.name, grace=grace, protect=self._protect()))
-
-    async def kill(self, pid: int, start_time: float, *, boot: Boot | None = None, signal: str = "TERM",
-                   grace: float = 5.0) -> ActionOutcome:
-        signal = signal.upper()
-        then = f", SIGKILL after {grace:g} s" if signal != "KILL" else ""
-        details: tuple[str, ...] = (f"start time {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(start_time))}",)
-        try:
-            snap = await self.box.snapshot()
-            proc = snap.process(pid)
-            if proc is not None:
-                children = [p.pid for p in snap.processes if p.ppid == pid]
-                details = (f"user {proc.user}", *details, f"command {proc.command}",
-                           f"children (not signalled) {children}" if children else "no children")
-        except (BoxError, TransportError):
-            pass  # the plan is still exact; the identity check happens on the box regardless
-        plan = ActionPlan(
-            action="kill",
-            target=self.config.target.url,
-            subject=f"pid {pid}",
-            command=f"SIG{signal} to pid {pid}{then}",
-            details=details,
-            pid=pid,
-            start_time=start_time,
-        )
-        return await self._carry_out(plan, lambda: self.box.kill(pid, start_time, boot=boot, signal=signal,
-                                                                  grace=grace, protect=self._protect()))
-
-    async def clean(self, paths: Sequence[str], *, why: str = "") -> ActionOutcome:
-        plan = ActionPlan(
-            action="clean",
-            target=self.config.target.url,
-            subject=why or f"{len(paths)} path(s) in the workspace",
-            command="rm -rf -- " + " ".join(shlex.quote(p) for p in paths),
-            details=(f"inside {self.config.workspace} only; anything resolving outside it is refused",),
-        )
-        return await self._carry_out(plan, lambda: self.box.remove(paths))
-
-    async def restart(self, stage_name: str, *, clear: Sequence[str] = (), grace: float = 10.0) -> ActionOutcome:
-        """Stop the stage if it runs, delete the given poison files, fire it again: one confirmation."""
-        stage = self._stage(stage_name)
+        snap = await self._stage_snapshot()
+        rec = snap.state(stage.name) if snap else None
+        own = set(rec.group) | {rec.pid} if rec and rec.alive else set()
+        holders = _port_holders(stage, snap) if snap else ()
         steps = [f"stop: SIGTERM to the group of stage {stage.name}, SIGKILL after {grace:g} s"]
         if clear:
             steps.append("clean: rm -rf -- " + " ".join(shlex.quote(p) for p in clear))
+        steps += [f"stop pid {h.pid}: SIGTERM, SIGKILL after {PORT_GRACE_S:g} s" for h in holders]
         steps.append(f"fire: {stage.command}")
-        pre = await self._preflight(stage)
-        checks = tuple(c for c in pre.checks if "already running" not in c.text) if pre else ()
-        plan = ActionPlan(action="restart", target=self.config.target.url, subject=f"stage {stage.name}",
-                          command="; ".join(steps), details=(f"workspace {self.config.workspace}",), checks=checks)
+        # Running, and holding its own ports, is what a restart is for.
+        checks = tuple(c for c in (preflight(self.config, snap, stage).checks if snap else ())
+                       if "already running" not in c.text and not _about_own_listener(c, own))
+        return ActionPlan(
+            action="restart", target=self.config.target.url, subject=f"stage {stage.name}",
+            command="; ".join(steps), details=(*_holder_lines(holders), f"workspace {self.config.workspace}"),
+            checks=checks, stage=stage.name, chain=stage.command, log=stage.log, env=stage.env, grace=grace,
+            boot=snap.boot if snap else None, paths=tuple(clear), holders=holders,
+        )
 
-        async def run() -> FireResult:
-            stopped = await self.box.stop(stage.name, grace=grace, protect=self._protect())
-            if not stopped.ok:
-                return FireResult(False, "refused", stage.name, f"stop failed: {stopped.reason}")
-            if clear:
-                cleaned = await self.box.remove(clear)
-                if not cleaned.ok:
-                    return FireResult(False, "refused", stage.name, f"clean refused: {cleaned.refused}")
-            return await self.box.fire(stage.name, stage.command, stage.log, env=dict(stage.env))
+    def plan_stop(self, stage_name: str, *, grace: float = 10.0) -> ActionPlan:
+        stage = self._stage(stage_name)
+        return ActionPlan(
+            action="stop", target=self.config.target.url, subject=f"stage {stage.name}",
+            command=f"SIGTERM to the process group of stage {stage.name}, SIGKILL after {grace:g} s",
+            stage=stage.name, grace=grace,
+        )
 
-        return await self._carry_out(plan, run)
+    async def plan_kill(self, pid: int, start_time: float, *, boot: Boot | None = None, signal: str = "TERM",
+                        grace: float = 5.0, group: bool = False) -> ActionPlan:
+        return _kill_plan(self.config.target.url, await self._snapshot(), pid, start_time, boot, signal.upper(),
+                          grace, group)
 
-    # ------------------------------------------------------------ the layer
+    async def kill_choices(self, pid: int, start_time: float, *, boot: Boot | None = None,
+                           grace: float = 5.0) -> tuple[ActionPlan, ...]:
+        """The four kill plans of one process, from one reading of the box: this process or its
+        whole group, each with TERM or KILL (in that order)."""
+        return kill_plans(self.config.target.url, await self._snapshot(), pid, start_time, boot, grace)
 
-    async def _carry_out(self, plan: ActionPlan,
-                         run: Callable[[], Awaitable[FireResult | SignalResult | CleanResult]]) -> ActionOutcome:
+    def plan_clean(self, paths: Sequence[str], *, why: str = "") -> ActionPlan:
+        return ActionPlan(
+            action="clean", target=self.config.target.url, subject=why or f"{len(paths)} path(s) in the workspace",
+            command="rm -rf -- " + " ".join(shlex.quote(p) for p in paths),
+            details=(f"inside {self.config.workspace} only; anything resolving outside it is refused",),
+            paths=tuple(paths),
+        )
+
+    async def _stage_snapshot(self) -> Snapshot | None:
+        return await self._snapshot(artifacts=[(a.name, a.path) for a in self.config.artifacts]
+                                    + poison_artifacts(self.config))
+
+    # ------------------------------------------------------------ plan, confirm, run
+
+    async def fire(self, stage_name: str) -> ActionOutcome:
+        return await self.confirm_and_run(await self.plan_fire(stage_name))
+
+    async def restart(self, stage_name: str, *, clear: Sequence[str] = (), grace: float = 10.0) -> ActionOutcome:
+        return await self.confirm_and_run(await self.plan_restart(stage_name, clear=clear, grace=grace))
+
+    async def stop(self, stage_name: str, *, grace: float = 10.0) -> ActionOutcome:
+        return await self.confirm_and_run(self.plan_stop(stage_name, grace=grace))
+
+    async def kill(self, pid: int, start_time: float, *, boot: Boot | None = None, signal: str = "TERM",
+                   grace: float = 5.0, group: bool = False) -> ActionOutcome:
+        plan = await self.plan_kill(pid, start_time, boot=boot, signal=signal, grace=grace, group=group)
+        return await self.confirm_and_run(plan)
+
+    async def clean(self, paths: Sequence[str], *, why: str = "") -> ActionOutcome:
+        return await self.confirm_and_run(self.plan_clean(paths, why=why))
+
+    async def confirm_and_run(self, plan: ActionPlan) -> ActionOutcome:
+        """Ask the front end about this plan (unless it is refused anyway), then run it."""
+        refused = self.refusal(plan)
+        if refused:
+            return refused
+        return await self.run(plan, await self.confirm(plan))
+
+    def refusal(self, plan: ActionPlan) -> ActionOutcome | None:
+        """Why the plan cannot run whatever the operator says (asked before asking them)."""
         if self.readonly:
             return ActionOutcome(False, "refused", f"{plan.action} refused: the console is read-only", plan)
         try:
             self.audit.ensure_writable()
         except AuditError as e:
             return ActionOutcome(False, "refused", f"{plan.action} refused: {e}", plan)
-        how = await self.confirm(plan)
-        if how and plan.blocked and how != "override":
-            how = None  # a blocked plan needs the override, not just a yes
-        if not how:
-            self._audit(plan, "declined", "cancelled", "")
-            return ActionOutcome(False, "cancelled", f"{plan.action} {plan.subject}: cancelled", plan)
+        return None
+
+    async def run(self, plan: ActionPlan, decision: Decision) -> ActionOutcome:
+        """Carry out exactly this plan, as decided."""
+        if self.readonly:
+            return ActionOutcome(False, "refused", f"{plan.action} refused: the console is read-only", plan)
+        if not isinstance(decision, Decision) or decision.plan != plan:
+            return ActionOutcome(False, "refused", f"{plan.action} {plan.subject} refused: the confirmation was "
+                                 "not given for this plan", plan)
+        why_not = _mismatch(plan, decision)
+        if why_not:
+            self._declined(plan, decision, why_not)
+            return ActionOutcome(False, "refused", f"{plan.action} {plan.subject} refused: {why_not}", plan)
+        if decision.verdict == "declined":
+            self._declined(plan, decision, decision.how)
+            reason = f": {decision.how}" if decision.how else ""
+            return ActionOutcome(False, "cancelled", f"{plan.action} {plan.subject}: not run{reason}", plan)
+        try:
+            audit_id = self.audit.intent(**self._entry(plan, decision), **_intent_fields(plan))
+        except AuditError as e:
+            return ActionOutcome(False, "refused", f"{plan.action} refused: {e}", plan)
         started = time.time()
         try:
-            result = await run()
+            result = await self._execute(plan, decision, audit_id)
         except (BoxError, TransportError) as e:
             # Never run it again blindly: look at the box and say what actually happened.
             seen = await self._what_happened(plan, started)
-            message = f"{plan.action} {plan.subject}: {e}; {seen}"
-            self._audit(plan, how, "error", message)
-            return ActionOutcome(False, "failed", message, plan)
+            outcome = ActionOutcome(False, "failed", f"{plan.action} {plan.subject}: {e}; {seen}", plan,
+                                    audit_id=audit_id)
+            return self._write_outcome(plan, decision, audit_id, outcome, "error")
         outcome = _outcome(plan, result)
+        return self._write_outcome(plan, decision, audit_id,
+                                   ActionOutcome(outcome.ok, outcome.status, outcome.message, plan, result, audit_id),
+                                   outcome.status)
+
+    async def _execute(self, plan: ActionPlan, decision: Decision,
+                       audit_id: str) -> FireResult | SignalResult | CleanResult:
+        if plan.action == "fire":
+            return await self._clear_ports(plan, decision, audit_id) or await self._launch(plan)
+        if plan.action == "restart":
+            stopped = await self.box.stop(plan.stage, grace=plan.grace, protect=self._protect())
+            if not stopped.ok:
+                return FireResult(False, "refused", plan.stage, f"stop failed: {stopped.reason}")
+            if plan.paths:
+                cleaned = await self.box.remove(plan.paths)
+                if not cleaned.ok:
+                    return FireResult(False, "refused", plan.stage, f"clean refused: {cleaned.refused}")
+            return await self._clear_ports(plan, decision, audit_id) or await self._launch(plan)
+        if plan.action == "stop":
+            return await self.box.stop(plan.stage, grace=plan.grace, protect=self._protect())
+        if plan.action == "kill":
+            return await self.box.kill(plan.pid, plan.start_time, boot=plan.boot, signal=plan.signal,
+                                       grace=plan.grace, protect=self._protect(), group=plan.group)
+        if plan.action == "clean":
+            return await self.box.remove(plan.paths)
+        raise ValueError(f"unknown action {plan.action!r}")
+
+    async def _launch(self, plan: ActionPlan) -> FireResult:
+        return await self.box.fire(plan.stage, plan.chain, plan.log, env=dict(plan.env))
+
+    async def _clear_ports(self, plan: ActionPlan, decision: Decision, parent: str) -> FireResult | None:
+        """Stop each listener the plan lists, identity-checked, one audited kill each.
+        A failure (reported as the fire's result) means the stage is not fired."""
+        for h in plan.holders:
+            kill = ActionPlan(action="kill", target=plan.target, subject=f"pid {h.pid} (holds port {h.port})",
+                              command=f"SIGTERM to pid {h.pid}, SIGKILL after {PORT_GRACE_S:g} s",
+                              details=(f"command {h.command}",), pid=h.pid, start_time=h.start_time,
+                              signal="TERM", grace=PORT_GRACE_S, boot=plan.boot)
+            entry = dict(self._entry(kill, decision), parent=parent)
+            try:
+                kill_id = self.audit.intent(**entry, **_intent_fields(kill))
+            except AuditError as e:
+                return FireResult(False, "refused", plan.stage, f"port {h.port}: pid {h.pid} not stopped: {e}")
+            result = await self.box.kill(h.pid, h.start_time, boot=plan.boot, signal="TERM", grace=PORT_GRACE_S,
+                                         protect=self._protect())
+            done = _outcome(kill, result)
+            try:
+                self.audit.outcome(kill_id, **entry, result=done.status, message=done.message,
+                                   **_signal_fields(result))
+            except AuditError as e:
+                return FireResult(False, "refused", plan.stage, f"{done.message}; but {e}; the stage was not fired")
+            if not done.ok:
+                return FireResult(False, "refused", plan.stage,
+                                  f"port {h.port} not cleared: {done.message}; the stage was not fired")
+        return None
+
+    def _write_outcome(self, plan: ActionPlan, decision: Decision, audit_id: str, outcome: ActionOutcome,
+                       status: str) -> ActionOutcome:
+        result = outcome.result
+        fields = self._entry(plan, decision)
+        if isinstance(result, FireResult):
+            fields.update(pid=result.pid, start_time=result.start_time)
         try:
-            self._audit(plan, how, outcome.status, outcome.message, result)
-        except AuditError as e:  # the action happened; say loudly that its record did not
-            return ActionOutcome(False, "failed", f"{outcome.message}; but {e}", plan, result)
+            self.audit.outcome(audit_id, **fields, result=status, message=outcome.message,
+                               **_signal_fields(result))
+        except AuditError as e:  # the action happened (its intent is logged); say loudly its outcome is not
+            return ActionOutcome(False, "failed", f"{outcome.message}; but {e}", plan, result, audit_id)
         return outcome
+
+    def _declined(self, plan: ActionPlan, decision: Decision, why: str) -> None:
+        try:
+            self.audit.outcome(None, **dict(self._entry(plan, decision), confirmation="declined"),
+                               result="cancelled", message=why)
+        except AuditError:
+            pass  # nothing ran: there is nothing the log must hold
 
     async def _what_happened(self, plan: ActionPlan, started: float) -> str:
         """After a call that broke half-way: read the box (reconnecting) and report its state."""
@@ -218,26 +366,116 @@ class Actions:
             snap = await self.box.snapshot()
         except (BoxError, TransportError) as e:
             return f"the box cannot be read either ({e}): check it before trying again"
-        if plan.pid is not None:
+        if plan.action == "kill":
             proc = snap.process(plan.pid)
             alive = proc is not None and abs(proc.start_time - (plan.start_time or 0)) < 0.011
             return f"pid {plan.pid} is {'still running' if alive else 'gone'}"
-        rec = snap.state(plan.subject.removeprefix("stage "))
+        rec = snap.state(plan.stage or "")
         if rec is None or rec.fired_at < started - 1:
             return "the box shows no new launch of it" if plan.action in ("fire", "restart") else \
                 f"the stage is {rec.status if rec else 'idle'}"
         return f"the box shows it was fired: pid {rec.pid}, {rec.status}"
 
-    def _audit(self, plan: ActionPlan, confirmation: str, status: str, message: str,
-               result: FireResult | SignalResult | CleanResult | None = None) -> None:
-        pid, start_time = plan.pid, plan.start_time
-        if isinstance(result, FireResult):
-            pid, start_time = result.pid, result.start_time
-        self.audit.record(
-            target=plan.target, action=plan.action, subject=plan.subject, command=plan.command,
-            pid=pid, start_time=start_time, confirmation=confirmation, result=status, message=message,
-            user=os.environ.get("USER") or str(os.getuid()),
-        )
+    def _entry(self, plan: ActionPlan, decision: Decision) -> dict:
+        return dict(target=plan.target, action=plan.action, subject=plan.subject, command=plan.command,
+                    pid=plan.pid, start_time=plan.start_time, confirmation=decision.confirmation,
+                    via=decision.how, user=os.environ.get("USER") or str(os.getuid()))
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _mismatch(plan: ActionPlan, decision: Decision) -> str:
+    """Why a decision cannot stand for this plan (empty: it can)."""
+    if decision.verdict not in ("confirmed", "override", "declined"):
+        return f"unknown decision {decision.verdict!r}"
+    if decision.verdict == "confirmed" and plan.blocked:
+        return "the preflight blocks it; it runs only with an explicit override (--force)"
+    if decision.verdict == "override" and not plan.blocked:
+        return "an override was given for a plan that is not blocked"
+    return ""
+
+
+def _intent_fields(plan: ActionPlan) -> dict:
+    fields: dict = {"details": list(plan.details)}
+    if plan.action == "kill":
+        fields.update(signal=plan.signal, group=plan.group, grace=plan.grace)
+    if plan.checks:
+        fields["blocked_by"] = [c.text for c in plan.checks if c.severity == "error"]
+    if plan.holders:
+        fields["holders"] = [{"pid": h.pid, "start_time": h.start_time, "port": h.port, "command": h.command}
+                             for h in plan.holders]
+    return fields
+
+
+def _signal_fields(result) -> dict:
+    if isinstance(result, SignalResult):
+        return {"signalled": list(result.signalled), "survivors": list(result.survivors),
+                "remaining": list(getattr(result, "remaining", ()))}
+    return {}
+
+
+def _port_holders(stage: Stage, snap: Snapshot) -> tuple[PortHolder, ...]:
+    """The visible processes listening on the stage's ports, but not the stage's own (a fire of a
+    running stage is refused by the box; a restart stops them with the stage)."""
+    rec = snap.state(stage.name)
+    own = set(rec.group) | {rec.pid} if rec and rec.alive else set()
+    found: dict[int, PortHolder] = {}
+    for port in stage.ports:
+        for s in snap.listeners:
+            proc = snap.process(s.pid) if s.port == port and s.pid else None
+            if proc is not None and proc.pid not in own and proc.pid not in found:
+                found[proc.pid] = PortHolder(port, proc.pid, proc.start_time, proc.command)
+    return tuple(found.values())
+
+
+def _holder_lines(holders: Sequence[PortHolder]) -> list[str]:
+    return [f"first stops pid {h.pid} (holds port {h.port}, started {_when(h.start_time)}): SIGTERM, SIGKILL "
+            f"after {PORT_GRACE_S:g} s, identity-checked: {h.command[:200]}" for h in holders]
+
+
+def _about_own_listener(check: Check, own: set[int]) -> bool:
+    return check.severity == "error" and any(f"held by pid {pid} " in check.text + " " for pid in own)
+
+
+def _when(start_time: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start_time))
+
+
+def kill_plans(target: str, snap: Snapshot | None, pid: int, start_time: float, boot: Boot | None,
+               grace: float) -> tuple[ActionPlan, ...]:
+    """This process alone, then its whole group; each with TERM, then KILL."""
+    return tuple(_kill_plan(target, snap, pid, start_time, boot, signal, grace, group)
+                 for group in (False, True) for signal in ("TERM", "KILL"))
+
+
+def _kill_plan(target: str, snap: Snapshot | None, pid: int, start_time: float, boot: Boot | None, signal: str,
+               grace: float, group: bool) -> ActionPlan:
+    then = f", SIGKILL after {grace:g} s" if signal != "KILL" else ""
+    proc = snap.process(pid) if snap else None
+    if proc is not None and abs(proc.start_time - start_time) > 0.011:
+        proc = None  # another process has that pid now: the box will refuse, the plan shows nothing of it
+    details = [f"start time {_when(start_time)} ({start_time:.2f}); identity re-checked on the box before the signal"]
+    if proc is not None:
+        details[:0] = [f"user {proc.user}", f"command {proc.command}"]
+    if not group:
+        children = [p.pid for p in snap.processes if p.ppid == pid] if snap and proc else []
+        details.append(f"children (not signalled) {children}" if children else "no children")
+        return ActionPlan(action="kill", target=target, subject=f"pid {pid}", command=f"SIG{signal} to pid {pid}{then}",
+                          details=tuple(details), pid=pid, start_time=start_time, signal=signal, grace=grace,
+                          boot=boot)
+    if proc is None:
+        what, members = f"the process group of pid {pid}", []
+    else:
+        members = [p for p in snap.processes if p.pgid == proc.pgid]
+        what = f"process group {proc.pgid} ({len(members)} process{'es' if len(members) != 1 else ''})"
+    details += [f"  {m.pid} {m.user} {m.command[:120]}" for m in members[:SHOWN_MEMBERS]]
+    if len(members) > SHOWN_MEMBERS:
+        details.append(f"  … and {len(members) - SHOWN_MEMBERS} more")
+    return ActionPlan(action="kill", target=target, subject=f"pid {pid} and its group",
+                      command=f"SIG{signal} to {what}{then}", details=tuple(details), pid=pid,
+                      start_time=start_time, signal=signal, grace=grace, group=True,
+                      boot=boot)
 
 
 def _outcome(plan: ActionPlan, result: FireResult | SignalResult | CleanResult) -> ActionOutcome:
@@ -256,8 +494,11 @@ def _outcome(plan: ActionPlan, result: FireResult | SignalResult | CleanResult) 
         return ActionOutcome(result.ok, "done" if result.ok else "failed", msg, plan, result)
     if result.result == "refused":
         return ActionOutcome(False, "refused", f"{plan.action} {plan.subject} refused: {result.reason}", plan, result)
-    what = {"exited": "exited after the signal", "killed": "killed (SIGKILL)", "gone": "was not running"}
+    what = {"exited": "exited after the signal", "killed": "killed (SIGKILL)", "gone": "was not running",
+            "failed": "did not end"}
     msg = f"{plan.subject} {what.get(result.result, result.result)}"
     if result.survivors:
         msg += f"; still alive: {', '.join(map(str, result.survivors))}"
+    if result.remaining:  # not asked to end: the children or group of a process killed alone
+        msg += f"; its children or group still running: {', '.join(map(str, result.remaining))}"
     return ActionOutcome(result.ok, "done" if result.ok else "failed", msg, plan, result)

@@ -27,6 +27,7 @@ from samai.console.audit import AuditLog
 from samai.console.budget import disk_budget, project
 from samai.console.config import Config
 from samai.console.connect import open_box
+from samai.console.redact import redact
 from samai.console.state import ConsoleState, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import Process, Snapshot
@@ -44,7 +45,7 @@ from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
 
 if TYPE_CHECKING:
-    from samai.console.actions import ActionOutcome, ActionPlan, Actions
+    from samai.console.actions import ActionOutcome, ActionPlan, Actions, Decision
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
 MAX_BACKOFF_S = 8.0  # a box that comes back is seen within seconds, not minutes
@@ -255,12 +256,14 @@ class SamaiApp(App[None]):
             self.box = self._open_box()
         return Actions(self.box, self.config, self.audit, readonly=self.readonly, confirm=self._confirm)
 
-    async def _confirm(self, plan: ActionPlan) -> str | None:
+    async def _confirm(self, plan: ActionPlan) -> Decision:
+        from samai.console.actions import Decision  # see _actions
         from samai.widgets.dialogs import ConfirmDialog  # each dialog's module is imported when one opens, not to start
 
         if not await self.push_screen_wait(ConfirmDialog(plan, plan.checks)):
-            return None
-        return "override" if plan.blocked else "dialog"  # the dialog said "anyway" for a blocked plan
+            return Decision.declined(plan, "cancelled in the dialog")
+        # The dialog showed this plan's checks; for a blocked plan its button is the override ("… anyway").
+        return Decision.override(plan, "dialog") if plan.blocked else Decision.confirmed(plan, "dialog")
 
     def _current_stage(self) -> str | None:
         return self.state.shown_stage
@@ -359,15 +362,23 @@ class SamaiApp(App[None]):
         process = process or self.query_one(ProcessPane).selected()
         snap = self.state.snapshot
         if process is None or snap is None:
-            self.notify("select a process in the processes pane first", severity="warning")
+            self.notify("select a process in the processes pane first", severity="warning", markup=False)
             return
-        children = [p for p in snap.processes if p.ppid == process.pid]
-        signal = await self.push_screen_wait(KillDialog(process, children, KILL_GRACE_S))
-        if signal:
-            actions = self._actions()
-            actions.confirm = _already_confirmed
-            self._report(await actions.kill(process.pid, process.start_time, boot=snap.boot, signal=signal,
-                                            grace=KILL_GRACE_S))
+        from samai.console.actions import Decision  # see _actions
+
+        # The layer plans first (this process or its group, TERM or KILL); the dialog shows those
+        # plans and returns the one chosen; that plan, and nothing rebuilt after it, is what runs.
+        actions = self._actions()
+        plans = await actions.kill_choices(process.pid, process.start_time, boot=snap.boot, grace=KILL_GRACE_S)
+        refused = actions.refusal(plans[0])
+        if refused:
+            self._report(refused)
+            return
+        chosen = await self.push_screen_wait(KillDialog(process, plans))
+        if chosen is None:
+            self._report(await actions.run(plans[0], Decision.declined(plans[0], "cancelled in the dialog")))
+            return
+        self._report(await actions.run(chosen, Decision.confirmed(chosen, "dialog")))
 
     @_one_action_at_a_time
     async def action_clean(self) -> None:
@@ -386,7 +397,8 @@ class SamaiApp(App[None]):
         severity = "information" if outcome.ok else "warning" if outcome.status == "cancelled" else "error"
         tail = getattr(outcome.result, "log_tail", ()) if not outcome.ok else ()
         message = "\n".join([outcome.message, *(line[:100] for line in tail[-FAILED_TAIL_LINES:])])
-        self.notify(message, severity=severity, timeout=6 if outcome.ok else 15)
+        # Box text (stage output, commands): never markup, and no secrets in a toast either.
+        self.notify(redact(message), severity=severity, timeout=6 if outcome.ok else 15, markup=False)
 
     # ------------------------------------------------------------ palette, theme, target, save
 
@@ -449,12 +461,8 @@ class SamaiApp(App[None]):
         folder = paths.saved_logs_dir()
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"{self.state.shown_stage or 'file'}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-        Path(target).write_text("\n".join(lines) + "\n", "utf-8")
+        Path(target).write_text("\n".join(redact(line) for line in lines) + "\n", "utf-8")  # no secrets kept
         self.call_from_thread(self.notify, f"saved {len(lines)} lines to {target}")
-
-
-async def _already_confirmed(plan: ActionPlan) -> str:
-    return "dialog"  # the kill dialog showed the process and both signals; its choice is the confirmation
 
 
 def run_app(config: Config, *, readonly: bool = False, theme: str | None = None) -> int:

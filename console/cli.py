@@ -15,7 +15,6 @@ import gc
 import json
 import os
 import re
-import select
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -80,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("fire", "start a stage (detached, verified) after its preflight")
     p.add_argument("stage")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    p.add_argument("--force", action="store_true", help="fire even when the preflight blocks it")
+    p.add_argument("--force", action="store_true",
+                   help="fire even when the preflight blocks it (still confirmed: at the prompt, or with --yes)")
 
     p = command("stop", "stop a running stage: its process group, TERM then KILL")
     p.add_argument("stage")
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the process's start time (epoch seconds, as `snapshot` shows it)")
     p.add_argument("--signal", choices=("TERM", "KILL", "INT", "HUP"), default="TERM", type=str.upper)
     p.add_argument("--grace", type=float, default=5.0, metavar="S", help="seconds before KILL follows TERM")
+    p.add_argument("--group", action="store_true", help="signal its whole process group, not just the process")
     p.add_argument("--yes", action="store_true")
 
     p = command("budget", "the disk plan: each stage's peak against capacity, and what is on disk now")
@@ -130,10 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _main(argv)
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit
         return code
-    except BrokenPipeError as e:
-        if _stdout_gone():
-            return _stdout_closed()
-        return _fail(f"a pipe broke: {e}", EXIT_USAGE)  # not stdout's: say so, in one line
+    except BrokenPipeError:
+        return _stdout_closed()
 
 
 def _replace_unencodable(*streams) -> None:
@@ -141,16 +140,6 @@ def _replace_unencodable(*streams) -> None:
     for stream in streams:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-
-
-def _stdout_gone() -> bool:
-    """Whether stdout's reader went away (a pipe or socket with no reader polls as an error)."""
-    try:
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
-    except (AttributeError, OSError, ValueError):  # no real stdout to ask: it is the one that broke
-        return True
 
 
 def _stdout_closed() -> int:
@@ -356,34 +345,45 @@ def _actions(args, cfg, box: Box) -> Actions:
 
 
 def _confirmer(yes: bool, force: bool = False):
-    async def confirm(plan: ActionPlan) -> str | None:
+    """The command line's side of the one policy: a blocked plan needs --force and a confirmation
+    (--yes, or "y" at a prompt that shows it blocked); without a terminal, only --yes confirms."""
+    from samai.console.actions import Decision  # see _run
+
+    async def confirm(plan: ActionPlan) -> Decision:
         for check in plan.checks:
-            print(f"  {'✓!✗'[('ok', 'warning', 'error').index(check.severity)]} {check.text}", file=sys.stderr)
+            mark = {"ok": "✓", "warning": "!", "error": "✗"}.get(check.severity, "?")
+            print(f"  {mark} {visible(check.text)}", file=sys.stderr)
         if plan.blocked and not force:
-            print("samai-console: the preflight blocks it; pass --force to run it anyway", file=sys.stderr)
-            return None
-        if plan.blocked:
-            return "override"
+            return Decision.declined(plan, "the preflight blocks it; add --force to run it anyway")
         if yes:
-            return "--yes"
+            return Decision.override(plan, "--force --yes") if plan.blocked else Decision.confirmed(plan, "--yes")
         if not sys.stdin.isatty():
-            print("samai-console: needs confirmation: run it at a terminal or pass --yes", file=sys.stderr)
-            return None
-        print(f"{plan.action} {plan.subject} on {plan.target}\n  {plan.command}", file=sys.stderr)
-        for line in plan.details:
-            print(f"  {line}", file=sys.stderr)
-        answer = await asyncio.to_thread(input, "Proceed? [y/N] ")
-        return "prompt" if answer.strip().lower() in ("y", "yes") else None
+            need = "--force --yes" if plan.blocked else "--yes"
+            return Decision.declined(plan, f"needs confirmation: run it at a terminal or pass {need}")
+        _show(plan)
+        answer = await asyncio.to_thread(input, "Run it anyway? [y/N] " if plan.blocked else "Proceed? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            return Decision.declined(plan, "declined at the prompt")
+        return Decision.override(plan, "--force prompt") if plan.blocked else Decision.confirmed(plan, "prompt")
 
     return confirm
+
+
+def _show(plan: ActionPlan) -> None:
+    print(f"{plan.action} {visible(plan.subject)} on {visible(plan.target)}\n  {visible(plan.command)}",
+          file=sys.stderr)
+    for line in plan.details:
+        print(f"  {visible(line)}", file=sys.stderr)
+    if plan.blocked:
+        print("  BLOCKED by the preflight (✗ above): --force runs it anyway", file=sys.stderr)
 
 
 def _report(outcome: ActionOutcome) -> int:
     result = outcome.result
     stream = sys.stdout if outcome.ok else sys.stderr
-    print(f"samai-console: {outcome.message}", file=stream)
+    print(f"samai-console: {visible(outcome.message)}", file=stream)
     for line in getattr(result, "log_tail", ()) if not outcome.ok else ():
-        print(f"  | {line}", file=stream)
+        print(f"  | {visible(line)}", file=stream)
     return EXIT_OK if outcome.ok else EXIT_PROBLEM
 
 
@@ -396,5 +396,6 @@ async def _stop(args, cfg, box: Box) -> int:
 
 
 async def _kill(args, cfg, box: Box) -> int:
-    outcome = await _actions(args, cfg, box).kill(args.pid, args.start_time, signal=args.signal, grace=args.grace)
+    outcome = await _actions(args, cfg, box).kill(args.pid, args.start_time, signal=args.signal, grace=args.grace,
+                                                  group=args.group)
     return _report(outcome)

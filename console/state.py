@@ -14,6 +14,7 @@ from samai.console.budget import DiskBudget, disk_budget
 from samai.console.config import Config, Stage
 from samai.console.detectors import declared_binaries, detect
 from samai.console.preflight import Preflight, poison_artifacts, preflight
+from samai.console.redact import redact
 from samai.console.sizing import ArtifactSizer
 from samai.console.trainlog import TrainLogParser, TrainPoint
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
@@ -32,6 +33,9 @@ class Alert:
     hint: str = ""  # the key that fixes it, e.g. "r restart"
     code: str = ""  # a detector's code, e.g. stale_server
     action: str = ""  # what `x` does about it: "kill PID START", "stop STAGE", "restart STAGE", "clean"
+
+    def __post_init__(self) -> None:  # every alert, whatever raised it: no secrets on screen or kept
+        object.__setattr__(self, "text", redact(self.text))
 
 
 @dataclass(frozen=True)

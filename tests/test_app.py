@@ -62,7 +62,8 @@ async def _until(pilot, predicate, timeout: float = 10.0):
 
 def _audit(isolated_dirs: Path) -> list[dict]:
     path = isolated_dirs / "xdg_state_home" / "samai" / "audit.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [e for e in lines if e["phase"] == "outcome"]  # each action's last word (its intent precedes it)
 
 
 def _log_text(app: SamaiApp) -> str:
@@ -74,7 +75,7 @@ async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path
     async with app.run_test(size=SIZE) as pilot:
         await _until(pilot, lambda: app.state.snapshot)
         await pilot.press("h")
-        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen)
+        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         shown = " ".join(str(w.render()) for w in dialog.query("Static"))
         assert "echo hello from the chain; echo STEP_OK; sleep 30" in shown
         assert app.focused.id == "cancel"
@@ -83,7 +84,7 @@ async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path
         assert not (workspace / ".samai" / "state" / "hello.json").exists()
 
         await pilot.press("h")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
         state_file = workspace / ".samai" / "state" / "hello.json"
         await _until(pilot, state_file.exists)
@@ -94,7 +95,7 @@ async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path
         await _until(pilot, lambda: not app._action_running)
 
         await pilot.press("s")  # stop the stage whose log is shown
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
         await _until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
         await _until(pilot, lambda: not app._action_running)
@@ -122,7 +123,7 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
         await pilot.press(*"31\\.25", "enter")
         await _until(pilot, lambda: pane.selected() and pane.selected().pid == victim.pid)
         await pilot.press("k")
-        dialog = await _until(pilot, lambda: isinstance(app.screen, KillDialog) and app.screen)
+        dialog = await _until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
         assert app.focused.id == "cancel"
         assert str(victim.pid) in str(dialog.query_one(".title").render())
         await pilot.press("enter")
@@ -135,7 +136,8 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
         app.screen.query_one("#TERM", Button).press()
         await _until(pilot, lambda: victim.poll() is not None)
         await _until(pilot, lambda: not app._action_running)
-    (entry,) = _audit(isolated_dirs)
+    declined, entry = _audit(isolated_dirs)  # the cancel goes through the action layer too, and is recorded
+    assert (declined["action"], declined["confirmation"], declined["result"]) == ("kill", "declined", "cancelled")
     assert (entry["action"], entry["pid"], entry["result"]) == ("kill", victim.pid, "done")
     assert boots == [app.state.snapshot.boot] and boots[0].id  # the start time's boot went with it
 
@@ -252,13 +254,13 @@ async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixe
     async with app.run_test(size=SIZE) as pilot:
         await _until(pilot, lambda: any(a.code == "stale_server" for a in app.state.alerts))
         await pilot.press("t")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
         await _until(pilot, lambda: any(a.code == "hidden_nan" for a in app.state.alerts))
         assert "hidden" in str(app.query_one("#alerts").render()).lower()
         await _until(pilot, lambda: not app._action_running)
         await pilot.press("x")  # the newest alert with an action: the stale server on the serve port
-        dialog = await _until(pilot, lambda: isinstance(app.screen, KillDialog) and app.screen)
+        dialog = await _until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
         assert dialog.process.pid == stray.pid and app.focused.id == "cancel"
         await pilot.press("escape")
         await app.box.stop("train", grace=1)

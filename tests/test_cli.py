@@ -39,7 +39,8 @@ def cfg_file(tmp_path: Path, workspace: Path) -> Path:
 
 def _audit(isolated_dirs: Path) -> list[dict]:
     path = isolated_dirs / "xdg_state_home" / "samai" / "audit.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [e for e in lines if e["phase"] == "outcome"]  # each action's last word (its intent precedes it)
 
 
 def test_version_and_help() -> None:
@@ -90,7 +91,7 @@ def test_a_blocked_preflight_needs_force(cfg_file: Path, workspace: Path, isolat
     r = run_cli("--config", str(cfg_file), "fire", "needy", "--yes")
     assert r.returncode == 1 and "needs base (models/base): missing" in r.stderr and "--force" in r.stderr
     assert not (workspace / ".samai" / "state" / "needy.json").exists()
-    r = run_cli("--config", str(cfg_file), "fire", "needy", "--force")
+    r = run_cli("--config", str(cfg_file), "fire", "needy", "--force", "--yes")  # an override, and confirmed
     assert r.returncode == 0, r.stderr
     assert [(e["confirmation"], e["result"]) for e in _audit(isolated_dirs)] == [("declined", "cancelled"),
                                                                                ("override", "done")]

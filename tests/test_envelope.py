@@ -154,7 +154,7 @@ async def test_a_hang_and_a_trickle_hit_the_overall_deadline(gateway, token) -> 
 @pytest.mark.parametrize("mode, ran", [("500", False), ("silent_spawn", False), ("close_mid_body", True)])
 async def test_a_fire_that_breaks_is_sent_once_and_reported_from_the_box(gateway, token, workspace, isolated_dirs,
                                                                          mode, ran) -> None:
-    from samai.console.actions import Actions
+    from samai.console.actions import Actions, Decision
     from samai.console.audit import AuditLog
     from samai.console.connect import open_box
 
@@ -165,7 +165,7 @@ async def test_a_fire_that_breaks_is_sent_once_and_reported_from_the_box(gateway
     box = open_box(cfg)
 
     async def confirm(plan):
-        return "test"
+        return Decision.confirmed(plan, "test")
 
     actions = Actions(box, cfg, AuditLog(isolated_dirs / "audit.jsonl"), readonly=False, confirm=confirm)
     await box.snapshot()  # tools in place: the fault hits the launch itself

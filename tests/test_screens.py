@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from samai.console import replay
-from samai.console.actions import ActionPlan
+from samai.console.actions import ActionPlan, kill_plans
 from samai.console.app import SamaiApp
 from samai.console.preflight import preflight
 from samai.widgets.dialogs import ConfirmDialog, KillDialog
@@ -49,7 +49,8 @@ def test_kill_dialog(snap_compare) -> None:
     async def run_before(pilot) -> None:
         await _replay(pilot)
         snap = pilot.app.state.snapshot
-        pilot.app.push_screen(KillDialog(snap.process(4242), [snap.process(4250)], 5.0))
+        proc = snap.process(4242)
+        pilot.app.push_screen(KillDialog(proc, kill_plans("local", snap, proc.pid, proc.start_time, snap.boot, 5.0)))
         await pilot.pause()
 
     assert snap_compare(_app(), terminal_size=SIZE, run_before=run_before)

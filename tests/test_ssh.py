@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from samai.console import config
-from samai.console.actions import Actions
+from samai.console.actions import Actions, Decision
 from samai.console.app import SamaiApp
 from samai.console.audit import AuditLog
 from samai.console.connect import open_box
@@ -209,7 +209,7 @@ async def test_a_fire_whose_connection_breaks_reports_what_happened(server, ssh_
     box = open_box(cfg)
 
     async def confirm(plan):
-        return "test"
+        return Decision.confirmed(plan, "test")
 
     actions = Actions(box, cfg, AuditLog(isolated_dirs / "audit.jsonl"), readonly=False, confirm=confirm)
     await box.snapshot()

@@ -3,7 +3,7 @@ target and opens with Cancel focused: Enter on a dialog you did not read does no
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
@@ -11,7 +11,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, Static
+from textual.widgets import Button, DataTable, Input, Label, RadioButton, RadioSet, Static
+
+from samai.remote.visible import visible
 
 if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not imported with the TUI
     from samai.console.actions import ActionPlan
@@ -74,41 +76,55 @@ class ConfirmDialog(ModalScreen[bool]):
         self.dismiss(False)
 
 
-class KillDialog(ModalScreen[str | None]):
-    """pid, user, start time, command, the children; TERM and KILL as separate choices."""
+class KillDialog(ModalScreen["ActionPlan | None"]):
+    """The kill plans the action layer built for one process: this process alone or its whole
+    process group, each with TERM or KILL. The chosen scope's exact commands and target are
+    shown; the button pressed returns that very plan (it is what runs). Cancel is focused."""
 
-    DEFAULT_CSS = DIALOG_CSS.format(name="KillDialog")
+    DEFAULT_CSS = DIALOG_CSS.format(name="KillDialog") + "KillDialog RadioSet { margin-bottom: 1; }"
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, process: Process, children: list[Process], grace: float) -> None:
+    def __init__(self, process: Process, plans: Sequence[ActionPlan]) -> None:
         super().__init__()
-        self.process, self.child_processes, self.grace = process, children, grace
+        self.process = process
+        self.plans = {(p.group, p.signal): p for p in plans}
+        self.group = False
+
+    def selected(self, signal: str) -> ActionPlan:
+        """The plan that the button for this signal runs, in the scope chosen now."""
+        return self.plans[(self.group, signal)]
 
     def compose(self) -> ComposeResult:
         p = self.process
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.start_time))
         with Vertical():
-            yield Label(f"kill pid {p.pid} ({p.user})", classes="title")
-            yield Static(Content(p.command[:1000]), classes="command")
-            yield Static(Content(f"started {started} (start time {p.start_time:.2f}); identity re-checked "
-                                 f"on the box right before the signal"))
-            yield Static(Content(f"TERM: SIGTERM to pid {p.pid}, SIGKILL after {self.grace:g} s if it lives · "
-                                 f"KILL: SIGKILL to pid {p.pid} now"))
-            if self.child_processes:
-                yield Static(Content(f"its children ({len(self.child_processes)}), which lose their parent:"))
-                with VerticalScroll():
-                    for c in self.child_processes:
-                        yield Static(Content(f"  {c.pid} {c.user} {c.command[:90]}"))
+            yield Label(Content(visible(f"kill pid {p.pid} ({p.user})")), classes="title")
+            yield Static(Content(visible(p.command[:1000])), classes="command")
+            with RadioSet(id="scope"):
+                yield RadioButton("this process only", value=True, id="scope-process")
+                yield RadioButton("its whole process group", id="scope-group")
+            yield Static(id="plan")
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
                 yield Button("TERM", id="TERM", variant="warning")
                 yield Button("KILL", id="KILL", variant="error")
 
     def on_mount(self) -> None:
+        self._show_scope()
         self.query_one("#cancel", Button).focus()
 
+    def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
+        self.group = event.pressed.id == "scope-group"
+        self._show_scope()
+
+    def _show_scope(self) -> None:
+        term, kill = self.selected("TERM"), self.selected("KILL")
+        lines = [Content(visible(f"on {term.target}:")), Content.assemble(("TERM: ", "bold"), visible(term.command)),
+                 Content.assemble(("KILL: ", "bold"), visible(kill.command)),
+                 *(Content(visible(line)) for line in term.details)]
+        self.query_one("#plan", Static).update(Content("\n").join(lines))
+
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(None if event.button.id == "cancel" else event.button.id)
+        self.dismiss(None if event.button.id == "cancel" else self.selected(str(event.button.id)))
 
     def action_cancel(self) -> None:
         self.dismiss(None)

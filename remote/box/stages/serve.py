@@ -1,7 +1,9 @@
 """The serve stage: the restart chain that the playbook learned the hard way (§6).
 
-1. whoever listens on the port is stopped by pid, identity-checked (only with --stop-listeners;
-   otherwise PORT_BUSY and nothing is touched)
+1. the port must be free: the console stops its listeners before it fires this stage (each by
+   pid and start time, confirmed by the operator and written to the audit log); a port still
+   held here is PORT_BUSY and nothing is touched. By hand, --stop-listeners stops them here,
+   identity-checked, with one parseable LISTENER_STOPPED line per process
 2. the port is verified free
 3. the server starts as this chain's child, in its process group (stopping the stage stops it):
    llama-server with --reasoning-format none, or `python -m llama_cpp.server` for tiny
@@ -48,6 +50,8 @@ def stop_holders(port):
         started = start_epoch(st["starttime"], btime)
         say("stopping pid %d (%s, started %.2f) which holds port %d" % (pid, st["comm"], started, port))
         result = kill({"pid": pid, "start_time": started, "signal": "TERM", "grace": 5})
+        marker("LISTENER_STOPPED", "pid=%d start=%.2f port=%d result=%s comm=%s"
+               % (pid, started, port, result["result"], json.dumps(st["comm"])))
         if not result["ok"]:
             fail("PORT_BUSY", "could not stop pid %d: %s" % (pid, result.get("reason", result["result"])))
 
@@ -118,7 +122,8 @@ def main():
 
     if holders(args.port):
         if not args.stop_listeners:
-            fail("PORT_BUSY", "port %d is held by pid %s; fire with --stop-listeners to stop it"
+            fail("PORT_BUSY", "port %d is held by pid %s; fire serve from the console, which stops it by pid "
+                 "(or pass --stop-listeners)"
                  % (args.port, ", ".join(str(h) for h in holders(args.port))))
         stop_holders(args.port)
     if holders(args.port):
