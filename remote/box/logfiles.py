@@ -59,12 +59,12 @@ def refuse_special(st):
         raise NotRegular(kind)
 
 
-def open_regular(path):
+def open_regular(path, flags=0):
     """(fd, stat) of a regular file. Checked before the open (a FIFO's open blocks until a writer
     comes, a socket's fails with a useless message) and after it (the path may have been swapped
     meanwhile: the open is non-blocking, so that swap cannot block it either)."""
     refuse_special(os.stat(path))
-    fd = os.open(path, OPEN_FLAGS)
+    fd = os.open(path, OPEN_FLAGS | flags)
     try:
         st = os.fstat(fd)
         refuse_special(st)
@@ -180,7 +180,7 @@ def plain_stat(entry):
 def open_sibling(entry, wanted):
     """(fd, stat) of a sibling if it is a regular file for which wanted(stat) holds."""
     try:
-        fd, st = open_regular(entry.path)
+        fd, st = open_regular(entry.path, getattr(os, "O_NOFOLLOW", 0))  # the file there, not a link's
     except OSError:
         return None
     if wanted(st):
