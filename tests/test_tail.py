@@ -66,7 +66,8 @@ async def test_truncation_and_rotation_are_detected(box: Box, workspace: Path) -
     log.rename(workspace / "c.log.1")  # rotated: a new file under the old name
     log.write_text("fresh\n")
     lines, notices = await _poll(box, follower)  # the old file first: a writer may still add to it
-    assert lines == [] and "rotated (now " in notices[0] and notices[0].endswith("c.log.1); reading the rest of it first")
+    assert lines == [] and "rotated (now " in notices[0]
+    assert notices[0].endswith("c.log.1); reading the rest of it first")
     lines, notices = await _poll(box, follower)  # still at its end a poll later: done with it
     assert lines == ["fresh"] and "reading the new one from its start" in notices[0]
 
