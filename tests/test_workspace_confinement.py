@@ -16,7 +16,7 @@ from samai.console import config, paths
 from samai.remote.box import confine
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
-from tests.helpers import run_cli
+from tests.helpers import run_cli, wait_for
 
 CLEAN_TOOL = Path(confine.__file__).with_name("clean.py")
 STAGE = '[stages.s]\nkey = "z"\ncommand = "echo fired-by-test"\n'
@@ -190,6 +190,18 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_still_gets_the_write(tmp
         os.close(folder)
     assert (workspace / "logs-moved" / "s.log").read_bytes() == b"line\n"
     assert (workspace / "logs-moved" / "record.json").exists()
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.log"]
+
+
+async def test_a_state_folder_swapped_while_the_stage_runs_keeps_its_pid_and_rc(box: Box, workspace, outside):
+    fired = await box.fire("s", "sleep 1.5", "logs/s.log", verify_s=0.3)
+    assert fired.state == "running", fired.reason
+    state = workspace / ".samai" / "state"
+    state.rename(workspace / ".samai" / "state-moved")
+    state.symlink_to(outside)  # the chain writes its rc when it ends: after this swap
+    moved = workspace / ".samai" / "state-moved"
+    wait_for(lambda: (moved / "s.rc").exists() and (moved / "s.rc").read_text().strip() == "0", timeout=20)
+    assert (moved / "s.pid").read_text().strip() == str(fired.pid)
     assert sorted(p.name for p in outside.iterdir()) == ["precious.log"]
 
 

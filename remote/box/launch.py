@@ -86,6 +86,13 @@ class Places(object):
     def record(self, text):
         confine.write_file(self.state, self.stage + ".json", text.encode("utf-8"))
 
+    def chain_files(self):
+        """The pid and rc files as the chain writes them: through the state folder's descriptor,
+        which the chain inherits, so a state folder swapped for a symlink later cannot redirect
+        them (Linux: /proc/self/fd/N is the folder that was opened, wherever it is now)."""
+        folder = "/proc/self/fd/%d/" % self.state
+        return {"SAMAI_PID_FILE": folder + self.stage + ".pid", "SAMAI_RC_FILE": folder + self.stage + ".rc"}
+
 
 def read_json(path):
     try:
@@ -146,8 +153,9 @@ def launch(req):
                SAMAI_PID_FILE=paths["pid"], SAMAI_RC_FILE=paths["rc"],
                SAMAI_TOOLS=os.path.dirname(os.path.abspath(__file__)))
     with os.fdopen(log_fd, "ab") as out, open(os.devnull, "rb") as devnull:
+        env.update(places.chain_files())
         proc = subprocess.Popen(["/bin/sh", paths["chain"]], stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
-                                cwd="/", env=env, start_new_session=True, close_fds=True)
+                                cwd="/", env=env, start_new_session=True, close_fds=True, pass_fds=(places.state,))
     st = read_stat(proc.pid)  # readable even if it already exited: unreaped until we poll
     fired_at = time.time()
     verify_s = float(req.get("verify_s", 3.0))
