@@ -241,7 +241,7 @@ def escape_reason(path: str, workspace: str) -> str | None:
 def local_workspace_reason(workspace: str) -> str | None:
     """Why a workspace on this machine would put the system's or the console's own files in
     reach of a clean; None when it is a folder of its own."""
-    seen = {posixpath.normpath(workspace), os.path.realpath(workspace)}
+    seen = {os.path.abspath(workspace), os.path.realpath(workspace)}
     home = {posixpath.normpath(str(Path.home())), os.path.realpath(Path.home())}
     for p in seen:
         problem = system_folder_reason(p, home)
@@ -398,7 +398,7 @@ class _Reader:
         if not path:
             return str(paths.default_workspace(pipeline)) if target.is_local else f"samai/{pipeline}"
         if target.is_local:
-            workspace = os.path.abspath(os.path.expanduser(path))
+            workspace = os.path.expanduser(path)
             problem = local_workspace_reason(workspace)
         else:
             workspace = path[2:] if path.startswith("~/") else path  # a remote command starts in the home folder

@@ -77,7 +77,10 @@ def holds_its_promises(cfg: config.Config) -> None:
     assert cfg.budget.capacity_gb is None or math.isfinite(cfg.budget.capacity_gb)
     inside = [a.path for a in cfg.artifacts] + [s.log for s in cfg.stages] + [p for s in cfg.stages for p in s.poison]
     assert all(config.escape_reason(p, cfg.workspace) is None for p in inside + [cfg.ui.eval_reports])
-    assert config.local_workspace_reason(cfg.workspace) is None
+    if cfg.target.is_local:
+        assert config.local_workspace_reason(cfg.workspace) is None
+    else:
+        assert config.remote_workspace_reason(cfg.workspace) is None
 
 
 @FUZZ
