@@ -43,6 +43,8 @@ def clean(req):
             reply["refused"].append({"path": given, "reason": str(e)})
         except OSError as e:
             reply["refused"].append({"path": given, "reason": "%s: %s" % (given, e.strerror or e)})
+        except RecursionError:
+            reply["refused"].append({"path": given, "reason": "%s: folders nested too deep to delete" % given})
     return reply
 
 
