@@ -92,13 +92,16 @@ def grep_count(path: Path) -> int:
     return int(out.stdout.strip() or 0)
 
 
-# The CLI in-process, so that getrusage sees the command itself; the probe is its child.
+# The CLI in-process, so that its own peak is measured (VmHWM: ru_maxrss would start at the RSS of
+# the process it was forked from); the probe is its child.
 PEAK_RSS = """
 import json, os, resource, sys
 from samai.console.cli import main
 sys.stdout = open(os.devnull, "w")
 code = main(sys.argv[1:])
-print(json.dumps({"rc": code, "self_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+with open("/proc/self/status") as f:
+    self_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+print(json.dumps({"rc": code, "self_kb": self_kb,
                   "children_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}), file=sys.stderr)
 """
 
@@ -128,7 +131,7 @@ def main() -> None:
         print(f"log: {size / 1e6:.1f} MB, {dicts} Trainer dicts (written in {write_s:.1f} s)")
         peak = cli_peak_rss(folder, log)
         print(f"samai-console check trainlog --json: rc {peak['rc']}, peak RSS {peak['self_kb'] / 1024:.0f} MiB "
-              f"(its probe: {peak['children_kb'] / 1024:.0f} MiB)")
+              f"(its probe: at most {peak['children_kb'] / 1024:.0f} MiB)")
         if args.rss_only:
             return
         grep_count(log)  # the page cache is warm for everyone, grep included
