@@ -15,6 +15,7 @@ import gc
 import json
 import os
 import re
+import select
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -131,8 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _main(argv)
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit
         return code
-    except BrokenPipeError:
-        return _stdout_closed()
+    except BrokenPipeError as e:
+        if _stdout_gone():
+            return _stdout_closed()
+        return _fail(f"a pipe broke: {e}", EXIT_USAGE)  # not stdout's: say so, in one line
 
 
 def _replace_unencodable(*streams) -> None:
@@ -140,6 +143,16 @@ def _replace_unencodable(*streams) -> None:
     for stream in streams:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout's reader went away (a pipe or socket with no reader polls as an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no real stdout to ask: it is the one that broke
+        return True
 
 
 def _stdout_closed() -> int:
