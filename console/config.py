@@ -44,7 +44,7 @@ SHARED_FOLDERS = ("/", "/home", "/root", "/tmp", "/var", "/var/tmp", "/var/lib",
 class ConfigError(Exception):
     def __init__(self, source: str, key: str, expected: str, got: Any = None) -> None:
         got_text = "" if got is None else f", got {_short(repr(got))}"
-        super().__init__(f"{source}: {key}: expected {expected}{got_text}")
+        super().__init__(f"{_one_line(source)}: {_one_line(key)}: expected {_one_line(expected)}{got_text}")
         self.source, self.key = source, key
 
 
@@ -59,6 +59,11 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _one_line(text: str) -> str:
+    """A file name or a key (the user's own names are keys too) with its control characters escaped."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def _short(text: str, limit: int = 160) -> str:
