@@ -138,10 +138,16 @@ def assert_probe_reply(line: str) -> dict:
     return reply
 
 
+@pytest.fixture(scope="module")
+def memory(box):
+    """One --serve probe's memory for every example, as one probe serves request after request
+    (it holds descriptors of the logs it read: one per example would pile them up)."""
+    return box.probe.Memory()
+
+
 @FUZZ
 @given(data=st.data())
-def test_probe_answers_any_request_with_a_reply_or_an_error_reply(box, box_files, data) -> None:
-    memory = box.probe.Memory()
+def test_probe_answers_any_request_with_a_reply_or_an_error_reply(box, box_files, memory, data) -> None:
     request = data.draw(request_strategy(box_files))
     assert_probe_reply(box.probe.answer(json.dumps(request), memory))
     # ... and serves on: the next sane request gets a whole reply.
@@ -151,8 +157,8 @@ def test_probe_answers_any_request_with_a_reply_or_an_error_reply(box, box_files
 
 @FUZZ
 @given(request=JSON)
-def test_probe_answers_any_json_value(box, request) -> None:
-    assert_probe_reply(box.probe.answer(json.dumps(request), box.probe.Memory()))
+def test_probe_answers_any_json_value(box, memory, request) -> None:
+    assert_probe_reply(box.probe.answer(json.dumps(request), memory))
 
 
 def test_probe_request_shapes_are_named_in_the_error(box, box_files) -> None:
