@@ -19,6 +19,7 @@ from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -33,6 +34,7 @@ from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import Process, Snapshot
 from samai.remote.targets import TargetError, open_transport
 from samai.remote.transport import TransportError
+from samai.remote.visible import visible
 from samai.themes import DEFAULT_THEME, THEMES, stylesheet
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.curves import CurvesPane
@@ -40,6 +42,7 @@ from samai.widgets.disk import DiskPane
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter
 from samai.widgets.logview import LogView
+from samai.widgets.pane import inert, literal_markup
 from samai.widgets.processes import ProcessPane
 from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
@@ -63,7 +66,7 @@ def _one_action_at_a_time(method):
     @functools.wraps(method)
     async def guarded(self: SamaiApp, *args):
         if self._action_running:
-            self.notify("another action is still running; wait for its result", severity="warning")
+            self.notify("another action is still running; wait for its result", severity="warning", markup=False)
             return
         self._action_running = True
         try:
@@ -111,6 +114,13 @@ class SamaiApp(App[None]):
             self.register_theme(t)
         chosen = theme or prefs.load().get("theme") or config.ui.theme
         self.theme = chosen if chosen in self.available_themes else DEFAULT_THEME
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Textual's toast, literal unless a caller asks for markup: a toast mostly says what the box
+        said (a path, a stage's output), so its control characters are shown as stand-ins too."""
+        message = "\n".join(visible(line) for line in message.split("\n"))
+        super().notify(message, title=visible(title), severity=severity, timeout=timeout, markup=markup)
 
     # ------------------------------------------------------------ layout
 
@@ -167,7 +177,7 @@ class SamaiApp(App[None]):
                 self.show_snapshot(snap, followers)
             except Exception as e:  # a bug in one render must not stop the polling
                 self.log.error("render failed", e)
-                self.notify(f"internal error while rendering: {e!r}", severity="error")
+                self.notify(f"internal error while rendering: {e!r}", severity="error", markup=False)
             # A log pane behind a flood catches up at once; everything else waits for the interval.
             behind = bool(followers) and followers[-1] is self.state.shown and snap.logs[-1].more
             await asyncio.sleep(0.05 if behind else self.config.target.poll_interval)
@@ -191,7 +201,7 @@ class SamaiApp(App[None]):
     def _render(self, u: StateUpdate) -> None:
         snap = u.snapshot
         if self.connection.state == "lost":
-            self.notify("the box answers again", title="reconnected")
+            self.notify("the box answers again", title="reconnected", markup=False)
         self.connection = Connection(self.config.target.url, snap.host, "connected", 0.0, snap.rtt, False,
                                      self.readonly)
         if not self._log_chosen:
@@ -211,7 +221,7 @@ class SamaiApp(App[None]):
             self.query_one(AlertsPane).show(self.state.alerts)
             for a in u.new_alerts:
                 if a.severity == "error":
-                    self.notify(a.text, severity="error", timeout=8)
+                    self.notify(a.text, severity="error", timeout=8, markup=False)  # box text: never markup
         self._tick()
 
     def _follow_busiest_stage(self, u: StateUpdate) -> None:
@@ -275,7 +285,7 @@ class SamaiApp(App[None]):
     def _show_stage_log(self, name: str) -> None:
         self.state.show_stage_log(name)
         self.query_one(LogView).reset(self.state.shown.path, self.state.shown_markers())
-        self.query_one(LogView).border_title = f"log · {name}"
+        self.query_one(LogView).border_title = inert(f"log · {name}")
 
     def action_next_log(self) -> None:
         self._log_chosen = True
@@ -295,7 +305,7 @@ class SamaiApp(App[None]):
             self._log_chosen = True
             follower = self.state.show_log(path)
             self.query_one(LogView).reset(follower.path, ())
-            self.query_one(LogView).border_title = f"file · {path}"
+            self.query_one(LogView).border_title = inert(f"file · {path}")
 
     def action_help(self) -> None:
         from samai.widgets.dialogs import HelpScreen  # see _confirm
@@ -339,7 +349,7 @@ class SamaiApp(App[None]):
         """The newest alert's suggested action, through that action's own confirmation."""
         alert = next((a for a in self.state.alerts if a.action), None)
         if alert is None:
-            self.notify("no alert with a suggested action", severity="information")
+            self.notify("no alert with a suggested action", severity="information", markup=False)
             return
         verb, _, rest = alert.action.partition(" ")
         if verb == "kill":
@@ -347,7 +357,7 @@ class SamaiApp(App[None]):
             snap = self.state.snapshot
             proc = snap.process(int(pid)) if snap else None
             if proc is None or abs(proc.start_time - float(start)) > 0.011:
-                self.notify(f"pid {pid} is gone or is another process now", severity="warning")
+                self.notify(f"pid {pid} is gone or is another process now", severity="warning", markup=False)
                 return
             self.action_kill(proc)
         elif verb in ("stop", "restart"):
@@ -387,7 +397,7 @@ class SamaiApp(App[None]):
             return
         reclaimable = [a for a in disk_budget(self.config, snap).artifacts if a.reclaimable]
         if not reclaimable:
-            self.notify("nothing is reclaimable now", severity="information")
+            self.notify("nothing is reclaimable now", severity="information", markup=False)
             return
         why = "reclaimable intermediates: " + ", ".join(a.name for a in reclaimable)
         self._report(await self._actions().clean([a.path for a in reclaimable], why=why))
@@ -404,14 +414,18 @@ class SamaiApp(App[None]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
+        # The palette takes a command's title and help only as markup: what the config and the box
+        # wrote there (a command's "[ -f x ]", a log named "[/x].log") is escaped to show as written.
         for stage in self.config.stages:
             name = stage.name
-            yield SystemCommand(f"Open log: {name}", stage.log, lambda n=name: self.open_stage_log(n))
+            yield SystemCommand(literal_markup(f"Open log: {name}"), literal_markup(stage.log),
+                                lambda n=name: self.open_stage_log(n))
             if not self.readonly:
-                yield SystemCommand(f"Fire {name}", stage.command, lambda n=name: self.action_fire(n))
-                yield SystemCommand(f"Stop {name}", "its process group: TERM, then KILL",
+                yield SystemCommand(literal_markup(f"Fire {name}"), literal_markup(stage.command),
+                                    lambda n=name: self.action_fire(n))
+                yield SystemCommand(literal_markup(f"Stop {name}"), "its process group: TERM, then KILL",
                                     lambda n=name: self.action_stop(n))
-                yield SystemCommand(f"Restart {name}", "stop, clear poison files, fire",
+                yield SystemCommand(literal_markup(f"Restart {name}"), "stop, clear poison files, fire",
                                     lambda n=name: self.action_restart(n))
         yield SystemCommand("Open file…", "any file on the box, in the log pane", self.action_open_file)
         yield SystemCommand("Switch target…", "local, ssh://user@host[:port]", self.switch_target)
@@ -436,7 +450,7 @@ class SamaiApp(App[None]):
         try:
             open_transport(url)
         except TargetError as e:
-            self.notify(str(e), severity="error")
+            self.notify(str(e), severity="error", markup=False)
             return
         old, self.box = self.box, None
         if old:
@@ -451,7 +465,8 @@ class SamaiApp(App[None]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place a failed worker is reported: nothing fails silently."""
         if event.state == WorkerState.ERROR:
-            self.notify(f"{event.worker.name} failed: {event.worker.error!r}", severity="error", timeout=15)
+            self.notify(f"{event.worker.name} failed: {event.worker.error!r}", severity="error", timeout=15,
+                        markup=False)
 
     def on_log_view_save_requested(self, event: LogView.SaveRequested) -> None:
         self._save_lines(event.lines)
@@ -462,7 +477,7 @@ class SamaiApp(App[None]):
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"{self.state.shown_stage or 'file'}-{time.strftime('%Y%m%d-%H%M%S')}.log"
         Path(target).write_text("\n".join(redact(line) for line in lines) + "\n", "utf-8")  # no secrets kept
-        self.call_from_thread(self.notify, f"saved {len(lines)} lines to {target}")
+        self.call_from_thread(self.notify, f"saved {len(lines)} lines to {target}", markup=False)
 
 
 def run_app(config: Config, *, readonly: bool = False, theme: str | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -14,6 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, RadioButton, RadioSet, Static
 
 from samai.remote.visible import visible
+from samai.widgets.pane import inert, inert_lines
 
 if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not imported with the TUI
     from samai.console.actions import ActionPlan
@@ -35,10 +37,11 @@ DIALOG_CSS = """
 
 
 def _plan_widgets(plan: ActionPlan) -> list:
+    """The plan as literal text: a command, a path or a target may hold markup or control characters."""
     return [
-        Label(f"{plan.action} {plan.subject} on {plan.target}", classes="title"),
-        Static(Content(plan.command), classes="command"),
-        *(Static(Content(line)) for line in plan.details),
+        Label(inert(f"{plan.action} {plan.subject} on {plan.target}"), classes="title"),
+        Static(inert_lines(plan.command), classes="command"),
+        *(Static(inert(line)) for line in plan.details),
     ]
 
 
@@ -59,7 +62,7 @@ class ConfirmDialog(ModalScreen[bool]):
                 with VerticalScroll():
                     for c in self.checks:
                         glyph, style = CHECK_STYLE[c.severity]
-                        yield Static(Content.assemble((f"{glyph} ", style), c.text))
+                        yield Static(Content.assemble((f"{glyph} ", style), visible(c.text)))
             blocked = any(c.severity == "error" for c in self.checks)
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
@@ -142,7 +145,7 @@ class PathDialog(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.title_text, classes="title")
+            yield Label(inert(self.title_text), classes="title")
             yield Input(value=self.value, placeholder=self.placeholder)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -164,11 +167,11 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("keys (remap any id under [ui.keys] in samai.toml)", classes="title")
+            yield Label(Content("keys (remap any id under [ui.keys] in samai.toml)"), classes="title")
             table = DataTable(cursor_type="row")
             table.add_columns("key", "what", "id")
-            for row in self.rows:
-                table.add_row(*row)
+            for row in self.rows:  # a stage's description names it: cells as text, never markup
+                table.add_row(*(Text(visible(cell), no_wrap=True, end="") for cell in row))
             yield table
 
     def action_close(self) -> None:

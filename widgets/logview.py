@@ -725,7 +725,7 @@ class LogView(ScrollView, can_focus=True):
         try:
             LineFilter.parse(value)
         except re.error as error:
-            prompt.border_subtitle = Content(f"invalid regex: {error} · the previous filter stays")
+            prompt.border_subtitle = Content(visible(f"invalid regex: {error} · the previous filter stays"))
             prompt.add_class("-invalid")
         else:
             prompt.border_subtitle = None
@@ -785,7 +785,7 @@ class LogView(ScrollView, can_focus=True):
         target = next((marks[j] for j in candidates if self._index_of(marks[j]) is not None), None)
         if target is None:
             self.app.bell()
-            self.notify("No further marker lines" if marks else "No marker lines", timeout=2)
+            self.notify("No further marker lines" if marks else "No marker lines", timeout=2, markup=False)
             return
         self._set_following(False)
         self._cursor = target
@@ -819,7 +819,7 @@ class LogView(ScrollView, can_focus=True):
     def _update_subtitle(self) -> None:
         parts: list[str] = []
         if self._filter is not None:
-            parts.append(f"/{self._filter.source}/ {self.shown_count:,} of {len(self._lines):,}")
+            parts.append(f"/{visible(self._filter.source)}/ {self.shown_count:,} of {len(self._lines):,}")
         if self._wrap:
             parts.append("wrap")
         if self._following:
