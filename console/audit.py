@@ -67,7 +67,7 @@ class AuditLog:
         data = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode("utf-8")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)  # read: its last byte
             try:
                 if _ends_torn(fd):
                     data = b"\n" + data

@@ -16,19 +16,20 @@ MASK = "***"
 
 # A value as a shell command or a config line writes it: quoted, or up to a separator.
 # Each pattern starts only where a name or scheme starts (not inside one), so that no input
-# makes them try every position of a long run of word characters: linear time.
+# makes them try every position of a long run of word characters: linear time. None crosses
+# a line break: a secret is on the line of its name.
 _VALUE = r"""(?:"[^"\n]*"|'[^'\n]*'|\$\{\w+\}|[^\s'"`;&|<>(){}\[\],]+)"""
 _SECRET_NAME = r"(?:(?:[A-Za-z0-9_]*_)?(?:TOKEN|KEY|SECRET)|[A-Za-z0-9_]*(?:PASSWORD|PASSWD))"
 
 _PATTERNS = (
     # HF_TOKEN=x, aws_secret_access_key = x, "password": "x", --token=x, --api-key=x
-    re.compile(rf"(?i)(?<![A-Za-z0-9_])({_SECRET_NAME}[\"']?\s*[=:]\s*)({_VALUE})"),
+    re.compile(rf"(?i)(?<![A-Za-z0-9_/])({_SECRET_NAME}[\"']?[ \t]*[=:][ \t]*)({_VALUE})"),
     # --password x, --hf-token x, --api-key x (the value is the next word; another flag is not one)
     re.compile(rf"(?i)(?<![A-Za-z0-9_-])(--?[A-Za-z0-9_-]*(?:password|passwd|token|secret|key)[ \t]+)(?!-)({_VALUE})"),
     # Authorization: Bearer x / Basic x / x
-    re.compile(rf"(?i)\b(authorization[\"']?\s*[:=]\s*(?:(?:bearer|basic|token)\s+)?)({_VALUE})"),
+    re.compile(rf"(?i)\b(authorization[\"']?[ \t]*[:=][ \t]*(?:(?:bearer|basic|token)[ \t]+)?)({_VALUE})"),
     # a bearer token on its own
-    re.compile(r"(?i)\b(bearer\s+)([A-Za-z0-9._~+/=-]{8,})"),
+    re.compile(r"(?i)\b(bearer[ \t]+)([A-Za-z0-9._~+/=-]{8,})"),
     # scheme://user:password@host
     re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^\s/?#@:]*:)([^\s/?#]*)(?=@)"),
     # tokens known by their prefix, wherever they stand

@@ -43,7 +43,7 @@ key = "p"
 command = "echo PLAIN RAN; sleep 38.375"
 [stages.serve]
 key = "v"
-command = "{python} -c 'import socket,time; s=socket.socket(); s.bind((\\"127.0.0.1\\", {port})); s.listen(); print(\\"BOUND\\", flush=True); time.sleep(30)'"
+command = "{python} {listener}"
 ports = [{port}]
 """
 
@@ -61,8 +61,11 @@ def port() -> int:
 
 @pytest.fixture
 def cfg_file(tmp_path: Path, workspace: Path, port: int) -> Path:
+    listener = tmp_path / "listener.py"  # the serve stage's stand-in: it binds its port, or fails
+    listener.write_text(f"import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', {port}))\ns.listen()\n"
+                        "print('BOUND', flush=True)\ntime.sleep(30)\n")
     f = tmp_path / "policy.toml"
-    f.write_text(PIPELINE.format(ws=workspace, python=sys.executable, port=port))
+    f.write_text(PIPELINE.format(ws=workspace, python=sys.executable, port=port, listener=listener))
     return f
 
 
