@@ -292,7 +292,9 @@ class ProcessPane(Vertical):
     def visible(self) -> list[ProcessRow]:
         rows = [r for r in self.rows if self.show_kernel or r.process.argv]
         if self.pattern:
-            rows = [r for r in rows if self.pattern.search(f"{r.stage or ''} {r.process.user} {r.process.command}")]
+            # matched against the text as shown (control characters as their stand-ins)
+            rows = [r for r in rows
+                    if self.pattern.search(f"{r.stage or ''} {visible(r.process.user)} {visible(r.process.command)}")]
         by = _sort_key(self.sort)
         return sorted(rows, key=lambda r: (r.stage is None, r.stage or "", by(r)))
 
