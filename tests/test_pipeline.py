@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from samai.console import config
+from samai.console import config, paths
+from samai.console.actions import ActionPlan, Actions, Decision
+from samai.console.audit import AuditLog
 from samai.remote.box.gguf_check import check_file
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
@@ -96,6 +98,11 @@ def pipeline_ws(tmp_path: Path, provisioned: Path) -> Path:
     return ws
 
 
+async def _anyway(plan: ActionPlan) -> Decision:
+    """The operator's override: the stray listener holds the serve port, which blocks the plan."""
+    return Decision.override(plan, "test") if plan.blocked else Decision.confirmed(plan, "test")
+
+
 async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
     port = free_port()
     cfg = tiny(pipeline_ws, port)
@@ -115,8 +122,10 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await _until_listening(port)
         serve = cfg.stage("serve")
-        fired = await box.fire("serve", serve.command, serve.log, verify_s=1.0)
-        assert fired.state == "running", fired
+        # As the console fires it: the action layer's plan stops the stray by pid (audited), then fires.
+        outcome = await Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_anyway).fire(serve.name)
+        fired = outcome.result
+        assert fired is not None and fired.state == "running", outcome.message
         log = await wait_marker(box, cfg, "serve", "SMOKE_OK")
         assert "SMOKE_OK" in log and "391" in log, log[-3000:]
         assert stray.wait(10) is not None  # the stray listener was stopped by pid
