@@ -267,3 +267,35 @@ async def test_the_kill_dialog_runs_the_plan_it_shows(tmp_path: Path, workspace:
     assert [(e["pid"], e["signal"], e["group"], e["command"]) for e in ran] == [
         (alone.pid, "TERM", False, alone.command), (whole.pid, "KILL", True, whole.command)]
     assert f"process group {two.pid}" in whole.command
+
+
+async def test_a_restart_is_not_blocked_by_its_own_server_and_stops_a_stray_one(cfg_file: Path, box, workspace: Path,
+                                                                                port: int, spawn) -> None:
+    from samai.console.actions import Actions, Decision
+
+    cfg = config.load(cfg_file)
+    shown = []
+
+    async def operator(plan):  # confirms what it is shown; overrides only what it was shown blocked
+        shown.append(plan)
+        return Decision.override(plan, "test") if plan.blocked else Decision.confirmed(plan, "test")
+
+    actions = Actions(box, cfg, AuditLog(workspace.parent / "audit.jsonl"), readonly=False, confirm=operator)
+    log = workspace / "logs" / "serve.log"
+    try:
+        assert (await actions.fire("serve")).ok
+        wait_for(lambda: "BOUND" in log.read_text())
+        restart = await actions.plan_restart("serve")
+        assert not restart.blocked and restart.holders == ()  # its own server goes with the stop
+        await box.stop("serve", grace=1)
+
+        stray = spawn(sys.executable, "-c", f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\n"
+                      "s.listen()\nprint('up', flush=True)\ntime.sleep(60)", stdout=subprocess.PIPE, text=True)
+        assert stray.stdout.readline() == "up\n"
+        outcome = await actions.restart("serve")
+        assert outcome.ok, outcome.message
+        assert shown[-1].blocked and [h.pid for h in shown[-1].holders] == [stray.pid]
+        assert stray.wait(10) is not None
+        wait_for(lambda: "BOUND" in log.read_text())
+    finally:
+        await box.stop("serve", grace=1)
