@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -155,6 +156,45 @@ def test_probe_answers_any_request_with_a_reply_or_an_error_reply(box, box_files
     assert "error" not in reply and base64.b64decode(reply["ranges"][0]["data"]) == b"step"
 
 
+def well_formed_request(files: SimpleNamespace):
+    """Requests of the documented shape, with any values the shape allows."""
+    names = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=10)
+    paths = st.sampled_from(files.paths) | names.map(lambda t: f"{files.root}/{t}")
+    offset = st.none() | st.integers(0, 2 ** 63 - 1) | st.integers(0, 200)
+    marker = st.fixed_dictionaries({"name": st.text(max_size=8)}, optional={
+        "pattern": st.none() | st.sampled_from(["^Traceback ", "EVAL_RC=\\d+", "(", "(?i)x", "$", "a|^b"]),
+        "needles": st.none() | st.lists(st.text(max_size=3), max_size=2)})
+    log = st.fixed_dictionaries({"path": paths}, optional={
+        "offset": offset, "inode": st.none() | st.integers(0, 2 ** 64 - 1), "scan_from": offset,
+        "last_lines": offset, "max_bytes": offset, "check": st.sampled_from(["", "cGFydA==", "!!"]),
+        "data": st.booleans(), "markers": st.lists(marker, max_size=3)})
+    a_range = st.fixed_dictionaries({"path": paths, "start": offset.filter(bool), "end": offset.filter(bool)})
+    return st.fixed_dictionaries({"processes": st.booleans()}, optional={
+        "workspace": st.just(str(files.root)),
+        "artifacts": st.lists(st.fixed_dictionaries({"path": paths}, optional={"name": st.text(max_size=5)}),
+                              max_size=2),
+        "artifact_budget_s": st.floats(0, 2),
+        "logs": st.lists(log, max_size=3),
+        "ranges": st.lists(a_range, max_size=2),
+        "reports": st.lists(st.fixed_dictionaries({"glob": st.sampled_from(["out/*.json", "*", "[", "**"])},
+                                                  optional={"max": st.integers(0, 2 ** 63 - 1)}), max_size=2),
+        "processes_since": st.text(max_size=8),
+        "states": st.booleans(),
+        "binaries": st.lists(paths, max_size=2),
+    })
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_well_formed_request_gets_a_whole_reply(box, box_files, memory, data) -> None:
+    """Whatever its values, a request of the documented shape is served: what cannot be read
+    (a missing file, a bad range, a pattern that does not compile, a malformed stage record)
+    is an error entry of its own, never an error reply for the whole poll."""
+    request = data.draw(well_formed_request(box_files))
+    reply = assert_probe_reply(box.probe.answer(json.dumps(request), memory))
+    assert "error" not in reply, reply
+
+
 @FUZZ
 @given(request=JSON)
 def test_probe_answers_any_json_value(box, memory, request) -> None:
@@ -170,6 +210,9 @@ def test_probe_request_shapes_are_named_in_the_error(box, box_files) -> None:
     assert "request.ranges must be a list of objects" in answer({"ranges": {"path": "x"}})["error"]
     assert "artifact_budget_s" in answer({"artifact_budget_s": 1e308, "processes": False})["error"]
     assert "needles" in answer({"logs": [{"path": "x", "markers": [{"name": "a", "needles": [1]}]}]})["error"]
+    for name in ("a\0b", "\ud800"):
+        assert "not a file name" in answer({"artifacts": [{"path": name}], "processes": False})["error"]
+    assert "error" not in answer({"artifacts": [{"path": os.fsdecode(b"\xff")}], "processes": False})
     # A marker with no pattern matches its name; an empty needle means "no prefilter", not an error.
     log = box_files.paths[0]
     reply = answer({"processes": False, "logs": [{"path": log, "offset": 0, "markers": [

@@ -118,11 +118,13 @@ MAX_ARTIFACT_BUDGET_S = 30.0  # a size walk longer than this is a bad request, n
 NUMBER = (int, float)
 MAX_OFFSET = 2 ** 63 - 1  # what a file offset (off_t) can hold
 MAX_INODE = 2 ** 64 - 1
+PATH_KEYS = ("workspace", "path", "glob")
 
 
 def check_request(req):
-    """Raise ValueError, naming the key, unless req has the shape the module docstring gives:
-    a malformed request gets one error reply rather than a traceback from deep in a read."""
+    """Raise ValueError, naming the key, unless req has the shape the module docstring gives
+    (numbers within what a file offset holds, paths without NUL characters): a malformed request
+    gets one error reply rather than a traceback from deep in a read."""
     if not isinstance(req, dict):
         raise ValueError("request must be a JSON object")
     optional(req, "workspace", "request", str)
@@ -145,6 +147,8 @@ def check_request(req):
     binaries = req.get("binaries")
     if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
         raise ValueError("request.binaries must be a list of paths")
+    if binaries and not all(is_file_name(b) for b in binaries):
+        raise ValueError("request.binaries holds what is not a file name")
 
 
 def check_log_request(spec, where):
@@ -186,9 +190,24 @@ def optional(spec, key, where, types):
         raise ValueError("%s.%s must be %s, not %s" % (where, key, type_name(types), type(value).__name__))
     if isinstance(value, float) and value != value:
         raise ValueError("%s.%s must be a number, not NaN" % (where, key))
+    if key in PATH_KEYS and not is_file_name(value):
+        raise ValueError("%s.%s is not a file name (a NUL, or a character the file system cannot hold)"
+                         % (where, key))
     if isinstance(value, int) and not 0 <= value <= (MAX_INODE if key in ("inode", "dev") else MAX_OFFSET):
         raise ValueError("%s.%s is out of range" % (where, key))
     return value
+
+
+def is_file_name(text):
+    """Whether the system calls can take text as a path: no NUL, and encodable (a name read from
+    the box that is not UTF-8 comes back as surrogate escapes, which encode to its bytes)."""
+    if "\0" in text:
+        return False
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        return False
+    return True
 
 
 def type_name(types):
