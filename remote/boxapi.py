@@ -216,7 +216,7 @@ class Box:
     async def read_log(self, cursor: LogCursor) -> LogChunk:
         request = {"logs": [cursor.request()], "processes": False, "states": False}
         raw = await self.ask_probe(request)
-        return model.log_chunk(raw["logs"][0])
+        return model.log_chunk(model.only_entry(raw, "logs"))
 
     async def tail(self, path: str, offset: int | None = None, **cursor: Any) -> LogChunk:
         """New bytes of one log from offset (None: the last `last_lines` lines)."""
@@ -225,21 +225,20 @@ class Box:
     async def file_size(self, path: str) -> int:
         """The size of a file on the box (BoxError if it cannot be read)."""
         request = {"ranges": [{"path": path, "start": 0, "end": 0}], "processes": False, "states": False}
-        raw = (await self.ask_probe(request))["ranges"][0]
-        if "error" in raw:
-            raise BoxError(f"{path}: {raw['error']}")
-        return raw["size"]
+        got = model.byte_range(model.only_entry(await self.ask_probe(request), "ranges"))
+        if got.error is not None:
+            raise BoxError(f"{path}: {got.error}")
+        return got.size
 
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes start..end inclusive; fails unless the file really holds all of them."""
         request = {"ranges": [{"path": path, "start": start, "end": end}], "processes": False, "states": False}
-        raw = (await self.ask_probe(request))["ranges"][0]
-        if "error" in raw:
-            raise BoxError(f"read {path} [{start}-{end}]: {raw['error']}")
-        data = base64.b64decode(raw["data"])
-        if len(data) != end - start + 1:
-            raise BoxError(f"read {path} [{start}-{end}]: got {len(data)} bytes, file is {raw['size']} bytes")
-        return data
+        got = model.byte_range(model.only_entry(await self.ask_probe(request), "ranges"))
+        if got.error is not None:
+            raise BoxError(f"read {path} [{start}-{end}]: {got.error}")
+        if len(got.data) != end - start + 1:
+            raise BoxError(f"read {path} [{start}-{end}]: got {len(got.data)} bytes, file is {got.size} bytes")
+        return got.data
 
     # ------------------------------------------------------------ actions (called by the action layer)
 

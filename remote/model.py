@@ -109,6 +109,17 @@ class LogChunk:
 
 
 @dataclass(frozen=True)
+class ByteRange:
+    """One byte range the probe read, or could not read (error)."""
+
+    path: str | None
+    start: int = 0
+    size: int = 0
+    data: bytes = b""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Report:
     """A small file read whole (an eval summary, say), found by a workspace glob."""
 
@@ -377,3 +388,17 @@ def check_process_delta(reply: dict[str, Any]) -> None:
             raise BoxError(f"malformed reply: a process entry without a pid: {repr(entry)[:60]}")
     if not all(_fits(pid, int) for pid in _items(reply, "processes_gone")):
         raise BoxError("malformed reply: processes_gone holds something that is not a pid")
+
+
+@_converting
+def only_entry(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """The one entry of raw[key], for a request that asked for one (a log, a range)."""
+    entries = _items(raw, key)
+    if len(entries) != 1 or not isinstance(entries[0], dict):
+        raise BoxError(f"malformed reply: {key} holds {len(entries)} entries, not the one object asked for")
+    return entries[0]
+
+
+@_converting
+def byte_range(raw: dict[str, Any]) -> ByteRange:
+    return _pick(ByteRange, raw, data=base64.b64decode(raw.get("data") or ""))
