@@ -243,3 +243,17 @@ async def test_a_stage_killed_outright_gets_its_chain_done_only_in_a_log_inside_
     lines = (workspace / "logs" / "inside.log").read_text().splitlines()
     assert lines[-1] == "CHAIN_DONE rc=137 (killed by samai-console)"
     assert elsewhere.read_text() == "not the console's\n"  # a record pointing out of the workspace wrote nothing
+
+
+async def test_a_fifo_in_place_of_a_stage_record_is_refused_not_waited_on(box: Box, workspace: Path) -> None:
+    """A FIFO's open() blocks until a writer comes: neither stop nor fire may wait for one."""
+    state = workspace / ".samai" / "state"
+    state.mkdir(parents=True)
+    os.mkfifo(state / "trap.json")
+    box.timeout = 10  # a blocked open would show as this deadline passing, not as a refusal
+    with pytest.raises(BoxError) as failed:
+        await box.stop("trap", grace=1)
+    assert "not a regular file" in str(failed.value)
+    fired = await box.fire("trap", "sleep 30", "logs/trap.log", verify_s=0.3)
+    assert fired.state == "running"  # the FIFO is no record of a running stage: replaced by the real one
+    assert (await box.stop("trap", grace=1)).ok

@@ -42,6 +42,7 @@ from procfs import (
     group_members,
     is_kernel_thread,
     live_processes,
+    read_regular_file,
     read_stat,
     record_btime,
     same_start,
@@ -348,8 +349,7 @@ def stage_record(req):
         raise ValueError("bad stage name %r" % (req["stage"],))
     path = os.path.join(workspace(req), ".samai", "state", req["stage"] + ".json")
     try:
-        with open(path) as f:
-            rec = json.load(f)
+        rec = json.loads(read_regular_file(path).decode("utf-8", "replace"))
     except FileNotFoundError:
         return None
     if not isinstance(rec, dict):

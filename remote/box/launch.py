@@ -21,7 +21,7 @@ import time
 
 import confine
 from confine import Escape
-from procfs import alive, boot_id, boot_time, read_stat, record_btime, serve, start_epoch
+from procfs import alive, boot_id, boot_time, read_regular_file, read_stat, record_btime, serve, start_epoch
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TAIL_LINES = 20
@@ -96,17 +96,14 @@ class Places(object):
 
 def read_json(path):
     try:
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(read_regular_file(path).decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
 
 
 def log_tail(path, n=TAIL_LINES, limit=64 * 1024):
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
-            data = f.read()
+        data = read_regular_file(path, limit, from_end=True)
     except OSError:
         return []
     return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
@@ -115,8 +112,7 @@ def log_tail(path, n=TAIL_LINES, limit=64 * 1024):
 def wait_for_pidfile(path, proc, deadline):
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            with open(path) as f:
-                text = f.read().strip()
+            text = read_regular_file(path, 64).strip()
             if text:
                 return int(text)
         except (OSError, ValueError):

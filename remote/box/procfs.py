@@ -1,7 +1,9 @@
 """/proc readers and the request/reply loop shared by the box tools. Stdlib only, Python >= 3.8."""
 
+import errno
 import json
 import os
+import stat
 import sys
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -14,6 +16,20 @@ CHAIN_VAR = b"SAMAI_CHAIN="  # in a stage's environment: <stage>:<random id>, al
 def read_text(path):
     with open(path, "rb") as f:
         return f.read().decode("utf-8", "replace")
+
+
+def read_regular_file(path, limit=1 << 20, from_end=False):
+    """At most limit bytes (the first, or the last) of a file that must be a regular one: a stage
+    record, a pid or rc file, a log's tail. A FIFO, device or socket put in its place is refused with an OSError
+    instead of blocking open() (the open is non-blocking) or being read forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.pread(fd, limit, max(0, st.st_size - limit) if from_end else 0)
+    finally:
+        os.close(fd)
 
 
 def read_proc(path, size=4096):
