@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from samai.console.budget import disk_budget, project
 from samai.console.config import Config
 from samai.console.preflight import POISON_PREFIX
+from samai.console.redact import redact
 from samai.remote.model import Snapshot
 
 # The [model] settings that name binaries the pipeline runs (checked for the tar-prefix trap).
@@ -22,6 +23,10 @@ class Finding:
     severity: str  # info | warning | error
     message: str
     action: str = ""  # "kill PID START", "stop STAGE", "restart STAGE", "clean"; empty: look, don't touch
+
+    def __post_init__(self) -> None:
+        # Findings quote command lines and paths from the box: `doctor` prints them, alerts show them.
+        object.__setattr__(self, "message", redact(self.message))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -58,7 +63,8 @@ def _serve_ports(cfg: Config, snap: Snapshot):
     answers the health check and takes the eval (§6)."""
     for stage in cfg.stages:
         rec = snap.state(stage.name)
-        ours = {rec.pgid} if rec and rec.alive else set()
+        # Its chain's group and every process the chain started, setsid ones included (the box tracks them).
+        ours_groups, ours = ({rec.pgid}, set(rec.group)) if rec and rec.alive else (set(), set())
         for port in stage.ports:
             held = [s for s in snap.listeners if s.port == port and s.pid]
             if len(held) > 1:
@@ -66,7 +72,7 @@ def _serve_ports(cfg: Config, snap: Snapshot):
                               f"(pids {', '.join(str(s.pid) for s in held)})", _kill_action(snap, held[-1].pid))
             for s in held:
                 proc = snap.process(s.pid)
-                if proc and proc.pgid not in ours:
+                if proc and proc.pgid not in ours_groups and proc.pid not in ours:
                     yield Finding("stale_server", "warning", f"port {port} (stage {stage.name}) is held by pid "
                                   f"{proc.pid} which the console did not start: {proc.command[:80]}",
                                   _kill_action(snap, proc.pid))

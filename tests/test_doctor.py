@@ -119,3 +119,26 @@ def test_two_listeners_on_a_serve_port(tmp_path, workspace, spawn) -> None:
     contended = [f for f in findings if f["code"] == "port_contended"]
     assert rc == 1 and len(contended) == 1 and "2 listeners" in contended[0]["message"]
     assert {str(s.pid) for s in servers} <= set(contended[0]["message"].replace(",", " ").replace(")", " ").split())
+def test_a_server_the_stage_started_in_a_session_of_its_own_is_not_stale(tmp_path, workspace) -> None:
+    port = _free_port()
+    listen = workspace / "listen.py"
+    listen.write_text(f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\n"
+                      "time.sleep(60)\n")
+    cfg = _config(tmp_path, workspace, port).read_text().replace(
+        'command = "sleep 30"\nports', f'command = "setsid {sys.executable} {listen} & sleep 30"\nports', 1)
+    (tmp_path / "doctor.toml").write_text(cfg)
+    assert run_cli("--config", str(tmp_path / "doctor.toml"), "fire", "serve", "--yes").returncode == 0
+    wait_for(lambda: _listening(port))
+    _, findings = _doctor(tmp_path / "doctor.toml")
+    assert "stale_server" not in {f["code"] for f in findings}, findings
+
+
+def test_findings_quote_no_secret_from_a_command_line(tmp_path, workspace, spawn) -> None:
+    port = _free_port()
+    code = f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\ntime.sleep(60)"
+    secret = "hf_" + "Q7" * 15
+    spawn(sys.executable, "-c", code, "--token", secret)
+    wait_for(lambda: _listening(port))
+    for argv in (("doctor", "--json"), ("doctor",)):
+        r = run_cli("--config", str(_config(tmp_path, workspace, port)), *argv)
+        assert "stale_server" in r.stdout and secret not in r.stdout + r.stderr
