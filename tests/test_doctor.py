@@ -135,9 +135,11 @@ def test_a_server_the_stage_started_in_a_session_of_its_own_is_not_stale(tmp_pat
 
 def test_findings_quote_no_secret_from_a_command_line(tmp_path, workspace, spawn) -> None:
     port = _free_port()
-    code = f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\ntime.sleep(60)"
+    listen = workspace / "l.py"  # short, so that the secret is inside what a finding quotes
+    listen.write_text(f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\n"
+                      "time.sleep(60)\n")
     secret = "hf_" + "Q7" * 15
-    spawn(sys.executable, "-c", code, "--token", secret)
+    spawn(sys.executable, listen.name, "--token", secret, cwd=workspace)
     wait_for(lambda: _listening(port))
     for argv in (("doctor", "--json"), ("doctor",)):
         r = run_cli("--config", str(_config(tmp_path, workspace, port)), *argv)
