@@ -22,7 +22,7 @@ def required_needles(pattern: str) -> Needles | None:
     (a pattern that can match without any fixed text, case-insensitive matching, bad syntax)."""
     try:
         parsed = _parser.parse(pattern)
-    except re.error:
+    except (re.error, OverflowError, RecursionError):  # also a repeat count or a nesting beyond re's limits
         return None
     if parsed.state.flags & re.IGNORECASE:
         return None

@@ -31,6 +31,7 @@ from samai.remote.boxapi import BoxError, HeldProcesses, _reply
 from samai.remote.decode import LineDecoder
 from samai.remote.follow import LogFollower
 from samai.remote.model import Marker
+from samai.remote.needles import required_needles
 
 FUZZ = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -500,7 +501,8 @@ def test_a_10_mb_line_in_chunks_keeps_only_the_cap() -> None:
 # ---------------------------------------------------------------- marker scanning
 
 ATOMS = ["a", "b", "x", " ", ":", "é", "[ab]", "[^a]", ".", "\\d", "\\w", "\\s", "\\b", "a*", "b+?", "x?", "(a|b)",
-         "(?:ab|x)", "(a)\\1", "$", "\\Z", "\\A", "(?!a)", "(?<!b)", "(?=x)", "(?i)", "(?i:ab)", "^", "[", ")", "\\"]
+         "(?:ab|x)", "(a)\\1", "$", "\\Z", "\\A", "(?!a)", "(?<!b)", "(?=x)", "(?i)", "(?i:ab)", "^", "[", ")", "\\",
+         "{99999999999}", "(" * 1200 + ")" * 1200]
 PATTERNS = (st.lists(st.sampled_from(ATOMS), min_size=1, max_size=5).map("".join)
             | st.lists(st.sampled_from(ATOMS), min_size=1, max_size=4).map(lambda a: "^" + "".join(a))
             | st.text(max_size=6))
@@ -520,7 +522,7 @@ def reference_hits(data: bytes, markers: list[tuple[str, str]]) -> list[tuple[st
 def compiles(pattern: str) -> bool:
     try:
         re.compile(pattern.encode())
-    except re.error:
+    except (re.error, OverflowError, RecursionError):  # the last two: a repeat count or nesting beyond re's
         return False
     return True
 
@@ -538,6 +540,8 @@ def test_marker_hits_are_those_of_re_search_on_each_line(box, data, patterns, ne
     """Anchors, lookarounds, backreferences, (?i), needles or none: a hit wherever re finds one on
     the line alone, and nowhere else; a pattern that does not compile is re.error, nothing else."""
     markers = [(f"m{i}", p) for i, p in enumerate(patterns)]
+    needle_sets = [required_needles(p) for p in patterns]  # the console's side: a set or None, never a crash
+    assert all(n is None or (n and all(isinstance(s, str) and s for s in n)) for n in needle_sets)
     if not all(compiles(p) for p in patterns):
         with pytest.raises(re.error):
             scan(box, data, markers, needles)
@@ -555,6 +559,17 @@ def test_marker_hits_that_a_chunk_wide_search_used_to_miss(box) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # "possible nested set": "[" and "[^a]" meet
+def test_a_pattern_beyond_re_limits_is_a_log_error_not_a_crash(box, box_files) -> None:
+    """A repeat count over re's limit (OverflowError) or nesting past the recursion limit: no needles
+    on the console, an error for that log alone on the box."""
+    for pattern in ("a{99999999999}", "(" * 1200 + "a" + ")" * 1200):
+        assert required_needles(pattern) is None
+        request = {"processes": False, "logs": [{"path": box_files.paths[0], "offset": 0,
+                                                 "markers": [Marker("m", pattern).request()]}]}
+        reply = json.loads(box.probe.answer(json.dumps(request)))
+        assert "error" not in reply and reply["logs"][0]["error"]
+
+
 @FUZZ
 @given(data=st.data(), whole=LOG_TEXT, patterns=st.lists(PATTERNS.filter(compiles), min_size=1, max_size=2),
        max_bytes=st.integers(1, 40))

@@ -124,9 +124,17 @@ def combine(patterns):
         source = LEADING_FLAGS.sub(b"", p.pattern, count=1) if letters else p.pattern
         pieces.append(b"(?" + letters + b":" + source + b")")
     try:
-        return [re.compile(b"|".join(pieces))] if pieces else []
+        return [compile_pattern(b"|".join(pieces))] if pieces else []
     except re.error:
         return None
+
+
+def compile_pattern(source):
+    """re.compile(source); re.error also for a repeat count or a nesting beyond re's limits."""
+    try:
+        return re.compile(source)
+    except (OverflowError, RecursionError) as e:
+        raise re.error("%s: %s" % (type(e).__name__, e)) from None
 
 
 NUMBERED_BACKREFERENCE = re.compile(br"\\[1-9]|\(\?\([1-9]")
@@ -168,11 +176,11 @@ class Markers(object):
             source = m.get("pattern")
             if source is None:
                 source = re.escape(m["name"])
-            pattern = re.compile(source.encode("utf-8"))
+            pattern = compile_pattern(source.encode("utf-8"))
             self.patterns.append((m["name"], pattern))
             self.every_line = self.every_line or sees_other_lines(source)
             try:  # leaving out a leading ^ only lets it match in more places
-                relaxed.append(re.compile(source[1:].encode("utf-8")) if source.startswith("^") else pattern)
+                relaxed.append(compile_pattern(source[1:].encode("utf-8")) if source.startswith("^") else pattern)
             except re.error:
                 self.every_line = True
         self.combined = combine(relaxed) if not self.every_line else None
