@@ -255,39 +255,41 @@ def _converting(convert):
     return checked
 
 
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether a value read from JSON (and made tuples) has the annotated type."""
+def _checker(hint: Any):
+    """A test of whether a value read from JSON (lists made tuples) has the annotated type: exact
+    types, as json.loads makes them (a bool is no int here), built once per annotation."""
     if hint is Any:
-        return True
+        return lambda value: True
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return lambda value: type(value) is float or type(value) is int
     if isinstance(hint, type) and not typing.get_args(hint):
-        return isinstance(value, hint)
+        return (lambda value: type(value) is hint) if hint in (int, str, bool, bytes) else (
+            lambda value: isinstance(value, hint))
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
+        tests = [_checker(a) for a in args]
+        return lambda value: any(test(value) for test in tests)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        each = _checker(args[0])
+        return lambda value: type(value) is tuple and all(each(v) for v in value)
     if origin is tuple:
-        if not isinstance(value, tuple):
-            return False
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(_fits(v, args[0]) for v in value)
-        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args, strict=True))
+        tests = [_checker(a) for a in args]
+        return lambda value: (type(value) is tuple and len(value) == len(tests)
+                              and all(test(v) for test, v in zip(tests, value, strict=True)))
     if origin is dict:
-        return isinstance(value, dict)
-    return True  # an annotation this check does not know: not checked
+        return lambda value: isinstance(value, dict)
+    return lambda value: True  # an annotation this check does not know: not checked
 
 
 @functools.cache
-def _hints(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _checks(cls) -> tuple[tuple[str, Any], ...]:
+    return tuple((name, _checker(hint)) for name, hint in typing.get_type_hints(cls).items())
 
 
 def _typed(cls, **values: Any):
     """cls(**values), each value checked against its field's annotation."""
-    for name, hint in _hints(cls).items():
-        if name in values and not _fits(values[name], hint):
+    for name, fits in _checks(cls):
+        if name in values and not fits(values[name]):
             value = values[name]
             shown = repr(value)[:60] if not is_dataclass(value) else type(value).__name__
             raise BoxError(f"malformed reply: {cls.__name__}.{name} is {type(value).__name__} {shown}")
@@ -384,9 +386,9 @@ def check_process_delta(reply: dict[str, Any]) -> None:
     if not isinstance(reply.get("processes"), list):
         raise BoxError("malformed reply: marked, but without a list of processes")
     for entry in reply["processes"]:
-        if not isinstance(entry, dict) or not _fits(entry.get("pid"), int):
+        if not isinstance(entry, dict) or type(entry.get("pid")) is not int:
             raise BoxError(f"malformed reply: a process entry without a pid: {repr(entry)[:60]}")
-    if not all(_fits(pid, int) for pid in _items(reply, "processes_gone")):
+    if not all(type(pid) is int for pid in _items(reply, "processes_gone")):
         raise BoxError("malformed reply: processes_gone holds something that is not a pid")
 
 
