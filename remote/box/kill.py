@@ -39,6 +39,7 @@ from procfs import (
     ancestors,
     boot_time,
     chain_pids,
+    descendants,
     group_members,
     is_kernel_thread,
     live_processes,
@@ -165,20 +166,6 @@ def wait_until(done, seconds, poll=POLL_S):
     deadline = time.monotonic() + seconds
     while not done() and time.monotonic() < deadline:
         time.sleep(poll)
-
-
-def descendants(pids, table):
-    """Every process below pids by parent pid, in table (live_processes)."""
-    children = {}
-    for pid, e in table.items():
-        children.setdefault(e["ppid"], []).append(pid)
-    found, todo = set(), list(pids)
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 # ------------------------------------------------------------ checks before any signal

@@ -219,11 +219,16 @@ def chain_pids(table, rec, offset, marker_of):
     if marker:
         found.update(p for p, e in table.items() if p not in found and e["state"] != "Z" and born_since(p)
                      and marker_of(p, e["start_time"]) == marker)
+    return found | descendants(found, table)
+
+
+def descendants(pids, table):
+    """Every live process below pids by parent pid, in table (live_processes)."""
     children = {}
     for pid, e in table.items():
         if e["state"] != "Z":
             children.setdefault(e["ppid"], []).append(pid)
-    todo = list(found)
+    found, todo = set(), list(pids)
     while todo:
         for child in children.get(todo.pop(), ()):
             if child not in found:
