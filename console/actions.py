@@ -17,9 +17,10 @@ Planning and running are separate steps, and what runs is exactly the plan that 
 from __future__ import annotations
 
 import os
+import posixpath
 import shlex
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -27,7 +28,7 @@ import psutil
 from samai.console import units
 from samai.console.audit import AuditError, AuditLog
 from samai.console.config import Config, Stage
-from samai.console.preflight import Check, poison_artifacts, preflight
+from samai.console.preflight import Check, poison_artifacts, preflight, shown_command, started_text
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import Boot, CleanResult, FireResult, SignalResult, Snapshot
 from samai.remote.transport import TransportError
@@ -182,6 +183,7 @@ class Actions:
         # Running, and holding its own ports, is what a restart is for.
         checks = tuple(c for c in (preflight(self.config, snap, stage).checks if snap else ())
                        if "already running" not in c.text and not _about_own_listener(c, own))
+        checks += needed_artifact_checks(self.config, clear, stage.name)
         return ActionPlan(
             action="restart", target=self.config.target.url, subject=f"stage {stage.name}",
             command="; ".join(steps), details=(*_holder_lines(holders), f"workspace {self.config.workspace}"),
@@ -208,12 +210,16 @@ class Actions:
         whole group, each with TERM or KILL (in that order)."""
         return kill_plans(self.config.target.url, await self._snapshot(), pid, start_time, boot, grace)
 
-    def plan_clean(self, paths: Sequence[str], *, why: str = "") -> ActionPlan:
+    def plan_clean(self, paths: Sequence[str], *, why: str = "", sizes: Mapping[str, int] | None = None) -> ActionPlan:
+        """sizes: each path's bytes as last measured, shown per path with their total."""
+        sized = [f"{p}: {units.size(sizes[p])}" for p in paths if p in sizes] if sizes else []
+        if sized:
+            sized.append(f"in all {units.size(sum(sizes[p] for p in paths if p in sizes))}")
         return ActionPlan(
             action="clean", target=self.config.target.url, subject=why or f"{len(paths)} path(s) in the workspace",
             command="rm -rf -- " + " ".join(shlex.quote(p) for p in paths),
-            details=(f"inside {self.config.workspace} only; anything resolving outside it is refused",),
-            paths=tuple(paths),
+            details=(*sized, f"inside {self.config.workspace} only; anything resolving outside it is refused"),
+            paths=tuple(paths), checks=needed_artifact_checks(self.config, paths),
         )
 
     async def _stage_snapshot(self) -> Snapshot | None:
@@ -236,8 +242,9 @@ class Actions:
         plan = await self.plan_kill(pid, start_time, boot=boot, signal=signal, grace=grace, group=group)
         return await self.confirm_and_run(plan)
 
-    async def clean(self, paths: Sequence[str], *, why: str = "") -> ActionOutcome:
-        return await self.confirm_and_run(self.plan_clean(paths, why=why))
+    async def clean(self, paths: Sequence[str], *, why: str = "", sizes: Mapping[str, int] | None = None
+                    ) -> ActionOutcome:
+        return await self.confirm_and_run(self.plan_clean(paths, why=why, sizes=sizes))
 
     async def confirm_and_run(self, plan: ActionPlan) -> ActionOutcome:
         """Ask the front end about this plan (unless it is refused anyway), then run it."""
@@ -429,9 +436,32 @@ def _port_holders(stage: Stage, snap: Snapshot) -> tuple[PortHolder, ...]:
     return tuple(found.values())
 
 
+def needed_artifact_checks(config: Config, paths: Sequence[str], by: str | None = None) -> tuple[Check, ...]:
+    """An error check for each path whose deletion takes a declared artifact that another stage
+    needs (restart train clears final/: merge's adapter). Intermediates are declared deletable."""
+    def norm(path: str) -> str:
+        return posixpath.normpath(path if path.startswith("/") else posixpath.join(config.workspace, path))
+
+    def overlap(a: str, b: str) -> bool:
+        return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+    checks = []
+    for path in paths:
+        for art in config.artifacts:
+            if art.intermediate or not overlap(norm(path), norm(art.path)):
+                continue
+            users = [s.name for s in config.stages if art.name in s.needs and s.name != by]
+            if users:
+                checks.append(Check("error", f"deletes {path}: the {art.name} artifact, which stage "
+                                    f"{' and '.join(users)} needs"))
+    return tuple(checks)
+
+
 def _holder_lines(holders: Sequence[PortHolder]) -> list[str]:
-    return [f"first stops pid {h.pid} (holds port {h.port}, started {_when(h.start_time)}): SIGTERM, SIGKILL "
-            f"after {PORT_GRACE_S:g} s, identity-checked: {h.command[:200]}" for h in holders]
+    """Each holder with its whole command and a readable start time: the operator decides on them."""
+    now = time.time()
+    return [f"first stops pid {h.pid} (holds port {h.port}, started {started_text(h.start_time, now)}): SIGTERM, "
+            f"SIGKILL after {PORT_GRACE_S:g} s, identity-checked: {shown_command(h.command)}" for h in holders]
 
 
 def _about_own_listener(check: Check, own: set[int]) -> bool:

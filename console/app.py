@@ -29,7 +29,7 @@ from samai.console.budget import disk_budget, project
 from samai.console.config import Config
 from samai.console.connect import open_box
 from samai.console.redact import redact
-from samai.console.state import ConsoleState, StateUpdate
+from samai.console.state import Alert, ConsoleState, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import Process, Snapshot
 from samai.remote.targets import TargetError, open_transport
@@ -91,6 +91,7 @@ class SamaiApp(App[None]):
         Binding("r", "restart", "Restart", id="app.restart"),
         Binding("c", "clean", "Clean", id="app.clean"),
         Binding("x", "fix", "Fix alert", id="app.fix"),
+        Binding("u", "disk_users", "Largest disk users", id="disk.largest", show=False),
     ]
 
     def __init__(self, config: Config, *, readonly: bool = False, theme: str | None = None,
@@ -99,6 +100,7 @@ class SamaiApp(App[None]):
         self.config = config
         self._action_running = False
         self._log_chosen = False  # the operator picked a log: stop choosing one for them
+        self._log_hint_taken: Alert | None = None  # the alert whose stage log `l` last opened
         self.polling = poll  # off only to render recorded snapshots (screenshots, snapshot tests)
         self.clock = clock
         self.readonly = readonly
@@ -210,14 +212,18 @@ class SamaiApp(App[None]):
         self.query_one(DiskPane).show(u.budget, self._next_projection(u))
         self.query_one(ProcessPane).show(u.processes, snap.time)
         log = self.query_one(LogView)
-        if u.log_notice:
-            log.notice(u.log_notice)
-        if u.log_lines:
-            log.append(u.log_lines)
+        if u.log_source is not None and u.log_source is self.state.shown:  # not a log replaced since
+            if u.log_notice:
+                log.notice(u.log_notice)
+            if u.log_lines:
+                log.append(u.log_lines)
+        curves = self.query_one(CurvesPane)
+        if u.curve_reset:
+            curves.reset()  # a new training run: its curve alone
         if u.new_points:
-            self.query_one(CurvesPane).add(u.new_points)
+            curves.add(u.new_points)
         self.query_one(EvalTable).show(u.evals)
-        if u.new_alerts:
+        if u.alerts_changed:
             self.query_one(AlertsPane).show(self.state.alerts)
             for a in u.new_alerts:
                 if a.severity == "error":
@@ -289,11 +295,24 @@ class SamaiApp(App[None]):
 
     def action_next_log(self) -> None:
         self._log_chosen = True
+        hinted = self._alert_log()
+        if hinted:
+            self._show_stage_log(hinted)
+            return
         names = [s.name for s in self.config.stages]
         if names:
             current = self._current_stage()
             nxt = names[(names.index(current) + 1) % len(names)] if current in names else names[0]
             self._show_stage_log(nxt)
+
+    def _alert_log(self) -> str | None:
+        """The stage of the newest active alert that offers `l log`, the first time `l` is pressed
+        after it came (then `l` goes on to the next stage's log as usual)."""
+        alert = next((a for a in self.state.alerts if a.active and "l log" in a.hint and a.stage), None)
+        if alert is None or alert == self._log_hint_taken or not self.config.stage(alert.stage):
+            return None
+        self._log_hint_taken = alert
+        return alert.stage if alert.stage != self._current_stage() else None
 
     @work(group="dialog", exclusive=True)
     async def action_open_file(self) -> None:
@@ -328,9 +347,30 @@ class SamaiApp(App[None]):
 
     @_one_action_at_a_time
     async def action_fire(self, stage: str) -> None:
-        self._report(await self._actions().fire(stage))
+        """A stage's key: fire it, or, while it runs, restart it (its own dialog says so)."""
+        actions = self._actions()
+        snap = self.state.snapshot
+        rec = snap.state(stage) if snap else None
+        if rec is not None and rec.alive:
+            pre = self.state.preflight(stage)
+            plan = await actions.plan_restart(stage, clear=pre.poison if pre else (), grace=STOP_GRACE_S)
+            first = f"stage {stage} is running (pid {rec.pid}): its key restarts it: stop, then fire again"
+            outcome = await actions.confirm_and_run(replace(plan, details=(first, *plan.details)))
+        else:
+            outcome = await actions.fire(stage)
+        self._report(outcome)
+        if outcome.status == "failed":  # a toast fades: the failure stays in the alerts pane
+            self._alert_failed_fire(outcome)
         self._log_chosen = True
         self._show_stage_log(stage)
+
+    def _alert_failed_fire(self, outcome: ActionOutcome) -> None:
+        from samai.console.state import Alert
+
+        tail = [line for line in getattr(outcome.result, "log_tail", ()) if line.strip()]
+        text = outcome.message + (f": {tail[-1][:200]}" if tail else "")
+        self.state._keep([Alert(self.clock(), "error", text, outcome.plan.stage, "l log · r restart")])
+        self.query_one(AlertsPane).show(self.state.alerts)
 
     @_one_action_at_a_time
     async def action_stop(self, stage: str | None = None) -> None:
@@ -346,10 +386,15 @@ class SamaiApp(App[None]):
             self._report(await self._actions().restart(stage, clear=pre.poison if pre else (), grace=STOP_GRACE_S))
 
     async def action_fix(self) -> None:
-        """The newest alert's suggested action, through that action's own confirmation."""
-        alert = next((a for a in self.state.alerts if a.action), None)
+        """The newest active alert's suggested action, through that action's own confirmation."""
+        alert = next((a for a in self.state.alerts if a.action and a.active), None)
         if alert is None:
-            self.notify("no alert with a suggested action", severity="information", markup=False)
+            resolved = next((a for a in self.state.alerts if a.action), None)
+            if resolved is not None and resolved.resolved_at is not None:
+                when = time.strftime("%H:%M:%S", time.localtime(resolved.resolved_at))
+                self.notify(f"already resolved at {when}: {resolved.text}", severity="information", markup=False)
+            else:
+                self.notify("no alert with a suggested action", severity="information", markup=False)
             return
         verb, _, rest = alert.action.partition(" ")
         if verb == "kill":
@@ -400,7 +445,11 @@ class SamaiApp(App[None]):
             self.notify("nothing is reclaimable now", severity="information", markup=False)
             return
         why = "reclaimable intermediates: " + ", ".join(a.name for a in reclaimable)
-        self._report(await self._actions().clean([a.path for a in reclaimable], why=why))
+        sizes = {a.path: a.actual for a in reclaimable if a.actual is not None}
+        self._report(await self._actions().clean([a.path for a in reclaimable], why=why, sizes=sizes))
+
+    def action_disk_users(self) -> None:
+        self.query_one(DiskPane).toggle_largest()
 
     def _report(self, outcome: ActionOutcome) -> None:
         self.state.sizer.refresh_all()  # whatever the action made or removed is sized in the next poll

@@ -30,6 +30,7 @@ class Projection:
     free_now: int
     reclaimable: int
     reserve: int
+    writes: bool = True  # False: the stage makes no declared artifact, and the reserve is not its concern
 
     @property
     def free_at_peak(self) -> int:
@@ -37,11 +38,11 @@ class Projection:
 
     @property
     def fits(self) -> bool:
-        return self.free_at_peak >= self.reserve
+        return not self.writes or self.free_at_peak >= self.reserve
 
     @property
     def fits_after_cleaning(self) -> bool:
-        return self.free_at_peak + self.reclaimable >= self.reserve
+        return not self.writes or self.free_at_peak + self.reclaimable >= self.reserve
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def disk_budget(cfg: Config, snap: Snapshot) -> DiskBudget:
 def project(cfg: Config, budget: DiskBudget, stage: Stage) -> Projection:
     adds = sum(u.expected for u in budget.artifacts if u.name in stage.makes and u.actual is None)
     frees = sum(u.actual or u.expected for u in budget.artifacts if u.name in stage.frees and u.actual)
-    return Projection(stage.name, adds, frees, budget.free, budget.reclaimable, int(cfg.budget.reserve_gb * GB))
+    return Projection(stage.name, adds, frees, budget.free, budget.reclaimable, int(cfg.budget.reserve_gb * GB),
+                      writes=bool(stage.makes))
 
 
 def _consumed(cfg: Config, artifact: Artifact, present: set[str]) -> bool:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from samai.console.budget import disk_budget, project
-from samai.console.config import Config
+from samai.console import units
+from samai.console.budget import GB, disk_budget, project
+from samai.console.config import Config, Stage
 from samai.console.preflight import POISON_PREFIX
 from samai.console.redact import redact
 from samai.remote.model import Snapshot
@@ -40,7 +41,8 @@ def declared_binaries(cfg: Config) -> list[str]:
 
 def detect(cfg: Config, snap: Snapshot) -> list[Finding]:
     found: list[Finding] = []
-    for check in (_shared_writers, _serve_ports, _reasoning_format, _poison, _disk, _binaries, _lost_stages):
+    for check in (_shared_writers, _serve_ports, _reasoning_format, _poison, _disk, _disk_reserve, _binaries,
+                  _lost_stages):
         found.extend(check(cfg, snap))
     return found
 
@@ -88,17 +90,30 @@ def _reasoning_format(cfg: Config, snap: Snapshot):
 
 
 def _poison(cfg: Config, snap: Snapshot):
-    """Poison files of an earlier run while the stage is not running: restart clears them (§9)."""
+    """What a failed run left that makes the next one refuse (TRAIN_NAN): restart clears it (§9).
+    Only after a run that did not end well, and never a good run's outputs (final/, TRAIN_DONE):
+    those are the preflight's matter when the stage is about to run again, not an alert."""
     sizes = {a.name: a for a in snap.artifacts}
     for stage in cfg.stages:
         rec = snap.state(stage.name)
-        if rec and rec.alive:
+        if rec is None or rec.status not in ("failed", "lost", "orphaned"):
             continue
-        present = [path for path in stage.poison if sizes.get(f"{POISON_PREFIX}{stage.name}:{path}") and
+        present = [path for path in stage.poison if path_is_poison(cfg, stage, path) and
+                   sizes.get(f"{POISON_PREFIX}{stage.name}:{path}") and
                    sizes[f"{POISON_PREFIX}{stage.name}:{path}"].exists]
         if present:
-            yield Finding("poison_files", "warning", f"stage {stage.name}: {', '.join(present)} from an earlier "
-                          "run; restarting clears them", f"restart {stage.name}")
+            yield Finding("poison_files", "warning", f"stage {stage.name}: {', '.join(present)} left by its "
+                          f"{rec.status} run; restarting clears them", f"restart {stage.name}")
+
+
+def path_is_poison(cfg: Config, stage: Stage, path: str) -> bool:
+    """A poison path that marks a failure, not one of a good run's outputs: neither an artifact
+    the stage makes (its adapter) nor named after one of its non-error markers (TRAIN_DONE)."""
+    made = {posixpath.normpath(a.path) for a in cfg.artifacts if a.name in stage.makes}
+    if posixpath.normpath(path) in made:
+        return False
+    good = {m.name for m in stage.markers if m.severity != "error"}
+    return posixpath.basename(posixpath.normpath(path)) not in good
 
 
 def _disk(cfg: Config, snap: Snapshot):
@@ -116,6 +131,18 @@ def _disk(cfg: Config, snap: Snapshot):
                           f"{p.free_now / 1e9:.1f} GB free" + (" (clean intermediates first)" if can_clean else ""),
                           "clean" if can_clean else "")
         return  # the next stage only
+
+
+def _disk_reserve(cfg: Config, snap: Snapshot):
+    """Free space on the workspace's disk below the configured reserve, whatever runs next."""
+    budget = disk_budget(cfg, snap)
+    reserve = int(cfg.budget.reserve_gb * GB)
+    if budget.capacity and budget.free < reserve:
+        can_clean = budget.reclaimable > 0
+        # No live byte count in the text: an alert is the same alert while the condition holds.
+        yield Finding("disk_reserve", "error", f"free space on the workspace disk is below the reserve of "
+                      f"{units.size(reserve)}" + ("; intermediates can be cleaned" if can_clean else ""),
+                      "clean" if can_clean else "")
 
 
 def _binaries(cfg: Config, snap: Snapshot):

@@ -1,16 +1,22 @@
 """What must be true before a stage fires, read off the latest snapshot: inputs present, disk
-at the stage's peak, poison files from an earlier run, ports already held, already running."""
+at the stage's peak, poison files from an earlier run, ports already held, already running, and
+the server a stage talks to (its `--url` on this box) listening."""
 
 from __future__ import annotations
 
+import re
+import time
 from dataclasses import dataclass
 
 from samai.console import units
-from samai.console.budget import disk_budget, project
+from samai.console.budget import DiskBudget, disk_budget, project
 from samai.console.config import Config, Stage
-from samai.remote.model import Snapshot
+from samai.remote.model import Process, Snapshot, StageRecord
 
 POISON_PREFIX = "poison:"
+# A stage's server on the box itself, as its command names it: `--url http://127.0.0.1:18080`.
+LOCAL_URL = re.compile(r"--url[= ]+[\"']?(https?)://(127\.0\.0\.1|localhost|0\.0\.0\.0|\[::1\])(?::(\d{1,5}))?")
+SHOWN_COMMAND = 1000  # characters of a holder's command line (a dialog line, not the whole argv of a giant)
 
 
 @dataclass(frozen=True)
@@ -48,26 +54,97 @@ def preflight(cfg: Config, snap: Snapshot, stage: Stage) -> Preflight:
             checks.append(Check("error", f"needs {name} ({where}): missing"))
         else:
             checks.append(Check("ok", f"needs {name}: {units.size(use.actual)} present"))
-    p = project(cfg, budget, stage)
-    disk_text = (f"disk at peak: +{units.size(p.adds)} of {units.size(p.free_now)} free "
-                 f"leaves {units.size(p.free_at_peak)} (reserve {units.size(p.reserve)})")
-    if p.fits:
-        checks.append(Check("ok", disk_text))
-    elif p.fits_after_cleaning:
-        checks.append(Check("warning", f"{disk_text}: clean {units.size(p.reclaimable)} of intermediates first"))
-    else:
-        checks.append(Check("error", f"{disk_text}: does not fit even after cleaning"))
+    checks.append(_disk_check(cfg, budget, stage))
     sizes = {a.name: a for a in snap.artifacts}
     poison = tuple(path for name, path in poison_artifacts(cfg)
                    if name.startswith(f"{POISON_PREFIX}{stage.name}:") and sizes.get(name) and sizes[name].exists)
     if poison:
         checks.append(Check("warning", f"poison files from an earlier run: {', '.join(poison)} (restart clears them)"))
     for port in stage.ports:
-        holders = [s for s in snap.listeners if s.port == port]
-        for s in holders:
-            proc = snap.process(s.pid) if s.pid else None
-            who = f"pid {s.pid} {proc.command[:50]}" if proc else "a process this user cannot see"
-            checks.append(Check("error", f"port {port} is already held by {who}"))
-        if not holders:
-            checks.append(Check("ok", f"port {port} is free"))
+        checks.extend(_port_checks(snap, port, record))
+    checks.extend(_server_checks(cfg, snap, stage))
     return Preflight(stage.name, tuple(checks), poison)
+
+
+def _disk_check(cfg: Config, budget: DiskBudget, stage: Stage) -> Check:
+    p = project(cfg, budget, stage)
+    if not p.writes:  # it writes no declared artifact: the reserve is for the stages that do
+        if p.free_now >= p.reserve:
+            return Check("ok", f"writes no declared artifact: {units.size(p.free_now)} free")
+        return Check("warning", f"writes no declared artifact: {units.size(p.free_now)} free is below the reserve "
+                                f"of {units.size(p.reserve)} (not a blocker for this stage)")
+    disk_text = (f"disk at peak: +{units.size(p.adds)} of {units.size(p.free_now)} free "
+                 f"leaves {units.size(p.free_at_peak)} (reserve {units.size(p.reserve)})")
+    if p.fits:
+        return Check("ok", disk_text)
+    if p.fits_after_cleaning:
+        return Check("warning", f"{disk_text}: clean {units.size(p.reclaimable)} of intermediates first")
+    return Check("error", f"{disk_text}: does not fit even after cleaning")
+
+
+def _port_checks(snap: Snapshot, port: int, record: StageRecord | None) -> list[Check]:
+    """A listener the fire (or restart) stops first by pid is not a blocker; one this user cannot
+    see cannot be stopped from here, and is."""
+    seen: set[int | None] = set()
+    checks = []
+    own = set(record.group) | {record.pid} if record and record.alive else set()
+    for s in snap.listeners:
+        if s.port != port or s.pid in seen:
+            continue
+        seen.add(s.pid)
+        proc = snap.process(s.pid) if s.pid else None
+        if proc is None:
+            checks.append(Check("error", f"port {port} is held by a process this user cannot see: "
+                                         "the console cannot stop it"))
+        elif proc.pid in own:
+            checks.append(Check("warning", f"port {port} is held by this stage's own run: restart stops it first: "
+                                           f"{holder_text(proc, snap.time)}"))
+        else:
+            earlier = " (this stage's previous run)" if record and (proc.pgid == record.pgid
+                                                                     or proc.pid in record.group) else ""
+            checks.append(Check("warning", f"port {port} is held{earlier}: will be stopped first (SIGTERM, "
+                                           f"identity-checked): {holder_text(proc, snap.time)}"))
+    if not seen:
+        checks.append(Check("ok", f"port {port} is free"))
+    return checks
+
+
+def holder_text(proc: Process, now: float) -> str:
+    """pid, start time (local, and how long ago) and the command line of a process on a port."""
+    return f"pid {proc.pid} started {started_text(proc.start_time, now)}: {shown_command(proc.command)}"
+
+
+def started_text(start_time: float, now: float) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start_time))
+    return f"{when} ({units.duration(now - start_time)} ago)"
+
+
+def shown_command(command: str) -> str:
+    more = len(command) - SHOWN_COMMAND
+    return command if more <= 0 else f"{command[:SHOWN_COMMAND]}… ({more} more characters)"
+
+
+def server_ports(stage: Stage) -> list[tuple[str, int]]:
+    """(url, port) of each server on the box the stage's command talks to (`--url http://127.0.0.1:P`)."""
+    found = []
+    for m in LOCAL_URL.finditer(stage.command):
+        port = int(m.group(3)) if m.group(3) else (443 if m.group(1) == "https" else 80)
+        if port not in stage.ports and 0 < port < 65536:
+            found.append((f"{m.group(1)}://{m.group(2)}:{port}", port))
+    return found
+
+
+def _server_checks(cfg: Config, snap: Snapshot, stage: Stage) -> list[Check]:
+    """The server the stage asks must be up before it runs: nothing listening is a blocker, not
+    a run that fails every request."""
+    checks = []
+    for url, port in server_ports(stage):
+        listening = [s for s in snap.listeners if s.port == port]
+        if listening:
+            pid = next((s.pid for s in listening if s.pid), None)
+            checks.append(Check("ok", f"server {url}: port {port} is listening" + (f" (pid {pid})" if pid else "")))
+            continue
+        server = next((s for s in cfg.stages if port in s.ports), None)
+        hint = f": fire {server.name} (key {server.key}) first" if server else ""
+        checks.append(Check("error", f"server {url} is down: nothing listens on port {port}{hint}"))
+    return checks

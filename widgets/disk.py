@@ -24,9 +24,26 @@ def usage_bar(used: int, total: int, adds: int = 0, width: int = BAR_WIDTH) -> l
 
 
 class DiskPane(Pane):
+    """`toggle_largest` swaps the artifact list for the workspace's largest users, biggest first.
+    The probe sizes only the declared artifacts, so those are what it can rank (and it says so)."""
+
     DEFAULT_CSS = "DiskPane { height: auto; padding: 0 1; }"
+    largest = False  # showing the largest users instead of the artifacts in pipeline order
+    _last: tuple[DiskBudget, Projection | None] | None = None
+
+    def toggle_largest(self) -> None:
+        self.largest = not self.largest
+        if self._last is not None:
+            self.show(*self._last)
+
+    def on_click(self) -> None:
+        self.toggle_largest()
 
     def show(self, budget: DiskBudget, next_stage: Projection | None = None) -> None:
+        self._last = (budget, next_stage)
+        if self.largest:
+            self.show_content(Content.assemble(*largest_users(budget)))
+            return
         adds = next_stage.adds if next_stage else 0
         parts: list = [*usage_bar(budget.used, budget.capacity, adds),
                        f" {units.size(budget.used)} used · {units.size(budget.free)} free of "
@@ -50,3 +67,18 @@ class DiskPane(Pane):
                       f"{units.size(next_stage.free_at_peak)} free  ", verdict, "\n"]
         parts += ["reclaimable: ", (units.size(budget.reclaimable), "$accent bold" if budget.reclaimable else "")]
         self.show_content(Content.assemble(*parts))
+
+
+def largest_users(budget: DiskBudget, limit: int = 10) -> list:
+    """The declared artifacts present, biggest first, with their share of what the disk holds."""
+    present = sorted((a for a in budget.artifacts if a.actual is not None), key=lambda a: a.actual, reverse=True)
+    parts: list = [("largest users", "bold"), (" · declared artifacts only (the probe sizes no other folders)\n",
+                                                 "$foreground 60%")]
+    for a in present[:limit]:
+        share = f"{100 * a.actual / budget.used:.0f}%" if budget.used else ""
+        parts += [f"  {visible(a.name):<12} {units.size(a.actual):>9} {share:>4}  ",
+                  (visible(a.path), "$foreground 60%"), "\n"]
+    if not present:
+        parts.append(("  no declared artifact is on the disk yet\n", "$foreground 50%"))
+    parts += [f"in all {units.size(sum(a.actual for a in present))} of {units.size(budget.used)} used"]
+    return parts

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import sys
 import time
 import urllib.error
@@ -58,6 +59,17 @@ def evaluate(item, args):
             "reasoning_content": reasoning}
 
 
+def unreachable(e):
+    """Why the server cannot be reached at all (refused, reset, no such host), or None for an
+    error of one answer (an HTTP error status, a timeout, a reply that is not what was asked)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return None
+    reason = e.reason if isinstance(e, urllib.error.URLError) else e
+    if isinstance(reason, (ConnectionError, socket.gaierror)):
+        return reason.strerror or str(reason)
+    return None
+
+
 def summarize(rows):
     n = len(rows)
     correct = sum(1 for r in rows if r["correct"])
@@ -80,12 +92,18 @@ def main():
     with open(args.data) as f:
         items = [json.loads(line) for line in f if line.strip()]
     os.makedirs(args.out, exist_ok=True)
-    rows, errors = [], 0
+    rows, errors, down = [], 0, None
     with open(os.path.join(args.out, "items.jsonl"), "w") as out:
         for i, item in enumerate(items, 1):
             try:
                 row = evaluate(item, args)
             except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+                down = unreachable(e)
+                if down is not None:  # every other item would fail the same way: say it once, stop
+                    errors += len(items) - i + 1
+                    say("cannot reach the server at %s: %s; stopped at item %d of %d (the rest not asked)"
+                        % (args.url, down, i, len(items)))
+                    break
                 errors += 1
                 say("item %s: %s" % (item.get("id"), e))
                 continue
@@ -94,10 +112,15 @@ def main():
             if i % 10 == 0 or i == len(items):
                 say("eval %d/%d, %d correct" % (i, len(items), sum(1 for r in rows if r["correct"])))
     summary = dict(summarize(rows), errors=errors, seconds=round(time.time() - started, 1))
+    if down is not None:
+        summary["unreachable"] = "%s: %s" % (args.url, down)
     write_json(os.path.join(args.out, "summary.json"), summary)
     say(json.dumps(summary))
     rc = 2 if errors else 1 if (summary["accuracy"] or 0) < args.min_accuracy else 0
-    marker("EVAL_RC=%d" % rc, "accuracy %s on %d items" % (summary["accuracy"], summary["n"]))
+    if down is not None:
+        marker("EVAL_RC=%d" % rc, "server unreachable at %s: %s" % (args.url, down))
+    else:
+        marker("EVAL_RC=%d" % rc, "accuracy %s on %d items" % (summary["accuracy"], summary["n"]))
     sys.exit(rc)
 
 
