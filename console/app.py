@@ -312,7 +312,7 @@ class SamaiApp(App[None]):
         if alert is None or alert == self._log_hint_taken or not self.config.stage(alert.stage):
             return None
         self._log_hint_taken = alert
-        return alert.stage if alert.stage != self._current_stage() else None
+        return alert.stage
 
     @work(group="dialog", exclusive=True)
     async def action_open_file(self) -> None:
@@ -367,8 +367,10 @@ class SamaiApp(App[None]):
     def _alert_failed_fire(self, outcome: ActionOutcome) -> None:
         from samai.console.state import Alert
 
-        tail = [line for line in getattr(outcome.result, "log_tail", ()) if line.strip()]
-        text = outcome.message + (f": {tail[-1][:200]}" if tail else "")
+        # The stage's own last words, not the chain's bookkeeping around them.
+        tail = [line[:200] for line in getattr(outcome.result, "log_tail", ())
+                if line.strip() and not line.startswith(("CHAIN_DONE", "=== samai chain"))]
+        text = " · ".join([outcome.message, *tail[-2:]])
         self.state._keep([Alert(self.clock(), "error", text, outcome.plan.stage, "l log · r restart")])
         self.query_one(AlertsPane).show(self.state.alerts)
 

@@ -11,7 +11,7 @@ import posixpath
 from dataclasses import dataclass, field, replace
 
 from samai.console.budget import DiskBudget, disk_budget
-from samai.console.config import Config, Stage
+from samai.console.config import CHAIN_DONE, Config, Stage
 from samai.console.detectors import declared_binaries, detect
 from samai.console.preflight import Preflight, poison_artifacts, preflight
 from samai.console.redact import redact
@@ -33,9 +33,16 @@ class Alert:
     hint: str = ""  # the key that fixes it, e.g. "r restart"
     code: str = ""  # a detector's code, e.g. stale_server
     action: str = ""  # what `x` does about it: "kill PID START", "stop STAGE", "restart STAGE", "clean"
+    resolved_at: float | None = None  # when its condition stopped holding; None: active
+    finding: tuple[str, str] | None = None  # the detector finding it stands for (resolved when it is gone)
+    run: float | None = None  # the stage run (fired_at) it is about: resolved when a new run starts
 
     def __post_init__(self) -> None:  # every alert, whatever raised it: no secrets on screen or kept
         object.__setattr__(self, "text", redact(self.text))
+
+    @property
+    def active(self) -> bool:
+        return self.resolved_at is None
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,17 @@ class StageView:
     rc: int | None
     last_marker: str | None
     last_marker_severity: str = "info"
+    previous: PreviousRun | None = None  # the stage's run before this one
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """What is kept of a stage's earlier run once a new one starts: how it ended, its last marker."""
+
+    fired_at: float
+    status: str
+    rc: int | None
+    last_marker: str | None
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,9 @@ class StateUpdate:
     log_notice: str | None = None
     new_points: list[TrainPoint] = field(default_factory=list)
     new_alerts: list[Alert] = field(default_factory=list)
+    log_source: LogFollower | None = None  # the follower log_lines came from: appended only while it is shown
+    curve_reset: bool = False  # a new training run: the curve starts again
+    alerts_changed: bool = False  # an alert was raised or resolved
 
 
 def _marker_of(stage: Stage, name: str) -> Marker | None:
@@ -100,12 +121,12 @@ def _marker_of(stage: Stage, name: str) -> Marker | None:
 class ConsoleState:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.watches = {s.name: LogFollower(self.path_of(s.log), markers=s.markers, want_data=False,
-                                            last_lines=MARKER_HISTORY_LINES, max_bytes=MARKER_SCAN_READ)
-                        for s in config.stages}
+        self.watches = {s.name: self._watch(s) for s in config.stages}
         train = config.stage("train")
         self.train_log = LogFollower(self.path_of(train.log), offset=0) if train else None
         self.trainlog = TrainLogParser()
+        self.runs: dict[str, tuple] = {}  # each stage's current run: (fired_at, pid, start_time)
+        self.previous: dict[str, PreviousRun] = {}
         self.sizer = ArtifactSizer([(a.name, a.path) for a in config.artifacts] + poison_artifacts(config))
         self.shown: LogFollower | None = None  # the log in the log pane
         self.shown_stage: str | None = None
@@ -115,7 +136,13 @@ class ConsoleState:
         self.received_at: float | None = None
         self._cpu: dict[tuple[int, float], tuple[float, float]] = {}
         self._statuses: dict[str, str] = {}
+        self._rcs: dict[str, int | None] = {}
+        self._last_said: dict[str, str] = {}  # each stage's last marker line of this run, CHAIN_DONE aside
         self._standing: set[tuple[str, str]] = set()
+
+    def _watch(self, stage: Stage) -> LogFollower:
+        return LogFollower(self.path_of(stage.log), markers=stage.markers, want_data=False,
+                           last_lines=MARKER_HISTORY_LINES, max_bytes=MARKER_SCAN_READ)
 
     def path_of(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.config.workspace, path)
@@ -158,22 +185,27 @@ class ConsoleState:
         self.snapshot, self.received_at = snap, now
         update = StateUpdate(snap, [], disk_budget(self.config, snap), self._process_rows(snap),
                              [run for run in map(eval_run, snap.reports) if run])
+        resolved = self._new_runs(snap, update, now)  # before the logs: a new run's lines start it clean
         watched = {id(f): name for name, f in self.watches.items()}
         for follower, chunk in zip(followers, snap.logs, strict=True):
+            if follower is not self.shown and follower is not self.train_log and id(follower) not in watched:
+                continue  # replaced while this snapshot was in flight (another log shown, a new run)
             tail = follower.consume(chunk)
             if follower is self.shown:
-                update.log_lines, update.log_notice = tail.lines, tail.notice
+                update.log_lines, update.log_notice, update.log_source = tail.lines, tail.notice, follower
             elif follower is self.train_log:
+                run = self._run_of("train")
                 update.new_points = self.trainlog.feed(tail.lines)
                 update.new_alerts += [Alert(now, a.severity, f"train: {a.message}", "train", code=a.code,
-                                            hint="r restart" if a.severity == "error" else "")
+                                            hint="r restart" if a.severity == "error" else "", run=run)
                                       for a in self.trainlog.drain_anomalies()]
-            elif id(follower) in watched:
+            else:
                 self._hits(self.config.stage(watched[id(follower)]), tail.hits, update)
-            # else: a log pane follower replaced while this snapshot was in flight
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
         update.new_alerts += self._findings(snap)
+        resolved += self._resolve_gone(snap, now)
         self._keep(update.new_alerts)
+        update.alerts_changed = bool(update.new_alerts or resolved)
         return update
 
     def _findings(self, snap: Snapshot) -> list[Alert]:
@@ -182,14 +214,69 @@ class ConsoleState:
         new = [f for f in findings if f.key not in self._standing]
         self._standing = {f.key for f in findings}
         return [Alert(self.received_at, f.severity, f.message, code=f.code, action=f.action,
-                      hint="x fix" if f.action else "") for f in new]
+                      hint="x fix" if f.action else "", finding=f.key) for f in new]
+
+    # ------------------------------------------------------------ runs and the alerts' lifecycle
+
+    def _run_of(self, stage: str) -> float | None:
+        run = self.runs.get(stage)
+        return run[0] if run else None
+
+    def _new_runs(self, snap: Snapshot, update: StateUpdate, now: float) -> int:
+        """A stage fired again starts clean: no marker, curve or log position of the run before
+        (kept as its PreviousRun), and the old run's alerts resolved. How many were resolved."""
+        resolved = 0
+        for stage in self.config.stages:
+            rec = snap.state(stage.name)
+            if rec is None:
+                continue
+            run, before = (rec.fired_at, rec.pid, rec.start_time), self.runs.get(stage.name)
+            self.runs[stage.name] = run
+            if before is None or before == run:
+                continue
+            marker = self.last_markers.pop(stage.name, (None, "info"))[0]
+            self._last_said.pop(stage.name, None)
+            self.previous[stage.name] = PreviousRun(before[0], self._statuses.get(stage.name, "?"),
+                                                    self._rcs.get(stage.name), marker)
+            self.watches[stage.name] = self._watch(stage)
+            if stage.name == "train" and self.train_log is not None:
+                self.train_log = LogFollower(self.train_log.path, offset=0)
+                self.trainlog = TrainLogParser()
+                update.curve_reset = True
+            resolved += self._resolve(lambda a, name=stage.name, fired=rec.fired_at: a.stage == name and a.run != fired,
+                                      now)
+        return resolved
+
+    def _resolve_gone(self, snap: Snapshot, now: float) -> int:
+        """Alerts whose condition no longer holds: a finding absent now, a process to kill that is
+        gone, a box that answers again."""
+        def gone(a: Alert) -> bool:
+            if a.finding is not None and a.finding not in self._standing:
+                return True
+            if a.action.startswith("kill "):
+                pid, start = _kill_target(a.action)
+                proc = snap.process(pid) if pid is not None else None
+                return proc is None or abs(proc.start_time - start) > 0.011
+            return a.code == "box_unreachable"
+        return self._resolve(gone, now)
+
+    def _resolve(self, condition, now: float) -> int:
+        count = 0
+        for i, a in enumerate(self.alerts):
+            if a.active and condition(a):
+                self.alerts[i] = replace(a, resolved_at=now)
+                count += 1
+        return count
+
+    def active_alerts(self) -> list[Alert]:
+        return [a for a in self.alerts if a.active]
 
     def preflight(self, name: str) -> Preflight | None:
         stage = self.config.stage(name)
         return preflight(self.config, self.snapshot, stage) if stage and self.snapshot else None
 
     def failed_poll(self, error: str, now: float) -> Alert:
-        alert = Alert(now, "error", f"box not answering: {error}")
+        alert = Alert(now, "error", f"box not answering: {error}", code="box_unreachable")
         self._keep([alert])
         return alert
 
@@ -200,10 +287,12 @@ class ConsoleState:
             marker = _marker_of(stage, hit.marker)
             severity = marker.severity if marker else "info"
             self.last_markers[stage.name] = (hit.line[:60], severity)
+            if hit.marker != CHAIN_DONE.name:
+                self._last_said[stage.name] = hit.line[:200]  # what a died alert quotes
             if severity != "info":
                 hint = "r restart" if severity == "error" else ""
                 update.new_alerts.append(Alert(self.received_at, severity, f"{stage.name}: {hit.line[:200]}",
-                                               stage.name, hint))
+                                               stage.name, hint, run=self._run_of(stage.name)))
 
     def _stage_view(self, stage: Stage, snap: Snapshot, update: StateUpdate) -> StageView:
         rec = snap.state(stage.name)
@@ -212,17 +301,34 @@ class ConsoleState:
             status = "blocked"
         before = self._statuses.get(stage.name)
         self._statuses[stage.name] = status
+        self._rcs[stage.name] = rec.rc if rec else None
         if before is not None and before != status:
             self.sizer.refresh_all()  # what it made (or removed) is sized in the next poll
-        if before == "running" and status in ("failed", "lost", "orphaned"):
-            rc = f" rc={rec.rc}" if rec and rec.rc is not None else ""
-            update.new_alerts.append(Alert(self.received_at, "error", f"stage {stage.name} {status}{rc}", stage.name,
-                                           "l log · r restart"))
-        elif before == "running" and status == "done":
-            update.new_alerts.append(Alert(self.received_at, "info", f"stage {stage.name} done", stage.name))
+        if before == "running" and rec is not None:
+            ended = self._ended(stage, rec, status)
+            if ended:
+                update.new_alerts.append(ended)
         marker, severity = self.last_markers.get(stage.name, (None, "info"))
         return StageView(stage.name, stage.key, status, rec.fired_at if rec else None, rec.pid if rec else None,
-                         rec.rc if rec else None, marker, severity)
+                         rec.rc if rec else None, marker, severity, self.previous.get(stage.name))
+
+    def _ended(self, stage: Stage, rec, status: str) -> Alert | None:
+        """The alert for a run that was running at the last poll and is not now."""
+        at, run = self.received_at, rec.fired_at
+        if status == "done":
+            return Alert(at, "info", f"stage {stage.name} done", stage.name, run=run)
+        if status == "stopped":
+            return Alert(at, "info", f"stage {stage.name} stopped by the operator", stage.name, run=run)
+        if status not in ("failed", "lost", "orphaned"):
+            return None
+        rc = f" rc={rec.rc}" if rec.rc is not None else ""
+        last = self._last_said.get(stage.name)
+        said = f": {last}" if last else ""
+        if stage.ports:  # a server that died on its own
+            text = f"stage {stage.name}: pid {rec.pid} died ({rc.strip() or 'no rc'}){said}"
+        else:
+            text = f"stage {stage.name} {status}{rc}{said}"
+        return Alert(at, "error", text, stage.name, "l log · r restart", run=run)
 
     def _process_rows(self, snap: Snapshot) -> list[ProcessRow]:
         stage_of = {rec.pgid: rec.stage for rec in snap.states}
@@ -248,3 +354,12 @@ class ConsoleState:
 
     def _keep(self, alerts: list[Alert]) -> None:
         self.alerts = (list(reversed(alerts)) + self.alerts)[:MAX_ALERTS]
+
+
+def _kill_target(action: str) -> tuple[int | None, float]:
+    """(pid, start time) of a "kill PID START" action; (None, 0) when it is malformed."""
+    try:
+        _, pid, start = action.split()
+        return int(pid), float(start)
+    except ValueError:
+        return None, 0.0

@@ -143,11 +143,14 @@ class StageRecord:
     alive: bool = False
     rc: int | None = None
     group: tuple[int, ...] = ()
+    stopped_at: float | None = None  # when the operator stopped this run (kill.py's note)
 
     @property
     def status(self) -> str:
         if self.alive:
             return "running"
+        if self.stopped_at is not None:
+            return "stopped"  # a deliberate stop is not a failure, whatever rc its trap wrote
         if self.rc is None:
             return "lost" if not self.group else "orphaned"
         return "done" if self.rc == 0 else "failed"

@@ -1,4 +1,5 @@
-"""Alerts: what the console noticed, newest first, with the key that deals with it."""
+"""Alerts: what the console noticed, the active ones first (newest first), then those whose
+condition has gone, dimmed with when they resolved, each with the key that deals with it."""
 
 from __future__ import annotations
 
@@ -11,24 +12,46 @@ from samai.console.state import Alert
 from samai.remote.visible import visible
 
 STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}
+RESOLVED = "$foreground 50%"
 SHOWN = 50
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
 
 
 class AlertsPane(Static):
     DEFAULT_CSS = "AlertsPane { height: 1fr; padding: 0 1; overflow-y: auto; }"
 
     def show(self, alerts: list[Alert]) -> None:
+        active = [a for a in alerts if a.active]
+        resolved = [a for a in alerts if not a.active]
+        self.border_subtitle = _count(active, resolved)
         if not alerts:
             self.update(Content.styled("nothing to report", "$foreground 60%"))
             return
         parts: list = []
-        for a in alerts[:SHOWN]:
+        for a in (active + resolved)[:SHOWN]:
             # An alert's text quotes the box (paths, log lines): plain text, control characters as stand-ins.
-            parts += [time.strftime("%H:%M:%S ", time.localtime(a.time)), (f"{a.severity:<7} ", STYLE[a.severity]),
-                      visible(a.text)]
-            if a.hint:
-                parts += ["  ", (f"[{a.hint}]", "$accent")]
+            if a.active:
+                parts += [_clock(a.time) + " ", (f"{a.severity:<7} ", STYLE[a.severity]), visible(a.text)]
+                if a.hint:
+                    parts += ["  ", (f"[{a.hint}]", "$accent")]
+            else:
+                parts.append((f"{_clock(a.time)} {a.severity:<7} {visible(a.text)}  "
+                              f"(resolved {_clock(a.resolved_at)})", RESOLVED))
             parts.append("\n")
         self.update(Content.assemble(*parts[:-1]))
-        errors = sum(1 for a in alerts if a.severity == "error")
-        self.border_subtitle = f"{len(alerts)} · {errors} errors" if errors else f"{len(alerts)}"
+
+
+def _count(active: list[Alert], resolved: list[Alert]) -> str:
+    """The active errors and warnings: what still needs the operator."""
+    errors = sum(1 for a in active if a.severity == "error")
+    warnings = sum(1 for a in active if a.severity == "warning")
+    said = [f"{errors} error{'s' * (errors != 1)}"] if errors else []
+    said += [f"{warnings} warning{'s' * (warnings != 1)}"] if warnings else []
+    if not said and (active or resolved):
+        said = ["no errors or warnings"]
+    if resolved:
+        said.append(f"{len(resolved)} resolved")
+    return " · ".join(said)

@@ -66,7 +66,8 @@ class ConfirmDialog(ModalScreen[bool]):
             blocked = any(c.severity == "error" for c in self.checks)
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
-                yield Button("Fire anyway" if blocked else f"Confirm {self.plan.action}", id="confirm",
+                yield Button(f"{self.plan.action.capitalize()} anyway" if blocked else f"Confirm {self.plan.action}",
+                             id="confirm",
                              variant="error")
 
     def on_mount(self) -> None:

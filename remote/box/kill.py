@@ -404,7 +404,12 @@ def stop_stage(req):
     refusal = forbidden(alive, req)
     if refusal:
         return refusal
+    # Said before the signal: the chain's trap writes its rc at once, and a console polling in
+    # between must not read a deliberate stop as a failure.
+    note_stopped(workspace(req), req["stage"], rec, name)
     signalled, denied_pids = chain.send(SIGNALS[name])
+    if not signalled:
+        forget_stopped(workspace(req), req["stage"])
     if denied_pids and not signalled:
         return refuse(denied(denied_pids[0]), pgid=rec.get("pgid"))
     result = "killed" if name == "KILL" else "exited"
@@ -421,6 +426,39 @@ def stop_stage(req):
     if isinstance(rec.get("log"), str) and chain_killed and rec["pid"] not in left:
         append_line(workspace(req), rec["log"], "CHAIN_DONE rc=137 (killed by samai-console)")
     return outcome(result, chain.ident, Identity(chain.btime), rec.get("pgid"), set(signalled))
+
+
+def state_folder(workspace):
+    root = confine.open_root(workspace)
+    try:
+        return confine.open_folder(root, [".samai", "state"])
+    finally:
+        os.close(root)
+
+
+def note_stopped(workspace, stage, rec, signal_name):
+    """STAGE.stopped: this run (by its fired_at) was stopped by the operator, and when. A new
+    fire records another fired_at, so the note never speaks for a later run."""
+    note = {"fired_at": rec.get("fired_at"), "time": time.time(), "signal": signal_name}
+    try:
+        folder = state_folder(workspace)
+        try:
+            confine.write_file(folder, stage + ".stopped", json.dumps(note).encode("utf-8"))
+        finally:
+            os.close(folder)
+    except (OSError, confine.Escape):
+        pass  # the stop stands; the stage only reads as failed rather than stopped
+
+
+def forget_stopped(workspace, stage):
+    try:
+        folder = state_folder(workspace)
+        try:
+            confine.unlink(folder, stage + ".stopped")
+        finally:
+            os.close(folder)
+    except (OSError, confine.Escape):
+        pass
 
 
 def recycled(rec, btime):

@@ -107,9 +107,25 @@ def stage_states(workspace, by_pid, btime, errors):
             rec["rc"] = None
         if rec["rc"] is not None and rec["group"]:
             rec["alive"] = True  # its chain has finished, but processes it started still run
+        rec["stopped_at"] = stopped_at(os.path.join(state_dir, name[: -len(".json")] + ".stopped"), rec)
         out.append(rec)
     CHAIN_MARKERS.keep_only(by_pid)
     return out
+
+
+def stopped_at(path, rec):
+    """When the operator stopped this run (kill.py's STAGE.stopped naming the record's fired_at),
+    else None: a stop of an earlier run says nothing about this one."""
+    try:
+        note = json.loads(read_regular(path, 1024).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(note, dict) or note.get("fired_at") != rec.get("fired_at"):
+        return None
+    when = note.get("time")
+    if not isinstance(when, (int, float)) or isinstance(when, bool) or not 0 <= when < 1e11:
+        return None  # not a time this box's clock could have written
+    return float(when)
 
 
 # ---------------------------------------------------------------- the request's shape
