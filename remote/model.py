@@ -149,8 +149,9 @@ class StageRecord:
     def status(self) -> str:
         if self.alive:
             return "running"
-        if self.stopped_at is not None:
-            return "stopped"  # a deliberate stop is not a failure, whatever rc its trap wrote
+        if self.stopped_at is not None and self.rc != 0:
+            return "stopped"  # a deliberate stop is not a failure, whatever rc its trap wrote (a chain
+            # that had finished well is done, whatever of it was stopped afterwards)
         if self.rc is None:
             return "lost" if not self.group else "orphaned"
         return "done" if self.rc == 0 else "failed"
