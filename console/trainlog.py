@@ -36,6 +36,8 @@ SEVERITY = {
     "nan_grad_norm": ERROR,
     "hidden_nan": ERROR,  # loss 0 while grad_norm is nan/inf: the Trainer's nan filter at work
     "zero_loss_streak": WARNING,
+    "dead_gradients": ERROR,  # grad_norm exactly 0 step after step: nothing is being trained
+    "not_learning": ERROR,  # the loss flat for most of the run: the weights do not move, or do not matter
     "loss_spike": WARNING,
     "overflow_skip": WARNING,
     "loss_scale_min": ERROR,
@@ -48,6 +50,9 @@ EVENT_CODES = frozenset({"overflow_skip", "loss_scale_min", "unscale_fp16", "nan
 ZERO_STREAK = 3  # logged steps in a row with loss exactly 0
 SPIKE_WINDOW, SPIKE_MIN_HISTORY = 10, 3  # finite losses the median is taken over (at least 3)
 SPIKE_FACTOR, SPIKE_MARGIN = 3.0, 1.0  # above 3x that median AND more than 1.0 above the last
+DEAD_STREAK = 5  # logged steps in a row with grad_norm exactly 0 (the train stage's --nan-patience default)
+FLAT_MIN, FLAT_SHARE = 10, 0.75  # a flat loss over at least 10 logged steps and 3/4 of the run so far
+FLAT_REL_TOL, FLAT_ABS_TOL = 1e-4, 1e-6  # "flat": within 0.01 % of where the flat stretch began
 OVERFLOW_STREAK = 5  # skipped steps in a row worth a second warning
 STATE_PEEK = 64  # first lines looked at to tell a trainer_state.json from a log
 
@@ -134,16 +139,23 @@ def _as_step(value: float | None) -> int | None:
 class PointWatch:
     """Anomalies a sequence of training points shows, checked one point at a time.
 
-    nan_loss, nan_grad_norm, hidden_nan and zero_loss_streak are reported once per run (the
-    curves pane marks every bad step); each loss spike is its own event."""
+    nan_loss, nan_grad_norm, hidden_nan, zero_loss_streak, dead_gradients and not_learning are
+    reported once per run (the curves pane marks every bad step); each loss spike is its own event.
+    A run's flatline is judged over the whole run, step by step: the early steps prove nothing."""
 
     def __init__(self) -> None:
         self._reported: set[str] = set()
         self._zero_run: list[int] = []
+        self._dead_run: list[int] = []
+        self._seen = 0
+        self._flat_from: TrainPoint | None = None  # the first point of the current flat stretch
+        self._flat_len = 0
         self._recent: deque[float] = deque(maxlen=SPIKE_WINDOW)
 
     def check(self, point: TrainPoint) -> list[Anomaly]:
-        found = [*self._non_finite(point), *self._zero_streak(point), *self._spike(point)]
+        self._seen += 1
+        found = [*self._non_finite(point), *self._zero_streak(point), *self._dead(point), *self._flat(point),
+                 *self._spike(point)]
         if point.loss is not None and math.isfinite(point.loss) and not point.bad:
             self._recent.append(point.loss)
         return found
@@ -180,6 +192,34 @@ class PointWatch:
         return self._once("zero_loss_streak", first,
                           f"loss exactly 0 for {ZERO_STREAK} logged steps in a row from step {first}: "
                           "a hidden NaN or labels that mask everything out")
+
+    def _dead(self, p: TrainPoint) -> list[Anomaly]:
+        if p.grad_norm != 0:
+            self._dead_run = []
+            return []
+        self._dead_run.append(p.step)
+        if len(self._dead_run) < DEAD_STREAK:
+            return []
+        first = self._dead_run[0]
+        return self._once("dead_gradients", first,
+                          f"grad_norm exactly 0 for {DEAD_STREAK} logged steps in a row from step {first}: "
+                          "no gradient reaches the trained weights (frozen or cut-off adapter); "
+                          "the run is not learning")
+
+    def _flat(self, p: TrainPoint) -> list[Anomaly]:
+        if p.loss is None or not math.isfinite(p.loss):
+            self._flat_from, self._flat_len = None, 0
+            return []
+        start = self._flat_from
+        if start is None or abs(p.loss - start.loss) > max(FLAT_ABS_TOL, FLAT_REL_TOL * abs(start.loss)):
+            self._flat_from, self._flat_len = p, 1
+            return []
+        self._flat_len += 1
+        if self._flat_len < FLAT_MIN or self._flat_len < FLAT_SHARE * self._seen:
+            return []
+        return self._once("not_learning", start.step,
+                          f"loss flat at {_show(start.loss)} for {self._flat_len} of {self._seen} logged steps "
+                          f"(from step {start.step}): the run is not learning")
 
     def _spike(self, p: TrainPoint) -> list[Anomaly]:
         if p.loss is None or not math.isfinite(p.loss) or len(self._recent) < SPIKE_MIN_HISTORY:

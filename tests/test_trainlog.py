@@ -205,9 +205,9 @@ def test_overflows_in_a_row_warn_again_and_the_minimum_scale_is_an_error() -> No
 
 def test_overflows_far_apart_are_not_a_streak() -> None:
     lines = []
-    for _ in range(8):
+    for i in range(8):  # a run that learns: a flat loss would be a finding of its own
         lines += ["[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"]
-        lines += [dict_line(1.0)] * 3
+        lines += [dict_line(2.0 - 0.05 * (3 * i + k)) for k in range(3)]
     result = check_trainlog(lines)
     assert codes(result) == ["overflow_skip"] and not has_errors(result)
 
@@ -268,9 +268,74 @@ def test_unscale_fp16_and_the_nan_guard_marker() -> None:
 
 def test_every_code_has_its_contract_severity() -> None:
     assert SEVERITY == {"nan_loss": "error", "nan_grad_norm": "error", "hidden_nan": "error",
-                        "zero_loss_streak": "warning", "loss_spike": "warning", "overflow_skip": "warning",
+                        "zero_loss_streak": "warning", "dead_gradients": "error", "not_learning": "error",
+                        "loss_spike": "warning", "overflow_skip": "warning",
                         "loss_scale_min": "error", "unscale_fp16": "error", "nan_guard_fired": "error",
                         "no_training_data": "error"}
+
+
+# ------------------------------------------------------------------ the whole run: late deaths and flatlines
+
+
+def v5_line(loss, grad_norm, step) -> str:
+    """transformers 5.x: every value quoted, 4 significant digits."""
+    return f"{{'loss': '{loss:.4g}', 'grad_norm': '{grad_norm:.4g}', 'learning_rate': '0.001', 'epoch': '{step / 10}'}}"
+
+
+def v4_line(loss, grad_norm, step) -> str:
+    """transformers 4.x: bare numbers, nan and inf bare too."""
+    return f"{{'loss': {loss!r}, 'grad_norm': {grad_norm!r}, 'learning_rate': 0.001, 'epoch': {step / 10!r}}}"
+
+
+def healthy_losses(n: int) -> list[float]:
+    return [3.5 * 0.9 ** i + 0.2 for i in range(n)]
+
+
+@pytest.mark.parametrize("line", [v5_line, v4_line], ids=["transformers-5", "transformers-4"])
+def test_gradients_that_die_after_step_3_are_dead_gradients_and_not_learning(line) -> None:
+    """The issue's run: 3 good steps, then grad_norm 0 and the loss flat for the other 77."""
+    losses = healthy_losses(3) + [healthy_losses(3)[-1]] * 77
+    grads = [2.5, 2.1, 1.8] + [0.0] * 77
+    result = check_trainlog([line(x, g, i + 1) for i, (x, g) in enumerate(zip(losses, grads, strict=True))])
+    found = {a["code"]: a for a in result["anomalies"]}
+    assert set(found) == {"dead_gradients", "not_learning"} and has_errors(result)
+    assert found["dead_gradients"]["step"] == 4 and found["dead_gradients"]["severity"] == "error"
+    assert "grad_norm exactly 0" in found["dead_gradients"]["message"]
+    assert found["not_learning"]["step"] == 3 and "flat at" in found["not_learning"]["message"]
+
+
+@pytest.mark.parametrize("line", [v5_line, v4_line], ids=["transformers-5", "transformers-4"])
+def test_a_run_that_diverges_after_step_4_is_found(line) -> None:
+    """A NaN after the first four steps (the train stage's early window) is still an error."""
+    losses = healthy_losses(6) + [math.nan] * 3 + [0.0] * 71
+    grads = [2.0] * 6 + [math.nan] * 74
+    result = check_trainlog([line(x, g, i + 1) for i, (x, g) in enumerate(zip(losses, grads, strict=True))])
+    assert [(a["code"], a["step"]) for a in result["anomalies"]] == [
+        ("nan_loss", 7), ("nan_grad_norm", 7), ("hidden_nan", 10), ("zero_loss_streak", 10), ("not_learning", 10)]
+    assert has_errors(result)
+
+
+def test_flatlines_are_told_from_a_run_that_converges_or_pauses() -> None:
+    dead = [v5_line(2.0, 0.0, i + 1) for i in range(10)]
+    assert codes(check_trainlog(dead)) == ["dead_gradients", "not_learning"]
+    converged = healthy_losses(40) + [healthy_losses(40)[-1]] * 30  # flat for the last 30 of 70: under 3/4
+    assert codes(check_trainlog([v5_line(x, 0.5, i + 1) for i, x in enumerate(converged)])) == []
+    plateau = [2.0] * 9 + healthy_losses(20)  # 9 flat steps: under the minimum of 10
+    assert codes(check_trainlog([v4_line(x, 0.5, i + 1) for i, x in enumerate(plateau)])) == []
+    zero_grads = [v4_line(x, 0.0 if i % 5 else 0.7, i + 1) for i, x in enumerate(healthy_losses(30))]
+    assert codes(check_trainlog(zero_grads)) == []  # 4 zero norms in a row at most
+
+
+def test_the_flatline_codes_stream_like_the_one_shot_check() -> None:
+    lines = [v5_line(x, g, i + 1) for i, (x, g) in enumerate(zip([2.0, 1.9, 1.8] + [1.8] * 20, [1.0] * 3 + [0.0] * 20,
+                                                                  strict=True))]
+    whole = check_trainlog(lines)
+    parser = TrainLogParser()
+    drained = []
+    for line in lines:
+        parser.feed([line])
+        drained += parser.drain_anomalies()
+    assert [a.code for a in drained] == codes(whole) == ["dead_gradients", "not_learning"]
 
 
 # ------------------------------------------------------------------ incremental

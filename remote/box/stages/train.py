@@ -3,9 +3,17 @@
 - chat-formatted data; every token before the assistant's answer is labelled -100 (prefix mask)
 - fp16 is refused for a frozen-base LoRA: its GradScaler turns grad_norm into nan and the run
   silently learns nothing (playbook §9); bf16 or fp32 only
-- a loss is logged every step; the NaN guard stops the run when 3 of the first 4 logged steps
-  have loss 0/nan or grad_norm nan: it writes TRAIN_NAN, exits non-zero and never writes final/
+- a loss is logged every step; the NaN guard watches the whole run: it stops the run when 3 of
+  the first 4 logged steps have loss 0/nan or grad_norm nan (the playbook's early trip), or when
+  --nan-patience logged steps in a row are sick (loss 0/nan/inf, grad_norm nan/inf or exactly 0:
+  a run that diverged or whose gradients died later on); it writes TRAIN_NAN, exits non-zero and
+  never writes final/
+- a run that ends sick without tripping (its last logged step sick, or every grad_norm 0) is
+  judged the same way: final/ and TRAIN_DONE are written only by a run that ends healthy
 - success writes OUT/final (the adapter) and only then OUT/TRAIN_DONE
+- --diverge-after N and --kill-gradients-after N reproduce the two ways a run dies after its
+  first steps, with real optimizer steps: a huge learning rate from step N on (loss and
+  grad_norm go nan), or lora_dropout 1.0 from step N on (grad_norm exactly 0, loss flat)
 - poison files of an earlier run (final/, TRAIN_DONE, TRAIN_NAN) make it refuse to start
 
 Runs ON the box, in the box venv:
@@ -25,12 +33,31 @@ from common import fail, marker, say  # noqa: E402
 
 POISON = ("final", "TRAIN_DONE", "TRAIN_NAN")
 GUARD_WINDOW, GUARD_BAD = 4, 3
+NAN_PATIENCE = 5  # sick logged steps in a row that stop the run after the early window
+DIVERGE_LR = 1e6  # --diverge-after's learning rate: AdamW moves every weight by about this much
 
 
 def bad_step(loss, grad_norm):
     """Loss 0 or nan, or grad_norm nan: the signatures of a run that is not learning."""
     loss_bad = loss is None or loss == 0 or not math.isfinite(loss)
     return loss_bad or (grad_norm is not None and not math.isfinite(grad_norm))
+
+
+def sick_step(loss, grad_norm):
+    """bad_step, or a gradient that is exactly 0: nothing reaches the trained weights."""
+    return bad_step(loss, grad_norm) or grad_norm == 0
+
+
+def why_not_healthy(steps):
+    """The reason a finished run is not fit to be saved, or None. steps: (loss, grad_norm) as logged."""
+    if not steps:
+        return "no training step was logged"
+    loss, grad_norm = steps[-1]
+    if sick_step(loss, grad_norm):
+        return "the last logged step is sick: loss %s grad_norm %s" % (loss, grad_norm)
+    if all(g == 0 for _, g in steps if g is not None) and any(g is not None for _, g in steps):
+        return "grad_norm was 0 at every logged step: nothing was trained"
+    return None
 
 
 def load_examples(path, tok):
@@ -63,36 +90,92 @@ def pad_batch(pad_id):
     return collate
 
 
-def make_guard(out):
+def make_guard(out, patience=NAN_PATIENCE):
     from transformers import TrainerCallback
 
     class NanGuard(TrainerCallback):
-        """Stops the run, before anything is saved, when its first logged steps are not learning."""
+        """Stops the run, before anything more is saved, when it is not learning: 3 of its first 4
+        logged steps bad, or `patience` sick logged steps in a row at any point of the run."""
 
         def __init__(self):
             self.seen = []
+            self.steps = []  # (loss, grad_norm) of every logged step, for the verdict at the end
+            self.sick_run = []  # global steps of the current run of sick steps
             self.tripped = False
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "loss" not in logs:
                 return
             loss, grad_norm = _number(logs.get("loss")), _number(logs.get("grad_norm"))
+            self.steps.append((loss, grad_norm))
             if len(self.seen) < GUARD_WINDOW:
                 self.seen.append(bad_step(loss, grad_norm))
-            if not self.tripped and sum(self.seen) >= GUARD_BAD:
-                self.tripped = True
-                with open(os.path.join(out, "TRAIN_NAN"), "w") as f:
-                    f.write("step %d: loss %s grad_norm %s\n" % (state.global_step, loss, grad_norm))
-                marker("TRAIN_NAN", "%d of the first %d logged steps had loss 0/nan or grad_norm nan"
-                       % (sum(self.seen), len(self.seen)))
-                control.should_training_stop = True
+            self.sick_run = self.sick_run + [state.global_step] if sick_step(loss, grad_norm) else []
+            if self.tripped:
+                return
+            if sum(self.seen) >= GUARD_BAD:
+                self.trip(control, state, loss, grad_norm, "%d of the first %d logged steps had loss 0/nan or "
+                          "grad_norm nan" % (sum(self.seen), len(self.seen)))
+            elif len(self.sick_run) >= patience:
+                self.trip(control, state, loss, grad_norm,
+                          "%d logged steps in a row from step %d had loss 0/nan/inf or grad_norm nan/inf/0 "
+                          "(last: loss %s grad_norm %s)" % (len(self.sick_run), self.sick_run[0], loss, grad_norm))
+
+        def trip(self, control, state, loss, grad_norm, why):
+            self.tripped = True
+            write_nan_marker(out, "step %d: loss %s grad_norm %s: %s" % (state.global_step, loss, grad_norm, why))
+            marker("TRAIN_NAN", why)
+            control.should_training_stop = True
+            control.should_save = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.tripped:  # runs after the Trainer's own flow callback: no checkpoint of a sick run
                 control.should_save = False
 
-        def on_save(self, args, state, control, **kwargs):
+        def on_epoch_end(self, args, state, control, **kwargs):
             if self.tripped:
                 control.should_save = False
 
     return NanGuard()
+
+
+def write_nan_marker(out, text):
+    with open(os.path.join(out, "TRAIN_NAN"), "w") as f:
+        f.write(text + "\n")
+
+
+def cut_adapter(model):
+    """lora_dropout 1.0: every LoRA layer's input is zeroed, so its gradients are exactly 0 while
+    they still require grad (a frozen adapter would make backward fail, not train silently)."""
+    import torch
+
+    for module in model.modules():
+        drop = getattr(module, "lora_dropout", None)
+        if isinstance(drop, torch.nn.ModuleDict):
+            for key in list(drop.keys()):
+                drop[key] = torch.nn.Dropout(p=1.0)
+
+
+def make_breaker(diverge_after, kill_after, diverge_lr):
+    """For the guard's own tests: a run that dies after its first steps, through real optimizer steps."""
+    from transformers import TrainerCallback
+
+    class Breaker(TrainerCallback):
+        def __init__(self):
+            self.killed = False
+
+        def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+            if diverge_after is not None and state.global_step >= diverge_after and optimizer is not None:
+                # set before every optimizer step: the scheduler resets it after each one
+                for group in optimizer.param_groups:
+                    group["lr"] = diverge_lr
+            if kill_after is not None and state.global_step >= kill_after and not self.killed:
+                self.killed = True
+                say("the adapter's input dropped (dropout 1.0) from step %d on (--kill-gradients-after)"
+                    % (state.global_step + 1))
+                cut_adapter(model)
+
+    return Breaker()
 
 
 def _number(value):
@@ -126,6 +209,14 @@ def main():
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--deepspeed", help="a DeepSpeed config file, passed through to the Trainer")
     p.add_argument("--inject-nan", action="store_true", help="poison the LoRA weights (tests the NaN guard)")
+    p.add_argument("--nan-patience", type=int, default=NAN_PATIENCE,
+                   help="sick logged steps in a row (after the first 4) that stop the run (default %d)" % NAN_PATIENCE)
+    p.add_argument("--diverge-after", type=int, metavar="N",
+                   help="from step N on, train with --diverge-lr (tests the NaN guard on a run that diverges)")
+    p.add_argument("--diverge-lr", type=float, default=DIVERGE_LR)
+    p.add_argument("--kill-gradients-after", type=int, metavar="N",
+                   help="from step N on, drop the adapter's input (tests the guard on gradients that die)")
+    p.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps")
     p.add_argument("--seed", type=int, default=42)
     args = p.parse_args()
 
@@ -136,6 +227,8 @@ def main():
     if poison:
         fail("TRAIN_REFUSED", "poison files from an earlier run in %s: %s; clear them first (restart does)"
              % (args.out, ", ".join(poison)), rc=2)
+    if args.nan_patience < 1:
+        fail("TRAIN_REFUSED", "--nan-patience must be at least 1", rc=2)
     if not os.path.isfile(args.data):
         fail("TRAIN_REFUSED", "no training data at %s" % args.data, rc=2)
 
@@ -157,18 +250,26 @@ def main():
     if args.inject_nan:
         inject_nan(model)
     examples = load_examples(args.data, tok)
-    guard = make_guard(args.out)
+    guard = make_guard(args.out, args.nan_patience)
+    callbacks = [guard]
+    if args.diverge_after is not None or args.kill_gradients_after is not None:
+        callbacks.append(make_breaker(args.diverge_after, args.kill_gradients_after, args.diverge_lr))
     training = TrainingArguments(
-        output_dir=os.path.join(args.out, "checkpoints"), num_train_epochs=args.epochs,
+        output_dir=os.path.join(args.out, "checkpoints"), num_train_epochs=args.epochs, max_steps=args.max_steps,
         per_device_train_batch_size=args.batch, learning_rate=args.lr, lr_scheduler_type="cosine",
         warmup_steps=5, logging_steps=1, logging_first_step=True, save_strategy="epoch", save_total_limit=1,
         fp16=False, bf16=args.bf16, deepspeed=args.deepspeed, report_to=[], seed=args.seed,
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
     trainer = Trainer(model=model, args=training, train_dataset=examples, data_collator=pad_batch(tok.pad_token_id),
-                      callbacks=[guard])
+                      callbacks=callbacks)
     trainer.train()
     if guard.tripped:
         say("training stopped by the NaN guard; no final/ written")
+        sys.exit(3)
+    sick = why_not_healthy(guard.steps)
+    if sick:
+        write_nan_marker(args.out, "after %d steps: %s" % (trainer.state.global_step, sick))
+        marker("TRAIN_NAN", "the run ended sick: %s; no final/ written" % sick)
         sys.exit(3)
     final = os.path.join(args.out, "final")
     model.save_pretrained(final)
