@@ -360,19 +360,29 @@ class SamaiApp(App[None]):
             outcome = await actions.fire(stage)
         self._report(outcome)
         if outcome.status == "failed":  # a toast fades: the failure stays in the alerts pane
-            self._alert_failed_fire(outcome)
+            await self._alert_failed_fire(outcome)
         self._log_chosen = True
         self._show_stage_log(stage)
 
-    def _alert_failed_fire(self, outcome: ActionOutcome) -> None:
+    async def _alert_failed_fire(self, outcome: ActionOutcome) -> None:
         from samai.console.state import Alert
 
         # The stage's own last words, not the chain's bookkeeping around them.
         tail = [line[:200] for line in getattr(outcome.result, "log_tail", ())
                 if line.strip() and not line.startswith(("CHAIN_DONE", "=== samai chain"))]
         text = " · ".join([outcome.message, *tail[-2:]])
-        self.state._keep([Alert(self.clock(), "error", text, outcome.plan.stage, "l log · r restart")])
+        self.state._keep([Alert(self.clock(), "error", text, outcome.plan.stage, "l log · r restart",
+                                run=await self._run_fired(outcome))])
         self.query_one(AlertsPane).show(self.state.alerts)
+
+    async def _run_fired(self, outcome: ActionOutcome) -> float | None:
+        """The run (fired_at) a fire launched: its alert belongs to it and resolves with the next run."""
+        pid = getattr(outcome.result, "pid", None)
+        try:
+            rec = (await self.box.snapshot()).state(outcome.plan.stage or "") if pid and self.box else None
+        except (BoxError, TransportError):
+            return None
+        return rec.fired_at if rec and rec.pid == pid else None
 
     @_one_action_at_a_time
     async def action_stop(self, stage: str | None = None) -> None:

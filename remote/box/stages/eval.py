@@ -113,12 +113,13 @@ def main():
                 say("eval %d/%d, %d correct" % (i, len(items), sum(1 for r in rows if r["correct"])))
     summary = dict(summarize(rows), errors=errors, seconds=round(time.time() - started, 1))
     if down is not None:
-        summary["unreachable"] = "%s: %s" % (args.url, down)
+        summary["unreachable"] = args.url  # the reason is said once, above
     write_json(os.path.join(args.out, "summary.json"), summary)
-    say(json.dumps(summary))
+    if down is None or rows:  # with no answer at all, the reason above and the marker below say it all
+        say(json.dumps(summary))
     rc = 2 if errors else 1 if (summary["accuracy"] or 0) < args.min_accuracy else 0
     if down is not None:
-        marker("EVAL_RC=%d" % rc, "server unreachable at %s: %s" % (args.url, down))
+        marker("EVAL_RC=%d" % rc, "server unreachable at %s: %d of %d items asked" % (args.url, len(rows), len(items)))
     else:
         marker("EVAL_RC=%d" % rc, "accuracy %s on %d items" % (summary["accuracy"], summary["n"]))
     sys.exit(rc)
