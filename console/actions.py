@@ -28,6 +28,7 @@ import psutil
 from samai.console import units
 from samai.console.audit import AuditError, AuditLog
 from samai.console.config import Config, Stage
+from samai.console.evidence import training_evidence
 from samai.console.preflight import Check, poison_artifacts, preflight, shown_command, started_text
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import Boot, CleanResult, FireResult, SignalResult, Snapshot
@@ -158,6 +159,7 @@ class Actions:
         stage = self._stage(stage_name)
         snap = await self._stage_snapshot()
         checks = preflight(self.config, snap, stage).checks if snap else ()
+        checks += await training_evidence(self.box, self.config, stage)
         holders = _port_holders(stage, snap) if snap else ()
         return ActionPlan(
             action="fire", target=self.config.target.url, subject=f"stage {stage.name}", command=stage.command,
@@ -183,6 +185,7 @@ class Actions:
         # Running, and holding its own ports, is what a restart is for.
         checks = tuple(c for c in (preflight(self.config, snap, stage).checks if snap else ())
                        if "already running" not in c.text and not _about_own_listener(c, own))
+        checks += await training_evidence(self.box, self.config, stage)
         checks += needed_artifact_checks(self.config, clear, stage.name)
         return ActionPlan(
             action="restart", target=self.config.target.url, subject=f"stage {stage.name}",

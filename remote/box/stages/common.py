@@ -103,3 +103,82 @@ def write_json(path, data):
 
 def workspace():
     return os.environ.get("SAMAI_WORKSPACE") or os.getcwd()
+
+
+# Non-finite weights: a diverged run's adapter is nan/inf, and so is everything made from it.
+SHOWN_BAD_TENSORS = 5
+
+
+def bad_tensors_text(bad, total, where):
+    """'14 of 21 tensors in X are not finite: a, b, c, d, e, ...'"""
+    shown = ", ".join(bad[:SHOWN_BAD_TENSORS]) + (", ..." if len(bad) > SHOWN_BAD_TENSORS else "")
+    return "%d of %d tensors in %s are not finite (nan/inf): %s" % (len(bad), total, where, shown)
+
+
+def nonfinite_safetensors(folder):
+    """(names of the tensors with a nan/inf, tensors checked) over every *.safetensors in folder,
+    one tensor in memory at a time. Needs torch and safetensors (the box venv)."""
+    import torch
+    from safetensors import safe_open
+
+    bad, total = [], 0
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".safetensors"):
+            continue
+        with safe_open(os.path.join(folder, name), framework="pt") as f:
+            for key in f.keys():
+                total += 1
+                tensor = f.get_tensor(key)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    bad.append(key)
+    return bad, total
+
+
+def nonfinite_state(named_tensors):
+    """The same over (name, tensor) pairs held in memory (a merged model before it is saved)."""
+    import torch
+
+    bad, total = [], 0
+    for key, tensor in named_tensors:
+        total += 1
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad.append(key)
+    return bad, total
+
+
+def gguf_reader(path):
+    """gguf-py's reader: the copy provision unpacked with the converter, else an installed one."""
+    bundled = os.path.join(sys.prefix, "llama.cpp", "gguf-py")
+    if os.path.isdir(bundled) and bundled not in sys.path:
+        sys.path.insert(0, bundled)
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
+def nonfinite_gguf(path):
+    """(bad names, F32/F16 tensors checked, quantized tensors not looked into) of a GGUF file.
+    Quantized blocks are not decoded here: the GGUF checker vets the file's structure."""
+    import numpy as np
+
+    bad, checked, quantized = [], 0, 0
+    for tensor in gguf_reader(path).tensors:
+        if tensor.tensor_type.name not in ("F32", "F16"):
+            quantized += 1
+            continue
+        checked += 1
+        if not bool(np.isfinite(tensor.data).all()):
+            bad.append(tensor.name)
+    return bad, checked, quantized
+
+
+def refuse_nonfinite_gguf(path, marker_name, what, rc, bad_name=None):
+    """fail(marker_name) when an F32/F16 tensor of the GGUF at path holds a nan/inf (the file then
+    moved to bad_name, if given, where nothing downstream reads it); says what was covered."""
+    bad, checked, quantized = nonfinite_gguf(path)
+    if bad:
+        if bad_name:
+            os.replace(path, bad_name)
+        fail(marker_name, "%s: %s" % (what, bad_tensors_text(bad, checked, bad_name or path)), rc=rc)
+    say("%s: all %d F32/F16 tensors finite%s" % (path, checked, " (%d quantized tensors: structure checked only)"
+                                                 % quantized if quantized else ""))

@@ -2,6 +2,9 @@
 
 Refuses (MERGE_REFUSED, exit 2) when TRAIN_NAN exists, TRAIN_DONE is missing or final/ is
 missing: the playbook's NaN run had its untrained adapter merged as if it were final (§9).
+Files are not evidence enough: every tensor of the adapter is checked for nan/inf before the
+merge (exit 2), and every tensor of the merged model before it is saved (exit 1); the refusal
+names the first bad tensors and their count.
 
 Runs ON the box, in the box venv:
   python merge.py --base models/base --train-dir runs/train --out models/merged
@@ -15,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import fail, marker, say  # noqa: E402
+from common import bad_tensors_text, fail, marker, nonfinite_safetensors, nonfinite_state, say  # noqa: E402
 
 
 def gate(train_dir):
@@ -44,8 +47,16 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.time()
+    adapter = os.path.join(args.train_dir, "final")
+    bad, total = nonfinite_safetensors(adapter)
+    if bad:
+        fail("MERGE_REFUSED", "the adapter: " + bad_tensors_text(bad, total, adapter), rc=2)
+    say("%s: all %d adapter tensors finite" % (adapter, total))
     base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, os.path.join(args.train_dir, "final")).merge_and_unload()
+    merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    bad, total = nonfinite_state(merged.state_dict().items())
+    if bad:
+        fail("MERGE_REFUSED", "the merged model (nothing saved): " + bad_tensors_text(bad, total, args.out), rc=1)
     tmp = args.out + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     merged.save_pretrained(tmp, safe_serialization=True)

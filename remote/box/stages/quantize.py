@@ -2,7 +2,10 @@
 
 With --llama-quantize PATH the llama.cpp binary does it; otherwise llama-cpp-python's
 llama_model_quantize in the box venv (no binary needed). The result must pass the GGUF checker,
-with the expected tensor count and last tensor name when given (playbook §5).
+with the expected tensor count and last tensor name when given (playbook §5). An input GGUF
+with a nan/inf in an F32/F16 tensor is refused; the output's F32/F16 tensors (norms, and any
+left unquantized) are checked the same way; quantized blocks are not decoded (the checker vets
+the file's structure).
 
 Runs ON the box, in the box venv:
   python quantize.py --in gguf/tiny-f16.gguf --out gguf/tiny-q8_0.gguf --type Q8_0 [--delete-input]
@@ -16,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import accept_gguf, delete_intermediate, fail, marker, say  # noqa: E402
+from common import accept_gguf, delete_intermediate, fail, marker, refuse_nonfinite_gguf, say  # noqa: E402
 
 
 def quantize_with_library(src, dst, qtype):
@@ -44,6 +47,7 @@ def main():
     args = p.parse_args()
     if not os.path.isfile(args.src):
         fail("QUANT_REFUSED", "needs %s: missing (run convert first)" % args.src, rc=2)
+    refuse_nonfinite_gguf(args.src, "QUANT_REFUSED", "the input", rc=2)
     started = time.time()
     tmp = args.out + ".partial"
     if args.llama_quantize:
@@ -52,6 +56,7 @@ def main():
         rc = quantize_with_library(args.src, tmp, args.type)
     if rc != 0:
         fail("GGUF_BAD", "quantizing to %s failed with rc=%d" % (args.type, rc), rc=1)
+    refuse_nonfinite_gguf(tmp, "GGUF_BAD", "the quantized GGUF", rc=1, bad_name=args.out + ".bad")
     result = accept_gguf(tmp, args.out, expect_tensors=args.expect_tensors, expect_last=args.last_tensor)
     say("%s: %s, %d tensors, %d bytes" % (args.out, args.type, result["tensor_count"], os.path.getsize(args.out)))
     if args.delete_input:

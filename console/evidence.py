@@ -1,0 +1,51 @@
+"""Preflight from evidence, not file presence: a stage that consumes what a training stage made
+(merge needs the adapter) fires only if the console's own reading of that training run's log
+finds no error-level anomaly. `final/` and TRAIN_DONE say that a run ended; the log says whether
+it learned (a run that diverged or whose gradients died used to leave both behind)."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from samai.console.config import Config, Stage
+from samai.console.preflight import Check
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.transport import TransportError
+
+TRAINING_MARKERS = frozenset({"TRAIN_DONE", "TRAIN_NAN"})  # what declares a stage a training stage
+SHOWN_FINDINGS = 3
+
+
+def training_sources(cfg: Config, stage: Stage) -> list[Stage]:
+    """The training stages that make an artifact this stage needs."""
+    return [s for s in cfg.stages
+            if s.name != stage.name and set(s.makes) & set(stage.needs)
+            and TRAINING_MARKERS & {m.name for m in s.markers}]
+
+
+async def training_evidence(box: Box, cfg: Config, stage: Stage) -> tuple[Check, ...]:
+    """One check per training stage this stage consumes: an error (which blocks the fire) for
+    each error-level finding in its log, or for a log that cannot be read."""
+    from samai.console.checks import Unreadable, check_trainlog
+
+    checks = []
+    for source in training_sources(cfg, stage):
+        path = str(PurePosixPath(cfg.workspace, source.log))
+        try:
+            result = await check_trainlog(box, path)
+        except (Unreadable, BoxError, TransportError) as e:
+            checks.append(Check("error", f"{source.name}'s log cannot be read, so its run is unproven: {e}"))
+            continue
+        checks.extend(_verdict(source.name, result))
+    return tuple(checks)
+
+
+def _verdict(name: str, result: dict) -> list[Check]:
+    errors = [a for a in result["anomalies"] if a.get("severity") == "error"]
+    if not errors:
+        return [Check("ok", f"{name}'s log: {len(result['points'])} steps, no error-level finding")]
+    checks = [Check("error", f"{name}'s log: {a['code']}: {a['message']}") for a in errors[:SHOWN_FINDINGS]]
+    if len(errors) > SHOWN_FINDINGS:
+        checks.append(Check("error", f"{name}'s log: {len(errors) - SHOWN_FINDINGS} more error-level findings "
+                                     "(check trainlog lists them)"))
+    return checks

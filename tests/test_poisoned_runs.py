@@ -1,0 +1,87 @@
+"""Merge is gated on evidence: the console reads the training run's own log through the Box, and
+an error-level finding blocks the merge even when final/ and TRAIN_DONE are there. Real files, a
+real Box on this machine, the real action layer; the real Trainer runs are in test_pipeline."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from samai.console import config, paths
+from samai.console.actions import ActionPlan, Actions, Decision
+from samai.console.audit import AuditLog
+from samai.remote.boxapi import Box
+from samai.remote.local import LocalTransport
+
+TRAIN_OK = "TRAIN_DONE runs/train/final after 80 steps in 9 s\n"
+
+
+def v5(loss: float, grad_norm: float, step: int) -> str:
+    return f"{{'loss': '{loss:.4g}', 'grad_norm': '{grad_norm:.4g}', 'learning_rate': '0.001', 'epoch': '{step / 4}'}}"
+
+
+def dead_gradients_log() -> str:
+    """The issue's second run: grad_norm 0 and a flat loss from step 4 on, ended "done"."""
+    lines = [v5(3.5 - 0.4 * i, 2.0, i + 1) for i in range(3)] + [v5(2.3, 0.0, i + 4) for i in range(77)]
+    return "\n".join(lines) + "\n" + TRAIN_OK
+
+
+def healthy_log() -> str:
+    return "\n".join(v5(3.5 * 0.95 ** i, 1.5, i + 1) for i in range(40)) + "\n" + TRAIN_OK
+
+
+def finished_run(ws: Path, log: str) -> config.Config:
+    """A workspace whose train stage left final/, TRAIN_DONE and this log: all merge's files are there."""
+    cfg = replace(config.load_builtin("tiny"), workspace=str(ws))
+    for folder in ("models/base", "runs/train/final", "logs"):
+        (ws / folder).mkdir(parents=True, exist_ok=True)
+    (ws / "models/base/model.safetensors").write_bytes(b"\0" * 4096)
+    (ws / "runs/train/final/adapter_model.safetensors").write_bytes(b"\0" * 4096)
+    (ws / "runs/train/TRAIN_DONE").write_text("80 steps in 9 s\n")
+    log_path = ws / cfg.stage("train").log
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(log)
+    return cfg
+
+
+async def _confirm(plan: ActionPlan) -> Decision:
+    return Decision.confirmed(plan, "test")
+
+
+async def test_merge_is_blocked_by_the_training_logs_findings_not_passed_by_its_files(workspace: Path) -> None:
+    cfg = finished_run(workspace, dead_gradients_log())
+    box = Box(LocalTransport(), str(workspace), python=sys.executable)
+    try:
+        actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_confirm)
+        plan = await actions.plan_fire("merge")
+        assert any(c.severity == "ok" and "needs adapter" in c.text for c in plan.checks)  # the files are there
+        errors = [c.text for c in plan.checks if c.severity == "error"]
+        assert any("train's log: dead_gradients" in t and "grad_norm exactly 0" in t for t in errors), errors
+        assert any("train's log: not_learning" in t for t in errors), errors
+        assert plan.blocked
+        outcome = await actions.fire("merge")
+        assert not outcome.ok and outcome.status == "refused"
+        assert not (workspace / cfg.stage("merge").log).exists()  # nothing ran
+        restart = await actions.plan_restart("merge")
+        assert restart.blocked and any("dead_gradients" in c.text for c in restart.checks)
+    finally:
+        await box.close()
+
+
+async def test_a_healthy_run_lets_merge_fire_and_a_missing_log_does_not(workspace: Path) -> None:
+    cfg = finished_run(workspace, healthy_log())
+    box = Box(LocalTransport(), str(workspace), python=sys.executable)
+    try:
+        actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_confirm)
+        plan = await actions.plan_fire("merge")
+        assert any(c.severity == "ok" and "train's log: 40 steps, no error-level finding" in c.text
+                   for c in plan.checks), plan.checks
+        assert not any(c.severity == "error" and "train's log" in c.text for c in plan.checks)
+        (workspace / cfg.stage("train").log).unlink()
+        plan = await actions.plan_fire("merge")
+        assert any(c.severity == "error" and "train's log cannot be read" in c.text for c in plan.checks)
+        convert = await actions.plan_fire("convert")  # it consumes no training stage's artifact
+        assert not any("train's log" in c.text for c in convert.checks)
+    finally:
+        await box.close()
