@@ -371,7 +371,7 @@ class SamaiApp(App[None]):
         tail = [line[:200] for line in getattr(outcome.result, "log_tail", ())
                 if line.strip() and not line.startswith(("CHAIN_DONE", "=== samai chain"))]
         text = " · ".join([outcome.message, *tail[-2:]])
-        self.state._keep([Alert(self.clock(), "error", text, outcome.plan.stage, "l log · r restart",
+        self.state.raise_alerts([Alert(self.clock(), "error", text, outcome.plan.stage, "l log · r restart",
                                 run=await self._run_fired(outcome))])
         self.query_one(AlertsPane).show(self.state.alerts)
 

@@ -204,7 +204,7 @@ class ConsoleState:
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
         update.new_alerts += self._findings(snap)
         resolved += self._resolve_gone(snap, now)
-        self._keep(update.new_alerts)
+        self.raise_alerts(update.new_alerts)
         update.alerts_changed = bool(update.new_alerts or resolved)
         return update
 
@@ -277,7 +277,7 @@ class ConsoleState:
 
     def failed_poll(self, error: str, now: float) -> Alert:
         alert = Alert(now, "error", f"box not answering: {error}", code="box_unreachable")
-        self._keep([alert])
+        self.raise_alerts([alert])
         return alert
 
     # ------------------------------------------------------------ helpers
@@ -352,7 +352,8 @@ class ConsoleState:
         self._cpu = cpu
         return rows
 
-    def _keep(self, alerts: list[Alert]) -> None:
+    def raise_alerts(self, alerts: list[Alert]) -> None:
+        """Newest first; only the latest MAX_ALERTS are kept."""
         self.alerts = (list(reversed(alerts)) + self.alerts)[:MAX_ALERTS]
 
 
