@@ -1,7 +1,8 @@
 """Preflight from evidence, not file presence: a stage that consumes what a training stage made
 (merge needs the adapter) fires only if the console's own reading of that training run's log
 finds no error-level anomaly. `final/` and TRAIN_DONE say that a run ended; the log says whether
-it learned (a run that diverged or whose gradients died used to leave both behind)."""
+it learned (a run that diverged or whose gradients died used to leave both behind). A stage's log
+holds every run appended: only its last run (after the launcher's last run header) is judged."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from samai.console.preflight import Check
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.transport import TransportError
 
+RUN_HEADER = "=== samai chain "  # the first line the launcher writes for each run of a stage
 TRAINING_MARKERS = frozenset({"TRAIN_DONE", "TRAIN_NAN"})  # what declares a stage a training stage
 SHOWN_FINDINGS = 3
 
@@ -26,13 +28,13 @@ def training_sources(cfg: Config, stage: Stage) -> list[Stage]:
 async def training_evidence(box: Box, cfg: Config, stage: Stage) -> tuple[Check, ...]:
     """One check per training stage this stage consumes: an error (which blocks the fire) for
     each error-level finding in its log, or for a log that cannot be read."""
-    from samai.console.checks import Unreadable, check_trainlog
+    from samai.console.checks import Unreadable
 
     checks = []
     for source in training_sources(cfg, stage):
         path = str(PurePosixPath(cfg.workspace, source.log))
         try:
-            result = await check_trainlog(box, path)
+            result = await last_run_check(box, path)
         except (Unreadable, BoxError, TransportError) as e:
             checks.append(Check("error", f"{source.name}'s log cannot be read, so its run is unproven: {e}"))
             continue
@@ -40,12 +42,27 @@ async def training_evidence(box: Box, cfg: Config, stage: Stage) -> tuple[Check,
     return tuple(checks)
 
 
+async def last_run_check(box: Box, path: str) -> dict:
+    """check_trainlog over the last run in a stage's log on the box, streamed."""
+    from samai.console.checks import line_batches
+    from samai.console.trainlog import TrainLogCheck
+
+    check = TrainLogCheck()
+    async for batch in line_batches(box, path):
+        starts = [i for i, line in enumerate(batch) if line.startswith(RUN_HEADER)]
+        if starts:
+            check = TrainLogCheck()  # a new run: what came before it is another run's
+            batch = batch[starts[-1] + 1:]
+        check.feed(batch)
+    return check.result()
+
+
 def _verdict(name: str, result: dict) -> list[Check]:
     errors = [a for a in result["anomalies"] if a.get("severity") == "error"]
     if not errors:
-        return [Check("ok", f"{name}'s log: {len(result['points'])} steps, no error-level finding")]
-    checks = [Check("error", f"{name}'s log: {a['code']}: {a['message']}") for a in errors[:SHOWN_FINDINGS]]
+        return [Check("ok", f"{name}'s log, last run: {len(result['points'])} steps, no error-level finding")]
+    checks = [Check("error", f"{name}'s log, last run: {a['code']}: {a['message']}") for a in errors[:SHOWN_FINDINGS]]
     if len(errors) > SHOWN_FINDINGS:
-        checks.append(Check("error", f"{name}'s log: {len(errors) - SHOWN_FINDINGS} more error-level findings "
-                                     "(check trainlog lists them)"))
+        more = len(errors) - SHOWN_FINDINGS
+        checks.append(Check("error", f"{name}'s log, last run: {more} more error-level findings (check trainlog)"))
     return checks

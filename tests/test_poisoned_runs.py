@@ -15,6 +15,7 @@ from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 
 TRAIN_OK = "TRAIN_DONE runs/train/final after 80 steps in 9 s\n"
+HEADER = "=== samai chain train: pid {} started 2026-12-01T00:00:00Z\n"
 
 
 def v5(loss: float, grad_norm: float, step: int) -> str:
@@ -57,8 +58,8 @@ async def test_merge_is_blocked_by_the_training_logs_findings_not_passed_by_its_
         plan = await actions.plan_fire("merge")
         assert any(c.severity == "ok" and "needs adapter" in c.text for c in plan.checks)  # the files are there
         errors = [c.text for c in plan.checks if c.severity == "error"]
-        assert any("train's log: dead_gradients" in t and "grad_norm exactly 0" in t for t in errors), errors
-        assert any("train's log: not_learning" in t for t in errors), errors
+        assert any("train's log, last run: dead_gradients" in t and "grad_norm exactly 0" in t for t in errors), errors
+        assert any("train's log, last run: not_learning" in t for t in errors), errors
         assert plan.blocked
         outcome = await actions.fire("merge")
         assert not outcome.ok and outcome.status == "refused"
@@ -75,12 +76,19 @@ async def test_a_healthy_run_lets_merge_fire_and_a_missing_log_does_not(workspac
     try:
         actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_confirm)
         plan = await actions.plan_fire("merge")
-        assert any(c.severity == "ok" and "train's log: 40 steps, no error-level finding" in c.text
+        assert any(c.severity == "ok" and "train's log, last run: 40 steps, no error-level finding" in c.text
                    for c in plan.checks), plan.checks
         assert not any(c.severity == "error" and "train's log" in c.text for c in plan.checks)
         (workspace / cfg.stage("train").log).unlink()
         plan = await actions.plan_fire("merge")
         assert any(c.severity == "error" and "train's log cannot be read" in c.text for c in plan.checks)
+        (workspace / cfg.stage("train").log).write_text(HEADER.format(1) + dead_gradients_log()
+                                                         + HEADER.format(2) + healthy_log())
+        plan = await actions.plan_fire("merge")  # the log holds both runs: only the last one counts
+        assert not plan.blocked and any("40 steps, no error-level finding" in c.text for c in plan.checks)
+        (workspace / cfg.stage("train").log).write_text(HEADER.format(1) + healthy_log()
+                                                         + HEADER.format(2) + dead_gradients_log())
+        assert (await actions.plan_fire("merge")).blocked
         convert = await actions.plan_fire("convert")  # it consumes no training stage's artifact
         assert not any("train's log" in c.text for c in convert.checks)
     finally:
