@@ -23,6 +23,7 @@ import pytest
 from samai.console import config, paths
 from samai.console.actions import ActionPlan, Actions, Decision
 from samai.console.audit import AuditLog
+from samai.console.checks import check_trainlog
 from samai.remote.box.gguf_check import check_file
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
@@ -177,6 +178,113 @@ async def test_the_nan_guard_stops_training_and_merge_refuses(pipeline_ws: Path)
         assert (await box.remove(list(train.poison))).ok  # what restart does before firing again
     finally:
         await box.close()
+
+
+def with_command(cfg: config.Config, name: str, command: str) -> config.Config:
+    return replace(cfg, stages=tuple(replace(s, command=command) if s.name == name else s for s in cfg.stages))
+
+
+async def _confirm(plan: ActionPlan) -> Decision:
+    return Decision.confirmed(plan, "test")
+
+
+POISON_SAFETENSORS = """import sys
+from safetensors.torch import load_file, save_file
+tensors = load_file(sys.argv[1])
+name = sorted(tensors)[0]
+tensors[name].view(-1)[0] = float("inf")
+save_file(tensors, sys.argv[1], metadata={"format": "pt"})
+print(name)
+"""
+POISON_GGUF = """import sys
+sys.path.insert(0, sys.prefix + "/llama.cpp/gguf-py")
+from gguf import GGUFReader
+reader = GGUFReader(sys.argv[1], "r+")
+tensor = next(t for t in reader.tensors if t.tensor_type.name == "F32")
+tensor.data.reshape(-1)[0] = float("nan")
+reader.data.flush()
+print(tensor.name)
+"""
+
+
+def poison(ws: Path, script: str, path: Path) -> str:
+    """One weight of a real model file set to nan/inf with the box venv's own libraries; its tensor's name."""
+    done = subprocess.run([str(ws / "venv" / "bin" / "python"), "-c", script, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+# Both late deaths of the issue, with real Trainer steps: a huge learning rate from step 5 on
+# (grad_norm nan, then loss 0: a hidden NaN), and the adapter cut off from step 5 on (grad_norm 0).
+DIVERGENCES = {"diverged": ("--diverge-after 4", {"nan_grad_norm", "hidden_nan", "nan_guard_fired"}),
+               "dead-gradients": ("--kill-gradients-after 4", {"dead_gradients", "nan_guard_fired"})}
+
+
+async def test_runs_that_die_after_step_4_pass_nowhere_downstream(pipeline_ws: Path) -> None:
+    cfg = tiny(pipeline_ws, free_port())
+    train = cfg.stage("train")
+    run_dir = pipeline_ws / "runs" / "train"
+    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
+    actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_confirm)
+    try:
+        assert "FETCH_DONE" in await run_stage(box, cfg, "fetch")
+        for kind, (flags, expected) in DIVERGENCES.items():
+            log = await run_stage(box, with_command(cfg, "train", f"{train.command} --max-steps 16 {flags}"), "train")
+            assert "TRAIN_NAN" in log and "logged steps in a row from step" in log, f"{kind}:\n{log[-3000:]}"
+            assert "CHAIN_DONE rc=3" in log and "TRAIN_DONE" not in log, kind
+            assert (run_dir / "TRAIN_NAN").exists(), kind
+            assert not (run_dir / "final").exists() and not (run_dir / "TRAIN_DONE").exists(), kind
+
+            found = await check_trainlog(box, str(pipeline_ws / train.log))  # what `check trainlog` prints
+            codes = {a["code"]: a for a in found["anomalies"]}
+            assert expected <= set(codes), (kind, list(codes))
+            late = codes["hidden_nan" if kind == "diverged" else "dead_gradients"]
+            assert late["step"] > 4 and late["severity"] == "error", late
+
+            plan = await actions.plan_fire("merge")  # the console's own merge preflight
+            finding = f"train's log, last run: {late['code']}: {late['message']}"
+            assert plan.blocked and finding in [c.text for c in plan.checks], plan.checks
+            outcome = await actions.fire("merge")
+            assert outcome.status == "refused" and not (pipeline_ws / cfg.stage("merge").log).exists(), kind
+
+            log = await run_stage(box, cfg, "merge")  # the merge script, fired anyway
+            assert "MERGE_REFUSED" in log and "TRAIN_NAN" in log and "CHAIN_DONE rc=2" in log, log[-3000:]
+            if kind == "diverged":
+                await _downstream_refuses_the_poison(box, cfg, pipeline_ws)
+            # what restart clears, and the logs: the next run's findings are its own
+            assert (await box.remove([*train.poison, "runs/train/checkpoints", train.log, cfg.stage("merge").log])).ok
+    finally:
+        await box.close()
+
+
+async def _downstream_refuses_the_poison(box: Box, cfg: config.Config, ws: Path) -> None:
+    """Past the file gate by hand (the diverged run's last checkpoint put in place as final/, its
+    TRAIN_NAN deleted), merge still refuses the nan adapter; convert and quantize refuse nan input."""
+    run_dir = ws / "runs" / "train"
+    (checkpoint,) = (run_dir / "checkpoints").glob("checkpoint-*")
+    checkpoint.rename(run_dir / "final")
+    (run_dir / "TRAIN_NAN").unlink()
+    (run_dir / "TRAIN_DONE").write_text("forged\n")
+    log = await run_stage(box, cfg, "merge")
+    assert "MERGE_REFUSED the adapter:" in log and "tensors in runs/train/final are not finite" in log, log[-3000:]
+    assert ".lora_A.weight" in log and "CHAIN_DONE rc=2" in log and not (ws / "models" / "merged").exists()
+
+    merged = ws / "models" / "merged"  # a merged model with one inf weight: convert refuses it
+    subprocess.run(["cp", "-r", str(ws / "models" / "base"), str(merged)], check=True)
+    bad = poison(ws, POISON_SAFETENSORS, merged / "model.safetensors")
+    log = await run_stage(box, cfg, "convert")
+    assert "CONVERT_REFUSED" in log and "1 of " in log and bad in log and "CHAIN_DONE rc=2" in log, log[-3000:]
+    assert not (ws / "gguf" / "tiny-f16.gguf").exists()
+
+    f16 = cfg.stage("convert").command.replace("models/merged", "models/base").replace(" --delete-input", "")
+    log = await run_stage(box, with_command(cfg, "convert", f16), "convert")  # a healthy f16 of the base
+    assert "CONVERT_DONE" in log and "all 21 F32/F16 tensors finite" in log, log[-3000:]
+    bad = poison(ws, POISON_GGUF, ws / "gguf" / "tiny-f16.gguf")
+    log = await run_stage(box, cfg, "quantize")
+    assert "QUANT_REFUSED the input: 1 of" in log and bad in log and "CHAIN_DONE rc=2" in log, log[-3000:]
+    assert not (ws / "gguf" / "tiny-q8_0.gguf").exists()
+    assert (await box.remove(["models/merged", "gguf/tiny-f16.gguf"])).ok
 
 
 async def test_fp16_is_refused_with_the_reason(pipeline_ws: Path) -> None:
