@@ -93,3 +93,25 @@ async def test_a_healthy_run_lets_merge_fire_and_a_missing_log_does_not(workspac
         assert not any("train's log" in c.text for c in convert.checks)
     finally:
         await box.close()
+
+
+def _train_stage():
+    """The box's train stage as a module: stdlib at import time, its ML stack imported in main()."""
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "remote" / "box" / "stages" / "train.py"
+    spec = importlib.util.spec_from_file_location("box_train_stage", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_train_stage_judges_how_a_run_ended() -> None:
+    train = _train_stage()
+    nan = float("nan")
+    assert train.why_not_healthy([(3.0, 2.0), (2.0, 1.5), (1.0, 0.9)]) is None
+    assert "last logged step is sick" in train.why_not_healthy([(3.0, 2.0), (0.0, nan)])  # hidden NaN at the end
+    assert "last logged step is sick" in train.why_not_healthy([(3.0, 2.0), (2.9, 0.0)])
+    assert train.why_not_healthy([]) == "no training step was logged"
+    assert [train.sick_step(*s) for s in ((1.0, 0.0), (1.0, nan), (nan, 1.0), (0.0, 1.0), (1.0, 1.0), (1.0, None))] \
+        == [True, True, True, True, False, False]
