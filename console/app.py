@@ -245,7 +245,8 @@ class SamaiApp(App[None]):
         stale = age is not None and age > STALE_POLLS * self.config.target.poll_interval
         self.connection = replace(self.connection, age=age, stale=stale)
         self.screen.set_class(stale, "-stale")
-        self.query_one(StatusBar).show(self.connection)
+        for bar in self.query(StatusBar):  # none once the app is closing and its widgets are gone
+            bar.show(self.connection)
 
     # ------------------------------------------------------------ keys
 
@@ -289,6 +290,8 @@ class SamaiApp(App[None]):
         self._show_stage_log(name)
 
     def _show_stage_log(self, name: str) -> None:
+        if name == self.state.shown_stage:
+            return  # already shown: starting over would blank what the operator is reading
         self.state.show_stage_log(name)
         self.query_one(LogView).reset(self.state.shown.path, self.state.shown_markers())
         self.query_one(LogView).border_title = inert(f"log · {name}")
