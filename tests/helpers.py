@@ -46,3 +46,16 @@ def stop_stages_under(folder: Path) -> list[str]:
         if '"gone"' not in done.stdout:
             stopped.append(stage)
     return stopped
+
+
+async def pilot_until(pilot, predicate, timeout: float = 30.0):
+    """predicate's first true value, while the app keeps running. (A generous wait, not a timing
+    assert: the machines these run on are shared.)"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        assert pilot.app.is_running, "the app exited"
+        await pilot.pause(0.05)
+    raise AssertionError("condition not met in time")

@@ -12,7 +12,6 @@ import pty
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -24,7 +23,7 @@ from samai.console.app import SamaiApp
 from samai.console.audit import AuditLog
 from samai.widgets.dialogs import KillDialog
 from samai.widgets.processes import ProcessPane
-from tests.helpers import wait_for
+from tests.helpers import pilot_until, wait_for
 
 PIPELINE = """
 [target]
@@ -203,14 +202,6 @@ async def test_run_takes_only_a_decision_made_for_that_plan_and_fitting_it(tmp_p
     assert all(json.loads(line)["phase"] == "outcome" for line in audit.path.read_text().splitlines())
 
 
-async def _until(pilot, predicate, timeout: float = 30.0):  # generous: a loaded machine is slow, not wrong
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _alive(pid: int) -> bool:
@@ -226,15 +217,15 @@ async def _kill_from_the_dialog(app: SamaiApp, pilot, leader: int, needle: str, 
     pane.table.focus()
     await pilot.press("slash")
     await pilot.press(*needle, "enter")
-    await _until(pilot, lambda: pane.selected() and pane.selected().pid == leader)
+    await pilot_until(pilot, lambda: pane.selected() and pane.selected().pid == leader)
     await pilot.press("k")
-    dialog = await _until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
+    dialog = await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
     dialog.query_one(f"#scope-{scope}", RadioButton).value = True
-    await _until(pilot, lambda: dialog.group == (scope == "group"))
+    await pilot_until(pilot, lambda: dialog.group == (scope == "group"))
     shown = dialog.selected(signal)
-    await _until(pilot, lambda: shown.command in str(dialog.query_one("#plan", Static).render()))
+    await pilot_until(pilot, lambda: shown.command in str(dialog.query_one("#plan", Static).render()))
     dialog.query_one(f"#{signal}", Button).press()
-    await _until(pilot, lambda: not app._action_running and not isinstance(app.screen, KillDialog))
+    await pilot_until(pilot, lambda: not app._action_running and not isinstance(app.screen, KillDialog))
     return shown
 
 
@@ -251,7 +242,7 @@ async def test_the_kill_dialog_runs_the_plan_it_shows(tmp_path: Path, workspace:
         members[leader.pid] = [c.pid for c in psutil.Process(leader.pid).children()]
     app = SamaiApp(config.load(f))
     async with app.run_test(size=(140, 45)) as pilot:
-        await _until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(two.pid))
+        await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(two.pid))
         alone = await _kill_from_the_dialog(app, pilot, one.pid, "group-one", "process", "TERM")
         whole = await _kill_from_the_dialog(app, pilot, two.pid, "group-two", "group", "KILL")
     assert (alone.pid, alone.signal, alone.group) == (one.pid, "TERM", False)

@@ -7,7 +7,6 @@ import os
 import signal
 import stat
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -21,6 +20,7 @@ from samai.widgets.dialogs import ConfirmDialog, KillDialog
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
 from samai.widgets.status import StatusBar
+from tests.helpers import pilot_until
 
 SIZE = (140, 45)
 
@@ -50,14 +50,6 @@ def _config(tmp_path: Path, ws: Path, python: str = sys.executable, timeout: flo
     return config.load(f)
 
 
-async def _until(pilot, predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _audit(isolated_dirs: Path) -> list[dict]:
@@ -73,32 +65,32 @@ def _log_text(app: SamaiApp) -> str:
 async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path, workspace, isolated_dirs):
     app = SamaiApp(_config(tmp_path, workspace))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("h")
-        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         shown = " ".join(str(w.render()) for w in dialog.query("Static"))
         assert "echo hello from the chain; echo STEP_OK; sleep 30" in shown
         assert app.focused.id == "cancel"
         await pilot.press("enter")  # Enter on an unread dialog cancels
-        await _until(pilot, lambda: not isinstance(app.screen, ConfirmDialog))
+        await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog))
         assert not (workspace / ".samai" / "state" / "hello.json").exists()
 
         await pilot.press("h")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
+        await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
         state_file = workspace / ".samai" / "state" / "hello.json"
-        await _until(pilot, state_file.exists)
-        await _until(pilot, lambda: "hello from the chain" in _log_text(app))
-        await _until(pilot, lambda: "STEP_OK" in str(app.query_one("#stages").render()))
+        await pilot_until(pilot, state_file.exists)
+        await pilot_until(pilot, lambda: "hello from the chain" in _log_text(app))
+        await pilot_until(pilot, lambda: "STEP_OK" in str(app.query_one("#stages").render()))
         pid = json.loads(state_file.read_text())["pid"]
         assert psutil.Process(pid).is_running()
-        await _until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app._action_running)
 
         await pilot.press("s")  # stop the stage whose log is shown
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
+        await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
-        await _until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
-        await _until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
+        await pilot_until(pilot, lambda: not app._action_running)
     actions = [(e["action"], e["confirmation"], e["result"]) for e in _audit(isolated_dirs)]
     assert actions == [("fire", "declined", "cancelled"), ("fire", "dialog", "done"), ("stop", "dialog", "done")]
 
@@ -116,26 +108,26 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
     monkeypatch.setattr(Box, "kill", kill)
     app = SamaiApp(_config(tmp_path, workspace))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
+        await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
         pane = app.query_one(ProcessPane)
         pane.table.focus()
         await pilot.press("slash")
         await pilot.press(*"31\\.25", "enter")
-        await _until(pilot, lambda: pane.selected() and pane.selected().pid == victim.pid)
+        await pilot_until(pilot, lambda: pane.selected() and pane.selected().pid == victim.pid)
         await pilot.press("k")
-        dialog = await _until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
         assert app.focused.id == "cancel"
         assert str(victim.pid) in str(dialog.query_one(".title").render())
         await pilot.press("enter")
-        await _until(pilot, lambda: not isinstance(app.screen, KillDialog))
+        await pilot_until(pilot, lambda: not isinstance(app.screen, KillDialog))
         await pilot.pause(0.3)
         assert victim.poll() is None
 
         await pilot.press("k")
-        await _until(pilot, lambda: isinstance(app.screen, KillDialog))
+        await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog))
         app.screen.query_one("#TERM", Button).press()
-        await _until(pilot, lambda: victim.poll() is not None)
-        await _until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: victim.poll() is not None)
+        await pilot_until(pilot, lambda: not app._action_running)
     declined, entry = _audit(isolated_dirs)  # the cancel goes through the action layer too, and is recorded
     assert (declined["action"], declined["confirmation"], declined["result"]) == ("kill", "declined", "cancelled")
     assert (entry["action"], entry["pid"], entry["result"]) == ("kill", victim.pid, "done")
@@ -146,7 +138,7 @@ async def test_readonly_never_binds_dangerous_keys(tmp_path, workspace, spawn, i
     victim = spawn("sleep", "32.5")
     app = SamaiApp(_config(tmp_path, workspace), readonly=True)
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
+        await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
         bound = {b.action.split("(")[0] for bs in app._bindings.key_to_bindings.values() for b in bs}
         assert not bound & {"fire", "kill", "stop", "restart", "clean"}
         for key in ("h", "k", "s", "r", "c"):
@@ -169,11 +161,11 @@ async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, work
                         'markers = [{ name = "BAD_THING", severity = "error" }]\n')
     app = SamaiApp(config.load(cfg_file))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("b")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         await pilot.click("#confirm")
-        await _until(pilot, lambda: any("stage boom failed rc=3" in a.text for a in app.state.alerts), 15)
+        await pilot_until(pilot, lambda: any("stage boom failed rc=3" in a.text for a in app.state.alerts), 15)
         texts = [a.text for a in app.state.alerts]
         assert any("BAD_THING happened" in t for t in texts)
         assert "BAD_THING" in str(app.query_one("#alerts").render())
@@ -187,17 +179,17 @@ async def test_stale_indicator_when_the_box_stops_answering(tmp_path, workspace)
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     app = SamaiApp(_config(tmp_path, workspace, python=str(wrapper), timeout=1.0))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.connection.state == "connected")
+        await pilot_until(pilot, lambda: app.connection.state == "connected")
         gate.write_text("")  # new processes of the box's python hang...
         os.kill(app.state.snapshot.probe_pid, signal.SIGSTOP)  # ...and the running probe freezes
-        await _until(pilot, lambda: app.connection.stale, 10)
+        await pilot_until(pilot, lambda: app.connection.stale, 10)
         assert app.screen.has_class("-stale")
         assert "STALE" in str(app.query_one(StatusBar).render())
         await pilot.press("l")  # the screen keeps answering keys while the box is gone
         assert app.query_one(LogView).border_title == "log · other"
-        await _until(pilot, lambda: app.connection.state == "lost", 10)
+        await pilot_until(pilot, lambda: app.connection.state == "lost", 10)
         gate.unlink()
-        await _until(pilot, lambda: app.connection.state == "connected" and not app.connection.stale, 40)
+        await pilot_until(pilot, lambda: app.connection.state == "connected" and not app.connection.stale, 40)
         assert not app.screen.has_class("-stale")
         assert any("not answering" in a.text for a in app.state.alerts)
 
@@ -207,7 +199,7 @@ async def test_theme_switch_persists(tmp_path, workspace):
     async with app.run_test(size=SIZE) as pilot:
         assert app.theme == "samai-dark"
         app.theme = "samai-light"
-        await _until(pilot, lambda: prefs.load().get("theme") == "samai-light")
+        await pilot_until(pilot, lambda: prefs.load().get("theme") == "samai-light")
     again = SamaiApp(_config(tmp_path, workspace))
     assert again.theme == "samai-light"
     assert SamaiApp(_config(tmp_path, workspace), theme="samai-contrast").theme == "samai-contrast"
@@ -252,15 +244,15 @@ async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixe
                   "s.listen()\ntime.sleep(60)")
     app = SamaiApp(config.load(f))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: any(a.code == "stale_server" for a in app.state.alerts))
+        await pilot_until(pilot, lambda: any(a.code == "stale_server" for a in app.state.alerts))
         await pilot.press("t")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
+        await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
-        await _until(pilot, lambda: any(a.code == "hidden_nan" for a in app.state.alerts))
+        await pilot_until(pilot, lambda: any(a.code == "hidden_nan" for a in app.state.alerts))
         assert "hidden" in str(app.query_one("#alerts").render()).lower()
-        await _until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app._action_running)
         await pilot.press("x")  # the newest alert with an action: the stale server on the serve port
-        dialog = await _until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
         assert dialog.process.pid == stray.pid and app.focused.id == "cancel"
         await pilot.press("escape")
         await app.box.stop("train", grace=1)

@@ -12,7 +12,6 @@ import resource
 import string
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 from samai.console import config
 from samai.console.audit import AuditLog
 from samai.console.redact import redact
-from tests.helpers import run_cli, wait_for
+from tests.helpers import pilot_until, run_cli, wait_for
 
 PIPELINE = """
 [target]
@@ -208,34 +207,27 @@ async def test_alerts_and_saved_logs_keep_no_secrets(tmp_path: Path, workspace: 
                  'sleep 30"\nmarkers = [{ name = "BAD_THING", severity = "error" }]\n')
     app = SamaiApp(config.load(f))
     async with app.run_test(size=(140, 45)) as pilot:
-        async def until(predicate, timeout: float = 15.0):
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if predicate():
-                    return
-                await pilot.pause(0.05)
-            raise AssertionError("condition not met in time")
-
-        await until(lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("j")
-        await until(lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
+        await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
-        await until(lambda: any("BAD_THING" in a.text for a in app.state.alerts))
+        await pilot_until(pilot, lambda: any("BAD_THING" in a.text for a in app.state.alerts))
         alert = next(a for a in app.state.alerts if "BAD_THING" in a.text)
         assert "HF_TOKEN=***" in alert.text and "--password ***" in alert.text
         assert not any(secret in a.text or "hunter2pass" in a.text for a in app.state.alerts)
         assert secret not in str(app.query_one("#alerts").render())
 
         log = app.query_one(LogView)
-        await until(lambda: any(secret in line for line in log.lines))  # shown as it is, on the operator's screen
-        await until(lambda: not app._action_running)
+        # shown as it is, on the operator's screen
+        await pilot_until(pilot, lambda: any(secret in line for line in log.lines))
+        await pilot_until(pilot, lambda: not app._action_running)
         log.focus()
-        await until(lambda: app.focused is log)
+        await pilot_until(pilot, lambda: app.focused is log)
         await pilot.press("ctrl+s")
         folder = isolated_dirs / "xdg_state_home" / "samai" / "saved-logs"
-        await until(lambda: folder.exists() and list(folder.glob("*.log")))
+        await pilot_until(pilot, lambda: folder.exists() and list(folder.glob("*.log")))
         (saved,) = folder.glob("*.log")
-        await until(lambda: "BAD_THING" in saved.read_text())
+        await pilot_until(pilot, lambda: "BAD_THING" in saved.read_text())
         text = saved.read_text()
         assert "HF_TOKEN=***" in text and secret not in text and "hunter2pass" not in text
         await app.box.stop("leak", grace=1)

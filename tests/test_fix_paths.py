@@ -27,6 +27,7 @@ from samai.console.preflight import poison_artifacts, preflight
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.disk import DiskPane
+from tests.helpers import pilot_until
 
 SIZE = (140, 45)
 EVAL_PY = Path(__file__).resolve().parents[1] / "remote" / "box" / "stages" / "eval.py"
@@ -93,14 +94,6 @@ def _config(tmp_path: Path, ws: Path, port: int, serve: str = "true", reserve: f
     return config.load(f)
 
 
-async def _until(pilot, predicate, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _dialog_text(dialog: ConfirmDialog) -> str:
@@ -131,30 +124,30 @@ async def test_the_key_of_a_running_stage_opens_its_restart(tmp_path, workspace,
     cfg = _config(tmp_path, workspace, port, serve=f"{sys.executable} {listener}")
     app = SamaiApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("v")
-        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         assert dialog.plan.action == "fire"
         await pilot.click("#confirm")
-        await _until(pilot, lambda: (workspace / "logs" / "serve.log").exists()
+        await pilot_until(pilot, lambda: (workspace / "logs" / "serve.log").exists()
                      and "BOUND" in (workspace / "logs" / "serve.log").read_text())
         first = _record(workspace, "serve")["pid"]
-        await _until(pilot, lambda: not app._action_running and app.state.snapshot.state("serve")
+        await pilot_until(pilot, lambda: not app._action_running and app.state.snapshot.state("serve")
                      and app.state.snapshot.state("serve").alive
                      and any(s.port == port for s in app.state.snapshot.listeners))
 
         await pilot.press("v")  # the server runs: its key offers the restart, not a fire the box refuses
-        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         assert dialog.plan.action == "restart" and not dialog.plan.blocked
         assert dialog.plan.details[0].startswith(f"stage serve is running (pid {first}): its key restarts it")
         text = _dialog_text(dialog)
         assert "restart stage serve" in text and "already running" not in text
         assert str(dialog.query_one("#confirm").label) == "Confirm restart"
         await pilot.click("#confirm")
-        await _until(pilot, lambda: _record(workspace, "serve").get("pid") not in (None, first)
+        await pilot_until(pilot, lambda: _record(workspace, "serve").get("pid") not in (None, first)
                      and _alive(workspace, "serve"))
-        await _until(pilot, lambda: not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie")
-        await _until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie")
+        await pilot_until(pilot, lambda: not app._action_running)
 
 
 async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart_replaces_it(tmp_path, workspace,
@@ -163,9 +156,9 @@ async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart
     cfg = _config(tmp_path, workspace, port, serve=f"{sys.executable} {listener} {LONG_TAG} & sleep 0.3; echo launched")
     app = SamaiApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("v")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
+        await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
 
         def server():
@@ -173,7 +166,7 @@ async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart
             held = [s for s in snap.listeners if s.port == port and s.pid] if not app._action_running else []
             return snap.process(held[0].pid) if held and snap.state("serve") else None
 
-        holder = await _until(pilot, server)
+        holder = await pilot_until(pilot, server)
         assert LONG_TAG in holder.command and "CHAIN_DONE rc=0" in (workspace / "logs" / "serve.log").read_text()
         pre = preflight(cfg, app.state.snapshot, cfg.stage("serve"))
         check = next(c for c in pre.checks if f"port {port}" in c.text)
@@ -184,16 +177,16 @@ async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart
         assert str(int(holder.start_time)) not in check.text  # no raw epoch
 
         await pilot.press("v")  # its key offers the restart, which stops the old server with its group
-        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         assert dialog.plan.action == "restart" and not dialog.plan.blocked
         text = _dialog_text(dialog)
         assert holder.command in text and f"started {when} (" in text and "✗" not in text
         assert str(dialog.query_one("#confirm").label) == "Confirm restart"
         await pilot.click("#confirm")
-        await _until(pilot, lambda: not psutil.pid_exists(holder.pid)
+        await pilot_until(pilot, lambda: not psutil.pid_exists(holder.pid)
                      or psutil.Process(holder.pid).status() == "zombie")
-        await _until(pilot, lambda: not app._action_running)
-        await _until(pilot, lambda: (workspace / "logs" / "serve.log").read_text().count("BOUND") >= 1
+        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: (workspace / "logs" / "serve.log").read_text().count("BOUND") >= 1
                      and any(s.port == port and s.pid not in (None, holder.pid) for s in app.state.snapshot.listeners))
 
 
@@ -205,10 +198,10 @@ async def test_a_stray_holder_is_stopped_first_not_a_blocker_and_shown_whole(tmp
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(psutil.Process(stray.pid).create_time()))
     app = SamaiApp(_config(tmp_path, workspace, port, serve=f"{sys.executable} {listener}"))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot
+        await pilot_until(pilot, lambda: app.state.snapshot
                      and any(s.pid == stray.pid for s in app.state.snapshot.listeners))
         await pilot.press("v")
-        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         assert dialog.plan.action == "fire" and not dialog.plan.blocked
         assert [h.pid for h in dialog.plan.holders] == [stray.pid]
         check = next(c for c in dialog.plan.checks if f"port {port}" in c.text)
@@ -219,8 +212,8 @@ async def test_a_stray_holder_is_stopped_first_not_a_blocker_and_shown_whole(tmp
         assert str(dialog.query_one("#confirm").label) == "Confirm fire"  # not "Fire anyway"
         await pilot.click("#confirm")
         assert stray.wait(15) is not None
-        await _until(pilot, lambda: not app._action_running)
-        await _until(pilot, lambda: "BOUND" in (workspace / "logs" / "serve.log").read_text())
+        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: "BOUND" in (workspace / "logs" / "serve.log").read_text())
 
 
 # ------------------------------------------------------------------ item 9: eval against a server that is down
@@ -274,20 +267,20 @@ async def test_a_failed_fire_stays_in_the_alerts_pane(tmp_path, workspace, port)
     _eval_data(workspace)
     app = SamaiApp(_config(tmp_path, workspace, port))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("e")
-        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         assert dialog.plan.blocked and "nothing listens on port" in _dialog_text(dialog)
         await pilot.click("#confirm")  # "Fire anyway"
-        alert = await _until(pilot, lambda: next((a for a in app.state.alerts if "cannot reach the server" in a.text),
-                                                 None))
+        alert = await pilot_until(
+            pilot, lambda: next((a for a in app.state.alerts if "cannot reach the server" in a.text), None))
         assert alert.severity == "error" and alert.stage == "eval" and "stage eval failed" in alert.text
-        await _until(pilot, lambda: "cannot reach the server" in str(app.query_one(AlertsPane).render()))
+        await pilot_until(pilot, lambda: "cannot reach the server" in str(app.query_one(AlertsPane).render()))
         # It belongs to that run: polls that see the run do not resolve it (the next run will).
         pid = _record(workspace, "eval")["pid"]
-        seen = await _until(pilot, lambda: getattr(app.state.snapshot.state("eval"), "pid", None) == pid
+        seen = await pilot_until(pilot, lambda: getattr(app.state.snapshot.state("eval"), "pid", None) == pid
                             and app.state.received_at)
-        await _until(pilot, lambda: app.state.received_at > seen)
+        await pilot_until(pilot, lambda: app.state.received_at > seen)
         assert any("cannot reach the server" in a.text for a in app.state.active_alerts())
 
 
@@ -313,9 +306,9 @@ async def test_a_reserve_above_the_free_space_is_an_alert_and_holds_back_only_wr
 
     app = SamaiApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
-        alert = await _until(pilot, lambda: next((a for a in app.state.alerts if a.code == "disk_reserve"), None))
+        alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "disk_reserve"), None))
         assert alert.severity == "error" and "below the reserve" in alert.text
-        await _until(pilot, lambda: "below the reserve" in str(app.query_one(AlertsPane).render()))
+        await pilot_until(pilot, lambda: "below the reserve" in str(app.query_one(AlertsPane).render()))
 
 
 async def test_the_clean_dialog_lists_each_paths_size(tmp_path, workspace, port):
@@ -324,15 +317,15 @@ async def test_the_clean_dialog_lists_each_paths_size(tmp_path, workspace, port)
     (workspace / "out.gguf").write_bytes(b"g" * 5_000)  # convert made its output: merged is reclaimable
     app = SamaiApp(_config(tmp_path, workspace, port))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot and any(
+        await pilot_until(pilot, lambda: app.state.snapshot and any(
             a.reclaimable for a in disk_budget(app.config, app.state.snapshot).artifacts))
         await pilot.press("c")
-        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         assert dialog.plan.action == "clean" and dialog.plan.paths == ("models/merged",)
         text = _dialog_text(dialog)
         assert "models/merged: 20.0 KB" in text and "in all 20.0 KB" in text
         await pilot.press("escape")
-        await _until(pilot, lambda: not isinstance(app.screen, ConfirmDialog))
+        await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog))
     assert (workspace / "models" / "merged" / "w.bin").exists()
 
 
@@ -345,15 +338,15 @@ async def test_the_disk_pane_toggles_the_largest_users(tmp_path, workspace, port
     app = SamaiApp(_config(tmp_path, workspace, port))
     async with app.run_test(size=SIZE) as pilot:
         pane = app.query_one(DiskPane)
-        await _until(pilot, lambda: "out.gguf" not in str(pane.render()) and "gguf" in str(pane.render())
+        await pilot_until(pilot, lambda: "out.gguf" not in str(pane.render()) and "gguf" in str(pane.render())
                      and "7.0 KB" in str(pane.render()))
         assert "largest users" not in str(pane.render())
         await pilot.press("u")
-        await _until(pilot, lambda: "largest users" in str(pane.render()))
+        await pilot_until(pilot, lambda: "largest users" in str(pane.render()))
         shown = str(pane.render())
         assert "declared artifacts only" in shown
         order = [shown.index(path) for path in ("models/merged", "out.gguf", "models/base")]
         assert order == sorted(order)  # biggest first
         assert "in all 30.0 KB" in shown
         await pilot.press("u")
-        await _until(pilot, lambda: "largest users" not in str(pane.render()))
+        await pilot_until(pilot, lambda: "largest users" not in str(pane.render()))

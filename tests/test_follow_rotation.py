@@ -4,7 +4,6 @@ FIFO, a device or a socket is refused at once instead of leaving a probe blocked
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import os
 import re
@@ -24,7 +23,7 @@ from samai.remote import model
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 from samai.widgets.logview import LogView
-from tests.helpers import run_cli, wait_for
+from tests.helpers import pilot_until, run_cli, wait_for
 
 CONFIG = """
 pipeline = "rotation"
@@ -316,27 +315,19 @@ async def test_the_log_pane_follows_a_rotation_through_the_same_reader(tmp_path:
             view.flush_now()
             return [line for line in view.lines if type(line) is str]
 
-        await _until(pilot, lambda: shown() == ["a 0"])
+        await pilot_until(pilot, lambda: shown() == ["a 0"])
         with open(log, "a", buffering=1) as writer:  # the daemon, still writing as LOG is rotated
             writer.write("a 1\n")
             log.rename(f"{log}.1")
             writer.write("a 2\npartial")
             writer.flush()
         log.write_text("b 0\n")
-        await _until(pilot, lambda: "b 0" in shown())
+        await pilot_until(pilot, lambda: "b 0" in shown())
         assert shown() == ["a 0", "a 1", "a 2", "partial", "b 0"]
         notices = [line for line in view.lines if type(line) is not str]
         assert any("rotated (now " in n for n in notices)
 
 
-async def _until(pilot, predicate, timeout: float = 20.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
 
 
 # ------------------------------------------------------------ not a regular file

@@ -18,7 +18,7 @@ from samai.console.app import SamaiApp
 from samai.widgets.curves import CurvesPane
 from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.logview import LogView
-from tests.helpers import run_cli
+from tests.helpers import pilot_until, run_cli
 
 SIZE = (140, 45)
 
@@ -43,14 +43,6 @@ def _config(tmp_path: Path, ws: Path, stages: str) -> config.Config:
     return config.load(f)
 
 
-async def _until(pilot, predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _plain(widget) -> str:
@@ -75,11 +67,11 @@ def _notes(app: SamaiApp) -> list[str]:
 
 
 async def _fire_in_tui(pilot, app: SamaiApp, key: str) -> None:
-    await _until(pilot, lambda: not app._action_running)
+    await pilot_until(pilot, lambda: not app._action_running)
     await pilot.press(key)
-    await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
+    await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
     await pilot.click("#confirm")
-    await _until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app._action_running)
+    await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app._action_running)
 
 
 def _free_port() -> int:
@@ -101,19 +93,19 @@ command = "sh run.sh"
 markers = [{ name = "FIRST_DONE" }]
 """))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await _fire_in_tui(pilot, app, "t")
-        await _until(pilot, lambda: "done" in _bar(app) and "CHAIN_DONE rc=0" in _bar(app))
-        await _until(pilot, lambda: len(app.query_one(CurvesPane).points) == 3)
+        await pilot_until(pilot, lambda: "done" in _bar(app) and "CHAIN_DONE rc=0" in _bar(app))
+        await pilot_until(pilot, lambda: len(app.query_one(CurvesPane).points) == 3)
         first = json.loads((workspace / ".samai" / "state" / "train.json").read_text())["fired_at"]
 
         # The second run: one step far above the first run's losses, then it runs on without a marker.
         script.write_text(f'echo "{STEP.format(loss=500.0)}"\nsleep 30\n')
         await _fire_in_tui(pilot, app, "t")
-        await _until(pilot, lambda: app.state.runs.get("train", (first,))[0] != first)
+        await pilot_until(pilot, lambda: app.state.runs.get("train", (first,))[0] != first)
         curve = app.query_one(CurvesPane)
-        await _until(pilot, lambda: [p.loss for p in curve.points] == [500.0])
-        await _until(pilot, lambda: "running" in _bar(app))
+        await pilot_until(pilot, lambda: [p.loss for p in curve.points] == [500.0])
+        await pilot_until(pilot, lambda: "running" in _bar(app))
         await pilot.pause(1.0)  # a few polls: nothing of the first run comes back
         bar = _bar(app)
         assert "running" in bar and "CHAIN_DONE" not in bar and "FIRST_DONE" not in bar
@@ -142,7 +134,7 @@ command = "echo serve line one; echo serve line two; sleep 30"
     app = SamaiApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
         log = app.query_one(LogView)
-        await _until(pilot, lambda: app.state.shown_stage == "serve" and "serve line two" in "\n".join(log.lines))
+        await pilot_until(pilot, lambda: app.state.shown_stage == "serve" and "serve line two" in "\n".join(log.lines))
         await pilot.pause(0.6)  # a few more polls
         assert "log · serve" in str(log.border_title)
         lines = "\n".join(log.lines)
@@ -166,20 +158,20 @@ ports = [{port}]
     async with app.run_test(size=SIZE) as pilot:
         notes = _notes(app)
         pane = app.query_one("#alerts")
-        alert = await _until(pilot, lambda: next((a for a in app.state.alerts if a.code == "stale_server"), None))
+        alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "stale_server"), None))
         assert alert.active and "1 warning" in str(pane.border_subtitle)
 
         stray.kill()
         stray.wait(10)
-        await _until(pilot, lambda: not app.state.active_alerts())
+        await pilot_until(pilot, lambda: not app.state.active_alerts())
         resolved = next(a for a in app.state.alerts if a.code == "stale_server")
         assert resolved.resolved_at is not None
-        await _until(pilot, lambda: "1 warning" not in str(pane.border_subtitle))
+        await pilot_until(pilot, lambda: "1 warning" not in str(pane.border_subtitle))
         assert str(pane.border_subtitle) == "no errors or warnings · 1 resolved" and "(resolved " in _plain(pane)
 
         await pilot.press("x")
         when = time.strftime("%H:%M:%S", time.localtime(resolved.resolved_at))
-        await _until(pilot, lambda: any(f"already resolved at {when}" in n for n in notes))
+        await pilot_until(pilot, lambda: any(f"already resolved at {when}" in n for n in notes))
         assert not any("is gone or is another process" in n for n in notes)
 
 
@@ -205,29 +197,29 @@ needs = ["adapter"]
 async def test_no_poison_alert_after_a_good_train_and_restart_says_in_red_what_it_deletes(tmp_path, workspace):
     app = SamaiApp(_config(tmp_path, workspace, TRAIN_AND_MERGE))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await _fire_in_tui(pilot, app, "t")
-        await _until(pilot, lambda: "✓ done" in _bar(app))
+        await pilot_until(pilot, lambda: "✓ done" in _bar(app))
 
         def sized() -> bool:  # the poison paths measured since the run ended: a detector could see them
             found = {a.name: a for a in app.state.snapshot.artifacts}
             return all(found.get(f"poison:train:{p}") and found[f"poison:train:{p}"].exists
                        for p in ("out/final", "out/TRAIN_DONE"))
 
-        await _until(pilot, sized)
+        await pilot_until(pilot, sized)
         await pilot.pause(0.6)
         assert not [a for a in app.state.alerts if a.code == "poison_files"]
         assert "earlier run" not in _plain(app.query_one("#alerts"))
 
         await pilot.press("r")  # restart train: its preflight clears final/, which merge needs
-        dialog = await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         checks = [c for c in dialog.checks if c.severity == "error"]
         assert any("out/final" in c.text and "adapter" in c.text and "merge" in c.text for c in checks)
         shown = " ".join(_plain(w) for w in dialog.query("Static"))
         assert "✗ deletes out/final" in shown
         assert "anyway" in str(dialog.query_one("#confirm").label)
         await pilot.press("escape")
-        await _until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app._action_running)
+        await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app._action_running)
     assert (workspace / "out" / "final" / "adapter.bin").exists()
 
 
@@ -241,13 +233,13 @@ key = "v"
 command = "echo serving; sleep 30"
 """))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await _fire_in_tui(pilot, app, "v")
-        await _until(pilot, lambda: "running" in _bar(app))
+        await pilot_until(pilot, lambda: "running" in _bar(app))
         await pilot.press("s")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
+        await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
-        await _until(pilot, lambda: "stopped by the operator" in _bar(app))
+        await pilot_until(pilot, lambda: "stopped by the operator" in _bar(app))
         await pilot.pause(0.6)
         bar = _bar(app)
         assert "stopped by the operator" in bar and "failed" not in bar and "rc=143" not in bar
@@ -276,13 +268,13 @@ ports = [{port}]
 markers = [{{ name = "SERVING" }}]
 """))
     async with app.run_test(size=SIZE) as pilot:
-        await _until(pilot, lambda: app.state.snapshot)
+        await pilot_until(pilot, lambda: app.state.snapshot)
         await _fire_in_tui(pilot, app, "v")
-        await _until(pilot, lambda: "SERVING" in _bar(app) and "running" in _bar(app))
+        await pilot_until(pilot, lambda: "SERVING" in _bar(app) and "running" in _bar(app))
         pid = int((workspace / "server.pid").read_text())
         os.kill(pid, signal.SIGKILL)  # the OOM killer's way
-        await _until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
-        died = await _until(pilot, lambda: next((a for a in app.state.alerts if "died" in a.text), None))
+        await pilot_until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
+        died = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if "died" in a.text), None))
         assert died.text.startswith("stage serve: pid ") and "died (rc=137): SERVING on" in died.text
         assert died.stage == "serve" and "l log" in died.hint
         assert "died (rc=137)" in _plain(app.query_one("#alerts"))
@@ -290,6 +282,6 @@ markers = [{{ name = "SERVING" }}]
         await pilot.press("l")  # the alert's log: serve's, not the next stage's (provision)
         log = app.query_one(LogView)
         assert app.state.shown_stage == "serve" and "log · serve" in str(log.border_title)
-        await _until(pilot, lambda: "SERVING on" in "\n".join(log.lines))
+        await pilot_until(pilot, lambda: "SERVING on" in "\n".join(log.lines))
         await pilot.press("l")  # after that, `l` goes on to the next stage's log as before
         assert app.state.shown_stage == "provision"
