@@ -23,7 +23,7 @@ from samai.remote import model
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 from samai.widgets.logview import LogView
-from tests.helpers import pilot_until, run_cli, wait_for
+from tests.helpers import pilot_until, run_cli, unavailable_here, wait_for
 
 CONFIG = """
 pipeline = "rotation"
@@ -102,7 +102,7 @@ def followers(cfg_file: Path, spawn):
     """Ours (`samai-console tail --follow`, a local target) and GNU `tail -F`, both on LOG from its
     one line "ready" on: each has printed it before this returns."""
     if b"GNU coreutils" not in subprocess.run(["tail", "--version"], capture_output=True).stdout:
-        pytest.skip("GNU tail is the reference")
+        unavailable_here("GNU tail is the reference")
 
     def start(log: Path) -> tuple[Output, Output]:
         log.write_text("ready\n")

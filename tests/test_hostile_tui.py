@@ -10,7 +10,6 @@ import json
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from samai.remote.visible import visible
 from samai.widgets.dialogs import ConfirmDialog, HelpScreen, PathDialog
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
+from tests.helpers import pilot_until
 
 SIZE = (160, 50)
 # Tags Textual and Rich would act on or choke on: a link, a closing tag with no opening, an
@@ -46,16 +46,11 @@ def _config(tmp_path: Path, ws: Path, stages: str = DEFAULT_STAGES, python: str 
 
 
 async def _until(pilot, predicate, timeout: float = 30.0):
-    """predicate's first true value; the app must keep running meanwhile. (A generous wait, not a
-    timing assert: the machines these run on are shared.)"""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        assert pilot.app.is_running, "the app exited"
-        await pilot.pause(0.05)
-    raise AssertionError(f"condition not met in time; on {pilot.app.screen!r}, toasts {_toasts(pilot.app)}")
+    """pilot_until, saying on failure which screen and toasts the app showed."""
+    try:
+        return await pilot_until(pilot, predicate, timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; on {pilot.app.screen!r}, toasts {_toasts(pilot.app)}") from None
 
 
 def _toasts(app: SamaiApp) -> list[str]:

@@ -20,7 +20,7 @@ import pytest
 
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
-from tests.helpers import wait_for
+from tests.helpers import unavailable_here, wait_for
 
 PF_KTHREAD = 0x00200000
 
@@ -168,7 +168,7 @@ def _kernel_threads() -> list[int]:
 
 async def test_pid_2_is_refused(box: Box) -> None:
     if not os.path.exists("/proc/2"):
-        pytest.skip("no pid 2 in this pid namespace")
+        unavailable_here("no pid 2 in this pid namespace")
     started = psutil.Process(2).create_time()
     for group in (False, True):
         result = await box.kill(2, started, signal="KILL", group=group)
@@ -178,7 +178,7 @@ async def test_pid_2_is_refused(box: Box) -> None:
 async def test_a_kernel_thread_is_refused(box: Box) -> None:
     threads = [p for p in _kernel_threads() if p != 2]
     if not threads:
-        pytest.skip("no kernel thread is visible in this pid namespace")
+        unavailable_here("no kernel thread is visible in this pid namespace")
     pid = threads[-1]
     for group in (False, True):
         result = await box.kill(pid, psutil.Process(pid).create_time(), signal="KILL", group=group)
@@ -190,7 +190,7 @@ async def test_a_kernel_thread_is_refused(box: Box) -> None:
 def unprivileged_box() -> Iterator[Box]:
     """A Box whose tools run as uid 65533 (no user of that id needed), in a workspace it can read."""
     if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("needs root and setpriv to run the box tools as another user")
+        unavailable_here("needs root and setpriv to run the box tools as another user")
     folder = Path(tempfile.mkdtemp(prefix="samai-kill-"))
     try:
         folder.chmod(0o755)
