@@ -46,3 +46,25 @@ def test_the_tools_are_uploaded_with_their_stages() -> None:
     names = tool_names()
     assert {"probe.py", "gguf_check.py", "stages/train.py", "stages/fetch.py", "stages/common.py"} <= set(names)
     assert not any(n.endswith("__init__.py") for n in names)
+
+
+def test_serve_never_signals_a_port_holder_itself(tmp_path: Path, spawn) -> None:
+    """Only the console's confirmed, audited fire plan stops a listener: the stage refuses a held port."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    holder = spawn(sys.executable, "-c", "import socket,time\ns=socket.socket()\n"
+                   f"s.bind(('127.0.0.1',{port}))\ns.listen()\nprint('ready',flush=True)\ntime.sleep(60)",
+                   stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "ready\n"
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    serve = resources.files("samai.remote.box").joinpath("stages", "serve.py")
+    for extra in ((), ("--stop-listeners",)):
+        run = subprocess.run([sys.executable, str(serve), "--model", "m.gguf", "--port", str(port), *extra],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert run.returncode != 0 and holder.poll() is None, run.stdout + run.stderr
+    assert "PORT_BUSY" in subprocess.run([sys.executable, str(serve), "--model", "m.gguf", "--port", str(port)],
+                                         cwd=tmp_path, capture_output=True, text=True, timeout=60).stdout

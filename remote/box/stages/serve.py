@@ -2,8 +2,7 @@
 
 1. the port must be free: the console stops its listeners before it fires this stage (each by
    pid and start time, confirmed by the operator and written to the audit log); a port still
-   held here is PORT_BUSY and nothing is touched. By hand, --stop-listeners stops them here,
-   identity-checked, with one parseable LISTENER_STOPPED line per process
+   held here is PORT_BUSY and nothing is touched: this stage never signals a process itself
 2. the port is verified free
 3. the server starts as this chain's child, in its process group (stopping the stage stops it):
    llama-server with --reasoning-format none, or `python -m llama_cpp.server` for tiny
@@ -13,7 +12,7 @@
 Then HEALTH_OK / SMOKE_OK, and the stage runs as long as the server does.
 
 Runs ON the box, in the box venv:
-  python serve.py --model gguf/tiny-q8_0.gguf --port 18080 [--stop-listeners] [--llama-server PATH]
+  python serve.py --model gguf/tiny-q8_0.gguf --port 18080 [--llama-server PATH]
 """
 
 import argparse
@@ -28,8 +27,6 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import SMOKE_ANSWER, SMOKE_QUESTION, fail, marker, say  # noqa: E402
-from kill import kill  # noqa: E402
-from procfs import boot_time, read_stat, start_epoch  # noqa: E402
 from procs import list_pids  # noqa: E402
 from sockets import listening_sockets, socket_owners  # noqa: E402
 
@@ -39,21 +36,6 @@ def holders(port):
     socks = dict((inode, s) for inode, s in listening_sockets([]).items() if s["port"] == port)
     owners = socket_owners(socks.keys(), list_pids())
     return sorted(set(owners.get(inode) for inode in socks), key=lambda p: p or 0)
-
-
-def stop_holders(port):
-    btime = boot_time()
-    for pid in holders(port):
-        st = read_stat(pid) if pid else None
-        if st is None:
-            fail("PORT_BUSY", "port %d is held by a process this user cannot see" % port)
-        started = start_epoch(st["starttime"], btime)
-        say("stopping pid %d (%s, started %.2f) which holds port %d" % (pid, st["comm"], started, port))
-        result = kill({"pid": pid, "start_time": started, "signal": "TERM", "grace": 5})
-        marker("LISTENER_STOPPED", "pid=%d start=%.2f port=%d result=%s comm=%s"
-               % (pid, started, port, result["result"], json.dumps(st["comm"])))
-        if not result["ok"]:
-            fail("PORT_BUSY", "could not stop pid %d: %s" % (pid, result.get("reason", result["result"])))
 
 
 def server_command(args):
@@ -111,7 +93,6 @@ def main():
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--llama-server", help="path of llama.cpp's llama-server (default: llama_cpp.server)")
-    p.add_argument("--stop-listeners", action="store_true", help="stop whoever holds the port, by pid")
     p.add_argument("--server-log", default="logs/server.log")
     p.add_argument("--smoke-question", default=SMOKE_QUESTION)
     p.add_argument("--smoke-answer", default=SMOKE_ANSWER)
@@ -120,14 +101,10 @@ def main():
     if not os.path.isfile(args.model):
         fail("SERVE_REFUSED", "needs %s: missing (run quantize first)" % args.model, rc=2)
 
-    if holders(args.port):
-        if not args.stop_listeners:
-            fail("PORT_BUSY", "port %d is held by pid %s; fire serve from the console, which stops it by pid "
-                 "(or pass --stop-listeners)"
-                 % (args.port, ", ".join(str(h) for h in holders(args.port))))
-        stop_holders(args.port)
-    if holders(args.port):
-        fail("PORT_BUSY", "port %d is still held after stopping its listeners" % args.port)
+    held = holders(args.port)
+    if held:
+        fail("PORT_BUSY", "port %d is held by pid %s; fire serve from the console, whose confirmed plan stops "
+             "it by pid" % (args.port, ", ".join(str(h) for h in held)))
     say("port %d is free" % args.port)
 
     os.makedirs(os.path.dirname(os.path.abspath(args.server_log)), exist_ok=True)
