@@ -69,3 +69,11 @@ def unavailable_here(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"CI must run this test: {reason}")
     pytest.skip(reason)
+
+
+def start_time_of(pid: int) -> float:
+    """A process's start time as the box tools read it (btime + ticks): psutil's own boot time
+    may differ from /proc/stat's by up to a second, and then an identity check rightly refuses."""
+    from samai.remote.box.procfs import boot_time, read_stat, start_epoch
+
+    return start_epoch(read_stat(pid)["starttime"], boot_time())

@@ -23,7 +23,7 @@ from samai.console.app import SamaiApp
 from samai.console.audit import AuditLog
 from samai.widgets.dialogs import KillDialog
 from samai.widgets.processes import ProcessPane
-from tests.helpers import pilot_until, wait_for
+from tests.helpers import pilot_until, start_time_of, wait_for
 
 PIPELINE = """
 [target]
@@ -151,7 +151,7 @@ def test_a_stray_listener_is_stopped_by_the_fire_plan_and_audited_by_pid(cfg_fil
     stray = spawn(sys.executable, "-c", f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\n"
                   "s.listen()\nprint('up', flush=True)\ntime.sleep(60)", stdout=subprocess.PIPE, text=True)
     assert stray.stdout.readline() == "up\n"
-    started = psutil.Process(stray.pid).create_time()
+    started = start_time_of(stray.pid)
     try:
         # A holder the plan stops first is shown (pid, command) but does not block: no --force needed.
         r = _cli("--config", str(cfg_file), "fire", "serve", "--yes")

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import run_cli, wait_for
+from tests.helpers import run_cli, start_time_of, wait_for
 
 PIPELINE = """
 pipeline = "cli"
@@ -55,7 +55,7 @@ def test_snapshot_json_is_this_machine(cfg_file: Path) -> None:
     snap = json.loads(r.stdout)
     pids = {p["pid"]: p for p in snap["processes"]}
     assert os.getpid() in pids
-    assert abs(pids[os.getpid()]["start_time"] - psutil.Process().create_time()) < 0.05
+    assert abs(pids[os.getpid()]["start_time"] - start_time_of(os.getpid())) < 0.05
     assert snap["disks"] and snap["host"]
 
 
@@ -114,7 +114,7 @@ def test_usage_mistakes_are_one_line_exit_2() -> None:
 
 def test_kill_with_a_wrong_start_time_is_refused(spawn, isolated_dirs) -> None:
     proc = spawn("sleep", "30")
-    real = psutil.Process(proc.pid).create_time()
+    real = start_time_of(proc.pid)
     r = run_cli("kill", str(proc.pid), "--start-time", f"{real - 3:.2f}", "--signal", "KILL", "--yes")
     assert r.returncode == 1 and "another process" in r.stderr
     assert proc.poll() is None
@@ -135,7 +135,7 @@ def test_actions_need_confirmation(cfg_file: Path, workspace: Path, isolated_dir
 
 def test_readonly_refuses_every_action(cfg_file: Path, workspace: Path, spawn) -> None:
     proc = spawn("sleep", "30")
-    start = psutil.Process(proc.pid).create_time()
+    start = start_time_of(proc.pid)
     for argv in (["fire", "hello"], ["stop", "hello"], ["kill", str(proc.pid), "--start-time", str(start)]):
         r = run_cli("--config", str(cfg_file), "--readonly", *argv, "--yes")
         assert r.returncode == 1 and "read-only" in r.stderr

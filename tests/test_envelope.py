@@ -19,7 +19,7 @@ from samai.remote.boxapi import Box
 from samai.remote.envelope import EnvelopeTransport, put_payload, run_payload
 from samai.remote.payload_lint import lint
 from samai.remote.transport import TransportError
-from tests.helpers import run_cli
+from tests.helpers import run_cli, start_time_of
 
 TOKEN = "tok-" + "s3cret" * 6
 
@@ -69,7 +69,7 @@ async def test_snapshot_fire_stop_kill_and_tail_over_the_envelope(envelope_box: 
     chunk = await envelope_box.tail(str(workspace / "logs" / "env.log"), offset=0)
     assert b"through the gateway" in chunk.data
     assert (await envelope_box.stop("env", grace=1)).ok
-    start = psutil.Process(victim.pid).create_time()
+    start = start_time_of(victim.pid)
     assert (await envelope_box.kill(victim.pid, start - 1)).result == "refused"
     assert (await envelope_box.kill(victim.pid, start, grace=1)).ok and victim.wait(5) != 0
 

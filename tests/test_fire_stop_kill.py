@@ -14,7 +14,7 @@ import psutil
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from samai.remote.model import Boot
-from tests.helpers import wait_for
+from tests.helpers import start_time_of, wait_for
 
 
 def _alive(pid: int) -> bool:
@@ -28,7 +28,7 @@ async def test_fire_verifies_the_chain_and_it_prints_chain_done(box: Box, worksp
     result = await box.fire("hello", "echo hello from $SAMAI_STAGE; sleep 1.5; echo bye", "logs/hello.log",
                             verify_s=0.5)
     assert result.ok and result.state == "running"
-    assert abs(result.start_time - psutil.Process(result.pid).create_time()) < 0.05
+    assert abs(result.start_time - start_time_of(result.pid)) < 0.05
     assert os.getpgid(result.pid) == result.pid and os.getsid(result.pid) == result.pid
     log = workspace / "logs" / "hello.log"
     wait_for(lambda: "CHAIN_DONE rc=0" in log.read_text(), timeout=10)
@@ -115,7 +115,7 @@ async def test_fire_rotates_the_previous_log(box: Box, workspace: Path) -> None:
 
 async def test_kill_with_a_wrong_start_time_is_refused_and_the_process_lives(box: Box, spawn) -> None:
     proc = spawn("sleep", "30")
-    real = psutil.Process(proc.pid).create_time()
+    real = start_time_of(proc.pid)
     result = await box.kill(proc.pid, real - 5.0, signal="KILL")
     assert result.result == "refused" and "another process" in result.reason
     time.sleep(0.2)
@@ -128,10 +128,10 @@ async def test_kill_with_a_wrong_start_time_is_refused_and_the_process_lives(box
 async def test_kill_refuses_init_and_the_console_itself(box: Box) -> None:
     me = psutil.Process()
     assert (await box.kill(1, 0.0)).result == "refused"
-    result = await box.kill(me.pid, me.create_time(), signal="TERM")
+    result = await box.kill(me.pid, start_time_of(me.pid), signal="TERM")
     assert result.result == "refused" and "protected" in result.reason
     parent = me.parent()
-    assert (await box.kill(parent.pid, parent.create_time())).result == "refused"
+    assert (await box.kill(parent.pid, start_time_of(parent.pid))).result == "refused"
 
 
 async def test_stop_kills_the_whole_group_even_a_child_that_ignores_term(box: Box, workspace: Path) -> None:

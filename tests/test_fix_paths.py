@@ -27,7 +27,7 @@ from samai.console.preflight import poison_artifacts, preflight
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.disk import DiskPane
-from tests.helpers import pilot_until
+from tests.helpers import pilot_until, start_time_of
 
 SIZE = (140, 45)
 EVAL_PY = Path(__file__).resolve().parents[1] / "remote" / "box" / "stages" / "eval.py"
@@ -195,7 +195,7 @@ async def test_a_stray_holder_is_stopped_first_not_a_blocker_and_shown_whole(tmp
     stray = spawn(sys.executable, str(listener), LONG_TAG, stdout=subprocess.PIPE, text=True)
     assert stray.stdout.readline() == "BOUND\n"
     command = " ".join(psutil.Process(stray.pid).cmdline())
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(psutil.Process(stray.pid).create_time()))
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start_time_of(stray.pid)))
     app = SamaiApp(_config(tmp_path, workspace, port, serve=f"{sys.executable} {listener}"))
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot

@@ -20,7 +20,7 @@ import pytest
 
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
-from tests.helpers import unavailable_here, wait_for
+from tests.helpers import start_time_of, unavailable_here, wait_for
 
 PF_KTHREAD = 0x00200000
 
@@ -79,7 +79,7 @@ def leader(spawn) -> Iterator[tuple[subprocess.Popen, list[int]]]:
 
 async def test_killing_a_group_leader_alone_reports_its_children_still_running(box: Box, leader) -> None:
     proc, children = leader
-    started = psutil.Process(proc.pid).create_time()
+    started = start_time_of(proc.pid)
     result = await box.kill(proc.pid, started, signal="TERM", grace=2, group=False)
     assert proc.wait(5) == -signal.SIGTERM  # only the leader was asked to end, and it did
     assert result.ok and result.result == "exited" and not result.survivors
@@ -89,7 +89,7 @@ async def test_killing_a_group_leader_alone_reports_its_children_still_running(b
 
 async def test_killing_the_whole_group_ends_even_children_that_ignore_term(box: Box, leader) -> None:
     proc, children = leader
-    started = psutil.Process(proc.pid).create_time()
+    started = start_time_of(proc.pid)
     result = await box.kill(proc.pid, started, signal="TERM", grace=1, group=True)
     assert result.ok and result.result == "killed" and not result.survivors and not result.remaining
     assert set(result.signalled) == {proc.pid, *children}
@@ -99,7 +99,7 @@ async def test_killing_the_whole_group_ends_even_children_that_ignore_term(box: 
 
 async def test_a_kill_request_must_say_process_or_group(box: Box, spawn) -> None:
     proc = spawn("sleep", "30")
-    request = {"pid": proc.pid, "start_time": psutil.Process(proc.pid).create_time(), "signal": "KILL"}
+    request = {"pid": proc.pid, "start_time": start_time_of(proc.pid), "signal": "KILL"}
     reply = await box.call("kill.py", request)
     assert reply["result"] == "refused" and '"group"' in reply["reason"]
     assert proc.poll() is None
@@ -169,7 +169,7 @@ def _kernel_threads() -> list[int]:
 async def test_pid_2_is_refused(box: Box) -> None:
     if not os.path.exists("/proc/2"):
         unavailable_here("no pid 2 in this pid namespace")
-    started = psutil.Process(2).create_time()
+    started = start_time_of(2)
     for group in (False, True):
         result = await box.kill(2, started, signal="KILL", group=group)
         assert result.result == "refused" and "kthreadd" in result.reason and "\n" not in result.reason
@@ -181,7 +181,7 @@ async def test_a_kernel_thread_is_refused(box: Box) -> None:
         unavailable_here("no kernel thread is visible in this pid namespace")
     pid = threads[-1]
     for group in (False, True):
-        result = await box.kill(pid, psutil.Process(pid).create_time(), signal="KILL", group=group)
+        result = await box.kill(pid, start_time_of(pid), signal="KILL", group=group)
         assert result.result == "refused" and "kernel thread" in result.reason, result
     assert psutil.pid_exists(pid)
 
@@ -212,7 +212,7 @@ async def test_another_users_process_is_a_one_line_permission_refusal(unprivileg
                    start_new_session=True)
     wait_for(lambda: psutil.Process(victim.pid).uids().real == 65534)
     owner = psutil.Process(victim.pid).username()
-    result = await unprivileged_box.kill(victim.pid, psutil.Process(victim.pid).create_time(), group=group)
+    result = await unprivileged_box.kill(victim.pid, start_time_of(victim.pid), group=group)
     assert result.result == "refused" and not result.ok
     assert result.reason == f"pid {victim.pid} belongs to user {owner}: permission denied"
     assert victim.poll() is None
