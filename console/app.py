@@ -31,6 +31,7 @@ from samai.console.connect import open_box
 from samai.console.redact import redact
 from samai.console.state import Alert, ConsoleState, StateUpdate
 from samai.remote.boxapi import Box, BoxError
+from samai.remote.follow import RUN_HEADER
 from samai.remote.model import Process, Snapshot
 from samai.remote.targets import TargetError, open_transport
 from samai.remote.transport import TransportError
@@ -368,14 +369,14 @@ class SamaiApp(App[None]):
         self._show_stage_log(stage)
 
     async def _alert_failed_fire(self, outcome: ActionOutcome) -> None:
-        from samai.console.state import Alert
+        from samai.console.state import run_error
 
         # The stage's own last words, not the chain's bookkeeping around them.
         tail = [line[:200] for line in getattr(outcome.result, "log_tail", ())
-                if line.strip() and not line.startswith(("CHAIN_DONE", "=== samai chain"))]
+                if line.strip() and not line.startswith(("CHAIN_DONE", RUN_HEADER))]
         text = " · ".join([outcome.message, *tail[-2:]])
-        self.state.raise_alerts([Alert(self.clock(), "error", text, outcome.plan.stage, "l log · r restart",
-                                run=await self._run_fired(outcome))])
+        stage = outcome.plan.stage or ""
+        self.state.raise_alerts([run_error(self.clock(), text, stage, await self._run_fired(outcome))])
         self.query_one(AlertsPane).show(self.state.alerts)
 
     async def _run_fired(self, outcome: ActionOutcome) -> float | None:

@@ -11,9 +11,9 @@ from pathlib import PurePosixPath
 from samai.console.config import Config, Stage
 from samai.console.preflight import Check
 from samai.remote.boxapi import Box, BoxError
+from samai.remote.follow import last_run
 from samai.remote.transport import TransportError
 
-RUN_HEADER = "=== samai chain "  # the first line the launcher writes for each run of a stage
 TRAINING_MARKERS = frozenset({"TRAIN_DONE", "TRAIN_NAN"})  # what declares a stage a training stage
 SHOWN_FINDINGS = 3
 
@@ -49,11 +49,10 @@ async def last_run_check(box: Box, path: str) -> dict:
 
     check = TrainLogCheck()
     async for batch in line_batches(box, path):
-        starts = [i for i, line in enumerate(batch) if line.startswith(RUN_HEADER)]
-        if starts:
+        newest = last_run(batch)
+        if newest is not None:
             check = TrainLogCheck()  # a new run: what came before it is another run's
-            batch = batch[starts[-1] + 1:]
-        check.feed(batch)
+        check.feed(batch if newest is None else newest)
     return check.result()
 
 

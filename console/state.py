@@ -13,11 +13,12 @@ from dataclasses import dataclass, field, replace
 from samai.console.budget import DiskBudget, disk_budget
 from samai.console.config import CHAIN_DONE, Config, Stage
 from samai.console.detectors import declared_binaries, detect
+from samai.console.evidence import training_sources
 from samai.console.preflight import Preflight, poison_artifacts, preflight
 from samai.console.redact import redact
 from samai.console.sizing import ArtifactSizer
 from samai.console.trainlog import TrainLogParser, TrainPoint
-from samai.remote.follow import MARKER_SCAN_READ, LogFollower
+from samai.remote.follow import MARKER_SCAN_READ, LogFollower, last_run
 from samai.remote.model import Marker, Process, Report, Snapshot
 
 MAX_ALERTS = 200
@@ -43,6 +44,12 @@ class Alert:
     @property
     def active(self) -> bool:
         return self.resolved_at is None
+
+
+def run_error(at: float | None, text: str, stage: str, run: float | None, code: str = "") -> Alert:
+    """An error about a stage's run: `l` opens that stage's log, `x` restarts it (through
+    restart's own dialog), whatever log the pane shows."""
+    return Alert(at or 0.0, "error", text, stage, "l log · x restart", code=code, action=f"restart {stage}", run=run)
 
 
 @dataclass(frozen=True)
@@ -194,10 +201,8 @@ class ConsoleState:
             if follower is self.shown:
                 update.log_lines, update.log_notice, update.log_source = tail.lines, tail.notice, follower
             elif follower is self.train_log:
-                run = self._run_of("train")
-                update.new_points = self.trainlog.feed(tail.lines)
-                update.new_alerts += [Alert(now, a.severity, f"train: {a.message}", "train", code=a.code,
-                                            hint="r restart" if a.severity == "error" else "", run=run)
+                update.new_points = self._train_lines(tail.lines, update)
+                update.new_alerts += [self._run_alert("train", a.severity, f"train: {a.message}", a.code)
                                       for a in self.trainlog.drain_anomalies()]
             else:
                 self._hits(self.config.stage(watched[id(follower)]), tail.hits, update)
@@ -207,6 +212,29 @@ class ConsoleState:
         self.raise_alerts(update.new_alerts)
         update.alerts_changed = bool(update.new_alerts or resolved)
         return update
+
+    def _train_lines(self, lines: list[str], update: StateUpdate) -> list[TrainPoint]:
+        """The training curve's new points: of the log's last run only (the log holds every run
+        appended, and at start-up the console reads it from its beginning)."""
+        newest = last_run(lines)
+        if newest is not None:
+            self.trainlog = TrainLogParser()
+            update.curve_reset = True
+        return self.trainlog.feed(lines if newest is None else newest)
+
+    def _run_alert(self, stage: str, severity: str, text: str, code: str = "") -> Alert:
+        """An alert about a stage's current run. An error offers its stage's log (`l`) and a
+        restart of that stage (`x`, through restart's own dialog) whatever log is shown."""
+        if severity != "error":
+            return Alert(self.received_at, severity, text, stage, code=code, run=self._run_of(stage))
+        return run_error(self.received_at, text, stage, self._run_of(stage), code)
+
+    def unproven(self, stage: Stage) -> bool:
+        """Whether a stage consumes the followed training run while that run's log has an
+        error-level finding (the bar's `blocked`; the fire's preflight reads the log itself)."""
+        train = self.config.stage("train")
+        return (train is not None and train in training_sources(self.config, stage)
+                and any(a.severity == "error" for a in self.trainlog.anomalies))
 
     def _findings(self, snap: Snapshot) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back."""
@@ -290,14 +318,12 @@ class ConsoleState:
             if hit.marker != CHAIN_DONE.name:
                 self._last_said[stage.name] = hit.line[:200]  # what a died alert quotes
             if severity != "info":
-                hint = "r restart" if severity == "error" else ""
-                update.new_alerts.append(Alert(self.received_at, severity, f"{stage.name}: {hit.line[:200]}",
-                                               stage.name, hint, run=self._run_of(stage.name)))
+                update.new_alerts.append(self._run_alert(stage.name, severity, f"{stage.name}: {hit.line[:200]}"))
 
     def _stage_view(self, stage: Stage, snap: Snapshot, update: StateUpdate) -> StageView:
         rec = snap.state(stage.name)
         status = rec.status if rec else "idle"
-        if status == "idle" and preflight(self.config, snap, stage).blocked:
+        if status == "idle" and (preflight(self.config, snap, stage).blocked or self.unproven(stage)):
             status = "blocked"
         before = self._statuses.get(stage.name)
         self._statuses[stage.name] = status
@@ -328,7 +354,7 @@ class ConsoleState:
             text = f"stage {stage.name}: pid {rec.pid} died ({rc.strip() or 'no rc'}){said}"
         else:
             text = f"stage {stage.name} {status}{rc}{said}"
-        return Alert(at, "error", text, stage.name, "l log · r restart", run=run)
+        return self._run_alert(stage.name, "error", text)
 
     def _process_rows(self, snap: Snapshot) -> list[ProcessRow]:
         stage_of = {rec.pgid: rec.stage for rec in snap.states}

@@ -18,6 +18,14 @@ from samai.remote.visible import visible
 DEFAULT_READ = 256 * 1024
 MARKER_SCAN_READ = 4 * 1024 * 1024  # a markers-only watch transfers no bytes, so it can scan more
 SCAN_CARRY = 64 * 1024  # the probe re-scans at most this much of an unfinished line
+RUN_HEADER = "=== samai chain "  # the first line the box's launcher writes for each run of a stage
+
+
+def last_run(lines: list[str]) -> list[str] | None:
+    """The lines after the last run header among lines; None when there is no header (all of
+    them belong to the run already being read). A stage's log holds every run appended."""
+    starts = [i for i, line in enumerate(lines) if line.startswith(RUN_HEADER)]
+    return lines[starts[-1] + 1:] if starts else None
 
 
 @dataclass(frozen=True)

@@ -245,15 +245,23 @@ async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixe
     app = SamaiApp(config.load(f))
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: any(a.code == "stale_server" for a in app.state.alerts))
+        await pilot.press("x")  # the newest alert with an action: the stale server on the serve port
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
+        assert dialog.process.pid == stray.pid and app.focused.id == "cancel"
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: not app._action_running and not isinstance(app.screen, KillDialog))
+
         await pilot.press("t")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: any(a.code == "hidden_nan" for a in app.state.alerts))
         assert "hidden" in str(app.query_one("#alerts").render()).lower()
-        await pilot_until(pilot, lambda: not app._action_running)
-        await pilot.press("x")  # the newest alert with an action: the stale server on the serve port
-        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
-        assert dialog.process.pid == stray.pid and app.focused.id == "cancel"
+        nan = next(a for a in app.state.alerts if a.code == "hidden_nan")
+        assert nan.action == "restart train" and "x restart" in nan.hint
+        await pilot_until(pilot, lambda: not app._action_running and not isinstance(app.screen, ConfirmDialog))
+        await pilot.press("x")  # now the newest: the training run's error, fixed by restarting train
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        assert dialog.plan.action == "restart" and dialog.plan.stage == "train" and app.focused.id == "cancel"
         await pilot.press("escape")
         await app.box.stop("train", grace=1)
 

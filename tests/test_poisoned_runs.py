@@ -115,3 +115,37 @@ def test_the_train_stage_judges_how_a_run_ended() -> None:
     assert train.why_not_healthy([]) == "no training step was logged"
     assert [train.sick_step(*s) for s in ((1.0, 0.0), (1.0, nan), (nan, 1.0), (0.0, 1.0), (1.0, 1.0), (1.0, None))] \
         == [True, True, True, True, False, False]
+
+
+# ---------------------------------------------------------------- what the screen says at start-up
+
+
+def _bar_of(app) -> str:
+    return str(app.query_one("#stages").render())
+
+
+async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_holds_the_last_run_only(workspace):
+    """The console started on a log that holds two runs: the curve and the alerts are the last
+    run's; merge is marked blocked while that run's log has an error-level finding."""
+    from samai.console.app import SamaiApp
+    from samai.widgets.curves import CurvesPane
+    from tests.helpers import pilot_until
+
+    cfg = finished_run(workspace, HEADER.format(1) + dead_gradients_log() + HEADER.format(2) + healthy_log())
+    cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.2, python=sys.executable))
+    log = workspace / cfg.stage("train").log
+    app = SamaiApp(cfg)
+    async with app.run_test(size=(160, 45)) as pilot:
+        curve = app.query_one(CurvesPane)
+        await pilot_until(pilot, lambda: len(curve.points) == 40 and "merge" in _bar_of(app))
+        await pilot.pause(0.6)
+        assert len(curve.points) == 40 and curve.points[0].loss == 3.5  # the healthy run, from its first step
+        assert not [a.text for a in app.state.alerts if a.stage == "train" and a.severity == "error"]
+        assert "merge ○ idle" in _bar_of(app)
+
+        with log.open("a") as f:  # a third run, whose gradients die: merge is blocked from the bar on
+            f.write(HEADER.format(3) + dead_gradients_log())
+        dead = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "dead_gradients"), None))
+        assert dead.action == "restart train" and "l log · x restart" == dead.hint
+        await pilot_until(pilot, lambda: "merge ■ blocked" in _bar_of(app))
+        assert len(curve.points) == 80  # the third run's own steps, the healthy run's gone from the curve
