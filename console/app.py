@@ -32,7 +32,7 @@ from samai.console.redact import redact
 from samai.console.state import Alert, ConsoleState, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import RUN_HEADER
-from samai.remote.model import Process, Snapshot
+from samai.remote.model import DiskUsers, Process, Snapshot
 from samai.remote.targets import TargetError, open_transport
 from samai.remote.transport import TransportError
 from samai.remote.visible import visible
@@ -56,6 +56,9 @@ MAX_BACKOFF_S = 8.0  # a box that comes back is seen within seconds, not minutes
 KILL_GRACE_S = 5.0
 STOP_GRACE_S = 10.0
 FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
+USERS_SHOWN = 12  # the largest users of the workspace the disk pane lists
+USERS_EVERY_S = 30.0  # while it lists them: a walk of the whole workspace, so not every poll
+USERS_BUDGET_S = 3.0  # the box stops a walk after this long (and says the sizes are partial)
 # Actions that change the box: in read-only mode their keys are never bound.
 DANGEROUS = {"kill", "stop", "restart", "clean", "fire", "fix"}
 
@@ -102,6 +105,7 @@ class SamaiApp(App[None]):
         self._action_running = False
         self._log_chosen = False  # the operator picked a log: stop choosing one for them
         self._log_hint_taken: Alert | None = None  # the alert whose stage log `l` last opened
+        self._users_measured = 0.0  # when the workspace's largest users were last asked for
         self.polling = poll  # off only to render recorded snapshots (screenshots, snapshot tests)
         self.clock = clock
         self.readonly = readonly
@@ -210,7 +214,10 @@ class SamaiApp(App[None]):
         if not self._log_chosen:
             self._follow_busiest_stage(u)
         self.query_one(StagesBar).show(u.stages, self.clock())
-        self.query_one(DiskPane).show(u.budget, self._next_projection(u))
+        disk = self.query_one(DiskPane)
+        disk.show(u.budget, self._next_projection(u))
+        if disk.largest and self.clock() - self._users_measured > USERS_EVERY_S:
+            self.measure_disk_users()
         self.query_one(ProcessPane).show(u.processes, snap.time)
         log = self.query_one(LogView)
         if u.log_source is not None and u.log_source is self.state.shown:  # not a log replaced since
@@ -466,6 +473,24 @@ class SamaiApp(App[None]):
 
     def action_disk_users(self) -> None:
         self.query_one(DiskPane).toggle_largest()
+
+    def on_disk_pane_toggled(self, event: DiskPane.Toggled) -> None:
+        if event.largest:
+            self.measure_disk_users()
+
+    @work(group="disk-users", exclusive=True, exit_on_error=False)
+    async def measure_disk_users(self) -> None:
+        """The workspace's largest users, measured on the box (a walk of the whole workspace:
+        asked for when the operator looks, and again every USERS_EVERY_S while they do)."""
+        self._users_measured = self.clock()
+        pane = self.query_one(DiskPane)
+        try:
+            if self.box is None:
+                raise BoxError("not connected to the box yet")
+            users: DiskUsers | str = await self.box.disk_users(top=USERS_SHOWN, budget_s=USERS_BUDGET_S)
+        except (BoxError, TransportError) as e:
+            users = str(e) or type(e).__name__
+        pane.show_users(users, self.clock())
 
     def _report(self, outcome: ActionOutcome) -> None:
         self.state.sizer.refresh_all()  # whatever the action made or removed is sized in the next poll

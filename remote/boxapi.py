@@ -213,6 +213,12 @@ class Box:
             "binaries": list(binaries),
         }
 
+    async def disk_users(self, top: int = 10, budget_s: float = 2.0) -> model.DiskUsers:
+        """The workspace's largest entries, two levels down, biggest first."""
+        request = {"workspace": self.workspace, "users": {"top": top, "budget_s": budget_s},
+                   "processes": False, "states": False}
+        return model.disk_users(await self.ask_probe(request))
+
     async def read_log(self, cursor: LogCursor) -> LogChunk:
         request = {"logs": [cursor.request()], "processes": False, "states": False}
         raw = await self.ask_probe(request)

@@ -50,6 +50,25 @@ class ArtifactSize:
 
 
 @dataclass(frozen=True)
+class DiskUser:
+    """One of the workspace's largest entries (a top-level file, or a top-level folder's entry)."""
+
+    path: str  # relative to the workspace, as the box names it (untrusted text)
+    bytes: int
+    allocated: int
+    files: int
+    complete: bool = True  # False when the walk ran out of its time budget
+
+
+@dataclass(frozen=True)
+class DiskUsers:
+    top: tuple[DiskUser, ...]
+    allocated: int  # all the entries measured, not only the top ones
+    entries: int
+    complete: bool
+
+
+@dataclass(frozen=True)
 class Process:
     pid: int
     ppid: int
@@ -357,6 +376,16 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         probe_pid=raw.get("probe_pid"),
         boot_id=raw.get("boot_id"),
     )
+
+
+@_converting
+def disk_users(raw: dict[str, Any]) -> DiskUsers:
+    users = raw.get("users")
+    if users is None and _items(raw, "errors"):  # the workspace could not be read: the probe's reason
+        raise BoxError(str(_items(raw, "errors")[0].get("error", "the workspace could not be measured"))[:300])
+    if not isinstance(users, dict):
+        raise BoxError(f"malformed reply: users is {type(users).__name__}, not an object")
+    return _pick(DiskUsers, users, top=tuple(_pick(DiskUser, u) for u in _items(users, "top")))
 
 
 @_converting

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from samai.console import config
+from samai.console import config, units
 from samai.console.app import SamaiApp
 from samai.console.budget import disk_budget
 from samai.console.detectors import detect
@@ -335,18 +335,25 @@ async def test_the_disk_pane_toggles_the_largest_users(tmp_path, workspace, port
     (workspace / "models" / "merged").mkdir(parents=True)
     (workspace / "models" / "merged" / "w.bin").write_bytes(b"m" * 20_000)
     (workspace / "out.gguf").write_bytes(b"g" * 7_000)
+    (workspace / "scratch" / "dumps").mkdir(parents=True)  # declared nowhere: the biggest user
+    (workspace / "scratch" / "dumps" / "core").write_bytes(os.urandom(200_000))
+    (workspace / "scratch" / "[b]x\x1b[2J").write_bytes(b"h" * 10)  # a hostile name, shown literally
+    (workspace / "link").symlink_to("/usr")  # a link is a link: /usr is not walked
     app = SamaiApp(_config(tmp_path, workspace, port))
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(160, 50)) as pilot:
         pane = app.query_one(DiskPane)
         await pilot_until(pilot, lambda: "out.gguf" not in str(pane.render()) and "gguf" in str(pane.render())
                      and "7.0 KB" in str(pane.render()))
         assert "largest users" not in str(pane.render())
         await pilot.press("u")
-        await pilot_until(pilot, lambda: "largest users" in str(pane.render()))
+        await pilot_until(pilot, lambda: "measured" in str(pane.render()))
         shown = str(pane.render())
-        assert "declared artifacts only" in shown
-        order = [shown.index(path) for path in ("models/merged", "out.gguf", "models/base")]
-        assert order == sorted(order)  # biggest first
-        assert "in all 30.0 KB" in shown
+        assert "largest users of the workspace" in shown and "ran out of time" not in shown
+        order = [shown.index(path) for path in ("scratch/dumps", "models/merged", "out.gguf", "models/base")]
+        assert order == sorted(order)  # biggest first, an undeclared folder among them
+        assert "scratch/[b]x␛[2J" in shown and "link " in shown
+        assert "\x1b" not in shown
+        total = sum(f.lstat().st_blocks * 512 for f in workspace.rglob("*") if not f.is_dir() or f.is_symlink())
+        assert total < 1_000_000 and f"in all {units.size(total)}" in shown, shown  # /usr not counted
         await pilot.press("u")
         await pilot_until(pilot, lambda: "largest users" not in str(pane.render()))

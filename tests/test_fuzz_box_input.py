@@ -116,6 +116,7 @@ def request_strategy(files: SimpleNamespace):
             "states": JSON,
             "writers": st.just(False) | JSON,
             "binaries": st.lists(paths, max_size=3) | JSON,
+            "users": st.fixed_dictionaries({}, optional={"top": NUMBERS, "budget_s": NUMBERS}) | JSON,
         })
 
 
@@ -182,6 +183,8 @@ def well_formed_request(files: SimpleNamespace):
         "processes_since": st.text(max_size=8),
         "states": st.booleans(),
         "binaries": st.lists(paths, max_size=2),
+        "users": st.fixed_dictionaries({}, optional={"top": st.integers(0, 2 ** 63 - 1),
+                                                      "budget_s": st.floats(0, 0.2)}),
     })
 
 
@@ -211,6 +214,9 @@ def test_probe_request_shapes_are_named_in_the_error(box, box_files) -> None:
     assert "request.ranges must be a list of objects" in answer({"ranges": {"path": "x"}})["error"]
     assert "artifact_budget_s" in answer({"artifact_budget_s": 1e308, "processes": False})["error"]
     assert "needles" in answer({"logs": [{"path": "x", "markers": [{"name": "a", "needles": [1]}]}]})["error"]
+    assert "request.users must be an object" in answer({"users": [10], "processes": False})["error"]
+    assert "request.users.budget_s" in answer({"users": {"budget_s": 1e9}, "processes": False})["error"]
+    assert "request.users.top must be an integer" in answer({"users": {"top": "3"}, "processes": False})["error"]
     for name in ("a\0b", "\ud800"):
         assert "not a file name" in answer({"artifacts": [{"path": name}], "processes": False})["error"]
     assert "error" not in answer({"artifacts": [{"path": os.fsdecode(b"\xff")}], "processes": False})
@@ -348,6 +354,15 @@ def test_a_mutated_probe_reply_is_a_snapshot_or_a_box_error(real_reply, data) ->
                                               "probe_pid", "boot_id"]), JSON))
 def test_any_reply_object_is_a_snapshot_or_a_box_error(reply) -> None:
     converts_or_refuses(model.snapshot, reply, 0.01)
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_mutated_users_reply_is_disk_users_or_a_box_error(box, box_files, data) -> None:
+    real = json.loads(box.probe.answer(json.dumps({"workspace": str(box_files.root), "processes": False,
+                                                   "users": {"top": 3}})))
+    assert model.disk_users(real).top  # the real reply converts
+    converts_or_refuses(model.disk_users, data.draw(mutated(real)))
 
 
 def tool_reply(keys: list[str]):

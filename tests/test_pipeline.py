@@ -308,3 +308,137 @@ async def _until_listening(port: int, timeout: float = 10) -> None:
         except OSError:
             await asyncio.sleep(0.1)
     raise AssertionError(f"nothing listens on {port}")
+
+
+# ---------------------------------------------------------------- the incident drill, through the TUI
+
+
+def _bar(app) -> str:
+    return str(app.query_one("#stages").render())
+
+
+def _ended(app, stage: str):
+    """The stage's current run once it has ended (its record has an rc), else None."""
+    rec = app.state.snapshot.state(stage) if app.state.snapshot else None
+    return rec if rec and rec.rc is not None else None
+
+
+async def _dialog(pilot, app, key: str):
+    """Press a key and wait for the confirmation dialog it opens (Cancel focused)."""
+    from samai.widgets.dialogs import ConfirmDialog
+    from tests.helpers import pilot_until
+
+    await pilot_until(pilot, lambda: not app._action_running and not isinstance(app.screen, ConfirmDialog))
+    await pilot.press(key)
+    return await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+
+
+async def _confirmed(pilot, app, key: str, stage: str, timeout: float = 600):
+    """Fire (or restart) through the dialog, not blocked, and wait for the new run to end well."""
+    from tests.helpers import pilot_until
+
+    before = app.state.runs.get(stage)
+    dialog = await _dialog(pilot, app, key)
+    assert not [c.text for c in dialog.checks if c.severity == "error"], dialog.checks
+    await pilot.click("#confirm")
+    await pilot_until(pilot, lambda: app.state.runs.get(stage) not in (None, before), timeout=60)
+    rec = await pilot_until(pilot, lambda: _ended(app, stage), timeout=timeout)
+    assert rec.rc == 0, f"{stage} rc={rec.rc}:\n{_log_of(app, stage)[-3000:]}"
+    return rec
+
+
+def _log_of(app, stage: str) -> str:
+    return (Path(app.config.workspace) / app.config.stage(stage).log).read_text(errors="replace")
+
+
+async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
+    """The issue's drills as an operator runs them, keys and dialogs only: a run that diverges
+    raises an alert and is not done; merge is refused with the finding; the operator fixes the
+    learning rate and restarts train from the alert; the healthy run goes down the pipeline;
+    the running server is replaced by its own key; eval passes against the new one."""
+    from samai.console.app import SamaiApp
+    from samai.widgets.evals import EvalTable
+    from samai.widgets.logview import LogView
+    from tests.helpers import pilot_until
+
+    port = free_port()
+    cfg = tiny(pipeline_ws, port)
+    # What the operator edits between the runs: train's extra flags (the diverging learning rate).
+    flags = pipeline_ws / "train.flags"
+    flags.write_text("--max-steps 16 --diverge-after 4\n")
+    cfg = with_command(cfg, "train", cfg.stage("train").command + ' $(cat "$SAMAI_WORKSPACE/train.flags")')
+    cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.3))
+    app = SamaiApp(cfg)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot_until(pilot, lambda: app.state.snapshot)
+        await _confirmed(pilot, app, "2", "fetch")
+
+        # 1. The run diverges: not done, an alert that names it, merge marked blocked.
+        dialog = await _dialog(pilot, app, "3")
+        await pilot.click("#confirm")
+        rec = await pilot_until(pilot, lambda: _ended(app, "train"), timeout=600)
+        assert rec.rc == 3 and rec.status == "failed", _log_of(app, "train")[-3000:]
+        await pilot_until(pilot, lambda: "train ✗ failed rc=3" in _bar(app) and "merge ■ blocked" in _bar(app))
+        alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.active
+                                                        and a.code == "hidden_nan"), None))
+        assert alert.action == "restart train" and "l log" in alert.hint
+        assert "TRAIN_NAN" in str(app.query_one("#alerts").render())
+        assert not (pipeline_ws / "runs" / "train" / "final").exists()
+
+        # 2. Merge is refused: the dialog names the training log's finding; the operator cancels.
+        dialog = await _dialog(pilot, app, "4")
+        assert any(c.severity == "error" and "train's log, last run: hidden_nan" in c.text for c in dialog.checks)
+        assert "anyway" in str(dialog.query_one("#confirm").label)
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: not app._action_running)
+        assert not (pipeline_ws / cfg.stage("merge").log).exists()
+
+        # 3. The fix: the learning rate back to normal, then the alert's log (l) and a restart (r)
+        # that clears the diverged run's TRAIN_NAN before it fires again.
+        flags.write_text("\n")
+        await pilot.press("l")
+        assert app.state.shown_stage == "train" and "log · train" in str(app.query_one(LogView).border_title)
+        restart = await _dialog(pilot, app, "r")
+        assert restart.plan.action == "restart" and "runs/train/TRAIN_NAN" in restart.plan.paths
+        await pilot.press("escape")
+        await _confirmed(pilot, app, "r", "train")
+        assert (pipeline_ws / "runs" / "train" / "TRAIN_DONE").exists()
+        await pilot_until(pilot, lambda: "train ✓ done" in _bar(app) and "merge ■" not in _bar(app))
+        assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]
+        assert alert.code in {a.code for a in app.state.alerts if not a.active}  # resolved, kept as history
+        assert app.state.previous["train"].status == "failed"
+
+        # 4. Healthy: merge (its preflight now finds the run clean), convert, quantize.
+        merge = await _dialog(pilot, app, "4")
+        assert any(c.severity == "ok" and "train's log, last run:" in c.text for c in merge.checks)
+        await pilot.press("escape")
+        for key, stage in (("4", "merge"), ("5", "convert"), ("6", "quantize")):
+            await _confirmed(pilot, app, key, stage)
+        assert check_file(str(pipeline_ws / "gguf" / "tiny-q8_0.gguf"))["ok"]
+
+        # 5. Serve, then replace the running server with its own key (a restart, not a block).
+        await pilot_until(pilot, lambda: not app._action_running)
+        serve = await _dialog(pilot, app, "7")
+        await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: "serve ● running" in _bar(app) and "SMOKE_OK" in _bar(app), timeout=180)
+        old = app.state.snapshot.state("serve")
+        serve = await _dialog(pilot, app, "7")
+        assert serve.plan.action == "restart" and "its key restarts it" in serve.plan.details[0]
+        assert not [c.text for c in serve.checks if c.severity == "error"], serve.checks
+        await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: app.state.snapshot.state("serve").fired_at != old.fired_at, timeout=60)
+        await pilot_until(pilot, lambda: "serve ● running" in _bar(app) and "SMOKE_OK" in _bar(app), timeout=180)
+        snap = app.state.snapshot
+        assert snap.process(old.pid) is None
+        (listener,) = [s for s in snap.listeners if s.port == port]  # one server: the new run's
+        assert snap.process(listener.pid).pgid == snap.state("serve").pgid != old.pgid
+
+        # 6. Eval against the new server.
+        await _confirmed(pilot, app, "8", "eval")
+        assert "EVAL_RC=0" in _log_of(app, "eval")
+        (summary,) = (pipeline_ws / "runs" / "eval").glob("*/summary.json")
+        assert json.loads(summary.read_text())["accuracy"] >= 0.9
+        evals = app.query_one(EvalTable)  # the eval pane shows the run
+        await pilot_until(pilot, lambda: evals.row_count == 1)
+        assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]
+        await app.box.stop("serve", grace=5)

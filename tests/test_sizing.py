@@ -4,6 +4,7 @@ last size for a while, and every snapshot the console folds in still lists every
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from samai.console.config import load_builtin
@@ -60,3 +61,32 @@ async def test_the_console_keeps_a_tree_size_between_walks(box: Box, workspace: 
     assert "venv" not in asked
     asked, size = await poll(1003.0 + REFRESH_S)
     assert "venv" in asked
+
+
+async def test_the_workspaces_largest_users_through_the_real_probe(box: Box, workspace: Path) -> None:
+    """Two levels, biggest first, links not followed, an unreadable folder costing itself only,
+    and a walk past its time budget saying so."""
+    (workspace / "venv" / "lib").mkdir(parents=True)
+    for i in range(50):
+        (workspace / "venv" / "lib" / f"m{i}.py").write_bytes(b"x" * 5000)
+    (workspace / "gguf").mkdir()
+    (workspace / "gguf" / "m.gguf").write_bytes(b"g" * 100_000)
+    (workspace / "notes.txt").write_text("n")
+    (workspace / "gguf" / "everything").symlink_to("/")
+    users = await box.disk_users(top=20)
+    ours = [u for u in users.top if not u.path.startswith(".samai/")]  # the box tools live there
+    assert [u.path for u in ours] == ["venv/lib", "gguf/m.gguf", "notes.txt", "gguf/everything"] and users.complete
+    assert ours[0].files == 50 and users.entries == len(users.top)
+    assert users.allocated == sum(f.lstat().st_blocks * 512 for f in workspace.rglob("*")
+                                  if not f.is_dir() or f.is_symlink())  # / behind the link is not counted
+    assert len((await box.disk_users(top=2)).top) == 2
+    cut = await box.disk_users(top=20, budget_s=0)
+    assert not cut.complete and cut.entries == users.entries
+    (workspace / "venv").chmod(0)
+    try:
+        if os.access(workspace / "venv", os.R_OK):
+            return  # root reads it anyway: nothing unreadable to show here
+        users = await box.disk_users(top=5)
+        assert "venv" in [u.path for u in users.top] and "gguf/m.gguf" in [u.path for u in users.top]
+    finally:
+        (workspace / "venv").chmod(0o755)

@@ -3,10 +3,14 @@ next stage's projected peak against free space, and what could be reclaimed."""
 
 from __future__ import annotations
 
+import time
+
 from textual.content import Content
+from textual.message import Message
 
 from samai.console import units
 from samai.console.budget import DiskBudget, Projection
+from samai.remote.model import DiskUsers
 from samai.remote.visible import visible
 from samai.widgets.pane import Pane
 
@@ -24,25 +28,39 @@ def usage_bar(used: int, total: int, adds: int = 0, width: int = BAR_WIDTH) -> l
 
 
 class DiskPane(Pane):
-    """`toggle_largest` swaps the artifact list for the workspace's largest users, biggest first.
-    The probe sizes only the declared artifacts, so those are what it can rank (and it says so)."""
+    """`toggle_largest` swaps the artifact list for the workspace's largest users, biggest first
+    (the app measures them when asked: `Toggled` says so; `show_users` hands the result in)."""
 
     DEFAULT_CSS = "DiskPane { height: auto; padding: 0 1; }"
     largest = False  # showing the largest users instead of the artifacts in pipeline order
     _last: tuple[DiskBudget, Projection | None] | None = None
+    _users: DiskUsers | str | None = None  # the last measure, or why it failed; None: not yet
+    _measured_at: float | None = None
+
+    class Toggled(Message):
+        def __init__(self, largest: bool) -> None:
+            super().__init__()
+            self.largest = largest
 
     def toggle_largest(self) -> None:
         self.largest = not self.largest
+        self.post_message(self.Toggled(self.largest))
         if self._last is not None:
             self.show(*self._last)
 
     def on_click(self) -> None:
         self.toggle_largest()
 
+    def show_users(self, users: DiskUsers | str, measured_at: float) -> None:
+        """A measure of the workspace's largest users (or why it failed), shown while `largest`."""
+        self._users, self._measured_at = users, measured_at
+        if self.largest and self._last is not None:
+            self.show(*self._last)
+
     def show(self, budget: DiskBudget, next_stage: Projection | None = None) -> None:
         self._last = (budget, next_stage)
         if self.largest:
-            self.show_content(Content.assemble(*largest_users(budget)))
+            self.show_content(Content.assemble(*largest_users(self._users, self._measured_at)))
             return
         adds = next_stage.adds if next_stage else 0
         parts: list = [*usage_bar(budget.used, budget.capacity, adds),
@@ -69,16 +87,21 @@ class DiskPane(Pane):
         self.show_content(Content.assemble(*parts))
 
 
-def largest_users(budget: DiskBudget, limit: int = 10) -> list:
-    """The declared artifacts present, biggest first, with their share of what the disk holds."""
-    present = sorted((a for a in budget.artifacts if a.actual is not None), key=lambda a: a.actual, reverse=True)
-    parts: list = [("largest users", "bold"), (" · declared artifacts only (the probe sizes no other folders)\n",
-                                                 "$foreground 60%")]
-    for a in present[:limit]:
-        share = f"{100 * a.actual / budget.used:.0f}%" if budget.used else ""
-        parts += [f"  {visible(a.name):<12} {units.size(a.actual):>9} {share:>4}  ",
-                  (visible(a.path), "$foreground 60%"), "\n"]
-    if not present:
-        parts.append(("  no declared artifact is on the disk yet\n", "$foreground 50%"))
-    parts += [f"in all {units.size(sum(a.actual for a in present))} of {units.size(budget.used)} used"]
+def largest_users(users: DiskUsers | str | None, measured_at: float | None, limit: int = 10) -> list:
+    """The workspace's largest entries, biggest first, with their share of the workspace."""
+    head: list = [("largest users of the workspace", "bold")]
+    if users is None or measured_at is None:
+        return [*head, (" · measuring…", "$foreground 60%")]
+    when = time.strftime("%H:%M:%S", time.localtime(measured_at))
+    if isinstance(users, str):
+        return [*head, (f" · not measured at {when}: ", "$error"), visible(users)]
+    cut = "" if users.complete else " · the walk ran out of time: sizes are at least these"
+    parts = [*head, (f" · measured {when}{cut}\n", "$foreground 60%")]
+    for u in users.top[:limit]:
+        share = f"{100 * u.allocated / users.allocated:.0f}%" if users.allocated else ""
+        parts += [(f"  {visible(u.path)[:40]:<40}", "" if u.complete else "$warning"),
+                  f" {units.size(u.allocated):>9} {share:>4}\n"]
+    if not users.top:
+        parts.append(("  the workspace is empty\n", "$foreground 50%"))
+    parts.append(f"in all {units.size(users.allocated)} in {users.entries} entries")
     return parts

@@ -140,3 +140,33 @@ def resolve(workspace, path):
     if workspace and not os.path.isabs(path):
         path = os.path.join(workspace, path)
     return path
+
+
+def workspace_users(workspace, top, budget_s, listings=None):
+    """The workspace's `top` largest users, biggest (allocated) first: each top-level folder's
+    entries, and each top-level file. Two levels name what to delete (models/merged, venv/lib)
+    without a full tree. Links are counted as links, never followed; a walk cut by the time
+    budget says so ("complete": false). Also the folder's total and whether it is complete."""
+    deadline = time.monotonic() + budget_s
+    listings = listings or Listings()
+    files, dirs = listings.entries(workspace)
+    candidates = list(files)
+    for name in dirs:
+        try:
+            inner_files, inner_dirs = listings.entries(os.path.join(workspace, name))
+        except OSError:
+            candidates.append(name)  # unreadable: sized (or failing) as one entry below
+            continue
+        candidates.extend(name + "/" + child for child in inner_files + inner_dirs)
+    out = []
+    for rel in candidates:
+        try:
+            size, alloc, count, complete = tree_size(os.path.join(workspace, rel), deadline, listings)
+        except OSError:
+            continue
+        out.append({"path": rel, "bytes": size, "allocated": alloc, "files": count, "complete": complete})
+    listings.done()
+    out.sort(key=lambda u: u["allocated"], reverse=True)
+    total = sum(u["allocated"] for u in out)
+    return {"top": out[:top], "allocated": total, "entries": len(out),
+            "complete": all(u["complete"] for u in out)}

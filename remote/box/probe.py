@@ -10,9 +10,11 @@ Request (every key optional):
    "logs": [{"path", "offset", "inode", "dev", "mtime", "drained", "check", "scan_from", "last_lines",
              "max_bytes", "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
-   "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH]}
+   "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH],
+   "users": {"top": 10, "budget_s": 2.0}}
 Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts", "processes",
         "listeners", "logs", "ranges", "reports", "states", "writers", "binaries", "errors"}
+        and, when asked, "users": the workspace's largest entries (disk.workspace_users)
 
 A --serve probe marks each reply's processes ("processes_mark"). A request that names the mark
 of the last reply ("processes_since") gets only what changed since: "processes" holds the new
@@ -28,7 +30,7 @@ import socket
 import sys
 import time
 
-from disk import Listings, artifacts, disks, resolve
+from disk import Listings, artifacts, disks, resolve, workspace_users
 from logfiles import HeldLogs, logs, ranges, read_regular
 from procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, record_btime, same_start
 from procs import Facts, processes
@@ -160,6 +162,14 @@ def check_request(req):
     for where, spec in entries(req, "reports"):
         required(spec, "glob", where, str)
         optional(spec, "max", where, int)
+    users = req.get("users")
+    if users is not None:
+        if not isinstance(users, dict):
+            raise ValueError("request.users must be an object")
+        optional(users, "top", "request.users", int)
+        budget = optional(users, "budget_s", "request.users", NUMBER)
+        if budget is not None and not 0 <= budget <= MAX_ARTIFACT_BUDGET_S:
+            raise ValueError("request.users.budget_s must be between 0 and %g" % MAX_ARTIFACT_BUDGET_S)
     binaries = req.get("binaries")
     if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
         raise ValueError("request.binaries must be a list of paths")
@@ -319,6 +329,13 @@ def probe(req, memory=None):
     reply["listeners"] = listeners(pids, errors, links, facts) if procs else []
     reply["writers"] = writers(workspace, links) if links is not None else {}
     reply["binaries"] = binaries(workspace, req.get("binaries") or ())
+    users = req.get("users")
+    if users is not None and workspace:
+        try:
+            reply["users"] = workspace_users(workspace, max(0, int(users.get("top", 10))),
+                                             float(users.get("budget_s", 2.0)), memory.listings if memory else None)
+        except OSError as e:
+            errors.append({"what": "users " + workspace, "error": str(e)})
     reply["logs"] = logs(req.get("logs") or (), memory.logs if memory else None)
     reply["ranges"] = ranges(req.get("ranges") or ())
     reply["reports"] = reports(workspace, req.get("reports") or (), errors)
