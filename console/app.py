@@ -96,6 +96,7 @@ class SamaiApp(App[None]):
         Binding("c", "clean", "Clean", id="app.clean"),
         Binding("x", "fix", "Fix alert", id="app.fix"),
         Binding("u", "disk_users", "Largest disk users", id="disk.largest", show=False),
+        Binding("H", "runs", "Runs of the shown stage", id="app.runs", show=False),
     ]
 
     def __init__(self, config: Config, *, readonly: bool = False, theme: str | None = None,
@@ -336,6 +337,19 @@ class SamaiApp(App[None]):
             follower = self.state.show_log(path)
             self.query_one(LogView).reset(follower.path, ())
             self.query_one(LogView).border_title = inert(f"file · {path}")
+
+    @work(group="runs", exclusive=True, exit_on_error=False)
+    async def action_runs(self) -> None:
+        """The shown stage's runs, read back from its logs (the history outlives the console)."""
+        from samai.console.history import read_history
+        from samai.widgets.dialogs import RunsScreen  # see _confirm
+
+        stage = self.config.stage(self.state.shown_stage or "")
+        if stage is None or self.box is None:
+            self.notify("show a stage's log first (l), then H lists its runs", severity="information", markup=False)
+            return
+        runs, problems = await read_history(self.box, self.state.path_of(stage.log), stage.markers)
+        self.push_screen(RunsScreen(stage.name, runs, "; ".join(problems)))
 
     def action_help(self) -> None:
         from samai.widgets.dialogs import HelpScreen  # see _confirm

@@ -2,7 +2,8 @@
 (merge needs the adapter) fires only if the console's own reading of that training run's log
 finds no error-level anomaly. `final/` and TRAIN_DONE say that a run ended; the log says whether
 it learned (a run that diverged or whose gradients died used to leave both behind). A stage's log
-holds every run appended: only its last run (after the launcher's last run header) is judged."""
+holds one run as the launcher writes it (earlier runs go to NAME.1 ..), but one written by other
+means may hold several: only its last run (after the last run header) is judged."""
 
 from __future__ import annotations
 

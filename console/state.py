@@ -215,7 +215,7 @@ class ConsoleState:
 
     def _train_lines(self, lines: list[str], update: StateUpdate) -> list[TrainPoint]:
         """The training curve's new points: of the log's last run only (the log holds every run
-        appended, and at start-up the console reads it from its beginning)."""
+        appended when written by other means, and at start-up it is read from its beginning)."""
         newest = last_run(lines)
         if newest is not None:
             self.trainlog = TrainLogParser()

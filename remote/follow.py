@@ -23,7 +23,8 @@ RUN_HEADER = "=== samai chain "  # the first line the box's launcher writes for 
 
 def last_run(lines: list[str]) -> list[str] | None:
     """The lines after the last run header among lines; None when there is no header (all of
-    them belong to the run already being read). A stage's log holds every run appended."""
+    them belong to the run already being read). The launcher starts each run's log afresh, but a
+    log written by other means may hold several runs."""
     starts = [i for i, line in enumerate(lines) if line.startswith(RUN_HEADER)]
     return lines[starts[-1] + 1:] if starts else None
 

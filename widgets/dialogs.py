@@ -19,9 +19,11 @@ from samai.widgets.pane import inert, inert_lines
 
 if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not imported with the TUI
     from samai.console.actions import ActionPlan
+    from samai.console.history import RunRecord
     from samai.console.preflight import Check
     from samai.remote.model import Process
 
+MARKER_STYLE = {"warning": "yellow", "error": "bold red"}  # rich styles: DataTable cells are rich Text
 CHECK_STYLE = {"ok": ("✓", "$success"), "warning": ("!", "$warning"), "error": ("✗", "$error bold")}
 
 DIALOG_CSS = """
@@ -173,6 +175,37 @@ class HelpScreen(ModalScreen[None]):
             table.add_columns("key", "what", "id")
             for row in self.rows:  # a stage's description names it: cells as text, never markup
                 table.add_row(*(Text(visible(cell), no_wrap=True, end="") for cell in row))
+            yield table
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class RunsScreen(ModalScreen[None]):
+    """A stage's runs as its log holds them, newest first (see console/history.py)."""
+
+    DEFAULT_CSS = DIALOG_CSS.format(name="RunsScreen") + "RunsScreen DataTable { height: auto; max-height: 30; }"
+    BINDINGS = [Binding("escape,q,H", "close", "Close")]
+
+    def __init__(self, stage: str, runs: Sequence[RunRecord], note: str = "") -> None:
+        super().__init__()
+        self.stage, self.runs, self.note = stage, runs, note
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(inert(f"runs of {self.stage} in its log, newest first"), classes="title")
+            if self.note:
+                yield Static(inert(self.note))
+            table = DataTable(cursor_type="row")
+            table.add_columns("#", "started (UTC)", "pid", "ended", "lines", "last marker")
+            for run in reversed(self.runs):
+                ended = ("—" if run.rc is None else f"rc={run.rc}", "" if run.rc in (None, 0) else "bold red")
+                marker = Text(visible(run.last_marker), style=MARKER_STYLE.get(run.severity, ""),
+                              no_wrap=True, end="")
+                table.add_row(str(run.number), Text(visible(run.started), no_wrap=True, end=""),
+                              "" if run.pid is None else str(run.pid), Text(*ended), str(run.lines), marker)
+            if not self.runs:
+                table.add_row("", "", "", "", "", Text("the log holds no run yet", style="dim"))
             yield table
 
     def action_close(self) -> None:

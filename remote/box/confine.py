@@ -163,10 +163,14 @@ def unlink(folder_fd, name):
         pass
 
 
-def rotate(folder_fd, name):
-    """Keep the previous run's log as NAME.1 so each run starts a fresh log. A log that is a
-    symlink or not a regular file is refused: renaming it would keep the link, and writing to
-    it would write wherever it points."""
+LOG_GENERATIONS = 5  # earlier runs' logs kept beside a stage's log: NAME.1 (the last run) .. NAME.5
+
+
+def rotate(folder_fd, name, keep=LOG_GENERATIONS):
+    """Keep the earlier runs' logs as NAME.1 .. NAME.<keep> (newest first) so each run starts a
+    fresh log and the last few stay readable as history. A log that is a symlink or not a
+    regular file is refused: renaming it would keep the link, and writing to it would write
+    wherever it points. (An older generation is only renamed, never written or followed.)"""
     try:
         st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -174,8 +178,14 @@ def rotate(folder_fd, name):
     if not stat.S_ISREG(st.st_mode):
         raise Escape("%s is a symlink or not a regular file: refused, a log is written only to a file in the "
                      "workspace" % name)
-    if st.st_size > 0:
-        os.replace(name, name + ".1", src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    if st.st_size == 0:
+        return
+    for n in range(keep - 1, 0, -1):
+        try:
+            os.replace("%s.%d" % (name, n), "%s.%d" % (name, n + 1), src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        except OSError:  # absent, or something that is no log in its place: that generation is not kept
+            pass
+    os.replace(name, name + ".1", src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
 
 
 def remove_tree(folder_fd, name):

@@ -1,0 +1,131 @@
+"""A stage's runs, read back from its logs. The box's launcher opens each run with a header line
+(`=== samai chain STAGE: pid N started TIME`), closes it with `CHAIN_DONE rc=N`, and keeps the
+logs of the runs before as NAME.1 .. NAME.5: so the logs are the history, and it outlives the
+console. (A log written by other means may hold several runs: each header starts one.)
+
+The log is box text: a line that only looks like a header is taken as one (the stage wrote it;
+it cannot do worse than split its own run in two), and nothing here is ever markup."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from samai.console.config import CHAIN_DONE
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.follow import RUN_HEADER
+from samai.remote.model import Marker
+from samai.remote.transport import TransportError
+
+HEADER = re.compile(r"=== samai chain (?P<stage>\S{1,64}): pid (?P<pid>\d{1,10}) started (?P<started>\S{1,40})$")
+DONE = re.compile(r"CHAIN_DONE rc=(?P<rc>\d{1,3})$")
+LOG_GENERATIONS = 5  # the earlier runs' logs the box's launcher keeps (confine.LOG_GENERATIONS)
+MAX_RUNS = 100  # the newest ones kept: a log of a stage fired every minute for days stays small here
+SHOWN_CHARS = 120
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    number: int  # 1: the oldest run read
+    started: str  # the header's time (UTC), as the box wrote it
+    pid: int | None
+    rc: int | None  # None: no CHAIN_DONE (running now, or the chain itself was killed)
+    lines: int
+    last_marker: str = ""  # the run's last line that matched one of the stage's markers
+    severity: str = "info"  # that marker's
+
+
+@dataclass
+class _Run:
+    """The run being read (mutable while its lines come in; a RunRecord once asked for)."""
+
+    number: int
+    started: str = ""
+    pid: int | None = None
+    rc: int | None = None
+    lines: int = 0
+    last_marker: str = ""
+    severity: str = "info"
+
+    def record(self) -> RunRecord:
+        return RunRecord(self.number, self.started, self.pid, self.rc, self.lines, self.last_marker, self.severity)
+
+
+class RunHistory:
+    """Feed a stage's log lines in order (`end_file` between files); `runs` are the runs seen,
+    oldest first, the newest MAX_RUNS of them."""
+
+    def __init__(self, markers: Iterable[Marker] = ()) -> None:
+        self._markers = [(m, _compiled(m.pattern)) for m in markers if m.name != CHAIN_DONE.name]
+        self._runs: list[RunRecord] = []
+        self._current: _Run | None = None
+        self._number = 1
+
+    def end_file(self) -> None:
+        """One log file read to its end: the next file's lines are another run's."""
+        self._keep()
+
+    def feed(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            if line.startswith(RUN_HEADER):
+                self._start(line)
+            else:
+                self._line(line)
+
+    def runs(self) -> list[RunRecord]:
+        runs = self._runs + ([self._current.record()] if self._current else [])
+        return runs[-MAX_RUNS:]
+
+    def _start(self, line: str) -> None:
+        self._keep()
+        header = HEADER.match(line)
+        self._current = _Run(self._number, header["started"] if header else "?",
+                             int(header["pid"]) if header else None)
+        self._number += 1
+
+    def _line(self, line: str) -> None:
+        if self._current is None:  # lines before any header: a run all the same, its start unknown
+            self._current = _Run(self._number)
+            self._number += 1
+        run = self._current
+        run.lines += 1
+        done = DONE.match(line)
+        if done:
+            run.rc = int(done["rc"])
+            return
+        hit = next((m for m, pattern in self._markers if pattern and pattern.search(line)), None)
+        if hit:
+            run.last_marker, run.severity = line[:SHOWN_CHARS], hit.severity
+
+    def _keep(self) -> None:
+        if self._current:
+            self._runs.append(self._current.record())
+            del self._runs[:-MAX_RUNS]
+        self._current = None
+
+
+async def read_history(box: Box, log: str, markers: Iterable[Marker]) -> tuple[list[RunRecord], list[str]]:
+    """The runs in a stage's log and its kept generations, oldest first; and what could not be
+    read (a generation that is not there is no problem: a stage run less often has fewer)."""
+    from samai.console.checks import Unreadable, line_batches
+
+    history, problems = RunHistory(markers), []
+    for path in [f"{log}.{n}" for n in range(LOG_GENERATIONS, 0, -1)] + [log]:
+        try:
+            async for batch in line_batches(box, path):
+                history.feed(batch)
+        except Unreadable as e:
+            if path == log or "No such file" not in str(e):
+                problems.append(str(e))
+        except (BoxError, TransportError) as e:
+            problems.append(f"{path}: {e}")
+        history.end_file()
+    return history.runs(), problems
+
+
+def _compiled(pattern: str) -> re.Pattern[str] | None:
+    try:
+        return re.compile(pattern)
+    except re.error:  # the config refuses these; a marker that cannot match is no reason to fail
+        return None
