@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -441,4 +443,18 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         evals = app.query_one(EvalTable)  # the eval pane shows the run
         await pilot_until(pilot, lambda: evals.row_count == 1)
         assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]
-        await app.box.stop("serve", grace=5)
+
+        # 7. The server dies (the OOM killer's way): an alert in its own words; eval is then held back.
+        os.kill(listener.pid, signal.SIGKILL)
+        died = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.active and "died" in a.text),
+                                                     None), timeout=60)
+        assert died.stage == "serve" and died.text.startswith("stage serve: pid ") and "died (rc=137)" in died.text
+        said = f"SERVER_DIED llama_cpp.server pid {listener.pid} killed by SIGKILL; its last words (logs/server.log)"
+        assert said in died.text and said in _log_of(app, "serve")  # in its own log, and quoted by the alert
+        assert "l log" in died.hint and died.action == "restart serve"
+        await pilot_until(pilot, lambda: not [s for s in app.state.snapshot.listeners if s.port == port])
+        held = await _dialog(pilot, app, "8")
+        assert any(c.severity == "error" and f"nothing listens on port {port}: fire serve (key 7) first" in c.text
+                   for c in held.checks), held.checks
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: not app._action_running)

@@ -18,6 +18,7 @@ Runs ON the box, in the box venv:
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -128,7 +129,29 @@ def main():
         proc.terminate()
         fail("SMOKE_FAIL", "%s expected %s, the server said %r" % (args.smoke_question, args.smoke_answer, answer))
     marker("SMOKE_OK", "%s -> %s" % (args.smoke_question, answer.strip()))
-    sys.exit(proc.wait())  # the stage lives as long as the server; stopping the stage stops it
+    rc = proc.wait()  # the stage lives as long as the server; stopping the stage stops it
+    how = "killed by %s" % signal_name(-rc) if rc < 0 else "exited with rc %d" % rc
+    fail("SERVER_DIED", "%s pid %d %s; its last words (%s): %s"
+         % (os.path.basename(cmd[0]) if args.llama_server else "llama_cpp.server", proc.pid, how, args.server_log,
+            last_line(args.server_log) or "none"), rc=128 - rc if rc < 0 else rc or 1)
+
+
+def signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "signal %d" % number
+
+
+def last_line(path, look_back=4096):
+    """The last non-empty line of the server's log (it is this stage's own file), shortened."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - look_back))
+            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[:200] if lines else ""
 
 
 if __name__ == "__main__":
