@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gguf import GGUFReader  # noqa: E402
 
-from samai.console.checks import check_gguf  # noqa: E402
+from samai.console.core.checks import check_gguf  # noqa: E402
 from samai.remote.boxapi import Box  # noqa: E402
 from samai.remote.local import LocalTransport  # noqa: E402
 from tests.test_checks import sparse_gguf  # noqa: E402

@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from samai.console.config import load_builtin  # noqa: E402
-from samai.console.state import ConsoleState  # noqa: E402
+from samai.console.core.config import load_builtin  # noqa: E402
+from samai.console.core.state import ConsoleState  # noqa: E402
 from samai.remote.boxapi import Box  # noqa: E402
 from samai.remote.local import LocalTransport  # noqa: E402
 

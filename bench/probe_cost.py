@@ -19,7 +19,7 @@ for scale. Both grow with the number of processes, so everything is measured twi
 machine as it is, and with 300 idle processes more (`sleep`, five of them Python listeners on TCP
 ports). Sizing the artifacts grows with their files instead (a provisioned tiny venv holds some
 38,000): its cost per 1000 files is printed, and the console walks a tree that no running stage
-makes only every REFRESH_S or files * REFRESH_S_PER_FILE (console/sizing.py), which the 1 Hz
+makes only every REFRESH_S or files * REFRESH_S_PER_FILE (console/core/sizing.py), which the 1 Hz
 figure includes.
 
     python bench/probe_cost.py [--snapshots 100] [--seconds 30] [--extra 300] [--venv-files 38000]
@@ -43,9 +43,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from samai.console.config import load_builtin  # noqa: E402
-from samai.console.sizing import REFRESH_S, REFRESH_S_PER_FILE  # noqa: E402
-from samai.console.state import ConsoleState  # noqa: E402
+from samai.console.core.config import load_builtin  # noqa: E402
+from samai.console.core.sizing import REFRESH_S, REFRESH_S_PER_FILE  # noqa: E402
+from samai.console.core.state import ConsoleState  # noqa: E402
 from samai.remote.box.procfs import boot_time, read_stat, start_epoch  # noqa: E402
 from samai.remote.boxapi import Box  # noqa: E402
 from samai.remote.local import LocalTransport  # noqa: E402

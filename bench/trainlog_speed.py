@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from samai.console.trainlog import check_trainlog_path
+from samai.console.core.trainlog import check_trainlog_path
 
 INFO = (
     "[2026-11-30 07:34:{s:02d},426] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) | fwd: 41.2 | bwd: 80.3",

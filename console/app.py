@@ -2,7 +2,7 @@
 
 All I/O happens in workers: the poll loop (one snapshot at a time, the next scheduled when
 the last completes) and one worker per action. Widgets only render what they are handed.
-Every change to the box goes through the action layer (samai.console.actions)."""
+Every change to the box goes through the action layer (samai.console.core.actions)."""
 
 from __future__ import annotations
 
@@ -23,13 +23,14 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from samai.console import paths, prefs
-from samai.console.audit import AuditLog
-from samai.console.budget import disk_budget, project
-from samai.console.config import Config
+from samai.console import prefs
 from samai.console.connect import open_box
-from samai.console.redact import redact
-from samai.console.state import Alert, ConsoleState, StateUpdate
+from samai.console.core import paths
+from samai.console.core.audit import AuditLog
+from samai.console.core.budget import disk_budget, project
+from samai.console.core.config import Config
+from samai.console.core.redact import redact
+from samai.console.core.state import Alert, ConsoleState, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import RUN_HEADER
 from samai.remote.model import DiskUsers, Process, Snapshot
@@ -49,7 +50,7 @@ from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
 
 if TYPE_CHECKING:
-    from samai.console.actions import ActionOutcome, ActionPlan, Actions, Decision
+    from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
 MAX_BACKOFF_S = 8.0  # a box that comes back is seen within seconds, not minutes
@@ -276,14 +277,14 @@ class SamaiApp(App[None]):
                 del self._bindings.key_to_bindings[key]
 
     def _actions(self) -> Actions:
-        from samai.console.actions import Actions  # with psutil: needed only once an action runs, not to start
+        from samai.console.core.actions import Actions  # with psutil: needed only once an action runs, not to start
 
         if self.box is None:
             self.box = self._open_box()
         return Actions(self.box, self.config, self.audit, readonly=self.readonly, confirm=self._confirm)
 
     async def _confirm(self, plan: ActionPlan) -> Decision:
-        from samai.console.actions import Decision  # see _actions
+        from samai.console.core.actions import Decision  # see _actions
         from samai.widgets.dialogs import ConfirmDialog  # each dialog's module is imported when one opens, not to start
 
         if not await self.push_screen_wait(ConfirmDialog(plan, plan.checks)):
@@ -341,7 +342,7 @@ class SamaiApp(App[None]):
     @work(group="runs", exclusive=True, exit_on_error=False)
     async def action_runs(self) -> None:
         """The shown stage's runs, read back from its logs (the history outlives the console)."""
-        from samai.console.history import read_history
+        from samai.console.core.history import read_history
         from samai.widgets.dialogs import RunsScreen  # see _confirm
 
         stage = self.config.stage(self.state.shown_stage or "")
@@ -390,7 +391,7 @@ class SamaiApp(App[None]):
         self._show_stage_log(stage)
 
     async def _alert_failed_fire(self, outcome: ActionOutcome) -> None:
-        from samai.console.state import run_error
+        from samai.console.core.state import run_error
 
         # The stage's own last words, not the chain's bookkeeping around them.
         tail = [line[:200] for line in getattr(outcome.result, "log_tail", ())
@@ -456,7 +457,7 @@ class SamaiApp(App[None]):
         if process is None or snap is None:
             self.notify("select a process in the processes pane first", severity="warning", markup=False)
             return
-        from samai.console.actions import Decision  # see _actions
+        from samai.console.core.actions import Decision  # see _actions
 
         # The layer plans first (this process or its group, TERM or KILL); the dialog shows those
         # plans and returns the one chosen; that plan, and nothing rebuilt after it, is what runs.

@@ -22,13 +22,13 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, NoReturn
 
 from samai.console import __version__
-from samai.console import config as config_mod
-from samai.console.audit import AuditLog
-from samai.console.budget import disk_budget, plan_run
 from samai.console.connect import open_box
-from samai.console.detectors import declared_binaries, detect
-from samai.console.paths import audit_log
-from samai.console.preflight import poison_artifacts
+from samai.console.core import config as config_mod
+from samai.console.core.audit import AuditLog
+from samai.console.core.budget import disk_budget, plan_run
+from samai.console.core.detectors import declared_binaries, detect
+from samai.console.core.paths import audit_log
+from samai.console.core.preflight import poison_artifacts
 from samai.console.report import describe_check, describe_plan, describe_snapshot
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
@@ -37,7 +37,7 @@ from samai.remote.transport import TransportError
 from samai.remote.visible import visible
 
 if TYPE_CHECKING:
-    from samai.console.actions import ActionOutcome, ActionPlan, Actions
+    from samai.console.core.actions import ActionOutcome, ActionPlan, Actions
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_STDOUT_CLOSED = 128 + 13  # what a shell reports for a tool that SIGPIPE ended
@@ -209,7 +209,7 @@ def _json(value) -> str:
 
 
 async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
-    from samai.console.actions import UnknownStage  # the action layer (and psutil) is kept off the TUI's path
+    from samai.console.core.actions import UnknownStage  # the action layer (and psutil) is kept off the TUI's path
 
     box = open_box(cfg, readonly=args.readonly)
     try:
@@ -263,7 +263,7 @@ async def _doctor(args, cfg, box: Box) -> int:
 
 
 async def _check(args, cfg, box: Box) -> int:
-    from samai.console import checks  # with the box's GGUF checker: only `check` needs it
+    from samai.console.core import checks  # with the box's GGUF checker: only `check` needs it
 
     path = _on_target(cfg, args.path)
     try:
@@ -276,7 +276,7 @@ async def _check(args, cfg, box: Box) -> int:
         elif args.kind == "trainlog":
             result = await checks.check_trainlog(box, path)  # streamed: memory holds the points, not the log
         else:
-            from samai.console.evalcheck import check_eval
+            from samai.console.core.evalcheck import check_eval
 
             result = check_eval(await checks.read_lines(box, path))
     except (checks.Unreadable, ValueError) as e:  # ValueError: a trainer_state.json that is not JSON
@@ -351,7 +351,7 @@ def _raw_line(line: str) -> None:
 
 
 def _actions(args, cfg, box: Box) -> Actions:
-    from samai.console.actions import Actions  # see _run
+    from samai.console.core.actions import Actions  # see _run
 
     return Actions(box, cfg, AuditLog(audit_log()), readonly=args.readonly,
                    confirm=_confirmer(args.yes, getattr(args, "force", False)))
@@ -360,7 +360,7 @@ def _actions(args, cfg, box: Box) -> Actions:
 def _confirmer(yes: bool, force: bool = False):
     """The command line's side of the one policy: a blocked plan needs --force and a confirmation
     (--yes, or "y" at a prompt that shows it blocked); without a terminal, only --yes confirms."""
-    from samai.console.actions import Decision  # see _run
+    from samai.console.core.actions import Decision  # see _run
 
     async def confirm(plan: ActionPlan) -> Decision:
         for check in plan.checks:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from samai.console.config import Config
+from samai.console.core.config import Config
 from samai.remote.boxapi import Box
 from samai.remote.targets import open_transport, scheme
 

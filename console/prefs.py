@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from samai.console.paths import config_dir
+from samai.console.core.paths import config_dir
 
 
 def prefs_path() -> Path:

@@ -11,7 +11,7 @@ import posixpath
 from dataclasses import replace
 from pathlib import Path
 
-from samai.console import config as config_mod
+from samai.console.core import config as config_mod
 from samai.remote import model
 from samai.remote.follow import LogFollower
 from samai.remote.model import Snapshot

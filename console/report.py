@@ -6,9 +6,9 @@ can neither drive the terminal nor fake a line of the report."""
 
 from __future__ import annotations
 
-from samai.console import units
-from samai.console.budget import DiskBudget, StagePeak
-from samai.console.config import Config
+from samai.console.core import units
+from samai.console.core.budget import DiskBudget, StagePeak
+from samai.console.core.config import Config
 from samai.remote.model import Snapshot
 from samai.remote.visible import visible
 

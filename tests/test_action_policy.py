@@ -18,9 +18,9 @@ import psutil
 import pytest
 from textual.widgets import Button, RadioButton, Static
 
-from samai.console import config
 from samai.console.app import SamaiApp
-from samai.console.audit import AuditLog
+from samai.console.core import config
+from samai.console.core.audit import AuditLog
 from samai.widgets.dialogs import KillDialog
 from samai.widgets.processes import ProcessPane
 from tests.helpers import pilot_until, start_time_of, wait_for
@@ -180,7 +180,7 @@ def test_a_stray_listener_is_stopped_by_the_fire_plan_and_audited_by_pid(cfg_fil
 
 async def test_run_takes_only_a_decision_made_for_that_plan_and_fitting_it(tmp_path: Path, cfg_file: Path, box,
                                                                           workspace: Path) -> None:
-    from samai.console.actions import Actions, Decision
+    from samai.console.core.actions import Actions, Decision
 
     cfg = config.load(cfg_file)
     audit = AuditLog(tmp_path / "audit.jsonl")
@@ -260,7 +260,7 @@ async def test_the_kill_dialog_runs_the_plan_it_shows(tmp_path: Path, workspace:
 
 async def test_a_restart_is_not_blocked_by_its_own_server_and_stops_a_stray_one(cfg_file: Path, box, workspace: Path,
                                                                                 port: int, spawn) -> None:
-    from samai.console.actions import Actions, Decision
+    from samai.console.core.actions import Actions, Decision
 
     cfg = config.load(cfg_file)
     shown = []

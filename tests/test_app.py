@@ -13,8 +13,9 @@ import psutil
 import pytest
 from textual.widgets import Button
 
-from samai.console import config, prefs
+from samai.console import prefs
 from samai.console.app import SamaiApp
+from samai.console.core import config
 from samai.remote.boxapi import Box
 from samai.widgets.dialogs import ConfirmDialog, KillDialog
 from samai.widgets.logview import LogView

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from samai.console import config
-from samai.console.audit import AuditLog
-from samai.console.redact import redact
+from samai.console.core import config
+from samai.console.core.audit import AuditLog
+from samai.console.core.redact import redact
 from tests.helpers import pilot_until, run_cli, wait_for
 
 PIPELINE = """

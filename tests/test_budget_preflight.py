@@ -8,10 +8,10 @@ import os
 import socket
 from pathlib import Path
 
-from samai.console import config
-from samai.console.budget import GB, disk_budget, plan_run, project
-from samai.console.preflight import poison_artifacts, preflight
-from samai.console.trainlog import TrainLogParser
+from samai.console.core import config
+from samai.console.core.budget import GB, disk_budget, plan_run, project
+from samai.console.core.preflight import poison_artifacts, preflight
+from samai.console.core.trainlog import TrainLogParser
 from samai.remote.boxapi import Box
 
 PIPE = """

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from samai.console import config
-from samai.console.config import ConfigError
+from samai.console.core import config
+from samai.console.core.config import ConfigError
 from tests.helpers import run_cli
 
 GOOD = """

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from samai.console.evalcheck import check_eval, has_errors
+from samai.console.core.evalcheck import check_eval, has_errors
 
 REPO = Path(__file__).resolve().parent.parent
 EVAL_STAGE = REPO / "remote" / "box" / "stages" / "eval.py"

@@ -19,11 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from samai.console import config, units
 from samai.console.app import SamaiApp
-from samai.console.budget import disk_budget
-from samai.console.detectors import detect
-from samai.console.preflight import poison_artifacts, preflight
+from samai.console.core import config, units
+from samai.console.core.budget import disk_budget
+from samai.console.core.detectors import detect
+from samai.console.core.preflight import poison_artifacts, preflight
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.disk import DiskPane

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from samai.console import config
 from samai.console.app import SamaiApp
+from samai.console.core import config
 from samai.remote import model
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower

@@ -13,8 +13,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from samai.console.evalcheck import check_eval
-from samai.console.trainlog import TrainLogCheck, check_trainlog
+from samai.console.core.evalcheck import check_eval
+from samai.console.core.trainlog import TrainLogCheck, check_trainlog
 from samai.remote.payload_lint import Violation, lint, main
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.text import Text
 
-from samai.console import config
 from samai.console.app import SamaiApp
-from samai.console.history import MAX_RUNS, RunHistory
+from samai.console.core import config
+from samai.console.core.history import MAX_RUNS, RunHistory
 from samai.remote.model import Marker
 from samai.widgets.dialogs import ConfirmDialog, RunsScreen
 from tests.helpers import pilot_until
@@ -52,7 +52,7 @@ def test_a_header_in_pieces_or_forged_still_splits_and_a_long_log_keeps_the_newe
 async def test_the_launcher_keeps_the_last_runs_logs_and_the_history_reads_them_all(box, workspace: Path) -> None:
     """Each fire rotates the stage's log; LOG_GENERATIONS earlier logs stay, the oldest drop off;
     a planted folder where a generation goes costs that generation only."""
-    from samai.console.history import LOG_GENERATIONS, read_history
+    from samai.console.core.history import LOG_GENERATIONS, read_history
 
     (workspace / "logs").mkdir()
     (workspace / "logs" / "once.log.3").mkdir()  # not a log: never written, the rotation goes on

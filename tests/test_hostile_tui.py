@@ -17,8 +17,8 @@ from textual.command import CommandPalette
 from textual.content import Content
 from textual.widgets import Button, DataTable, OptionList
 
-from samai.console import config
 from samai.console.app import SamaiApp
+from samai.console.core import config
 from samai.remote.visible import visible
 from samai.widgets.dialogs import ConfirmDialog, HelpScreen, PathDialog
 from samai.widgets.logview import LogView

@@ -9,7 +9,7 @@ from textual.geometry import Region
 from textual.widgets import Static
 from textual.widgets._footer import FooterKey
 
-from samai.console.state import EvalRun, ProcessRow
+from samai.console.core.state import EvalRun, ProcessRow
 from samai.remote.model import Process
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter
@@ -261,7 +261,7 @@ async def test_the_footer_recomposes_only_when_its_keys_change() -> None:
 
 
 def test_ages_tick_each_second_only_in_the_first_minute() -> None:
-    from samai.console import units
+    from samai.console.core import units
 
     assert [units.age(s) for s in (None, 5, 59.9, 60, 61, 3599, 3600, 3661, 90_000)] == [
         "?", "5s", "59s", "1m", "1m", "59m", "1h00m", "1h01m", "1d01h"]

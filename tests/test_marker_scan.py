@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from samai.console.config import load_builtin
+from samai.console.core.config import load_builtin
 from samai.remote.box.markers import Markers, marker_hits, rare_cover
 from samai.remote.model import Marker
 from samai.remote.needles import required_needles

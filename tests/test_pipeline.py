@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import socket
@@ -22,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from samai.console import config, paths
-from samai.console.actions import ActionPlan, Actions, Decision
-from samai.console.audit import AuditLog
-from samai.console.checks import check_trainlog
+from samai.console.core import config, paths
+from samai.console.core.actions import ActionPlan, Actions, Decision
+from samai.console.core.audit import AuditLog
+from samai.console.core.checks import check_trainlog
 from samai.remote.box.gguf_check import check_file
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
@@ -359,6 +360,7 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
     learning rate and restarts train from the alert; the healthy run goes down the pipeline;
     the running server is replaced by its own key; eval passes against the new one."""
     from samai.console.app import SamaiApp
+    from samai.widgets.curves import CurvesPane
     from samai.widgets.evals import EvalTable
     from samai.widgets.logview import LogView
     from tests.helpers import pilot_until
@@ -402,8 +404,18 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         assert app.state.shown_stage == "train" and "log · train" in str(app.query_one(LogView).border_title)
         restart = await _dialog(pilot, app, "r")
         assert restart.plan.action == "restart" and "runs/train/TRAIN_NAN" in restart.plan.paths
-        await pilot.press("escape")
-        await _confirmed(pilot, app, "r", "train")
+        diverged = app.state.runs["train"]
+        await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: app.state.runs.get("train") != diverged)
+        # The new run starts clean: no marker, curve or log line of the diverged run on screen.
+        await pilot_until(pilot, lambda: "train ● running" in _bar(app))
+        log = app.query_one(LogView)
+        assert "TRAIN_NAN" not in _bar(app) and not any("TRAIN_NAN" in line for line in log.lines)
+        rec = await pilot_until(pilot, lambda: _ended(app, "train"), timeout=600)
+        assert rec.rc == 0, _log_of(app, "train")[-3000:]
+        curve = app.query_one(CurvesPane).points  # the healthy run's steps alone, none of the diverged one's
+        assert curve and not any(p.hidden_nan or not math.isfinite(p.grad_norm or 0.0) for p in curve)
+        assert [p.step for p in curve] == sorted({p.step for p in curve})
         assert (pipeline_ws / "runs" / "train" / "TRAIN_DONE").exists()
         await pilot_until(pilot, lambda: "train ✓ done" in _bar(app) and "merge ■" not in _bar(app))
         assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]

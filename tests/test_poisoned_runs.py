@@ -8,9 +8,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from samai.console import config, paths
-from samai.console.actions import ActionPlan, Actions, Decision
-from samai.console.audit import AuditLog
+from samai.console.core import config, paths
+from samai.console.core.actions import ActionPlan, Actions, Decision
+from samai.console.core.audit import AuditLog
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 
-from samai.console import config
 from samai.console.app import SamaiApp
+from samai.console.core import config
 from samai.widgets.curves import CurvesPane
 from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.logview import LogView

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from samai.console import replay
-from samai.console.actions import ActionPlan, kill_plans
 from samai.console.app import SamaiApp
-from samai.console.preflight import preflight
+from samai.console.core.actions import ActionPlan, kill_plans
+from samai.console.core.preflight import preflight
 from samai.widgets.dialogs import ConfirmDialog, KillDialog
 
 RECORDING = replay.load(Path(__file__).parent / "data" / "recorded_box.json")

@@ -7,9 +7,9 @@ import dataclasses
 import os
 from pathlib import Path
 
-from samai.console.config import load_builtin
-from samai.console.sizing import REFRESH_S, REFRESH_S_PER_FILE, ArtifactSizer
-from samai.console.state import ConsoleState
+from samai.console.core.config import load_builtin
+from samai.console.core.sizing import REFRESH_S, REFRESH_S_PER_FILE, ArtifactSizer
+from samai.console.core.state import ConsoleState
 from samai.remote.boxapi import Box
 from samai.remote.model import ArtifactSize
 

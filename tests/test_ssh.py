@@ -12,11 +12,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from samai.console import config
-from samai.console.actions import Actions, Decision
 from samai.console.app import SamaiApp
-from samai.console.audit import AuditLog
 from samai.console.connect import open_box
+from samai.console.core import config
+from samai.console.core.actions import Actions, Decision
+from samai.console.core.audit import AuditLog
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 from samai.remote.ssh import SshOptions, SshTarget, SshTransport

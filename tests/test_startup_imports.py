@@ -8,14 +8,15 @@ import json
 import subprocess
 import sys
 
-from samai.console import config
 from samai.console.connect import open_box
+from samai.console.core import config
 from samai.remote.targets import open_transport
 
 # What the TUI imports before its first paint (`samai-console` with no command, local target).
 TUI_PATH = """
 import json, sys
-from samai.console import cli, config
+from samai.console import cli
+from samai.console.core import config
 from samai.console.app import SamaiApp
 from samai.console.connect import open_box
 cfg = config.load()
@@ -24,7 +25,7 @@ SamaiApp(cfg, poll=False)
 print(json.dumps(sorted(sys.modules)))
 """
 NOT_BEFORE_FIRST_PAINT = ("asyncssh", "httpx", "psutil", "samai.remote.ssh", "samai.remote.envelope",
-                          "samai.console.actions", "samai.console.checks", "samai.widgets.dialogs",
+                          "samai.console.core.actions", "samai.console.core.checks", "samai.widgets.dialogs",
                           "textual_plotext", "plotext")
 
 
@@ -71,7 +72,7 @@ async def test_an_envelope_target_opens_its_transport_with_the_configured_token_
 async def test_the_curves_pane_plots_what_it_was_given_before_its_plot_was_mounted() -> None:
     from textual.app import App
 
-    from samai.console.trainlog import TrainPoint
+    from samai.console.core.trainlog import TrainPoint
     from samai.widgets.curves import CurvesPane
 
     class Curves(App):
@@ -88,3 +89,21 @@ async def test_the_curves_pane_plots_what_it_was_given_before_its_plot_was_mount
         assert pane.plot is not None and pane.plot in pane.children
         assert pane.border_subtitle == "5 steps"
         assert "loss" in "".join(line.text for line in pane.plot.render_lines(pane.plot.region.reset_offset))
+
+
+def test_the_core_imports_neither_textual_nor_the_shell(tmp_path) -> None:
+    """console/core is the domain: every module of it loads without Textual, the app or the CLI."""
+    from pathlib import Path
+
+    import samai.console.core as core
+
+    names = sorted(p.stem for p in Path(core.__file__).parent.glob("*.py") if p.stem != "__init__")
+    script = ("import json, sys\n" + "".join(f"import samai.console.core.{n}\n" for n in names)
+              + "print(json.dumps(sorted(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert len(names) >= 10 and {f"samai.console.core.{n}" for n in names} <= loaded
+    shell = {m for m in loaded if m.split(".")[0] in ("textual", "rich") or m.startswith("samai.widgets")
+             or m in ("samai.console.app", "samai.console.cli")}
+    assert not shell, sorted(shell)

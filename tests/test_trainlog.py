@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from samai.console.trainlog import (
+from samai.console.core.trainlog import (
     SEVERITY,
     TrainLogParser,
     TrainPoint,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from samai.console import config, paths
+from samai.console.core import config, paths
 from samai.remote.box import confine
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport

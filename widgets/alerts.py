@@ -8,7 +8,7 @@ import time
 from textual.content import Content
 from textual.widgets import Static
 
-from samai.console.state import Alert
+from samai.console.core.state import Alert
 from samai.remote.visible import visible
 
 STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}

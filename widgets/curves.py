@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from textual.color import Color
 from textual.containers import Container
 
-from samai.console.trainlog import TrainPoint
+from samai.console.core.trainlog import TrainPoint
 
 if TYPE_CHECKING:
     from textual_plotext import PlotextPlot

@@ -18,9 +18,9 @@ from samai.remote.visible import visible
 from samai.widgets.pane import inert, inert_lines
 
 if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not imported with the TUI
-    from samai.console.actions import ActionPlan
-    from samai.console.history import RunRecord
-    from samai.console.preflight import Check
+    from samai.console.core.actions import ActionPlan
+    from samai.console.core.history import RunRecord
+    from samai.console.core.preflight import Check
     from samai.remote.model import Process
 
 MARKER_STYLE = {"warning": "yellow", "error": "bold red"}  # rich styles: DataTable cells are rich Text
@@ -182,7 +182,7 @@ class HelpScreen(ModalScreen[None]):
 
 
 class RunsScreen(ModalScreen[None]):
-    """A stage's runs as its log holds them, newest first (see console/history.py)."""
+    """A stage's runs as its log holds them, newest first (see console/core/history.py)."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="RunsScreen") + "RunsScreen DataTable { height: auto; max-height: 30; }"
     BINDINGS = [Binding("escape,q,H", "close", "Close")]

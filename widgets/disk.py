@@ -8,8 +8,8 @@ import time
 from textual.content import Content
 from textual.message import Message
 
-from samai.console import units
-from samai.console.budget import DiskBudget, Projection
+from samai.console.core import units
+from samai.console.core.budget import DiskBudget, Projection
 from samai.remote.model import DiskUsers
 from samai.remote.visible import visible
 from samai.widgets.pane import Pane

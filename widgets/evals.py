@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from samai.console.state import EvalRun
+from samai.console.core.state import EvalRun
 from samai.remote.visible import visible
 from samai.widgets.pane import set_subtitle
 

@@ -26,8 +26,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Input
 
-from samai.console import units
-from samai.console.state import ProcessRow
+from samai.console.core import units
+from samai.console.core.state import ProcessRow
 from samai.remote.model import Process
 from samai.remote.visible import visible
 from samai.widgets.pane import set_subtitle

@@ -6,8 +6,8 @@ import time
 
 from textual.content import Content
 
-from samai.console import units
-from samai.console.state import StageView
+from samai.console.core import units
+from samai.console.core.state import StageView
 from samai.remote.visible import visible
 from samai.widgets.pane import Pane
 

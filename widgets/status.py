@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from textual.content import Content
 
-from samai.console import units
+from samai.console.core import units
 from samai.remote.visible import visible
 from samai.widgets.pane import Pane
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from samai.console.config import Artifact, Config, Stage
+from samai.console.core.config import Artifact, Config, Stage
 from samai.remote.model import Disk, Snapshot
 
 GB = 1_000_000_000

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from samai.console.config import Config, Stage
-from samai.console.preflight import Check
+from samai.console.core.config import Config, Stage
+from samai.console.core.preflight import Check
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import last_run
 from samai.remote.transport import TransportError
@@ -29,7 +29,7 @@ def training_sources(cfg: Config, stage: Stage) -> list[Stage]:
 async def training_evidence(box: Box, cfg: Config, stage: Stage) -> tuple[Check, ...]:
     """One check per training stage this stage consumes: an error (which blocks the fire) for
     each error-level finding in its log, or for a log that cannot be read."""
-    from samai.console.checks import Unreadable
+    from samai.console.core.checks import Unreadable
 
     checks = []
     for source in training_sources(cfg, stage):
@@ -45,8 +45,8 @@ async def training_evidence(box: Box, cfg: Config, stage: Stage) -> tuple[Check,
 
 async def last_run_check(box: Box, path: str) -> dict:
     """check_trainlog over the last run in a stage's log on the box, streamed."""
-    from samai.console.checks import line_batches
-    from samai.console.trainlog import TrainLogCheck
+    from samai.console.core.checks import line_batches
+    from samai.console.core.trainlog import TrainLogCheck
 
     check = TrainLogCheck()
     async for batch in line_batches(box, path):

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from samai.console.config import CHAIN_DONE
+from samai.console.core.config import CHAIN_DONE
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import RUN_HEADER
 from samai.remote.model import Marker
@@ -108,7 +108,7 @@ class RunHistory:
 async def read_history(box: Box, log: str, markers: Iterable[Marker]) -> tuple[list[RunRecord], list[str]]:
     """The runs in a stage's log and its kept generations, oldest first; and what could not be
     read (a generation that is not there is no problem: a stage run less often has fewer)."""
-    from samai.console.checks import Unreadable, line_batches
+    from samai.console.core.checks import Unreadable, line_batches
 
     history, problems = RunHistory(markers), []
     for path in [f"{log}.{n}" for n in range(LOG_GENERATIONS, 0, -1)] + [log]:

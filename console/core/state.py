@@ -10,14 +10,14 @@ import json
 import posixpath
 from dataclasses import dataclass, field, replace
 
-from samai.console.budget import DiskBudget, disk_budget
-from samai.console.config import CHAIN_DONE, Config, Stage
-from samai.console.detectors import declared_binaries, detect
-from samai.console.evidence import training_sources
-from samai.console.preflight import Preflight, poison_artifacts, preflight
-from samai.console.redact import redact
-from samai.console.sizing import ArtifactSizer
-from samai.console.trainlog import TrainLogParser, TrainPoint
+from samai.console.core.budget import DiskBudget, disk_budget
+from samai.console.core.config import CHAIN_DONE, Config, Stage
+from samai.console.core.detectors import declared_binaries, detect
+from samai.console.core.evidence import training_sources
+from samai.console.core.preflight import Preflight, poison_artifacts, preflight
+from samai.console.core.redact import redact
+from samai.console.core.sizing import ArtifactSizer
+from samai.console.core.trainlog import TrainLogParser, TrainPoint
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower, last_run
 from samai.remote.model import Marker, Process, Report, Snapshot
 

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from samai.console import paths
+from samai.console.core import paths
 from samai.remote.model import Marker
 
 # Keys the console binds itself; a stage may not take them.

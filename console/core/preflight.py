@@ -8,9 +8,9 @@ import re
 import time
 from dataclasses import dataclass
 
-from samai.console import units
-from samai.console.budget import DiskBudget, disk_budget, project
-from samai.console.config import Config, Stage
+from samai.console.core import units
+from samai.console.core.budget import DiskBudget, disk_budget, project
+from samai.console.core.config import Config, Stage
 from samai.remote.model import Process, Snapshot, StageRecord
 
 POISON_PREFIX = "poison:"

@@ -7,11 +7,11 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from samai.console import units
-from samai.console.budget import GB, disk_budget, project
-from samai.console.config import Config, Stage
-from samai.console.preflight import POISON_PREFIX
-from samai.console.redact import redact
+from samai.console.core import units
+from samai.console.core.budget import GB, disk_budget, project
+from samai.console.core.config import Config, Stage
+from samai.console.core.preflight import POISON_PREFIX
+from samai.console.core.redact import redact
 from samai.remote.model import Snapshot
 
 # The [model] settings that name binaries the pipeline runs (checked for the tar-prefix trap).

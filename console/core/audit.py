@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from samai.console.redact import redact_all
+from samai.console.core.redact import redact_all
 
 MIN_FREE_BYTES = 256 * 1024
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import psutil
 
-from samai.console import units
-from samai.console.audit import AuditError, AuditLog
-from samai.console.config import Config, Stage
-from samai.console.evidence import training_evidence
-from samai.console.preflight import Check, poison_artifacts, preflight, shown_command, started_text
+from samai.console.core import units
+from samai.console.core.audit import AuditError, AuditLog
+from samai.console.core.config import Config, Stage
+from samai.console.core.evidence import training_evidence
+from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import Boot, CleanResult, FireResult, SignalResult, Snapshot
 from samai.remote.transport import TransportError

@@ -46,7 +46,7 @@ async def read_lines(box: Box, path: str) -> list[str]:
 
 async def check_trainlog(box: Box, path: str) -> dict[str, Any]:
     """check_trainlog over a log on the box, streamed: memory holds the points kept, never the log."""
-    from samai.console.trainlog import TrainLogCheck
+    from samai.console.core.trainlog import TrainLogCheck
 
     check = TrainLogCheck()
     async for batch in line_batches(box, path):
