@@ -124,6 +124,11 @@ class SamaiApp(App[None]):
         chosen = theme or prefs.load().get("theme") or config.ui.theme
         self.theme = chosen if chosen in self.available_themes else DEFAULT_THEME
 
+    @property
+    def busy(self) -> bool:
+        """Whether an action (fire, stop, kill, clean, fix) is in flight: a second one is refused meanwhile."""
+        return self._action_running
+
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
         """Textual's toast, literal unless a caller asks for markup: a toast mostly says what the box

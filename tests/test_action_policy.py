@@ -225,7 +225,7 @@ async def _kill_from_the_dialog(app: SamaiApp, pilot, leader: int, needle: str, 
     shown = dialog.selected(signal)
     await pilot_until(pilot, lambda: shown.command in str(dialog.query_one("#plan", Static).render()))
     dialog.query_one(f"#{signal}", Button).press()
-    await pilot_until(pilot, lambda: not app._action_running and not isinstance(app.screen, KillDialog))
+    await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, KillDialog))
     return shown
 
 

@@ -85,13 +85,13 @@ async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path
         await pilot_until(pilot, lambda: "STEP_OK" in str(app.query_one("#stages").render()))
         pid = json.loads(state_file.read_text())["pid"]
         assert psutil.Process(pid).is_running()
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)
 
         await pilot.press("s")  # stop the stage whose log is shown
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)
     actions = [(e["action"], e["confirmation"], e["result"]) for e in _audit(isolated_dirs)]
     assert actions == [("fire", "declined", "cancelled"), ("fire", "dialog", "done"), ("stop", "dialog", "done")]
 
@@ -128,7 +128,7 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
         await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog))
         app.screen.query_one("#TERM", Button).press()
         await pilot_until(pilot, lambda: victim.poll() is not None)
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)
     declined, entry = _audit(isolated_dirs)  # the cancel goes through the action layer too, and is recorded
     assert (declined["action"], declined["confirmation"], declined["result"]) == ("kill", "declined", "cancelled")
     assert (entry["action"], entry["pid"], entry["result"]) == ("kill", victim.pid, "done")
@@ -250,7 +250,7 @@ async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixe
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
         assert dialog.process.pid == stray.pid and app.focused.id == "cancel"
         await pilot.press("escape")
-        await pilot_until(pilot, lambda: not app._action_running and not isinstance(app.screen, KillDialog))
+        await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, KillDialog))
 
         await pilot.press("t")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
@@ -259,7 +259,7 @@ async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixe
         assert "hidden" in str(app.query_one("#alerts").render()).lower()
         nan = next(a for a in app.state.alerts if a.code == "hidden_nan")
         assert nan.action == "restart train" and "x restart" in nan.hint
-        await pilot_until(pilot, lambda: not app._action_running and not isinstance(app.screen, ConfirmDialog))
+        await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, ConfirmDialog))
         await pilot.press("x")  # now the newest: the training run's error, fixed by restarting train
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         assert dialog.plan.action == "restart" and dialog.plan.stage == "train" and app.focused.id == "cancel"

@@ -220,7 +220,7 @@ async def test_alerts_and_saved_logs_keep_no_secrets(tmp_path: Path, workspace: 
         log = app.query_one(LogView)
         # shown as it is, on the operator's screen
         await pilot_until(pilot, lambda: any(secret in line for line in log.lines))
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)
         log.focus()
         await pilot_until(pilot, lambda: app.focused is log)
         await pilot.press("ctrl+s")

@@ -132,7 +132,7 @@ async def test_the_key_of_a_running_stage_opens_its_restart(tmp_path, workspace,
         await pilot_until(pilot, lambda: (workspace / "logs" / "serve.log").exists()
                      and "BOUND" in (workspace / "logs" / "serve.log").read_text())
         first = _record(workspace, "serve")["pid"]
-        await pilot_until(pilot, lambda: not app._action_running and app.state.snapshot.state("serve")
+        await pilot_until(pilot, lambda: not app.busy and app.state.snapshot.state("serve")
                      and app.state.snapshot.state("serve").alive
                      and any(s.port == port for s in app.state.snapshot.listeners))
 
@@ -147,7 +147,7 @@ async def test_the_key_of_a_running_stage_opens_its_restart(tmp_path, workspace,
         await pilot_until(pilot, lambda: _record(workspace, "serve").get("pid") not in (None, first)
                      and _alive(workspace, "serve"))
         await pilot_until(pilot, lambda: not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie")
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)
 
 
 async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart_replaces_it(tmp_path, workspace,
@@ -163,7 +163,7 @@ async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart
 
         def server():
             snap = app.state.snapshot
-            held = [s for s in snap.listeners if s.port == port and s.pid] if not app._action_running else []
+            held = [s for s in snap.listeners if s.port == port and s.pid] if not app.busy else []
             return snap.process(held[0].pid) if held and snap.state("serve") else None
 
         holder = await pilot_until(pilot, server)
@@ -185,7 +185,7 @@ async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: not psutil.pid_exists(holder.pid)
                      or psutil.Process(holder.pid).status() == "zombie")
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)
         await pilot_until(pilot, lambda: (workspace / "logs" / "serve.log").read_text().count("BOUND") >= 1
                      and any(s.port == port and s.pid not in (None, holder.pid) for s in app.state.snapshot.listeners))
 
@@ -212,7 +212,7 @@ async def test_a_stray_holder_is_stopped_first_not_a_blocker_and_shown_whole(tmp
         assert str(dialog.query_one("#confirm").label) == "Confirm fire"  # not "Fire anyway"
         await pilot.click("#confirm")
         assert stray.wait(15) is not None
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)
         await pilot_until(pilot, lambda: "BOUND" in (workspace / "logs" / "serve.log").read_text())
 
 

@@ -112,7 +112,7 @@ async def test_shift_h_lists_the_shown_stages_runs_newest_first(tmp_path: Path, 
             await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
             await pilot.click("#confirm")
             await pilot_until(pilot, lambda before=before: app.state.runs.get("train") not in (None, before))
-            await pilot_until(pilot, lambda: not app._action_running and not isinstance(app.screen, ConfirmDialog))
+            await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, ConfirmDialog))
         await pilot_until(pilot, lambda: "working" in (workspace / "logs" / "train.log").read_text())
         await pilot.press("H")
         screen = await pilot_until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen)

@@ -109,7 +109,7 @@ async def test_a_failed_fire_toast_shows_the_stage_output_literally(tmp_path, wo
         toast = await _until(pilot, lambda: next((t for t in _toasts(app) if "[/x]" in t), None))
         assert SHOWN in toast
         _assert_inert(toast)
-        await _until(pilot, lambda: not app._action_running)
+        await _until(pilot, lambda: not app.busy)
         assert app.is_running
 
 
@@ -127,7 +127,7 @@ async def test_the_fire_dialog_shows_a_markup_command_literally(tmp_path, worksp
         _assert_inert(shown)
         await pilot.press("escape")
         await _until(pilot, lambda: not isinstance(app.screen, ConfirmDialog))
-        await _until(pilot, lambda: not app._action_running)
+        await _until(pilot, lambda: not app.busy)
         assert app.is_running
 
 

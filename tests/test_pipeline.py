@@ -331,7 +331,7 @@ async def _dialog(pilot, app, key: str):
     from samai.widgets.dialogs import ConfirmDialog
     from tests.helpers import pilot_until
 
-    await pilot_until(pilot, lambda: not app._action_running and not isinstance(app.screen, ConfirmDialog))
+    await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, ConfirmDialog))
     await pilot.press(key)
     return await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
 
@@ -394,7 +394,7 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         assert any(c.severity == "error" and "train's log, last run: hidden_nan" in c.text for c in dialog.checks)
         assert "anyway" in str(dialog.query_one("#confirm").label)
         await pilot.press("escape")
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)
         assert not (pipeline_ws / cfg.stage("merge").log).exists()
 
         # 3. The fix: the learning rate back to normal, then the alert's log (l) and a restart (r)
@@ -431,7 +431,7 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         assert check_file(str(pipeline_ws / "gguf" / "tiny-q8_0.gguf"))["ok"]
 
         # 5. Serve, then replace the running server with its own key (a restart, not a block).
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)
         serve = await _dialog(pilot, app, "7")
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: "serve ● running" in _bar(app) and "SMOKE_OK" in _bar(app), timeout=180)
@@ -469,4 +469,4 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         assert any(c.severity == "error" and f"nothing listens on port {port}: fire serve (key 7) first" in c.text
                    for c in held.checks), held.checks
         await pilot.press("escape")
-        await pilot_until(pilot, lambda: not app._action_running)
+        await pilot_until(pilot, lambda: not app.busy)

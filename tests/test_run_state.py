@@ -67,11 +67,11 @@ def _notes(app: SamaiApp) -> list[str]:
 
 
 async def _fire_in_tui(pilot, app: SamaiApp, key: str) -> None:
-    await pilot_until(pilot, lambda: not app._action_running)
+    await pilot_until(pilot, lambda: not app.busy)
     await pilot.press(key)
     await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
     await pilot.click("#confirm")
-    await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app._action_running)
+    await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app.busy)
 
 
 def _free_port() -> int:
@@ -219,7 +219,7 @@ async def test_no_poison_alert_after_a_good_train_and_restart_says_in_red_what_i
         assert "✗ deletes out/final" in shown
         assert "anyway" in str(dialog.query_one("#confirm").label)
         await pilot.press("escape")
-        await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app._action_running)
+        await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app.busy)
     assert (workspace / "out" / "final" / "adapter.bin").exists()
 
 
