@@ -15,6 +15,7 @@ from samai.console.core.config import CHAIN_DONE, Config, Stage
 from samai.console.core.detectors import declared_binaries, detect
 from samai.console.core.evidence import training_sources
 from samai.console.core.preflight import Preflight, poison_artifacts, preflight
+from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
 from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogParser, TrainPoint
@@ -63,6 +64,7 @@ class StageView:
     last_marker: str | None
     last_marker_severity: str = "info"
     previous: PreviousRun | None = None  # the stage's run before this one
+    progress: Progress | None = None  # how far a running stage is, from its log (steps, bytes, build step)
 
 
 @dataclass(frozen=True)
@@ -145,10 +147,12 @@ class ConsoleState:
         self._statuses: dict[str, str] = {}
         self._rcs: dict[str, int | None] = {}
         self._last_said: dict[str, str] = {}  # each stage's last marker line of this run, CHAIN_DONE aside
+        self._progress: dict[str, Progress] = {}  # each stage's last progress line of this run
         self._standing: set[tuple[str, str]] = set()
 
     def _watch(self, stage: Stage) -> LogFollower:
-        return LogFollower(self.path_of(stage.log), markers=stage.markers, want_data=False,
+        # Progress lines come back as hits of one more marker: the watch still moves no log bytes.
+        return LogFollower(self.path_of(stage.log), markers=(*stage.markers, PROGRESS_MARKER), want_data=False,
                            last_lines=MARKER_HISTORY_LINES, max_bytes=MARKER_SCAN_READ)
 
     def path_of(self, path: str) -> str:
@@ -264,6 +268,7 @@ class ConsoleState:
                 continue
             marker = self.last_markers.pop(stage.name, (None, "info"))[0]
             self._last_said.pop(stage.name, None)
+            self._progress.pop(stage.name, None)
             self.previous[stage.name] = PreviousRun(before[0], self._statuses.get(stage.name, "?"),
                                                     self._rcs.get(stage.name), marker)
             self.watches[stage.name] = self._watch(stage)
@@ -312,6 +317,9 @@ class ConsoleState:
 
     def _hits(self, stage: Stage, hits, update: StateUpdate) -> None:
         for hit in hits:
+            if hit.marker == PROGRESS_MARKER_NAME:
+                self._progress_hit(stage, hit.line)
+                continue
             marker = _marker_of(stage, hit.marker)
             severity = marker.severity if marker else "info"
             self.last_markers[stage.name] = (hit.line[:60], severity)
@@ -319,6 +327,11 @@ class ConsoleState:
                 self._last_said[stage.name] = hit.line[:200]  # what a died alert quotes
             if severity != "info":
                 update.new_alerts.append(self._run_alert(stage.name, severity, f"{stage.name}: {hit.line[:200]}"))
+
+    def _progress_hit(self, stage: Stage, line: str) -> None:
+        progress = parse_line(line)
+        if progress is not None:
+            self._progress[stage.name] = progress
 
     def _stage_view(self, stage: Stage, snap: Snapshot, update: StateUpdate) -> StageView:
         rec = snap.state(stage.name)
@@ -336,7 +349,8 @@ class ConsoleState:
                 update.new_alerts.append(ended)
         marker, severity = self.last_markers.get(stage.name, (None, "info"))
         return StageView(stage.name, stage.key, status, rec.fired_at if rec else None, rec.pid if rec else None,
-                         rec.rc if rec else None, marker, severity, self.previous.get(stage.name))
+                         rec.rc if rec else None, marker, severity, self.previous.get(stage.name),
+                         self._progress.get(stage.name) if status == "running" else None)
 
     def _ended(self, stage: Stage, rec, status: str) -> Alert | None:
         """The alert for a run that was running at the last poll and is not now."""
