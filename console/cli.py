@@ -189,9 +189,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _standalone(command: str, argv: list[str]) -> int:
     if command == "envelope-server":
-        from samai.remote import envelope_server
+        from samai.remote import gateway
 
-        return envelope_server.main(argv)
+        return gateway.main(argv)
     from samai.remote import payload_lint
 
     return payload_lint.main(argv)

@@ -6,7 +6,7 @@ modules imported where they are used (`samai-console lint-payload` checks the ru
 only ever runs a command with subprocess (a box tool: the real logic lives in files on the box)
 or writes a file, and prints one framed result line.
 
-What the client expects (see samai.remote.envelope_server, the reference gateway):
+What the client expects (see docs/envelope-protocol.md and samai.remote.gateway, the reference):
   POST {base}/execute?respenc=b64url&timeout=N, text/plain body, Authorization: Bearer TOKEN
   200 {"rc", "stdout": b64url, "stderr": b64url}: the payload ran (rc is the payload's own);
   401: the token was refused; 413: too big; 5xx or 504: the gateway failed or cut the call.

@@ -1,6 +1,6 @@
 """lint-payload: find the code that breaks inside the exec envelope before the gateway does.
 
-The gateway runs a payload with ``exec(code, globals, locals)`` and two SEPARATE dicts (see envelope_server).
+The gateway runs a payload with ``exec(code, globals, locals)`` and two SEPARATE dicts (docs/envelope-protocol.md).
 Top-level names then land in ``locals``, and every nested scope (a function, lambda, class body,
 comprehension or generator expression) looks names up in ``globals`` only, so it cannot see them:
 

@@ -17,8 +17,8 @@ import httpx
 import psutil
 import pytest
 
-from samai.remote import envelope_server, payload_lint
-from samai.remote.envelope_server import serve
+from samai.remote import gateway, payload_lint
+from samai.remote.gateway import serve
 from samai.remote.payload_lint import lint
 from tests.helpers import wait_for
 
@@ -110,11 +110,11 @@ def test_the_payload_cannot_read_the_token_from_its_environment(monkeypatch, ser
 
 @pytest.fixture
 def server_process(tmp_path):
-    """The server as a user runs it: `python -m samai.remote.envelope_server`, stderr kept in a file."""
+    """The server as a user runs it: `python -m samai.remote.gateway`, stderr kept in a file."""
     stderr_path = tmp_path / "server.stderr"
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "samai.remote.envelope_server", "--port", "0", "--faults", "--hard-cut", "1"],
+            [sys.executable, "-m", "samai.remote.gateway", "--port", "0", "--faults", "--hard-cut", "1"],
             stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, "SAMAI_ENVELOPE_TOKEN": TOKEN})
     try:
         first_line = proc.stdout.readline()
@@ -155,8 +155,8 @@ def test_the_token_never_reaches_the_server_log(server_process):
 def test_no_token_configured_refuses_to_start(monkeypatch, capsys):
     monkeypatch.delenv("SAMAI_ENVELOPE_TOKEN", raising=False)
     monkeypatch.delenv("OTHER_TOKEN", raising=False)
-    assert envelope_server.main(["--port", "0"]) == 2
-    assert envelope_server.main(["--port", "0", "--token-env", "OTHER_TOKEN"]) == 2
+    assert gateway.main(["--port", "0"]) == 2
+    assert gateway.main(["--port", "0", "--token-env", "OTHER_TOKEN"]) == 2
     captured = capsys.readouterr()
     assert "OTHER_TOKEN" in captured.err
     assert "listening" not in captured.out
@@ -164,7 +164,7 @@ def test_no_token_configured_refuses_to_start(monkeypatch, capsys):
 
 def test_a_standing_fault_needs_faults_enabled(monkeypatch, capsys):
     monkeypatch.setenv("SAMAI_ENVELOPE_TOKEN", TOKEN)
-    assert envelope_server.main(["--port", "0", "--fault", "500"]) == 2
+    assert gateway.main(["--port", "0", "--fault", "500"]) == 2
     assert "--faults" in capsys.readouterr().err
 
 
@@ -305,7 +305,7 @@ def test_an_unknown_respenc_is_400(server):
 
 
 def test_a_body_over_the_limit_is_413_and_one_at_the_limit_runs(server):
-    limit = envelope_server.DEFAULT_MAX_BODY
+    limit = gateway.DEFAULT_MAX_BODY
     at_limit = b"print('ok')\n#" + b"x" * (limit - 13)
     assert len(at_limit) == limit
     assert decoded(execute(server, at_limit)) == (0, b"ok\n", b"")

@@ -1,0 +1,204 @@
+"""The HTTP side of the gateway: routing, the checks in their order, /execute, /_faults and how replies go out."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import socket
+import time
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from samai.remote.gateway.faults import FAULTS_THAT_SKIP_THE_RUN, Fault, FaultError, fault_from_spec
+from samai.remote.gateway.protocol import ExecuteParams, parse_execute_query
+from samai.remote.gateway.replies import Reply, json_reply, outcome_reply, render_head
+from samai.remote.gateway.runner import Outcome
+
+if TYPE_CHECKING:
+    from samai.remote.gateway.server import EnvelopeServer
+
+# How long a closing connection keeps reading what the client still sends, so the kernel sends FIN, not RST,
+# and the client gets to read our reply (e.g. a 413 sent before a large body was read).
+LINGER_S = 2.0
+SOCKET_TIMEOUT_S = 120.0
+
+
+class EnvelopeHandler(BaseHTTPRequestHandler):
+    server: EnvelopeServer
+    protocol_version = "HTTP/1.1"
+    timeout = SOCKET_TIMEOUT_S
+
+    def do_POST(self) -> None:
+        self.handle_request()
+
+    do_GET = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = do_POST
+
+    # -- one request
+
+    def handle_request(self) -> None:
+        started = time.monotonic()
+        self.body_read = False
+        self.log_detail = ""
+        path = urlsplit(self.path).path
+        reply, fault = self.route(path)
+        if reply is not None:
+            if not self.body_read and self.declared_length():
+                reply.close = True
+            self.deliver(reply, fault)
+        else:
+            self.close_connection = True
+        status = reply.status if reply is not None else "-"
+        self.server.log(f"{self.command} {path if self.known_path(path) else '-'}{self.log_detail} {status} "
+                        f"{time.monotonic() - started:.3f}s" + (f" fault={fault.mode}" if fault else ""))
+
+    def endpoints(self) -> dict[str, tuple[str, ...]]:
+        prefix = self.server.settings.prefix
+        routes = {prefix + "/execute": ("POST",)}
+        if self.server.settings.faults:
+            routes[prefix + "/_faults"] = ("GET", "POST", "DELETE")
+        return routes
+
+    def known_path(self, path: str) -> bool:
+        return path in self.endpoints()
+
+    def route(self, path: str) -> tuple[Reply | None, Fault | None]:
+        allowed = self.endpoints().get(path)
+        if allowed is None:
+            return json_reply(404, {"error": "not found"}), None
+        if self.command not in allowed:
+            return json_reply(405, {"error": "method not allowed"}, headers=(("Allow", ", ".join(allowed)),)), None
+        if not self.authorized():
+            return json_reply(401, {"error": "unauthorized"}, headers=(("WWW-Authenticate", "Bearer"),)), None
+        if path.endswith("/_faults"):
+            return self.control_faults(), None
+        return self.execute()
+
+    def authorized(self) -> bool:
+        scheme, _, credentials = (self.headers.get("Authorization") or "").partition(" ")
+        offered = credentials.strip().encode("utf-8", "replace")
+        return scheme.lower() == "bearer" and hmac.compare_digest(offered, self.server.settings.token.encode())
+
+    def declared_length(self) -> int | None:
+        try:
+            return int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            return None
+
+    def read_body(self) -> tuple[bytes | None, Reply | None]:
+        """The request body, or the reply that refuses it."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return None, json_reply(411, {"error": "length required (no chunked bodies)"}, close=True)
+        length = self.declared_length()
+        if length is None or length < 0:
+            return None, json_reply(411, {"error": "length required"}, close=True)
+        if length > self.server.settings.max_body:
+            return None, json_reply(413, {"error": "body too large", "max_bytes": self.server.settings.max_body},
+                                    close=True)
+        body = self.rfile.read(length)
+        self.body_read = True
+        if len(body) < length:
+            return None, None  # the client went away mid-body: nobody to answer
+        return body, None
+
+    # -- /execute
+
+    def execute(self) -> tuple[Reply | None, Fault | None]:
+        source, refusal = self.read_body()
+        if source is None:
+            return refusal, None
+        try:
+            params = parse_execute_query(urlsplit(self.path).query, self.server.settings.hard_cut_s)
+        except ValueError as e:
+            return json_reply(400, {"error": str(e)}), None
+        self.log_detail = f" timeout={params.timeout_s:g} respenc={params.respenc or '-'}"
+        fault = self.server.faults.take() if self.server.settings.faults else None
+        if fault is not None and fault.mode in FAULTS_THAT_SKIP_THE_RUN:
+            return self.fault_reply(fault, params), fault
+        outcome = self.server.runner.run(source, params.timeout_s)
+        return outcome_reply(outcome, params.respenc, params.timeout_s), fault
+
+    def fault_reply(self, fault: Fault, params: ExecuteParams) -> Reply | None:
+        if fault.mode == "500":
+            return json_reply(500, {"error": "injected fault: 500"})
+        if fault.mode == "503":
+            return json_reply(503, {"error": "unavailable"}, headers=(("Retry-After", str(fault.retry_after_s)),))
+        if fault.mode == "silent_spawn":
+            return outcome_reply(Outcome(0, b"", b"", 0.0), params.respenc, params.timeout_s)
+        # hang: like a gateway whose exec slot never answers; a stopping server lets it go without a reply
+        hard_cut = self.server.settings.hard_cut_s
+        if self.server.stopping.wait(hard_cut):
+            return None
+        return json_reply(504, {"error": "timeout", "after_s": hard_cut}, close=True)
+
+    # -- /_faults
+
+    def control_faults(self) -> Reply:
+        plan = self.server.faults
+        if self.command == "DELETE":
+            plan.clear()
+        elif self.command == "POST":
+            body, refusal = self.read_body()
+            if body is None:
+                return refusal or json_reply(400, {"error": "incomplete body"}, close=True)
+            try:
+                fault, count, after = fault_from_spec(json.loads(body or b"null"))
+            except (ValueError, FaultError) as e:  # json.JSONDecodeError is a ValueError
+                return json_reply(400, {"error": str(e)})
+            plan.arm(fault.mode, count, after, delay_s=fault.delay_s, retry_after_s=fault.retry_after_s)
+        return json_reply(200, plan.describe())
+
+    # -- sending
+
+    def deliver(self, reply: Reply, fault: Fault | None) -> None:
+        mode = fault.mode if fault else None
+        if mode in ("hang", "close_mid_body"):
+            reply.close = True
+        head = render_head(reply)
+        body = b"" if self.command == "HEAD" else reply.body
+        try:
+            if mode == "trickle":
+                self.trickle(head + body, fault.delay_s)
+            elif mode == "close_mid_body":
+                self.wfile.write(head + body[: len(body) // 2])
+            else:
+                self.wfile.write(head + body)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            reply.close = True
+        if reply.close:
+            self.close_connection = True
+            self.linger()
+
+    def trickle(self, data: bytes, delay_s: float) -> None:
+        for i in range(len(data)):
+            if self.server.stopping.is_set():
+                return
+            self.wfile.write(data[i:i + 1])
+            self.wfile.flush()
+            time.sleep(delay_s)
+
+    def linger(self) -> None:
+        """Half-close and read what the client still sends, so it can read our reply before the socket goes."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(0.2)
+            until = time.monotonic() + LINGER_S
+            while time.monotonic() < until and not self.server.stopping.is_set():
+                try:
+                    if not self.connection.recv(65536):
+                        return
+                except TimeoutError:
+                    continue
+        except OSError:
+            pass
+
+    # -- the base class's own logging would print request lines; ours never does
+
+    def log_request(self, code="-", size="-") -> None:
+        pass
+
+    def log_error(self, format, *args) -> None:
+        code = args[0] if args and isinstance(args[0], int) else "-"
+        self.server.log(f"- - {code} rejected a malformed or stalled request")
+
