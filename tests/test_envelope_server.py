@@ -62,6 +62,13 @@ def arm(server, **spec) -> dict:
     return response.json()
 
 
+def raw_chunks(server, code: str) -> list[bytes]:
+    """The reply body of CODE as the pieces it arrived in."""
+    with httpx.stream("POST", server.url + "/execute", params={"respenc": "b64url"}, content=code.encode(),
+                      headers=AUTH, timeout=15) as response:
+        return list(response.iter_raw())
+
+
 def marker_payload(path: Path) -> str:
     """A payload whose only visible effect is creating PATH: proves whether the code ran."""
     return f"open({str(path)!r}, 'w').close()\nprint('ran')"
@@ -231,16 +238,20 @@ def test_the_linter_catches_every_trap(code, _missing):
     assert lint(code)
 
 
-def test_a_slow_payload_does_not_block_other_requests(server):
+def test_a_slow_payload_does_not_block_other_requests(server, tmp_path):
+    started, release = tmp_path / "slow-started", tmp_path / "release"
+    # The slow payload waits (30 s at most) for a file that only the quick one creates: served one at a time,
+    # the quick one would run only after the slow one gave up.
+    slow_code = (f"import os, time\nopen({str(started)!r}, 'w').close()\n"
+                 f"for _ in range(600):\n    if os.path.exists({str(release)!r}):\n        break\n"
+                 f"    time.sleep(0.05)\nprint('released' if os.path.exists({str(release)!r}) else 'never released')")
     slow: list[httpx.Response] = []
-    thread = threading.Thread(target=lambda: slow.append(execute(server, "import time\ntime.sleep(1.5)")))
+    thread = threading.Thread(target=lambda: slow.append(execute(server, slow_code, timeout_s=60, client_timeout=90)))
     thread.start()
-    time.sleep(0.2)
-    started = time.monotonic()
-    assert decoded(execute(server, "print('quick')"))[1] == b"quick\n"
-    assert time.monotonic() - started < 1.2
-    thread.join()
-    assert slow[0].json()["rc"] == 0
+    wait_for(started.exists, timeout=30)
+    assert decoded(execute(server, f"open({str(release)!r}, 'w').close()\nprint('quick')"))[1] == b"quick\n"
+    thread.join(timeout=90)
+    assert decoded(slow[0])[1] == b"released\n"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -255,10 +266,10 @@ def test_a_timeout_answers_504_and_kills_the_child_and_its_grandchild(server, tm
             f"open({str(pid_file)!r}, 'w').write(str(sleeper.pid) + ' ' + str(os.getpid()))\n"
             "time.sleep(300)\n")
     started = time.monotonic()
-    response = execute(server, code, timeout_s=1)
+    response = execute(server, code, timeout_s=1)  # the client waits 15 s: only a server that ignored it hangs
     assert response.status_code == 504
     assert response.json() == {"error": "timeout", "after_s": 1.0}
-    assert 1.0 <= time.monotonic() - started < 4
+    assert time.monotonic() - started >= 1.0
     grandchild, child = (int(pid) for pid in pid_file.read_text().split())
     wait_for(lambda: not alive(grandchild) and not alive(child), timeout=5)
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", duration]]
@@ -271,10 +282,9 @@ def test_a_detached_process_outlives_the_request_and_does_not_hold_the_reply(ser
             "p = subprocess.Popen(['sleep', '30.417'], start_new_session=True)\n"
             f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
             "print('FIRED')")
-    started = time.monotonic()
+    # The fired process holds the child's stdout for 30 s: a server that waited for it would answer 504 at 10 s.
     rc, out, _ = decoded(execute(server, code, timeout_s=10))
     assert (rc, out) == (0, b"FIRED\n")
-    assert time.monotonic() - started < 3  # the fired process still holds the child's stdout: not waited for
     fired = int(pid_file.read_text())
     try:
         assert alive(fired)
@@ -283,11 +293,10 @@ def test_a_detached_process_outlives_the_request_and_does_not_hold_the_reply(ser
 
 
 def test_the_hard_cut_caps_a_larger_timeout(server):
-    started = time.monotonic()
+    # The payload sleeps 30 s and the client waits 15: only the hard cut answers in time.
     response = execute(server, "import time\ntime.sleep(30)", timeout_s=100)
     assert response.status_code == 504
     assert response.json() == {"error": "timeout", "after_s": HARD_CUT_S}
-    assert time.monotonic() - started < HARD_CUT_S + 2
 
 
 @pytest.mark.parametrize("timeout_s", ["abc", "0", "-1", "nan", "inf"])
@@ -385,8 +394,8 @@ def test_hang_answers_nothing_until_the_hard_cut(server, tmp_path):
         execute(server, marker_payload(marker), client_timeout=0.5)
     started = time.monotonic()
     arm(server, mode="hang")
-    response = execute(server, marker_payload(marker), timeout_s=60)
-    assert HARD_CUT_S - 0.1 <= time.monotonic() - started < HARD_CUT_S + 2
+    response = execute(server, marker_payload(marker), timeout_s=60)  # the client waits 15 s, the hard cut is 2
+    assert time.monotonic() - started >= HARD_CUT_S - 0.1
     assert response.status_code == 504 and response.json() == {"error": "timeout", "after_s": HARD_CUT_S}
     assert not marker.exists()
     assert execute(server, "print(1)").status_code == 200
@@ -396,16 +405,13 @@ def test_trickle_sends_the_reply_one_byte_at_a_time(server):
     delay_s = 0.005
     arm(server, mode="trickle", delay_s=delay_s)
     started = time.monotonic()
-    with httpx.stream("POST", server.url + "/execute", params={"respenc": "b64url"}, content=b"print('slow')",
-                      headers=AUTH, timeout=10) as response:
-        chunks = list(response.iter_raw())
+    chunks = raw_chunks(server, "print('slow')")
     body = b"".join(chunks)
     assert len(chunks) > len(body) / 2  # arrived in dribbles, not in one piece
     assert time.monotonic() - started >= len(body) * delay_s
     assert decoded(httpx.Response(200, content=body))[1] == b"slow\n"
-    fast = time.monotonic()
-    assert execute(server, "print(1)").status_code == 200
-    assert time.monotonic() - fast < 1
+    chunks = raw_chunks(server, "print(1)")  # the fault is spent: the next reply comes in one piece
+    assert len(chunks) < len(b"".join(chunks)) / 2
 
 
 def test_close_mid_body_loses_the_reply_of_code_that_ran(server, tmp_path):
@@ -458,22 +464,23 @@ def test_a_standing_fault_hits_every_request(server_log):
 
 
 def test_stopping_the_server_releases_a_hanging_request(server_log):
-    with serve(TOKEN, faults=True, fault="hang", hard_cut_s=60, log_stream=server_log) as hanging:
+    with serve(TOKEN, faults=True, hard_cut_s=60, log_stream=server_log) as hanging:
+        hanging.faults.arm("hang")
         errors: list[Exception] = []
 
         def call():
             try:
-                execute(hanging, "print(1)", client_timeout=10)
+                execute(hanging, "print(1)", client_timeout=90)
             except httpx.HTTPError as e:
                 errors.append(e)
 
         thread = threading.Thread(target=call)
         thread.start()
-        time.sleep(0.3)
-    started = time.monotonic()
-    thread.join(timeout=5)
-    assert not thread.is_alive() and time.monotonic() - started < 5
-    assert errors  # the connection closed without a reply
+        wait_for(lambda: hanging.faults.describe()["queued"] == [], timeout=30)  # the request took the hang
+    thread.join(timeout=90)
+    assert not thread.is_alive()
+    # Closed without a reply: not the client giving up, not the 504 the hard cut would have sent.
+    assert [type(e) for e in errors] == [httpx.RemoteProtocolError]
 
 
 # ---------------------------------------------------------------------------------------------------------------

