@@ -2,8 +2,9 @@
 
 Every call is one round trip: a box tool run with a JSON request on stdin. The tools are
 installed in WORKSPACE/.samai/tools/<hash>/ the first time a Box needs them, and again only
-when their content (and so the hash) changes. The install is itself a box tool (install.py),
-run by LOADER from stdin, that writes only inside the workspace (see box/confine.py).
+when their content (and so the hash) changes; they run as `python3 -S FOLDER TOOL` (see
+boxtools.py for the layout). The install is itself a box tool (install.py), run by LOADER
+from stdin, that writes only inside the workspace (see box/confine.py).
 
 A read-only Box writes nothing on the box, not even the workspace: its probe runs by LOADER
 from stdin (its code sent ahead of the first request), and it refuses every tool that changes
@@ -14,91 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import json
 import posixpath
-import re
 import time
-import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from samai.remote import model
+from samai.remote.boxtools import LOADER, ToolSet, framed, loader_input, module_of
+from samai.remote.boxtools import tool_names as tool_names  # re-exported: the Box's callers list the tools here
 from samai.remote.follow import LogCursor
 from samai.remote.model import Boot, BoxError, CleanResult, FireResult, LogChunk, SignalResult, Snapshot
 from samai.remote.transport import Stream, Transport
 
 READY = ".ready"
-# Runs a box tool whose code comes on stdin: a length line, then that many bytes of
-# zlib-compressed JSON {file name: source}; argv: the tool's file name and its arguments. The
-# tools import each other flat (`from procfs import ...`): a finder serves them from memory.
-LOADER = """# samai-console: a box tool run from stdin (nothing written on the box)
-import importlib.abc, importlib.util, json, sys, zlib
-size = int(sys.stdin.buffer.readline())
-SOURCES = json.loads(zlib.decompress(sys.stdin.buffer.read(size)).decode("utf-8"))
-class SamaiTools(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path=None, target=None):
-        if path is None and name + ".py" in SOURCES:
-            return importlib.util.spec_from_loader(name, self, origin="<samai>/" + name + ".py")
-        return None
-    def create_module(self, spec):
-        return None
-    def exec_module(self, module):
-        exec(compile(SOURCES[module.__name__ + ".py"], module.__spec__.origin, "exec"), module.__dict__)
-sys.meta_path.insert(0, SamaiTools())
-sys.argv = sys.argv[1:]
-exec(compile(SOURCES[sys.argv[0]], "<samai>/" + sys.argv[0], "exec"), {"__name__": "__main__"})
-"""
-FLAT_IMPORT = re.compile(rb"^(?:from|import)\s+(\w+)", re.M)
 WRITING_TOOLS = ("launch.py", "kill.py", "clean.py", "install.py")
-
-
-@dataclass(frozen=True)
-class ToolSet:
-    digest: str
-    files: Mapping[str, bytes]
-
-    @classmethod
-    def bundled(cls) -> ToolSet:
-        """Every .py of samai.remote.box and its stages/, by their path in the tools folder."""
-        folder = resources.files("samai.remote.box")
-        files = {name: folder.joinpath(name).read_bytes() for name in tool_names()}
-        h = hashlib.sha256()
-        for name in sorted(files):
-            h.update(name.encode() + b"\0" + files[name] + b"\0")
-        return cls(h.hexdigest()[:16], files)
-
-    def needed_by(self, tool: str) -> dict[str, bytes]:
-        """tool and every top-level tool it imports, directly or not."""
-        out: dict[str, bytes] = {}
-        todo = [tool]
-        while todo:
-            name = todo.pop()
-            if name in out or name not in self.files:
-                continue
-            out[name] = self.files[name]
-            todo.extend(m.decode() + ".py" for m in FLAT_IMPORT.findall(self.files[name]))
-        return out
-
-
-def loader_input(sources: Mapping[str, bytes]) -> bytes:
-    """What LOADER reads from stdin before the tool's own input."""
-    return _framed({name: data.decode("utf-8") for name, data in sources.items()})
-
-
-def _framed(obj: Any) -> bytes:
-    packed = zlib.compress(json.dumps(obj).encode("utf-8"), 9)
-    return b"%d\n" % len(packed) + packed
-
-
-def tool_names() -> list[str]:
-    folder = resources.files("samai.remote.box")
-    names = [e.name for e in folder.iterdir() if e.name.endswith(".py") and e.name != "__init__.py"]
-    stages = [f"stages/{e.name}" for e in folder.joinpath("stages").iterdir()
-              if e.name.endswith(".py") and e.name != "__init__.py"]
-    return sorted(names) + sorted(stages)
 
 
 class Box:
@@ -132,7 +63,7 @@ class Box:
 
     async def _install(self) -> None:
         tools = {name: base64.b64encode(data).decode("ascii") for name, data in self.tools.files.items()}
-        stdin = loader_input(self.tools.needed_by("install.py")) + _framed(tools)
+        stdin = loader_input(self.tools.needed_by("install.py")) + framed(tools)
         result = await self.transport.run(self._loader_argv("install.py", self.workspace, self.tools.digest),
                                           stdin=stdin, timeout=self.timeout + 30)
         if result.rc != 0:
@@ -145,10 +76,10 @@ class Box:
 
     def _argv(self, tool: str, *args: str) -> list[str]:
         # -S: the tools need only the standard library, and skipping site halves the start-up.
-        return [self.python, "-S", posixpath.join(self.tools_dir, tool), *args]
+        return [self.python, "-S", self.tools_dir, module_of(tool), *args]
 
     def _loader_argv(self, tool: str, *args: str) -> list[str]:
-        return [self.python, "-S", "-c", LOADER, tool, *args]
+        return [self.python, "-S", "-c", LOADER, module_of(tool), *args]
 
     async def call(self, tool: str, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
         """Run one tool for one request."""
@@ -157,7 +88,7 @@ class Box:
         result = await self.transport.run(self._argv(tool), stdin=json.dumps(request).encode(),
                                           timeout=timeout or self.timeout)
         if result.rc != 0:
-            if result.rc == 127 or b"No such file" in result.stderr:
+            if result.rc == 127 or b"No such file" in result.stderr or b"can't find '__main__'" in result.stderr:
                 self._tools_checked = None  # someone removed them: upload again next call
             raise BoxError(f"{tool} failed (rc={result.rc}): {result.stderr_text()[-500:]}")
         return _reply(tool, result.stdout)
@@ -218,6 +149,21 @@ class Box:
         request = {"workspace": self.workspace, "users": {"top": top, "budget_s": budget_s},
                    "processes": False, "states": False}
         return model.disk_users(await self.ask_probe(request))
+
+    async def list_dir(self, path: str, limit: int = 1000) -> tuple[str, ...]:
+        """The names in a folder on the box (relative: in the workspace), folders ending in "/";
+        BoxError when it cannot be listed. Names that are not text are left out (no one types them)."""
+        request = {"workspace": self.workspace, "listing": {"path": path, "max": limit},
+                   "processes": False, "states": False}
+        got = (await self.ask_probe(request)).get("listing")
+        if not isinstance(got, dict):
+            raise BoxError("malformed reply: no listing")
+        if got.get("error") is not None:
+            raise BoxError(f"{path}: {str(got['error'])[:300]}")
+        names = got.get("entries")
+        if not isinstance(names, list):
+            raise BoxError("malformed reply: listing.entries is not a list")
+        return tuple(n for n in names if isinstance(n, str) and n and _is_text(n))
 
     async def read_log(self, cursor: LogCursor) -> LogChunk:
         request = {"logs": [cursor.request()], "processes": False, "states": False}
@@ -323,6 +269,15 @@ class HeldProcesses:
         self.mark = mark
         reply["processes"] = list(self.by_pid.values())
         return reply
+
+
+def _is_text(name: str) -> bool:
+    """Whether a name from the box is valid Unicode (not bytes smuggled in as surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _reply(tool: str, raw: bytes) -> dict:

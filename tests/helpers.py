@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import samai.remote.box
+from tests.box_tools import tool_argv
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 60, stdin=subprocess.DEVNULL):
@@ -30,9 +30,6 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
     raise AssertionError(f"condition not met within {timeout} s")
 
 
-KILL_TOOL = Path(samai.remote.box.__file__).with_name("kill.py")
-
-
 def stop_stages_under(folder: Path) -> list[str]:
     """Stop every stage recorded in a workspace under folder that may still run; their names.
 
@@ -43,7 +40,7 @@ def stop_stages_under(folder: Path) -> list[str]:
     for record in records:
         workspace, stage = record.parents[2], record.stem
         request = json.dumps({"stage": stage, "workspace": str(workspace), "signal": "TERM", "grace": 2})
-        done = subprocess.run([sys.executable, "-S", str(KILL_TOOL)], input=request, capture_output=True,
+        done = subprocess.run(tool_argv("kill"), input=request, capture_output=True,
                               text=True, timeout=30)
         if '"gone"' not in done.stdout:
             stopped.append(stage)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.box_tools import stage_argv, stage_env
 from tests.helpers import wait_for
 from tests.httpfiles import FileServer, write_files
 
-STAGES = Path(__file__).resolve().parents[1] / "remote" / "box" / "stages"
-FETCH, PUSH = STAGES / "fetch.py", STAGES / "push.py"
+FETCH, PUSH = "stages.fetch", "stages.push"
 BOX_PYTHON = os.environ.get("SAMAI_BOX_PYTHON", sys.executable)
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,10 +33,11 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def run_script(script: Path, *args, cwd=None, timeout: float = 30) -> subprocess.CompletedProcess:
-    """The script as a stage runs it: stdout and stderr together, like its log."""
-    return subprocess.run([BOX_PYTHON, str(script), *map(str, args)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, cwd=cwd, timeout=timeout)
+def run_script(stage: str, *args, cwd=None, timeout: float = 30) -> subprocess.CompletedProcess:
+    """The stage as its command runs it (python -m samai_box.stages.NAME): stdout and stderr
+    together, like its log."""
+    return subprocess.run(stage_argv(stage, *args, python=BOX_PYTHON), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=cwd, timeout=timeout, env=stage_env())
 
 
 def fetch(*args, **kw):
@@ -80,11 +81,11 @@ def test_fetch_checks_sha256_and_reports_done(served, blob, tmp_path):
 
 def test_auth_env_sends_a_bearer_token_and_never_prints_it(served, blob, tmp_path):
     out = tmp_path / "model.gguf"
-    env = {**os.environ, "SAMAI_TEST_TOKEN": "hf_s3cr3t"}
+    env = {**stage_env(), "SAMAI_TEST_TOKEN": "hf_s3cr3t"}
     with FileServer(served) as server:
-        r = subprocess.run([BOX_PYTHON, str(FETCH), "file", "--url", server.url("model.gguf"), "--out", str(out),
-                            "--auth-env", "SAMAI_TEST_TOKEN"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, env=env, timeout=30)
+        r = subprocess.run(stage_argv(FETCH, "file", "--url", server.url("model.gguf"), "--out", str(out),
+                                      "--auth-env", "SAMAI_TEST_TOKEN", python=BOX_PYTHON),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=30)
     assert r.returncode == 0, r.stdout
     assert server.authorizations == ["Bearer hf_s3cr3t"]
     assert "hf_s3cr3t" not in r.stdout
@@ -130,8 +131,8 @@ def test_second_fetch_of_the_same_file_is_busy(served, blob, tmp_path):
     lock = Path(str(out) + ".lock")
     with FileServer(served, throttle=150_000) as server:  # ~2 s for the whole file
         args = ["file", "--url", server.url("model.gguf"), "--out", out, "--sha256", sha(blob)]
-        first = subprocess.Popen([BOX_PYTHON, str(FETCH), *map(str, args)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+        first = subprocess.Popen(stage_argv(FETCH, *args, python=BOX_PYTHON), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=stage_env())
         try:
             wait_for(lambda: lock.exists() and lock.read_text().strip())
             busy = fetch(*args)
@@ -320,8 +321,9 @@ def test_push_retries_while_the_target_is_unwritable(tmp_path):
     ws, target = tmp_path / "ws", tmp_path / "target"
     write_files(ws, {"report.json": b'{"score": 1}\n'})
     target.write_text("in the way")  # a file where the folder should be: root ignores chmod, not this
-    proc = subprocess.Popen([BOX_PYTHON, str(PUSH), "--to", f"dir:{target}", "--stable", "0.1", "--backoff", "0.3",
-                             "report.json"], cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(stage_argv(PUSH, "--to", f"dir:{target}", "--stable", "0.1", "--backoff", "0.3",
+                                       "report.json", python=BOX_PYTHON), cwd=ws, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=stage_env())
     seen = []
     for line in proc.stdout:
         seen.append(line.rstrip("\n"))

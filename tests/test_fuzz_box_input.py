@@ -13,7 +13,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tracemalloc
 import types
 import typing
@@ -32,6 +31,7 @@ from samai.remote.decode import LineDecoder
 from samai.remote.follow import LogFollower
 from samai.remote.model import Marker
 from samai.remote.needles import required_needles
+from tests.box_tools import tool_argv
 
 FUZZ = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -58,16 +58,8 @@ def deep(depth: int) -> str:
 
 @pytest.fixture(scope="module")
 def box():
-    """The probe's modules as the box runs them (top-level modules, from the tools folder)."""
-    sys.path.insert(0, str(BOX_TOOLS))
-    for name in BOX_MODULES:
-        sys.modules.pop(name, None)
-    try:
-        yield SimpleNamespace(**{name: importlib.import_module(name) for name in BOX_MODULES})
-    finally:
-        sys.path.remove(str(BOX_TOOLS))
-        for name in BOX_MODULES:
-            sys.modules.pop(name, None)
+    """The probe's modules (the package the box runs as samai_box)."""
+    yield SimpleNamespace(**{name: importlib.import_module(f"samai.remote.box.{name}") for name in BOX_MODULES})
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +228,7 @@ def test_a_malformed_stage_record_is_an_error_entry_not_an_error_reply(box, box_
 
 @pytest.fixture(scope="module")
 def serving_probe():
-    probe = subprocess.Popen([sys.executable, "-S", str(BOX_TOOLS / "probe.py"), "--serve"], stdin=subprocess.PIPE,
+    probe = subprocess.Popen(tool_argv("probe", "--serve"), stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     yield probe
     probe.stdin.close()

@@ -6,7 +6,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,10 +14,11 @@ import pytest
 from gguf import GGUFReader, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
-from samai.remote.box import gguf_check
-from samai.remote.box.gguf_check import CHUNK, GGML_TYPES, check, check_file
+from samai.remote.box import gguf_format
+from samai.remote.box.gguf_check import check, check_file
+from samai.remote.box.gguf_format import CHUNK, GGML_TYPES
+from tests.box_tools import tool_argv
 
-SCRIPT = Path(gguf_check.__file__)
 VOCAB = 50_000
 BIG_TENSOR_BYTES = 256 * 1024  # the last tensor: far more than one read chunk, so reading it would show
 TENSORS = [  # name, array, raw ggml type
@@ -178,7 +178,7 @@ def test_file_without_trailing_padding_is_fine(model: Model, tmp_path: Path) -> 
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=30)
+    return subprocess.run(tool_argv("gguf_check", *args), capture_output=True, text=True, timeout=30)
 
 
 def test_cli_summary_and_exit_codes(model: Model, tmp_path: Path) -> None:
@@ -383,7 +383,7 @@ def test_ggml_type_table_matches_gguf_py() -> None:
 
 
 def test_file_type_names_match_gguf_py() -> None:
-    for value, name in gguf_check.FILE_TYPE_NAMES.items():
+    for value, name in gguf_format.FILE_TYPE_NAMES.items():
         assert LlamaFileType(value).name == name
 
 

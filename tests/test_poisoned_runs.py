@@ -97,13 +97,9 @@ async def test_a_healthy_run_lets_merge_fire_and_a_missing_log_does_not(workspac
 
 def _train_stage():
     """The box's train stage as a module: stdlib at import time, its ML stack imported in main()."""
-    import importlib.util
+    from samai.remote.box.stages import train
 
-    path = Path(__file__).parent.parent / "remote" / "box" / "stages" / "train.py"
-    spec = importlib.util.spec_from_file_location("box_train_stage", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return train
 
 
 def test_the_train_stage_judges_how_a_run_ended() -> None:

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -166,9 +165,9 @@ async def test_serve_answers_as_a_fresh_probe_does(box: Box, workspace: Path, sp
     port = int(_tell(procs[0], "listen"))
     await _settle(box, writers=True)
     served = await box.snapshot(writers=True)
-    tool = Path(box.tools_dir, "probe.py")
-    done = subprocess.run([sys.executable, "-S", str(tool)], input=json.dumps({"workspace": str(workspace)}),
-                          capture_output=True, text=True, check=True)  # one-shot: nothing remembered
+    done = subprocess.run([sys.executable, "-S", box.tools_dir, "probe"],
+                          input=json.dumps({"workspace": str(workspace)}),  # one-shot: nothing remembered
+                          capture_output=True, text=True, check=True)
     fresh = json.loads(done.stdout)
     by_pid = {p["pid"]: p for p in fresh["processes"]}
     for proc in procs:
@@ -188,13 +187,11 @@ BOX_MODULES = ("procfs", "disk", "sockets", "markers", "logfiles", "procs", "pro
 
 @pytest.fixture
 def tools(monkeypatch):
-    """The probe's modules as the box runs them (top-level modules, from the tools folder)."""
-    monkeypatch.syspath_prepend(str(resources.files("samai.remote.box")))
-    for name in BOX_MODULES:
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    yield SimpleNamespace(**{name: importlib.import_module(name) for name in BOX_MODULES})
-    for name in BOX_MODULES:
-        sys.modules.pop(name, None)
+    """The probe's modules, freshly imported (the package the box runs as samai_box)."""
+    modules = [f"samai.remote.box.{name}" for name in BOX_MODULES]
+    for module in modules:
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    yield SimpleNamespace(**{name: importlib.import_module(m) for name, m in zip(BOX_MODULES, modules, strict=True)})
 
 
 def test_remembered_listings_never_hide_a_change(tools, workspace: Path, monkeypatch) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from samai.remote.box.stages import provision
 from samai.remote.boxapi import tool_names
+from tests.box_tools import stage_argv, stage_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,9 +22,9 @@ def test_every_tool_and_stage_parses_as_python_3_8() -> None:
 
 
 def test_the_stages_run_by_the_system_python_need_only_the_standard_library() -> None:
-    """provision, fetch, push and eval run before or without the box venv."""
-    stdlib_stages = ("provision", "fetch", "push", "eval", "common")
-    allowed = set(sys.stdlib_module_names) | {"procfs", "probe", "kill", "gguf_check", *stdlib_stages}
+    """provision, fetch, push and eval run before or without the box venv (with the modules they import)."""
+    stdlib_stages = ("provision", "fetch", "push", "eval", "common", "locks", "transfer", "archives")
+    allowed = set(sys.stdlib_module_names) | {"procfs", "probe", "kill", "gguf_check", "atomic", *stdlib_stages}
     folder = resources.files("samai.remote.box").joinpath("stages")
     for name in (f"{stage}.py" for stage in stdlib_stages):
         tree = ast.parse(folder.joinpath(name).read_text())
@@ -61,10 +62,10 @@ def test_serve_never_signals_a_port_holder_itself(tmp_path: Path, spawn) -> None
                    stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "ready\n"
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    serve = resources.files("samai.remote.box").joinpath("stages", "serve.py")
     for extra in ((), ("--stop-listeners",)):
-        run = subprocess.run([sys.executable, str(serve), "--model", "m.gguf", "--port", str(port), *extra],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        run = subprocess.run(stage_argv("stages.serve", "--model", "m.gguf", "--port", port, *extra),
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60, env=stage_env())
         assert run.returncode != 0 and holder.poll() is None, run.stdout + run.stderr
-    assert "PORT_BUSY" in subprocess.run([sys.executable, str(serve), "--model", "m.gguf", "--port", str(port)],
-                                         cwd=tmp_path, capture_output=True, text=True, timeout=60).stdout
+    assert "PORT_BUSY" in subprocess.run(stage_argv("stages.serve", "--model", "m.gguf", "--port", port),
+                                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                                         env=stage_env()).stdout

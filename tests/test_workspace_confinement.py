@@ -16,9 +16,9 @@ from samai.console.core import config, paths
 from samai.remote.box import confine
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
+from tests.box_tools import tool_argv
 from tests.helpers import run_cli, wait_for
 
-CLEAN_TOOL = Path(confine.__file__).with_name("clean.py")
 STAGE = '[stages.s]\nkey = "z"\ncommand = "echo fired-by-test"\n'
 
 
@@ -214,7 +214,7 @@ async def test_clean_in_a_system_folder_is_refused_by_the_box(tmp_path):
         await box.close()
     for workspace in ("/", "/etc", "~"):  # and the clean tool on its own, as a second line
         request = json.dumps({"workspace": workspace, "paths": ["samai-test-no-such-entry"]})
-        done = subprocess.run([sys.executable, "-S", str(CLEAN_TOOL)], input=request, capture_output=True, text=True,
+        done = subprocess.run(tool_argv("clean"), input=request, capture_output=True, text=True,
                               timeout=30)
         reply = json.loads(done.stdout)
         assert not reply["missing"] and not reply["removed"], reply

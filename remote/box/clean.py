@@ -13,8 +13,8 @@ anything but the workspace's own contents. A symlink is removed as a link.
 import os
 import sys
 
-from confine import Escape, open_folder, open_root, parts_inside, remove_tree, workspace_root
-from procfs import serve
+from .confine import Escape, open_folder, open_root, parts_inside, remove_tree, workspace_root
+from .procfs import serve
 
 
 def clean(req):

@@ -9,10 +9,11 @@ relative to its folder's descriptor: a folder or file swapped for a symlink betw
 and a write makes the call fail instead of redirecting it outside the workspace.
 """
 
-import binascii
 import errno
 import os
 import stat
+
+from .atomic import replace_in
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # The system itself, and folders that hold everyone's files: never a workspace to write in.
@@ -139,21 +140,7 @@ def open_read(folder_fd, name):
 def write_file(folder_fd, name, data, mode=0o644):
     """Replace name in the folder atomically with data (a temporary file renamed over it: a
     symlink at name is replaced, never followed)."""
-    tmp = "%s.tmp-%d-%s" % (name, os.getpid(), binascii.hexlify(os.urandom(4)).decode())  # one per writer
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                 dir_fd=folder_fd)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
-    except BaseException:
-        unlink(folder_fd, tmp)
-        raise
+    replace_in(folder_fd, name, (data,), mode)
 
 
 def unlink(folder_fd, name):

@@ -1,8 +1,9 @@
 """Install the box tools into WORKSPACE/.samai/tools/DIGEST/, and nowhere else.
 
-Runs ON the box, started by the console's loader (samai.remote.boxapi.LOADER) with its own
-code and confine.py on stdin, followed by the tools: a length line, then that many bytes of
-zlib-compressed JSON {relative path: base64 content}. argv: WORKSPACE DIGEST.
+Runs ON the box, started by the console's loader (samai.remote.boxtools.LOADER) with its own
+code and the modules it imports on stdin, followed by the tools: a length line, then that many bytes of
+zlib-compressed JSON {relative path: base64 content} (the layout: samai.remote.boxtools).
+argv: WORKSPACE DIGEST.
 Reply: {"ok": true, "tools": FOLDER} or {"error": REASON}.
 
 The workspace is made if it is missing (it is the operator's folder: its own path may hold
@@ -18,10 +19,10 @@ import re
 import sys
 import zlib
 
-from confine import Escape, open_folder, open_root, workspace_root, write_file
+from .confine import Escape, open_folder, open_root, workspace_root, write_file
 
 DIGEST = re.compile(r"^[0-9a-f]{8,64}$")
-TOOL_PATH = re.compile(r"^(stages/)?[A-Za-z0-9_]+\.py$")
+TOOL_PATH = re.compile(r"^(samai_box/)?(stages/)?[A-Za-z0-9_]+\.py$")
 READY = ".ready"
 
 

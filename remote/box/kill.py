@@ -33,8 +33,8 @@ import signal
 import sys
 import time
 
-import confine
-from procfs import (
+from .confine import Escape, open_append, open_folder, open_parent, open_root, unlink, write_file
+from .procfs import (
     ChainMarkers,
     ancestors,
     boot_time,
@@ -429,9 +429,9 @@ def stop_stage(req):
 
 
 def state_folder(workspace):
-    root = confine.open_root(workspace)
+    root = open_root(workspace)
     try:
-        return confine.open_folder(root, [".samai", "state"])
+        return open_folder(root, [".samai", "state"])
     finally:
         os.close(root)
 
@@ -443,10 +443,10 @@ def note_stopped(workspace, stage, rec, signal_name):
     try:
         folder = state_folder(workspace)
         try:
-            confine.write_file(folder, stage + ".stopped", json.dumps(note).encode("utf-8"))
+            write_file(folder, stage + ".stopped", json.dumps(note).encode("utf-8"))
         finally:
             os.close(folder)
-    except (OSError, confine.Escape):
+    except (OSError, Escape):
         pass  # the stop stands; the stage only reads as failed rather than stopped
 
 
@@ -454,10 +454,10 @@ def forget_stopped(workspace, stage):
     try:
         folder = state_folder(workspace)
         try:
-            confine.unlink(folder, stage + ".stopped")
+            unlink(folder, stage + ".stopped")
         finally:
             os.close(folder)
-    except (OSError, confine.Escape):
+    except (OSError, Escape):
         pass
 
 
@@ -472,14 +472,14 @@ def append_line(workspace, path, line):
     """A line at the end of a stage's log, only where that log lies inside the workspace (a
     record is a file anyone who can write the workspace could have changed)."""
     try:
-        folder, name = confine.open_parent(workspace, path)
+        folder, name = open_parent(workspace, path)
         try:
-            fd = confine.open_append(folder, name)
+            fd = open_append(folder, name)
         finally:
             os.close(folder)
         with os.fdopen(fd, "a") as f:
             f.write(line + "\n")
-    except (OSError, confine.Escape):
+    except (OSError, Escape):
         pass  # the stop stands; only its note in the log is missing
 
 

@@ -19,9 +19,19 @@ import subprocess
 import sys
 import time
 
-import confine
-from confine import Escape
-from procfs import alive, boot_id, boot_time, read_regular_file, read_stat, record_btime, serve, start_epoch
+from .confine import (
+    Escape,
+    open_append,
+    open_folder,
+    open_parent,
+    open_root,
+    parts_inside,
+    rotate,
+    unlink,
+    workspace_root,
+    write_file,
+)
+from .procfs import alive, boot_id, boot_time, read_regular_file, read_stat, record_btime, serve, start_epoch
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TAIL_LINES = 20
@@ -63,13 +73,13 @@ class Places(object):
     (see confine.py): its state records, its chain scripts and the stage's log folder."""
 
     def __init__(self, given_workspace, stage, log):
-        self.workspace = confine.workspace_root(given_workspace)
-        self.log = os.path.join(self.workspace, *confine.parts_inside(self.workspace, log))
-        self.log_folder, self.log_name = confine.open_parent(self.workspace, log, create=True)
-        root = confine.open_root(self.workspace)
+        self.workspace = workspace_root(given_workspace)
+        self.log = os.path.join(self.workspace, *parts_inside(self.workspace, log))
+        self.log_folder, self.log_name = open_parent(self.workspace, log, create=True)
+        root = open_root(self.workspace)
         try:
-            self.state = confine.open_folder(root, [".samai", "state"], create=True)
-            self.chains = confine.open_folder(root, [".samai", "chains"], create=True)
+            self.state = open_folder(root, [".samai", "state"], create=True)
+            self.chains = open_folder(root, [".samai", "chains"], create=True)
         finally:
             os.close(root)
         self.stage = stage
@@ -78,13 +88,13 @@ class Places(object):
         """Clear the last run's pid and rc, write the chain script, rotate the log; the log's
         descriptor to append to."""
         for stale in (".rc", ".pid"):
-            confine.unlink(self.state, self.stage + stale)
-        confine.write_file(self.chains, self.stage + ".sh", chain_text.encode("utf-8"), 0o755)
-        confine.rotate(self.log_folder, self.log_name)
-        return confine.open_append(self.log_folder, self.log_name)
+            unlink(self.state, self.stage + stale)
+        write_file(self.chains, self.stage + ".sh", chain_text.encode("utf-8"), 0o755)
+        rotate(self.log_folder, self.log_name)
+        return open_append(self.log_folder, self.log_name)
 
     def record(self, text):
-        confine.write_file(self.state, self.stage + ".json", text.encode("utf-8"))
+        write_file(self.state, self.stage + ".json", text.encode("utf-8"))
 
     def chain_files(self):
         """The pid and rc files as the chain writes them: through the state folder's descriptor,
@@ -92,6 +102,14 @@ class Places(object):
         them (Linux: /proc/self/fd/N is the folder that was opened, wherever it is now)."""
         folder = "/proc/self/fd/%d/" % self.state
         return {"SAMAI_PID_FILE": folder + self.stage + ".pid", "SAMAI_RC_FILE": folder + self.stage + ".rc"}
+
+
+def tools_env(env):
+    """SAMAI_TOOLS, the folder that holds this package, and that folder first on PYTHONPATH:
+    a stage command runs a stage as `python3 -m samai_box.stages.NAME` with any python."""
+    tools = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = [tools] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != tools]
+    return {"SAMAI_TOOLS": tools, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def read_json(path):
@@ -146,8 +164,7 @@ def launch(req):
     env.update(dict((str(k), str(v)) for k, v in (req.get("env") or {}).items()))
     chain_id = "%s:%s" % (stage, binascii.hexlify(os.urandom(8)).decode())  # every process it starts: kill.py
     env.update(SAMAI_STAGE=stage, SAMAI_WORKSPACE=workspace, SAMAI_LOG=log, SAMAI_CHAIN=chain_id,
-               SAMAI_PID_FILE=paths["pid"], SAMAI_RC_FILE=paths["rc"],
-               SAMAI_TOOLS=os.path.dirname(os.path.abspath(__file__)))
+               SAMAI_PID_FILE=paths["pid"], SAMAI_RC_FILE=paths["rc"], **tools_env(env))
     with os.fdopen(log_fd, "ab") as out, open(os.devnull, "rb") as devnull:
         env.update(places.chain_files())
         proc = subprocess.Popen(["/bin/sh", paths["chain"]], stdin=devnull, stdout=out, stderr=subprocess.STDOUT,

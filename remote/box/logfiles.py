@@ -24,7 +24,7 @@ import re
 import stat
 import time
 
-from markers import compiled, marker_hits
+from .markers import compiled, marker_hits
 
 DEFAULT_LOG_BYTES = 256 * 1024
 MAX_LOG_BYTES = 8 * 1024 * 1024

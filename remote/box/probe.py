@@ -11,10 +11,11 @@ Request (every key optional):
              "max_bytes", "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
    "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH],
-   "users": {"top": 10, "budget_s": 2.0}}
+   "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "max"}}
 Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts", "processes",
         "listeners", "logs", "ranges", "reports", "states", "writers", "binaries", "errors"}
         and, when asked, "users": the workspace's largest entries (disk.workspace_users)
+        and "listing": one folder's entries (see listing)
 
 A --serve probe marks each reply's processes ("processes_mark"). A request that names the mark
 of the last reply ("processes_since") gets only what changed since: "processes" holds the new
@@ -30,11 +31,11 @@ import socket
 import sys
 import time
 
-from disk import Listings, artifacts, disks, resolve, workspace_users
-from logfiles import HeldLogs, logs, ranges, read_regular
-from procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, record_btime, same_start
-from procs import Facts, processes
-from sockets import fd_links, listeners, watched_folder, writers
+from .disk import Listings, artifacts, disks, resolve, workspace_users
+from .logfiles import HeldLogs, logs, ranges, read_regular
+from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, record_btime, same_start
+from .procs import Facts, processes
+from .sockets import fd_links, listeners, watched_folder, writers
 
 MAX_REPORTS = 50
 MAX_REPORT_BYTES = 64 * 1024
@@ -170,6 +171,7 @@ def check_request(req):
         budget = optional(users, "budget_s", "request.users", NUMBER)
         if budget is not None and not 0 <= budget <= MAX_ARTIFACT_BUDGET_S:
             raise ValueError("request.users.budget_s must be between 0 and %g" % MAX_ARTIFACT_BUDGET_S)
+    check_listing_request(req)
     binaries = req.get("binaries")
     if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
         raise ValueError("request.binaries must be a list of paths")
@@ -189,6 +191,35 @@ def check_log_request(spec, where):
         needles = marker.get("needles")
         if needles is not None and not (isinstance(needles, list) and all(isinstance(n, str) for n in needles)):
             raise ValueError("%s.needles must be a list of strings" % at)
+
+
+MAX_LISTING = 1000
+
+
+def check_listing_request(req):
+    listing_spec = req.get("listing")
+    if listing_spec is not None:
+        if not isinstance(listing_spec, dict):
+            raise ValueError("request.listing must be an object")
+        required(listing_spec, "path", "request.listing", str)
+        optional(listing_spec, "max", "request.listing", int)
+
+
+def listing(workspace, spec):
+    """One folder's entry names, folders ending in "/" (the console completes a typed path
+    from them): at most spec["max"], "complete" says whether that was all of them."""
+    path = resolve(workspace, spec["path"])
+    limit = min(int(spec.get("max") or MAX_LISTING), MAX_LISTING)
+    names = []
+    try:
+        with os.scandir(path) as found:
+            for entry in found:
+                if len(names) >= limit:
+                    return {"path": path, "entries": names, "complete": False}
+                names.append(entry.name + ("/" if entry.is_dir() else ""))
+    except OSError as e:
+        return {"path": path, "error": str(e)}
+    return {"path": path, "entries": names, "complete": True}
 
 
 def entries(spec, key, where="request"):
@@ -336,6 +367,8 @@ def probe(req, memory=None):
                                              float(users.get("budget_s", 2.0)), memory.listings if memory else None)
         except OSError as e:
             errors.append({"what": "users " + workspace, "error": str(e)})
+    if req.get("listing") is not None:
+        reply["listing"] = listing(workspace, req["listing"])
     reply["logs"] = logs(req.get("logs") or (), memory.logs if memory else None)
     reply["ranges"] = ranges(req.get("ranges") or ())
     reply["reports"] = reports(workspace, req.get("reports") or (), errors)

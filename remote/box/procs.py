@@ -7,7 +7,7 @@ import os
 import pwd
 import resource
 
-from procfs import CLK_TCK, PAGE_SIZE, parse_stat, read_proc, start_epoch
+from .procfs import CLK_TCK, PAGE_SIZE, parse_stat, read_proc, start_epoch
 
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
 HZ = float(CLK_TCK)

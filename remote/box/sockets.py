@@ -8,7 +8,7 @@ import os
 import socket
 import struct
 
-from procfs import read_proc, read_text
+from .procfs import read_proc, read_text
 
 
 def decode_address(hex_addr, family):

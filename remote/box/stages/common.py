@@ -1,6 +1,6 @@
 """What the stage scripts share: markers, the tiny pipeline's facts, and its chat format.
 
-Runs ON the box, imported by the stage scripts from their own folder. Standard library only
+Runs ON the box, imported by the stage scripts (package samai_box.stages). Standard library only
 at import time: the ML stack is imported by the scripts that need it, inside the box venv.
 """
 
@@ -11,8 +11,7 @@ import random
 import shutil
 import sys
 
-# The tools folder (gguf_check, procfs, ...) sits above the stages.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ..atomic import write_atomic
 
 # The chat format of the tiny model, as a Jinja template saved with the tokenizer, so that the
 # GGUF carries it and the server applies it. It starts with the BOS token itself: llama.cpp adds
@@ -67,7 +66,7 @@ def messages(a, b):
 
 def accept_gguf(tmp, out, **expect):
     """Move a freshly written GGUF into place only if the checker passes it (GGUF_BAD otherwise)."""
-    from gguf_check import check_file
+    from ..gguf_check import check_file
 
     result = check_file(tmp, **expect)
     if not result["ok"]:
@@ -95,10 +94,7 @@ def sha256_of(path, block=1 << 20):
 
 
 def write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def workspace():

@@ -8,7 +8,7 @@ The merged folder is deleted afterwards when --delete-input says it is an
 intermediate (playbook §4: base + merged + f16 must not coexist on a 57 GB disk).
 
 Runs ON the box, in the box venv:
-  python convert.py --model models/merged --out gguf/tiny-f16.gguf [--delete-input]
+  python -m samai_box.stages.convert --model models/merged --out gguf/tiny-f16.gguf [--delete-input]
 """
 
 import argparse
@@ -17,9 +17,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import (  # noqa: E402
+from .common import (
     accept_gguf,
     bad_tensors_text,
     delete_intermediate,

@@ -9,7 +9,8 @@ Writes OUT/items.jsonl (id, prompt, gold, pred, correct, finish_reason, content,
 reasoning_content) and OUT/summary.json (n, correct, accuracy, pred_none, truncated,
 empty_content), then prints EVAL_RC=N (0: done; 1: accuracy under --min-accuracy; 2: errors).
 
-Runs ON the box: python eval.py --url http://127.0.0.1:18080 --data data/eval.jsonl --out runs/eval/NAME
+Runs ON the box:
+  python3 -m samai_box.stages.eval --url http://127.0.0.1:18080 --data data/eval.jsonl --out runs/eval/NAME
 """
 
 import argparse
@@ -22,9 +23,7 @@ import time
 import urllib.error
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import marker, say, write_json  # noqa: E402
+from .common import marker, say, write_json
 
 NUMBER = re.compile(r"-?\d+")
 

@@ -7,18 +7,15 @@ merge (exit 2), and every tensor of the merged model before it is saved (exit 1)
 names the first bad tensors and their count.
 
 Runs ON the box, in the box venv:
-  python merge.py --base models/base --train-dir runs/train --out models/merged
+  python -m samai_box.stages.merge --base models/base --train-dir runs/train --out models/merged
 """
 
 import argparse
 import os
 import shutil
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import bad_tensors_text, fail, marker, nonfinite_safetensors, nonfinite_state, say  # noqa: E402
+from .common import bad_tensors_text, fail, marker, nonfinite_safetensors, nonfinite_state, say
 
 
 def gate(train_dir):

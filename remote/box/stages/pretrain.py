@@ -5,18 +5,15 @@ tokenizer, fully trained on plain multiplication facts ("17*23=391") so that it 
 the LoRA stage then teaches it the chat format. Writes the model, the tokenizer and a
 manifest.json (size and sha256 of every file) into --out, for the fetch stage to download.
 
-Runs ON the box, in the box venv: python pretrain.py --out source/tiny-base
+Runs ON the box, in the box venv: python -m samai_box.stages.pretrain --out source/tiny-base
 """
 
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import CHAT_TEMPLATE, fact_text, facts, marker, messages, say, sha256_of, write_json  # noqa: E402
+from .common import CHAT_TEMPLATE, fact_text, facts, marker, messages, say, sha256_of, write_json
 
 
 def build_tokenizer(out, texts):

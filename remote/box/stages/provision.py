@@ -9,7 +9,7 @@ dies of SIGILL where the CPU advertises more than the VM lets it run (AMX, seen 
 converter (convert_hf_to_gguf.py with gguf-py and conversion/) comes from the same sdist, so it
 matches the compiled library.
 
-Runs ON the box with any python3 >= 3.8:  python3 provision.py --venv venv
+Runs ON the box with any python3 >= 3.8:  python3 -m samai_box.stages.provision --venv venv
 """
 
 import argparse
@@ -23,9 +23,7 @@ import sys
 import tarfile
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import fail, marker, say  # noqa: E402
+from .common import fail, marker, say
 
 LLAMA_CPP = "llama-cpp-python"
 LLAMA_CPP_VERSION = "0.3.36"

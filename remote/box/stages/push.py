@@ -1,10 +1,10 @@
 """Push artifacts off the box as soon as they are complete: wait, hash, copy with retries, verify.
 
-Runs ON the box as a stage script; stdout is the stage log. Standard library only (plus
-huggingface_hub for hf: targets), Python >= 3.8.
+Runs ON the box as a stage (`python3 -m samai_box.stages.push ...`); stdout is the stage log.
+Standard library only (plus huggingface_hub for hf: targets), Python >= 3.8.
 
-  push.py --to dir:/some/path|hf:owner/repo [--wait-timeout S] [--stable S] [--retries N]
-          [--backoff S] [--manifest NAME] ARTIFACT...
+  push --to dir:/some/path|hf:owner/repo [--wait-timeout S] [--stable S] [--retries N]
+       [--backoff S] [--manifest NAME] ARTIFACT...
 
 ARTIFACT is a file or folder; it lands in the target under its path relative to the current
 folder (its basename when it lies outside), e.g. `final/adapter.safetensors`.
@@ -23,10 +23,10 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 import time
 
-from fetch import CHUNK, Progress, human, one_line, sha256_file  # shared with fetch.py, same folder
+from ..atomic import write_atomic
+from .transfer import CHUNK, Progress, human, one_line, sha256_file
 
 WAIT_POLL_S = 0.25
 WAIT_REPORT_S = 30.0  # while waiting, say so again this often (and whenever the reason changes)
@@ -160,37 +160,19 @@ def with_retries(attempt, retries, backoff):
 
 
 def copy_atomic(source, target, label):
-    """Copy to a hidden temp name beside target, fsync, then rename: a reader never sees half a file."""
-    folder = os.path.dirname(target)
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".push-tmp", dir=folder)
-    try:
-        total = os.path.getsize(source)
-        progress = Progress(label, total)
-        with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
-            while True:
-                block = src.read(CHUNK)
-                if not block:
-                    break
-                dst.write(block)
-                progress.update(dst.tell())
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.chmod(tmp, os.stat(source).st_mode & 0o777)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Copy beside target, fsync, then rename: a reader never sees half a file."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    progress = Progress(label, os.path.getsize(source))
 
+    def blocks():
+        done = 0
+        with open(source, "rb") as src:
+            for block in iter(lambda: src.read(CHUNK), b""):
+                done += len(block)
+                progress.update(done)
+                yield block
 
-def write_atomic(path, text):
-    tmp = path + ".push-tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(target, blocks(), os.stat(source).st_mode & 0o777, sync=True, tag="push-tmp")
 
 
 def verify_dir(root, entries, manifest_path, text):
@@ -223,7 +205,7 @@ def push_dir(root, entries, manifest_name, retries, backoff):
             source, rel = pending[0][0], pending[0][1]
             copy_atomic(source, os.path.join(root, *rel.split("/")), "copy " + rel)
             pending.pop(0)
-        write_atomic(manifest_path, text)
+        write_atomic(manifest_path, text, sync=True, tag="push-tmp")
 
     with_retries(attempt, retries, backoff)
     if not verify_dir(root, entries, manifest_path, text):

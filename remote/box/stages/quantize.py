@@ -8,18 +8,15 @@ left unquantized) are checked the same way; quantized blocks are not decoded (th
 the file's structure).
 
 Runs ON the box, in the box venv:
-  python quantize.py --in gguf/tiny-f16.gguf --out gguf/tiny-q8_0.gguf --type Q8_0 [--delete-input]
+  python -m samai_box.stages.quantize --in gguf/tiny-f16.gguf --out gguf/tiny-q8_0.gguf --type Q8_0 [--delete-input]
 """
 
 import argparse
 import os
 import subprocess
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import accept_gguf, delete_intermediate, fail, marker, refuse_nonfinite_gguf, say  # noqa: E402
+from .common import accept_gguf, delete_intermediate, fail, marker, refuse_nonfinite_gguf, say
 
 
 def quantize_with_library(src, dst, qtype):

@@ -12,7 +12,7 @@
 Then HEALTH_OK / SMOKE_OK, and the stage runs as long as the server does.
 
 Runs ON the box, in the box venv:
-  python serve.py --model gguf/tiny-q8_0.gguf --port 18080 [--llama-server PATH]
+  python -m samai_box.stages.serve --model gguf/tiny-q8_0.gguf --port 18080 [--llama-server PATH]
 """
 
 import argparse
@@ -25,11 +25,9 @@ import time
 import urllib.error
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import SMOKE_ANSWER, SMOKE_QUESTION, fail, marker, say  # noqa: E402
-from procs import list_pids  # noqa: E402
-from sockets import listening_sockets, socket_owners  # noqa: E402
+from ..procs import list_pids
+from ..sockets import listening_sockets, socket_owners
+from .common import SMOKE_ANSWER, SMOKE_QUESTION, fail, marker, say
 
 
 def holders(port):

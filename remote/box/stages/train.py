@@ -17,7 +17,7 @@
 - poison files of an earlier run (final/, TRAIN_DONE, TRAIN_NAN) make it refuse to start
 
 Runs ON the box, in the box venv:
-  python train.py --base models/base --data data/train.jsonl --out runs/train
+  python -m samai_box.stages.train --base models/base --data data/train.jsonl --out runs/train
 """
 
 import argparse
@@ -27,9 +27,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import fail, marker, say  # noqa: E402
+from .common import fail, marker, say
 
 POISON = ("final", "TRAIN_DONE", "TRAIN_NAN")
 GUARD_WINDOW, GUARD_BAD = 4, 3

@@ -1,0 +1,59 @@
+"""Replace a file atomically: a reader sees the old file or the new one, never half of one.
+
+Runs ON the box (standard library only, Python >= 3.8); the one way the box tools and stage
+scripts write a whole file. The data goes to a temporary name of its own in the same folder
+(one per writer: two writers never share it), gets its mode, optionally reaches the disk
+(fsync), and is renamed over the name; on any failure the temporary file is removed.
+
+  replace_in(folder_fd, name, blocks, ...)   within an open folder: the name is never
+      followed if it is a symlink (it is replaced), which confine.py relies on
+  write_atomic(path, data, ...)              the same for a path (bytes, text or blocks)
+"""
+
+import binascii
+import os
+
+CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def temporary_name(name, tag):
+    return ".%s.%s-%d-%s" % (name, tag, os.getpid(), binascii.hexlify(os.urandom(4)).decode())
+
+
+def replace_in(folder_fd, name, blocks, mode=0o644, sync=False, tag="tmp"):
+    """Write the byte blocks (an iterable) to name inside the folder opened as folder_fd; the
+    temporary file is .NAME.TAG-PID-RANDOM, so a caller can tell its own leftovers apart."""
+    tmp = temporary_name(name, tag)
+    fd = os.open(tmp, CREATE, 0o600, dir_fd=folder_fd)
+    try:
+        try:
+            for block in blocks:
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(fd, view):]
+            os.fchmod(fd, mode)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=folder_fd)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_atomic(path, data, mode=0o644, sync=False, tag="tmp"):
+    """Replace path with data: bytes, str (UTF-8) or an iterable of byte blocks."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    blocks = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        replace_in(folder, os.path.basename(path), blocks, mode, sync, tag)
+        if sync:
+            os.fsync(folder)  # the rename itself reaches the disk too
+    finally:
+        os.close(folder)

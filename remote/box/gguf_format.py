@@ -1,0 +1,568 @@
+"""The GGUF format as a reader sees it: its constants and type tables, range reads, and the header
+(fixed part, every KV, every tensor info) read into a result without ever reading tensor data.
+
+Runs ON the box (standard library only, Python >= 3.8) and in the console. The reader reports
+what makes the header unreadable (HeaderProblem: it cannot go on) and what it reads wrong in one
+tensor info (into a Problems); what the layout means for a loader is judged in gguf_check.py.
+
+  read_header(RangeReader(read_at, file_size), empty_result(file_size), Problems()) -> [Tensor]
+      read_at(offset, length) -> bytes returns up to `length` bytes from `offset`.
+"""
+
+import math
+import struct
+
+MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+FIXED_HEADER = 24  # magic(4) version(4) tensor_count(u64 @8) kv_count(u64 @16)
+DEFAULT_ALIGNMENT = 32
+CHUNK = 64 * 1024  # remote reads grow the buffer this much at a time
+
+# Limits that tell a corrupt length from a real one.
+MAX_KEY_LENGTH = 65535  # the GGUF spec's limit for keys
+MAX_TENSOR_NAME = 63  # GGML_MAX_NAME is 64 including the NUL
+MAX_STRING_LENGTH = 256 * 1024 * 1024  # far above any real value (chat templates, tokenizer json)
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ARRAY_DEPTH = 8
+MAX_HEADER_BYTES = 1024 * 1024 * 1024  # reading further means a corrupt count is walking the tensor data
+MAX_EMPTY_RUN = 4096  # that many empty strings in a row: zeros read as strings
+MAX_ARRAY_COUNT = 2 ** 32  # vocabularies and merges are a few 100k; beyond this a count is garbage
+MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, a 1-byte key, value type, a 1-byte value
+MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 4 + 8  # name length, 1-byte name, n_dims=0, type, offset
+
+SMALL_STRING = 200  # string KVs up to this long are kept in the result
+MAX_KEPT_KVS = 64
+MAX_PER_CODE = 5  # per-tensor problems beyond this are counted, not listed
+
+# KV value types (GGUF spec).
+UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
+SCALAR_FORMATS = {
+    UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<I", INT32: "<i", FLOAT32: "<f",
+    BOOL: "<?", UINT64: "<Q", INT64: "<q", FLOAT64: "<d",
+}
+SCALAR_SIZES = {t: struct.calcsize(f) for t, f in SCALAR_FORMATS.items()}
+VALUE_TYPE_NAMES = {
+    UINT8: "u8", INT8: "i8", UINT16: "u16", INT16: "i16", UINT32: "u32", INT32: "i32", FLOAT32: "f32",
+    BOOL: "bool", STRING: "str", ARRAY: "arr", UINT64: "u64", INT64: "i64", FLOAT64: "f64",
+}
+
+# ggml tensor types: id -> (name, elements per block, bytes per block).
+# Checked entry by entry against gguf.constants.GGML_QUANT_SIZES (gguf 0.19.0) by the tests.
+GGML_TYPES = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+}
+
+# general.file_type values (llama.cpp's llama_ftype), for the human summary.
+FILE_TYPE_NAMES = {
+    0: "ALL_F32", 1: "MOSTLY_F16", 2: "MOSTLY_Q4_0", 3: "MOSTLY_Q4_1", 7: "MOSTLY_Q8_0", 8: "MOSTLY_Q5_0",
+    9: "MOSTLY_Q5_1", 10: "MOSTLY_Q2_K", 11: "MOSTLY_Q3_K_S", 12: "MOSTLY_Q3_K_M", 13: "MOSTLY_Q3_K_L",
+    14: "MOSTLY_Q4_K_S", 15: "MOSTLY_Q4_K_M", 16: "MOSTLY_Q5_K_S", 17: "MOSTLY_Q5_K_M", 18: "MOSTLY_Q6_K",
+    19: "MOSTLY_IQ2_XXS", 20: "MOSTLY_IQ2_XS", 21: "MOSTLY_Q2_K_S", 22: "MOSTLY_IQ3_XS", 23: "MOSTLY_IQ3_XXS",
+    24: "MOSTLY_IQ1_S", 25: "MOSTLY_IQ4_NL", 26: "MOSTLY_IQ3_S", 27: "MOSTLY_IQ3_M", 28: "MOSTLY_IQ2_S",
+    29: "MOSTLY_IQ2_M", 30: "MOSTLY_IQ4_XS", 31: "MOSTLY_IQ1_M", 32: "MOSTLY_BF16", 36: "MOSTLY_TQ1_0",
+    37: "MOSTLY_TQ2_0", 38: "MOSTLY_MXFP4_MOE", 39: "MOSTLY_NVFP4", 40: "MOSTLY_Q1_0", 1024: "GUESSED",
+}
+
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+
+
+class HeaderProblem(Exception):
+    """Parsing cannot go on: the header is broken at `offset`."""
+
+    def __init__(self, code, message, offset):
+        Exception.__init__(self, message)
+        self.code = code
+        self.message = message
+        self.offset = offset
+
+
+class Truncated(Exception):
+    """A read ran past the end of the file."""
+
+    def __init__(self, offset, length):
+        Exception.__init__(self, "%d bytes at offset %d" % (length, offset))
+        self.offset = offset
+        self.length = length
+
+
+class RangeReader:
+    """Sequential reads over read_at(offset, length), fetched CHUNK bytes at a time.
+
+    Skips never fetch: a long string or array is stepped over without reading it.
+    """
+
+    def __init__(self, read_at, file_size, chunk=CHUNK):
+        self.read_at = read_at
+        self.file_size = file_size
+        self.chunk = chunk
+        self.pos = 0
+        self.buf = b""
+        self.buf_start = 0
+
+    def remaining(self):
+        return self.file_size - self.pos
+
+    def take(self, n):
+        start = self.ensure(n)
+        self.pos += n
+        return self.buf[start:start + n]
+
+    def peek(self, n):
+        """Up to n bytes from pos, without moving: fills the buffer for what follows."""
+        n = min(n, self.remaining())
+        start = self.ensure(n)
+        return self.buf[start:start + n]
+
+    def skip(self, n):
+        if self.pos + n > self.file_size:
+            raise Truncated(self.pos, n)
+        self.pos += n
+
+    def u32(self):
+        start = self.ensure(4)
+        self.pos += 4
+        return U32.unpack_from(self.buf, start)[0]
+
+    def u64(self):
+        start = self.ensure(8)
+        self.pos += 8
+        return U64.unpack_from(self.buf, start)[0]
+
+    def scalar(self, value_type):
+        size = SCALAR_SIZES[value_type]
+        start = self.ensure(size)
+        self.pos += size
+        return struct.unpack_from(SCALAR_FORMATS[value_type], self.buf, start)[0]
+
+    def ensure(self, n):
+        """Make [pos, pos+n) buffered; return where it starts in self.buf."""
+        if self.pos + n > self.file_size:
+            raise Truncated(self.pos, n)
+        rel = self.pos - self.buf_start
+        if 0 <= rel and rel + n <= len(self.buf):
+            return rel
+        if self.pos > MAX_HEADER_BYTES:
+            raise HeaderProblem("absurd_count", "The header would go past %d bytes (at offset %d): a count or"
+                                " length is corrupt and the parser is walking the tensor data."
+                                % (MAX_HEADER_BYTES, self.pos), self.pos)
+        kept = self.buf[rel:] if 0 <= rel < len(self.buf) else b""
+        self.buf = kept + self.fetch(self.pos + len(kept), max(n - len(kept), self.chunk))
+        self.buf_start = self.pos
+        if n > len(self.buf):
+            raise Truncated(self.pos, n)  # the file is shorter than file_size said
+        return 0
+
+    def fetch(self, offset, length):
+        length = min(length, self.file_size - offset)
+        parts = []
+        got = 0
+        while got < length:  # range reads may come back short
+            part = self.read_at(offset + got, length - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
+
+
+class Problems:
+    """Collects problems; per-tensor codes are listed MAX_PER_CODE times, then counted."""
+
+    def __init__(self):
+        self.items = []
+        self.counts = {}
+
+    def add(self, code, message, offset=None, severity="error"):
+        self.counts[code] = self.counts.get(code, 0) + 1
+        if self.counts[code] <= MAX_PER_CODE:
+            self.items.append({"code": code, "severity": severity, "message": message, "offset": offset})
+
+    def finish(self):
+        for code, count in self.counts.items():
+            if count > MAX_PER_CODE:
+                self.items.append({"code": code, "severity": "error", "offset": None,
+                                   "message": "... and %d more %s problems" % (count - MAX_PER_CODE, code)})
+        return self.items
+
+    def has_errors(self):
+        return any(p["severity"] == "error" for p in self.items)
+
+
+class Tensor:
+    __slots__ = ("name", "dims", "type_id", "offset", "nbytes", "info_offset")
+
+    def __init__(self, name, dims, type_id, offset, nbytes, info_offset):
+        self.name = name
+        self.dims = dims
+        self.type_id = type_id
+        self.offset = offset
+        self.nbytes = nbytes
+        self.info_offset = info_offset
+
+
+def align(value, alignment):
+    return (value + alignment - 1) // alignment * alignment
+
+
+def empty_result(file_size):
+    return {
+        "ok": False, "version": None, "tensor_count": None, "kv_count": None, "alignment": DEFAULT_ALIGNMENT,
+        "header_end": None, "data_start": None, "data_end": None, "expected_size": None,
+        "file_size": file_size, "tensors": 0, "first_tensor": None, "last_tensor": None,
+        "kv": {}, "arrays": {}, "problems": [],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The fixed header
+
+
+def magic_hint(head):
+    """Name the usual impostors: what was downloaded instead of the model."""
+    if head.startswith(b"version https://git-lfs"):
+        return " It is a git-lfs pointer file, not the model: fetch the LFS object."
+    lowered = head[:64].lower()
+    if lowered.lstrip().startswith((b"<!doctype", b"<html", b"{")):
+        return " It looks like an HTML/JSON error page saved in place of the model."
+    if not head.strip(b"\0"):
+        return " The file starts with zero bytes (preallocated, or a download that never wrote)."
+    return ""
+
+
+def read_fixed_header(reader, result):
+    if reader.file_size == 0:
+        raise HeaderProblem("header_truncated", "The file is empty.", 0)
+    head = reader.peek(64)
+    if head.startswith(b"version https://git-lfs"):
+        raise HeaderProblem("lfs_pointer", "A git-lfs pointer file, not the model: fetch the LFS object.", 0)
+    if head[:4] != MAGIC[:len(head[:4])]:
+        raise HeaderProblem("bad_magic", "Magic is %r (hex %s), not b'GGUF'.%s"
+                            % (head[:4], head[:4].hex(), magic_hint(head)), 0)
+    try:
+        reader.take(4)
+        version = reader.u32()
+        result["version"] = version
+        check_version(version)
+        result["tensor_count"] = reader.u64()
+        result["kv_count"] = reader.u64()
+    except Truncated:
+        raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside the %d-byte fixed header."
+                            % (reader.file_size, FIXED_HEADER), reader.pos) from None
+
+
+def check_version(version):
+    if version in SUPPORTED_VERSIONS:
+        return
+    swapped = struct.unpack("<I", struct.pack(">I", version))[0]
+    if swapped in SUPPORTED_VERSIONS:
+        why = " It is a big-endian GGUF v%d file, which this check does not read." % swapped
+    elif version == 1:
+        why = " GGUF v1 (32-bit counts, before Oct 2023) is no longer loaded by llama.cpp."
+    else:
+        why = ""
+    raise HeaderProblem("bad_version", "Version %d is not one of %s.%s" % (version, SUPPORTED_VERSIONS, why), 4)
+
+
+def header_bytes_hex(reader):
+    head = reader.fetch(8, 24)  # range reads may come back short
+    return " ".join(head[i:i + 8].hex() for i in range(0, len(head), 8))
+
+
+# Structural errors that a misplaced patch produces: the parser loses step and reads garbage.
+CORRUPTION_SIGNS = ("absurd_count", "bad_kv_type", "bad_shape")
+
+
+def patch_hint(reader, result):
+    """Point at the classic cause: a u64 count written one byte off corrupts its neighbours."""
+    return (" This is the signature of a corrupted header, typically one patched one byte off (e.g. kv_count"
+            " written at offset 17 or 15 instead of 16), which corrupts kv_count/tensor_count or the first"
+            " key's length so the parser loses step: header says tensor_count=%s (u64 @8), kv_count=%s"
+            " (u64 @16); bytes 8..31: %s."
+            % (result["tensor_count"], result["kv_count"], header_bytes_hex(reader)))
+
+
+def check_counts(reader, result):
+    """Each KV and tensor info takes a minimum number of bytes: counts beyond that are corrupt."""
+    tensors, kvs = result["tensor_count"], result["kv_count"]
+    least = FIXED_HEADER + kvs * MIN_KV_BYTES + tensors * MIN_TENSOR_INFO_BYTES
+    if least > reader.file_size:
+        which = "kv_count" if kvs * MIN_KV_BYTES > tensors * MIN_TENSOR_INFO_BYTES else "tensor_count"
+        offset = 16 if which == "kv_count" else 8
+        raise HeaderProblem(
+            "absurd_count",
+            "%s=%d is absurd for a %d-byte file (tensor_count=%d, kv_count=%d need at least %d bytes of header;"
+            " or the file is cut short)." % (which, result[which], reader.file_size, tensors, kvs, least)
+            + patch_hint(reader, result), offset)
+
+
+# ---------------------------------------------------------------------------------------------
+# KVs
+
+
+def read_length(reader, kind, cap, where):
+    """A u64 string length, judged before anything is read: absurd, or past the end of the file."""
+    offset = reader.pos
+    try:
+        length = reader.u64()
+    except Truncated:
+        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where, offset) from None
+    if kind == "key" and length == 0:
+        raise HeaderProblem("absurd_count", "Empty key (length 0 at offset %d) at %s." % (offset, where), offset)
+    past_end = length > reader.remaining()
+    if length > cap:
+        raise HeaderProblem("absurd_count", "%s length %d (0x%x) at offset %d, %s, is absurd: over the %d-byte limit%s."
+                            % (kind.capitalize(), length, length, offset, where, cap,
+                               " and past the end of the %d-byte file" % reader.file_size if past_end else ""),
+                            offset)
+    if past_end:  # a sane length the file cannot hold: most likely the file was cut there
+        raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside the %s at %s: %d bytes declared at"
+                            " offset %d, %d left (cut short, or a corrupt length)."
+                            % (reader.file_size, kind, where, length, offset, reader.remaining()), offset)
+    return length
+
+
+def read_key(reader, index, previous_key):
+    where = "KV #%d (after %s)" % (index, repr(previous_key) if previous_key else "the fixed header")
+    length = read_length(reader, "key", MAX_KEY_LENGTH, where)
+    offset = reader.pos
+    raw = reader.take(length)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HeaderProblem("absurd_count", "Key at offset %d, %s, is not text: %r." % (offset, where, raw[:40]),
+                            offset - 8) from None
+
+
+def read_value_type(reader, where):
+    offset = reader.pos
+    try:
+        value_type = reader.u32()
+    except Truncated:
+        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where, offset) from None
+    if value_type not in VALUE_TYPE_NAMES:
+        raise HeaderProblem("bad_kv_type", "Unknown KV value type %d (0x%x) at offset %d, %s."
+                            % (value_type, value_type, offset, where), offset)
+    return value_type
+
+
+def read_string_value(reader, where):
+    """The string if it is small enough to keep, else None (stepped over, not fetched)."""
+    length = read_length(reader, "string", MAX_STRING_LENGTH, where)
+    if length > SMALL_STRING:
+        reader.skip(length)
+        return None
+    return reader.take(length).decode("utf-8", "replace")
+
+
+def skip_strings(reader, count, where):
+    """Step over `count` strings (a tokenizer vocab): only their lengths are read."""
+    empty_run = 0
+    for _ in range(count):
+        length = read_length(reader, "string", MAX_STRING_LENGTH, where)
+        reader.skip(length)
+        empty_run = 0 if length else empty_run + 1
+        if empty_run > MAX_EMPTY_RUN:
+            raise HeaderProblem("absurd_count", "More than %d empty strings in a row in %s (at offset %d): zeros read"
+                                " as strings, so the array count is corrupt." % (MAX_EMPTY_RUN, where, reader.pos),
+                                reader.pos)
+
+
+def skip_array(reader, where, depth=0):
+    """Step over an array value; return (element type name, count)."""
+    if depth > MAX_ARRAY_DEPTH:
+        raise HeaderProblem("bad_kv_type", "Arrays nested more than %d deep at offset %d, %s."
+                            % (MAX_ARRAY_DEPTH, reader.pos, where), reader.pos)
+    element_type = read_value_type(reader, where)
+    offset = reader.pos
+    try:
+        count = reader.u64()
+    except Truncated:
+        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where, offset) from None
+    least = count * SCALAR_SIZES.get(element_type, 8)
+    if least > reader.remaining():
+        if count > MAX_ARRAY_COUNT:
+            raise HeaderProblem("absurd_count", "Array count %d (0x%x) at offset %d, %s, is absurd: it runs"
+                                " past the end of the %d-byte file." % (count, count, offset, where, reader.file_size),
+                                offset)
+        raise HeaderProblem("header_truncated", "The file ends inside the array at %s (offset %d)."
+                            % (where, offset), offset)
+    if element_type == STRING:
+        skip_strings(reader, count, where)
+    elif element_type == ARRAY:
+        for _ in range(count):
+            skip_array(reader, where, depth + 1)
+    else:
+        reader.skip(least)
+    return VALUE_TYPE_NAMES[element_type], count
+
+
+def keepable(value):
+    """JSON has no NaN/inf: keep those as text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def read_kvs(reader, result):
+    seen = set()
+    previous_key = None
+    for index in range(result["kv_count"]):
+        key_offset = reader.pos
+        key = read_key(reader, index, previous_key)
+        where = "KV #%d %r" % (index, key)
+        if key in seen:
+            raise HeaderProblem("duplicate_name", "Duplicate key %r at offset %d." % (key, key_offset), key_offset)
+        seen.add(key)
+        value_type = read_value_type(reader, where)
+        try:
+            read_kv_value(reader, result, key, value_type, where)
+        except Truncated as cut:
+            message = "The file ends inside the value of %s." % where
+            raise HeaderProblem("header_truncated", message, cut.offset) from None
+        previous_key = key
+    return previous_key
+
+
+def read_kv_value(reader, result, key, value_type, where):
+    if value_type == ARRAY:
+        element, count = skip_array(reader, where)
+        if len(result["arrays"]) < MAX_KEPT_KVS:
+            result["arrays"][key] = {"type": element, "count": count}
+        return
+    if value_type == STRING:
+        value = read_string_value(reader, where)
+    else:
+        value = reader.scalar(value_type)
+    if key == "general.alignment":
+        result["alignment"] = check_alignment(value, value_type, reader.pos)
+    if value is not None and len(result["kv"]) < MAX_KEPT_KVS:
+        result["kv"][key] = keepable(value)
+
+
+def check_alignment(value, value_type, offset):
+    if value_type != UINT32:
+        raise HeaderProblem("bad_alignment", "general.alignment is a %s; llama.cpp requires a u32."
+                            % VALUE_TYPE_NAMES[value_type], offset)
+    if value <= 0 or value & (value - 1):
+        raise HeaderProblem("bad_alignment", "general.alignment %d is not a power of 2." % value, offset)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor infos
+
+
+def tensor_nbytes(dims, type_id):
+    """Bytes of tensor data, or None when the type is unknown."""
+    if type_id not in GGML_TYPES:
+        return None
+    _name, block, size = GGML_TYPES[type_id]
+    elements = 1
+    for d in dims:
+        elements *= d
+    return elements // block * size
+
+
+def read_tensor_info(reader, index, previous):
+    where = "tensor info #%d (after %s)" % (index, previous)
+    info_offset = reader.pos
+    length = read_length(reader, "tensor name", MAX_TENSOR_NAME, where)
+    try:
+        name = reader.take(length).decode("utf-8", "replace")
+        where = "tensor info #%d %r" % (index, name)
+        dims_offset = reader.pos
+        n_dims = reader.u32()
+        if n_dims > MAX_DIMS:
+            raise HeaderProblem("bad_shape", "%s has n_dims=%d (max %d) at offset %d."
+                                % (where, n_dims, MAX_DIMS, dims_offset), dims_offset)
+        dims = [reader.u64() for _ in range(n_dims)]
+        type_id = reader.u32()
+        offset = reader.u64()
+    except Truncated:
+        raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside %s, which starts at offset %d."
+                            % (reader.file_size, where, info_offset), info_offset) from None
+    return Tensor(name, dims, type_id, offset, tensor_nbytes(dims, type_id), info_offset)
+
+
+def check_tensor_info(tensor, problems):
+    """Problems that leave the header readable: reported, parsing goes on."""
+    if tensor.type_id not in GGML_TYPES:
+        problems.add("bad_tensor_type", "Tensor %r has unknown ggml type %d (info at offset %d)."
+                     % (tensor.name, tensor.type_id, tensor.info_offset), tensor.info_offset)
+        return
+    type_name, block, _size = GGML_TYPES[tensor.type_id]
+    if any(d >= 2 ** 63 for d in tensor.dims):
+        problems.add("bad_shape", "Tensor %r has a negative/overflowing dimension %s."
+                     % (tensor.name, tensor.dims), tensor.info_offset)
+    elif tensor.dims and tensor.dims[0] % block:
+        problems.add("bad_shape", "Tensor %r: row of %d elements is not a multiple of the %s block size %d."
+                     % (tensor.name, tensor.dims[0], type_name, block), tensor.info_offset)
+
+
+def read_tensor_infos(reader, result, problems, last_key):
+    tensors = []
+    names = set()
+    for index in range(result["tensor_count"]):
+        # Naming the last key shows a tensor name read as a key (kv_count one too big), or the reverse.
+        previous = repr(tensors[-1].name) if tensors else "the last KV %r" % (last_key,)
+        tensor = read_tensor_info(reader, index, previous)
+        if tensor.name in names:
+            raise HeaderProblem("duplicate_name", "Duplicate tensor name %r at offset %d."
+                                % (tensor.name, tensor.info_offset), tensor.info_offset)
+        names.add(tensor.name)
+        check_tensor_info(tensor, problems)
+        tensors.append(tensor)
+        result["tensors"] = len(tensors)
+        result["first_tensor"] = tensors[0].name
+        result["last_tensor"] = tensor.name
+    return tensors
+
+
+def read_header(reader, result, problems):
+    """Fixed header, every KV, every tensor info: only then is the header's end known."""
+    read_fixed_header(reader, result)
+    check_counts(reader, result)
+    try:
+        last_key = read_kvs(reader, result)
+        tensors = read_tensor_infos(reader, result, problems, last_key)
+    except HeaderProblem as problem:
+        if problem.code in CORRUPTION_SIGNS:
+            problem.message += patch_hint(reader, result)
+        raise
+    result["header_end"] = reader.pos
+    result["data_start"] = align(reader.pos, result["alignment"])
+    return tensors
