@@ -285,3 +285,29 @@ markers = [{{ name = "SERVING" }}]
         await pilot_until(pilot, lambda: "SERVING on" in "\n".join(log.lines))
         await pilot.press("l")  # after that, `l` goes on to the next stage's log as before
         assert app.state.shown_stage == "provision"
+
+
+async def test_a_chain_seen_gone_without_its_rc_is_lost_only_when_the_next_poll_agrees(tmp_path, workspace, box):
+    """One poll can fall between a stopping chain's exit and its rc file: lost is said only when
+    two polls in a row see it so (a real chain killed -9, which writes no rc)."""
+    from samai.console.core.state import ConsoleState
+
+    cfg = _config(tmp_path, workspace, '[stages.serve]\nkey = "v"\ncommand = "sleep 30"\n')
+    state = ConsoleState(cfg)
+    fired = await box.fire("serve", "sleep 30", "logs/serve.log", verify_s=0.2)
+    os.killpg(fired.pid, signal.SIGKILL)
+    for _ in range(100):
+        if not psutil.pid_exists(fired.pid) or psutil.Process(fired.pid).status() == "zombie":
+            break
+        time.sleep(0.05)
+
+    async def poll(now: float):
+        followers = state.followers()
+        return state.apply(await box.snapshot(**state.request(followers)), followers, now)
+
+    first = await poll(1.0)
+    assert first.snapshot.state("serve").status == "running"  # not yet: the next poll may see its rc
+    assert not [a for a in state.alerts if a.severity == "error"]
+    second = await poll(2.0)
+    assert second.snapshot.state("serve").status == "lost"
+    assert any(a.code == "stage_lost" for a in state.alerts)

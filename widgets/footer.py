@@ -1,45 +1,67 @@
-"""The footer: Textual's, composed once the keys are known and again only when they change."""
+"""The footer: the keys the focused pane and the app answer now, one line, from public Textual
+APIs (the screen's active bindings and its bindings-updated signal). It renders only when what
+it shows changes: a focus move that keeps the same keys costs nothing."""
 
 from __future__ import annotations
 
-from textual.screen import Screen
-from textual.widgets import Footer
-from textual.widgets._footer import FooterKey
+from dataclasses import replace
+
+from textual.content import Content
+from textual.dom import DOMNode
+from textual.events import Click
+from textual.widgets import Static
 
 
-class KeysFooter(Footer):
-    """Textual's Footer composes its keys only after the next refresh, so the first screen is
-    painted without them, and builds them all anew on every refresh of the bindings (each
-    focus move, each screen resume), at tens of milliseconds of style work each time. This
-    one composes them as soon as the bindings are known, and again only when what it would
-    show has changed."""
+class KeysFooter(Static):
+    DEFAULT_CSS = """
+    KeysFooter { dock: bottom; height: 1; background: $footer-background; color: $footer-foreground; }
+    """
 
-    _composed: tuple = ()  # what the keys on show were composed from
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id, markup=False)
+        self.keys: tuple[tuple[str, str, str, bool], ...] = ()  # (key shown, description, action, enabled)
+        self._spans: list[tuple[int, int, str, DOMNode]] = []  # (start, end, action, its node): what a click runs
 
-    def _shown(self) -> tuple:
-        """Everything Footer.compose reads."""
-        if not self._bindings_ready:
-            return ()
-        app = self.app
-        keys = tuple((key, a.binding, a.enabled, a.tooltip, app.get_key_display(a.binding))
-                     for key, a in self.screen.active_bindings.items())
-        return (self.compact, self.show_command_palette, self.combine_groups, app.ENABLE_COMMAND_PALETTE, keys)
+    def on_mount(self) -> None:
+        self.screen.bindings_updated_signal.subscribe(self, self._bindings_changed)
+        self.call_after_refresh(self._update)
 
-    def bindings_changed(self, screen: Screen) -> None:
-        super().bindings_changed(screen)  # recomposes after the next refresh, which then finds nothing to do
-        if screen.app.app_focus and self.is_attached and screen is self.screen:
-            self.call_later(self.recompose)
+    def on_unmount(self) -> None:
+        self.screen.bindings_updated_signal.unsubscribe(self)
 
-    def compose(self):
-        self._composed = self._shown()
-        for widget in super().compose():
-            if isinstance(widget, FooterKey) and not widget.has_class("-command-palette"):
-                # A key starts compact, then its binding to the footer's `compact` switches it: styled twice.
-                # (The command palette's key is not bound: it stays compact.)
-                widget.set_reactive(FooterKey.compact, self.compact)
-            yield widget
+    def _bindings_changed(self, _screen: object) -> None:
+        self._update()
 
-    async def recompose(self) -> None:
-        if self.is_attached and self._shown() == self._composed:
+    def _update(self) -> None:
+        shown = self._shown_keys()
+        keys = tuple(key for key, _ in shown)
+        if keys == self.keys:
             return
-        await super().recompose()
+        self.keys = keys
+        parts: list = []
+        self._spans, at = [], 0
+        for (key, description, action, enabled), node in shown:
+            style = "$footer-key-foreground bold" if enabled else "$footer-key-foreground 50%"
+            parts += [(f" {key} ", style), (f"{description} ", "" if enabled else "$footer-foreground 50%")]
+            width = len(key) + len(description) + 3
+            self._spans.append((at, at + width, action, node))
+            at += width
+        self.update(Content.assemble(*parts))
+
+    def _shown_keys(self) -> list[tuple[tuple[str, str, str, bool], DOMNode]]:
+        seen: set[str] = set()
+        keys = []
+        for key, active in self.screen.active_bindings.items():
+            binding = active.binding
+            if not binding.show or binding.action in seen:
+                continue
+            seen.add(binding.action)
+            shown = self.app.get_key_display(replace(binding, key=key))
+            keys.append(((shown, binding.description, binding.action, active.enabled), active.node))
+        return keys
+
+    async def on_click(self, event: Click) -> None:
+        """A click on a key does what the key does."""
+        hit = next(((a, node) for start, end, a, node in self._spans if start <= event.x < end), None)
+        if hit:
+            await self.app.run_action(hit[0], hit[1])

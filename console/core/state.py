@@ -20,7 +20,7 @@ from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogParser, TrainPoint
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower, last_run
-from samai.remote.model import Marker, Process, Report, Snapshot
+from samai.remote.model import Marker, Process, Report, Snapshot, StageRecord
 
 MAX_ALERTS = 200
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
@@ -149,6 +149,7 @@ class ConsoleState:
         self._last_said: dict[str, str] = {}  # each stage's last marker line of this run, CHAIN_DONE aside
         self._progress: dict[str, Progress] = {}  # each stage's last progress line of this run
         self._standing: set[tuple[str, str]] = set()
+        self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
 
     def _watch(self, stage: Stage) -> LogFollower:
         # Progress lines come back as hits of one more marker: the watch still moves no log bytes.
@@ -192,7 +193,7 @@ class ConsoleState:
 
     def apply(self, snap: Snapshot, followers: list[LogFollower], now: float) -> StateUpdate:
         """Fold in a snapshot taken with the cursors of `followers` (in that order)."""
-        snap = replace(snap, artifacts=self.sizer.merge(snap.artifacts, now))
+        snap = replace(snap, artifacts=self.sizer.merge(snap.artifacts, now), states=self._confirm_lost(snap.states))
         self.snapshot, self.received_at = snap, now
         update = StateUpdate(snap, [], disk_budget(self.config, snap), self._process_rows(snap),
                              [run for run in map(eval_run, snap.reports) if run])
@@ -239,6 +240,15 @@ class ConsoleState:
         train = self.config.stage("train")
         return (train is not None and train in training_sources(self.config, stage)
                 and any(a.severity == "error" for a in self.trainlog.anomalies))
+
+    def _confirm_lost(self, states: tuple[StageRecord, ...]) -> tuple[StageRecord, ...]:
+        """A chain seen gone without its rc reads as running until the next poll sees the same:
+        one probe pass reads the process table and the rc files at different moments, and a
+        chain that is being stopped can fall between them (a stop then flashed as "lost")."""
+        lost = {(r.stage, r.fired_at) for r in states if r.status == "lost"}
+        first_time = lost - self._lost_before
+        self._lost_before = lost
+        return tuple(replace(r, alive=True) if (r.stage, r.fired_at) in first_time else r for r in states)
 
     def _findings(self, snap: Snapshot) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back."""
