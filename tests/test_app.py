@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from textual.widgets import Button
+from textual.widgets import Button, DataTable
 
 from samai.console import prefs
 from samai.console.app import SamaiApp
@@ -140,7 +140,7 @@ async def test_readonly_never_binds_dangerous_keys(tmp_path, workspace, spawn, i
     app = SamaiApp(_config(tmp_path, workspace), readonly=True)
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
-        bound = {b.action.split("(")[0] for bs in app._bindings.key_to_bindings.values() for b in bs}
+        bound = {active.binding.action.split("(")[0] for active in app.active_bindings.values()}
         assert not bound & {"fire", "kill", "stop", "restart", "clean"}
         for key in ("h", "k", "s", "r", "c"):
             await pilot.press(key)
@@ -227,11 +227,9 @@ async def test_help_lists_every_binding(tmp_path, workspace, theme):
     app = SamaiApp(_config(tmp_path, workspace), theme=theme)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("question_mark")
-        await pilot.pause(0.2)
-        rows = app._help_rows()
-        ids = {r[2] for r in rows}
+        await pilot_until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen")
+        ids = {str(cell) for cell in app.screen.query_one(DataTable).get_column_at(2)}  # the id column shown
         assert {"app.kill", "app.stop", "app.restart", "app.open", "stage.hello", "stage.other"} <= ids
-        assert app.screen.__class__.__name__ == "HelpScreen"
 
 
 async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixes(tmp_path, workspace, spawn):
