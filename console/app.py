@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -32,7 +32,7 @@ from samai.console.core.config import Config
 from samai.console.core.redact import redact
 from samai.console.core.state import Alert, ConsoleState, StateUpdate
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.follow import RUN_HEADER
+from samai.remote.follow import RUN_HEADER, missing_notice
 from samai.remote.model import DiskUsers, Process, Snapshot
 from samai.remote.targets import TargetError, open_transport
 from samai.remote.transport import TransportError
@@ -44,6 +44,7 @@ from samai.widgets.disk import DiskPane
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter
 from samai.widgets.logview import LogView
+from samai.widgets.logview.history import LogHistory, ShownLog
 from samai.widgets.pane import inert, literal_markup
 from samai.widgets.processes import ProcessPane
 from samai.widgets.stages import StagesBar
@@ -51,6 +52,7 @@ from samai.widgets.status import Connection, StatusBar
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
+    from samai.widgets.dialogs import PathDialog
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
 MAX_BACKOFF_S = 8.0  # a box that comes back is seen within seconds, not minutes
@@ -60,8 +62,10 @@ FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
 USERS_SHOWN = 12  # the largest users of the workspace the disk pane lists
 USERS_EVERY_S = 30.0  # while it lists them: a walk of the whole workspace, so not every poll
 USERS_BUDGET_S = 3.0  # the box stops a walk after this long (and says the sizes are partial)
-# Actions that change the box: in read-only mode their keys are never bound.
+# Actions that change the box: in read-only mode their keys are shown greyed and say why when pressed.
 DANGEROUS = {"kill", "stop", "restart", "clean", "fire", "fix"}
+HELP_GROUPS = {"app": "console", "stage": "stages", "log": "log pane", "processes": "processes pane",
+               "disk": "disk pane"}  # binding id prefix -> the group the help lists it under
 
 
 def _one_action_at_a_time(method):
@@ -91,6 +95,10 @@ class SamaiApp(App[None]):
         Binding("question_mark", "help", "Help", id="app.help"),
         Binding("l", "next_log", "Next log", id="app.next_log"),
         Binding("o", "open_file", "Open file", id="app.open"),
+        Binding("L", "pick_log", "Logs…", id="app.pick_log"),
+        Binding("left_square_bracket", "log_back", "Back to the log shown before", id="app.log_back", show=False),
+        Binding("right_square_bracket", "log_forward", "Forward to the log shown after", id="app.log_forward",
+                show=False),
         Binding("k", "kill", "Kill", id="app.kill"),
         Binding("s", "stop", "Stop stage", id="app.stop"),
         Binding("r", "restart", "Restart", id="app.restart"),
@@ -107,6 +115,8 @@ class SamaiApp(App[None]):
         self._action_running = False
         self._log_chosen = False  # the operator picked a log: stop choosing one for them
         self._log_hint_taken: Alert | None = None  # the alert whose stage log `l` last opened
+        self._logs = LogHistory()  # the logs shown: [ and ] go back and forward, L lists recent files
+        self._stage_views: list = []  # the stages as last polled: the log picker shows their status
         self._users_measured = 0.0  # when the workspace's largest users were last asked for
         self.polling = poll  # off only to render recorded snapshots (screenshots, snapshot tests)
         self.clock = clock
@@ -116,8 +126,6 @@ class SamaiApp(App[None]):
         self.audit = audit or AuditLog(paths.audit_log())
         self.connection = Connection(config.target.url, readonly=readonly)
         self._bind_stage_keys()
-        if readonly:
-            self._unbind_dangerous()
         self.set_keymap(dict(config.ui.keys))
         for t in THEMES:
             self.register_theme(t)
@@ -149,7 +157,7 @@ class SamaiApp(App[None]):
         with Horizontal(id="bottom"):
             yield CurvesPane(id="curves")
             yield EvalTable(id="evals")
-            yield AlertsPane(id="alerts")
+            yield AlertsPane(id="alerts", readonly=self.readonly)
         yield KeysFooter()
 
     def on_mount(self) -> None:
@@ -161,6 +169,7 @@ class SamaiApp(App[None]):
         self.query_one(AlertsPane).show([])
         if self.config.stages:
             self._show_stage_log(self.config.stages[0].name)
+        self.query_one(LogView).focus()  # `/` filters the log, where an operator expects it
         self.theme_changed_signal.subscribe(self, lambda theme: self._save_theme(theme.name))
         self.set_interval(1.0, self._tick)
         if self.polling:
@@ -227,9 +236,10 @@ class SamaiApp(App[None]):
             self.measure_disk_users()
         self.query_one(ProcessPane).show(u.processes, snap.time)
         log = self.query_one(LogView)
+        self._stage_views = u.stages
         if u.log_source is not None and u.log_source is self.state.shown:  # not a log replaced since
             if u.log_notice:
-                log.notice(u.log_notice)
+                log.notice(self._log_notice(u.log_notice, u.log_source.path))
             if u.log_lines:
                 log.append(u.log_lines)
         curves = self.query_one(CurvesPane)
@@ -266,20 +276,26 @@ class SamaiApp(App[None]):
     # ------------------------------------------------------------ keys
 
     def _bind_stage_keys(self) -> None:
-        if self.readonly:
-            return
         for stage in self.config.stages:
-            binding = Binding(stage.key, f"fire('{stage.name}')", f"Fire {stage.name}", show=False,
-                              id=f"stage.{stage.name}")
-            self._bindings.key_to_bindings.setdefault(stage.key, []).append(binding)
+            self.bind(stage.key, f"fire('{stage.name}')", description=f"Fire {stage.name}", show=False)
 
-    def _unbind_dangerous(self) -> None:
-        for key, bindings in list(self._bindings.key_to_bindings.items()):
-            kept = [b for b in bindings if b.action.split("(")[0] not in DANGEROUS]
-            if kept:
-                self._bindings.key_to_bindings[key] = kept
-            else:
-                del self._bindings.key_to_bindings[key]
+    def _stage_bindings(self) -> list[Binding]:
+        return [Binding(s.key, f"fire('{s.name}')", f"Fire {s.name}", id=f"stage.{s.name}") for s in self.config.stages]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Read-only: the keys that change the box are shown greyed and do nothing (on_key says why)."""
+        if self.readonly and action in DANGEROUS:
+            return None
+        return True
+
+    def on_key(self, event: events.Key) -> None:
+        if not self.readonly:
+            return
+        active = self.screen.active_bindings.get(event.key)
+        if active is not None and active.binding.action.split("(")[0] in DANGEROUS:
+            self.notify(f"read-only: {event.key} ({active.binding.description.lower() or active.binding.action}) "
+                        "would change the box; start the console without --readonly to act",
+                        severity="warning", markup=False)
 
     def _actions(self) -> Actions:
         from samai.console.core.actions import Actions  # with psutil: needed only once an action runs, not to start
@@ -304,12 +320,67 @@ class SamaiApp(App[None]):
         self._log_chosen = True
         self._show_stage_log(name)
 
-    def _show_stage_log(self, name: str) -> None:
+    def _show_stage_log(self, name: str, *, record: bool = True) -> None:
         if name == self.state.shown_stage:
             return  # already shown: starting over would blank what the operator is reading
         self.state.show_stage_log(name)
         self.query_one(LogView).reset(self.state.shown.path, self.state.shown_markers())
         self.query_one(LogView).border_title = inert(f"log · {name}")
+        if record:
+            self._logs.visit(ShownLog(self.state.shown.path, name))
+
+    def _show_file(self, path: str, *, record: bool = True) -> None:
+        """A file on the box by path (relative: in the workspace); the alarms mark its lines."""
+        self._log_chosen = True
+        follower = self.state.show_log(path)
+        self.query_one(LogView).reset(follower.path, ())
+        self.query_one(LogView).border_title = inert(f"file · {path}")
+        if record:
+            self._logs.visit(ShownLog(path))
+
+    def _show_logged(self, log: ShownLog, *, record: bool) -> None:
+        """A log from the history (not recorded again) or the picker, by what it was: a stage's
+        (while the config still has that stage) or a file."""
+        self._log_chosen = True
+        if log.stage is not None and self.config.stage(log.stage):
+            self._show_stage_log(log.stage, record=record)
+        else:
+            self._show_file(log.path, record=record)
+
+    def _log_notice(self, notice: str, path: str) -> str:
+        """The follower's notice, said for this pane: a stage log that is not there yet is one
+        its stage has not written, and its key writes it."""
+        stage = self.config.stage(self.state.shown_stage or "")
+        if stage is None or notice != missing_notice(path):
+            return notice
+        if self.readonly:
+            return f"no log yet: {stage.name} has not run here ({stage.log})"
+        return f"no log yet — press {stage.key} to fire {stage.name} ({stage.log})"
+
+    def action_log_back(self) -> None:
+        log = self._logs.back()
+        if log is None:
+            self.bell()
+            return
+        self._show_logged(log, record=False)
+
+    def action_log_forward(self) -> None:
+        log = self._logs.forward()
+        if log is None:
+            self.bell()
+            return
+        self._show_logged(log, record=False)
+
+    @work(group="dialog", exclusive=True)
+    async def action_pick_log(self) -> None:
+        from samai.widgets.dialogs import LogPicker  # see _confirm
+
+        views = {v.name: v for v in self._stage_views}
+        stages = [(ShownLog(self.state.path_of(s.log), s.name), views.get(s.name)) for s in self.config.stages]
+        files = [ShownLog(path) for path in self._logs.recent_files]
+        chosen = await self.push_screen_wait(LogPicker(stages, files, self._logs.current, self.clock()))
+        if chosen is not None:
+            self._show_logged(chosen, record=True)
 
     def action_next_log(self) -> None:
         self._log_chosen = True
@@ -336,13 +407,26 @@ class SamaiApp(App[None]):
     async def action_open_file(self) -> None:
         from samai.widgets.dialogs import PathDialog  # see _confirm
 
-        path = await self.push_screen_wait(PathDialog("open a file on the box in the log pane",
-                                                      "/path/on/box.log (relative: inside the workspace)"))
+        path = await self.push_screen_wait(PathDialog("open a file on the box in the log pane · Tab completes",
+                                                      "/path/on/box.log (relative: inside the workspace)",
+                                                      completes=True))
         if path:
-            self._log_chosen = True
-            follower = self.state.show_log(path)
-            self.query_one(LogView).reset(follower.path, ())
-            self.query_one(LogView).border_title = inert(f"file · {path}")
+            self._show_file(path)
+
+    def on_path_dialog_completion_requested(self, event: PathDialog.CompletionRequested) -> None:
+        self._complete_path(event.dialog, event.text, event.folder)
+
+    @work(group="complete", exclusive=True, exit_on_error=False)
+    async def _complete_path(self, dialog: PathDialog, text: str, folder: str) -> None:
+        """Tab in the path dialog: the folder's entries, as the box lists them."""
+        try:
+            if self.box is None:
+                raise BoxError("not connected to the box yet")
+            listing: tuple[str, ...] | str = await self.box.list_dir(folder or ".")
+        except (BoxError, TransportError) as e:
+            listing = str(e) or type(e).__name__
+        if dialog.is_attached:
+            dialog.offer(text, listing)
 
     @work(group="runs", exclusive=True, exit_on_error=False)
     async def action_runs(self) -> None:
@@ -362,17 +446,25 @@ class SamaiApp(App[None]):
 
         self.push_screen(HelpScreen(self._help_rows()))
 
-    def _help_rows(self) -> list[tuple[str, str, str]]:
-        rows = []
-        seen = set()
-        for node in (self, self.screen, self.query_one(LogView), self.query_one(ProcessPane)):
-            for bindings in node._bindings.key_to_bindings.values():
-                for b in bindings:
-                    if (b.id or b.action) not in seen and b.description:
-                        seen.add(b.id or b.action)
-                        rows.append((self.get_key_display(b), b.description, b.id or ""))
-        rows.append(("ctrl+p", "command palette: fire, stop, open log, theme, target", ""))
-        return rows
+    def _help_rows(self) -> list[tuple[str, str, str, str]]:
+        """(group, key, what, id) of every binding: the console's, each pane's and the stage keys,
+        with the keys as the keymap ([ui.keys]) has them."""
+        from samai.widgets.processes import ProcessTable
+
+        keymap = dict(self.config.ui.keys)
+        declared = [*self.BINDINGS, *self._stage_bindings(), *LogView.BINDINGS, *ProcessPane.BINDINGS,
+                    *ProcessTable.BINDINGS]
+        rows, seen = [], set()
+        for b in Binding.make_bindings(declared):
+            if not b.description or (b.id or b.action) in seen:
+                continue
+            seen.add(b.id or b.action)
+            key = keymap.get(b.id or "", b.key)
+            group = HELP_GROUPS.get((b.id or "app.").split(".")[0], "console")
+            off = " (read-only: off)" if self.readonly and b.action.split("(")[0] in DANGEROUS else ""
+            rows.append((group, self.get_key_display(replace(b, key=key)), b.description + off, b.id or ""))
+        rows.append(("console", "ctrl+p", "command palette: fire, stop, open log, theme, target", ""))
+        return sorted(rows, key=lambda r: list(HELP_GROUPS.values()).index(r[0]))
 
     # ------------------------------------------------------------ actions (each in its own worker)
 

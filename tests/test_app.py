@@ -135,23 +135,37 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
     assert boots == [app.state.snapshot.boot] and boots[0].id  # the start time's boot went with it
 
 
-async def test_readonly_never_binds_dangerous_keys(tmp_path, workspace, spawn, isolated_dirs):
+async def test_readonly_dangerous_keys_do_nothing_and_say_why(tmp_path, workspace, spawn, isolated_dirs):
     victim = spawn("sleep", "32.5")
     app = SamaiApp(_config(tmp_path, workspace), readonly=True)
+    said = _toasts(app)
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
-        bound = {active.binding.action.split("(")[0] for active in app.active_bindings.values()}
-        assert not bound & {"fire", "kill", "stop", "restart", "clean"}
-        for key in ("h", "k", "s", "r", "c"):
+        enabled = {a.binding.action.split("(")[0] for a in app.active_bindings.values() if a.enabled}
+        assert not enabled & {"fire", "kill", "stop", "restart", "clean", "fix"}
+        for key in ("h", "k", "s", "r", "c", "x"):
             await pilot.press(key)
             await pilot.pause(0.1)
             assert not isinstance(app.screen, (ConfirmDialog, KillDialog))
+        assert len([t for t in said if t.startswith("read-only: ") and "without --readonly" in t]) == 6, said
         assert "READ-ONLY" in str(app.query_one(StatusBar).render())
         outcome = await app._actions().fire("hello")  # and the action layer refuses on its own
         assert outcome.status == "refused"
     assert victim.poll() is None
     assert not (workspace / ".samai" / "state" / "hello.json").exists()
     assert _audit(isolated_dirs) == []
+
+
+def _toasts(app: SamaiApp) -> list[str]:
+    seen: list[str] = []
+    real = app.notify
+
+    def notify(message: str, **kw) -> None:
+        seen.append(message)
+        real(message, **kw)
+
+    app.notify = notify
+    return seen
 
 
 async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, workspace):
@@ -228,8 +242,29 @@ async def test_help_lists_every_binding(tmp_path, workspace, theme):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("question_mark")
         await pilot_until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen")
-        ids = {str(cell) for cell in app.screen.query_one(DataTable).get_column_at(2)}  # the id column shown
+        table = app.screen.query_one(DataTable)
+        rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+        ids = {r[3] for r in rows}  # the id column shown
         assert {"app.kill", "app.stop", "app.restart", "app.open", "stage.hello", "stage.other"} <= ids
+        assert {"log.filter", "log.follow", "log.next_marker", "log.save", "processes.filter",
+                "processes.sort", "processes.all", "disk.largest"} <= ids  # the panes' keys too
+        groups = [r[0] for r in rows if r[0]]  # each group named once, at its first row
+        assert groups == ["console", "stages", "log pane", "processes pane", "disk pane"]
+        assert ["h", "Fire hello", "stage.hello"] in [r[1:] for r in rows]
+
+
+async def test_help_shows_remapped_keys_and_readonly_marks_what_is_off(tmp_path, workspace):
+    f = tmp_path / "k.toml"
+    f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
+                 '[stages.a]\nkey = "d"\ncommand = "true"\n[ui]\nkeys = { "app.kill" = "ctrl+k" }\n')
+    app = SamaiApp(config.load(f), readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot_until(pilot, lambda: app.screen.__class__.__name__ == "HelpScreen")
+        table = app.screen.query_one(DataTable)
+        rows = {str(table.get_row_at(i)[3]): [str(c) for c in table.get_row_at(i)] for i in range(table.row_count)}
+        assert rows["app.kill"][1] == "^k" and rows["app.kill"][2].endswith("(read-only: off)")
+        assert not rows["app.help"][2].endswith("(read-only: off)")
 
 
 async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixes(tmp_path, workspace, spawn):
@@ -271,3 +306,20 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+async def test_readonly_alerts_offer_no_key_that_changes_the_box(tmp_path, workspace, spawn):
+    port = _free_port()
+    f = tmp_path / "ro.toml"
+    f.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
+                 f'[stages.serve]\nkey = "v"\ncommand = "sleep 30"\nports = [{port}]\n')
+    spawn(sys.executable, "-c", f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\n"
+          "s.listen()\ntime.sleep(60)")
+    for readonly, hinted in ((False, True), (True, False)):
+        app = SamaiApp(config.load(f), readonly=readonly)
+        async with app.run_test(size=SIZE) as pilot:
+            stale = await pilot_until(pilot, lambda app=app: next(
+                (a for a in app.state.alerts if a.code == "stale_server"), None))
+            assert stale.hint == "x fix"
+            await pilot.pause(0.3)
+            assert ("[x fix]" in str(app.query_one("#alerts").render())) is hinted

@@ -14,6 +14,7 @@ from samai.remote.visible import visible
 STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}
 RESOLVED = "$foreground 50%"
 SHOWN = 50
+READONLY_HINTS = ("l ",)  # the hints a read-only console keeps: reading a log changes nothing
 
 
 def _clock(t: float) -> str:
@@ -21,7 +22,17 @@ def _clock(t: float) -> str:
 
 
 class AlertsPane(Static):
+    """With `readonly`, no hint offers a key that would change the box (only `l log` stays)."""
+
     DEFAULT_CSS = "AlertsPane { height: 1fr; padding: 0 1; overflow-y: auto; }"
+
+    def __init__(self, *, readonly: bool = False, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.readonly = readonly
+
+    def _hint(self, alert: Alert) -> str:
+        parts = alert.hint.split(" · ") if alert.hint else []
+        return " · ".join(p for p in parts if not self.readonly or p.startswith(READONLY_HINTS))
 
     def show(self, alerts: list[Alert]) -> None:
         active = [a for a in alerts if a.active]
@@ -35,8 +46,9 @@ class AlertsPane(Static):
             # An alert's text quotes the box (paths, log lines): plain text, control characters as stand-ins.
             if a.active:
                 parts += [_clock(a.time) + " ", (f"{a.severity:<7} ", STYLE[a.severity]), visible(a.text)]
-                if a.hint:
-                    parts += ["  ", (f"[{a.hint}]", "$accent")]
+                hint = self._hint(a)
+                if hint:
+                    parts += ["  ", (f"[{hint}]", "$accent")]
             else:
                 parts.append((f"{_clock(a.time)} {a.severity:<7} {visible(a.text)}  "
                               f"(resolved {_clock(a.resolved_at)})", RESOLVED))

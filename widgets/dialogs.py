@@ -11,17 +11,23 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
+from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, RadioButton, RadioSet, Static
+from textual.widgets import Button, DataTable, Input, Label, OptionList, RadioButton, RadioSet, Static
+from textual.widgets.option_list import Option
 
 from samai.remote.visible import visible
 from samai.widgets.pane import inert, inert_lines
+from samai.widgets.path_completion import MAX_SHOWN, complete, folder_of
+from samai.widgets.stages import stage_item
 
 if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not imported with the TUI
     from samai.console.core.actions import ActionPlan
     from samai.console.core.history import RunRecord
     from samai.console.core.preflight import Check
+    from samai.console.core.state import StageView
     from samai.remote.model import Process
+    from samai.widgets.logview.history import ShownLog
 
 MARKER_STYLE = {"warning": "yellow", "error": "bold red"}  # rich styles: DataTable cells are rich Text
 CHECK_STYLE = {"ok": ("✓", "$success"), "warning": ("!", "$warning"), "error": ("✗", "$error bold")}
@@ -137,19 +143,54 @@ class KillDialog(ModalScreen["ActionPlan | None"]):
 
 
 class PathDialog(ModalScreen[str | None]):
-    """Ask for a path (or URL) on the box."""
+    """Ask for a path (or URL) on the box. With completes=True, Tab asks the app (through
+    CompletionRequested) for the folder's listing on the box and completes from it."""
 
-    DEFAULT_CSS = DIALOG_CSS.format(name="PathDialog")
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = DIALOG_CSS.format(name="PathDialog") + "PathDialog #candidates { color: $text-muted; }"
+    BINDINGS = [Binding("escape", "cancel", "Cancel"),
+                Binding("tab", "complete", "Complete", show=False, priority=True)]
 
-    def __init__(self, title: str, placeholder: str = "", value: str = "") -> None:
+    class CompletionRequested(Message):
+        """Tab: the app lists `folder` on the box and answers with `offer`."""
+
+        def __init__(self, dialog: PathDialog, text: str, folder: str) -> None:
+            super().__init__()
+            self.dialog, self.text, self.folder = dialog, text, folder
+
+    def __init__(self, title: str, placeholder: str = "", value: str = "", *, completes: bool = False) -> None:
         super().__init__()
         self.title_text, self.placeholder, self.value = title, placeholder, value
+        self.completes = completes
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(inert(self.title_text), classes="title")
             yield Input(value=self.value, placeholder=self.placeholder)
+            yield Static(id="candidates")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.completes if action == "complete" else True  # else Tab moves focus as usual
+
+    def action_complete(self) -> None:
+        text = self.query_one(Input).value
+        self.post_message(self.CompletionRequested(self, text, folder_of(text)))
+
+    def offer(self, text: str, listing: Sequence[str] | str) -> None:
+        """The box's listing of the folder of `text` (or why there is none): complete the
+        path, unless it was edited meanwhile, and list what it could still become."""
+        field = self.query_one(Input)
+        if field.value != text:
+            return
+        hint = self.query_one("#candidates", Static)
+        if isinstance(listing, str):
+            hint.update(inert(listing))
+            return
+        completed, candidates = complete(text, listing)
+        field.value = completed
+        field.cursor_position = len(completed)
+        more = len(candidates) - MAX_SHOWN
+        shown = "  ".join(candidates[:MAX_SHOWN]) + (f"  (+{more} more)" if more > 0 else "")
+        hint.update(inert(shown if candidates or completed != text else "no match"))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
@@ -158,13 +199,51 @@ class PathDialog(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class HelpScreen(ModalScreen[None]):
-    """Every binding: the console's, the panes', and the stage keys from the config."""
+class LogPicker(ModalScreen["ShownLog | None"]):
+    """Every stage's log with its status, then the files opened recently; Enter opens one."""
 
-    DEFAULT_CSS = DIALOG_CSS.format(name="HelpScreen") + "HelpScreen DataTable { height: auto; max-height: 30; }"
+    DEFAULT_CSS = DIALOG_CSS.format(name="LogPicker") + "LogPicker OptionList { height: auto; max-height: 24; }"
+    BINDINGS = [Binding("escape,q", "cancel", "Cancel")]
+
+    def __init__(self, stages: Sequence[tuple[ShownLog, StageView | None]], files: Sequence[ShownLog],
+                 current: ShownLog | None, now: float) -> None:
+        super().__init__()
+        self.choices = [log for log, _ in stages] + list(files)
+        self.stages, self.files, self.current, self.now = stages, files, current, now
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(Content("logs · Enter opens · Esc closes"), classes="title")
+            options: list[Option | None] = []
+            for n, (log, view) in enumerate(self.stages):
+                status = stage_item(view, self.now) if view else Content(visible(log.stage or ""))
+                options.append(Option(Content.assemble(status, ("  " + visible(log.path), "dim")), id=str(n)))
+            if self.files:
+                options.append(None)
+            for n, log in enumerate(self.files, start=len(self.stages)):
+                options.append(Option(Content.assemble(("file ", "dim"), visible(log.path)), id=str(n)))
+            yield OptionList(*options, markup=False)
+
+    def on_mount(self) -> None:
+        picker = self.query_one(OptionList)
+        if self.current in self.choices:
+            picker.highlighted = picker.get_option_index(str(self.choices.index(self.current)))
+        picker.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.choices[int(event.option_id or 0)])
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every binding, grouped by where it works (the console, the stage keys, each pane), with ids."""
+
+    DEFAULT_CSS = DIALOG_CSS.format(name="HelpScreen") + "HelpScreen DataTable { height: auto; max-height: 32; }"
     BINDINGS = [Binding("escape,q,question_mark", "close", "Close")]
 
-    def __init__(self, rows: list[tuple[str, str, str]]) -> None:
+    def __init__(self, rows: list[tuple[str, str, str, str]]) -> None:
         super().__init__()
         self.rows = rows
 
@@ -172,9 +251,12 @@ class HelpScreen(ModalScreen[None]):
         with Vertical():
             yield Label(Content("keys (remap any id under [ui.keys] in samai.toml)"), classes="title")
             table = DataTable(cursor_type="row")
-            table.add_columns("key", "what", "id")
-            for row in self.rows:  # a stage's description names it: cells as text, never markup
-                table.add_row(*(Text(visible(cell), no_wrap=True, end="") for cell in row))
+            table.add_columns("where", "key", "what", "id")
+            group = None
+            for where, *cells in self.rows:  # a stage's description names it: cells as text, never markup
+                shown = Text(visible(where), style="bold", no_wrap=True, end="") if where != group else ""
+                group = where
+                table.add_row(shown, *(Text(visible(cell), no_wrap=True, end="") for cell in cells))
             yield table
 
     def action_close(self) -> None:
