@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("kill", "signal one process, identified by pid and start time")
     p.add_argument("pid", type=int)
     p.add_argument("--start-time", type=float, required=True, metavar="T",
-                   help="the process's start time (epoch seconds, as `snapshot` shows it)")
+                   help="the process's start time (epoch seconds, as `snapshot --json` shows it)")
     p.add_argument("--signal", choices=("TERM", "KILL", "INT", "HUP"), default="TERM", type=str.upper)
     p.add_argument("--grace", type=float, default=5.0, metavar="S", help="seconds before KILL follows TERM")
     p.add_argument("--group", action="store_true", help="signal its whole process group, not just the process")

@@ -6,6 +6,9 @@ can neither drive the terminal nor fake a line of the report."""
 
 from __future__ import annotations
 
+import math
+import time
+
 from samai.console.core import units
 from samai.console.core.budget import DiskBudget, StagePeak
 from samai.console.core.config import Config
@@ -13,6 +16,7 @@ from samai.remote.model import Snapshot
 from samai.remote.visible import visible
 
 TOP_PROCESSES = 15
+MAX_AGE = 100 * 365 * 86400.0
 
 
 def describe_snapshot(snap: Snapshot, cfg: Config) -> str:
@@ -26,7 +30,7 @@ def describe_snapshot(snap: Snapshot, cfg: Config) -> str:
         state = rec.status if rec else "idle"
         extra = ""
         if rec:
-            extra = f"pid {rec.pid}  fired {units.duration(snap.time - rec.fired_at)} ago"
+            extra = f"pid {rec.pid}  fired {when(rec.fired_at, snap.time)}"
             if rec.rc is not None:
                 extra += f"  rc={rec.rc}"
         lines.append(f"  [{stage.key}] {stage.name:<10} {state:<8} {extra}")
@@ -40,14 +44,29 @@ def describe_snapshot(snap: Snapshot, cfg: Config) -> str:
             proc = snap.process(s.pid) if s.pid else None
             owner = f"pid {s.pid} {proc.command[:60]}" if proc else "owner not visible"
             lines.append(f"  {s.host}:{s.port:<6} {owner}")
-    lines.append(f"processes ({len(snap.processes)}; top {TOP_PROCESSES} by cpu)")
-    lines.append(f"  {'PID':>7} {'USER':<10} {'CPU%':>5} {'RSS':>9} {'START':>14}  COMMAND")
+    lines.append(f"processes ({len(snap.processes)}; top {TOP_PROCESSES} by cpu; the exact start times that kill "
+                 "--start-time takes: snapshot --json)")
+    lines.append(f"  {'PID':>7} {'USER':<10} {'CPU%':>5} {'RSS':>9} {'STARTED':<24}  COMMAND")
     for p in sorted(snap.processes, key=lambda p: p.cpu_percent, reverse=True)[:TOP_PROCESSES]:
         lines.append(f"  {p.pid:>7} {p.user[:10]:<10} {p.cpu_percent:>5.1f} {units.size(p.rss):>9} "
-                     f"{p.start_time:>14.2f}  {p.command[:80]}")
+                     f"{when(p.start_time, snap.time):<24}  {p.command[:80]}")
     for e in snap.errors:
         lines.append(f"error {e.get('what')}: {e.get('error')}")
     return _text(lines)
+
+
+def when(t: float, now: float) -> str:
+    """A moment of the box as a person reads it: how long ago, and the local time (with the date
+    when it is not today's): `2h00m ago, 05:31:10` or `3d02h ago, 2026-11-27 07:12`."""
+    if not (math.isfinite(t) and math.isfinite(now)) or abs(now - t) > MAX_AGE:
+        return "?"  # the box's clock or its reply is off: no made-up age
+    try:
+        moment, today = time.localtime(t), time.localtime(now)
+    except (OverflowError, OSError, ValueError):
+        return "?"
+    clock = time.strftime("%H:%M:%S" if today[:3] == moment[:3] else "%Y-%m-%d %H:%M", moment)
+    ago = f"{units.age(now - t)} ago" if t <= now + 1 else f"in {units.age(t - now)}"
+    return f"{ago}, {clock}"
 
 
 def describe_plan(now: DiskBudget, peaks: list[StagePeak]) -> str:

@@ -22,7 +22,7 @@ from samai.console.core import config
 from samai.remote.visible import visible
 from samai.widgets.dialogs import ConfirmDialog, HelpScreen, PathDialog
 from samai.widgets.logview import LogView
-from samai.widgets.processes import ProcessPane
+from samai.widgets.processes import ProcessDetail, ProcessPane
 from tests.helpers import pilot_until
 
 SIZE = (160, 50)
@@ -180,16 +180,18 @@ async def test_a_process_with_markup_and_escapes_in_its_argv_is_shown_literally(
                                                None))
         pane.table.focus()
         await pilot.pause(0.1)
-        # In one go (a poll re-sorts the rows): the row, scrolled to where "[/link]" stands in the
-        # command column (each cell padded by one each side), as painted.
+        # In one go (a poll re-sorts the rows): the row as painted (its command cut to the pane's
+        # width), and the whole command line under the table once the row is selected.
         row = pane.table.index(key)
         cells = pane.table.rows[row][1]
         assert visible(f"{MARKUP} {OSC}") in cells[-1]
         pane.table.move_cursor(row)
-        column = sum(width + 2 for width in pane.table.widths[:-1]) + 1
-        pane.table.scroll_to(x=column + cells[-1].index("[/link]"), animate=False, force=True)
         line = pane.table.render_line(row + 1 - pane.table.scroll_offset.y).text
-        assert f"[/link] {visible(OSC)}" in line
+        assert f" {cells[-1][:20]}" in line
+        detail = await _until(pilot, lambda: (text := _plain(pane.query_one(ProcessDetail))) and MARKUP in text
+                              and text)
+        assert f"{MARKUP} {visible(OSC)}" in detail and f"pid {victim.pid}" in detail
+        _assert_inert(detail)
         for cells in (c for _, c in pane.table.rows):
             _assert_inert(" ".join(cells))
         # The filter prompt's own error (the operator's regex, with markup in it) is not parsed either.

@@ -1,4 +1,5 @@
-"""Training curves: loss and grad_norm by step, with NaN/inf (and hidden NaN) steps marked."""
+"""Training curves: loss (left axis) and grad_norm (right axis) by step, NaN/inf (and hidden
+NaN) steps marked on the loss curve, the last step's values as numbers in the title."""
 
 from __future__ import annotations
 
@@ -55,19 +56,43 @@ class CurvesPane(Container):
         plt = self.plot.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title("loss · grad_norm by step" if self.points else "no training steps logged yet")
+        plt.title(last_values(self.points))
         good = [p for p in self.points if not p.bad]
-        series = (("loss", [(p.step, p.loss) for p in good], self._colour("primary", "cyan")),
-                  ("grad_norm", [(p.step, p.grad_norm) for p in good], self._colour("accent", "orange")))
-        for name, values, colour in series:
-            xy = [(x, y) for x, y in values if y is not None and math.isfinite(y)]
+        # Two y axes: a grad_norm of 18 beside a loss under 1 would flatten the loss on a shared one.
+        series = (("loss", "left", [(p.step, p.loss) for p in good], self._colour("primary", "cyan")),
+                  ("grad_norm", "right", [(p.step, p.grad_norm) for p in good], self._colour("accent", "orange")))
+        for name, side, values, colour in series:
+            xy = [(x, y) for x, y in values if _finite(y)]
             if xy:
-                plt.plot([x for x, _ in xy], [y for _, y in xy], label=name, color=colour, marker="braille")
+                plt.plot([x for x, _ in xy], [y for _, y in xy], label=name, color=colour, marker="braille",
+                         yside=side)
         bad = [p.step for p in self.points if p.bad]
-        if bad:
-            finite = [p.loss for p in good if p.loss is not None] or [0.0]
-            plt.scatter(bad, [max(finite)] * len(bad), label=f"NaN/inf ({len(bad)})",
-                        color=self._colour("error", "red"), marker="x")
+        if bad:  # on the loss curve, where the run was when it went bad
+            plt.scatter(bad, [_loss_before(self.points, step) for step in bad], label=f"NaN/inf ({len(bad)})",
+                        color=self._colour("error", "red"), marker="x", yside="left")
         plt.xlabel("step")
         self.border_subtitle = f"{len(self.points)} steps" + (f" · {len(bad)} bad" if bad else "")
         self.plot.refresh()
+
+
+def last_values(points: list[TrainPoint]) -> str:
+    """The title: the last logged step's loss and grad_norm as numbers (nan when they are)."""
+    if not points:
+        return "no training steps logged yet"
+    last = points[-1]
+    return f"step {last.step}: loss {_number(last.loss)} · grad_norm {_number(last.grad_norm)}"
+
+
+def _number(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4g}"
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _loss_before(points: list[TrainPoint], step: int) -> float:
+    """The last finite loss logged before `step` (else the first one after it; 0 when none)."""
+    before = [p.loss for p in points if p.step < step and not p.bad and _finite(p.loss)]
+    after = [p.loss for p in points if p.step > step and not p.bad and _finite(p.loss)]
+    return (before[-1:] or after[:1] or [0.0])[0]

@@ -1,5 +1,7 @@
 """Processes and ports: one row per process, grouped by the stage whose process group it is
-in, listening ports beside their owner; sortable, filterable with `/`.
+in, listening ports beside their owner; sortable, filterable with `/`. The command is the column
+that matters: it takes the rest of the width (the others are short, and `user` goes when the pane
+is narrow), and the selected row's whole command line is shown under the table.
 
 The table is its own Line API widget, not a DataTable: each poll changes a few cells (cpu%, the
 ages of young processes), and DataTable re-renders a changed line from scratch (row styles, every
@@ -12,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from rich.cells import cell_len
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events, on
@@ -22,6 +24,7 @@ from textual.cache import LRUCache
 from textual.containers import Vertical
 from textual.content import Content
 from textual.geometry import Size
+from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Input
@@ -30,10 +33,14 @@ from samai.console.core import units
 from samai.console.core.state import ProcessRow
 from samai.remote.model import Process
 from samai.remote.visible import visible
-from samai.widgets.pane import set_subtitle
+from samai.widgets.pane import Pane, set_subtitle
 
-COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "elapsed", "ports", "command")
+COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "age", "ports", "command")
 SORTS = ("cpu", "rss", "pid", "elapsed")
+CAPS = {"stage": 8, "user": 8, "ports": 11}  # longer values are cut (the detail strip shows them whole)
+DROP_WHEN_NARROW = ("user",)  # columns left out when the command would get fewer than WANT_COMMAND cells
+WANT_COMMAND = 24
+MIN_COMMAND = 12  # narrower than this, the table scrolls sideways
 
 Row = tuple[str, tuple[str, ...]]  # a row's key and its cells
 
@@ -91,9 +98,17 @@ class ProcessTable(ScrollView, can_focus=True):
     }
     """
 
-    def __init__(self, labels: Sequence[str], **kw) -> None:
+    class CursorMoved(Message):
+        """The cursor is on another row."""
+
+    def __init__(self, labels: Sequence[str], drop: Sequence[str] = (), want_last: int = 1, min_last: int = 1,
+                 **kw) -> None:
+        """The last column takes the width the others leave (at least `min_last` cells); the
+        columns named in `drop` are left out while it would get less than `want_last`."""
         super().__init__(**kw)
         self._labels = tuple(labels)
+        self._drop = tuple(i for i, label in enumerate(self._labels) if label in drop)
+        self._want_last, self._min_last = want_last, min_last
         self._widths = [cell_len(label) for label in self._labels]  # only grow
         self._rows: list[Row] = []
         self._cursor = 0
@@ -118,6 +133,10 @@ class ProcessTable(ScrollView, can_focus=True):
     @property
     def cursor_key(self) -> str | None:
         return self._rows[self._cursor][0] if self._cursor < len(self._rows) else None
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self._labels
 
     @property
     def widths(self) -> list[int]:
@@ -151,11 +170,21 @@ class ProcessTable(ScrollView, can_focus=True):
                 self._widths[i], grew = width, True
         return grew
 
-    def _table_width(self) -> int:
-        return sum(self._widths) + 2 * len(self._widths)  # a cell of padding each side
+    def _fixed_width(self, columns: Sequence[int]) -> int:
+        """The cells taken by `columns` but the last, each after a space, and the space before the last."""
+        return sum(self._widths[i] + 1 for i in columns[:-1]) + 1
+
+    def columns(self, line_width: int) -> tuple[list[int], int]:
+        """The columns shown in a line of `line_width` cells, and the width of the last one."""
+        shown = list(range(len(self._labels)))
+        if line_width - self._fixed_width(shown) < self._want_last:
+            shown = [i for i in shown if i not in self._drop]
+        return shown, max(self._min_last, line_width - self._fixed_width(shown))
 
     def _set_virtual_size(self) -> None:
-        size = Size(self._table_width(), len(self._rows) + 1)
+        # as wide as the narrowest layout: scrolled sideways only when even that does not fit
+        shown = [i for i in range(len(self._labels)) if i not in self._drop]
+        size = Size(self._fixed_width(shown) + self._min_last, len(self._rows) + 1)
         if size != self.virtual_size:  # a new size is a layout pass (and an equal one is skipped anyway)
             self.virtual_size = size
 
@@ -172,6 +201,7 @@ class ProcessTable(ScrollView, can_focus=True):
             old, self._cursor = self._cursor, row
             self._refresh_row(old)
             self._refresh_row(row)
+            self.post_message(self.CursorMoved())
         if scroll:
             self._scroll_to_row(row)
 
@@ -238,24 +268,50 @@ class ProcessTable(ScrollView, can_focus=True):
         key = (cells, look, scroll_x, width)
         line = self._lines.get(key)
         if line is None:
-            line = self._lines[key] = self._render(cells, self._style(look), scroll_x, width)
+            line = self._lines[key] = self._paint_line(cells, self._style(look), scroll_x, width)
         return line
 
-    def _render(self, cells: tuple[str, ...], style: Style, scroll_x: int, line_width: int) -> Strip:
-        """One segment a cell, padded as DataTable pads, then the row's style to the right edge."""
-        segments = [Segment(f" {cell}{' ' * (width - cell_len(cell))} ", style)
-                    for cell, width in zip(cells, self._widths, strict=True)]
-        table_width = self._table_width()
-        if line_width > table_width:
-            segments.append(Segment(" " * (line_width - table_width), style))
-        strip = Strip(segments, max(line_width, table_width))  # its length known: not measured again
+    def _paint_line(self, cells: tuple[str, ...], style: Style, scroll_x: int, line_width: int) -> Strip:
+        """One segment a cell after a space, the last one cut (with an ellipsis) or padded to the
+        right edge, all in the row's style."""
+        shown, last_width = self.columns(line_width)
+        segments = [Segment(f" {cells[i]}{' ' * (self._widths[i] - cell_len(cells[i]))}", style) for i in shown[:-1]]
+        segments.append(Segment(" " + _fit(cells[shown[-1]], last_width), style))
+        table_width = self._fixed_width(shown) + last_width
+        strip = Strip(segments, table_width)  # its length known: not measured again
         return strip.crop(scroll_x, scroll_x + line_width).adjust_cell_length(line_width, self._style("base"))
+
+
+def _fit(text: str, width: int) -> str:
+    """text in exactly `width` cells: padded, or cut with an ellipsis at the end."""
+    if cell_len(text) <= width:
+        return set_cell_size(text, width)
+    return set_cell_size(text, width - 1) + "…"
+
+
+class ProcessDetail(Pane):
+    """The selected process in full: its whole command line (two lines of it), pid, user, ports."""
+
+    DEFAULT_CSS = "ProcessDetail { height: 2; padding: 0 1; background: $panel; color: $foreground 85%; }"
+
+    def show_process(self, row: ProcessRow | None) -> None:
+        if row is None:
+            self.show_content(Content("no process selected"), layout=False)
+            return
+        p = row.process
+        ports = f" · ports {','.join(map(str, row.ports))}" if row.ports else ""
+        # The command first, where a long one still fits; the box's words: literal text, control
+        # characters as stand-ins.
+        self.show_content(Content.assemble(visible(p.command), ("  · pid ", "$foreground 60%"), (str(p.pid), "bold"),
+                                           ("  · ", "$foreground 60%"), visible(p.user), (ports, "$accent")),
+                          layout=False)
 
 
 class ProcessPane(Vertical):
     DEFAULT_CSS = """
     ProcessPane { height: 1fr; }
     ProcessPane ProcessTable { height: 1fr; }
+    ProcessPane ProcessDetail { height: 2; }
     ProcessPane Input { display: none; height: 3; }
     ProcessPane.-filtering Input { display: block; }
     """
@@ -274,7 +330,8 @@ class ProcessPane(Vertical):
         self.now = 0.0
 
     def compose(self) -> ComposeResult:
-        yield ProcessTable(COLUMNS)
+        yield ProcessTable(COLUMNS, drop=DROP_WHEN_NARROW, want_last=WANT_COMMAND, min_last=MIN_COMMAND)
+        yield ProcessDetail()
         yield Input(placeholder="filter processes (regex on command/user/stage; Enter applies, Esc clears)")
 
     @property
@@ -283,13 +340,18 @@ class ProcessPane(Vertical):
 
     def show(self, rows: list[ProcessRow], now: float) -> None:
         self.rows, self.now = rows, now
-        self._render_rows()
+        self._show_rows()
 
     def selected(self) -> Process | None:
-        key = self.table.cursor_key
-        return next((r.process for r in self.rows if _key(r.process) == key), None) if key else None
+        row = self._selected_row()
+        return row.process if row else None
 
-    def visible(self) -> list[ProcessRow]:
+    def _selected_row(self) -> ProcessRow | None:
+        key = self.table.cursor_key
+        return next((r for r in self.rows if _key(r.process) == key), None) if key else None
+
+    def shown_rows(self) -> list[ProcessRow]:
+        """The rows the table shows, in its order: kernel threads and the filter applied."""
         rows = [r for r in self.rows if self.show_kernel or r.process.argv]
         if self.pattern:
             # matched against the text as shown (control characters as their stand-ins)
@@ -298,19 +360,25 @@ class ProcessPane(Vertical):
         by = _sort_key(self.sort)
         return sorted(rows, key=lambda r: (r.stage is None, r.stage or "", by(r)))
 
-    def _render_rows(self) -> None:
-        rows = self.visible()
+    def _show_rows(self) -> None:
+        rows = self.shown_rows()
         keep = self.selected()
         self.table.set_rows([(_key(r.process), self._cells(r)) for r in rows])
         self._select(keep)
+        self._show_detail()
         set_subtitle(self, f"{len(rows)} shown · sort {self.sort}" + (" · filtered" if self.pattern else ""))
 
     def _cells(self, r: ProcessRow) -> tuple[str, ...]:
         """The row's text; a user name or a command line is anyone's: control characters as stand-ins
         (the table paints cells as plain segments, so markup in them is never parsed)."""
         p = r.process
-        return (r.stage or "", str(p.pid), visible(p.user[:10]), f"{r.cpu_percent:.1f}", units.size(p.rss),
-                units.age(self.now - p.start_time), ",".join(map(str, r.ports)), visible(p.command[:200]))
+        return (_cap(r.stage or "", "stage"), str(p.pid), _cap(visible(p.user), "user"), f"{r.cpu_percent:.1f}",
+                _short_size(p.rss), units.age(self.now - p.start_time), _cap(",".join(map(str, r.ports)), "ports"),
+                visible(p.command[:400]))
+
+    @on(ProcessTable.CursorMoved)
+    def _show_detail(self) -> None:
+        self.query_one(ProcessDetail).show_process(self._selected_row())
 
     def _select(self, process: Process | None) -> None:
         """Put the cursor back on the process it was on, else on the first row."""
@@ -325,11 +393,11 @@ class ProcessPane(Vertical):
 
     def action_cycle_sort(self) -> None:
         self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
-        self._render_rows()
+        self._show_rows()
 
     def action_toggle_all(self) -> None:
         self.show_kernel = not self.show_kernel
-        self._render_rows()
+        self._show_rows()
 
     @on(Input.Submitted)
     def _apply_filter(self, event: Input.Submitted) -> None:
@@ -342,7 +410,7 @@ class ProcessPane(Vertical):
             return
         self.remove_class("-filtering")
         self.table.focus()
-        self._render_rows()
+        self._show_rows()
 
     def on_key(self, event) -> None:
         if event.key == "escape" and self.has_class("-filtering"):
@@ -351,8 +419,25 @@ class ProcessPane(Vertical):
             self.pattern = None
             self.remove_class("-filtering")
             self.table.focus()
-            self._render_rows()
+            self._show_rows()
 
 
 def _key(p: Process) -> str:
     return f"{p.pid}:{p.start_time}"
+
+
+def _cap(text: str, column: str) -> str:
+    width = CAPS[column]
+    return text if cell_len(text) <= width else set_cell_size(text, width - 1) + "…"
+
+
+def _short_size(n: int) -> str:
+    """A size in at most 5 cells, as top shows it: 0.8K, 3.0M, 420M, 1.2G."""
+    value = max(n, 0) / 1000
+    for unit in "KMGT":
+        if value < 9.95:
+            return f"{value:.1f}{unit}"
+        if value < 999.5 or unit == "T":
+            return f"{value:.0f}{unit}"
+        value /= 1000
+    return "?"

@@ -1,0 +1,169 @@
+"""The screen as an operator at 160x48 and 120x40 reads it (issue 15, items 5, 8, 9, 11, 14): the
+recorded box through the real app, read back as the text of the exported screenshot."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import pytest
+from textual.app import App, ComposeResult
+
+from samai.console import replay
+from samai.console.app import SamaiApp
+from samai.console.core.trainlog import TrainPoint
+from samai.console.report import describe_snapshot
+from samai.remote.boxapi import Box
+from samai.widgets.curves import CurvesPane
+from samai.widgets.processes import ProcessDetail, ProcessPane
+from samai.widgets.stages import STATUS_STYLE, StagesBar
+from tests.helpers import pilot_until
+
+RECORDING = replay.load(Path(__file__).parent / "data" / "recorded_box.json")
+NOW = RECORDING["probe"]["time"]
+SIZES = [(160, 48), (120, 40)]
+CHAR_WIDTH = 0.61 * 20  # Rich's SVG export: a cell is this wide at its default font size
+TEXT = re.compile(r'<text[^>]*x="([\d.]+)" y="([\d.]+)"[^>]*>(.*?)</text>')
+
+
+def screen_text(app: App, width: int) -> list[str]:
+    """The screen's lines as the operator reads them (no colours), from the exported SVG."""
+    rows: dict[float, dict[int, str]] = {}
+    for m in TEXT.finditer(app.export_screenshot()):
+        text = html.unescape(re.sub("<[^>]+>", "", m.group(3))).replace("\xa0", " ")
+        rows.setdefault(float(m.group(2)), {})[round(float(m.group(1)) / CHAR_WIDTH)] = text
+    lines = []
+    for y in sorted(rows):
+        line = [" "] * width
+        for column, text in rows[y].items():
+            line[column:column + len(text)] = text
+        lines.append("".join(line[:width]).rstrip())
+    return lines
+
+
+def _recorded_app() -> SamaiApp:
+    return SamaiApp(replay.recorded_config(RECORDING), poll=False, clock=lambda: NOW)
+
+
+def _pane_lines(lines: list[str], title: str) -> list[str]:
+    """The lines inside a bordered pane of the left column, from its title down to its bottom border."""
+    start = next(i for i, line in enumerate(lines) if f"─ {title} ─" in line)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("╰"))
+    return [line.split("│")[1] for line in lines[start + 1:end]]
+
+
+# ---------------------------------------------------------------- 8: processes and ports
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_the_command_takes_the_rest_of_the_processes_pane(size) -> None:
+    app = _recorded_app()
+    async with app.run_test(size=size) as pilot:
+        replay.show(app, RECORDING)
+        await pilot.pause()
+        pane = app.query_one(ProcessPane)
+        lines = _pane_lines(screen_text(app, size[0]), "processes & ports")
+        header = lines[0]
+        assert header.split() == (["stage", "pid", "user", "cpu%", "rss", "age", "ports", "command"]
+                                  if size[0] >= 160 else ["stage", "pid", "cpu%", "rss", "age", "ports", "command"])
+        command_at = header.index("command")
+        assert len(header) - command_at >= {160: 28, 120: 14}[size[0]]  # the other columns are short
+        server = next(line for line in lines if " 5100 " in line)
+        assert server[command_at:].startswith("llama-server -")
+        width = pane.table.scrollable_content_region.width
+        assert pane.table.virtual_size.width <= width  # nothing to scroll sideways for
+        # the selected row's whole command line, under the table
+        pane.table.focus()
+        row = pane.table.index(next(k for k, _ in pane.table.rows if k.startswith("5100:")))
+        pane.table.move_cursor(row)
+        await pilot.pause()
+        shown = " ".join(str(pane.query_one(ProcessDetail).render()).split())
+        assert pane.selected().command in shown and "pid 5100" in shown and "ports 18080" in shown
+
+
+async def test_the_narrowest_layout_scrolls_sideways_and_keeps_the_command_its_minimum() -> None:
+    app = _recorded_app()
+    async with app.run_test(size=(80, 40)) as pilot:
+        replay.show(app, RECORDING)
+        await pilot.pause()
+        table = app.query_one(ProcessPane).table
+        shown, command = table.columns(table.scrollable_content_region.width)
+        assert "user" not in [table.labels[i] for i in shown] and command >= 12
+
+
+# ---------------------------------------------------------------- 9: the stages bar
+
+
+@pytest.mark.parametrize("size", SIZES + [(100, 40)])
+async def test_no_stage_is_cut_across_two_lines_and_the_running_one_stands_out(size) -> None:
+    app = _recorded_app()
+    async with app.run_test(size=size) as pilot:
+        replay.show(app, RECORDING)
+        await pilot.pause()
+        lines = screen_text(app, size[0])
+        bar = "\n".join(lines[3:3 + app.query_one(StagesBar).size.height])
+        for stage in app.config.stages:
+            status = RECORDING_STATUS.get(stage.name, "blocked")
+            assert f"[{stage.key}] {stage.name} {STATUS_STYLE[status][0]} {status}" in bar, (stage.name, bar)
+        rendered = app.query_one(StagesBar).render()
+        running = rendered.plain.index("[3] train")
+        backgrounds = {span.style for span in rendered.spans if span.start <= running < span.end}
+        assert any("on $primary" in str(style) for style in backgrounds)
+
+
+RECORDING_STATUS = {"provision": "done", "fetch": "done", "train": "running", "eval": "idle"}
+
+
+async def test_the_stages_bar_flows_again_when_the_terminal_is_resized() -> None:
+    app = _recorded_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        replay.show(app, RECORDING)
+        await pilot.pause()
+        bar = app.query_one(StagesBar)
+        assert bar.size.height == 2
+        await pilot.resize_terminal(90, 40)
+        await pilot_until(pilot, lambda: bar.size.height == 3)
+        lines = str(bar.render()).split("\n")
+        assert len(lines) == 3 and all(len(line) <= bar.content_size.width for line in lines)
+        assert lines[0].endswith("[3] train ● running 10m00s")
+
+
+# ---------------------------------------------------------------- 11: training curves
+
+
+class Curves(App):
+    def compose(self) -> ComposeResult:
+        yield CurvesPane()
+
+
+async def test_loss_and_grad_norm_have_their_own_axes_and_the_last_values_are_numbers() -> None:
+    points = [TrainPoint(1, 0.52, 18.0), TrainPoint(2, 0.41, 12.0), TrainPoint(3, float("nan"), float("nan")),
+              TrainPoint(4, 0.33, 9.0), TrainPoint(5, 0.30, 2.5)]
+    async with Curves().run_test(size=(80, 14)) as pilot:
+        pane = pilot.app.query_one(CurvesPane)
+        await pilot_until(pilot, lambda: pane.plot is not None)
+        pane.add(points)
+        await pilot.pause()
+        lines = screen_text(pilot.app, 80)
+        assert "step 5: loss 0.3 · grad_norm 2.5" in lines[0]
+        left = [float(m) for line in lines for m in re.findall(r"^ *(\d+\.\d+)┤", line)]
+        right = [float(m) for line in lines for m in re.findall(r"├(\d+\.?\d*)$", line)]
+        assert left and max(left) < 1 and min(left) >= 0.29  # the loss has the whole left axis to itself
+        assert right and max(right) >= 17
+        assert any("NaN/inf (1)" in line for line in lines)
+        pane.add([TrainPoint(6, float("nan"), float("nan"))])
+        await pilot.pause()
+        assert "step 6: loss nan · grad_norm nan" in screen_text(pilot.app, 80)[0]
+
+
+# ---------------------------------------------------------------- 14: snapshot text
+
+
+async def test_the_snapshot_text_shows_ages_and_local_times_not_epochs(box: Box) -> None:
+    snap = await box.snapshot()
+    text = describe_snapshot(snap, replay.recorded_config(RECORDING))
+    assert "STARTED" in text and "START " not in text
+    oldest = min(snap.processes, key=lambda p: p.start_time)
+    assert f"{oldest.start_time:.2f}" not in text and f"{int(oldest.start_time)}" not in text
+    assert re.search(r"\d+[smhd]\S* ago, (\d\d:\d\d:\d\d|\d{4}-\d\d-\d\d \d\d:\d\d)", text)
