@@ -21,6 +21,11 @@ SCAN_CARRY = 64 * 1024  # the probe re-scans at most this much of an unfinished 
 RUN_HEADER = "=== samai chain "  # the first line the box's launcher writes for each run of a stage
 
 
+def missing_notice(path: str) -> str:
+    """What the log pane says while the file it follows does not exist (yet)."""
+    return f"No such file on the box: {visible(path)}"
+
+
 def last_run(lines: list[str]) -> list[str] | None:
     """The lines after the last run header among lines; None when there is no header (all of
     them belong to the run already being read). The launcher starts each run's log afresh, but a
@@ -108,7 +113,7 @@ class LogFollower:
         update = TailUpdate()
         if chunk.error is not None:
             if not self.missing:
-                update.notice = f"{self.path}: {chunk.error}"
+                update.notice = missing_notice(self.path) if chunk.missing else f"{self.path}: {chunk.error}"
             self.missing, self.refused = True, chunk.special is not None
             if self.offset is None:
                 self.offset = 0  # a file that appears later is read from its start

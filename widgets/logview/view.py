@@ -44,7 +44,7 @@ class LogView(ScrollView, can_focus=True):
     Call `reset`, `append` and `notice` from the app's event loop (a thread worker uses
     `app.call_from_thread`)."""
 
-    ALLOW_SELECT = False  # rows carry no selection offsets; ctrl+s and y hand the lines out instead
+    ALLOW_SELECT = False  # rows carry no selection offsets; ctrl+s and Y hand the lines out instead
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f", "follow", "Follow", id="log.follow"),
@@ -53,7 +53,7 @@ class LogView(ScrollView, can_focus=True):
         Binding("n", "next_marker", "Next marker", id="log.next_marker"),
         Binding("N", "prev_marker", "Previous marker", id="log.prev_marker"),
         Binding("w", "toggle_wrap", "Wrap", id="log.wrap"),
-        Binding("y", "copy_line", "Copy line", id="log.copy", show=False),
+        Binding("Y", "copy_line", "Copy line", id="log.copy", show=False),
         Binding("ctrl+s", "save", "Save shown lines", id="log.save"),
         Binding("g,home", "top", "Top", id="log.top", show=False),
         Binding("G,end", "bottom", "Bottom (follow)", id="log.bottom", show=False),
@@ -193,7 +193,7 @@ class LogView(ScrollView, can_focus=True):
 
     @property
     def current_line(self) -> int | None:
-        """Index into `lines` of the line `y` copies: the marker line n/N landed on, else the
+        """Index into `lines` of the line `Y` copies: the marker line n/N landed on, else the
         newest shown line while following, else the first visible one."""
         if self._cursor is not None and self._buffer.index_of(self._cursor) is not None:
             return self.cursor_line
