@@ -9,28 +9,19 @@ that the gateway starts in a fresh interpreter, so the ratio is the price of tha
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import argument_parser, interleaved_async, print_figure
 
-from samai.remote.boxapi import Box  # noqa: E402
-from samai.remote.envelope import EnvelopeTransport  # noqa: E402
-from samai.remote.local import LocalTransport  # noqa: E402
+from samai.remote.boxapi import Box
+from samai.remote.envelope import EnvelopeTransport
+from samai.remote.local import LocalTransport
 
 TOKEN = "bench-token-" + os.urandom(8).hex()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def main(runs: int) -> None:
@@ -44,26 +35,18 @@ async def main(runs: int) -> None:
     try:
         await local.snapshot()
         await remote.snapshot()  # tools uploaded once, as the console does
-        times: dict[str, list[float]] = {"local": [], "envelope": []}
-        for _ in range(runs):
-            for name, box in (("local", local), ("envelope", remote)):
-                started = time.perf_counter()
-                await box.snapshot()
-                times[name].append(time.perf_counter() - started)
+        times = await interleaved_async(runs, {"local": local.snapshot, "envelope": remote.snapshot})
     finally:
         await local.close()
         await remote.close()
         gateway.terminate()
         gateway.wait(10)
     print(f"snapshot latency, {runs} runs each, interleaved ({os.cpu_count()} CPUs)")
-    for name, values in times.items():
-        median, p95 = 1000 * statistics.median(values), 1000 * percentile(values, 0.95)
+    for name in ("local", "envelope"):
+        median, p95 = 1000 * times.median(name), 1000 * times.percentile(name, 0.95)
         print(f"{name:<9} median {median:7.1f} ms   p95 {p95:7.1f} ms")
-    ratio = statistics.median(times["envelope"]) / statistics.median(times["local"])
-    print(f"envelope / local: x{ratio:.1f}")
+    print_figure("envelope / local", times.median("envelope"), times.median("local"))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20)
-    asyncio.run(main(parser.parse_args().runs))
+    asyncio.run(main(argument_parser(__doc__, runs=20).parse_args().runs))

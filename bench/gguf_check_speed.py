@@ -9,22 +9,18 @@ read; GGUFReader memory-maps the local file. The figures: time and bytes read of
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gguf import GGUFReader
+from harness import Timings, argument_parser, print_figure
 
-from gguf import GGUFReader  # noqa: E402
-
-from samai.console.core.checks import check_gguf  # noqa: E402
-from samai.remote.boxapi import Box  # noqa: E402
-from samai.remote.local import LocalTransport  # noqa: E402
-from tests.test_checks import sparse_gguf  # noqa: E402
+from samai.console.core.checks import check_gguf
+from samai.remote.boxapi import Box
+from samai.remote.local import LocalTransport
+from tests.test_checks import sparse_gguf
 
 
 async def main(gb: float, runs: int) -> None:
@@ -32,29 +28,25 @@ async def main(gb: float, runs: int) -> None:
         path = sparse_gguf(Path(tmp) / "big.gguf", int(gb * (1 << 30)))
         box = Box(LocalTransport(), tmp, python=sys.executable)
         await box.snapshot(processes=False)  # tools uploaded, probe started: as in a running console
-        ours, theirs, read = [], [], 0
+        times, read = Timings(), 0
         for _ in range(runs):
-            started = time.perf_counter()
-            result = await check_gguf(box, str(path), expect_tensors=None, expect_last=None, local=False)
-            ours.append(time.perf_counter() - started)
+            result = await times.time_async("check", lambda: check_gguf(box, str(path), expect_tensors=None,
+                                                                         expect_last=None, local=False))
             read = result["bytes_read"]
             assert result["ok"], result
-            started = time.perf_counter()
-            reader = GGUFReader(str(path))
-            theirs.append(time.perf_counter() - started)
+            reader = times.time("GGUFReader", GGUFReader, str(path))
             assert len(reader.tensors) == result["tensor_count"]
         await box.close()
     size = path.stat().st_size if path.exists() else int(gb * (1 << 30))
-    ours_ms, theirs_ms = 1000 * statistics.median(ours), 1000 * statistics.median(theirs)
+    ours_ms, theirs_ms = 1000 * times.median("check"), 1000 * times.median("GGUFReader")
     print(f"GGUF of {size / (1 << 30):.1f} GiB (sparse data), {runs} runs, medians")
     print(f"check gguf via the Box: {ours_ms:.1f} ms, {read:,} bytes read ({read / size:.2e} of the file)")
     print(f"GGUFReader (local mmap): {theirs_ms:.1f} ms")
-    print(f"ratio check/GGUFReader: x{ours_ms / theirs_ms:.2f}")
+    print_figure("check / GGUFReader", ours_ms, theirs_ms)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__, runs=5)
     parser.add_argument("--gb", type=float, default=4)
-    parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     asyncio.run(main(args.gb, args.runs))

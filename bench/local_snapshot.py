@@ -6,30 +6,28 @@ Both answer the request the console's poll sends for the built-in tiny pipeline 
 sizes, processes and listeners, writers, binaries, a cursor on every stage log, eval reports) in
 a workspace with a training log and an adapter. Ours goes through the Box to the probe the
 console keeps running and is parsed into a typed Snapshot; by hand is
-`python3 -S probe.py < request.json`, a fresh process each time, its JSON left unparsed.
+`python3 -S TOOLS probe < request.json` (the box tools' folder, as the console runs a tool), a fresh
+process each time, its JSON left unparsed.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
 import os
-import posixpath
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import argument_parser, interleaved_async, print_figure
 
-from samai.console.core.config import load_builtin  # noqa: E402
-from samai.console.core.state import ConsoleState  # noqa: E402
-from samai.remote.boxapi import Box  # noqa: E402
-from samai.remote.local import LocalTransport  # noqa: E402
+from samai.console.core.config import load_builtin
+from samai.console.core.state import ConsoleState
+from samai.remote.boxapi import Box
+from samai.remote.local import LocalTransport
 
 
 def fill_workspace(root: Path) -> None:
@@ -50,24 +48,22 @@ async def main(runs: int) -> None:
         state.apply(await box.snapshot(**state.request(followers)), followers, time.time())  # cursors at the ends
         what = state.request(followers)
         request = json.dumps(box.snapshot_request(**what)).encode()
-        by_hand = [sys.executable, "-S", posixpath.join(box.tools_dir, "probe.py")]
-        ours, theirs = [], []
-        for _ in range(runs):
-            started = time.perf_counter()
+        by_hand = [sys.executable, "-S", box.tools_dir, "probe"]
+
+        async def console() -> None:
             await box.snapshot(**what)
-            ours.append(time.perf_counter() - started)
-            started = time.perf_counter()
+
+        def hand() -> None:
             subprocess.run(by_hand, input=request, stdout=subprocess.PIPE, check=True)
-            theirs.append(time.perf_counter() - started)
+
+        times = await interleaved_async(runs, {"console": console, "by hand": hand})
         await box.close()
-    o, t = statistics.median(ours) * 1000, statistics.median(theirs) * 1000
+    o, t = times.median("console") * 1000, times.median("by hand") * 1000
     print(f"one local snapshot, {runs} runs each, interleaved, medians ({os.cpu_count()} CPUs, "
           f"Python {sys.version.split()[0]}; request {len(request):,} B)")
     print(f"console (kept probe, parsed): {o:.1f} ms   probe by hand: {t:.1f} ms")
-    print(f"console / by hand: x{o / t:.2f} (target <= 1.5)")
+    print_figure("console / by hand", o, t, at_most=1.5)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=30)
-    asyncio.run(main(parser.parse_args().runs))
+    asyncio.run(main(argument_parser(__doc__, runs=30).parse_args().runs))

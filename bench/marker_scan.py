@@ -8,22 +8,19 @@ in markers-only reads (no bytes returned), as the console's stage watches do.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import Timings, argument_parser, print_figure
 
-from samai.console.core.config import load_builtin  # noqa: E402
-from samai.remote.boxapi import Box  # noqa: E402
-from samai.remote.follow import MARKER_SCAN_READ, LogFollower  # noqa: E402
-from samai.remote.local import LocalTransport  # noqa: E402
+from samai.console.core.config import load_builtin
+from samai.remote.boxapi import Box
+from samai.remote.follow import MARKER_SCAN_READ, LogFollower
+from samai.remote.local import LocalTransport
 
 NOISE = [b"{'loss': '0.8897', 'grad_norm': '1.14', 'learning_rate': '0.00111', 'epoch': '47.5'}\n",
          b" 45%|####5     | 4500/10000 [12:01<14:41,  6.24it/s]\n",
@@ -38,22 +35,22 @@ def write_log(path: Path, megabytes: int) -> int:
         return f.tell()
 
 
-async def probe_scan(box: Box, path: Path, markers) -> tuple[float, int]:
+async def probe_scan(box: Box, path: Path, markers) -> int:
+    """The marker hits in the whole file."""
     follower = LogFollower(str(path), markers=markers, offset=0, want_data=False, max_bytes=MARKER_SCAN_READ)
     hits = 0
-    started = time.perf_counter()
     while True:
         update = follower.consume(await box.read_log(follower.cursor()))
         hits += len(update.hits)
         if not update.more:
-            return time.perf_counter() - started, hits
+            return hits
 
 
-def grep_scan(path: Path, markers) -> tuple[float, int]:
+def grep_scan(path: Path, markers) -> int:
+    """The lines grep finds with the same patterns."""
     pattern = "|".join(m.pattern for m in markers)
-    started = time.perf_counter()
     out = subprocess.run(["grep", "-c", "-E", pattern, str(path)], capture_output=True, text=True)
-    return time.perf_counter() - started, int(out.stdout.strip() or 0)
+    return int(out.stdout.strip() or 0)
 
 
 async def main(megabytes: int, runs: int) -> None:
@@ -63,25 +60,22 @@ async def main(megabytes: int, runs: int) -> None:
         size = write_log(path, megabytes)
         box = Box(LocalTransport(), tmp, python=sys.executable)
         await box.snapshot(processes=False)
-        ours, theirs = [], []
+        times = Timings()
         for _ in range(runs):
             subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL)  # both read from the page cache
-            seconds, hits = await probe_scan(box, path, markers)
-            ours.append(seconds)
-            seconds, lines = grep_scan(path, markers)
-            theirs.append(seconds)
+            hits = await times.time_async("probe", probe_scan, box, path, markers)
+            lines = times.time("grep", grep_scan, path, markers)
             assert hits == lines, (hits, lines)
         await box.close()
-    o, t = statistics.median(ours), statistics.median(theirs)
+    o, t = times.median("probe"), times.median("grep")
     print(f"marker scan of {size / 1e6:.0f} MB, {len(markers)} patterns, {hits} hits, {runs} runs, medians "
           f"({os.cpu_count()} CPUs)")
     print(f"probe: {o:.2f} s ({size / o / 1e6:.0f} MB/s)   grep -c -E: {t:.2f} s ({size / t / 1e6:.0f} MB/s)")
-    print(f"probe / grep: x{o / t:.2f} (target <= 2)")
+    print_figure("probe / grep", o, t, at_most=2)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__, runs=3)
     parser.add_argument("--mb", type=int, default=1024)
-    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     asyncio.run(main(args.mb, args.runs))

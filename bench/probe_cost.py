@@ -1,6 +1,6 @@
 """The probe's own CPU cost on the box at 1 Hz, with the console's poll request, against the floor of listing processes.
 
-The probe runs as the console runs it (one `probe.py --serve` per connection, through Box on
+The probe runs as the console runs it (one `probe --serve` per connection, through Box on
 LocalTransport) and is asked exactly what the console's poll asks for the built-in tiny pipeline
 (ConsoleState builds the request and folds in each reply): every stage log watched for markers,
 the train log, the log pane, every artifact and poison file sized, the eval reports, writers,
@@ -9,7 +9,7 @@ the bench runs (a writer process appends to it and holds it open, recorded as th
 stage), the other stage logs, a venv-like tree, checkpoints and an eval report.
 
 The probe's CPU time is utime + stime of its own /proc/PID/stat (the child of this process that
-runs probe.py --serve): per snapshot over snapshots asked back to back, then over wall time
+runs the probe with --serve): per snapshot over snapshots asked back to back, then over wall time
 while polling once a second, which is the figure the target is about (at 1 Hz the probe runs
 with cold caches, and costs more per snapshot). The baseline, measured in the same run next to
 each, is the floor of any process listing: one os.listdir("/proc") plus reading every
@@ -103,7 +103,7 @@ def start_time(pid: int) -> float:
 
 
 def probe_pid() -> int:
-    """The probe: the child of this process running probe.py --serve."""
+    """The probe: the child of this process running the box tools' probe with --serve."""
     me = os.getpid()
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -113,9 +113,9 @@ def probe_pid() -> int:
         except OSError:
             continue
         st = read_stat(int(name))
-        if st and st["ppid"] == me and any(a.endswith(b"probe.py") for a in argv) and b"--serve" in argv:
+        if st and st["ppid"] == me and b"probe" in argv and b"--serve" in argv:
             return int(name)
-    raise RuntimeError("no probe.py --serve among this process's children")
+    raise RuntimeError("no probe --serve among this process's children")
 
 
 def process_count() -> int:
