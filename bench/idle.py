@@ -26,7 +26,6 @@ measurement, not a test: nothing asserts on it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -38,6 +37,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from harness import argument_parser
 from startup import SIZE, Tui
 
 from samai.remote.box.procfs import read_stat
@@ -175,7 +175,7 @@ def in_own_namespace() -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to sample")
     parser.add_argument("--interval", type=float, default=1.0, help="the target's poll_interval")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between the first paint and sampling")

@@ -41,6 +41,8 @@ from itertools import cycle
 from pathlib import Path
 
 import psutil
+from harness import argument_parser, figure
+from harness import percentile as pct
 from textual import events
 from textual.app import App, ComposeResult
 
@@ -199,13 +201,6 @@ async def scenario(name: str, seconds: float, rate: int, max_bytes: int) -> dict
     return result
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def report(idle: dict, flood: dict, args: argparse.Namespace) -> None:
     mb = 1024 * 1024
 
@@ -223,12 +218,9 @@ def report(idle: dict, flood: dict, args: argparse.Namespace) -> None:
     print(row(idle))
     print(row(flood))
 
-    def ratio(a: float, b: float) -> float:
-        return a / b if b else float("nan")
-
     li, lf = idle["latencies"], flood["latencies"]
-    print(f"flood/idle: p50 x{ratio(pct(lf, .5), pct(li, .5)):.2f}, p95 x{ratio(pct(lf, .95), pct(li, .95)):.2f}, "
-          f"peak RSS x{ratio(flood['rss_peak'], idle['rss_peak']):.2f}")
+    print(figure("flood/idle p50", pct(lf, .5), pct(li, .5)) + ", " + figure("p95", pct(lf, .95), pct(li, .95))
+          + ", " + figure("peak RSS", flood["rss_peak"], idle["rss_peak"]))
     for r in (idle, flood):
         keys = ", ".join(f"{k} {pct(v, .5) * 1000:.0f}/{max(v) * 1000:.0f}" for k, v in sorted(r["by_key"].items()))
         print(f"  {r['scenario']} per key (p50/max ms): {keys}")
@@ -242,7 +234,7 @@ def report(idle: dict, flood: dict, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each scenario")
     parser.add_argument("--rate", type=int, default=50_000, help="lines/s the writer appends")
     parser.add_argument("--max-bytes", type=int, default=DEFAULT_READ, help="bytes per log read")

@@ -27,28 +27,26 @@ figure includes.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import argument_parser, median, ratio
 
-from samai.console.core.config import load_builtin  # noqa: E402
-from samai.console.core.sizing import REFRESH_S, REFRESH_S_PER_FILE  # noqa: E402
-from samai.console.core.state import ConsoleState  # noqa: E402
-from samai.remote.box.procfs import boot_time, read_stat, start_epoch  # noqa: E402
-from samai.remote.boxapi import Box  # noqa: E402
-from samai.remote.local import LocalTransport  # noqa: E402
+from samai.console.core.config import load_builtin
+from samai.console.core.sizing import REFRESH_S, REFRESH_S_PER_FILE
+from samai.console.core.state import ConsoleState
+from samai.remote.box.procfs import boot_time, read_stat, start_epoch
+from samai.remote.boxapi import Box
+from samai.remote.local import LocalTransport
 
 TARGET_PERCENT = 1.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -191,7 +189,7 @@ async def measure(label: str, snapshots: int, seconds: float, workspace: str, ba
             t0 = cpu_ticks(pid)
             latencies += [await console.poll() for _ in range(per_batch)]
             ms.append(1000 * (cpu_ticks(pid) - t0) / CLK_TCK / per_batch)
-            ratios.append(ms[-1] / floors[-1])
+            ratios.append(ratio(ms[-1], floors[-1]))
             t0 = cpu_ticks(pid)
             for _ in range(per_batch):
                 await console.box.ask_probe(sizing)
@@ -214,11 +212,10 @@ async def measure(label: str, snapshots: int, seconds: float, workspace: str, ba
                    if line.startswith("VmRSS:"))
     finally:
         await console.box.close()
-    median = statistics.median
     return {"label": label, "procs": process_count(), "ms": median(ms), "at_1hz": at_1hz,
             "sizing": median(sizing_ms), "latency": 1000 * median(latencies), "floor": median(floors),
             "ratio": median(ratios), "floor_1hz": median(floors_1hz),
-            "ratio_1hz": 1000 * ticks_1hz / CLK_TCK / max(polls, 1) / median(floors_1hz), "ps": ps_ms(),
+            "ratio_1hz": ratio(1000 * ticks_1hz / CLK_TCK / max(polls, 1), median(floors_1hz)), "ps": ps_ms(),
             "files": console.files, "rss": rss / 1024, "window": window}
 
 
@@ -272,7 +269,7 @@ async def main(snapshots: int, seconds: float, extra: int, venv_files: int) -> N
           "cold caches; floor: CPU of os.listdir('/proc') + reading every /proc/PID/stat once, here, back to back "
           "and once after each 1 Hz poll (x floor: the probe's CPU per snapshot over it); ps: one "
           "`ps -e -o pid,lstart,args`, for scale; RSS: the probe's, at the end")
-    per_k = statistics.median(1000 * r["sizing"] / max(r["files"], 1) for r in rows)
+    per_k = median(1000 * r["sizing"] / max(r["files"], 1) for r in rows)
     print(f"sizing all artifacts ({rows[0]['files']} files) costs {per_k:.2f} ms per 1000 files: {per_k / 10:.2f} % "
           f"of a core per 1000 files were they walked every second; a tree no running stage makes is walked every "
           f"max({REFRESH_S:g} s, files x {REFRESH_S_PER_FILE * 1000:g} ms)")
@@ -281,7 +278,7 @@ async def main(snapshots: int, seconds: float, extra: int, venv_files: int) -> N
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--snapshots", type=int, default=100, help="asked back to back, per process count")
     parser.add_argument("--seconds", type=float, default=30, help="polled at 1 Hz, per process count")
     parser.add_argument("--extra", type=int, default=300, help="idle processes added for the second run")

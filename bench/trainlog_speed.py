@@ -1,29 +1,30 @@
 """How fast `check trainlog` reads a big training log, against grep on the same file in the same run,
 and how much memory the command takes for it.
 
-    python bench/trainlog_speed.py [--mb 100] [--every 50] [--keep] [--log FILE]
+    python bench/trainlog_speed.py [--mb 100] [--every 50] [--runs 3] [--keep] [--rss-only]
 
 Writes a synthetic log of about --mb MB into a temp dir: mostly tqdm progress noise (lines of
 many \\r-separated bar redraws) and info lines, with an HF Trainer dict (transformers 4 and 5
 forms in turn, some written over a live bar) every --every lines and DeepSpeed progress lines
 now and then. Then times check_trainlog_path over it (the CLI's parse, streamed from the
 file), plain Python line iteration of the file (the floor any Python reader pays) and
-`grep -c "'loss'"` (the baseline), and prints lines/s, MB/s and the ratios. Then runs
+`grep -c "'loss'"` (the baseline), interleaved, --runs times each, and prints lines/s and
+MB/s of the medians and the ratios. Before that it runs
 `samai-console check trainlog` on it (local target, read through the Box in chunks, as on a
 remote box) in a child process and prints that process's peak RSS and the probe's.
 This is a measurement, not a test: nothing here asserts on timings."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from harness import Timings, argument_parser, print_figure
 
 from samai.console.core.trainlog import check_trainlog_path
 
@@ -76,12 +77,6 @@ def write_log(path: Path, size_mb: int, every: int, seed: int = 7) -> int:
     return step
 
 
-def timed(fn):
-    start = time.perf_counter()
-    value = fn()
-    return value, time.perf_counter() - start
-
-
 def python_lines(path: Path) -> int:
     with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
         return sum(1 for _ in f)
@@ -116,7 +111,7 @@ def cli_peak_rss(folder: Path, log: Path) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argument_parser(__doc__, runs=3)
     p.add_argument("--mb", type=int, default=100, help="size of the synthetic log in MB")
     p.add_argument("--every", type=int, default=50, help="a Trainer dict every this many lines")
     p.add_argument("--keep", action="store_true", help="keep the log (its path is printed)")
@@ -126,7 +121,9 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="trainlog-bench-"))
     try:
         log = folder / "train.log"
-        dicts, write_s = timed(lambda: write_log(log, args.mb, args.every))
+        times = Timings()
+        dicts = times.time("write", write_log, log, args.mb, args.every)
+        write_s = times.median("write")
         size = log.stat().st_size
         print(f"log: {size / 1e6:.1f} MB, {dicts} Trainer dicts (written in {write_s:.1f} s)")
         peak = cli_peak_rss(folder, log)
@@ -135,10 +132,12 @@ def main() -> None:
         if args.rss_only:
             return
         grep_count(log)  # the page cache is warm for everyone, grep included
-        greps, grep_s = timed(lambda: grep_count(log))
-        lines, iter_s = timed(lambda: python_lines(log))
-        result, check_s = timed(lambda: check_trainlog_path(log))
-        assert len(result["points"]) == dicts == greps, (len(result["points"]), dicts, greps)
+        for _ in range(args.runs):
+            greps = times.time("grep", grep_count, log)
+            lines = times.time("lines", python_lines, log)
+            result = times.time("check", check_trainlog_path, log)
+            assert len(result["points"]) == dicts == greps, (len(result["points"]), dicts, greps)
+        grep_s, iter_s, check_s = times.median("grep"), times.median("lines"), times.median("check")
 
         def rate(seconds: float) -> str:
             return f"{lines / seconds / 1e6:6.2f} M lines/s  {size / seconds / 1e6:7.1f} MB/s  ({seconds:.2f} s)"
@@ -148,7 +147,8 @@ def main() -> None:
         print(f"check_trainlog         {rate(check_s)}")
         print(f"python line iteration  {rate(iter_s)}")
         print(f"grep -c \"'loss'\"       {rate(grep_s)}")
-        print(f"check / grep: {check_s / grep_s:.1f}x the time;  check / line iteration: {check_s / iter_s:.1f}x")
+        print_figure("check / grep", check_s, grep_s)
+        print_figure("check / line iteration", check_s, iter_s)
     finally:
         if args.keep:
             print(f"kept {folder}")
