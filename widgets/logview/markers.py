@@ -19,7 +19,6 @@ ALARMS: tuple[Marker, ...] = (
     Marker("oom", r"CUDA out of memory|\bOutOfMemoryError\b|\bOOM\b|\bout of memory\b", "error"),
     Marker("killed", r"\bKilled\b|\bSegmentation fault\b|\bcore dumped\b", "error"),
     Marker("nan", r"\b(?:NaN|nan)\b", "warning"),
-    Marker("warning", r"\bWARNING\b", "warning"),
 )
 
 # Patterns that refer to their own groups by number cannot be joined into one alternation.
