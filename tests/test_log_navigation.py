@@ -206,6 +206,7 @@ def test_completion_from_a_listing() -> None:
     assert complete("/abs/x", names) == ("/abs/x", ())
     assert complete("", names) == ("", ("models/", "train-2.log", "train.log"))
     assert complete(".h", names) == (".hidden", ())
+    assert complete("e", ["evil\x1b]0;x\x07.log", "e[b]x[/b].log"]) == ("e[b]x[/b].log", ())
 
 
 def test_history_goes_back_and_forward_and_forgets_what_was_ahead() -> None:

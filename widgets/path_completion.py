@@ -15,11 +15,13 @@ def folder_of(text: str) -> str:
 
 def complete(text: str, names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     """text completed as far as the folder's entries agree (folders end with "/"), and the
-    entries it could still become when that is more than one."""
+    entries it could still become when that is more than one. Names are box text: only
+    printable ones are offered."""
     folder = folder_of(text)
     stem = text[len(folder):]
     hidden = stem.startswith(".")  # dot files only when asked for, as shells do
-    matches = sorted(n for n in names if n.startswith(stem) and (hidden or not n.startswith(".")) and n)
+    # A name with control characters is never offered: it would go into the field as typed text.
+    matches = sorted(n for n in names if n.startswith(stem) and (hidden or not n.startswith(".")) and n.isprintable())
     if not matches:
         return text, ()
     common = posixpath.commonprefix(matches)
