@@ -4,6 +4,7 @@ back and forward ([ ]), copying a line (Y), and Tab completing a path from the b
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -222,3 +223,16 @@ def test_history_goes_back_and_forward_and_forgets_what_was_ahead() -> None:
     history.visit(ShownLog("z.log"))
     history.visit(ShownLog("y.log"))
     assert history.recent_files == ("y.log", "z.log")
+
+
+def test_the_probe_lists_at_most_max_entries_and_refuses_a_malformed_listing(workspace: Path):
+    from samai.remote.box import probe
+
+    for n in range(5):
+        (workspace / f"f{n}").write_text("")
+    reply = json.loads(probe.answer(json.dumps({"workspace": str(workspace), "listing": {"path": ".", "max": 3},
+                                                "processes": False, "states": False})))
+    assert len(reply["listing"]["entries"]) == 3 and reply["listing"]["complete"] is False
+    for bad in ([], {"max": 3}, {"path": 7}, {"path": "a\0b"}, {"path": ".", "max": "3"}):
+        reply = json.loads(probe.answer(json.dumps({"listing": bad})))
+        assert "request.listing" in reply["error"]
