@@ -320,15 +320,22 @@ async def test_the_box_makes_each_reply_whole_again(box: Box, spawn) -> None:
     assert pids == sorted(pids) and len(set(pids)) == len(pids)
 
 
+def probe_pids(snap: model.Snapshot, box: Box) -> list[int]:
+    """The box's probe as the processes pane lists it: `python -S TOOLS probe --serve`."""
+    return [p.pid for p in snap.processes if box.tools_dir in p.argv and "--serve" in p.argv]
+
+
 async def test_an_error_reply_keeps_the_probe_and_what_it_holds(box: Box, spawn) -> None:
     proc = _sleeper(spawn)
     await _settle(box)
-    probe = box._probe
+    probe = probe_pids(await box.snapshot(), box)
+    assert len(probe) == 1
     with pytest.raises(BoxError, match="artifact_budget_s must be a number"):
         await box.ask_probe({"artifact_budget_s": "soon"})  # the probe cannot read it: an error reply
     with pytest.raises(BoxError, match=r"reports\[0\]\.max must be an integer"):
         await box.ask_probe({"reports": [{"glob": "*", "max": float("inf")}]})  # nor this, deeper in
-    assert box._probe is probe and (await box.snapshot()).process(proc.pid) is not None
+    after = await box.snapshot()
+    assert probe_pids(after, box) == probe and after.process(proc.pid) is not None
 
 
 async def test_held_processes_that_are_not_the_probes_last_are_all_replaced(box: Box, spawn) -> None:
