@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from samai.remote.model import Marker
 from samai.remote.visible import CONTROL_PICTURES
 from samai.widgets.logview.buffer import LineBuffer, LineFilter, Notice, clean_line
-from samai.widgets.logview.markers import ALARMS, Markers, with_alarms
+from samai.widgets.logview.markers import ALARMS, RANKS, Markers, with_alarms
 
 MARKERS = (Marker("oom", r"ERROR", "error"), Marker("slow", r"WARN", "warning"))
 
@@ -137,3 +137,13 @@ def test_a_pattern_with_a_global_flag_still_ranks() -> None:
     ranks = Markers((Marker("a", r"(?i)boom", "error"), *ALARMS))
     assert ranks.rank("BOOM") == 3
     assert re.compile(r"(?i)boom")  # the pattern itself is valid; only the joined one is not
+
+
+@settings(max_examples=300, deadline=None)
+@given(line=st.lists(st.one_of(st.text(max_size=3), st.sampled_from(["ERROR", "nan", "NaN", "OOM", "Killed", "Trace",
+                                                                    "CUDA out of memory", " ", "_", "x"])),
+                     max_size=12).map("".join))
+def test_a_rank_is_the_most_severe_marker_that_matches(line: str) -> None:
+    markers = with_alarms(MARKERS)
+    expected = max((RANKS[m.severity] for m in markers if re.search(m.pattern, line)), default=0)
+    assert Markers(markers).rank(line) == expected  # the needles turn away only lines no marker matches

@@ -177,6 +177,8 @@ class LineBuffer:
     def max_width_of(self, numbers: Sequence[int]) -> int:
         """The widest of these kept lines in cells, notices left out."""
         base, widths, notices = self.base, self.widths, self.notices
+        if not notices and numbers == range(base, self.end):
+            return max(widths, default=0)  # all of them, as they nearly always are: one C-level pass
         return max((widths[a - base] for a in numbers if a not in notices), default=0)
 
     # ------------------------------------------------------------ writing

@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 
 from samai.remote.model import Marker
+from samai.remote.needles import required_needles
 
 RANKS = {"info": 1, "warning": 2, "error": 3}
 RANK_CLASSES = ("", "logview--info", "logview--warning", "logview--error")
@@ -42,6 +43,12 @@ class Markers:
                 continue  # the config layer reports bad patterns; the pane just can't colour them
         compiled.sort(key=lambda item: -item[0])
         self._by_rank = compiled
+        # Fixed strings one of which every match holds: most lines are turned away by a few
+        # substring searches, which cost far less than the patterns (\b at every position).
+        needles = [required_needles(rx.pattern) for _, rx in compiled]
+        self._needles: tuple[str, ...] | None = None
+        if compiled and all(needles):
+            self._needles = tuple(dict.fromkeys(n for group in needles for n in group or ()))
         # One alternation rejects the (many) unmarked lines in a single search.
         self._any: re.Pattern[str] | None = None
         if len(compiled) > 1 and not any(_GROUP_REFERENCE.search(rx.pattern) for _, rx in compiled):
@@ -54,6 +61,8 @@ class Markers:
         return bool(self._by_rank)
 
     def rank(self, line: str) -> int:
+        if self._needles is not None and not any(n in line for n in self._needles):
+            return 0
         if self._any is not None and self._any.search(line) is None:
             return 0
         for rank, rx in self._by_rank:
