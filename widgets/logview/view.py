@@ -130,6 +130,7 @@ class LogView(ScrollView, can_focus=True):
         # Row strips per (line, wrapped row or scroll x, width, wrap, cursor).
         self._strips: LRUCache[tuple[int, int, int, bool, bool], Strip] = LRUCache(1024)
         self._prompt_open = False
+        self._follow_display = "f"  # the follow key as last seen in the active bindings
 
     # ------------------------------------------------------------ public API
 
@@ -519,12 +520,15 @@ class LogView(ScrollView, can_focus=True):
         self.border_subtitle = Content(" · ".join(parts))
 
     def _follow_key(self) -> str:
-        """The key that resumes follow, as the app's keymap (App.set_keymap) has it."""
-        # Textual keeps the keymap private; without it the hint falls back to the default key.
-        keys = getattr(self.app, "_keymap", {}).get("log.follow") if self.is_attached else None
-        if not keys:
-            return "f"
-        return self.app.get_key_display(Binding(keys.split(",")[0].strip(), "follow"))
+        """The key that resumes follow, as the app's keymap (App.set_keymap) has it: read from
+        the screen's active bindings (public), so only while this pane is in the focus chain;
+        otherwise the key last seen there, or the default."""
+        if self.is_attached:
+            for active in self.screen.active_bindings.values():
+                if active.binding.id == "log.follow" and active.node is self:
+                    self._follow_display = self.app.get_key_display(active.binding)
+                    break
+        return self._follow_display
 
     # ------------------------------------------------------------ flush timer
 
