@@ -531,18 +531,19 @@ class SamaiApp(App[None]):
             else:
                 self.notify("no alert with a suggested action", severity="information", markup=False)
             return
-        verb, _, rest = alert.action.partition(" ")
-        if verb == "kill":
-            pid, start = rest.split()
+        fix = alert.action
+        if fix.kind == "kill":
             snap = self.state.snapshot
-            proc = snap.process(int(pid)) if snap else None
-            if proc is None or abs(proc.start_time - float(start)) > 0.011:
-                self.notify(f"pid {pid} is gone or is another process now", severity="warning", markup=False)
+            proc = snap.same_process(fix.pid, fix.start_time) if snap else None
+            if proc is None:
+                self.notify(f"pid {fix.pid} is gone or is another process now", severity="warning", markup=False)
                 return
             self.action_kill(proc)
-        elif verb in ("stop", "restart"):
-            getattr(self, f"action_{verb}")(rest)
-        elif verb == "clean":
+        elif fix.kind == "stop":
+            self.action_stop(fix.stage)
+        elif fix.kind == "restart":
+            self.action_restart(fix.stage)
+        else:
             self.action_clean()
 
     @_one_action_at_a_time

@@ -253,7 +253,7 @@ async def _doctor(args, cfg, box: Box) -> int:
                               writers=True, binaries=declared_binaries(cfg))
     findings = detect(cfg, snap)
     if args.json:
-        print(_json({"findings": [asdict(f) for f in findings]}))
+        print(_json({"findings": [dict(asdict(f), action=str(f.action or "")) for f in findings]}))
     else:
         for f in findings:  # a finding quotes box text: file names, command lines
             print(visible(f"{f.severity:<7} {f.code}: {f.message}" + (f"  [fix: {f.action}]" if f.action else "")))

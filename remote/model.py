@@ -7,9 +7,19 @@ import functools
 import types
 import typing
 from dataclasses import dataclass, is_dataclass
-from typing import Any
+from typing import Any, Literal
 
 from samai.remote.needles import required_needles
+
+Severity = Literal["info", "warning", "error"]  # of a marker, a finding, a check, an alert
+
+# Start times come in clock ticks (1/100 s) since boot: two reads of one process agree within a tick.
+START_TIME_TOLERANCE_S = 0.011
+
+
+def same_start(a: float, b: float) -> bool:
+    """Whether two start times are one process's (pid + start time is a process's identity)."""
+    return abs(a - b) <= START_TIME_TOLERANCE_S
 
 
 class BoxError(Exception):
@@ -20,7 +30,7 @@ class BoxError(Exception):
 class Marker:
     name: str
     pattern: str  # a regular expression matched against each log line's bytes
-    severity: str = "info"  # info | warning | error
+    severity: Severity = "info"
 
     def request(self) -> dict:
         needles = required_needles(self.pattern)
@@ -211,6 +221,11 @@ class Snapshot:
 
     def process(self, pid: int) -> Process | None:
         return next((p for p in self.processes if p.pid == pid), None)
+
+    def same_process(self, pid: int, start_time: float) -> Process | None:
+        """The process with this pid if it is the one that started then (not a reuse of its pid)."""
+        proc = self.process(pid)
+        return proc if proc is not None and same_start(proc.start_time, start_time) else None
 
     def state(self, stage: str) -> StageRecord | None:
         return next((s for s in self.states if s.stage == stage), None)

@@ -16,6 +16,7 @@ from textual.widgets import Button, DataTable
 from samai.console import prefs
 from samai.console.app import SamaiApp
 from samai.console.core import config
+from samai.console.core.fixes import FixAction
 from samai.remote.boxapi import Box
 from samai.widgets.dialogs import ConfirmDialog, KillDialog
 from samai.widgets.logview import LogView
@@ -291,7 +292,7 @@ async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixe
         await pilot_until(pilot, lambda: any(a.code == "hidden_nan" for a in app.state.alerts))
         assert "hidden" in str(app.query_one("#alerts").render()).lower()
         nan = next(a for a in app.state.alerts if a.code == "hidden_nan")
-        assert nan.action == "restart train" and "x restart" in nan.hint
+        assert nan.action == FixAction.restart("train") and "x restart" in nan.hint
         await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, ConfirmDialog))
         await pilot.press("x")  # now the newest: the training run's error, fixed by restarting train
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)

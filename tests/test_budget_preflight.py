@@ -155,10 +155,10 @@ def test_the_playbook_budget_comes_out_of_the_samai_8b_config() -> None:
 def test_budget_on_the_command_line(tmp_path: Path) -> None:
     from tests.helpers import run_cli
 
-    r = run_cli("--config", str(Path(config.__file__).parent / "pipelines" / "samai-8b.toml"), "budget", "--json")
+    r = run_cli("--config", str(Path(config.__file__).parents[1] / "pipelines" / "samai-8b.toml"), "budget", "--json")
     assert r.returncode == 1, r.stderr  # the plan has a stage that does not fit as declared
     plan = json.loads(r.stdout)
     convert = next(s for s in plan["stages"] if s["stage"] == "convert")
     assert not convert["fits"] and not convert["kept_fits"] and convert["cleaned"] == ["base"]
-    text = run_cli("--config", str(Path(config.__file__).parent / "pipelines" / "samai-8b.toml"), "budget").stdout
+    text = run_cli("--config", str(Path(config.__file__).parents[1] / "pipelines" / "samai-8b.toml"), "budget").stdout
     assert "keeping every intermediate would overflow the disk at: convert" in text

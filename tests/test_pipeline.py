@@ -27,6 +27,7 @@ from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.checks import check_trainlog
+from samai.console.core.fixes import FixAction
 from samai.remote.box.gguf_check import check_file
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
@@ -385,7 +386,7 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         await pilot_until(pilot, lambda: "train ✗ failed rc=3" in _bar(app) and "merge ■ blocked" in _bar(app))
         alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.active
                                                         and a.code == "hidden_nan"), None))
-        assert alert.action == "restart train" and "l log" in alert.hint
+        assert alert.action == FixAction.restart("train") and "l log" in alert.hint
         assert "TRAIN_NAN" in str(app.query_one("#alerts").render())
         assert not (pipeline_ws / "runs" / "train" / "final").exists()
 
@@ -463,7 +464,7 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         assert died.stage == "serve" and died.text.startswith("stage serve: pid ") and "died (rc=137)" in died.text
         said = f"SERVER_DIED llama_cpp.server pid {listener.pid} killed by SIGKILL; its last words (logs/server.log)"
         assert said in died.text and said in _log_of(app, "serve")  # in its own log, and quoted by the alert
-        assert "l log" in died.hint and died.action == "restart serve"
+        assert "l log" in died.hint and died.action == FixAction.restart("serve")
         await pilot_until(pilot, lambda: not [s for s in app.state.snapshot.listeners if s.port == port])
         held = await _dialog(pilot, app, "8")
         assert any(c.severity == "error" and f"nothing listens on port {port}: fire serve (key 7) first" in c.text

@@ -11,6 +11,7 @@ from pathlib import Path
 from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
+from samai.console.core.fixes import FixAction
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 
@@ -142,6 +143,6 @@ async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_ho
         with log.open("a") as f:  # a third run, whose gradients die: merge is blocked from the bar on
             f.write(HEADER.format(3) + dead_gradients_log())
         dead = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "dead_gradients"), None))
-        assert dead.action == "restart train" and "l log · x restart" == dead.hint
+        assert dead.action == FixAction.restart("train") and "l log · x restart" == dead.hint
         await pilot_until(pilot, lambda: "merge ■ blocked" in _bar_of(app))
         assert len(curve.points) == 80  # the third run's own steps, the healthy run's gone from the curve

@@ -31,7 +31,7 @@ from samai.console.core.config import Config, Stage
 from samai.console.core.evidence import training_evidence
 from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.model import Boot, CleanResult, FireResult, SignalResult, Snapshot
+from samai.remote.model import Boot, CleanResult, FireResult, SignalResult, Snapshot, same_start
 from samai.remote.transport import TransportError
 
 PORT_GRACE_S = 5.0  # a listener on a stage's port: TERM, then KILL after this long
@@ -378,7 +378,7 @@ class Actions:
             return f"the box cannot be read either ({e}): check it before trying again"
         if plan.action == "kill":
             proc = snap.process(plan.pid)
-            alive = proc is not None and abs(proc.start_time - (plan.start_time or 0)) < 0.011
+            alive = proc is not None and same_start(proc.start_time, plan.start_time or 0)
             return f"pid {plan.pid} is {'still running' if alive else 'gone'}"
         rec = snap.state(plan.stage or "")
         if rec is None or rec.fired_at < started - 1:
@@ -486,7 +486,7 @@ def _kill_plan(target: str, snap: Snapshot | None, pid: int, start_time: float, 
                grace: float, group: bool) -> ActionPlan:
     then = f", SIGKILL after {grace:g} s" if signal != "KILL" else ""
     proc = snap.process(pid) if snap else None
-    if proc is not None and abs(proc.start_time - start_time) > 0.011:
+    if proc is not None and not same_start(proc.start_time, start_time):
         proc = None  # another process has that pid now: the box will refuse, the plan shows nothing of it
     details = [f"start time {_when(start_time)} ({start_time:.2f}); identity re-checked on the box before the signal"]
     if proc is not None:

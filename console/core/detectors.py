@@ -8,11 +8,12 @@ import posixpath
 from dataclasses import dataclass
 
 from samai.console.core import units
-from samai.console.core.budget import GB, disk_budget, project
+from samai.console.core.budget import GB, DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
-from samai.console.core.preflight import POISON_PREFIX
+from samai.console.core.fixes import CLEAN, FixAction
+from samai.console.core.preflight import present_poison
 from samai.console.core.redact import redact
-from samai.remote.model import Snapshot
+from samai.remote.model import Severity, Snapshot
 
 # The [model] settings that name binaries the pipeline runs (checked for the tar-prefix trap).
 BINARY_SETTINGS = ("llama_server", "llama_quantize")
@@ -21,9 +22,9 @@ BINARY_SETTINGS = ("llama_server", "llama_quantize")
 @dataclass(frozen=True)
 class Finding:
     code: str
-    severity: str  # info | warning | error
+    severity: Severity
     message: str
-    action: str = ""  # "kill PID START", "stop STAGE", "restart STAGE", "clean"; empty: look, don't touch
+    action: FixAction | None = None  # what `x` does about it; None: look, don't touch
 
     def __post_init__(self) -> None:
         # Findings quote command lines and paths from the box: `doctor` prints them, alerts show them.
@@ -39,15 +40,17 @@ def declared_binaries(cfg: Config) -> list[str]:
     return [str(model[k]) for k in BINARY_SETTINGS if model.get(k)]
 
 
-def detect(cfg: Config, snap: Snapshot) -> list[Finding]:
+def detect(cfg: Config, snap: Snapshot, budget: DiskBudget | None = None) -> list[Finding]:
+    """budget: this snapshot's, when the caller has it already (a poll computes it once)."""
+    budget = budget or disk_budget(cfg, snap)
     found: list[Finding] = []
     for check in (_shared_writers, _serve_ports, _reasoning_format, _poison, _disk, _disk_reserve, _binaries,
                   _lost_stages):
-        found.extend(check(cfg, snap))
+        found.extend(check(cfg, snap, budget))
     return found
 
 
-def _shared_writers(cfg: Config, snap: Snapshot):
+def _shared_writers(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """One file written by processes of different groups: two downloads into one file (§3).
     Processes of one group writing one file are a shell and its children sharing an output."""
     for path, pids in snap.writers:
@@ -57,10 +60,10 @@ def _shared_writers(cfg: Config, snap: Snapshot):
             yield Finding("shared_writer", "error",
                           f"{path} is being written by {len(pids)} processes in {len(groups)} groups "
                           f"(pids {', '.join(map(str, pids))}): two writers corrupt a download",
-                          f"kill {newest.pid} {newest.start_time}")
+                          FixAction.kill(newest))
 
 
-def _serve_ports(cfg: Config, snap: Snapshot):
+def _serve_ports(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """More than one listener on a serve port, or one the console did not start: a stale server
     answers the health check and takes the eval (§6)."""
     for stage in cfg.stages:
@@ -80,7 +83,7 @@ def _serve_ports(cfg: Config, snap: Snapshot):
                                   _kill_action(snap, proc.pid))
 
 
-def _reasoning_format(cfg: Config, snap: Snapshot):
+def _reasoning_format(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """llama-server splitting <think> into reasoning_content: the fake 0 % (§6)."""
     for p in snap.processes:
         # argv[0] for the binary; argv[1] when an interpreter runs a script of that name
@@ -89,21 +92,18 @@ def _reasoning_format(cfg: Config, snap: Snapshot):
                           "--reasoning-format none: an unclosed <think> empties content", _kill_action(snap, p.pid))
 
 
-def _poison(cfg: Config, snap: Snapshot):
+def _poison(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """What a failed run left that makes the next one refuse (TRAIN_NAN): restart clears it (§9).
     Only after a run that did not end well, and never a good run's outputs (final/, TRAIN_DONE):
     those are the preflight's matter when the stage is about to run again, not an alert."""
-    sizes = {a.name: a for a in snap.artifacts}
     for stage in cfg.stages:
         rec = snap.state(stage.name)
         if rec is None or rec.status not in ("failed", "lost", "orphaned"):
             continue
-        present = [path for path in stage.poison if path_is_poison(cfg, stage, path) and
-                   sizes.get(f"{POISON_PREFIX}{stage.name}:{path}") and
-                   sizes[f"{POISON_PREFIX}{stage.name}:{path}"].exists]
+        present = [path for path in present_poison(stage, snap) if path_is_poison(cfg, stage, path)]
         if present:
             yield Finding("poison_files", "warning", f"stage {stage.name}: {', '.join(present)} left by its "
-                          f"{rec.status} run; restarting clears them", f"restart {stage.name}")
+                          f"{rec.status} run; restarting clears them", FixAction.restart(stage.name))
 
 
 def path_is_poison(cfg: Config, stage: Stage, path: str) -> bool:
@@ -116,9 +116,8 @@ def path_is_poison(cfg: Config, stage: Stage, path: str) -> bool:
     return posixpath.basename(posixpath.normpath(path)) not in good
 
 
-def _disk(cfg: Config, snap: Snapshot):
+def _disk(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """The next stage's projected peak above the free space (§4)."""
-    budget = disk_budget(cfg, snap)
     for stage in cfg.stages:
         rec = snap.state(stage.name)
         if rec is not None:
@@ -129,23 +128,22 @@ def _disk(cfg: Config, snap: Snapshot):
             yield Finding("disk_peak", "error" if not can_clean else "warning",
                           f"stage {stage.name} needs {p.adds / 1e9:.1f} GB at its peak, "
                           f"{p.free_now / 1e9:.1f} GB free" + (" (clean intermediates first)" if can_clean else ""),
-                          "clean" if can_clean else "")
+                          CLEAN if can_clean else None)
         return  # the next stage only
 
 
-def _disk_reserve(cfg: Config, snap: Snapshot):
+def _disk_reserve(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """Free space on the workspace's disk below the configured reserve, whatever runs next."""
-    budget = disk_budget(cfg, snap)
     reserve = int(cfg.budget.reserve_gb * GB)
     if budget.capacity and budget.free < reserve:
         can_clean = budget.reclaimable > 0
         # No live byte count in the text: an alert is the same alert while the condition holds.
         yield Finding("disk_reserve", "error", f"free space on the workspace disk is below the reserve of "
                       f"{units.size(reserve)}" + ("; intermediates can be cleaned" if can_clean else ""),
-                      "clean" if can_clean else "")
+                      CLEAN if can_clean else None)
 
 
-def _binaries(cfg: Config, snap: Snapshot):
+def _binaries(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """A declared binary missing or not executable: often a tarball unpacked as bin/bin/ (§3)."""
     for path, exists, executable in snap.binaries:
         if not executable:
@@ -153,15 +151,15 @@ def _binaries(cfg: Config, snap: Snapshot):
             yield Finding("binary_missing", "error", f"{path} {what} (a tarball with a nested prefix?)")
 
 
-def _lost_stages(cfg: Config, snap: Snapshot):
+def _lost_stages(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """A stage whose process died without CHAIN_DONE: killed -9, OOM-killed, or the box rebooted."""
     for rec in snap.states:
         if rec.status in ("lost", "orphaned"):
-            action = f"stop {rec.stage}" if rec.status == "orphaned" else f"restart {rec.stage}"
+            action = FixAction.stop(rec.stage) if rec.status == "orphaned" else FixAction.restart(rec.stage)
             yield Finding("stage_lost", "error", f"stage {rec.stage} (pid {rec.pid}) died without CHAIN_DONE"
                           + ("; its group still runs" if rec.status == "orphaned" else ""), action)
 
 
-def _kill_action(snap: Snapshot, pid: int) -> str:
+def _kill_action(snap: Snapshot, pid: int) -> FixAction | None:
     proc = snap.process(pid)
-    return f"kill {pid} {proc.start_time}" if proc else ""
+    return FixAction.kill(proc) if proc else None

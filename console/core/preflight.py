@@ -36,17 +36,29 @@ class Preflight:
         return any(c.severity == "error" for c in self.checks)
 
 
+def poison_key(stage: str, path: str) -> str:
+    """The artifact name under which the probe sizes one of a stage's poison paths."""
+    return f"{POISON_PREFIX}{stage}:{path}"
+
+
 def poison_artifacts(cfg: Config) -> list[tuple[str, str]]:
     """(name, path) pairs the probe sizes so that poison files are seen in every snapshot."""
-    return [(f"{POISON_PREFIX}{s.name}:{p}", p) for s in cfg.stages for p in s.poison]
+    return [(poison_key(s.name, p), p) for s in cfg.stages for p in s.poison]
 
 
-def preflight(cfg: Config, snap: Snapshot, stage: Stage) -> Preflight:
+def present_poison(stage: Stage, snap: Snapshot) -> tuple[str, ...]:
+    """The stage's poison paths that this snapshot found on the box."""
+    sizes = {a.name: a for a in snap.artifacts}
+    return tuple(p for p in stage.poison if (found := sizes.get(poison_key(stage.name, p))) and found.exists)
+
+
+def preflight(cfg: Config, snap: Snapshot, stage: Stage, budget: DiskBudget | None = None) -> Preflight:
+    """budget: this snapshot's, when the caller has it already (a poll computes it once)."""
     checks: list[Check] = []
     record = snap.state(stage.name)
     if record and record.alive:
         checks.append(Check("error", f"already running as pid {record.pid}"))
-    budget = disk_budget(cfg, snap)
+    budget = budget or disk_budget(cfg, snap)
     for name in stage.needs:
         use = budget.artifact(name)
         if use is None or use.actual is None:
@@ -55,9 +67,7 @@ def preflight(cfg: Config, snap: Snapshot, stage: Stage) -> Preflight:
         else:
             checks.append(Check("ok", f"needs {name}: {units.size(use.actual)} present"))
     checks.append(_disk_check(cfg, budget, stage))
-    sizes = {a.name: a for a in snap.artifacts}
-    poison = tuple(path for name, path in poison_artifacts(cfg)
-                   if name.startswith(f"{POISON_PREFIX}{stage.name}:") and sizes.get(name) and sizes[name].exists)
+    poison = present_poison(stage, snap)
     if poison:
         checks.append(Check("warning", f"poison files from an earlier run: {', '.join(poison)} (restart clears them)"))
     for port in stage.ports:

@@ -14,13 +14,14 @@ from samai.console.core.budget import DiskBudget, disk_budget
 from samai.console.core.config import CHAIN_DONE, Config, Stage
 from samai.console.core.detectors import declared_binaries, detect
 from samai.console.core.evidence import training_sources
+from samai.console.core.fixes import FixAction
 from samai.console.core.preflight import Preflight, poison_artifacts, preflight
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
 from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogParser, TrainPoint
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower, last_run
-from samai.remote.model import Marker, Process, Report, Snapshot, StageRecord
+from samai.remote.model import Marker, Process, Report, Severity, Snapshot, StageRecord
 
 MAX_ALERTS = 200
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
@@ -29,12 +30,12 @@ MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at
 @dataclass(frozen=True)
 class Alert:
     time: float
-    severity: str  # info | warning | error
+    severity: Severity
     text: str
     stage: str | None = None
     hint: str = ""  # the key that fixes it, e.g. "r restart"
     code: str = ""  # a detector's code, e.g. stale_server
-    action: str = ""  # what `x` does about it: "kill PID START", "stop STAGE", "restart STAGE", "clean"
+    action: FixAction | None = None  # what `x` does about it
     resolved_at: float | None = None  # when its condition stopped holding; None: active
     finding: tuple[str, str] | None = None  # the detector finding it stands for (resolved when it is gone)
     run: float | None = None  # the stage run (fired_at) it is about: resolved when a new run starts
@@ -50,7 +51,8 @@ class Alert:
 def run_error(at: float | None, text: str, stage: str, run: float | None, code: str = "") -> Alert:
     """An error about a stage's run: `l` opens that stage's log, `x` restarts it (through
     restart's own dialog), whatever log the pane shows."""
-    return Alert(at or 0.0, "error", text, stage, "l log · x restart", code=code, action=f"restart {stage}", run=run)
+    return Alert(at or 0.0, "error", text, stage, "l log · x restart", code=code, action=FixAction.restart(stage),
+                 run=run)
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,7 @@ class ConsoleState:
             else:
                 self._hits(self.config.stage(watched[id(follower)]), tail.hits, update)
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
-        update.new_alerts += self._findings(snap)
+        update.new_alerts += self._findings(snap, update.budget)
         resolved += self._resolve_gone(snap, now)
         self.raise_alerts(update.new_alerts)
         update.alerts_changed = bool(update.new_alerts or resolved)
@@ -250,9 +252,9 @@ class ConsoleState:
         self._lost_before = lost
         return tuple(replace(r, alive=True) if (r.stage, r.fired_at) in first_time else r for r in states)
 
-    def _findings(self, snap: Snapshot) -> list[Alert]:
+    def _findings(self, snap: Snapshot, budget: DiskBudget) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back."""
-        findings = detect(self.config, snap)
+        findings = detect(self.config, snap, budget)
         new = [f for f in findings if f.key not in self._standing]
         self._standing = {f.key for f in findings}
         return [Alert(self.received_at, f.severity, f.message, code=f.code, action=f.action,
@@ -296,10 +298,8 @@ class ConsoleState:
         def gone(a: Alert) -> bool:
             if a.finding is not None and a.finding not in self._standing:
                 return True
-            if a.action.startswith("kill "):
-                pid, start = _kill_target(a.action)
-                proc = snap.process(pid) if pid is not None else None
-                return proc is None or abs(proc.start_time - start) > 0.011
+            if a.action is not None and a.action.kind == "kill":
+                return snap.same_process(a.action.pid, a.action.start_time) is None
             return a.code == "box_unreachable"
         return self._resolve(gone, now)
 
@@ -346,7 +346,7 @@ class ConsoleState:
     def _stage_view(self, stage: Stage, snap: Snapshot, update: StateUpdate) -> StageView:
         rec = snap.state(stage.name)
         status = rec.status if rec else "idle"
-        if status == "idle" and (preflight(self.config, snap, stage).blocked or self.unproven(stage)):
+        if status == "idle" and (preflight(self.config, snap, stage, update.budget).blocked or self.unproven(stage)):
             status = "blocked"
         before = self._statuses.get(stage.name)
         self._statuses[stage.name] = status
@@ -406,11 +406,3 @@ class ConsoleState:
         """Newest first; only the latest MAX_ALERTS are kept."""
         self.alerts = (list(reversed(alerts)) + self.alerts)[:MAX_ALERTS]
 
-
-def _kill_target(action: str) -> tuple[int | None, float]:
-    """(pid, start time) of a "kill PID START" action; (None, 0) when it is malformed."""
-    try:
-        _, pid, start = action.split()
-        return int(pid), float(start)
-    except ValueError:
-        return None, 0.0
