@@ -1,4 +1,4 @@
-"""The log pane's line buffer on its own (no Textual): bounds, markers, filter, notices."""
+"""The log pane's line buffer and row layout on their own (no widget, no app): bounds, markers, filter, notices."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from samai.remote.model import Marker
 from samai.remote.visible import CONTROL_PICTURES
 from samai.widgets.logview.buffer import LineBuffer, LineFilter, Notice, clean_line
+from samai.widgets.logview.layout import RowLayout
 from samai.widgets.logview.markers import ALARMS, RANKS, Markers, with_alarms
 
 MARKERS = (Marker("oom", r"ERROR", "error"), Marker("slow", r"WARN", "warning"))
@@ -147,3 +148,20 @@ def test_a_rank_is_the_most_severe_marker_that_matches(line: str) -> None:
     markers = with_alarms(MARKERS)
     expected = max((RANKS[m.severity] for m in markers if re.search(m.pattern, line)), default=0)
     assert Markers(markers).rank(line) == expected  # the needles turn away only lines no marker matches
+
+
+def test_n_and_N_search_from_the_view_or_from_the_last_landing() -> None:
+    buffer = LineBuffer(100)
+    buffer.clear(MARKERS)
+    buffer.add([f"ERROR {i}" if i in (3, 10, 25, 40) else f"line {i}" for i in range(50)])
+    rows = RowLayout(buffer)
+    rows.rebuild(80)
+    assert rows.next_marker(None, 5, 10, forward=True) == 10  # the first in view (rows 5..14)
+    assert rows.next_marker(None, 5, 10, forward=False) == 10  # the last in view
+    assert rows.next_marker(10, 5, 10, forward=True) == 25  # after the one landed on, while in view
+    assert rows.next_marker(10, 5, 10, forward=False) == 3
+    assert rows.next_marker(40, 5, 10, forward=True) == 10  # landed out of view: from the view again
+    assert rows.next_marker(40, 0, 50, forward=True) is None
+    buffer.set_filter(LineFilter.parse("!ERROR 25"))  # a hidden marker line is skipped
+    rows.rebuild(80)
+    assert rows.next_marker(10, 0, 49, forward=True) == 40

@@ -8,7 +8,7 @@ at the end); it is None while every shown line is one row.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from itertools import accumulate
 
 from rich.cells import chop_cells
@@ -118,3 +118,25 @@ class RowLayout:
             return None
         k = bisect_right(self.cum, target) - 1
         return k, target - self.cum[k]
+
+    # ------------------------------------------------------------ markers
+
+    def next_marker(self, anchor: int | None, top: int, height: int, *, forward: bool) -> int | None:
+        """The shown marker line (absolute number) n (forward) or N lands on: the one after (or
+        before) anchor, the line n/N last landed on, while that is in view; else the first from
+        the top of the view (n) or the last from its bottom (N). None when there is none."""
+        buffer = self.buffer
+        marks = buffer.mark_lines
+        k = None if anchor is None else buffer.index_of(anchor)
+        if anchor is None or k is None or not top <= self.row_of(k) < top + height:
+            row = top if forward else min(top + height - 1, self.total_rows() - 1)
+            located = self.locate(row)
+            if located is None:
+                start = 0 if forward else len(marks) - 1
+            else:
+                a = buffer.abs_at(located[0])
+                start = bisect_left(marks, a) if forward else bisect_right(marks, a) - 1
+        else:
+            start = bisect_right(marks, anchor) if forward else bisect_left(marks, anchor) - 1
+        candidates = range(start, len(marks)) if forward else range(start, -1, -1)
+        return next((marks[j] for j in candidates if buffer.index_of(marks[j]) is not None), None)

@@ -10,7 +10,6 @@ LineStyler (styles.py) into an LRU cache of strips; a line's text is never parse
 from __future__ import annotations
 
 import re
-from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from time import monotonic
 from typing import ClassVar
@@ -454,32 +453,17 @@ class LogView(ScrollView, can_focus=True):
 
     def _jump_marker(self, *, forward: bool) -> None:
         self.flush_now()
-        buffer, rows = self._buffer, self._rows
-        marks = buffer.mark_lines
         top = self.scroll_offset.y
         height = self.scrollable_content_region.height - (PROMPT_ROWS if self._prompt_open else 0)
-        anchor = self._cursor
-        k = None if anchor is None else buffer.index_of(anchor)
-        if anchor is None or k is None or not top <= rows.row_of(k) < top + height:
-            # No current marker in view: search from the first (n) or last (N) visible line.
-            row = top if forward else top + height - 1
-            located = rows.locate(row) if forward else rows.locate(min(row, rows.total_rows() - 1))
-            if located is None:
-                start = 0 if forward else len(marks) - 1
-            else:
-                a = buffer.abs_at(located[0])
-                start = bisect_left(marks, a) if forward else bisect_right(marks, a) - 1
-        else:
-            start = bisect_right(marks, anchor) if forward else bisect_left(marks, anchor) - 1
-        candidates = range(start, len(marks)) if forward else range(start, -1, -1)
-        target = next((marks[j] for j in candidates if buffer.index_of(marks[j]) is not None), None)
+        target = self._rows.next_marker(self._cursor, top, height, forward=forward)
         if target is None:
             self.app.bell()
-            self.notify("No further marker lines" if marks else "No marker lines", timeout=2, markup=False)
+            self.notify("No further marker lines" if self._buffer.mark_lines else "No marker lines",
+                        timeout=2, markup=False)
             return
         self._set_following(False)
         self._cursor = target
-        row = rows.row_of(buffer.index_of(target))  # type: ignore[arg-type]
+        row = self._rows.row_of(self._buffer.index_of(target))  # type: ignore[arg-type]
         if not top <= row < top + height:
             self._scroll_to_row(row - height // 3)
         self.refresh()
