@@ -4,6 +4,7 @@ the probe returns as hits of one more marker; shown in the stages bar while the 
 from __future__ import annotations
 
 import math
+import socket
 import sys
 from pathlib import Path
 
@@ -164,3 +165,46 @@ async def test_the_stages_bar_shows_a_running_stages_progress_and_drops_it_when_
         (workspace / "last").touch()
         await pilot_until(pilot, lambda: "✓ done" in _bar(app) and "CHAIN_DONE rc=0" in _bar(app))
         assert "12/80" not in _bar(app)  # a stage that is not running shows none, and progress is no marker
+
+
+STEPS = """
+pipeline = "steps"
+[target]
+poll_interval = 0.2
+timeout = 5.0
+python = "{python}"
+[workspace]
+path = "{ws}"
+[stages.convert]
+key = "5"
+command = "sh convert.sh"
+markers = [{{ name = "CONVERTING" }}]
+[stages.serve]
+key = "7"
+command = "sh serve.sh"
+ports = [{port}]
+markers = [{{ name = "SERVING" }}]
+"""
+
+
+async def test_a_build_step_is_shown_but_a_servers_own_command_line_is_not(tmp_path: Path, workspace: Path) -> None:
+    (workspace / "convert.sh").write_text("echo '$ venv/bin/python convert_hf_to_gguf.py merged --outfile f16.gguf'\n"
+                                          "echo CONVERTING\nsleep 30\n")
+    (workspace / "serve.sh").write_text("echo '$ venv/bin/llama-server -m q.gguf --port 1'\necho SERVING\nsleep 30\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg_file = tmp_path / "steps.toml"
+    cfg_file.write_text(STEPS.format(ws=workspace, python=sys.executable, port=port))
+    app = SamaiApp(config.load(cfg_file))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot_until(pilot, lambda: app.state.snapshot)
+        for key in ("5", "7"):
+            await pilot_until(pilot, lambda: not app.busy)
+            await pilot.press(key)
+            await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
+            await pilot.click("#confirm")
+            await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app.busy)
+        await pilot_until(pilot, lambda: "CONVERTING" in _bar(app) and "SERVING" in _bar(app))
+        assert "step: python convert_hf_to_gguf.py merged --outfile f16.gguf" in _bar(app)
+        assert "llama-server" not in _bar(app)

@@ -340,8 +340,9 @@ class ConsoleState:
 
     def _progress_hit(self, stage: Stage, line: str) -> None:
         progress = parse_line(line)
-        if progress is not None:
-            self._progress[stage.name] = progress
+        if progress is None or (progress.kind == "step" and stage.ports):
+            return  # a server's own command line ("$ llama-server ...") is no step of a long job
+        self._progress[stage.name] = progress
 
     def _stage_view(self, stage: Stage, snap: Snapshot, update: StateUpdate) -> StageView:
         rec = snap.state(stage.name)
