@@ -36,7 +36,7 @@ from samai.remote.visible import visible
 from samai.widgets.pane import Pane, set_subtitle
 
 COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "age", "ports", "command")
-SORTS = ("cpu", "rss", "pid", "elapsed")
+SORTS = ("cpu", "rss", "pid", "age")  # named as the columns are
 CAPS = {"stage": 8, "user": 8, "ports": 11}  # longer values are cut (the detail strip shows them whole)
 DROP_WHEN_NARROW = ("user",)  # columns left out when the command would get fewer than WANT_COMMAND cells
 WANT_COMMAND = 24
@@ -50,7 +50,7 @@ def _sort_key(sort: str):
         "cpu": lambda r: -r.cpu_percent,
         "rss": lambda r: -r.process.rss,
         "pid": lambda r: r.process.pid,
-        "elapsed": lambda r: r.process.start_time,
+        "age": lambda r: r.process.start_time,
     }[sort]
 
 
