@@ -30,8 +30,12 @@ test-fast: $(STAMP)
 screenshot: $(STAMP)
 	$(BIN)/python docs/screenshot.py docs/screenshot.svg
 
+# mypy reads the package as it is installed (samai.console is console/, ...): a folder of links.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	rm -rf .mypy-src && mkdir -p .mypy-src/samai
+	for d in console remote widgets themes; do ln -s ../../$$d .mypy-src/samai/$$d; done
+	MYPYPATH=.mypy-src $(BIN)/mypy -p samai
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -323,11 +323,11 @@ class SamaiApp(App[None]):
     def _show_stage_log(self, name: str, *, record: bool = True) -> None:
         if name == self.state.shown_stage:
             return  # already shown: starting over would blank what the operator is reading
-        self.state.show_stage_log(name)
-        self.query_one(LogView).reset(self.state.shown.path, self.state.shown_markers())
+        shown = self.state.show_stage_log(name)
+        self.query_one(LogView).reset(shown.path, self.state.shown_markers())
         self.query_one(LogView).border_title = inert(f"log · {name}")
         if record:
-            self._logs.visit(ShownLog(self.state.shown.path, name))
+            self._logs.visit(ShownLog(shown.path, name))
 
     def _show_file(self, path: str, *, record: bool = True) -> None:
         """A file on the box by path (relative: in the workspace); the alarms mark its lines."""
@@ -398,7 +398,7 @@ class SamaiApp(App[None]):
         """The stage of the newest active alert that offers `l log`, the first time `l` is pressed
         after it came (then `l` goes on to the next stage's log as usual)."""
         alert = next((a for a in self.state.alerts if a.active and "l log" in a.hint and a.stage), None)
-        if alert is None or alert == self._log_hint_taken or not self.config.stage(alert.stage):
+        if alert is None or alert.stage is None or alert == self._log_hint_taken or not self.config.stage(alert.stage):
             return None
         self._log_hint_taken = alert
         return alert.stage
@@ -532,6 +532,8 @@ class SamaiApp(App[None]):
                 self.notify("no alert with a suggested action", severity="information", markup=False)
             return
         fix = alert.action
+        if fix is None:
+            return
         if fix.kind == "kill":
             snap = self.state.snapshot
             proc = snap.same_process(fix.pid, fix.start_time) if snap else None
@@ -607,7 +609,8 @@ class SamaiApp(App[None]):
 
     def _report(self, outcome: ActionOutcome) -> None:
         self.state.sizer.refresh_all()  # whatever the action made or removed is sized in the next poll
-        severity = "information" if outcome.ok else "warning" if outcome.status == "cancelled" else "error"
+        severity: SeverityLevel = "information" if outcome.ok else "warning" if outcome.status == "cancelled" \
+            else "error"
         tail = getattr(outcome.result, "log_tail", ()) if not outcome.ok else ()
         message = "\n".join([outcome.message, *(line[:100] for line in tail[-FAILED_TAIL_LINES:])])
         # Box text (stage output, commands): never markup, and no secrets in a toast either.

@@ -215,9 +215,10 @@ class Actions:
 
     def plan_clean(self, paths: Sequence[str], *, why: str = "", sizes: Mapping[str, int] | None = None) -> ActionPlan:
         """sizes: each path's bytes as last measured, shown per path with their total."""
-        sized = [f"{p}: {units.size(sizes[p])}" for p in paths if p in sizes] if sizes else []
+        known = {p: sizes[p] for p in paths if p in sizes} if sizes else {}
+        sized = [f"{p}: {units.size(n)}" for p, n in known.items()]
         if sized:
-            sized.append(f"in all {units.size(sum(sizes[p] for p in paths if p in sizes))}")
+            sized.append(f"in all {units.size(sum(known.values()))}")
         return ActionPlan(
             action="clean", target=self.config.target.url, subject=why or f"{len(paths)} path(s) in the workspace",
             command="rm -rf -- " + " ".join(shlex.quote(p) for p in paths),
@@ -301,20 +302,22 @@ class Actions:
 
     async def _execute(self, plan: ActionPlan, decision: Decision,
                        audit_id: str) -> FireResult | SignalResult | CleanResult:
+        stage = plan.stage or ""  # every plan but a kill's or a clean's names its stage
         if plan.action == "fire":
             return await self._clear_ports(plan, decision, audit_id) or await self._launch(plan)
         if plan.action == "restart":
-            stopped = await self.box.stop(plan.stage, grace=plan.grace, protect=self._protect())
+            stopped = await self.box.stop(stage, grace=plan.grace, protect=self._protect())
             if not stopped.ok:
-                return FireResult(False, "refused", plan.stage, f"stop failed: {stopped.reason}")
+                return FireResult(False, "refused", stage, f"stop failed: {stopped.reason}")
             if plan.paths:
                 cleaned = await self.box.remove(plan.paths)
                 if not cleaned.ok:
-                    return FireResult(False, "refused", plan.stage, f"clean refused: {cleaned.refused}")
+                    return FireResult(False, "refused", stage, f"clean refused: {cleaned.refused}")
             return await self._clear_ports(plan, decision, audit_id) or await self._launch(plan)
         if plan.action == "stop":
-            return await self.box.stop(plan.stage, grace=plan.grace, protect=self._protect())
+            return await self.box.stop(stage, grace=plan.grace, protect=self._protect())
         if plan.action == "kill":
+            assert plan.pid is not None and plan.start_time is not None  # a kill plan names its process
             return await self.box.kill(plan.pid, plan.start_time, boot=plan.boot, signal=plan.signal,
                                        grace=plan.grace, protect=self._protect(), group=plan.group)
         if plan.action == "clean":
@@ -322,11 +325,12 @@ class Actions:
         raise ValueError(f"unknown action {plan.action!r}")
 
     async def _launch(self, plan: ActionPlan) -> FireResult:
-        return await self.box.fire(plan.stage, plan.chain, plan.log, env=dict(plan.env))
+        return await self.box.fire(plan.stage or "", plan.chain, plan.log, env=dict(plan.env))
 
     async def _clear_ports(self, plan: ActionPlan, decision: Decision, parent: str) -> FireResult | None:
         """Stop each listener the plan lists, identity-checked, one audited kill each.
         A failure (reported as the fire's result) means the stage is not fired."""
+        stage = plan.stage or ""
         for h in plan.holders:
             kill = ActionPlan(action="kill", target=plan.target, subject=f"pid {h.pid} (holds port {h.port})",
                               command=f"SIGTERM to pid {h.pid}, SIGKILL after {PORT_GRACE_S:g} s",
@@ -336,7 +340,7 @@ class Actions:
             try:
                 kill_id = self.audit.intent(**entry, **_intent_fields(kill))
             except AuditError as e:
-                return FireResult(False, "refused", plan.stage, f"port {h.port}: pid {h.pid} not stopped: {e}")
+                return FireResult(False, "refused", stage, f"port {h.port}: pid {h.pid} not stopped: {e}")
             result = await self.box.kill(h.pid, h.start_time, boot=plan.boot, signal="TERM", grace=PORT_GRACE_S,
                                          protect=self._protect())
             done = _outcome(kill, result)
@@ -344,9 +348,9 @@ class Actions:
                 self.audit.outcome(kill_id, **entry, result=done.status, message=done.message,
                                    **_signal_fields(result))
             except AuditError as e:
-                return FireResult(False, "refused", plan.stage, f"{done.message}; but {e}; the stage was not fired")
+                return FireResult(False, "refused", stage, f"{done.message}; but {e}; the stage was not fired")
             if not done.ok:
-                return FireResult(False, "refused", plan.stage,
+                return FireResult(False, "refused", stage,
                                   f"port {h.port} not cleared: {done.message}; the stage was not fired")
         return None
 
@@ -376,7 +380,7 @@ class Actions:
             snap = await self.box.snapshot()
         except (BoxError, TransportError) as e:
             return f"the box cannot be read either ({e}): check it before trying again"
-        if plan.action == "kill":
+        if plan.action == "kill" and plan.pid is not None:
             proc = snap.process(plan.pid)
             alive = proc is not None and same_start(proc.start_time, plan.start_time or 0)
             return f"pid {plan.pid} is {'still running' if alive else 'gone'}"
@@ -485,9 +489,8 @@ def kill_plans(target: str, snap: Snapshot | None, pid: int, start_time: float, 
 def _kill_plan(target: str, snap: Snapshot | None, pid: int, start_time: float, boot: Boot | None, signal: str,
                grace: float, group: bool) -> ActionPlan:
     then = f", SIGKILL after {grace:g} s" if signal != "KILL" else ""
-    proc = snap.process(pid) if snap else None
-    if proc is not None and not same_start(proc.start_time, start_time):
-        proc = None  # another process has that pid now: the box will refuse, the plan shows nothing of it
+    # Another process with that pid now: the box will refuse, the plan shows nothing of it.
+    proc = snap.same_process(pid, start_time) if snap else None
     details = [f"start time {_when(start_time)} ({start_time:.2f}); identity re-checked on the box before the signal"]
     if proc is not None:
         details[:0] = [f"user {proc.user}", f"command {proc.command}"]
@@ -497,7 +500,7 @@ def _kill_plan(target: str, snap: Snapshot | None, pid: int, start_time: float, 
         return ActionPlan(action="kill", target=target, subject=f"pid {pid}", command=f"SIG{signal} to pid {pid}{then}",
                           details=tuple(details), pid=pid, start_time=start_time, signal=signal, grace=grace,
                           boot=boot)
-    if proc is None:
+    if proc is None or snap is None:
         what, members = f"the process group of pid {pid}", []
     else:
         members = [p for p in snap.processes if p.pgid == proc.pgid]

@@ -48,10 +48,10 @@ class Alert:
         return self.resolved_at is None
 
 
-def run_error(at: float | None, text: str, stage: str, run: float | None, code: str = "") -> Alert:
+def run_error(at: float, text: str, stage: str, run: float | None, code: str = "") -> Alert:
     """An error about a stage's run: `l` opens that stage's log, `x` restarts it (through
     restart's own dialog), whatever log the pane shows."""
-    return Alert(at or 0.0, "error", text, stage, "l log · x restart", code=code, action=FixAction.restart(stage),
+    return Alert(at, "error", text, stage, "l log · x restart", code=code, action=FixAction.restart(stage),
                  run=run)
 
 
@@ -133,6 +133,7 @@ class ConsoleState:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.watches = {s.name: self._watch(s) for s in config.stages}
+        self._stages = {s.name: s for s in config.stages}
         train = config.stage("train")
         self.train_log = LogFollower(self.path_of(train.log), offset=0) if train else None
         self.trainlog = TrainLogParser()
@@ -170,6 +171,8 @@ class ConsoleState:
 
     def show_stage_log(self, name: str) -> LogFollower:
         stage = self.config.stage(name)
+        if stage is None:
+            raise KeyError(f"no stage {name!r} in the config")
         return self.show_log(stage.log, stage.name)
 
     def shown_markers(self) -> tuple[Marker, ...]:
@@ -212,7 +215,7 @@ class ConsoleState:
                 update.new_alerts += [self._run_alert("train", a.severity, f"train: {a.message}", a.code)
                                       for a in self.trainlog.drain_anomalies()]
             else:
-                self._hits(self.config.stage(watched[id(follower)]), tail.hits, update)
+                self._hits(self._stages[watched[id(follower)]], tail.hits, update)
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
         update.new_alerts += self._findings(snap, update.budget)
         resolved += self._resolve_gone(snap, now)
@@ -229,12 +232,16 @@ class ConsoleState:
             update.curve_reset = True
         return self.trainlog.feed(lines if newest is None else newest)
 
-    def _run_alert(self, stage: str, severity: str, text: str, code: str = "") -> Alert:
+    def _run_alert(self, stage: str, severity: Severity, text: str, code: str = "") -> Alert:
         """An alert about a stage's current run. An error offers its stage's log (`l`) and a
         restart of that stage (`x`, through restart's own dialog) whatever log is shown."""
         if severity != "error":
-            return Alert(self.received_at, severity, text, stage, code=code, run=self._run_of(stage))
-        return run_error(self.received_at, text, stage, self._run_of(stage), code)
+            return Alert(self._at(), severity, text, stage, code=code, run=self._run_of(stage))
+        return run_error(self._at(), text, stage, self._run_of(stage), code)
+
+    def _at(self) -> float:
+        """When the snapshot being folded in was received (what its alerts are stamped with)."""
+        return self.received_at or 0.0
 
     def unproven(self, stage: Stage) -> bool:
         """Whether a stage consumes the followed training run while that run's log has an
@@ -257,7 +264,7 @@ class ConsoleState:
         findings = detect(self.config, snap, budget)
         new = [f for f in findings if f.key not in self._standing]
         self._standing = {f.key for f in findings}
-        return [Alert(self.received_at, f.severity, f.message, code=f.code, action=f.action,
+        return [Alert(self._at(), f.severity, f.message, code=f.code, action=f.action,
                       hint="x fix" if f.action else "", finding=f.key) for f in new]
 
     # ------------------------------------------------------------ runs and the alerts' lifecycle
@@ -365,7 +372,7 @@ class ConsoleState:
 
     def _ended(self, stage: Stage, rec, status: str) -> Alert | None:
         """The alert for a run that was running at the last poll and is not now."""
-        at, run = self.received_at, rec.fired_at
+        at, run = self._at(), rec.fired_at
         if status == "done":
             return Alert(at, "info", f"stage {stage.name} done", stage.name, run=run)
         if status == "stopped":

@@ -28,10 +28,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-FIELDS = ("loss", "grad_norm", "learning_rate", "epoch")
-ERROR, WARNING = "error", "warning"
+from samai.remote.model import Severity
 
-SEVERITY = {
+FIELDS = ("loss", "grad_norm", "learning_rate", "epoch")
+ERROR: Severity = "error"
+WARNING: Severity = "warning"
+
+SEVERITY: dict[str, Severity] = {
     "nan_loss": ERROR,
     "nan_grad_norm": ERROR,
     "hidden_nan": ERROR,  # loss 0 while grad_norm is nan/inf: the Trainer's nan filter at work
@@ -98,7 +101,7 @@ class TrainPoint:
 @dataclass(frozen=True)
 class Anomaly:
     code: str
-    severity: str
+    severity: Severity
     step: int | None
     message: str
 
