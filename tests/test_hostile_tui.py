@@ -139,7 +139,7 @@ async def test_the_path_and_help_dialogs_show_markup_literally(tmp_path, workspa
         help_screen = await _until(pilot, lambda: isinstance(app.screen, HelpScreen) and app.screen)
         assert "[ui.keys]" in _plain(help_screen.query_one("Label"))
         table = help_screen.query_one(DataTable)
-        assert any("Fire hello" in str(table.get_cell_at((r, 1))) for r in range(table.row_count))
+        assert any("Fire hello" in str(table.get_cell_at((r, 2))) for r in range(table.row_count))  # the "what" column
         await pilot.press("escape")
         await _until(pilot, lambda: not isinstance(app.screen, HelpScreen))
         dialog = PathDialog(f"open {MARKUP}", value=url)
