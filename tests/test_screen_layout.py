@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from textual.app import App, ComposeResult
 
 from samai.console import replay
 from samai.console.app import SamaiApp
+from samai.console.core.state import StageView
 from samai.console.core.trainlog import TrainPoint
 from samai.console.report import describe_snapshot
 from samai.remote.boxapi import Box
@@ -167,3 +169,25 @@ async def test_the_snapshot_text_shows_ages_and_local_times_not_epochs(box: Box)
     oldest = min(snap.processes, key=lambda p: p.start_time)
     assert f"{oldest.start_time:.2f}" not in text and f"{int(oldest.start_time)}" not in text
     assert re.search(r"\d+[smhd]\S* ago, (\d\d:\d\d:\d\d|\d{4}-\d\d-\d\d \d\d:\d\d)", text)
+
+
+async def test_the_stages_bar_repaints_only_on_change_and_lays_out_only_when_its_height_changes(monkeypatch) -> None:
+    app = _recorded_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        replay.show(app, RECORDING)
+        await pilot.pause()
+        bar = app.query_one(StagesBar)
+        views = [StageView(s.name, s.key, "idle", None, None, None, None) for s in app.config.stages]
+        bar.show(views, NOW)
+        await pilot.pause()
+        calls: list[dict] = []
+        real = bar.refresh
+        monkeypatch.setattr(bar, "refresh", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+        bar.show(list(views), NOW)
+        assert calls == []  # the same stages: nothing to paint
+        running = [replace(views[2], status="running", since=NOW - 5)] + views[3:]
+        bar.show(views[:2] + running, NOW)
+        bar.show(views[:2] + running, NOW + 1)  # a second later: the elapsed time only
+        assert [kw.get("layout") for kw in calls] == [False, False]  # still two lines: no layout pass
+        bar.show(views + [StageView(f"extra{i}", "x", "idle", None, None, None, None) for i in range(12)], NOW)
+        assert calls[-1].get("layout") is True
