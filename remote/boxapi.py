@@ -122,11 +122,15 @@ class Box:
 
     # ------------------------------------------------------------ reads
 
-    async def snapshot(self, **what: Any) -> Snapshot:
+    async def snapshot(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
+                       reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
+                       binaries: Sequence[str] = (), artifact_budget_s: float = 1.0) -> Snapshot:
         """Disk, artifact sizes, processes, listeners, new log bytes, report files and stage
-        states: one call (what: the arguments of snapshot_request)."""
+        states: one call."""
         started = time.monotonic()
-        raw = await self.ask_probe(self.snapshot_request(**what))
+        raw = await self.ask_probe(self.snapshot_request(
+            artifacts=artifacts, logs=logs, reports=reports, processes=processes, writers=writers,
+            binaries=binaries, artifact_budget_s=artifact_budget_s))
         return model.snapshot(raw, time.monotonic() - started)
 
     def snapshot_request(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),

@@ -7,7 +7,7 @@ import functools
 import types
 import typing
 from dataclasses import dataclass, is_dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from samai.remote.needles import required_needles
 
@@ -196,6 +196,21 @@ class Boot:
     id: str | None
 
 
+class SharedFile(NamedTuple):
+    """A file under the workspace with two or more writers (two downloads into one file)."""
+
+    path: str
+    pids: tuple[int, ...]
+
+
+class BinaryCheck(NamedTuple):
+    """A binary the config names, as the box found it (a tarball with a nested prefix misses it)."""
+
+    path: str
+    exists: bool
+    executable: bool
+
+
 @dataclass(frozen=True)
 class Snapshot:
     time: float
@@ -209,8 +224,8 @@ class Snapshot:
     logs: tuple[LogChunk, ...]
     states: tuple[StageRecord, ...]
     reports: tuple[Report, ...] = ()
-    writers: tuple[tuple[str, tuple[int, ...]], ...] = ()  # files under the workspace with 2+ writers
-    binaries: tuple[tuple[str, bool, bool], ...] = ()  # (path, exists, executable)
+    writers: tuple[SharedFile, ...] = ()
+    binaries: tuple[BinaryCheck, ...] = ()
     errors: tuple[dict[str, Any], ...] = ()
     probe_pid: int | None = None
     boot_id: str | None = None
@@ -385,8 +400,8 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         logs=tuple(log_chunk(c) for c in _items(raw, "logs")),
         states=tuple(_pick(StageRecord, s, group=tuple(_items(s, "group"))) for s in _items(raw, "states")),
         reports=tuple(_pick(Report, r) for r in _items(raw, "reports")),
-        writers=tuple((path, tuple(_items(raw["writers"], path))) for path in _items(raw, "writers", dict)),
-        binaries=tuple((b["path"], b["exists"], b["executable"]) for b in _items(raw, "binaries")),
+        writers=tuple(_shared_file(path, _items(raw["writers"], path)) for path in _items(raw, "writers", dict)),
+        binaries=tuple(_binary(b) for b in _items(raw, "binaries")),
         errors=tuple(_items(raw, "errors")),
         probe_pid=raw.get("probe_pid"),
         boot_id=raw.get("boot_id"),
@@ -401,6 +416,19 @@ def disk_users(raw: dict[str, Any]) -> DiskUsers:
     if not isinstance(users, dict):
         raise BoxError(f"malformed reply: users is {type(users).__name__}, not an object")
     return _pick(DiskUsers, users, top=tuple(_pick(DiskUser, u) for u in _items(users, "top")))
+
+
+def _shared_file(path: Any, pids: list[Any]) -> SharedFile:
+    if type(path) is not str or not all(type(p) is int for p in pids):
+        raise BoxError(f"malformed reply: writers entry {repr(path)[:60]}: {repr(pids)[:60]}")
+    return SharedFile(path, tuple(pids))
+
+
+def _binary(raw: Any) -> BinaryCheck:
+    checked = BinaryCheck(raw["path"], raw["exists"], raw["executable"])
+    if type(checked.path) is not str or type(checked.exists) is not bool or type(checked.executable) is not bool:
+        raise BoxError(f"malformed reply: binaries entry {repr(raw)[:60]}")
+    return checked
 
 
 @_converting
