@@ -93,6 +93,7 @@ def _finite(value: float | None) -> bool:
 
 def _loss_before(points: list[TrainPoint], step: int) -> float:
     """The last finite loss logged before `step` (else the first one after it; 0 when none)."""
-    before = [p.loss for p in points if p.step < step and not p.bad and _finite(p.loss)]
-    after = [p.loss for p in points if p.step > step and not p.bad and _finite(p.loss)]
+    finite = [(p.step, p.loss) for p in points if not p.bad and p.loss is not None and math.isfinite(p.loss)]
+    before = [loss for at, loss in finite if at < step]
+    after = [loss for at, loss in finite if at > step]
     return (before[-1:] or after[:1] or [0.0])[0]
