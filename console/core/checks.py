@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from samai.console.core.problems import has_errors  # noqa: F401 (checkers' callers import it here)
 from samai.remote.box import gguf_check
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
@@ -17,11 +18,6 @@ CHECK_READ = 4 * 1024 * 1024  # one read of a checked file: its bytes and their 
 
 class Unreadable(Exception):
     """The file cannot be read at all: exit 2, not a finding."""
-
-
-def has_errors(result: dict[str, Any]) -> bool:
-    findings = result.get("problems", []) + result.get("anomalies", [])
-    return any(f.get("severity", "error") == "error" for f in findings) or result.get("ok") is False
 
 
 async def line_batches(box: Box, path: str) -> AsyncIterator[list[str]]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from samai.console.core.problems import has_errors  # noqa: F401 (checkers' callers import it here)
+
 FAKE_ZERO_ACCURACY = 0.05  # at or under this, a zero may be the reasoning split, not the model
 FAKE_ZERO_SHARE = 0.5  # ... when at least this share of items has no prediction and the split's shape
 TRUNCATION_ERROR_SHARE = 0.25
@@ -32,10 +34,6 @@ def check_eval(lines: Iterable[str], *, truncation_threshold: float = 0.05) -> d
     result["malformed_lines"] = malformed_lines[:MALFORMED_LINES_SHOWN]
     result["problems"] = _problems(result, items, malformed_lines, truncation_threshold)
     return result
-
-
-def has_errors(result: dict) -> bool:
-    return any(problem["severity"] == "error" for problem in result["problems"])
 
 
 # --- reading -------------------------------------------------------------------------------

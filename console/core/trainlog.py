@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from samai.console.core.problems import has_errors  # noqa: F401 (checkers' callers import it here)
 from samai.remote.model import Severity
 
 FIELDS = ("loss", "grad_norm", "learning_rate", "epoch")
@@ -214,7 +215,8 @@ class PointWatch:
             self._flat_from, self._flat_len = None, 0
             return []
         start = self._flat_from
-        if start is None or abs(p.loss - start.loss) > max(FLAT_ABS_TOL, FLAT_REL_TOL * abs(start.loss)):
+        if (start is None or start.loss is None
+                or abs(p.loss - start.loss) > max(FLAT_ABS_TOL, FLAT_REL_TOL * abs(start.loss))):
             self._flat_from, self._flat_len = p, 1
             return []
         self._flat_len += 1
@@ -352,7 +354,7 @@ class TrainLogParser:
     def _deepspeed_steps(self, seg: str) -> bool:
         found = _DS_STEPS.search(seg)
         loss = _number(found.group(2)) if found else None
-        if loss is None:
+        if found is None or loss is None:
             return False
         self._add_point(TrainPoint(int(found.group(1)), loss))
         return True
@@ -437,11 +439,12 @@ def _dict_values(text: str) -> dict[str, float | None]:
 def _state_entries(state: str | Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """log_history of a trainer_state.json (its text or the loaded object)."""
     if isinstance(state, str):
+        text = state
         try:
-            state = json.loads(state)  # accepts the bare NaN/Infinity json.dumps writes
+            state = json.loads(text)  # accepts the bare NaN/Infinity json.dumps writes
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder's stack
             try:
-                state = json.loads(_BARE_NON_FINITE.sub(_json_non_finite, state))
+                state = json.loads(_BARE_NON_FINITE.sub(_json_non_finite, text))
             except (ValueError, RecursionError) as e:
                 raise ValueError(f"not a readable trainer_state.json: {e}") from None
     history = state.get("log_history") if isinstance(state, Mapping) else None
@@ -494,7 +497,7 @@ class TrainLogCheck:
             self._head += itertools.islice(lines, STATE_PEEK - len(self._head))
             if len(self._head) < STATE_PEEK:
                 return
-            self._decide()
+            self._decide(self._head)
         if self._state is not None:
             self._state += lines
         else:
@@ -503,7 +506,7 @@ class TrainLogCheck:
     def result(self, trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> dict[str, Any]:
         """The check's result, once every line was fed (call it once)."""
         if self._head is not None:
-            self._decide()
+            self._decide(self._head)
         if self._state is not None:
             state, self._state = self._state, None
             self.parser.feed_state(_state_entries("\n".join(line.rstrip("\n") for line in state)))
@@ -514,8 +517,9 @@ class TrainLogCheck:
             result["anomalies"] = [_nothing_found(result["lines"], result["unparsed"]).to_json()]
         return result
 
-    def _decide(self) -> None:
-        head, self._head = self._head, None
+    def _decide(self, head: list[str]) -> None:
+        """head: the first lines (self._head), enough to tell the kind of file, or all there are."""
+        self._head = None
         if _is_state_head(head):
             self._state = head
         else:
@@ -536,11 +540,6 @@ def check_trainlog_path(path: str | os.PathLike,
     """check_trainlog over a local file, streamed (lines split on \\n only: \\r stays in the line)."""
     with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
         return check_trainlog(f, trainer_state)
-
-
-def has_errors(result: Mapping[str, Any]) -> bool:
-    """Whether a check_trainlog result holds an anomaly of severity error (the CLI then exits 1)."""
-    return any(a.get("severity") == ERROR for a in result.get("anomalies", []))
 
 
 def _lines(lines_or_text: str | Iterable[str]) -> Iterator[str]:
