@@ -30,7 +30,7 @@ from samai.console.core.audit import AuditLog
 from samai.console.core.budget import disk_budget, project
 from samai.console.core.config import Config
 from samai.console.core.redact import redact
-from samai.console.core.state import Alert, ConsoleState, StateUpdate
+from samai.console.core.state import Alert, ConsoleState, StageView, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import RUN_HEADER, missing_notice
 from samai.remote.model import DiskUsers, Process, Snapshot
@@ -230,6 +230,7 @@ class SamaiApp(App[None]):
         if not self._log_chosen:
             self._follow_busiest_stage(u)
         self.query_one(StagesBar).show(u.stages, self.clock())
+        self._title_log(u.stages)
         disk = self.query_one(DiskPane)
         disk.show(u.budget, self._next_projection(u))
         if disk.largest and self.clock() - self._users_measured > USERS_EVERY_S:
@@ -328,6 +329,16 @@ class SamaiApp(App[None]):
         self.query_one(LogView).border_title = inert(f"log · {name}")
         if record:
             self._logs.visit(ShownLog(shown.path, name))
+
+    def _title_log(self, stages: list[StageView]) -> None:
+        """The shown stage's log pane title, with how far the stage is while it runs."""
+        view = next((v for v in stages if v.name == self.state.shown_stage), None)
+        if view is None:
+            return
+        title = inert(f"log · {view.name}" + (f" · {view.progress.text}" if view.progress else ""))
+        log = self.query_one(LogView)
+        if str(log.border_title) != str(title):
+            log.border_title = title
 
     def _show_file(self, path: str, *, record: bool = True) -> None:
         """A file on the box by path (relative: in the workspace); the alarms mark its lines."""

@@ -19,6 +19,7 @@ from samai.console.core.state import StageView
 from samai.remote.box.markers import Markers, marker_hits
 from samai.remote.visible import visible
 from samai.widgets.dialogs import ConfirmDialog
+from samai.widgets.logview import LogView
 from samai.widgets.stages import stage_item
 from tests.helpers import pilot_until
 
@@ -161,10 +162,13 @@ async def test_the_stages_bar_shows_a_running_stages_progress_and_drops_it_when_
         (workspace / "next").touch()
         await pilot_until(pilot, lambda: "12/80 15% · 17s left" in _bar(app))
         assert "base.bin" not in _bar(app)  # the newest reading only
+        log = app.query_one(LogView)  # the shown stage's log pane says it too
+        await pilot_until(pilot, lambda: str(log.border_title).startswith("log · fetch · 12/80 15%"))
         assert not any("12/80" in a.text for a in app.state.alerts)  # progress is neither an alert
         (workspace / "last").touch()
         await pilot_until(pilot, lambda: "✓ done" in _bar(app) and "CHAIN_DONE rc=0" in _bar(app))
         assert "12/80" not in _bar(app)  # a stage that is not running shows none, and progress is no marker
+        await pilot_until(pilot, lambda: str(log.border_title) == "log · fetch")
 
 
 STEPS = """
