@@ -3,7 +3,7 @@ replaced; truly invalid bytes become U+FFFD; a giant line is capped, not buffere
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_MAX_LINE = 64 * 1024
 
@@ -11,11 +11,8 @@ DEFAULT_MAX_LINE = 64 * 1024
 @dataclass
 class LineDecoder:
     max_line: int = DEFAULT_MAX_LINE  # bytes kept of one line; the rest is counted and dropped
-    _pending: bytearray | None = None
+    _pending: bytearray = field(default_factory=bytearray)
     _dropped: int = 0
-
-    def __post_init__(self) -> None:
-        self._pending = bytearray()
 
     @property
     def pending_bytes(self) -> int:

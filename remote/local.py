@@ -34,6 +34,7 @@ class LocalTransport:
             if isinstance(e, asyncio.CancelledError):
                 raise
             raise TransportTimeout(f"{argv[0]} ran past its {timeout:g} s deadline and was killed") from e
+        assert proc.returncode is not None  # communicate() returned: the process has exited
         return RunResult(proc.returncode, out, err)
 
     async def open_stream(self, argv: Sequence[str], *, preamble: bytes = b"") -> LocalStream:
@@ -43,9 +44,10 @@ class LocalTransport:
                 stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
             raise TransportError(f"cannot start {argv[0]}: {e.strerror}") from e
+        stream = LocalStream(proc, argv[0])
         if preamble:
-            proc.stdin.write(preamble)  # drained with the first request
-        return LocalStream(proc, argv[0])
+            stream.stdin.write(preamble)  # drained with the first request
+        return stream
 
     async def close(self) -> None:
         return None
@@ -54,13 +56,16 @@ class LocalTransport:
 class LocalStream:
     def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
         self.proc, self.name = proc, name
+        # open_stream made both pipes (stdin=PIPE, stdout=PIPE), so asyncio set both.
+        assert proc.stdin is not None and proc.stdout is not None
+        self.stdin, self.stdout = proc.stdin, proc.stdout
 
     async def request(self, line: bytes, *, timeout: float) -> bytes:
         try:
-            self.proc.stdin.write(line + b"\n")
+            self.stdin.write(line + b"\n")
             async with asyncio.timeout(timeout):
-                await self.proc.stdin.drain()
-                return await read_framed(self.proc.stdout.readline, self.proc.stdout.readexactly)
+                await self.stdin.drain()
+                return await read_framed(self.stdout.readline, self.stdout.readexactly)
         except TimeoutError as e:
             await self.close()
             raise TransportTimeout(f"{self.name} ran past its {timeout:g} s deadline and was killed") from e

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from re import _constants as c
-from re import _parser
+from re import _constants as c  # type: ignore[attr-defined]  # private on purpose (see above): no stubs
+from re import _parser  # type: ignore[attr-defined]  # private on purpose (see above): no stubs
 
 Needles = tuple[str, ...]
 
@@ -56,10 +56,13 @@ def _of_item(op, arg) -> Needles | None:
         low, _high, items = arg
         return _needles(list(items)) if low >= 1 else None
     if op is c.BRANCH:
-        branches = [_needles(list(items)) for items in arg[1]]
-        if any(b is None for b in branches):
-            return None
-        return tuple(sorted({needle for b in branches for needle in b}))
+        union: set[str] = set()
+        for items in arg[1]:
+            branch = _needles(list(items))
+            if branch is None:  # one branch without needles: the whole branch has none
+                return None
+            union.update(branch)
+        return tuple(sorted(union))
     return None
 
 

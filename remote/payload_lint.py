@@ -76,6 +76,9 @@ def _scope_rule(node: ast.AST) -> tuple[str, str] | None:
 def scope_violations(tree: ast.AST) -> list[Violation]:
     found = []
     for node in ast.walk(tree):
+        # Every scope-opening node is a statement or an expression: the nodes that carry a position.
+        if not isinstance(node, ast.stmt | ast.expr):
+            continue
         rule = _scope_rule(node)
         if rule:
             found.append(Violation(node.lineno, node.col_offset + 1, *rule))

@@ -14,6 +14,7 @@ import asyncio
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 from urllib.parse import urlsplit
 
 import asyncssh
@@ -29,6 +30,15 @@ class SshOptions:
     keepalive_count: int = 3
     connect_timeout: float = 10.0
     max_channels: int = 6  # sshd's MaxSessions defaults to 10 per connection
+
+
+class _ConnectArgs(TypedDict, total=False):
+    """The asyncssh.connect options set here; a key left out keeps asyncssh's (and ~/.ssh/config's) value."""
+    keepalive_interval: float
+    keepalive_count_max: int
+    connect_timeout: float
+    port: int
+    username: str
 
 
 @dataclass(frozen=True)
@@ -74,8 +84,8 @@ class SshTransport:
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
         t, o = self.target, self.options
-        kwargs = {"keepalive_interval": o.keepalive_interval, "keepalive_count_max": o.keepalive_count,
-                  "connect_timeout": o.connect_timeout}
+        kwargs: _ConnectArgs = {"keepalive_interval": o.keepalive_interval,
+                                "keepalive_count_max": o.keepalive_count, "connect_timeout": o.connect_timeout}
         if t.port:
             kwargs["port"] = t.port
         if t.user:

@@ -44,14 +44,15 @@ class AlertsPane(Static):
         parts: list = []
         for a in (active + resolved)[:SHOWN]:
             # An alert's text quotes the box (paths, log lines): plain text, control characters as stand-ins.
-            if a.active:
+            resolved_at = a.resolved_at  # None while the alert is active (Alert.active)
+            if resolved_at is None:
                 parts += [_clock(a.time) + " ", (f"{a.severity:<7} ", STYLE[a.severity]), visible(a.text)]
                 hint = self._hint(a)
                 if hint:
                     parts += ["  ", (f"[{hint}]", "$accent")]
             else:
                 parts.append((f"{_clock(a.time)} {a.severity:<7} {visible(a.text)}  "
-                              f"(resolved {_clock(a.resolved_at)})", RESOLVED))
+                              f"(resolved {_clock(resolved_at)})", RESOLVED))
             parts.append("\n")
         self.update(Content.assemble(*parts[:-1]))
 

@@ -138,7 +138,8 @@ def plan_run(cfg: Config, capacity: int) -> list[StagePeak]:
     intermediates deleted as declared (`frees`); for a stage that would not fit, what deleting
     the intermediates already consumed would bring it to (what the console offers); and, for
     contrast, the peak if nothing were ever deleted."""
-    size = {a.name: int(a.size_gb * GB) for a in cfg.artifacts}
+    by_name = {a.name: a for a in cfg.artifacts}  # names are unique: keys of the [artifacts] table
+    size = {name: int(a.size_gb * GB) for name, a in by_name.items()}
     limit = capacity - int(cfg.budget.reserve_gb * GB)
     alive: list[str] = []
     kept: list[str] = []
@@ -150,7 +151,7 @@ def plan_run(cfg: Config, capacity: int) -> list[StagePeak]:
         peak = sum(size[n] for n in at_peak)
         cleaned: list[str] = []
         if peak > limit:
-            cleaned = [n for n in alive if n not in stage.needs and _used_up(cfg, cfg.artifact(n), done)]
+            cleaned = [n for n in alive if n not in stage.needs and _used_up(cfg, by_name[n], done)]
         peaks.append(StagePeak(stage.name, tuple(at_peak), peak, sum(size[n] for n in kept), limit, tuple(cleaned),
                                peak - sum(size[n] for n in cleaned) if cleaned else None))
         alive = [n for n in at_peak if n not in stage.frees]

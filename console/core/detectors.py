@@ -54,9 +54,10 @@ def _shared_writers(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """One file written by processes of different groups: two downloads into one file (§3).
     Processes of one group writing one file are a shell and its children sharing an output."""
     for path, pids in snap.writers:
-        groups = {snap.process(p).pgid for p in pids if snap.process(p)}
+        procs = [proc for proc in map(snap.process, pids) if proc]
+        groups = {proc.pgid for proc in procs}
         if len(groups) > 1:
-            newest = max((snap.process(p) for p in pids if snap.process(p)), key=lambda p: (p.start_time, p.pid))
+            newest = max(procs, key=lambda p: (p.start_time, p.pid))
             yield Finding("shared_writer", "error",
                           f"{path} is being written by {len(pids)} processes in {len(groups)} groups "
                           f"(pids {', '.join(map(str, pids))}): two writers corrupt a download",
@@ -71,12 +72,12 @@ def _serve_ports(cfg: Config, snap: Snapshot, budget: DiskBudget):
         # Its chain's group and every process the chain started, setsid ones included (the box tracks them).
         ours_groups, ours = ({rec.pgid}, set(rec.group)) if rec and rec.alive else (set(), set())
         for port in stage.ports:
-            held = [s for s in snap.listeners if s.port == port and s.pid]
+            held = [s.pid for s in snap.listeners if s.port == port and s.pid]  # the listeners' pids
             if len(held) > 1:
                 yield Finding("port_contended", "error", f"port {port} has {len(held)} listeners "
-                              f"(pids {', '.join(str(s.pid) for s in held)})", _kill_action(snap, held[-1].pid))
-            for s in held:
-                proc = snap.process(s.pid)
+                              f"(pids {', '.join(map(str, held))})", _kill_action(snap, held[-1]))
+            for pid in held:
+                proc = snap.process(pid)
                 if proc and proc.pgid not in ours_groups and proc.pid not in ours:
                     yield Finding("stale_server", "warning", f"port {port} (stage {stage.name}) is held by pid "
                                   f"{proc.pid} which the console did not start: {proc.command[:80]}",
