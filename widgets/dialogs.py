@@ -250,7 +250,7 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(Content("keys (remap any id under [ui.keys] in samai.toml)"), classes="title")
-            table = DataTable(cursor_type="row")
+            table: DataTable[str | Text] = DataTable(cursor_type="row")
             table.add_columns("where", "key", "what", "id")
             group = None
             for where, *cells in self.rows:  # a stage's description names it: cells as text, never markup
@@ -278,7 +278,7 @@ class RunsScreen(ModalScreen[None]):
             yield Label(inert(f"runs of {self.stage} in its log, newest first"), classes="title")
             if self.note:
                 yield Static(inert(self.note))
-            table = DataTable(cursor_type="row")
+            table: DataTable[str | Text] = DataTable(cursor_type="row")
             table.add_columns("#", "started (UTC)", "pid", "ended", "lines", "last marker")
             for run in reversed(self.runs):
                 ended = ("—" if run.rc is None else f"rc={run.rc}", "" if run.rc in (None, 0) else "bold red")

@@ -148,7 +148,7 @@ def sees_other_lines(source):
     return bool(CONTEXT_SENSITIVE.search(source[1:] if source.startswith("^") else source))
 
 
-COMPILED = {}  # the markers of each watched log, compiled once per probe process
+COMPILED = {}  # type: dict  # the markers of each watched log, compiled once per probe process
 MAX_COMPILED = 64
 
 

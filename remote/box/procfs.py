@@ -8,7 +8,7 @@ import sys
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-BOOT_ID = []  # boot_id(), once read
+BOOT_ID = []  # type: list  # boot_id(), once read
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
 CHAIN_VAR = b"SAMAI_CHAIN="  # in a stage's environment: <stage>:<random id>, also in its record (launch.py)
 

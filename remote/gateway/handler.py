@@ -54,7 +54,7 @@ class EnvelopeHandler(BaseHTTPRequestHandler):
 
     def endpoints(self) -> dict[str, tuple[str, ...]]:
         prefix = self.server.settings.prefix
-        routes = {prefix + "/execute": ("POST",)}
+        routes: dict[str, tuple[str, ...]] = {prefix + "/execute": ("POST",)}
         if self.server.settings.faults:
             routes[prefix + "/_faults"] = ("GET", "POST", "DELETE")
         return routes
@@ -157,7 +157,7 @@ class EnvelopeHandler(BaseHTTPRequestHandler):
         head = render_head(reply)
         body = b"" if self.command == "HEAD" else reply.body
         try:
-            if mode == "trickle":
+            if fault is not None and mode == "trickle":
                 self.trickle(head + body, fault.delay_s)
             elif mode == "close_mid_body":
                 self.wfile.write(head + body[: len(body) // 2])

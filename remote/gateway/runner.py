@@ -64,6 +64,7 @@ def has_exited(proc: subprocess.Popen) -> bool:
 
 
 def feed_source(proc: subprocess.Popen, source: bytes) -> None:
+    assert proc.stdin is not None  # started with stdin=PIPE
     try:
         proc.stdin.write(source)
         proc.stdin.close()
@@ -73,11 +74,13 @@ def feed_source(proc: subprocess.Popen, source: bytes) -> None:
 
 def collect_output(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes] | None:
     """Read the child's stdout and stderr until it exits; None if the deadline came first."""
-    buffers = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    assert proc.stdout is not None and proc.stderr is not None  # started with both piped
+    out, err = bytearray(), bytearray()
+    buffers = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
     exited_at = None
     with selectors.DefaultSelector() as selector:
-        for pipe in buffers:
-            selector.register(pipe, selectors.EVENT_READ)
+        for fd in buffers:
+            selector.register(fd, selectors.EVENT_READ)
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -89,10 +92,10 @@ def collect_output(proc: subprocess.Popen, deadline: float) -> tuple[bytes, byte
             for key, _ in selector.select(min(0.05, deadline - now)):
                 chunk = os.read(key.fd, 65536)
                 if chunk:
-                    buffers[key.fileobj] += chunk
+                    buffers[key.fd] += chunk
                 else:
-                    selector.unregister(key.fileobj)
-    return bytes(buffers[proc.stdout]), bytes(buffers[proc.stderr])
+                    selector.unregister(key.fd)
+    return bytes(out), bytes(err)
 
 
 class PayloadRunner:
@@ -115,8 +118,9 @@ class PayloadRunner:
         finally:
             kill_group(proc.pid)  # the timed-out child, or what an exited one left behind in its group
             proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
             with self._lock:
                 self._live.discard(proc)
         elapsed = time.monotonic() - started

@@ -42,6 +42,7 @@ class EnvelopeServer(ThreadingHTTPServer):
     def url(self) -> str:
         """http://HOST:PORT, without the prefix."""
         host, port = self.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else str(host)  # a str for an inet socket
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def log(self, line: str) -> None:

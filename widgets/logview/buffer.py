@@ -52,7 +52,7 @@ class LinesView(Sequence[str]):
     def __len__(self) -> int:
         return len(self._lines)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         return self._lines[index]
 
     def __iter__(self) -> Iterator[str]:
