@@ -12,6 +12,7 @@ from typing import Any, Literal, NamedTuple
 from samai.remote.needles import required_needles
 
 Severity = Literal["info", "warning", "error"]  # of a marker, a finding, a check, an alert
+RunStatus = Literal["running", "stopped", "lost", "orphaned", "done", "failed"]  # a recorded run's, as the box shows it
 
 # Start times come in clock ticks (1/100 s) since boot: two reads of one process agree within a tick.
 START_TIME_TOLERANCE_S = 0.011
@@ -175,7 +176,7 @@ class StageRecord:
     stopped_at: float | None = None  # when the operator stopped this run (kill.py's note)
 
     @property
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         if self.alive:
             return "running"
         if self.stopped_at is not None and self.rc != 0:

@@ -22,6 +22,7 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import psutil
 
@@ -114,10 +115,13 @@ class Decision:
 Confirm = Callable[[ActionPlan], Awaitable[Decision]]
 
 
+OutcomeStatus = Literal["done", "refused", "cancelled", "failed"]
+
+
 @dataclass(frozen=True)
 class ActionOutcome:
     ok: bool
-    status: str  # done | refused | cancelled | failed
+    status: OutcomeStatus
     message: str
     plan: ActionPlan
     result: FireResult | SignalResult | CleanResult | None = None

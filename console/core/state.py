@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from samai.console.core.budget import DiskBudget, disk_budget
 from samai.console.core.config import CHAIN_DONE, Config, Stage
@@ -21,7 +22,7 @@ from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogParser, TrainPoint
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower, last_run
-from samai.remote.model import Marker, Process, Report, Severity, Snapshot, StageRecord
+from samai.remote.model import Marker, Process, Report, RunStatus, Severity, Snapshot, StageRecord
 
 MAX_ALERTS = 200
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
@@ -55,11 +56,14 @@ def run_error(at: float, text: str, stage: str, run: float | None, code: str = "
                  run=run)
 
 
+StageStatus = RunStatus | Literal["idle", "blocked"]  # blocked: idle, and its preflight would refuse it
+
+
 @dataclass(frozen=True)
 class StageView:
     name: str
     key: str
-    status: str  # idle | running | done | failed | lost | orphaned | blocked
+    status: StageStatus
     since: float | None  # fired_at of the recorded run
     pid: int | None
     rc: int | None
@@ -353,7 +357,7 @@ class ConsoleState:
 
     def _stage_view(self, stage: Stage, snap: Snapshot, update: StateUpdate) -> StageView:
         rec = snap.state(stage.name)
-        status = rec.status if rec else "idle"
+        status: StageStatus = rec.status if rec else "idle"
         if status == "idle" and (preflight(self.config, snap, stage, update.budget).blocked or self.unproven(stage)):
             status = "blocked"
         before = self._statuses.get(stage.name)
