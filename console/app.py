@@ -238,6 +238,11 @@ class SamaiApp(App[None]):
         self.query_one(ProcessPane).show(u.processes, snap.time)
         log = self.query_one(LogView)
         self._stage_views = u.stages
+        if u.log_restarted and self.state.shown is not None:
+            log.reset(self.state.shown.path, self.state.shown_markers())
+            when = time.strftime("%H:%M:%S", time.localtime(self.clock()))
+            log.notice(f"a new run of {u.log_restarted} started at {when}: "
+                       f"its log from the start (the last run's is {self.state.shown.path}.1; H lists the runs)")
         if u.log_source is not None and u.log_source is self.state.shown:  # not a log replaced since
             if u.log_notice:
                 log.notice(self._log_notice(u.log_notice, u.log_source.path))

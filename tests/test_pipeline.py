@@ -411,7 +411,8 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         # The new run starts clean: no marker, curve or log line of the diverged run on screen.
         await pilot_until(pilot, lambda: "train ● running" in _bar(app))
         log = app.query_one(LogView)
-        assert "TRAIN_NAN" not in _bar(app) and not any("TRAIN_NAN" in line for line in log.lines)
+        assert "TRAIN_NAN" not in _bar(app), _bar(app)
+        assert not any("TRAIN_NAN" in line for line in log.lines), list(log.lines)[-20:]
         rec = await pilot_until(pilot, lambda: _ended(app, "train"), timeout=600)
         assert rec.rc == 0, _log_of(app, "train")[-3000:]
         curve = app.query_one(CurvesPane).points  # the healthy run's steps alone, none of the diverged one's

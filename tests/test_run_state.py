@@ -110,6 +110,8 @@ markers = [{ name = "FIRST_DONE" }]
         bar = _bar(app)
         assert "running" in bar and "CHAIN_DONE" not in bar and "FIRST_DONE" not in bar
         assert [p.loss for p in curve.points] == [500.0]
+        shown = "\n".join(app.query_one(LogView).lines)  # the log pane starts again with the new run's file
+        assert "FIRST_DONE" not in shown and "a new run of train started" in shown and "train.log.1" in shown
         assert not [a.text for a in app.state.alerts if "jump" in a.text or "spike" in a.code]
         previous = app.state.previous["train"]  # the earlier run is kept as history
         assert previous.status == "done" and previous.last_marker.startswith("CHAIN_DONE rc=0")

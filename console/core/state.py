@@ -126,6 +126,7 @@ class StateUpdate:
     new_alerts: list[Alert] = field(default_factory=list)
     log_source: LogFollower | None = None  # the follower log_lines came from: appended only while it is shown
     curve_reset: bool = False  # a new training run: the curve starts again
+    log_restarted: str | None = None  # the shown stage's new run: the log pane starts again with its file
     alerts_changed: bool = False  # an alert was raised or resolved
 
 
@@ -295,6 +296,10 @@ class ConsoleState:
             self.previous[stage.name] = PreviousRun(before[0], self._statuses.get(stage.name, "?"),
                                                     self._rcs.get(stage.name), marker)
             self.watches[stage.name] = self._watch(stage)
+            if stage.name == self.shown_stage and self.shown is not None:
+                # The shown log starts again with the new run's file (the last run's is NAME.1).
+                self.shown = LogFollower(self.shown.path, offset=0)
+                update.log_restarted = stage.name
             if stage.name == "train" and self.train_log is not None:
                 self.train_log = LogFollower(self.train_log.path, offset=0)
                 self.trainlog = TrainLogParser()
