@@ -134,6 +134,7 @@ def test_a_secret_env_assignment_is_redacted(prefix: str, suffix: str, value: st
 @FUZZ
 @given(flag=st.sampled_from(["--password", "--token", "--api-key", "--hf-token", "--secret", "--access-key"]),
        value=values, sep=st.sampled_from([" ", "="]))
+@example(flag="--password", value=":", sep=" ")  # once read as `password:` with the next flag as its value
 def test_a_secret_flag_is_redacted(flag: str, value: str, sep: str) -> None:
     rest = "--max-tokens 2048 --url http://127.0.0.1:8080 ssh://op@gpu-box-7"  # no secrets
     assert redact(f"push.py {flag}{sep}{value} {rest}") == f"push.py {flag}{sep}*** {rest}"

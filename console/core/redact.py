@@ -23,7 +23,9 @@ _SECRET_NAME = r"(?:(?:[A-Za-z0-9_]*_)?(?:TOKEN|KEY|SECRET)|[A-Za-z0-9_]*(?:PASS
 
 _PATTERNS = (
     # HF_TOKEN=x, aws_secret_access_key = x, "password": "x", --token=x, --api-key=x
-    re.compile(rf"(?i)(?<![A-Za-z0-9_/])({_SECRET_NAME}[\"']?[ \t]*[=:][ \t]*)({_VALUE})"),
+    # (a word after a space is not the value when it is another flag: `--password : --max-tokens 8`)
+    re.compile(rf"(?i)(?<![A-Za-z0-9_/])({_SECRET_NAME}[\"']?[ \t]*[=:][ \t]*)(?:(?<=[ \t])(?!--)|(?<![ \t]))"
+               rf"({_VALUE})"),
     # --password x, --hf-token x, --api-key x (the value is the next word; another flag is not one)
     re.compile(rf"(?i)(?<![A-Za-z0-9_-])(--?[A-Za-z0-9_-]*(?:password|passwd|token|secret|key)[ \t]+)(?!-)({_VALUE})"),
     # Authorization: Bearer x / Basic x / x
