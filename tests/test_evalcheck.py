@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from samai.console.core.evalcheck import check_eval, has_errors
+from tests.box_tools import stage_argv, stage_env
 
-REPO = Path(__file__).resolve().parent.parent
-EVAL_STAGE = REPO / "remote" / "box" / "stages" / "eval.py"
 UNCLOSED_THINK = "<think>Let me compute 17*23. 17*20 = 340, 17*3 = 51, so 391"
 # The eval stage takes the first number of content + reasoning_content: no other number before 391.
 SERVER_THINK = "<think>the product is 391"
@@ -198,8 +196,8 @@ def run_eval_stage(server: _FakeChatServer, tmp_path: Path, n: int = 4) -> Path:
     data, out = tmp_path / "eval.jsonl", tmp_path / "out"
     data.write_text("".join(json.dumps({"id": i, "prompt": "17*23=", "gold": "391"}) + "\n" for i in range(n)))
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    done = subprocess.run([sys.executable, str(EVAL_STAGE), "--url", url, "--data", str(data), "--out", str(out),
-                           "--max-tokens", "8", "--timeout", "5"], capture_output=True, text=True, timeout=30)
+    done = subprocess.run(stage_argv("stages.eval", "--url", url, "--data", data, "--out", out, "--max-tokens", 8,
+                                     "--timeout", 5), env=stage_env(), capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "EVAL_RC=0" in done.stdout
     return out / "items.jsonl"

@@ -27,10 +27,10 @@ from samai.console.core.preflight import poison_artifacts, preflight
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.disk import DiskPane
+from tests.box_tools import stage_argv, stage_env
 from tests.helpers import pilot_until, start_time_of
 
 SIZE = (140, 45)
-EVAL_PY = Path(__file__).resolve().parents[1] / "remote" / "box" / "stages" / "eval.py"
 LONG_TAG = "--tag=" + "previous-run-of-serve-" * 6  # far past the 50 characters a check once kept
 
 PIPE = """
@@ -64,7 +64,8 @@ command = "{serve}"
 ports = [{port}]
 [stages.eval]
 key = "e"
-command = "{python} {eval} --url http://127.0.0.1:{port} --data data/eval.jsonl --out runs/eval/one --max-tokens 4"
+command = "{python} -m samai_box.stages.eval --url http://127.0.0.1:{port} --data data/eval.jsonl --out runs/eval/one \
+--max-tokens 4"
 """
 
 
@@ -90,7 +91,7 @@ def listener(tmp_path: Path, port: int) -> Path:
 
 def _config(tmp_path: Path, ws: Path, port: int, serve: str = "true", reserve: float = 0) -> config.Config:
     f = tmp_path / "fixpaths.toml"
-    f.write_text(PIPE.format(python=sys.executable, ws=ws, reserve=reserve, port=port, serve=serve, eval=EVAL_PY))
+    f.write_text(PIPE.format(python=sys.executable, ws=ws, reserve=reserve, port=port, serve=serve))
     return config.load(f)
 
 
@@ -249,9 +250,9 @@ def test_eval_against_a_closed_port_says_so_once_and_fails(workspace):
     with socket.socket() as closed:  # bound, never listening: every connection is refused
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-        run = subprocess.run([sys.executable, str(EVAL_PY), "--url", f"http://127.0.0.1:{port}", "--data",
-                              "data/eval.jsonl", "--out", "runs/eval/down"], cwd=workspace, capture_output=True,
-                             text=True, timeout=60)
+        run = subprocess.run(stage_argv("stages.eval", "--url", f"http://127.0.0.1:{port}", "--data",
+                                        "data/eval.jsonl", "--out", "runs/eval/down"), env=stage_env(), cwd=workspace,
+                             capture_output=True, text=True, timeout=60)
     lines = run.stdout.splitlines()
     assert run.returncode == 2
     refused = [line for line in lines if "refused" in line.lower()]
