@@ -212,3 +212,15 @@ async def test_a_build_step_is_shown_but_a_servers_own_command_line_is_not(tmp_p
         await pilot_until(pilot, lambda: "CONVERTING" in _bar(app) and "SERVING" in _bar(app))
         assert "step: python convert_hf_to_gguf.py merged --outfile f16.gguf" in _bar(app)
         assert "llama-server" not in _bar(app)
+
+
+def test_the_train_stages_own_progress_line_reads_as_steps_and_time_left() -> None:
+    """The tiny pipeline's train stage turns the Trainer's bar off (its carriage returns would
+    fill the log) and writes one tqdm-style line per logged step instead."""
+    from samai.remote.box.stages import train
+
+    for done, total, elapsed, left in ((12, 80, 3.0, 17), (1, 5000, 4000.0, 4000 * 4999), (0, 80, 0.0, None)):
+        found = parse_line(train.progress_line(done, total, elapsed))
+        assert found is not None and (found.done, found.total) == (done, total), train.progress_line(done, total,
+                                                                                                       elapsed)
+        assert found.eta == left

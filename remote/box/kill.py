@@ -35,6 +35,7 @@ import time
 
 from .confine import Escape, open_append, open_folder, open_parent, open_root, unlink, write_file
 from .procfs import (
+    TICK_S,
     ChainMarkers,
     ancestors,
     boot_time,
@@ -231,7 +232,7 @@ def kill(req):
 
 def born_before(pid, start_time, btime):
     st = read_stat(pid)
-    return bool(st) and start_epoch(st["starttime"], btime) < float(start_time) - 0.011
+    return bool(st) and start_epoch(st["starttime"], btime) < float(start_time) - TICK_S
 
 
 def kill_process(req, pid, pgid, start_time, btime, name, grace):

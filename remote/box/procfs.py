@@ -119,9 +119,12 @@ def read_stat(pid):
         return None
 
 
+TICK_S = 0.011  # start times are in clock ticks (1/100 s): two reads of one process agree within one
+
+
 def same_start(a, b):
     """Start times from one box agree to the tick; anything else is another process."""
-    return a is not None and b is not None and abs(float(a) - float(b)) < 0.011
+    return a is not None and b is not None and abs(float(a) - float(b)) < TICK_S
 
 
 def alive(pid, start_time, btime):
@@ -206,7 +209,7 @@ def chain_pids(table, rec, offset, marker_of):
         return set()
 
     def born_since(pid):
-        return table[pid]["start_time"] + offset >= float(start) - 0.011
+        return table[pid]["start_time"] + offset >= float(start) - TICK_S
 
     found = set()
     leader = table.get(rec.get("pid"))

@@ -86,6 +86,33 @@ def pad_batch(pad_id):
     return collate
 
 
+def make_progress(started):
+    from transformers import TrainerCallback
+
+    class ProgressLine(TrainerCallback):
+        """One tqdm-style line per logged step (the Trainer's own bar is off: its carriage returns
+        would fill the log): the console reads step/total and the time left from it."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.max_steps:
+                say(progress_line(state.global_step, state.max_steps, time.time() - started))
+
+    return ProgressLine()
+
+
+def progress_line(done, total, elapsed):
+    """`train 12/80 [00:03<00:17, 4.00it/s]`, as tqdm writes its bar."""
+    rate = done / elapsed if elapsed > 0 and done else 0.0
+    left = clock((total - done) / rate) if rate else "?"
+    return "train %d/%d [%s<%s, %.2fit/s]" % (done, total, clock(elapsed), left, rate)
+
+
+def clock(seconds):
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return "%d:%02d:%02d" % (hours, minutes, secs) if hours else "%02d:%02d" % (minutes, secs)
+
+
 def make_guard(out, patience=NAN_PATIENCE):
     from transformers import TrainerCallback
 
@@ -247,7 +274,7 @@ def main():
         inject_nan(model)
     examples = load_examples(args.data, tok)
     guard = make_guard(args.out, args.nan_patience)
-    callbacks = [guard]
+    callbacks = [guard, make_progress(started)]
     if args.diverge_after is not None or args.kill_gradients_after is not None:
         callbacks.append(make_breaker(args.diverge_after, args.kill_gradients_after, args.diverge_lr))
     training = TrainingArguments(
