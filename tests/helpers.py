@@ -74,3 +74,16 @@ def start_time_of(pid: int) -> float:
     from samai.remote.box.procfs import boot_time, read_stat, start_epoch
 
     return start_epoch(read_stat(pid)["starttime"], boot_time())
+
+
+def collect_toasts(app) -> list[str]:
+    """Every toast the app raises from now on, as its text (the app's own notify, wrapped)."""
+    seen: list[str] = []
+    real = app.notify
+
+    def notify(message: str, **kw) -> None:
+        seen.append(message)
+        real(message, **kw)
+
+    app.notify = notify
+    return seen

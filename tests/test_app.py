@@ -22,7 +22,7 @@ from samai.widgets.dialogs import ConfirmDialog, KillDialog
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
 from samai.widgets.status import StatusBar
-from tests.helpers import pilot_until
+from tests.helpers import collect_toasts, pilot_until
 
 SIZE = (140, 45)
 
@@ -139,7 +139,7 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
 async def test_readonly_dangerous_keys_do_nothing_and_say_why(tmp_path, workspace, spawn, isolated_dirs):
     victim = spawn("sleep", "32.5")
     app = SamaiApp(_config(tmp_path, workspace), readonly=True)
-    said = _toasts(app)
+    said = collect_toasts(app)
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
         enabled = {a.binding.action.split("(")[0] for a in app.active_bindings.values() if a.enabled}
@@ -155,18 +155,6 @@ async def test_readonly_dangerous_keys_do_nothing_and_say_why(tmp_path, workspac
     assert victim.poll() is None
     assert not (workspace / ".samai" / "state" / "hello.json").exists()
     assert _audit(isolated_dirs) == []
-
-
-def _toasts(app: SamaiApp) -> list[str]:
-    seen: list[str] = []
-    real = app.notify
-
-    def notify(message: str, **kw) -> None:
-        seen.append(message)
-        real(message, **kw)
-
-    app.notify = notify
-    return seen
 
 
 async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, workspace):

@@ -18,7 +18,7 @@ from samai.console.core import config
 from samai.widgets.curves import CurvesPane
 from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.logview import LogView
-from tests.helpers import pilot_until, run_cli
+from tests.helpers import collect_toasts, pilot_until, run_cli
 
 SIZE = (140, 45)
 
@@ -51,19 +51,6 @@ def _plain(widget) -> str:
 
 def _bar(app: SamaiApp) -> str:
     return _plain(app.query_one("#stages"))
-
-
-def _notes(app: SamaiApp) -> list[str]:
-    """Every toast the app raises, as its text (the app's own notify, wrapped)."""
-    seen: list[str] = []
-    real = app.notify
-
-    def notify(message: str, **kw) -> None:
-        seen.append(message)
-        real(message, **kw)
-
-    app.notify = notify
-    return seen
 
 
 async def _fire_in_tui(pilot, app: SamaiApp, key: str) -> None:
@@ -158,7 +145,7 @@ command = "sleep 30"
 ports = [{port}]
 """))
     async with app.run_test(size=SIZE) as pilot:
-        notes = _notes(app)
+        notes = collect_toasts(app)
         pane = app.query_one("#alerts")
         alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "stale_server"), None))
         assert alert.active and "1 warning" in str(pane.border_subtitle)
