@@ -219,9 +219,9 @@ class SamaiApp(App[None]):
 
     def show_snapshot(self, snap: Snapshot, followers: list) -> None:
         """Fold in and render one snapshot taken with these followers' cursors."""
-        self._render(self.state.apply(snap, followers, self.clock()))
+        self._show_update(self.state.apply(snap, followers, self.clock()))
 
-    def _render(self, u: StateUpdate) -> None:
+    def _show_update(self, u: StateUpdate) -> None:
         snap = u.snapshot
         if self.connection.state == "lost":
             self.notify("the box answers again", title="reconnected", markup=False)
