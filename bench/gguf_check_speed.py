@@ -32,10 +32,10 @@ async def main(gb: float, runs: int) -> None:
         for _ in range(runs):
             result = await times.time_async("check", lambda: check_gguf(box, str(path), expect_tensors=None,
                                                                          expect_last=None, local=False))
-            read = result["bytes_read"]
-            assert result["ok"], result
+            read = result.bytes_read
+            assert result.ok, result
             reader = times.time("GGUFReader", GGUFReader, str(path))
-            assert len(reader.tensors) == result["tensor_count"]
+            assert len(reader.tensors) == result.tensor_count
         await box.close()
     size = path.stat().st_size if path.exists() else int(gb * (1 << 30))
     ours_ms, theirs_ms = 1000 * times.median("check"), 1000 * times.median("GGUFReader")

@@ -136,14 +136,14 @@ def main() -> None:
             greps = times.time("grep", grep_count, log)
             lines = times.time("lines", python_lines, log)
             result = times.time("check", check_trainlog_path, log)
-            assert len(result["points"]) == dicts == greps, (len(result["points"]), dicts, greps)
+            assert len(result.points) == dicts == greps, (len(result.points), dicts, greps)
         grep_s, iter_s, check_s = times.median("grep"), times.median("lines"), times.median("check")
 
         def rate(seconds: float) -> str:
             return f"{lines / seconds / 1e6:6.2f} M lines/s  {size / seconds / 1e6:7.1f} MB/s  ({seconds:.2f} s)"
 
-        print(f"lines: {lines:,}  points: {len(result['points']):,}  anomalies: {len(result['anomalies'])}  "
-              f"unparsed: {result['unparsed']:,}")
+        print(f"lines: {lines:,}  points: {len(result.points):,}  anomalies: {len(result.problems)}  "
+              f"unparsed: {result.unparsed:,}")
         print(f"check_trainlog         {rate(check_s)}")
         print(f"python line iteration  {rate(iter_s)}")
         print(f"grep -c \"'loss'\"       {rate(grep_s)}")

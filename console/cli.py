@@ -38,6 +38,7 @@ from samai.remote.visible import visible
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions
+    from samai.console.core.problems import CheckResult
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_STDOUT_CLOSED = 128 + 13  # what a shell reports for a tool that SIGPIPE ended
@@ -266,6 +267,7 @@ async def _check(args, cfg, box: Box) -> int:
     from samai.console.core import checks  # with the box's GGUF checker: only `check` needs it
 
     path = _on_target(cfg, args.path)
+    result: CheckResult
     try:
         if args.kind == "gguf":
             model = dict(cfg.model)
@@ -281,7 +283,8 @@ async def _check(args, cfg, box: Box) -> int:
             result = check_eval(await checks.read_lines(box, path))
     except (checks.Unreadable, ValueError) as e:  # ValueError: a trainer_state.json that is not JSON
         return _fail(str(e), EXIT_USAGE)
-    print(_json(result) if args.json else describe_check(args.kind, path, result))
+    shown = result.to_json()  # the JSON contract; the text report reads the same figures
+    print(_json(shown) if args.json else describe_check(args.kind, path, shown))
     return EXIT_PROBLEM if checks.has_errors(result) else EXIT_OK
 
 

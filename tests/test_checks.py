@@ -51,6 +51,8 @@ def test_a_good_gguf(tmp_path: Path) -> None:
     rc, result = check("gguf", str(write_gguf(tmp_path / "ok.gguf")))
     assert rc == 0 and result["ok"] and result["tensor_count"] == 3 and result["last_tensor"] == "blk.2.weight"
     assert result["expected_size"] == result["size"] and result["data_offset"] % 32 == 0
+    assert list(result) == ["path", "ok", "size", "version", "tensor_count", "kv_count", "alignment", "data_offset",
+                            "expected_size", "last_tensor", "bytes_read", "problems"]  # the JSON contract's order
 
 
 def test_gguf_problems_have_their_codes(tmp_path: Path) -> None:
@@ -66,6 +68,7 @@ def test_gguf_problems_have_their_codes(tmp_path: Path) -> None:
         assert rc == 1 and code in [p["code"] for p in result["problems"]], (name, result)
     rc, result = check("gguf", str(tmp_path / "ok.gguf"), "--expect-tensors", "4", "--expect-last", "blk.9.weight")
     assert rc == 1 and {p["code"] for p in result["problems"]} == {"tensor_count_mismatch", "last_tensor_mismatch"}
+    assert [list(p) for p in result["problems"]] == [["code", "message", "severity"]] * 2
 
 
 def test_an_unreadable_gguf_is_exit_2(tmp_path: Path) -> None:
@@ -97,6 +100,8 @@ def test_check_trainlog_on_a_real_trainer_log_and_a_hidden_nan(tmp_path: Path) -
     rc, result = check("trainlog", str(bad))
     assert rc == 1 and {"hidden_nan", "zero_loss_streak"} <= {a["code"] for a in result["anomalies"]}
     assert result["points"][-1]["grad_norm"] is None  # NaN is null in JSON, and an anomaly says so
+    assert list(result) == ["points", "anomalies", "summary", "lines", "unparsed"]  # the JSON contract's order
+    assert list(result["anomalies"][0]) == ["code", "severity", "step", "message"]
 
 
 def test_check_eval_finds_the_fake_zero(tmp_path: Path) -> None:
@@ -106,5 +111,8 @@ def test_check_eval_finds_the_fake_zero(tmp_path: Path) -> None:
                                          "reasoning_content": "<think>17*23 is"}) + "\n" for i in range(10)))
     rc, result = check("eval", str(items))
     assert rc == 1 and "fake_zero" in {p["code"] for p in result["problems"]}
+    assert list(result) == ["n", "correct", "accuracy", "pred_none", "truncated", "empty_content", "reasoning_only",
+                            "think_leaks", "malformed", "malformed_lines", "problems"]  # the JSON contract's order
+    assert list(result["problems"][0]) == ["code", "severity", "message", "count"]
     text = run_cli("check", "eval", str(items)).stdout
     assert "fake_zero" in text and "--reasoning-format none" in text

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from samai.console.core.evalcheck import check_eval, has_errors
+from samai.console.core.evalcheck import EvalResult, check_eval, has_errors
+from samai.console.core.problems import Problem
 from tests.box_tools import stage_argv, stage_env
 
 UNCLOSED_THINK = "<think>Let me compute 17*23. 17*20 = 340, 17*3 = 51, so 391"
@@ -28,41 +29,41 @@ def row(i: int, *, gold: str = "391", pred: str | None = "391", finish: str = "s
     return json.dumps(item)
 
 
-def codes(result: dict) -> dict[str, str]:
-    return {problem["code"]: problem["severity"] for problem in result["problems"]}
+def codes(result: EvalResult) -> dict[str, str]:
+    return {problem.code: problem.severity for problem in result.problems}
 
 
-def problem(result: dict, code: str) -> dict:
-    return next(p for p in result["problems"] if p["code"] == code)
+def problem(result: EvalResult, code: str) -> Problem:
+    return next(p for p in result.problems if p.code == code)
 
 
 def test_a_healthy_run_has_its_accuracy_and_no_problems() -> None:
     lines = [row(i) for i in range(9)] + [row(9, pred="390", content="The answer is 390.")]
     result = check_eval(lines)
-    assert result["n"] == 10 and result["correct"] == 9 and result["accuracy"] == pytest.approx(0.9)
-    assert result["problems"] == [] and not has_errors(result)
-    assert result["pred_none"] == result["truncated"] == result["empty_content"] == 0
-    json.dumps(result)  # JSON-ready
+    assert result.n == 10 and result.correct == 9 and result.accuracy == pytest.approx(0.9)
+    assert result.problems == () and not has_errors(result)
+    assert result.pred_none == result.truncated == result.empty_content == 0
+    json.dumps(result.to_json())  # JSON-ready
 
 
 def test_the_reasoning_split_shape_is_a_fake_zero_with_truncation_and_empty_content() -> None:
     split = [row(i, pred=None, content="", reasoning=UNCLOSED_THINK, finish="length") for i in range(8)]
     closed = [row(8 + i, pred=None, content="", reasoning="<think>hmm</think>") for i in range(2)]
     result = check_eval(split + closed)
-    assert result["accuracy"] == 0 and result["pred_none"] == 10
-    assert result["reasoning_only"] == 10 and result["empty_content"] == 10 and result["truncated"] == 8
+    assert result.accuracy == 0 and result.pred_none == 10
+    assert result.reasoning_only == 10 and result.empty_content == 10 and result.truncated == 8
     assert codes(result) == {"fake_zero": "error", "truncation": "error", "empty_content": "error"}
     fake_zero = problem(result, "fake_zero")
-    assert fake_zero["count"] == 10
-    assert "--reasoning-format none" in fake_zero["message"] and "reasoning_content" in fake_zero["message"]
-    assert "2048" in problem(result, "truncation")["message"]
+    assert fake_zero.count == 10
+    assert "--reasoning-format none" in fake_zero.message and "reasoning_content" in fake_zero.message
+    assert "2048" in problem(result, "truncation").message
     assert has_errors(result)
 
 
 def test_a_real_zero_with_answers_in_content_is_not_called_fake() -> None:
     lines = [row(i, pred=None, content="I cannot tell.") for i in range(10)]
     result = check_eval(lines)
-    assert result["accuracy"] == 0 and result["pred_none"] == 10
+    assert result.accuracy == 0 and result.pred_none == 10
     assert "fake_zero" not in codes(result)
 
 
@@ -76,16 +77,16 @@ def test_a_fake_zero_needs_most_predictions_missing() -> None:
 def test_think_tags_inside_content_are_counted_as_leaks() -> None:
     leaks = [row(0, content="<think>17*23 is 391</think> 391"), row(1, content="so 391</think>391")]
     result = check_eval(leaks + [row(i) for i in range(2, 10)])
-    assert result["think_leaks"] == 2
+    assert result.think_leaks == 2
     assert codes(result) == {"think_leak": "warning"}
-    assert problem(result, "think_leak")["count"] == 2
+    assert problem(result, "think_leak").count == 2
 
 
 @pytest.mark.parametrize(("truncated", "expected"), [(1, None), (2, "warning"), (5, "warning"), (6, "error")])
 def test_truncation_is_judged_against_the_threshold(truncated: int, expected: str | None) -> None:
     lines = [row(i, finish="length" if i < truncated else "stop") for i in range(20)]
     result = check_eval(lines, truncation_threshold=0.05)  # 1/20 = 5 %: not above; 6/20 = 30 % > 25 %
-    assert result["truncated"] == truncated
+    assert result.truncated == truncated
     assert codes(result).get("truncation") == expected
 
 
@@ -98,7 +99,7 @@ def test_the_truncation_threshold_can_be_raised() -> None:
 def test_empty_content_is_a_warning_until_it_is_the_majority() -> None:
     few = [row(i, content="", pred="391", reasoning="391") for i in range(3)] + [row(i) for i in range(3, 10)]
     result = check_eval(few)
-    assert codes(result) == {"empty_content": "warning"} and result["reasoning_only"] == 3
+    assert codes(result) == {"empty_content": "warning"} and result.reasoning_only == 3
     many = [row(i, content="  ", pred="391") for i in range(6)] + [row(i) for i in range(6, 10)]
     assert codes(check_eval(many)) == {"empty_content": "error"}
 
@@ -115,44 +116,44 @@ def test_malformed_lines_are_counted_with_their_numbers_and_not_fatal() -> None:
         row(7)[:25],  # the writer died mid-line
     ]
     result = check_eval(lines)
-    assert result["n"] == 2 and result["accuracy"] == 1.0
-    assert result["malformed"] == 5 and result["malformed_lines"] == [2, 3, 4, 5, 8]
+    assert result.n == 2 and result.accuracy == 1.0
+    assert result.malformed == 5 and result.malformed_lines == (2, 3, 4, 5, 8)
     assert codes(result) == {"malformed": "warning"} and not has_errors(result)
-    message = problem(result, "malformed")["message"]
+    message = problem(result, "malformed").message
     assert "2, 3, 4, 5, 8" in message
 
 
 def test_only_the_first_malformed_line_numbers_are_listed() -> None:
     result = check_eval(["garbage"] * 12 + [row(12)])
-    assert result["malformed"] == 12 and result["malformed_lines"] == [1, 2, 3, 4, 5]
-    assert problem(result, "malformed")["count"] == 12
+    assert result.malformed == 12 and result.malformed_lines == (1, 2, 3, 4, 5)
+    assert problem(result, "malformed").count == 12
 
 
 @pytest.mark.parametrize("lines", [[], ["\n", "  "]])
 def test_an_empty_file_has_no_items(lines: list[str]) -> None:
     result = check_eval(lines)
-    assert result["n"] == 0 and result["accuracy"] is None
+    assert result.n == 0 and result.accuracy is None
     assert codes(result) == {"no_items": "error"} and has_errors(result)
-    assert "empty" in problem(result, "no_items")["message"]
+    assert "empty" in problem(result, "no_items").message
 
 
 def test_a_file_of_only_garbage_has_no_items_and_says_why() -> None:
     result = check_eval(["{", "nope"])
     assert codes(result) == {"no_items": "error", "malformed": "warning"}
-    assert "malformed" in problem(result, "no_items")["message"]
+    assert "malformed" in problem(result, "no_items").message
 
 
 def test_accuracy_is_recomputed_from_pred_and_gold_when_correct_is_missing() -> None:
     items = [{"id": 0, "gold": "391", "pred": " 391 "}, {"id": 1, "gold": 391, "pred": "391"},
              {"id": 2, "gold": "391", "pred": "390"}, {"id": 3, "gold": "391", "pred": None}]
     result = check_eval(json.dumps(item) for item in items)
-    assert result["n"] == 4 and result["correct"] == 2 and result["accuracy"] == 0.5
-    assert result["pred_none"] == 1
+    assert result.n == 4 and result.correct == 2 and result.accuracy == 0.5
+    assert result.pred_none == 1
 
 
 def test_a_written_correct_wins_over_pred_and_gold() -> None:
     lines = [row(0, pred="391", correct=False), row(1, pred="7", correct=True)]
-    assert check_eval(lines)["correct"] == 1
+    assert check_eval(lines).correct == 1
 
 
 # --- the real eval stage against a local OpenAI-compatible server --------------------------
@@ -209,8 +210,8 @@ def test_the_eval_stage_joins_reasoning_content_so_a_split_answer_is_no_fake_zer
     items = run_eval_stage(chat_server, tmp_path)
     result = check_eval(items.read_text().splitlines())
     # the client-side join found 391 in reasoning_content: the fix working
-    assert result["n"] == 4 and result["accuracy"] == 1.0 and result["pred_none"] == 0
-    assert result["reasoning_only"] == 4
+    assert result.n == 4 and result.accuracy == 1.0 and result.pred_none == 0
+    assert result.reasoning_only == 4
     assert codes(result) == {"empty_content": "error", "truncation": "error"}
     assert "fake_zero" not in codes(result)
 
@@ -221,6 +222,6 @@ def test_the_eval_stage_against_a_server_that_answers_nothing_is_a_fake_zero(
     items = run_eval_stage(chat_server, tmp_path)
     with items.open() as lines:
         result = check_eval(lines)
-    assert result["n"] == 4 and result["accuracy"] == 0 and result["pred_none"] == 4
-    assert result["reasoning_only"] == 0 and result["empty_content"] == 4
+    assert result.n == 4 and result.accuracy == 0 and result.pred_none == 4
+    assert result.reasoning_only == 0 and result.empty_content == 4
     assert codes(result)["fake_zero"] == "error" and has_errors(result)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from samai.console.core.evalcheck import check_eval
-from samai.console.core.trainlog import TrainLogCheck, check_trainlog
+from samai.console.core.trainlog import TrainLogCheck, TrainLogResult, check_trainlog
 from samai.remote.payload_lint import Violation, lint, main
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,
@@ -50,10 +50,10 @@ LOG_LINES = st.lists(st.one_of(TRAINER_DICT, KNOWN_LINES, st.text(max_size=30),
                                st.lists(TRAINER_DICT, max_size=3).map("\r".join)), max_size=25)
 
 
-def assert_trainlog_result(result: dict) -> None:
-    json.dumps(result, allow_nan=False)  # JSON-ready: NaN and inf are null
-    assert {"points", "anomalies", "summary", "lines", "unparsed"} <= set(result)
-    assert result["points"] or result["summary"] is not None or result["anomalies"]  # never a silent "no problems"
+def assert_trainlog_result(result: TrainLogResult) -> None:
+    json.dumps(result.to_json(), allow_nan=False)  # JSON-ready: NaN and inf are null
+    assert {"points", "anomalies", "summary", "lines", "unparsed"} <= set(result.to_json())
+    assert result.points or result.summary is not None or result.problems  # never a silent "no problems"
 
 
 @FUZZ
@@ -70,7 +70,7 @@ def test_a_training_log_fed_in_batches_gives_the_same_result(lines, data) -> Non
     for cut in [*cuts, len(lines)]:
         check.feed(lines[start:cut])
         start = cut
-    assert check.result() == check_trainlog(lines)
+    assert check.result().to_json() == check_trainlog(lines).to_json()  # NaN != NaN: compare as JSON
 
 
 @FUZZ
@@ -116,10 +116,10 @@ EVAL_LINES = st.lists(st.one_of(ITEM.map(json.dumps), JSON_VALUES.map(json.dumps
 @given(lines=EVAL_LINES, threshold=st.floats(0, 1))
 def test_any_eval_items_give_a_result(lines, threshold) -> None:
     result = check_eval(lines, truncation_threshold=threshold)
-    json.dumps(result, allow_nan=False)
-    assert {p["code"] for p in result["problems"]} <= EVAL_PROBLEMS
-    assert result["n"] + result["malformed"] == sum(1 for line in lines if line.strip())
-    assert 0 <= result["correct"] <= result["n"]
+    json.dumps(result.to_json(), allow_nan=False)
+    assert {p.code for p in result.problems} <= EVAL_PROBLEMS
+    assert result.n + result.malformed == sum(1 for line in lines if line.strip())
+    assert 0 <= result.correct <= result.n
 
 
 # ---------------------------------------------------------------- payload lint

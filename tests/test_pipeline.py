@@ -241,13 +241,13 @@ async def test_runs_that_die_after_step_4_pass_nowhere_downstream(pipeline_ws: P
             assert not (run_dir / "final").exists() and not (run_dir / "TRAIN_DONE").exists(), kind
 
             found = await check_trainlog(box, str(pipeline_ws / train.log))  # what `check trainlog` prints
-            codes = {a["code"]: a for a in found["anomalies"]}
+            codes = {a.code: a for a in found.problems}
             assert expected <= set(codes), (kind, list(codes))
             late = codes["hidden_nan" if kind == "diverged" else "dead_gradients"]
-            assert late["step"] > 4 and late["severity"] == "error", late
+            assert late.step > 4 and late.severity == "error", late
 
             plan = await actions.plan_fire("merge")  # the console's own merge preflight
-            finding = f"train's log, last run: {late['code']}: {late['message']}"
+            finding = f"train's log, last run: {late.code}: {late.message}"
             assert plan.blocked and finding in [c.text for c in plan.checks], plan.checks
             outcome = await actions.fire("merge")
             assert outcome.status == "refused" and not (pipeline_ws / cfg.stage("merge").log).exists(), kind

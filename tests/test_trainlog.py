@@ -11,6 +11,7 @@ import pytest
 from samai.console.core.trainlog import (
     SEVERITY,
     TrainLogParser,
+    TrainLogResult,
     TrainPoint,
     check_trainlog,
     check_trainlog_path,
@@ -24,8 +25,8 @@ REAL_STATE = (DATA / "trainer_state_tiny.json").read_text()
 
 
 def codes(result_or_anomalies) -> list[str]:
-    anomalies = result_or_anomalies["anomalies"] if isinstance(result_or_anomalies, dict) else result_or_anomalies
-    return [a["code"] if isinstance(a, dict) else a.code for a in anomalies]
+    anomalies = result_or_anomalies.problems if isinstance(result_or_anomalies, TrainLogResult) else result_or_anomalies
+    return [a.code for a in anomalies]
 
 
 def dict_line(loss, grad_norm=1.0, lr=1e-4, epoch=0.1) -> str:
@@ -42,14 +43,14 @@ def same_3_digits(a: float, b: float) -> bool:
 def test_the_real_transformers_5_log_matches_its_trainer_state() -> None:
     result = check_trainlog(REAL_LOG)
     history = [e for e in json.loads(REAL_STATE)["log_history"] if "loss" in e]
-    assert [p["step"] for p in result["points"]] == list(range(1, 13)) == [e["step"] for e in history]
-    for point, entry in zip(result["points"], history, strict=True):
+    assert [p.step for p in result.points] == list(range(1, 13)) == [e["step"] for e in history]
+    for point, entry in zip(result.points, history, strict=True):
         for name in ("loss", "grad_norm", "learning_rate", "epoch"):
-            assert same_3_digits(point[name], entry[name]), (point, entry, name)
-    assert result["anomalies"] == [] and not has_errors(result)
-    assert result["summary"]["train_loss"] == 1.538 and result["summary"]["train_runtime"] == 0.2835
+            assert same_3_digits(getattr(point, name), entry[name]), (point, entry, name)
+    assert result.problems == () and not has_errors(result)
+    assert result.summary["train_loss"] == 1.538 and result.summary["train_runtime"] == 0.2835
     # four lines (LoRA banner, a DeepSpeed warning, a transformers notice, TRAIN_DONE) hold no record
-    assert result["lines"] == 17 and result["unparsed"] == 4
+    assert result.lines == 17 and result.unparsed == 4
 
 
 def test_trainer_state_gives_exact_points_and_is_recognised_as_a_state_file() -> None:
@@ -58,7 +59,7 @@ def test_trainer_state_gives_exact_points_and_is_recognised_as_a_state_file() ->
     assert points[0] == TrainPoint(1, 3.4853992462158203, 10.622142791748047, 0.0, 0.25)
     for given in (REAL_STATE, REAL_STATE.splitlines()):  # the CLI hands over lines
         result = check_trainlog(given)
-        assert len(result["points"]) == 12 and result["anomalies"] == [] and result["unparsed"] == 0
+        assert len(result.points) == 12 and result.problems == () and result.unparsed == 0
 
 
 @pytest.mark.parametrize("nan, inf", [("NaN", "Infinity"), ("nan", "inf")])
@@ -73,8 +74,8 @@ def test_trainer_state_with_non_finite_tokens(nan: str, inf: str) -> None:
     assert math.isinf(points[0].grad_norm) and math.isnan(points[1].loss) and points[1].grad_norm == -math.inf
     result = check_trainlog(state)
     assert codes(result) == ["nan_grad_norm", "nan_loss"]
-    assert result["summary"]["train_loss"] == 2.4
-    json.dumps(result, allow_nan=False)
+    assert result.summary["train_loss"] == 2.4
+    json.dumps(result.to_json(), allow_nan=False)
 
 
 def test_a_broken_trainer_state_says_so() -> None:
@@ -85,9 +86,9 @@ def test_a_broken_trainer_state_says_so() -> None:
 def test_the_state_file_replaces_the_logs_rounded_points_for_its_steps() -> None:
     log = REAL_LOG + dict_line(0.3) + "\n"  # a 13th step logged after the checkpoint
     result = check_trainlog(log, trainer_state=REAL_STATE)
-    assert [p["step"] for p in result["points"]] == list(range(1, 14))
-    assert result["points"][0]["loss"] == 3.4853992462158203 and result["points"][12]["loss"] == 0.3
-    assert result["anomalies"] == []
+    assert [p.step for p in result.points] == list(range(1, 14))
+    assert result.points[0].loss == 3.4853992462158203 and result.points[12].loss == 0.3
+    assert result.problems == ()
 
 
 # ------------------------------------------------------------------ line forms
@@ -123,10 +124,10 @@ def test_eval_lines_and_the_summary_are_not_steps() -> None:
         dict_line(1.3),
         "{'train_runtime': 12.3, 'train_samples_per_second': 5.5, 'train_loss': 1.4, 'epoch': 1.0}",
     ])
-    assert [p["step"] for p in result["points"]] == [1, 2]
-    assert result["summary"] == {"train_runtime": 12.3, "train_samples_per_second": 5.5, "train_loss": 1.4,
+    assert [p.step for p in result.points] == [1, 2]
+    assert result.summary == {"train_runtime": 12.3, "train_samples_per_second": 5.5, "train_loss": 1.4,
                                  "epoch": 1.0}
-    assert result["unparsed"] == 0
+    assert result.unparsed == 0
 
 
 def test_tqdm_segments_and_ansi_escapes() -> None:
@@ -138,8 +139,8 @@ def test_tqdm_segments_and_ansi_escapes() -> None:
         f"\r 5%|\x1b[A | 5/100 \r{dict_line(1.8)}\r{dict_line(1.7)}",  # two records on one line
     ]
     result = check_trainlog(lines)
-    assert [(p["step"], p["loss"]) for p in result["points"]] == [(1, 2.0), (2, 1.9), (3, 1.8), (4, 1.7)]
-    assert result["lines"] == 4 and result["unparsed"] == 1  # the bare bar
+    assert [(p.step, p.loss) for p in result.points] == [(1, 2.0), (2, 1.9), (3, 1.8), (4, 1.7)]
+    assert result.lines == 4 and result.unparsed == 1  # the bare bar
 
 
 def test_garbage_truncated_and_binary_lines_are_counted_never_raised() -> None:
@@ -158,9 +159,9 @@ def test_garbage_truncated_and_binary_lines_are_counted_never_raised() -> None:
         dict_line(1.0),
     ]
     result = check_trainlog(lines)
-    assert [p["step"] for p in result["points"]] == [1]
-    assert result["lines"] == 12 and result["unparsed"] == 9  # blank lines are not unparsed
-    assert result["anomalies"] == []
+    assert [p.step for p in result.points] == [1]
+    assert result.lines == 12 and result.unparsed == 9  # blank lines are not unparsed
+    assert result.problems == ()
 
 
 # ------------------------------------------------------------------ DeepSpeed
@@ -197,10 +198,10 @@ def test_overflows_in_a_row_warn_again_and_the_minimum_scale_is_an_error() -> No
     lines += ["Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."] * 3
     result = check_trainlog(lines)
     assert codes(result) == ["overflow_skip", "overflow_skip", "loss_scale_min"]
-    first, streak, minimum = result["anomalies"]
-    assert first["step"] == 2 and streak["step"] == 6 and "5 steps in a row" in streak["message"]
-    assert minimum["severity"] == "error" and has_errors(result)
-    assert result["unparsed"] == 0
+    first, streak, minimum = result.problems
+    assert first.step == 2 and streak.step == 6 and "5 steps in a row" in streak.message
+    assert minimum.severity == "error" and has_errors(result)
+    assert result.unparsed == 0
 
 
 def test_overflows_far_apart_are_not_a_streak() -> None:
@@ -223,9 +224,10 @@ def test_a_hidden_nan_run() -> None:
     assert [(a.code, a.severity, a.step) for a in parser.anomalies] == [
         ("hidden_nan", "error", 2), ("zero_loss_streak", "warning", 2)]
     result = parser.result()
-    assert result["points"][1] == {"step": 2, "loss": 0.0, "grad_norm": None, "learning_rate": 1e-4, "epoch": 0.1}
-    assert "nan" in result["anomalies"][0]["message"] and "null" in result["anomalies"][0]["message"]
-    assert json.loads(json.dumps(result, allow_nan=False)) == result and has_errors(result)
+    assert result.points[1].to_json() == {"step": 2, "loss": 0.0, "grad_norm": None, "learning_rate": 1e-4,
+                                          "epoch": 0.1}
+    assert "nan" in result.problems[0].message and "null" in result.problems[0].message
+    assert json.loads(json.dumps(result.to_json(), allow_nan=False)) == result.to_json() and has_errors(result)
 
 
 def test_zero_loss_needs_three_in_a_row() -> None:
@@ -237,8 +239,8 @@ def test_a_loss_spike_is_reported_with_its_factor() -> None:
     losses = [2.0, 1.9, 2.1, 1.8, 1.7, 1.9, 8.5, 8.4, 1.6, 1.7, 9.0]
     result = check_trainlog([dict_line(x) for x in losses])
     assert codes(result) == ["loss_spike", "loss_spike"]  # 8.4 right after 8.5 is the same spike
-    first = result["anomalies"][0]
-    assert first["step"] == 7 and first["severity"] == "warning" and "4.5x" in first["message"]
+    first = result.problems[0]
+    assert first.step == 7 and first.severity == "warning" and "4.5x" in first.message
     assert not has_errors(result)
 
 
@@ -260,10 +262,10 @@ def test_unscale_fp16_and_the_nan_guard_marker() -> None:
     ]
     result = check_trainlog(lines)
     assert codes(result) == ["unscale_fp16", "hidden_nan", "nan_guard_fired"]
-    unscale, _, guard = result["anomalies"]
-    assert unscale["severity"] == "error" and "bf16" in unscale["message"] and "§9" in unscale["message"]
-    assert guard["severity"] == "error" and guard["step"] == 1 and "3 of the first 4" in guard["message"]
-    assert result["unparsed"] == 2  # the traceback header, and the refusal: it names TRAIN_NAN, no marker
+    unscale, _, guard = result.problems
+    assert unscale.severity == "error" and "bf16" in unscale.message and "§9" in unscale.message
+    assert guard.severity == "error" and guard.step == 1 and "3 of the first 4" in guard.message
+    assert result.unparsed == 2  # the traceback header, and the refusal: it names TRAIN_NAN, no marker
 
 
 def test_every_code_has_its_contract_severity() -> None:
@@ -297,11 +299,11 @@ def test_gradients_that_die_after_step_3_are_dead_gradients_and_not_learning(lin
     losses = healthy_losses(3) + [healthy_losses(3)[-1]] * 77
     grads = [2.5, 2.1, 1.8] + [0.0] * 77
     result = check_trainlog([line(x, g, i + 1) for i, (x, g) in enumerate(zip(losses, grads, strict=True))])
-    found = {a["code"]: a for a in result["anomalies"]}
+    found = {a.code: a for a in result.problems}
     assert set(found) == {"dead_gradients", "not_learning"} and has_errors(result)
-    assert found["dead_gradients"]["step"] == 4 and found["dead_gradients"]["severity"] == "error"
-    assert "grad_norm exactly 0" in found["dead_gradients"]["message"]
-    assert found["not_learning"]["step"] == 3 and "flat at" in found["not_learning"]["message"]
+    assert found["dead_gradients"].step == 4 and found["dead_gradients"].severity == "error"
+    assert "grad_norm exactly 0" in found["dead_gradients"].message
+    assert found["not_learning"].step == 3 and "flat at" in found["not_learning"].message
 
 
 @pytest.mark.parametrize("line", [v5_line, v4_line], ids=["transformers-5", "transformers-4"])
@@ -310,7 +312,7 @@ def test_a_run_that_diverges_after_step_4_is_found(line) -> None:
     losses = healthy_losses(6) + [math.nan] * 3 + [0.0] * 71
     grads = [2.0] * 6 + [math.nan] * 74
     result = check_trainlog([line(x, g, i + 1) for i, (x, g) in enumerate(zip(losses, grads, strict=True))])
-    assert [(a["code"], a["step"]) for a in result["anomalies"]] == [
+    assert [(a.code, a.step) for a in result.problems] == [
         ("nan_loss", 7), ("nan_grad_norm", 7), ("hidden_nan", 10), ("zero_loss_streak", 10), ("not_learning", 10)]
     assert has_errors(result)
 
@@ -368,7 +370,7 @@ def test_feeding_in_pieces_gives_the_one_shot_result_and_each_anomaly_once() -> 
             points += parser.feed(MIXED[start:start + size])
             drained += parser.drain_anomalies()
             assert parser.drain_anomalies() == []
-        assert parser.result() == whole
+        assert parser.result().to_json() == whole.to_json()  # NaN != NaN: compared as JSON
         assert points == parser.points and drained == parser.anomalies
 
 
@@ -377,5 +379,5 @@ def test_check_trainlog_path_keeps_tqdm_carriage_returns_in_the_line(tmp_path: P
     log.write_bytes(b"\r 1%|  | 1/9\r 2%|  | 2/9\r" + dict_line(1.0).encode() + b"\r\n"
                     + b"\xff\xfe binary\n" + dict_line(0.9).encode())
     result = check_trainlog_path(log)
-    assert [p["loss"] for p in result["points"]] == [1.0, 0.9]
-    assert result["lines"] == 3 and result["unparsed"] == 1
+    assert [p.loss for p in result.points] == [1.0, 0.9]
+    assert result.lines == 3 and result.unparsed == 1

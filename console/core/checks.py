@@ -5,19 +5,50 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from samai.console.core.problems import has_errors  # noqa: F401 (checkers' callers import it here)
+from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
 from samai.remote.box import gguf_check
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
+from samai.remote.model import Severity
+
+if TYPE_CHECKING:
+    from samai.console.core.trainlog import TrainLogResult
 
 CHECK_READ = 4 * 1024 * 1024  # one read of a checked file: its bytes and their lines are what is held at once
 
 
 class Unreadable(Exception):
     """The file cannot be read at all: exit 2, not a finding."""
+
+
+@dataclass(frozen=True)
+class GgufResult:
+    """A GGUF header's check: the box checker's figures and verdict, with the bytes it cost."""
+
+    path: str
+    ok: bool
+    size: int
+    version: int | None
+    tensor_count: int | None
+    kv_count: int | None
+    alignment: int | None
+    data_offset: int | None
+    expected_size: int | None
+    last_tensor: str | None
+    bytes_read: int
+    problems: tuple[Problem, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI's JSON (its keys and their order are a contract)."""
+        return {"path": self.path, "ok": self.ok, "size": self.size, "version": self.version,
+                "tensor_count": self.tensor_count, "kv_count": self.kv_count, "alignment": self.alignment,
+                "data_offset": self.data_offset, "expected_size": self.expected_size,
+                "last_tensor": self.last_tensor, "bytes_read": self.bytes_read,
+                "problems": [{"code": p.code, "message": p.message, "severity": p.severity} for p in self.problems]}
 
 
 async def line_batches(box: Box, path: str) -> AsyncIterator[list[str]]:
@@ -40,7 +71,7 @@ async def read_lines(box: Box, path: str) -> list[str]:
     return [line async for batch in line_batches(box, path) for line in batch]
 
 
-async def check_trainlog(box: Box, path: str) -> dict[str, Any]:
+async def check_trainlog(box: Box, path: str) -> TrainLogResult:
     """check_trainlog over a log on the box, streamed: memory holds the points kept, never the log."""
     from samai.console.core.trainlog import TrainLogCheck
 
@@ -51,7 +82,7 @@ async def check_trainlog(box: Box, path: str) -> dict[str, Any]:
 
 
 async def check_gguf(box: Box, path: str, *, expect_tensors: int | None, expect_last: str | None,
-                     local: bool) -> dict[str, Any]:
+                     local: bool) -> GgufResult:
     """The GGUF header checked from byte ranges: a remote 18 GB file costs a few MB."""
     try:
         size = await box.file_size(path)
@@ -70,20 +101,28 @@ async def check_gguf(box: Box, path: str, *, expect_tensors: int | None, expect_
         return data
 
     raw = await asyncio.to_thread(gguf_check.check, read_at, size, expect_tensors, expect_last)
-    result = {"path": path, "ok": raw["ok"], "size": size, "version": raw.get("version"),
-              "tensor_count": raw.get("tensor_count"), "kv_count": raw.get("kv_count"),
-              "alignment": raw.get("alignment"), "data_offset": raw.get("data_start"),
-              "expected_size": raw.get("expected_size"), "last_tensor": raw.get("last_tensor"),
-              "bytes_read": bytes_read,
-              "problems": [{"code": p["code"], "message": p["message"], "severity": p["severity"]}
-                           for p in raw["problems"]]}
-    if local and result["ok"]:
-        result["problems"] += await asyncio.to_thread(_cross_check, path, result)
-        result["ok"] = not result["problems"]
+    result = _gguf_result(path, size, bytes_read, raw)
+    if local and result.ok:
+        problems = result.problems + tuple(await asyncio.to_thread(_cross_check, path, result))
+        result = replace(result, problems=problems, ok=not problems)
     return result
 
 
-def _cross_check(path: str, result: dict[str, Any]) -> list[dict[str, str]]:
+def _gguf_result(path: str, size: int, bytes_read: int, raw: Mapping[str, Any]) -> GgufResult:
+    """The box checker's JSON dict, typed once, here at the edge."""
+    return GgufResult(path=path, ok=raw["ok"], size=size, version=raw.get("version"),
+                      tensor_count=raw.get("tensor_count"), kv_count=raw.get("kv_count"),
+                      alignment=raw.get("alignment"), data_offset=raw.get("data_start"),
+                      expected_size=raw.get("expected_size"), last_tensor=raw.get("last_tensor"),
+                      bytes_read=bytes_read, problems=tuple(_problem(p) for p in raw["problems"]))
+
+
+def _problem(raw: Mapping[str, Any]) -> Problem:
+    severity: Severity = raw["severity"]
+    return Problem(raw["code"], severity, raw["message"])
+
+
+def _cross_check(path: str, result: GgufResult) -> list[Problem]:
     """A second opinion on a local, healthy-looking file: gguf-py's own reader."""
     from gguf import GGUFReader
 
@@ -92,12 +131,11 @@ def _cross_check(path: str, result: dict[str, Any]) -> list[dict[str, str]]:
     try:
         reader = GGUFReader(path)
     except Exception as e:  # the reference reader refusing the file is the finding itself
-        return [{"code": "reader_refused", "severity": "error", "message": f"gguf-py's GGUFReader: {e}"}]
+        return [Problem("reader_refused", "error", f"gguf-py's GGUFReader: {e}")]
     found = []
-    if len(reader.tensors) != result["tensor_count"]:
-        found.append({"code": "reader_disagrees", "severity": "error",
-                      "message": f"GGUFReader sees {len(reader.tensors)} tensors, the header {result['tensor_count']}"})
-    elif reader.tensors and reader.tensors[-1].name != result["last_tensor"]:
-        found.append({"code": "reader_disagrees", "severity": "error",
-                      "message": f"GGUFReader's last tensor is {reader.tensors[-1].name}"})
+    if len(reader.tensors) != result.tensor_count:
+        found.append(Problem("reader_disagrees", "error",
+                             f"GGUFReader sees {len(reader.tensors)} tensors, the header {result.tensor_count}"))
+    elif reader.tensors and reader.tensors[-1].name != result.last_tensor:
+        found.append(Problem("reader_disagrees", "error", f"GGUFReader's last tensor is {reader.tensors[-1].name}"))
     return found

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
 
-from samai.console.core.problems import has_errors  # noqa: F401 (checkers' callers import it here)
+from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
+from samai.remote.model import Severity
 
 FAKE_ZERO_ACCURACY = 0.05  # at or under this, a zero may be the reasoning split, not the model
 FAKE_ZERO_SHARE = 0.5  # ... when at least this share of items has no prediction and the split's shape
@@ -26,14 +29,38 @@ FIX_SPLIT = ("start llama-server with --reasoning-format none, and join content 
              "in the client (content + '\\n' + reasoning_content) before extracting the answer")
 
 
-def check_eval(lines: Iterable[str], *, truncation_threshold: float = 0.05) -> dict:
-    """The recomputed summary of an eval's items.jsonl lines, with the problems found (JSON-ready)."""
+@dataclass(frozen=True)
+class EvalResult:
+    """An eval's items recounted: the figures, the first malformed line numbers, the problems."""
+
+    n: int
+    correct: int
+    accuracy: float | None
+    pred_none: int
+    truncated: int
+    empty_content: int
+    reasoning_only: int
+    think_leaks: int
+    malformed: int = 0
+    malformed_lines: tuple[int, ...] = ()
+    problems: tuple[Problem, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI's JSON (its keys and their order are a contract)."""
+        return {"n": self.n, "correct": self.correct, "accuracy": self.accuracy, "pred_none": self.pred_none,
+                "truncated": self.truncated, "empty_content": self.empty_content,
+                "reasoning_only": self.reasoning_only, "think_leaks": self.think_leaks,
+                "malformed": self.malformed, "malformed_lines": list(self.malformed_lines),
+                "problems": [{"code": p.code, "severity": p.severity, "message": p.message, "count": p.count}
+                             for p in self.problems]}
+
+
+def check_eval(lines: Iterable[str], *, truncation_threshold: float = 0.05) -> EvalResult:
+    """The recomputed summary of an eval's items.jsonl lines, with the problems found."""
     items, malformed_lines = _parse(lines)
-    result = _summarize(items)
-    result["malformed"] = len(malformed_lines)
-    result["malformed_lines"] = malformed_lines[:MALFORMED_LINES_SHOWN]
-    result["problems"] = _problems(result, items, malformed_lines, truncation_threshold)
-    return result
+    result = replace(_summarize(items), malformed=len(malformed_lines),
+                     malformed_lines=tuple(malformed_lines[:MALFORMED_LINES_SHOWN]))
+    return replace(result, problems=_problems(result, items, malformed_lines, truncation_threshold))
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -109,95 +136,97 @@ def _shows_split(item: dict) -> bool:
 # --- summary -------------------------------------------------------------------------------
 
 
-def _summarize(items: list[dict]) -> dict:
+def _summarize(items: list[dict]) -> EvalResult:
     n = len(items)
     correct = sum(1 for item in items if _is_correct(item))
-    return {
-        "n": n,
-        "correct": correct,
-        "accuracy": correct / n if n else None,
-        "pred_none": sum(1 for item in items if _has_no_pred(item)),
-        "truncated": sum(1 for item in items if item.get("finish_reason") == "length"),
-        "empty_content": sum(1 for item in items if _content_is_empty(item)),
-        "reasoning_only": sum(1 for item in items if _content_is_empty(item) and _has_reasoning(item)),
-        "think_leaks": sum(1 for item in items if _leaks_think(item)),
-    }
+    return EvalResult(
+        n=n,
+        correct=correct,
+        accuracy=correct / n if n else None,
+        pred_none=sum(1 for item in items if _has_no_pred(item)),
+        truncated=sum(1 for item in items if item.get("finish_reason") == "length"),
+        empty_content=sum(1 for item in items if _content_is_empty(item)),
+        reasoning_only=sum(1 for item in items if _content_is_empty(item) and _has_reasoning(item)),
+        think_leaks=sum(1 for item in items if _leaks_think(item)),
+    )
 
 
 # --- problems ------------------------------------------------------------------------------
 
 
-def _problem(code: str, severity: str, message: str, count: int) -> dict:
-    return {"code": code, "severity": severity, "message": message, "count": count}
+def _problem(code: str, severity: Severity, message: str, count: int, lines: tuple[int, ...] = ()) -> Problem:
+    return Problem(code, severity, message, lines=lines, count=count)
 
 
-def _problems(result: dict, items: list[dict], malformed_lines: list[int], truncation_threshold: float) -> list:
+def _problems(result: EvalResult, items: list[dict], malformed_lines: list[int],
+              truncation_threshold: float) -> tuple[Problem, ...]:
     found = [_no_items(result, malformed_lines)]
-    if result["n"]:
+    if result.n:
         found += [_fake_zero(result, items), _truncation(result, truncation_threshold),
                   _empty_content(result), _think_leak(result)]
     found.append(_malformed(malformed_lines))
-    return [problem for problem in found if problem is not None]
+    return tuple(problem for problem in found if problem is not None)
 
 
 def _percent(part: int, whole: int) -> str:
     return f"{part}/{whole} ({100 * part / whole:.0f} %)"
 
 
-def _no_items(result: dict, malformed_lines: list[int]) -> dict | None:
-    if result["n"]:
+def _no_items(result: EvalResult, malformed_lines: list[int]) -> Problem | None:
+    if result.n:
         return None
     why = f"all {len(malformed_lines)} lines are malformed" if malformed_lines else "the file is empty"
     return _problem("no_items", "error", f"no eval items to check: {why}", 0)
 
 
-def _fake_zero(result: dict, items: list[dict]) -> dict | None:
+def _fake_zero(result: EvalResult, items: list[dict]) -> Problem | None:
     split = sum(1 for item in items if _shows_split(item))
-    if result["accuracy"] > FAKE_ZERO_ACCURACY or split < FAKE_ZERO_SHARE * result["n"]:
+    if result.accuracy is None or result.accuracy > FAKE_ZERO_ACCURACY or split < FAKE_ZERO_SHARE * result.n:
         return None
-    message = (f"accuracy {100 * result['accuracy']:.0f} % is likely fake: {_percent(split, result['n'])} items "
+    message = (f"accuracy {100 * result.accuracy:.0f} % is likely fake: {_percent(split, result.n)} items "
                "have no prediction, with content empty or the text only in reasoning_content (llama.cpp splits "
                f"an unclosed <think> into reasoning_content); {FIX_SPLIT}, then rerun the eval")
     return _problem("fake_zero", "error", message, split)
 
 
-def _truncation(result: dict, threshold: float) -> dict | None:
-    truncated, n = result["truncated"], result["n"]
+def _truncation(result: EvalResult, threshold: float) -> Problem | None:
+    truncated, n = result.truncated, result.n
     if truncated <= threshold * n:
         return None
-    severity = "error" if truncated > TRUNCATION_ERROR_SHARE * n else "warning"
+    severity: Severity = "error" if truncated > TRUNCATION_ERROR_SHARE * n else "warning"
     message = (f"{_percent(truncated, n)} items stopped at max_tokens (finish_reason \"length\"), over the "
                f"{100 * threshold:.0f} % allowed: thinking was cut short; raise max_tokens (double the current "
                "one, or 2048)")
     return _problem("truncation", severity, message, truncated)
 
 
-def _empty_content(result: dict) -> dict | None:
-    empty, n = result["empty_content"], result["n"]
+def _empty_content(result: EvalResult) -> Problem | None:
+    empty, n = result.empty_content, result.n
     if not empty:
         return None
-    severity = "error" if empty > n / 2 else "warning"
+    severity: Severity = "error" if empty > n / 2 else "warning"
     message = f"{_percent(empty, n)} items have empty content"
-    if result["reasoning_only"]:
-        message += (f"; {result['reasoning_only']} of them have their text only in reasoning_content (the server "
+    if result.reasoning_only:
+        message += (f"; {result.reasoning_only} of them have their text only in reasoning_content (the server "
                     f"split <think>): {FIX_SPLIT}")
     return _problem("empty_content", severity, message, empty)
 
 
-def _think_leak(result: dict) -> dict | None:
-    leaks = result["think_leaks"]
+def _think_leak(result: EvalResult) -> Problem | None:
+    leaks = result.think_leaks
     if not leaks:
         return None
-    message = (f"{_percent(leaks, result['n'])} items have <think> or </think> inside content: the server is not "
+    message = (f"{_percent(leaks, result.n)} items have <think> or </think> inside content: the server is not "
                "splitting reasoning, or the model leaks it; the answer extractor may read the thinking")
     return _problem("think_leak", "warning", message, leaks)
 
 
-def _malformed(malformed_lines: list[int]) -> dict | None:
+def _malformed(malformed_lines: list[int]) -> Problem | None:
     if not malformed_lines:
         return None
-    shown = ", ".join(str(number) for number in malformed_lines[:MALFORMED_LINES_SHOWN])
+    first = tuple(malformed_lines[:MALFORMED_LINES_SHOWN])
+    shown = ", ".join(str(number) for number in first)
     more = ", ..." if len(malformed_lines) > MALFORMED_LINES_SHOWN else ""
     message = (f"{len(malformed_lines)} lines are not JSON objects with id, pred and gold (or correct), "
                f"skipped: line {shown}{more}")
-    return _problem("malformed", "warning", message, len(malformed_lines))
+    return _problem("malformed", "warning", message, len(malformed_lines), first)

@@ -8,12 +8,16 @@ means may hold several: only its last run (after the last run header) is judged.
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from samai.console.core.config import Config, Stage
 from samai.console.core.preflight import Check
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import last_run
 from samai.remote.transport import TransportError
+
+if TYPE_CHECKING:
+    from samai.console.core.trainlog import TrainLogResult
 
 TRAINING_MARKERS = frozenset({"TRAIN_DONE", "TRAIN_NAN"})  # what declares a stage a training stage
 SHOWN_FINDINGS = 3
@@ -43,7 +47,7 @@ async def training_evidence(box: Box, cfg: Config, stage: Stage) -> tuple[Check,
     return tuple(checks)
 
 
-async def last_run_check(box: Box, path: str) -> dict:
+async def last_run_check(box: Box, path: str) -> TrainLogResult:
     """check_trainlog over the last run in a stage's log on the box, streamed."""
     from samai.console.core.checks import line_batches
     from samai.console.core.trainlog import TrainLogCheck
@@ -57,11 +61,11 @@ async def last_run_check(box: Box, path: str) -> dict:
     return check.result()
 
 
-def _verdict(name: str, result: dict) -> list[Check]:
-    errors = [a for a in result["anomalies"] if a.get("severity") == "error"]
+def _verdict(name: str, result: TrainLogResult) -> list[Check]:
+    errors = [a for a in result.problems if a.severity == "error"]
     if not errors:
-        return [Check("ok", f"{name}'s log, last run: {len(result['points'])} steps, no error-level finding")]
-    checks = [Check("error", f"{name}'s log, last run: {a['code']}: {a['message']}") for a in errors[:SHOWN_FINDINGS]]
+        return [Check("ok", f"{name}'s log, last run: {len(result.points)} steps, no error-level finding")]
+    checks = [Check("error", f"{name}'s log, last run: {a.code}: {a.message}") for a in errors[:SHOWN_FINDINGS]]
     if len(errors) > SHOWN_FINDINGS:
         more = len(errors) - SHOWN_FINDINGS
         checks.append(Check("error", f"{name}'s log, last run: {more} more error-level findings (check trainlog)"))

@@ -25,10 +25,10 @@ import re
 import statistics
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from samai.console.core.problems import has_errors  # noqa: F401 (checkers' callers import it here)
+from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
 from samai.remote.model import Severity
 
 FIELDS = ("loss", "grad_norm", "learning_rate", "epoch")
@@ -100,18 +100,30 @@ class TrainPoint:
 
 
 @dataclass(frozen=True)
-class Anomaly:
-    code: str
-    severity: Severity
-    step: int | None
-    message: str
+class TrainLogResult:
+    """A training log's check: its points (NaN/inf kept), its anomalies (`problems`, each at its
+    step), the run's summary dict when it logged one, and the lines read and not understood."""
+
+    points: tuple[TrainPoint, ...]
+    problems: tuple[Problem, ...]
+    summary: dict[str, float | None] | None
+    lines: int
+    unparsed: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "severity": self.severity, "step": self.step, "message": self.message}
+        """The CLI's JSON: NaN/inf are null, and the anomalies say which they were."""
+        summary = None if self.summary is None else {k: _finite_or_none(v) for k, v in self.summary.items()}
+        return {"points": [p.to_json() for p in self.points],
+                "anomalies": [_anomaly_json(a) for a in self.problems],
+                "summary": summary, "lines": self.lines, "unparsed": self.unparsed}
 
 
-def _anomaly(code: str, step: int | None, message: str) -> Anomaly:
-    return Anomaly(code, SEVERITY[code], step, message)
+def _anomaly_json(anomaly: Problem) -> dict[str, Any]:
+    return {"code": anomaly.code, "severity": anomaly.severity, "step": anomaly.step, "message": anomaly.message}
+
+
+def _anomaly(code: str, step: int | None, message: str) -> Problem:
+    return Problem(code, SEVERITY[code], message, step=step)
 
 
 def _number(text: Any) -> float | None:
@@ -156,7 +168,7 @@ class PointWatch:
         self._flat_len = 0
         self._recent: deque[float] = deque(maxlen=SPIKE_WINDOW)
 
-    def check(self, point: TrainPoint) -> list[Anomaly]:
+    def check(self, point: TrainPoint) -> list[Problem]:
         self._seen += 1
         found = [*self._non_finite(point), *self._zero_streak(point), *self._dead(point), *self._flat(point),
                  *self._spike(point)]
@@ -164,13 +176,13 @@ class PointWatch:
             self._recent.append(point.loss)
         return found
 
-    def _once(self, code: str, step: int, message: str) -> list[Anomaly]:
+    def _once(self, code: str, step: int, message: str) -> list[Problem]:
         if code in self._reported:
             return []
         self._reported.add(code)
         return [_anomaly(code, step, message)]
 
-    def _non_finite(self, p: TrainPoint) -> list[Anomaly]:
+    def _non_finite(self, p: TrainPoint) -> list[Problem]:
         if p.hidden_nan:
             return self._once("hidden_nan", p.step,
                               f"loss 0 with grad_norm {_show(p.grad_norm)} at step {p.step} (grad_norm shown as "
@@ -185,7 +197,7 @@ class PointWatch:
                                 "overflow; with fp16 use bf16 or fp32 instead (playbook §9)")
         return found
 
-    def _zero_streak(self, p: TrainPoint) -> list[Anomaly]:
+    def _zero_streak(self, p: TrainPoint) -> list[Problem]:
         if p.loss != 0:
             self._zero_run = []
             return []
@@ -197,7 +209,7 @@ class PointWatch:
                           f"loss exactly 0 for {ZERO_STREAK} logged steps in a row from step {first}: "
                           "a hidden NaN or labels that mask everything out")
 
-    def _dead(self, p: TrainPoint) -> list[Anomaly]:
+    def _dead(self, p: TrainPoint) -> list[Problem]:
         if p.grad_norm != 0:
             self._dead_run = []
             return []
@@ -210,7 +222,7 @@ class PointWatch:
                           "no gradient reaches the trained weights (frozen or cut-off adapter); "
                           "the run is not learning")
 
-    def _flat(self, p: TrainPoint) -> list[Anomaly]:
+    def _flat(self, p: TrainPoint) -> list[Problem]:
         if p.loss is None or not math.isfinite(p.loss):
             self._flat_from, self._flat_len = None, 0
             return []
@@ -226,7 +238,7 @@ class PointWatch:
                           f"loss flat at {_show(start.loss)} for {self._flat_len} of {self._seen} logged steps "
                           f"(from step {start.step}): the run is not learning")
 
-    def _spike(self, p: TrainPoint) -> list[Anomaly]:
+    def _spike(self, p: TrainPoint) -> list[Problem]:
         if p.loss is None or not math.isfinite(p.loss) or len(self._recent) < SPIKE_MIN_HISTORY:
             return []
         median, previous = statistics.median(self._recent), self._recent[-1]
@@ -247,7 +259,7 @@ class TrainLogParser:
 
     def __init__(self) -> None:
         self.points: list[TrainPoint] = []
-        self.anomalies: list[Anomaly] = []
+        self.anomalies: list[Problem] = []
         self.summary: dict[str, float | None] | None = None
         self.lines = 0
         self.unparsed = 0
@@ -283,18 +295,16 @@ class TrainLogParser:
                 self.unparsed += 1
         return self.points[first_new:]
 
-    def drain_anomalies(self) -> list[Anomaly]:
+    def drain_anomalies(self) -> list[Problem]:
         """Anomalies found since the last call: each one is handed out once."""
         new = self.anomalies[self._drained:]
         self._drained = len(self.anomalies)
         return new
 
-    def result(self) -> dict[str, Any]:
-        """JSON-ready: NaN/inf are null, and the anomalies say which they were."""
-        summary = None if self.summary is None else {k: _finite_or_none(v) for k, v in self.summary.items()}
-        return {"points": [p.to_json() for p in self.points],
-                "anomalies": [a.to_json() for a in self.anomalies],
-                "summary": summary, "lines": self.lines, "unparsed": self.unparsed}
+    def result(self) -> TrainLogResult:
+        """What was read so far, as a check's result."""
+        summary = None if self.summary is None else dict(self.summary)
+        return TrainLogResult(tuple(self.points), tuple(self.anomalies), summary, self.lines, self.unparsed)
 
     # -------------------------------------------------------------- lines and segments
 
@@ -420,7 +430,7 @@ class TrainLogParser:
             self._report(_anomaly(code, step, message))
         return True
 
-    def _report(self, anomaly: Anomaly) -> None:
+    def _report(self, anomaly: Problem) -> None:
         self.anomalies.append(anomaly)
 
 
@@ -469,8 +479,8 @@ def parse_trainer_state(state: str | Mapping[str, Any]) -> list[TrainPoint]:
 
 
 def check_trainlog(lines_or_text: str | Iterable[str],
-                   trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> dict[str, Any]:
-    """Points, anomalies and the summary of a whole training log, JSON-ready.
+                   trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> TrainLogResult:
+    """Points, anomalies and the summary of a whole training log.
 
     lines_or_text may also be a trainer_state.json (its text or its lines; its log_history
     entries then count as the lines). trainer_state (its text, the loaded object or a Path) adds
@@ -503,7 +513,7 @@ class TrainLogCheck:
         else:
             self.parser.feed(lines)
 
-    def result(self, trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> dict[str, Any]:
+    def result(self, trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> TrainLogResult:
         """The check's result, once every line was fed (call it once)."""
         if self._head is not None:
             self._decide(self._head)
@@ -512,9 +522,9 @@ class TrainLogCheck:
             self.parser.feed_state(_state_entries("\n".join(line.rstrip("\n") for line in state)))
         result = self.parser.result()
         if trainer_state is not None:
-            _merge_state(result, self.parser, _read_state(trainer_state))
-        if not result["points"] and result["summary"] is None and not result["anomalies"]:
-            result["anomalies"] = [_nothing_found(result["lines"], result["unparsed"]).to_json()]
+            result = _merge_state(result, self.parser, _read_state(trainer_state))
+        if not result.points and result.summary is None and not result.problems:
+            result = replace(result, problems=(_nothing_found(result.lines, result.unparsed),))
         return result
 
     def _decide(self, head: list[str]) -> None:
@@ -526,7 +536,7 @@ class TrainLogCheck:
             self.parser.feed(head)
 
 
-def _nothing_found(lines: int, unparsed: int) -> Anomaly:
+def _nothing_found(lines: int, unparsed: int) -> Problem:
     """Not "no problems": a check that read nothing it knows has judged nothing."""
     if not lines:
         return _anomaly("no_training_data", None, "the file is empty: no training step to check")
@@ -536,7 +546,7 @@ def _nothing_found(lines: int, unparsed: int) -> Anomaly:
 
 
 def check_trainlog_path(path: str | os.PathLike,
-                        trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> dict[str, Any]:
+                        trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> TrainLogResult:
     """check_trainlog over a local file, streamed (lines split on \\n only: \\r stays in the line)."""
     with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
         return check_trainlog(f, trainer_state)
@@ -567,7 +577,7 @@ def _read_state(state: str | Mapping[str, Any] | os.PathLike) -> TrainLogParser:
     return parser
 
 
-def _merge_state(result: dict[str, Any], log: TrainLogParser, state: TrainLogParser) -> None:
+def _merge_state(result: TrainLogResult, log: TrainLogParser, state: TrainLogParser) -> TrainLogResult:
     """State points win for their steps; the log's other points stay; point anomalies are
     checked again over the merged sequence; the log's events are kept."""
     by_step = {p.step: p for p in log.points}
@@ -577,7 +587,5 @@ def _merge_state(result: dict[str, Any], log: TrainLogParser, state: TrainLogPar
     point_anomalies = [a for p in merged for a in watch.check(p)]
     events = [a for a in log.anomalies if a.code in EVENT_CODES]
     anomalies = sorted(point_anomalies + events, key=lambda a: a.step if a.step is not None else math.inf)
-    result["points"] = [p.to_json() for p in merged]
-    result["anomalies"] = [a.to_json() for a in anomalies]
-    if result["summary"] is None and state.summary is not None:
-        result["summary"] = state.result()["summary"]
+    summary = result.summary if result.summary is not None else state.result().summary
+    return replace(result, points=tuple(merged), problems=tuple(anomalies), summary=summary)
