@@ -18,7 +18,7 @@ from samai.console.core.trainlog import TrainPoint
 from samai.console.report import describe_snapshot
 from samai.remote.boxapi import Box
 from samai.widgets.curves import CurvesPane
-from samai.widgets.processes import ProcessDetail, ProcessPane
+from samai.widgets.processes import ProcessDetail, ProcessPane, ProcessTable
 from samai.widgets.stages import STATUS_STYLE, StagesBar
 from tests.helpers import pilot_until
 
@@ -191,3 +191,16 @@ async def test_the_stages_bar_repaints_only_on_change_and_lays_out_only_when_its
         assert [kw.get("layout") for kw in calls] == [False, False]  # still two lines: no layout pass
         bar.show(views + [StageView(f"extra{i}", "x", "idle", None, None, None, None) for i in range(12)], NOW)
         assert calls[-1].get("layout") is True
+
+
+async def test_at_120x40_the_processes_pane_keeps_rows_for_processes() -> None:
+    """On a short terminal the disk list scrolls and the bottom row shrinks before the processes
+    pane does: the recorded box's six processes are all on screen at 120x40."""
+    recording = replay.load(Path(__file__).parent / "data" / "recorded_box.json")
+    app = SamaiApp(replay.recorded_config(recording), poll=False, clock=lambda: recording["probe"]["time"])
+    async with app.run_test(size=(120, 40)) as pilot:
+        replay.show(app, recording)
+        await pilot.pause()
+        table = app.query_one(ProcessTable)
+        assert len(table.rows) == 6
+        assert table.size.height >= 1 + 6, table.size  # the header line and every row
