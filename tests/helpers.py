@@ -87,3 +87,14 @@ def collect_toasts(app) -> list[str]:
 
     app.notify = notify
     return seen
+
+
+def action_layer(app):
+    """The action layer as the app builds it (its box, config, audit log and read-only flag), called
+    directly: it refuses on its own, whatever the UI lets through."""
+    from samai.console.core.actions import Actions, Decision
+
+    async def confirm(plan):
+        return Decision.confirmed(plan, "test")
+
+    return Actions(app.box, app.config, app.audit, readonly=app.readonly, confirm=confirm)

@@ -22,7 +22,7 @@ from samai.widgets.dialogs import ConfirmDialog, KillDialog
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
 from samai.widgets.status import StatusBar
-from tests.helpers import collect_toasts, pilot_until
+from tests.helpers import action_layer, collect_toasts, pilot_until
 
 SIZE = (140, 45)
 
@@ -150,7 +150,7 @@ async def test_readonly_dangerous_keys_do_nothing_and_say_why(tmp_path, workspac
             assert not isinstance(app.screen, (ConfirmDialog, KillDialog))
         assert len([t for t in said if t.startswith("read-only: ") and "without --readonly" in t]) == 6, said
         assert "READ-ONLY" in str(app.query_one(StatusBar).render())
-        outcome = await app._actions().fire("hello")  # and the action layer refuses on its own
+        outcome = await action_layer(app).fire("hello")  # and the action layer refuses on its own
         assert outcome.status == "refused"
     assert victim.poll() is None
     assert not (workspace / ".samai" / "state" / "hello.json").exists()

@@ -18,7 +18,7 @@ from samai.console.core import config
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
 from tests import sshd
-from tests.helpers import run_cli
+from tests.helpers import action_layer, run_cli
 
 CONFIG = """
 [target]
@@ -131,7 +131,7 @@ async def test_the_tui_in_readonly_polls_without_writing(tmp_path, missing_works
             await pilot.pause(0.1)
         assert len(polls) >= 4
         assert app.connection.state == "connected"
-        outcome = await app._actions().fire("hello")
+        outcome = await action_layer(app).fire("hello")
         assert outcome.status == "refused"
     assert not missing_workspace.parent.exists()
 
