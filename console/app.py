@@ -225,8 +225,11 @@ class SamaiApp(App[None]):
         snap = u.snapshot
         if self.connection.state == "lost":
             self.notify("the box answers again", title="reconnected", markup=False)
-        self.connection = Connection(self.config.target.url, snap.host, "connected", 0.0, snap.rtt, False,
-                                     self.readonly)
+        # The first snapshot after a (re)connect timed the handshake too: said as such, not as a round trip.
+        first = self.connection.state != "connected"
+        self.connection = Connection(self.config.target.url, snap.host, "connected", 0.0,
+                                     None if first else snap.rtt, False, self.readonly,
+                                     connect_s=snap.rtt if first else self.connection.connect_s)
         if not self._log_chosen:
             self._follow_busiest_stage(u)
         self.query_one(StagesBar).show(u.stages, self.clock())

@@ -204,3 +204,38 @@ async def test_at_120x40_the_processes_pane_keeps_rows_for_processes() -> None:
         table = app.query_one(ProcessTable)
         assert len(table.rows) == 6
         assert table.size.height >= 1 + 6, table.size  # the header line and every row
+
+
+async def test_an_outage_never_pushes_read_only_off_the_status_line() -> None:
+    from samai.widgets.status import Connection, StatusBar
+
+    class One(App):
+        def compose(self) -> ComposeResult:
+            yield StatusBar()
+
+    error = "Server not responding to keepalive " * 6  # what asyncssh says, long
+    app = One()
+    async with app.run_test(size=(160, 3)) as pilot:
+        bar = app.query_one(StatusBar)
+        bar.show(Connection("ssh://op@gpu-box-7:2222", "gpu-box-7", "lost", 95.0, None, True, True, error))
+        await pilot.pause()
+        line = screen_text(app, 160)[0]
+        assert "READ-ONLY" in line and "ssh://op@gpu-box-7:2222" in line and "● lost" in line and "STALE" in line
+        assert line.index("READ-ONLY") < line.index("STALE")  # what may be cut at the edge comes last
+
+
+async def test_the_first_snapshot_after_connecting_says_connect_time_not_rtt(tmp_path: Path, workspace: Path) -> None:
+    from samai.console.core import config
+    from samai.widgets.status import StatusBar
+
+    f = tmp_path / "rtt.toml"
+    f.write_text(f'[target]\npoll_interval = 0.2\n[workspace]\npath = "{workspace}"\n')
+    app = SamaiApp(config.load(f))
+    async with app.run_test(size=(160, 45)) as pilot:
+        bar = app.query_one(StatusBar)
+        await pilot_until(pilot, lambda: app.state.snapshot)
+        first = app.connection
+        assert first.rtt is None and first.connect_s is not None
+        await pilot_until(pilot, lambda: app.connection.rtt is not None)  # the next poll: a round trip
+        await pilot_until(pilot, lambda: " rtt " in str(bar.render()))
+        assert app.connection.connect_s == first.connect_s
