@@ -17,6 +17,7 @@ import os
 import re
 import select
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, NoReturn
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_STDOUT_CLOSED = 128 + 13  # what a shell reports for a tool that SIGPIPE ended
 FOLLOW_POLL_S = 0.5
+FOLLOW_MAX_BACKOFF_S = 8.0  # an outage is left as soon as the box answers again, not minutes later
 
 
 class UsageError(Exception):
@@ -318,7 +320,7 @@ async def _tail(args, cfg, box: Box) -> int:
     emit = _raw_line if args.raw else _visible_line
     follower = LogFollower(_on_target(cfg, args.path), last_lines=args.n)
     while True:
-        chunk = await box.read_log(follower.cursor())
+        chunk = await (_read_through_outages(box, follower) if args.follow else box.read_log(follower.cursor()))
         update = follower.consume(chunk)
         if update.notice:
             print(f"samai-console: {visible(update.notice)}", file=sys.stderr)
@@ -339,6 +341,27 @@ async def _tail(args, cfg, box: Box) -> int:
                 emit(last)
             return EXIT_OK
         await asyncio.sleep(FOLLOW_POLL_S)
+
+
+async def _read_through_outages(box: Box, follower: LogFollower):
+    """The next read of a followed log; while the box does not answer, retried with a growing
+    pause (said once on stderr), then resumed at the same byte offset: nothing twice, nothing lost."""
+    pause, down = FOLLOW_POLL_S, None
+    while True:
+        try:
+            chunk = await box.read_log(follower.cursor())
+        except (BoxError, TransportError) as e:
+            if down is None:
+                down = time.monotonic()
+                print(f"samai-console: the box is not answering ({visible(str(e) or type(e).__name__)}); "
+                      "retrying", file=sys.stderr, flush=True)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, FOLLOW_MAX_BACKOFF_S)
+            continue
+        if down is not None:
+            print(f"samai-console: reconnected after {time.monotonic() - down:.0f} s; resuming at byte "
+                  f"{follower.cursor().offset}", file=sys.stderr, flush=True)
+        return chunk
 
 
 def _visible_line(line: str) -> None:

@@ -189,3 +189,40 @@ def test_tail_follow_prints_appended_lines(workspace: Path, cfg_file: Path) -> N
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_tail_follow_survives_the_probe_dying_and_resumes_at_its_byte_offset(workspace: Path, cfg_file: Path) -> None:
+    """An outage during `tail --follow` (its probe killed, as a dropped SSH connection ends it):
+    it says so on stderr, reconnects, and goes on from the same byte: numbered lines, none twice,
+    none missing."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    import psutil
+
+    log = workspace / "n.log"
+    log.write_text("".join(f"line {i}\n" for i in range(1, 51)))
+    proc = subprocess.Popen([sys.executable, "-m", "samai.console", "--config", str(cfg_file), "tail", str(log),
+                             "-n", "50", "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr: list[str] = []
+    threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True).start()
+    try:
+        seen = [proc.stdout.readline() for _ in range(50)]
+        probes = [p for p in psutil.Process(proc.pid).children(recursive=True) if "probe" in " ".join(p.cmdline())]
+        assert probes, "the follow runs through a held probe"
+        for p in probes:
+            p.send_signal(signal.SIGKILL)
+        with open(log, "a") as f:  # written while the probe is gone
+            f.write("".join(f"line {i}\n" for i in range(51, 151)))
+        seen += [proc.stdout.readline() for _ in range(100)]
+        assert [line.strip() for line in seen] == [f"line {i}" for i in range(1, 151)]
+        assert wait_for(lambda: any("reconnected" in e for e in stderr), 10)
+        assert any("not answering" in e for e in stderr)
+        with open(log, "a") as f:
+            f.write("line 151\n")
+        assert proc.stdout.readline() == "line 151\n" and proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
