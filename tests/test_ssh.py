@@ -254,3 +254,33 @@ def _config_file(workspace: Path, url: str) -> Path:
                  f'[workspace]\npath = "{workspace}"\n'
                  '[stages.slow]\nkey = "z"\ncommand = "sleep 30"\n')
     return f
+
+
+def test_the_cli_tail_follow_over_ssh_resumes_after_its_connection_is_cut(server, ssh_home, workspace) -> None:
+    """`tail --follow` over a real sshd whose connections are cut twice: it says so on stderr,
+    reconnects, and prints every numbered line once."""
+    import subprocess
+    import threading
+
+    from tests.helpers import wait_for
+
+    log = workspace / "cli-cut.log"
+    log.write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    proc = subprocess.Popen([sys.executable, "-m", "samai.console", "--config", str(_config_file(workspace,
+                             server.url())), "tail", str(log), "-n", "10", "--follow"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, HOME=str(ssh_home)))
+    stderr: list[str] = []
+    threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True).start()
+    try:
+        seen = [proc.stdout.readline() for _ in range(10)]
+        for cut in range(2):
+            server.cut_connections()
+            with open(log, "a") as f:
+                f.write("".join(f"line {i}\n" for i in range(11 + 20 * cut, 31 + 20 * cut)))
+            seen += [proc.stdout.readline() for _ in range(20)]
+            assert wait_for(lambda cut=cut: sum("reconnected" in e for e in stderr) > cut, 30), stderr
+        assert [line.strip() for line in seen] == [f"line {i}" for i in range(1, 51)]
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
