@@ -133,10 +133,6 @@ def open_append(folder_fd, name, mode=0o644):
     return fd
 
 
-def open_read(folder_fd, name):
-    return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
-
-
 def write_file(folder_fd, name, data, mode=0o644):
     """Replace name in the folder atomically with data (a temporary file renamed over it: a
     symlink at name is replaced, never followed)."""

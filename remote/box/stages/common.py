@@ -25,7 +25,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}A{% endif %}"
 )
-USER_MARK, ASSISTANT_MARK = "Q", "A"
 SMOKE_QUESTION, SMOKE_ANSWER = "17*23=", "391"
 
 
@@ -54,10 +53,6 @@ def facts(count, seed=7):
 
 def fact_text(a, b):
     return "%d*%d=%d" % (a, b, a * b)
-
-
-def chat_prompt(question):
-    return USER_MARK + question + ASSISTANT_MARK
 
 
 def messages(a, b):
