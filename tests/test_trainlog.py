@@ -268,12 +268,20 @@ def test_unscale_fp16_and_the_nan_guard_marker() -> None:
     assert result.unparsed == 2  # the traceback header, and the refusal: it names TRAIN_NAN, no marker
 
 
-def test_every_code_has_its_contract_severity() -> None:
-    assert SEVERITY == {"nan_loss": "error", "nan_grad_norm": "error", "hidden_nan": "error",
-                        "zero_loss_streak": "warning", "dead_gradients": "error", "not_learning": "error",
-                        "loss_spike": "warning", "overflow_skip": "warning",
-                        "loss_scale_min": "error", "unscale_fp16": "error", "nan_guard_fired": "error",
-                        "no_training_data": "error"}
+def test_an_error_level_finding_blocks_the_merge_and_a_warning_does_not() -> None:
+    """What the operator sees of a code's severity: every error-level code blocks the merge's
+    preflight (and makes `check trainlog` exit 1); a warning is shown and blocks nothing."""
+    from samai.console.core.evidence import run_verdict
+    from samai.console.core.problems import Problem, has_errors
+    from samai.console.core.trainlog import TrainLogResult
+
+    assert set(SEVERITY.values()) == {"error", "warning"}
+    for code, severity in SEVERITY.items():
+        result = TrainLogResult((), (Problem(code, severity, f"{code} at step 7", step=7),), None, 1, 0)
+        checks = run_verdict("train", result)
+        blocked = [c.text for c in checks if c.severity == "error"]
+        assert has_errors(result) is (severity == "error"), code
+        assert blocked == ([f"train's log, last run: {code}: {code} at step 7"] if severity == "error" else []), code
 
 
 # ------------------------------------------------------------------ the whole run: late deaths and flatlines

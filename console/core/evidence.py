@@ -43,7 +43,7 @@ async def training_evidence(box: Box, cfg: Config, stage: Stage) -> tuple[Check,
         except (Unreadable, BoxError, TransportError) as e:
             checks.append(Check("error", f"{source.name}'s log cannot be read, so its run is unproven: {e}"))
             continue
-        checks.extend(_verdict(source.name, result))
+        checks.extend(run_verdict(source.name, result))
     return tuple(checks)
 
 
@@ -61,7 +61,9 @@ async def last_run_check(box: Box, path: str) -> TrainLogResult:
     return check.result()
 
 
-def _verdict(name: str, result: TrainLogResult) -> list[Check]:
+def run_verdict(name: str, result: TrainLogResult) -> list[Check]:
+    """The preflight checks a training run's findings make: one error (a blocker) per error-level
+    finding, shown up to SHOWN_FINDINGS; else one ok line."""
     errors = [a for a in result.problems if a.severity == "error"]
     if not errors:
         return [Check("ok", f"{name}'s log, last run: {len(result.points)} steps, no error-level finding")]
