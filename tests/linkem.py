@@ -129,8 +129,9 @@ class Link:
         return self._call(lambda: LinkStats(**self._counts))
 
     def _call(self, fn: Callable[[], T]) -> T:
-        """fn run on the link's loop (its state is the loop's alone), its result handed back."""
-        if threading.current_thread() is self._thread:
+        """fn run on the link's loop (its state is the loop's alone), its result handed back; run
+        here when no loop runs yet or any more (stats() after stop() are the final counts)."""
+        if threading.current_thread() is self._thread or not self._thread.is_alive():
             return fn()
 
         async def wrapped() -> T:
@@ -152,6 +153,8 @@ class Link:
 
     def _shutdown(self) -> None:
         if self._server is not None:
+            # Accepts under way get their handler first (cancelled half-way, their sockets would leak).
+            self._loop.run_until_complete(asyncio.sleep(0.05))
             self._server.close()
         for conn in list(self._conns):
             conn.abort()
@@ -187,8 +190,8 @@ class Link:
             return
         try:
             t_reader, t_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            _reset(writer)  # the target is down: the client sees a refused connection
+        except (OSError, asyncio.CancelledError):  # the target is down, or the link stops meanwhile
+            _reset(writer)  # (and a handler must not end cancelled: asyncio logs that as an error)
             return
         conn = _Conn((writer, t_writer))
         self._conns.add(conn)

@@ -21,7 +21,7 @@ from samai.console.core import config
 from samai.widgets.logview import LogView
 from tests import sshd
 from tests.helpers import pilot_until, wait_for
-from tests.linkem import Link
+from tests.linkem import Link, Mode
 
 # CI sets SAMAI_REQUIRE_SSHD=1, so that a missing server fails there instead of skipping quietly.
 pytestmark = pytest.mark.skipif(not sshd.available() and not os.environ.get("SAMAI_REQUIRE_SSHD"),
@@ -88,7 +88,7 @@ class _Lines:
         return next((t for t, text in self.lines if word in text and t >= since), None)
 
 
-def _outage(link: Link, mode: str, log: Path, first: int, last: int) -> float:
+def _outage(link: Link, mode: Mode, log: Path, first: int, last: int) -> float:
     """An outage while lines first..last are appended, half before and half after it ends; its start."""
     started = time.monotonic()
     link.outage(OUTAGE_S, mode=mode)
@@ -109,7 +109,8 @@ def test_the_cli_tail_follow_rides_out_a_blackhole_and_a_reset_over_a_slow_link(
     out, err = _Lines(proc.stdout), _Lines(proc.stderr)
     try:
         wait_for(lambda: len(out.lines) >= 10, 30)
-        for n, mode in enumerate(("blackhole", "reset")):
+        modes: tuple[Mode, ...] = ("blackhole", "reset")
+        for n, mode in enumerate(modes):
             started = _outage(link, mode, log, 11 + 20 * n, 30 + 20 * n)
             wait_for(lambda n=n: sum("reconnected" in e for e in err.texts()) > n and len(out.lines) >= 30 + 20 * n,
                      30)

@@ -90,7 +90,7 @@ def test_megabytes_arrive_complete_and_in_order(echo: int, loss: float) -> None:
     payload = os.urandom(3 << 20)
     with Link("127.0.0.1", echo, rtt=0.02, loss=loss, seed=7) as link:
         assert _echo_through(link, payload) == payload
-        stats = link.stats()
+    stats = link.stats()  # after stop(): the final counts
     assert stats.bytes_up == stats.bytes_down == len(payload)
     assert (stats.stalls > 0) == (loss > 0)  # seeded: the lossy link did lose segments
 
