@@ -66,6 +66,10 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 
 
 class Link:
+    """Each direction of each connection delays every chunk by rtt/2, in order; the rate limit is
+    the link's (shared by its connections, per direction). The TCP handshake itself costs nothing
+    here (the relay accepts at once): only bytes pay the rtt."""
+
     def __init__(self, target_host: str, target_port: int, rtt: float = 0.1, loss: float = 0.0,
                  rate: float | None = None, seed: int = 0) -> None:
         self.target = (target_host, target_port)
