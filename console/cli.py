@@ -32,7 +32,7 @@ from samai.console.core.paths import audit_log
 from samai.console.core.preflight import poison_artifacts
 from samai.console.report import describe_check, describe_plan, describe_snapshot
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.follow import LogFollower
+from samai.remote.follow import CATCH_UP_READ, LogFollower
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
 from samai.remote.visible import visible
@@ -318,7 +318,7 @@ async def _tail(args, cfg, box: Box) -> int:
     keep = _line_filter(args.grep)
     passthrough = args.raw and not args.grep  # the bytes as read, not lines decoded from them
     emit = _raw_line if args.raw else _visible_line
-    follower = LogFollower(_on_target(cfg, args.path), last_lines=args.n)
+    follower = LogFollower(_on_target(cfg, args.path), last_lines=args.n, catch_up_bytes=CATCH_UP_READ)
     while True:
         chunk = await (_read_through_outages(box, follower) if args.follow else box.read_log(follower.cursor()))
         update = follower.consume(chunk)

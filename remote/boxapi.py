@@ -1,10 +1,15 @@
 """The Box: the pipeline box as the console sees it, built once on any Transport.
 
-Every call is one round trip: a box tool run with a JSON request on stdin. The tools are
-installed in WORKSPACE/.samai/tools/<hash>/ the first time a Box needs them, and again only
-when their content (and so the hash) changes; they run as `python3 -S FOLDER TOOL` (see
-boxtools.py for the layout). The install is itself a box tool (install.py), run by LOADER
-from stdin, that writes only inside the workspace (see box/confine.py).
+Every call is one round trip: a box tool run with a JSON request on stdin, or one request to
+the probe the Box keeps running. The tools live in WORKSPACE/.samai/tools/<hash>/, installed
+the first time a Box needs them and again only when their content (and so the hash) changes;
+they run as `python3 -S FOLDER TOOL` (see boxtools.py for the layout). The probe starts through
+STARTER, which installs them on the way when they are missing (the archive goes ahead of the
+second request): a fresh box costs one round trip more than a box that has them. The install
+(install.py) writes only inside the workspace (see box/confine.py).
+
+Requests to a running probe are sent as changes to the last one (held.py), and the bytes of
+logs and ranges come back raw after the reply's JSON rather than base64 inside it.
 
 A read-only Box writes nothing on the box, not even the workspace: its probe runs by LOADER
 from stdin (its code sent ahead of the first request), and it refuses every tool that changes
@@ -14,7 +19,6 @@ the box (launch, kill, clean) by itself, whatever the layers above it allow.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import posixpath
 import time
@@ -22,9 +26,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from samai.remote import model
-from samai.remote.boxtools import LOADER, ToolSet, framed, loader_input, module_of
+from samai.remote.boxtools import LOADER, STARTER, ToolSet, loader_input, module_of
 from samai.remote.boxtools import tool_names as tool_names  # re-exported: the Box's callers list the tools here
 from samai.remote.follow import LogCursor
+from samai.remote.held import HeldRequest
 from samai.remote.model import Boot, BoxError, CleanResult, FireResult, LogChunk, SignalResult, Snapshot
 from samai.remote.transport import Stream, Transport
 
@@ -47,6 +52,8 @@ class Box:
         self._probe_lock = asyncio.Lock()
         self._probe_generation = 0
         self._processes = HeldProcesses()
+        self._held = HeldRequest()
+        self.last_request_bytes = 0  # the last request line sent to the probe (a steady poll fits one packet)
 
     # ------------------------------------------------------------ plumbing
 
@@ -62,8 +69,7 @@ class Box:
         self._tools_checked = self.transport.generation
 
     async def _install(self) -> None:
-        tools = {name: base64.b64encode(data).decode("ascii") for name, data in self.tools.files.items()}
-        stdin = loader_input(self.tools.needed_by("install.py")) + framed(tools)
+        stdin = loader_input(self.tools.needed_by("install.py")) + self.tools.archive()
         result = await self.transport.run(self._loader_argv("install.py", self.workspace, self.tools.digest),
                                           stdin=stdin, timeout=self.timeout + 30)
         if result.rc != 0:
@@ -95,8 +101,6 @@ class Box:
 
     async def ask_probe(self, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
         """One request to the running probe (started on first use, and again after a failure)."""
-        if not self.readonly:
-            await self.ensure_tools()
         async with self._probe_lock:
             if self._probe is not None and self._probe_generation != self.transport.generation:
                 await self._probe.close()  # it lived on a connection that is gone
@@ -104,21 +108,38 @@ class Box:
             if self._probe is None:
                 self._probe = await self._open_probe()
                 self._probe_generation = self.transport.generation
-                self._processes = HeldProcesses()
+                self._processes, self._held = HeldProcesses(), HeldRequest()
             try:
-                raw = await self._probe.request(json.dumps(self._processes.ask(request)).encode(),
-                                                timeout=timeout or self.timeout)
+                reply = await self._ask(self._probe, {**self._processes.ask(request), "attach": True},
+                                        timeout or self.timeout)
             except BaseException:  # a failure, a deadline, or our caller giving up (cancellation)
                 stream, self._probe = self._probe, None
                 await asyncio.shield(stream.close())  # a half-answered probe is never asked again
                 raise
-            return self._processes.fold(_reply("probe.py", raw))
+            return self._processes.fold(_checked("probe.py", reply))
+
+    async def _ask(self, stream: Stream, request: dict, timeout: float) -> dict:
+        """The probe's reply to request, sent as changes to the last one where the probe holds
+        it, and again whole when it does not; the tools' archive goes ahead of it when the
+        starter found no tools."""
+        whole = json.dumps(request).encode()
+        line = json.dumps(self._held.compact(request)).encode() if stream.persistent else whole
+        self.last_request_bytes = len(line)
+        reply = _unpack("probe.py", await stream.request(line, timeout=timeout))
+        if reply.get("held_unknown"):
+            reply = _unpack("probe.py", await stream.request(whole, timeout=timeout))
+        if reply.get("tools_missing") and not self.readonly:
+            reply = _unpack("probe.py", await stream.request(self.tools.archive() + whole, timeout=timeout + 30))
+        self._held.answered(request, reply.get("held"))
+        if "error" not in reply and not self.readonly:
+            self._tools_checked = self.transport.generation  # the starter ran the probe from them
+        return reply
 
     async def _open_probe(self) -> Stream:
         if self.readonly:  # nothing installed: the probe's code goes ahead of its first request
             return await self.transport.open_stream(self._loader_argv("probe.py", "--serve"),
                                                     preamble=loader_input(self.tools.needed_by("probe.py")))
-        return await self.transport.open_stream(self._argv("probe.py", "--serve"))
+        return await self.transport.open_stream([self.python, "-S", "-c", STARTER, self.tools_dir, "probe", "--serve"])
 
     # ------------------------------------------------------------ reads
 
@@ -285,12 +306,36 @@ def _is_text(name: str) -> bool:
 
 
 def _reply(tool: str, raw: bytes) -> dict:
+    return _checked(tool, _unpack(tool, raw))
+
+
+def _unpack(tool: str, raw: bytes) -> dict:
+    """A tool's reply: a JSON object on one line, and after it the bytes its log and range
+    entries' "data_at" [start, length] point into, which become their "data"."""
+    text, _, attached = raw.partition(b"\n")
     try:
-        reply = json.loads(raw)
+        reply = json.loads(text)
     except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the parser goes
         raise BoxError(f"{tool} answered something that is not JSON: {raw[:200]!r}") from e
     if not isinstance(reply, dict):
         raise BoxError(f"{tool} answered {type(reply).__name__}, not an object")
+    for key in ("logs", "ranges"):
+        entries = reply.get(key)
+        for entry in entries if isinstance(entries, list) else ():
+            if isinstance(entry, dict) and "data_at" in entry:
+                entry["data"] = _attachment(tool, attached, entry.pop("data_at"))
+    return reply
+
+
+def _attachment(tool: str, attached: bytes, at: Any) -> bytes:
+    if not (isinstance(at, list) and len(at) == 2 and all(type(n) is int and n >= 0 for n in at)
+            and at[0] + at[1] <= len(attached)):
+        raise BoxError(f"{tool}: malformed reply: data_at {str(at)[:80]} is not within the "
+                       f"{len(attached)} bytes attached")
+    return attached[at[0]:at[0] + at[1]]
+
+
+def _checked(tool: str, reply: dict) -> dict:
     if "error" in reply:
         raise BoxError(f"{tool}: {reply['error']}")
     return reply

@@ -18,13 +18,14 @@ code comes on stdin.
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
+
+from samai.remote.box.install import content_digest
 
 PACKAGE = "samai_box"
 SOURCE = "samai.remote.box"
@@ -51,18 +52,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 runpy.run_module("samai_box.stages.%(name)s", run_name="__main__", alter_sys=True)
 """
 
-# Runs a box tool whose code comes on stdin: a length line, then that many bytes of
-# zlib-compressed JSON {path in the tools folder: source}; argv: the tool (probe, ...) and its
-# arguments. A finder serves the package's modules from memory, relative imports included.
-LOADER = """# samai-console: a box tool run from stdin (nothing written on the box)
-import importlib.abc, importlib.util, json, runpy, sys, zlib
-size = int(sys.stdin.buffer.readline())
-SOURCES = json.loads(zlib.decompress(sys.stdin.buffer.read(size)).decode("utf-8"))
+# The finder both programs below use: it serves the package's modules from SOURCES
+# ({path in the tools folder: source}) held in memory, relative imports included.
+FINDER = """import importlib.abc, importlib.util, json, runpy, sys, zlib
+def unpack(stream):
+    size = int(stream.readline())
+    return json.loads(zlib.decompress(stream.read(size)).decode("utf-8"))
 class SamaiTools(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
+    def __init__(self, sources):
+        self.sources = sources
     def path(self, name):
         stem = name.replace(".", "/")
         for path in (stem + "/__init__.py", stem + ".py"):
-            if path in SOURCES:
+            if path in self.sources:
                 return path
         return None
     def find_spec(self, name, path=None, target=None):
@@ -74,12 +76,56 @@ class SamaiTools(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
     def is_package(self, name):
         return self.path(name).endswith("/__init__.py")
     def get_source(self, name):
-        return SOURCES[self.path(name)]
+        return self.sources[self.path(name)]
     def get_code(self, name):
         return compile(self.get_source(name), "<samai>/" + self.path(name), "exec")
-sys.meta_path.insert(0, SamaiTools())
-tool = sys.argv.pop(1)
-runpy.run_module("samai_box." + tool, run_name="__main__", alter_sys=True)
+"""
+
+# Runs a box tool whose code comes on stdin (an archive: see ToolSet.archive) and writes
+# nothing on the box; argv: the tool (probe, ...) and its arguments.
+LOADER = "# samai-console: a box tool run from stdin (nothing written on the box)\n" + FINDER + """
+sys.meta_path.insert(0, SamaiTools(unpack(sys.stdin.buffer)))
+runpy.run_module("samai_box." + sys.argv.pop(1), run_name="__main__", alter_sys=True)
+"""
+
+# Starts a tool (the probe) from its tools folder in one round trip, installing the tools on
+# the way when the folder is not ready. argv: FOLDER TOOL ARGS. Before the tool sees its
+# stdin, whatever comes first is looked at: an archive (a line of digits) is installed from
+# memory (install.install_archive checks it against the folder's digest); a request while
+# the folder is not ready is answered, as the tool would frame it, with an error that names
+# the missing tools, so that the console sends the archive ahead of its next request.
+STARTER = "# samai-console: starts a box tool from its folder, installing the tools when missing\n" + FINDER + """
+import os
+folder, stdin, out = sys.argv.pop(1), sys.stdin.buffer, sys.stdout.buffer
+ready = os.path.isfile(os.path.join(folder, ".ready"))
+def say(reply):
+    data = json.dumps(reply).encode("utf-8")
+    out.write(b"%d\\n" % len(data) + data)
+    out.flush()
+while True:
+    head = stdin.peek(1)[:1]
+    if not head:
+        sys.exit(0)
+    if head.isdigit():
+        sources = unpack(stdin)
+        if not ready:
+            sys.meta_path.insert(0, SamaiTools(sources))
+            from samai_box.install import install_archive
+            reply = install_archive(folder, sources)
+            sys.meta_path.pop(0)
+            for name in [m for m in sys.modules if m.split(".")[0] == "samai_box"]:
+                del sys.modules[name]  # the tool runs from the folder, as it will from now on
+            if "error" in reply:
+                say(reply)
+                sys.exit(1)
+            ready = True
+        continue
+    if ready:
+        break
+    stdin.readline()
+    say({"error": "the box tools are not installed in " + folder, "tools_missing": True})
+sys.path.insert(0, folder)
+runpy.run_module("samai_box." + sys.argv.pop(1), run_name="__main__", alter_sys=True)
 """
 
 
@@ -103,10 +149,11 @@ class ToolSet:
         for name in tool_names():
             if name.startswith("stages/") and MAIN_GUARD in files[f"{PACKAGE}/{name}"]:
                 files[name] = (OLD_STAGE_PATH % {"name": module_of(name).split(".")[-1]}).encode()
-        h = hashlib.sha256()
-        for name in sorted(files):
-            h.update(name.encode() + b"\0" + files[name] + b"\0")
-        return cls(h.hexdigest()[:16], files)
+        return cls(content_digest(files), files)
+
+    def archive(self) -> bytes:
+        """Every file as one stream: what install.py (or the starter) reads."""
+        return loader_input(self.files)
 
     def needed_by(self, tool: str) -> dict[str, bytes]:
         """tool's module and every module of the package it imports, directly or not, with the

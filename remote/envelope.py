@@ -176,6 +176,8 @@ class EnvelopeStream:
     """No connection stays open through a gateway: each request runs the command anew (the
     probe answers one request per line and ends at end of input)."""
 
+    persistent = False
+
     def __init__(self, transport: EnvelopeTransport, argv: list[str], preamble: bytes = b"") -> None:
         self.transport, self.argv, self.preamble = transport, argv, preamble
 

@@ -16,6 +16,7 @@ from samai.remote.model import LogChunk, Marker, MarkerHit
 from samai.remote.visible import visible
 
 DEFAULT_READ = 256 * 1024
+CATCH_UP_READ = 8 * 1024 * 1024  # the most the box reads at once (logfiles.MAX_LOG_BYTES)
 MARKER_SCAN_READ = 4 * 1024 * 1024  # a markers-only watch transfers no bytes, so it can scan more
 SCAN_CARRY = 64 * 1024  # the probe re-scans at most this much of an unfinished line
 RUN_HEADER = "=== samai chain "  # the first line the box's launcher writes for each run of a stage
@@ -79,7 +80,11 @@ class TailUpdate:
 
 @dataclass
 class LogFollower:
-    """One followed log. With want_data=False only marker hits come back (no bytes moved)."""
+    """One followed log. With want_data=False only marker hits come back (no bytes moved).
+
+    Behind a burst (a read that left more), each read asks for twice the last, up to
+    catch_up_bytes: on a link with a long round trip, a fixed small read would cost one round
+    trip per max_bytes however fast the link is. Once caught up, reads are small again."""
 
     path: str
     markers: tuple[Marker, ...] = ()
@@ -88,6 +93,7 @@ class LogFollower:
     max_bytes: int = DEFAULT_READ
     max_line: int = DEFAULT_MAX_LINE
     want_data: bool = True
+    catch_up_bytes: int = 0  # the largest read while behind (below max_bytes: no growth)
     inode: int | None = None
     dev: int | None = None
     mtime: float | None = None
@@ -98,16 +104,18 @@ class LogFollower:
     draining: str | None = None  # "renamed" | "copy" while the old file of a rotation is read
     drained: bool = False
     decoder: LineDecoder = field(init=False)
+    read_bytes: int = field(init=False)  # what the next read asks for
 
     def __post_init__(self) -> None:
         self.decoder = LineDecoder(self.max_line)
+        self.read_bytes = self.max_bytes
 
     def cursor(self) -> LogCursor:
         scan_from = None
         if self.offset is not None and self.line_start is not None and self.offset - self.line_start <= SCAN_CARRY:
             scan_from = self.line_start
         return LogCursor(self.path, self.offset, self.inode, self.check, scan_from, self.last_lines,
-                         self.max_bytes, self.markers, self.want_data, self.dev, self.mtime, self.drained)
+                         self.read_bytes, self.markers, self.want_data, self.dev, self.mtime, self.drained)
 
     def consume(self, chunk: LogChunk) -> TailUpdate:
         update = TailUpdate()
@@ -135,6 +143,8 @@ class LogFollower:
             update.lines.extend(self.decoder.feed(chunk.data))
         update.hits = chunk.hits
         update.more = chunk.more
+        self.read_bytes = max(self.max_bytes, min(2 * self.read_bytes, self.catch_up_bytes)) if chunk.more \
+            else self.max_bytes
         if chunk.next_offset != chunk.offset or self.offset is None:
             self.check = chunk.tail or self.check
         if self.line_start is None or chunk.offset != self.offset:

@@ -7,7 +7,7 @@ import os
 import signal
 from collections.abc import Sequence
 
-from samai.remote.transport import RunResult, TransportError, TransportTimeout, read_framed
+from samai.remote.transport import RunResult, StderrTail, TransportError, TransportTimeout, read_framed
 
 
 class LocalTransport:
@@ -41,7 +41,7 @@ class LocalTransport:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except OSError as e:
             raise TransportError(f"cannot start {argv[0]}: {e.strerror}") from e
         stream = LocalStream(proc, argv[0])
@@ -54,11 +54,14 @@ class LocalTransport:
 
 
 class LocalStream:
+    persistent = True
+
     def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
         self.proc, self.name = proc, name
         # open_stream made both pipes (stdin=PIPE, stdout=PIPE), so asyncio set both.
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self.stdin, self.stdout = proc.stdin, proc.stdout
+        self.stderr = StderrTail(proc.stderr)
 
     async def request(self, line: bytes, *, timeout: float) -> bytes:
         try:
@@ -70,13 +73,17 @@ class LocalStream:
             await self.close()
             raise TransportTimeout(f"{self.name} ran past its {timeout:g} s deadline and was killed") from e
         except (OSError, ValueError, asyncio.IncompleteReadError, TransportError) as e:
+            said = await self.stderr.said()
             await self.close()
+            if said:  # why it ended, first: a status line cuts the end of a long message
+                raise TransportError(f"{said} ({self.name} ended, rc={self.proc.returncode})") from e
             raise TransportError(f"{self.name} stream failed (rc={self.proc.returncode}): {e}") from e
 
     async def close(self) -> None:
         if self.proc.returncode is None:
             _kill_group(self.proc.pid)
         await self.proc.wait()
+        self.stderr.cancel()
 
 
 def _kill_group(pgid: int) -> None:

@@ -375,7 +375,7 @@ def _items(raw: dict[str, Any], key: str, kind: type = list) -> Any:
 @_converting
 def log_chunk(raw: dict[str, Any]) -> LogChunk:
     hits = tuple(_pick(MarkerHit, h) for h in raw.get("hits") or ())
-    return _pick(LogChunk, raw, data=base64.b64decode(raw.get("data") or ""),
+    return _pick(LogChunk, raw, data=_data(raw),
                  tail=base64.b64decode(raw.get("tail") or ""), hits=hits)
 
 
@@ -480,4 +480,14 @@ def only_entry(raw: dict[str, Any], key: str) -> dict[str, Any]:
 
 @_converting
 def byte_range(raw: dict[str, Any]) -> ByteRange:
-    return _pick(ByteRange, raw, data=base64.b64decode(raw.get("data") or ""))
+    return _pick(ByteRange, raw, data=_data(raw))
+
+
+def _data(raw: dict[str, Any]) -> bytes:
+    """An entry's bytes: attached to the reply (the Box put them in "data"), else base64."""
+    data = raw.get("data") or b""
+    if isinstance(data, (bytes, memoryview)):  # never from JSON: only what was attached
+        return bytes(data)
+    if not isinstance(data, str):
+        raise BoxError(f"malformed reply: data is {type(data).__name__}, not base64 text")
+    return base64.b64decode(data)

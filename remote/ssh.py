@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import asyncssh
 
-from samai.remote.transport import RunResult, TransportError, TransportTimeout, read_framed
+from samai.remote.transport import RunResult, StderrTail, TransportError, TransportTimeout, read_framed
 
 KILL_TIMEOUT_S = 10.0
 
@@ -179,9 +179,12 @@ class SshTransport:
 
 
 class SshStream:
+    persistent = True
+
     def __init__(self, transport: SshTransport, proc: asyncssh.SSHClientProcess, pid: int,
                  argv: Sequence[str]) -> None:
         self.transport, self.proc, self.pid, self.argv = transport, proc, pid, list(argv)
+        self.stderr = StderrTail(proc.stderr)
         self._open = True
 
     async def request(self, line: bytes, *, timeout: float) -> bytes:
@@ -194,8 +197,12 @@ class SshStream:
             raise TransportTimeout(f"{self.argv[0]} on {self.transport.target} ran past its {timeout:g} s "
                                    f"deadline and was killed there") from e
         except (OSError, asyncssh.Error, asyncio.IncompleteReadError, TransportError) as e:
+            said = await self.stderr.said() if self.proc.exit_status is not None else ""
             self.transport._drop()
             await self.close()
+            if said:  # the command ended, and said why: that first (a status line cuts the end)
+                raise TransportError(f"{said} ({self.argv[0]} on {self.transport.target} ended, "
+                                     f"rc={self.proc.exit_status})") from e
             raise TransportError(f"{self.transport.target}: connection lost during {self.argv[0]} "
                                  f"({_reason(e)})") from e
 
@@ -204,6 +211,7 @@ class SshStream:
             return
         self._open = False
         self.proc.close()  # the command reads end-of-input and exits
+        self.stderr.cancel()
         if kill:
             await self.transport._kill_remote(self.pid, self.argv)
         self.transport._channels.release()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -13,6 +14,32 @@ class TransportError(Exception):
 
 class TransportTimeout(TransportError):
     """A command ran past its deadline and was killed."""
+
+
+class StderrTail:
+    """The last bytes a stream's command wrote on stderr, drained as they come (a pipe nobody
+    reads would block the command once it fills): why a stream ended, for its error."""
+
+    KEEP = 2048
+
+    def __init__(self, reader) -> None:
+        self.data = b""
+        self._task = asyncio.ensure_future(self._drain(reader))
+
+    async def _drain(self, reader) -> None:
+        try:
+            while chunk := await reader.read(65536):
+                self.data = (self.data + chunk)[-self.KEEP:]
+        except Exception:  # the connection under it went: what came so far is what there is
+            return
+
+    async def said(self, wait: float = 1.0) -> str:
+        """What it wrote, once its end is read (or after `wait`), as one line; "" for nothing."""
+        await asyncio.wait([self._task], timeout=wait)
+        return " ".join(self.data.decode("utf-8", "replace").split())[-500:]
+
+    def cancel(self) -> None:
+        self._task.cancel()
 
 
 async def read_framed(read_line, read_exactly) -> bytes:
@@ -35,6 +62,8 @@ class RunResult:
 
 class Stream(Protocol):
     """A long-running command on the target spoken to one line at a time."""
+
+    persistent: bool  # one process answers every request (it may remember the last one)
 
     async def request(self, line: bytes, *, timeout: float) -> bytes:
         """Send one line; return the reply that answers it (sent as a length line, then that

@@ -92,7 +92,8 @@ def request_strategy(files: SimpleNamespace):
     log = st.fixed_dictionaries({"path": paths}, optional={
         "offset": NUMBERS, "inode": NUMBERS, "scan_from": NUMBERS, "last_lines": NUMBERS, "max_bytes": NUMBERS,
         "check": st.sampled_from(["", "cGFydA==", "!!"]) | JSON, "data": JSON,
-        "markers": st.lists(marker, max_size=3) | JSON})
+        "markers": st.lists(marker, max_size=3) | JSON,
+        "like": st.integers(-1, 3) | JSON, "drop": st.lists(st.sampled_from(["path", "offset", "x"])) | JSON})
     a_range = st.fixed_dictionaries({"path": paths}, optional={"start": NUMBERS, "end": NUMBERS})
     listed = lambda entry: st.lists(entry, max_size=3) | JSON  # noqa: E731
     return st.fixed_dictionaries(
@@ -109,6 +110,10 @@ def request_strategy(files: SimpleNamespace):
             "writers": st.just(False) | JSON,
             "binaries": st.lists(paths, max_size=3) | JSON,
             "users": st.fixed_dictionaries({}, optional={"top": NUMBERS, "budget_s": NUMBERS}) | JSON,
+            # changes to the request the probe holds (box/held.py): HELD stands for its mark
+            "base": st.just("HELD") | JSON,
+            "same": st.lists(st.sampled_from(["logs", "workspace", "ranges", "processes", "x"])) | JSON,
+            "attach": JSON,
         })
 
 
@@ -119,18 +124,28 @@ def sane_request(files: SimpleNamespace) -> str:
     return json.dumps(SANE).replace('"LOG"', json.dumps(files.paths[0]))
 
 
-def assert_probe_reply(line: str) -> dict:
-    """A reply line is one JSON object: the error reply, or every key of a reply."""
-    assert line.endswith("\n") and "\n" not in line[:-1]
+def assert_probe_reply(raw: bytes) -> dict:
+    """A reply is one JSON object on one line (the error reply, or every key of a reply), then
+    the bytes its entries' data_at point into, exactly those."""
+    line, _, attached = raw.partition(b"\n")
     reply = json.loads(line)
     assert isinstance(reply, dict)
     if "error" in reply:
-        assert set(reply) == {"error"} and isinstance(reply["error"], str)
+        assert set(reply) <= {"error", "held_unknown"} and isinstance(reply["error"], str) and not attached
         return reply
     assert {"time", "logs", "ranges", "processes", "states", "errors"} <= set(reply)
+    spans = [entry["data_at"] for entry in reply["logs"] + reply["ranges"] if "data_at" in entry]
+    assert sum(n for _, n in spans) == len(attached) and all(a + n <= len(attached) for a, n in spans)
     for entry in reply["logs"] + reply["ranges"]:
-        assert "error" in entry or "data" in entry
+        assert "error" in entry or "data" in entry or "data_at" in entry
     return reply
+
+
+def held_base(request, memory):
+    """request with HELD replaced by the mark of the request the probe holds (if any)."""
+    if isinstance(request, dict) and request.get("base") == "HELD":
+        return {**request, "base": memory.held.mark}
+    return request
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +158,7 @@ def memory(box):
 @FUZZ
 @given(data=st.data())
 def test_probe_answers_any_request_with_a_reply_or_an_error_reply(box, box_files, memory, data) -> None:
-    request = data.draw(request_strategy(box_files))
+    request = held_base(data.draw(request_strategy(box_files)), memory)
     assert_probe_reply(box.probe.answer(json.dumps(request), memory))
     # ... and serves on: the next sane request gets a whole reply.
     reply = assert_probe_reply(box.probe.answer(sane_request(box_files), memory))
@@ -237,11 +252,11 @@ def serving_probe():
     probe.stderr.close()
 
 
-def ask(probe: subprocess.Popen, line: bytes) -> str:
+def ask(probe: subprocess.Popen, line: bytes) -> bytes:
     probe.stdin.write(line + b"\n")
     probe.stdin.flush()
     length = int(probe.stdout.readline())
-    return probe.stdout.read(length).decode("utf-8")
+    return probe.stdout.read(length)
 
 
 @FUZZ
@@ -419,6 +434,22 @@ def test_any_reply_bytes_are_a_reply_object_or_a_box_error(raw) -> None:
     except BoxError:
         return
     assert isinstance(reply, dict) and "error" not in reply
+
+
+@FUZZ
+@given(at=JSON | st.lists(st.integers(-2, 200), max_size=3), keep=st.integers(0, 200))
+def test_any_data_at_is_the_attached_bytes_or_a_box_error(box, box_files, at, keep) -> None:
+    """Where an entry's bytes sit after the JSON is the box's word: anything it says is read as
+    exactly those bytes, or refused."""
+    request = {"processes": False, "attach": True, "logs": [{"path": box_files.paths[0], "offset": 0}]}
+    line, _, attached = box.probe.answer(json.dumps(request)).partition(b"\n")
+    reply = json.loads(line)
+    reply["logs"][0]["data_at"] = at
+    try:
+        chunk = model.log_chunk(_reply("probe.py", json.dumps(reply).encode() + b"\n" + attached[:keep])["logs"][0])
+    except BoxError:
+        return
+    assert chunk.data == attached[:keep][at[0]:at[0] + at[1]] and len(chunk.data) == at[1]
 
 
 def test_a_reply_nested_too_deep_is_a_box_error() -> None:

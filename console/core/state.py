@@ -26,6 +26,7 @@ from samai.remote.model import Marker, Process, Report, RunStatus, Severity, Sna
 
 MAX_ALERTS = 200
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
+SHOWN_CATCH_UP = 1024 * 1024  # the log pane behind a burst reads up to this per poll (its lines are rendered at once)
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ class ConsoleState:
     # ------------------------------------------------------------ the log pane
 
     def show_log(self, path: str, stage: str | None = None) -> LogFollower:
-        self.shown = LogFollower(self.path_of(path), last_lines=self.config.ui.tail_lines)
+        self.shown = LogFollower(self.path_of(path), last_lines=self.config.ui.tail_lines,
+                                 catch_up_bytes=SHOWN_CATCH_UP)
         self.shown_stage = stage
         return self.shown
 
@@ -298,7 +300,7 @@ class ConsoleState:
             self.watches[stage.name] = self._watch(stage)
             if stage.name == self.shown_stage and self.shown is not None:
                 # The shown log starts again with the new run's file (the last run's is NAME.1).
-                self.shown = LogFollower(self.shown.path, offset=0)
+                self.shown = LogFollower(self.shown.path, offset=0, catch_up_bytes=SHOWN_CATCH_UP)
                 update.log_restarted = stage.name
             if stage.name == "train" and self.train_log is not None:
                 self.train_log = LogFollower(self.train_log.path, offset=0)

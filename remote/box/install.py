@@ -1,10 +1,13 @@
 """Install the box tools into WORKSPACE/.samai/tools/DIGEST/, and nowhere else.
 
 Runs ON the box, started by the console's loader (samai.remote.boxtools.LOADER) with its own
-code and the modules it imports on stdin, followed by the tools: a length line, then that many bytes of
-zlib-compressed JSON {relative path: base64 content} (the layout: samai.remote.boxtools).
-argv: WORKSPACE DIGEST.
+code and the modules it imports on stdin, followed by the tools' archive: a length line, then that
+many bytes of zlib-compressed JSON {relative path: source} (the layout: samai.remote.boxtools).
+argv: WORKSPACE DIGEST. Or by the console's starter, through install_archive, before the probe.
 Reply: {"ok": true, "tools": FOLDER} or {"error": REASON}.
+
+The archive is checked against DIGEST (content_digest) before anything is written: a cut or
+mangled stream installs nothing.
 
 The workspace is made if it is missing (it is the operator's folder: its own path may hold
 symlinks); below it every folder is opened without following a symlink (confine.py), so a
@@ -12,7 +15,7 @@ symlinks); below it every folder is opened without following a symlink (confine.
 The ready marker is written last: a half-finished install is installed again.
 """
 
-import base64
+import hashlib
 import json
 import os
 import re
@@ -26,15 +29,42 @@ TOOL_PATH = re.compile(r"^(samai_box/)?(stages/)?[A-Za-z0-9_]+\.py$")
 READY = ".ready"
 
 
+def content_digest(files):
+    """The digest that names a tools folder: of every path and content, in path order."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode("utf-8") + b"\0" + files[name] + b"\0")
+    return h.hexdigest()[:16]
+
+
 def read_tools(stream):
     size = int(stream.readline())
-    files = json.loads(zlib.decompress(stream.read(size)).decode("utf-8"))
-    return dict((name, base64.b64decode(data)) for name, data in files.items())
+    return from_sources(json.loads(zlib.decompress(stream.read(size)).decode("utf-8")))
+
+
+def from_sources(sources):
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise ValueError("the tools archive is not a {path: source} object")
+    return dict((name, text.encode("utf-8")) for name, text in sources.items())
+
+
+def install_archive(folder, sources):
+    """Install an archive the starter unpacked into folder (WORKSPACE/.samai/tools/DIGEST)."""
+    workspace, digest = os.path.dirname(os.path.dirname(os.path.dirname(folder))), os.path.basename(folder)
+    if folder != os.path.join(workspace, ".samai", "tools", digest):
+        return {"error": "install: %r is not a tools folder (WORKSPACE/.samai/tools/DIGEST)" % folder}
+    try:
+        return install(workspace, digest, from_sources(sources))
+    except (Escape, OSError, ValueError) as e:
+        return {"error": "install: %s" % e}
 
 
 def install(given_workspace, digest, files):
     if not DIGEST.match(digest):
         raise Escape("bad tool digest %r" % digest)
+    if content_digest(files) != digest:
+        raise ValueError("the tools archive does not match its digest %s (cut or changed on the way): "
+                         "nothing installed" % digest)
     workspace = workspace_root(given_workspace)
     try:
         os.makedirs(workspace)

@@ -364,7 +364,7 @@ def read_log(req, held=None):
         "truncated": src.truncated,
         "drain": src.drain,
         "old_file": shown_name(src.old_file),
-        "data": base64.b64encode(new).decode("ascii") if req.get("data", True) else "",
+        "data": new if req.get("data", True) else b"",  # encoded, or attached, by probe.pack_data
         "tail": base64.b64encode(data[-CHECK_BYTES:]).decode("ascii"),
         "hits": marker_hits(data, scan_from, compiled(req.get("markers") or ())),
     }
@@ -392,7 +392,7 @@ def read_range(req):
         data = pread(fd, start, end - start + 1)
     finally:
         os.close(fd)
-    return {"path": path, "start": start, "size": st.st_size, "data": base64.b64encode(data).decode("ascii")}
+    return {"path": path, "start": start, "size": st.st_size, "data": data}
 
 
 def ranges(requests):

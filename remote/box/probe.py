@@ -11,11 +11,15 @@ Request (every key optional):
              "max_bytes", "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
    "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH],
-   "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "max"}}
+   "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "max"}, "attach": false}
+  A --serve probe also takes a request as changes to the last one it answered ("base", "same",
+  log entries with "like": see held.py), and marks each reply with "held" for the next.
 Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts", "processes",
         "listeners", "logs", "ranges", "reports", "states", "writers", "binaries", "errors"}
         and, when asked, "users": the workspace's largest entries (disk.workspace_users)
         and "listing": one folder's entries (see listing)
+  The bytes read into "logs" and "ranges" entries are base64 in their "data"; or, when the
+  request asks to "attach" them, raw after the JSON line, at the entry's "data_at" (answer).
 
 A --serve probe marks each reply's processes ("processes_mark"). A request that names the mark
 of the last reply ("processes_since") gets only what changed since: "processes" holds the new
@@ -23,6 +27,7 @@ and changed entries, "processes_gone" the pids that are gone, and "processes_sin
 mark. Any other mark, or none, gets every process.
 """
 
+import base64
 import binascii
 import glob
 import json
@@ -32,6 +37,7 @@ import sys
 import time
 
 from .disk import Listings, artifacts, disks, resolve, workspace_users
+from .held import HeldRequest, HeldUnknown
 from .logfiles import HeldLogs, logs, ranges, read_regular
 from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, record_btime, same_start
 from .procs import Facts, processes
@@ -307,6 +313,7 @@ class Memory(object):
         self.replies = 0
         self.sent = {}  # pid -> the entry the last marked reply gave for it
         self.mark = None  # of that reply
+        self.held = HeldRequest()  # the last request, which the next one may name as its base
 
 
 def process_reply(reply, procs, since, memory):
@@ -378,14 +385,43 @@ def probe(req, memory=None):
 
 
 def answer(text, memory=None):
-    """The reply line for one request line; a request it cannot read gets an error reply."""
+    """The reply to one request line: JSON on one line and, when the request asks to "attach"
+    the bytes it reads, a line end and those bytes, which its entries' "data_at" [start, length]
+    point into (raw bytes cost a third less than base64, and no encoding on either side).
+    A request it cannot read gets an error reply."""
+    blobs = []
     try:
         req = json.loads(text or "{}")
+        if memory is not None:
+            req = memory.held.expand(req)
         check_request(req)
         reply = probe(req, memory)
+        if memory is not None:
+            reply["held"] = memory.held.keep(req)
+        pack_data(reply, blobs if req.get("attach") else None)
+    except HeldUnknown as e:
+        reply = {"error": str(e), "held_unknown": True}
     except Exception as e:  # a request it cannot serve, or a bug: said, and the probe serves on
         reply = {"error": "%s: %s" % (type(e).__name__, e)}
-    return json.dumps(reply, separators=(",", ":")) + "\n"
+    line = json.dumps(reply, separators=(",", ":")).encode("utf-8")  # ASCII: no line end inside
+    return line + b"\n" + b"".join(blobs) if blobs else line
+
+
+def pack_data(reply, blobs):
+    """The bytes read into each log and range entry: base64 in the JSON, or (blobs given) appended
+    to blobs, the entry pointing at them."""
+    at = 0  # from the first byte after the JSON's line end
+    for entry in reply.get("logs", []) + reply.get("ranges", []):
+        data = entry.get("data")
+        if data is None:
+            continue
+        if blobs is None:
+            entry["data"] = base64.b64encode(data).decode("ascii")
+            continue
+        del entry["data"]
+        entry["data_at"] = [at, len(data)]
+        blobs.append(bytes(data))
+        at += len(data)
 
 
 def serve():
@@ -396,7 +432,7 @@ def serve():
     out = sys.stdout.buffer
     memory = Memory()
     for line in sys.stdin.buffer:
-        reply = answer(line.decode("utf-8", "replace"), memory).encode("utf-8")
+        reply = answer(line.decode("utf-8", "replace"), memory)
         out.write(b"%d\n" % len(reply))
         out.write(reply)
         out.flush()
@@ -406,7 +442,7 @@ def serve():
 def main():
     if sys.argv[1:] == ["--serve"]:
         return serve()
-    sys.stdout.write(answer(sys.stdin.buffer.read().decode("utf-8", "replace")))
+    sys.stdout.buffer.write(answer(sys.stdin.buffer.read().decode("utf-8", "replace")) + b"\n")
     return 0
 
 
