@@ -22,6 +22,9 @@ import asyncssh
 from samai.remote.transport import RunResult, StderrTail, TransportError, TransportTimeout, read_framed
 
 KILL_TIMEOUT_S = 10.0
+# What the box may send a stream ahead of our reading it. asyncssh's default (2 MiB) caps a
+# reply at 2 MiB per round trip: 20 MB/s at 100 ms, less than a catch-up read could move.
+STREAM_WINDOW = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,8 @@ class SshTransport:
         conn = await self._connection()
         await self._channels.acquire()
         try:
-            proc = await conn.create_process("echo $$; exec " + shlex.join(argv), encoding=None)
+            proc = await conn.create_process("echo $$; exec " + shlex.join(argv), encoding=None,
+                                             window=STREAM_WINDOW)
             header = await asyncio.wait_for(proc.stdout.readline(), self.options.connect_timeout)
             if preamble:
                 proc.stdin.write(preamble)
