@@ -1,0 +1,99 @@
+"""Record real chat-completion responses from llama-cpp-python's server (`python -m llama_cpp.server`,
+what the pipeline's serve stage runs) as fixtures for `check eval`.
+
+    python tests/data/eval/record.py --python VENV/bin/python --model MODEL.gguf [--chat-format gemma] --out DIR
+
+VENV is a venv with llama-cpp-python[server] (the provision stage builds one; so does
+`pip install llama-cpp-python[server]`). Each question is asked twice at temperature 0: once with
+room to answer (finish_reason "stop") and once with max_tokens 3 (finish_reason "length").
+Writes OUT/responses.jsonl (each response body as the server sent it, one per line, unchanged)
+and OUT/requests.jsonl (what was asked, line for line: messages, max_tokens, and the gold answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+QUESTIONS = [("What is 17*23? Answer with the number only.", "391"),
+             ("What is 12+30? Answer with the number only.", "42"),
+             ("What is 9*9? Answer with the number only.", "81"),
+             ("What is 100-37? Answer with the number only.", "63"),
+             ("What is the capital of France? Answer with one word.", "Paris"),
+             ("What is 7*8? Answer with the number only.", "56")]
+MAX_TOKENS = (48, 3)  # room to answer; too few (finish_reason "length")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, server: subprocess.Popen, deadline_s: float = 300) -> None:
+    """llama_cpp.server has no /health: /v1/models answers once the model is loaded."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            sys.exit(f"the server exited with rc {server.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=5):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.5)
+    sys.exit("the server did not answer in time")
+
+
+def ask(url: str, request: dict) -> bytes:
+    body = json.dumps(request).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as reply:
+        return reply.read()
+
+
+def record(url: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "responses.jsonl", "wb") as responses, open(out / "requests.jsonl", "w") as requests:
+        for max_tokens in MAX_TOKENS:
+            for question, gold in QUESTIONS:
+                request = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+                           "temperature": 0, "seed": 7}
+                body = ask(url, request)
+                json.loads(body)  # a reply that is not JSON is not a fixture
+                responses.write(body.replace(b"\n", b"") + b"\n")  # a compact body already is one line
+                requests.write(json.dumps(dict(request, gold=gold)) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--python", required=True, help="python of a venv with llama-cpp-python[server]")
+    p.add_argument("--model", required=True, help="a chat GGUF model")
+    p.add_argument("--chat-format", help="llama_cpp.server's --chat_format (default: the GGUF's template, "
+                   "else llama-2)")
+    p.add_argument("--out", required=True, help="the folder to write the two files into")
+    args = p.parse_args()
+    port = free_port()
+    model = Path(args.model).resolve()
+    # run beside the model and name it by its file name: the replies quote it, and no local path belongs there
+    argv = [args.python, "-m", "llama_cpp.server", "--model", model.name, "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", "512"]
+    if args.chat_format:
+        argv += ["--chat_format", args.chat_format]
+    server = subprocess.Popen(argv, cwd=model.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", server)
+        record(f"http://127.0.0.1:{port}", Path(args.out))
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+if __name__ == "__main__":
+    main()
