@@ -95,7 +95,9 @@ def describe_check(kind: str, path: str, result: dict) -> str:
     lines = [f"{kind} {path}: " + "  ".join(f"{k} {result[k]}" for k in shown if result.get(k) is not None)]
     if kind == "trainlog":
         points = result.get("points", [])
-        lines.append(f"  {len(points)} logged steps" + (f", last loss {points[-1]['loss']}" if points else ""))
+        steps = result.get("steps", len(points))  # points past a few thousand are thinned: steps counts all
+        kept = f" ({len(points)} kept)" if len(points) < steps else ""
+        lines.append(f"  {steps} logged steps{kept}" + (f", last loss {points[-1]['loss']}" if points else ""))
     findings = result.get("problems", []) + result.get("anomalies", [])
     for f in findings:
         where = f" (step {f['step']})" if f.get("step") is not None else ""

@@ -100,7 +100,7 @@ def test_check_trainlog_on_a_real_trainer_log_and_a_hidden_nan(tmp_path: Path) -
     rc, result = check("trainlog", str(bad))
     assert rc == 1 and {"hidden_nan", "zero_loss_streak"} <= {a["code"] for a in result["anomalies"]}
     assert result["points"][-1]["grad_norm"] is None  # NaN is null in JSON, and an anomaly says so
-    assert list(result) == ["points", "anomalies", "summary", "lines", "unparsed"]  # the JSON contract's order
+    assert list(result) == ["points", "anomalies", "summary", "lines", "unparsed", "steps"]  # the JSON contract's order
     assert list(result["anomalies"][0]) == ["code", "severity", "step", "message"]
 
 

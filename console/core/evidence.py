@@ -66,7 +66,7 @@ def run_verdict(name: str, result: TrainLogResult) -> list[Check]:
     finding, shown up to SHOWN_FINDINGS; else one ok line."""
     errors = [a for a in result.problems if a.severity == "error"]
     if not errors:
-        return [Check("ok", f"{name}'s log, last run: {len(result.points)} steps, no error-level finding")]
+        return [Check("ok", f"{name}'s log, last run: {result.steps} steps, no error-level finding")]
     checks = [Check("error", f"{name}'s log, last run: {a.code}: {a.message}") for a in errors[:SHOWN_FINDINGS]]
     if len(errors) > SHOWN_FINDINGS:
         more = len(errors) - SHOWN_FINDINGS

@@ -17,7 +17,6 @@ The anomaly codes and severities below are a contract (scripts and tests match o
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -59,6 +58,10 @@ FLAT_MIN, FLAT_SHARE = 10, 0.75  # a flat loss over at least 10 logged steps and
 FLAT_REL_TOL, FLAT_ABS_TOL = 1e-4, 1e-6  # "flat": within 0.01 % of where the flat stretch began
 OVERFLOW_STREAK = 5  # skipped steps in a row worth a second warning
 STATE_PEEK = 64  # first lines looked at to tell a trainer_state.json from a log
+MAX_POINTS = 2048  # points a result keeps: beyond that the series is thinned evenly (anomalies see every one)
+MAX_PINNED = 256  # points kept whatever the thinning: those an anomaly was reported at
+MAX_REPORTS = 100  # reports of one code listed (a noisy run spikes thousands of times); the rest are counted
+MAX_ENTRY = 64 * 1024  # characters one log_history entry of a trainer_state.json may take
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _DICT = re.compile(r"\{[^{}]*\}")
@@ -70,6 +73,7 @@ _DS_PROGRESS = re.compile(r"\bstep=(\d+),\s*skipped=(\d+)")
 _DS_OVERFLOW = re.compile(r"Attempted loss scale:\s*(\d[\d.eE+]*)(?:,\s*reducing to\s*(\d[\d.eE+]*))?")
 _NAN_MARKER = re.compile(r"^[\s\d:\-T.,+/|]*(?:\[[^\]]*\][\s:]*)*TRAIN_NAN\b[\s:]*(.*)")
 _BARE_NON_FINITE = re.compile(r"(:\s*|\[\s*|,\s*)(-?)(nan|inf(?:inity)?)\b", re.IGNORECASE)
+_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
 
 
 # ------------------------------------------------------------------ records
@@ -101,21 +105,23 @@ class TrainPoint:
 
 @dataclass(frozen=True)
 class TrainLogResult:
-    """A training log's check: its points (NaN/inf kept), its anomalies (`problems`, each at its
-    step), the run's summary dict when it logged one, and the lines read and not understood."""
+    """A training log's check: its points (NaN/inf kept; evenly thinned past MAX_POINTS, see
+    PointSeries), its anomalies (`problems`, each at its step, found over every point), the run's
+    summary dict when it logged one, the lines read and not understood, and the steps read."""
 
     points: tuple[TrainPoint, ...]
     problems: tuple[Problem, ...]
     summary: dict[str, float | None] | None
     lines: int
     unparsed: int
+    steps: int = 0  # every training point read: more than len(points) once they are thinned
 
     def to_json(self) -> dict[str, Any]:
         """The CLI's JSON: NaN/inf are null, and the anomalies say which they were."""
         summary = None if self.summary is None else {k: _finite_or_none(v) for k, v in self.summary.items()}
         return {"points": [p.to_json() for p in self.points],
                 "anomalies": [_anomaly_json(a) for a in self.problems],
-                "summary": summary, "lines": self.lines, "unparsed": self.unparsed}
+                "summary": summary, "lines": self.lines, "unparsed": self.unparsed, "steps": self.steps}
 
 
 def _anomaly_json(anomaly: Problem) -> dict[str, Any]:
@@ -161,8 +167,8 @@ class PointWatch:
 
     def __init__(self) -> None:
         self._reported: set[str] = set()
-        self._zero_run: list[int] = []
-        self._dead_run: list[int] = []
+        self._zero_run: tuple[int, int] | None = None  # (first step, length) of loss-exactly-0 points in a row
+        self._dead_run: tuple[int, int] | None = None  # the same for grad_norm exactly 0
         self._seen = 0
         self._flat_from: TrainPoint | None = None  # the first point of the current flat stretch
         self._flat_len = 0
@@ -198,11 +204,8 @@ class PointWatch:
         return found
 
     def _zero_streak(self, p: TrainPoint) -> list[Problem]:
-        if p.loss != 0:
-            self._zero_run = []
-            return []
-        self._zero_run.append(p.step)
-        if len(self._zero_run) < ZERO_STREAK:
+        self._zero_run = _streak(self._zero_run, p, p.loss == 0)
+        if self._zero_run is None or self._zero_run[1] < ZERO_STREAK:
             return []
         first = self._zero_run[0]
         return self._once("zero_loss_streak", first,
@@ -210,11 +213,8 @@ class PointWatch:
                           "a hidden NaN or labels that mask everything out")
 
     def _dead(self, p: TrainPoint) -> list[Problem]:
-        if p.grad_norm != 0:
-            self._dead_run = []
-            return []
-        self._dead_run.append(p.step)
-        if len(self._dead_run) < DEAD_STREAK:
+        self._dead_run = _streak(self._dead_run, p, p.grad_norm == 0)
+        if self._dead_run is None or self._dead_run[1] < DEAD_STREAK:
             return []
         first = self._dead_run[0]
         return self._once("dead_gradients", first,
@@ -250,15 +250,68 @@ class PointWatch:
                          f"{_show(median)} of the previous {len(self._recent)} logged losses")]
 
 
+def _streak(run: tuple[int, int] | None, p: TrainPoint, holds: bool) -> tuple[int, int] | None:
+    """A streak's (first step, length) once p is counted: two ints however long it runs."""
+    if not holds:
+        return None
+    return (p.step, 1) if run is None else (run[0], run[1] + 1)
+
+
+# ------------------------------------------------------------------ the points kept
+
+
+class PointSeries:
+    """The points kept of a run of any length: all of them up to `limit`, then every 2nd, every
+    4th ... (the stride doubles each time the series fills up again), plus the last point and up
+    to MAX_PINNED points an anomaly was reported at. Ten million steps keep a few thousand points;
+    the anomalies are found over every point before thinning."""
+
+    def __init__(self, limit: int = MAX_POINTS) -> None:
+        self.limit = limit
+        self.seen = 0  # points added
+        self.stride = 1
+        self._kept: list[tuple[int, TrainPoint]] = []  # (index among all points added, point)
+        self._pinned: list[tuple[int, TrainPoint]] = []
+        self._last: tuple[int, TrainPoint] | None = None
+
+    def add(self, point: TrainPoint, pinned: bool = False) -> None:
+        index, self.seen = self.seen, self.seen + 1
+        self._last = (index, point)
+        if pinned and len(self._pinned) < MAX_PINNED:
+            self._pinned.append((index, point))
+        elif index % self.stride == 0:
+            self._kept.append((index, point))
+            if len(self._kept) > self.limit:
+                self.stride *= 2
+                self._kept = [kept for kept in self._kept if kept[0] % self.stride == 0]
+
+    @property
+    def last(self) -> TrainPoint | None:
+        return self._last[1] if self._last else None
+
+    def points(self) -> list[TrainPoint]:
+        """The points kept, in the order they came."""
+        chosen = dict(self._kept)
+        chosen.update(self._pinned)
+        if self._last is not None:
+            chosen[self._last[0]] = self._last[1]
+        return [chosen[index] for index in sorted(chosen)]
+
+
 # ------------------------------------------------------------------ the parser
 
 
 class TrainLogParser:
     """Feed it log lines as they arrive: `feed` returns the new points; `drain_anomalies`
-    returns the anomalies found since its last call (all of them stay in `anomalies`)."""
+    returns the anomalies found since its last call (all of them stay in `anomalies`, at most
+    MAX_REPORTS of a code and a note of the rest). Memory is bounded whatever the log holds:
+    the points kept are a PointSeries, the streaks and the spike window a few numbers.
 
-    def __init__(self) -> None:
-        self.points: list[TrainPoint] = []
+    overlay: a trainer_state.json's exact points (sorted by step), merged into the stream as it
+    comes: each replaces the log's point of its step, the others go in before the first later step."""
+
+    def __init__(self, overlay: Iterable[TrainPoint] = ()) -> None:
+        self.series = PointSeries()
         self.anomalies: list[Problem] = []
         self.summary: dict[str, float | None] | None = None
         self.lines = 0
@@ -270,12 +323,23 @@ class TrainLogParser:
         self._events_reported: set[str] = set()
         self._overflow_run = 0
         self._overflow_last_step: int | None = None
+        self._new: list[TrainPoint] = []  # the points of the feed under way
+        self._reports: dict[str, int] = {}  # reports made of each code, listed or not
+        self._notes: dict[str, int] = {}  # where in anomalies the note of a code's unlisted reports is
+        self._overlay = {p.step: p for p in overlay}
+        self._overlay_steps = sorted(self._overlay)
+        self._overlay_at = 0  # the next overlay step not yet in the stream
 
     # -------------------------------------------------------------- public
 
+    @property
+    def points(self) -> list[TrainPoint]:
+        """The points kept (all of them up to MAX_POINTS)."""
+        return self.series.points()
+
     def feed(self, lines: Iterable[str]) -> list[TrainPoint]:
-        """The new points in lines (also kept in self.points); new anomalies go to self.anomalies."""
-        first_new = len(self.points)
+        """The new points in lines (kept in self.series); new anomalies go to self.anomalies."""
+        self._new = []
         seen = unparsed = 0
         for line in lines:
             seen += 1
@@ -283,17 +347,17 @@ class TrainLogParser:
                 unparsed += 1
         self.lines += seen
         self.unparsed += unparsed
-        return self.points[first_new:]
+        return self._new
 
-    def feed_state(self, entries: Iterable[Mapping[str, Any]]) -> list[TrainPoint]:
+    def feed_state(self, entries: Iterable[Any]) -> list[TrainPoint]:
         """The new points in trainer_state.json log_history entries (each one counts as a line)."""
-        first_new = len(self.points)
+        self._new = []
         for entry in entries:
             self.lines += 1
             values = {str(k): _number(v) for k, v in entry.items()} if isinstance(entry, Mapping) else {}
             if not self._take_record(values):
                 self.unparsed += 1
-        return self.points[first_new:]
+        return self._new
 
     def drain_anomalies(self) -> list[Problem]:
         """Anomalies found since the last call: each one is handed out once."""
@@ -301,10 +365,26 @@ class TrainLogParser:
         self._drained = len(self.anomalies)
         return new
 
+    def finish(self) -> list[TrainPoint]:
+        """The overlay's points after the log's last step (at the end of the log)."""
+        self._new = []
+        self._overlay_until(math.inf)
+        return self._new
+
     def result(self) -> TrainLogResult:
         """What was read so far, as a check's result."""
         summary = None if self.summary is None else dict(self.summary)
-        return TrainLogResult(tuple(self.points), tuple(self.anomalies), summary, self.lines, self.unparsed)
+        return TrainLogResult(tuple(self.points), tuple(self._with_totals()), summary, self.lines, self.unparsed,
+                              self.series.seen)
+
+    def _with_totals(self) -> list[Problem]:
+        """anomalies, each code's note of unlisted reports giving the exact total so far."""
+        anomalies = list(self.anomalies)
+        for code, at in self._notes.items():
+            note = anomalies[at]
+            anomalies[at] = replace(note, message=f"{self._reports[code]} {code} findings in all: the first "
+                                                  f"{MAX_REPORTS} are listed, the rest counted")
+        return anomalies
 
     # -------------------------------------------------------------- lines and segments
 
@@ -404,7 +484,7 @@ class TrainLogParser:
         if not found:
             return False  # TRAIN_NAN named mid-line (a refusal, a cleanup), not the guard firing
         detail = found.group(1).strip()
-        last = self.points[-1].step if self.points else None
+        last = self.series.last.step if self.series.last else None
         return self._event("nan_guard_fired", last,
                            "the NaN guard stopped the run (TRAIN_NAN" + (f": {detail}" if detail else "")
                            + "); no final/ was written; clear final/ TRAIN_DONE TRAIN_NAN before a restart")
@@ -413,15 +493,31 @@ class TrainLogParser:
 
     def _next_step(self) -> int:
         """The step a record without one belongs to: the one DeepSpeed announced, or the last + 1."""
-        last = self.points[-1].step if self.points else 0
+        last = self.series.last.step if self.series.last else 0
         if self._announced is not None and self._announced > last:
             return self._announced
         return last + 1
 
     def _add_point(self, point: TrainPoint) -> None:
-        self.points.append(point)
-        for anomaly in self._watch.check(point):
+        if self._overlay:
+            self._overlay_until(point.step)
+            point = self._overlay.get(point.step, point)  # the state's exact point wins for its step
+            while self._overlay_at < len(self._overlay_steps) and self._overlay_steps[self._overlay_at] == point.step:
+                self._overlay_at += 1
+        self._keep(point)
+
+    def _overlay_until(self, step: float) -> None:
+        """The overlay's points before step that the stream has not had yet."""
+        while self._overlay_at < len(self._overlay_steps) and self._overlay_steps[self._overlay_at] < step:
+            self._keep(self._overlay[self._overlay_steps[self._overlay_at]])
+            self._overlay_at += 1
+
+    def _keep(self, point: TrainPoint) -> None:
+        found = self._watch.check(point)
+        for anomaly in found:
             self._report(anomaly)
+        self.series.add(point, pinned=bool(found))
+        self._new.append(point)
 
     def _event(self, code: str, step: int | None, message: str) -> bool:
         """A log event worth one report per run (it repeats on every rank and retry)."""
@@ -431,7 +527,14 @@ class TrainLogParser:
         return True
 
     def _report(self, anomaly: Problem) -> None:
-        self.anomalies.append(anomaly)
+        """Listed up to MAX_REPORTS a code; then one note, which the result gives the total in."""
+        count = self._reports[anomaly.code] = self._reports.get(anomaly.code, 0) + 1
+        if count <= MAX_REPORTS:
+            self.anomalies.append(anomaly)
+        elif count == MAX_REPORTS + 1:
+            self._notes[anomaly.code] = len(self.anomalies)
+            self.anomalies.append(replace(anomaly, message=f"more than {MAX_REPORTS} {anomaly.code} findings: "
+                                                            "the rest are counted, not listed"))
 
 
 def _dict_values(text: str) -> dict[str, float | None]:
@@ -446,21 +549,84 @@ def _dict_values(text: str) -> dict[str, float | None]:
 # ------------------------------------------------------------------ trainer_state.json
 
 
-def _state_entries(state: str | Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """log_history of a trainer_state.json (its text or the loaded object)."""
+def _state_entries(state: str | Mapping[str, Any]) -> list[Any]:
+    """log_history of a trainer_state.json given whole (its text or the loaded object)."""
     if isinstance(state, str):
-        text = state
-        try:
-            state = json.loads(text)  # accepts the bare NaN/Infinity json.dumps writes
-        except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder's stack
-            try:
-                state = json.loads(_BARE_NON_FINITE.sub(_json_non_finite, text))
-            except (ValueError, RecursionError) as e:
-                raise ValueError(f"not a readable trainer_state.json: {e}") from None
+        stream = HistoryStream()
+        entries = list(stream.entries(state.split("\n")))
+        stream.close()
+        return entries
     history = state.get("log_history") if isinstance(state, Mapping) else None
     if not isinstance(history, list):
         raise ValueError("not a trainer_state.json: it has no log_history list")
     return history
+
+
+class HistoryStream:
+    """The log_history entries of a trainer_state.json, decoded one at a time as its lines come:
+    the file is never held whole (json.dumps writes an entry over a few lines). Bare NaN/Infinity
+    and nan/inf are read. Nothing raises while lines come; close() says what was wrong."""
+
+    def __init__(self) -> None:
+        self._text = ""  # what is not decoded yet: the start of the file, then of the next entry
+        self._where = "before"  # before log_history, "in" it, or "after" it
+        self._error: str | None = None
+        self._decoder = json.JSONDecoder()
+
+    def entries(self, lines: Iterable[str]) -> Iterator[Any]:
+        for line in lines:
+            if self._where == "after" or self._error is not None:
+                continue  # the rest of the file holds no entry (or cannot be trusted to)
+            self._text += _BARE_NON_FINITE.sub(_json_non_finite, line) + "\n"
+            if self._where == "before" and not self._start():
+                continue
+            if self._where == "in" and ("}" in line or "]" in line):  # the lines an entry can end on
+                yield from self._decode()
+            if len(self._text) > MAX_ENTRY:
+                self._error = f"a log_history entry runs over {MAX_ENTRY // 1024} KiB"
+
+    def close(self) -> None:
+        """The end of the file: a ValueError unless log_history was read whole."""
+        if self._error is not None:
+            raise ValueError(f"not a readable trainer_state.json: {self._error}")
+        if self._where == "before":
+            raise ValueError("not a trainer_state.json: it has no log_history list")
+        if self._where == "in":
+            raise ValueError("not a readable trainer_state.json: it ends inside log_history")
+
+    def _start(self) -> bool:
+        found = _HISTORY.search(self._text)
+        if found is None:
+            self._text = self._text[-64:]  # only where the key may be cut by a line break
+            return False
+        self._text, self._where = self._text[found.end():], "in"
+        return True
+
+    def _decode(self) -> Iterator[Any]:
+        text, at = self._text, 0
+        while True:
+            at = _skip_separators(text, at)
+            if at == len(text):
+                self._text = ""
+                return
+            if text[at] == "]":
+                self._text, self._where = "", "after"
+                return
+            try:
+                entry, at = self._decoder.raw_decode(text, at)
+            except (ValueError, RecursionError) as e:
+                pos = getattr(e, "pos", 0)
+                if isinstance(e, RecursionError) or pos < len(text.rstrip()):
+                    self._error = str(e) if not isinstance(e, RecursionError) else "nested too deep"
+                self._text = text[at:]  # an entry not complete yet: more lines will finish it
+                return
+            yield entry
+
+
+def _skip_separators(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n,":
+        at += 1
+    return at
 
 
 def _json_non_finite(found: re.Match) -> str:
@@ -475,7 +641,7 @@ def parse_trainer_state(state: str | Mapping[str, Any]) -> list[TrainPoint]:
     return parser.feed_state(_state_entries(state))
 
 
-# ------------------------------------------------------------------ one-shot check
+# ------------------------------------------------------------------ one-shot check, and the pane's reader
 
 
 def check_trainlog(lines_or_text: str | Iterable[str],
@@ -485,55 +651,79 @@ def check_trainlog(lines_or_text: str | Iterable[str],
     lines_or_text may also be a trainer_state.json (its text or its lines; its log_history
     entries then count as the lines). trainer_state (its text, the loaded object or a Path) adds
     that run's exact points: they replace the log's for the steps they cover, and the point
-    anomalies are checked again over the merged points."""
-    check = TrainLogCheck()
+    anomalies are checked over the merged points."""
+    check = TrainLogCheck(trainer_state)
     check.feed(_lines(lines_or_text))
-    return check.result(trainer_state)
+    return check.result()
 
 
 class TrainLogCheck:
-    """check_trainlog fed a batch of lines at a time (a log read from the box in chunks): memory
-    holds the points kept, never the whole log. The first STATE_PEEK lines tell a
-    trainer_state.json (kept whole: its JSON is parsed at once) from a log (parsed as it comes)."""
+    """A training log read a batch of lines at a time, by `check trainlog` (a log read from the box
+    in chunks) and by the training pane alike: feed returns the new points, drain_anomalies the
+    new anomalies. Memory holds the points kept (a PointSeries), never the log. The first lines
+    tell a trainer_state.json (its log_history entries decoded as they come) from a log."""
 
-    def __init__(self) -> None:
-        self.parser = TrainLogParser()
+    def __init__(self, trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> None:
+        overlay, self._state_summary = _given_state(trainer_state) if trainer_state is not None else ((), None)
+        self.parser = TrainLogParser(overlay)
         self._head: list[str] | None = []  # the first lines, until they tell what kind of file this is
-        self._state: list[str] | None = None  # a trainer_state.json's lines
+        self._history: HistoryStream | None = None  # a trainer_state.json's reader
 
-    def feed(self, lines: Iterable[str]) -> None:
-        lines = iter(lines)
-        if self._head is not None:
-            self._head += itertools.islice(lines, STATE_PEEK - len(self._head))
-            if len(self._head) < STATE_PEEK:
-                return
-            self._decide(self._head)
-        if self._state is not None:
-            self._state += lines
-        else:
-            self.parser.feed(lines)
+    @property
+    def anomalies(self) -> list[Problem]:
+        return self.parser.anomalies
 
-    def result(self, trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> TrainLogResult:
-        """The check's result, once every line was fed (call it once)."""
+    def drain_anomalies(self) -> list[Problem]:
+        return self.parser.drain_anomalies()
+
+    def feed(self, lines: Iterable[str]) -> list[TrainPoint]:
+        """The new points in lines."""
+        lines, new = iter(lines), []
         if self._head is not None:
-            self._decide(self._head)
-        if self._state is not None:
-            state, self._state = self._state, None
-            self.parser.feed_state(_state_entries("\n".join(line.rstrip("\n") for line in state)))
+            for line in lines:
+                self._head.append(line)
+                kind = _file_kind(self._head)
+                if kind is not None:
+                    new = self._decide(kind)
+                    break
+            else:
+                return []
+        if self._history is not None:
+            return new + self.parser.feed_state(self._history.entries(lines))
+        return new + self.parser.feed(lines)
+
+    def result(self) -> TrainLogResult:
+        """The check's result, once every line was fed (call it once): a ValueError for a
+        trainer_state.json that cannot be read."""
+        if self._head is not None:
+            self._decide(_file_kind(self._head, at_end=True) or "log")
+        if self._history is not None:
+            self._history.close()
+        self.parser.finish()
         result = self.parser.result()
-        if trainer_state is not None:
-            result = _merge_state(result, self.parser, _read_state(trainer_state))
-        if not result.points and result.summary is None and not result.problems:
+        if result.summary is None and self._state_summary is not None:
+            result = replace(result, summary=self._state_summary)
+        if not result.steps and result.summary is None and not result.problems:
             result = replace(result, problems=(_nothing_found(result.lines, result.unparsed),))
         return result
 
-    def _decide(self, head: list[str]) -> None:
-        """head: the first lines (self._head), enough to tell the kind of file, or all there are."""
-        self._head = None
-        if _is_state_head(head):
-            self._state = head
-        else:
-            self.parser.feed(head)
+    def _decide(self, kind: str) -> list[TrainPoint]:
+        head, self._head = self._head or [], None
+        if kind == "state":
+            self._history = HistoryStream()
+            return self.parser.feed_state(self._history.entries(head))
+        return self.parser.feed(head)
+
+
+def _file_kind(head: list[str], at_end: bool = False) -> str | None:
+    """"state" for a trainer_state.json, "log" for a log, None while the lines so far (the newest
+    last) cannot tell: a JSON object's opening line waits for "log_history", up to STATE_PEEK lines."""
+    first = next((line.lstrip() for line in head if line.strip()), None)
+    if first is not None and (not first.startswith("{") or first.startswith("{'")):  # {' opens a Trainer dict
+        return "log"
+    if first is not None and '"log_history"' in head[-1]:
+        return "state"
+    return "log" if at_end or len(head) >= STATE_PEEK else None
 
 
 def _nothing_found(lines: int, unparsed: int) -> Problem:
@@ -561,31 +751,13 @@ def _lines(lines_or_text: str | Iterable[str]) -> Iterator[str]:
     return iter(lines)
 
 
-def _is_state_head(head: list[str]) -> bool:
-    """Whether a file's first lines are those of a trainer_state.json rather than a log."""
-    first = head[0].lstrip() if head else ""
-    json_object = first.startswith("{") and not first.startswith("{'")  # {' opens a Trainer log dict
-    return json_object and any('"log_history"' in line for line in head)
+GivenState = str | Mapping[str, Any] | os.PathLike
 
 
-def _read_state(state: str | Mapping[str, Any] | os.PathLike) -> TrainLogParser:
+def _given_state(state: GivenState) -> tuple[list[TrainPoint], dict[str, float | None] | None]:
+    """A trainer_state.json given beside the log: its points and its summary."""
     if isinstance(state, os.PathLike):
         with open(state, encoding="utf-8", errors="replace") as f:
             state = f.read()
     parser = TrainLogParser()
-    parser.feed_state(_state_entries(state))
-    return parser
-
-
-def _merge_state(result: TrainLogResult, log: TrainLogParser, state: TrainLogParser) -> TrainLogResult:
-    """State points win for their steps; the log's other points stay; point anomalies are
-    checked again over the merged sequence; the log's events are kept."""
-    by_step = {p.step: p for p in log.points}
-    by_step.update({p.step: p for p in state.points})
-    merged = [by_step[step] for step in sorted(by_step)]
-    watch = PointWatch()
-    point_anomalies = [a for p in merged for a in watch.check(p)]
-    events = [a for a in log.anomalies if a.code in EVENT_CODES]
-    anomalies = sorted(point_anomalies + events, key=lambda a: a.step if a.step is not None else math.inf)
-    summary = result.summary if result.summary is not None else state.result().summary
-    return replace(result, points=tuple(merged), problems=tuple(anomalies), summary=summary)
+    return parser.feed_state(_state_entries(state)), parser.summary
