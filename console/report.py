@@ -91,7 +91,8 @@ def describe_check(kind: str, path: str, result: dict) -> str:
     shown = {"gguf": ("size", "version", "tensor_count", "kv_count", "data_offset", "expected_size", "last_tensor",
                       "bytes_read"),
              "trainlog": ("lines", "unparsed"),
-             "eval": ("n", "correct", "accuracy", "pred_none", "truncated", "empty_content", "malformed")}[kind]
+             "eval": ("format", "layout", "n", "correct", "accuracy", "pred_none", "truncated", "empty_content",
+                      "malformed")}[kind]
     lines = [f"{kind} {path}: " + "  ".join(f"{k} {result[k]}" for k in shown if result.get(k) is not None)]
     if kind == "trainlog":
         points = result.get("points", [])

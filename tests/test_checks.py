@@ -112,7 +112,8 @@ def test_check_eval_finds_the_fake_zero(tmp_path: Path) -> None:
     rc, result = check("eval", str(items))
     assert rc == 1 and "fake_zero" in {p["code"] for p in result["problems"]}
     assert list(result) == ["n", "correct", "accuracy", "pred_none", "truncated", "empty_content", "reasoning_only",
-                            "think_leaks", "malformed", "malformed_lines", "problems"]  # the JSON contract's order
+                            "think_leaks", "malformed", "malformed_lines", "format", "layout", "scored", "split",
+                            "recoverable", "problems"]  # the JSON contract's order
     assert list(result["problems"][0]) == ["code", "severity", "message", "count"]
     text = run_cli("check", "eval", str(items)).stdout
     assert "fake_zero" in text and "--reasoning-format none" in text

@@ -1,9 +1,12 @@
-"""Check an eval stage's per-item JSONL (OUT/items.jsonl) for the ways a score lies.
+"""Check an eval's answers for the ways a score lies: the eval stage's per-item JSONL
+(OUT/items.jsonl), or a chat-completion server's own responses (evalread tells them apart).
 
 The accuracy is recomputed from the items, never taken from summary.json, and set next to the
 counts that expose a fake score: llama.cpp moves an unclosed <think> into `reasoning_content`
 and leaves `content` empty, so a client that reads only `content` finds no answer and scores a
-working model 0 % (playbook §6); too small a max_tokens cuts thinking short.
+working model 0 % (playbook §6); too small a max_tokens cuts thinking short. The fake zero is
+told by that signature (most items with no answer, their text in reasoning_content or nowhere),
+not by how low the accuracy is.
 
 Problem codes are a contract (scripts and tests match on them): no_items, fake_zero,
 truncation, empty_content, think_leak, malformed. Severities: "error" or "warning".
@@ -11,19 +14,17 @@ truncation, empty_content, think_leak, malformed. Severities: "error" or "warnin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from samai.console.core.evalread import EXPECTED, EXPECTED_ANY, JSONL, EvalReader, EvalRecord, Malformed
 from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
 from samai.remote.model import Severity
 
-FAKE_ZERO_ACCURACY = 0.05  # at or under this, a zero may be the reasoning split, not the model
-FAKE_ZERO_SHARE = 0.5  # ... when at least this share of items has no prediction and the split's shape
+FAKE_ZERO_SHARE = 0.5  # at least this share of items with no prediction and the split's shape: a fake score
 TRUNCATION_ERROR_SHARE = 0.25
 MALFORMED_LINES_SHOWN = 5
-THINK_TAGS = ("<think>", "</think>")
 
 FIX_SPLIT = ("start llama-server with --reasoning-format none, and join content + reasoning_content "
              "in the client (content + '\\n' + reasoning_content) before extracting the answer")
@@ -31,7 +32,13 @@ FIX_SPLIT = ("start llama-server with --reasoning-format none, and join content 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """An eval's items recounted: the figures, the first malformed line numbers, the problems."""
+    """An eval's items recounted: the figures, the first malformed line numbers, the problems.
+
+    `format` is what was read (items, chat-completion; None when nothing could be) and `layout`
+    how (jsonl, json: one object, json-array); in a JSON document, malformed_lines are the
+    numbers of the array's elements. `split` counts the items with no prediction whose text went
+    to reasoning_content or nowhere; `recoverable` those of them whose gold is in reasoning_content.
+    """
 
     n: int
     correct: int
@@ -43,6 +50,12 @@ class EvalResult:
     think_leaks: int
     malformed: int = 0
     malformed_lines: tuple[int, ...] = ()
+    format: str | None = None
+    layout: str = JSONL
+    scored: int = 0
+    split: int = 0
+    recoverable: int = 0
+    split_reasoning: int = 0  # of the split, those with text in reasoning_content (the rest have none anywhere)
     problems: tuple[Problem, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -51,104 +64,63 @@ class EvalResult:
                 "truncated": self.truncated, "empty_content": self.empty_content,
                 "reasoning_only": self.reasoning_only, "think_leaks": self.think_leaks,
                 "malformed": self.malformed, "malformed_lines": list(self.malformed_lines),
+                "format": self.format, "layout": self.layout, "scored": self.scored, "split": self.split,
+                "recoverable": self.recoverable,
                 "problems": [{"code": p.code, "severity": p.severity, "message": p.message, "count": p.count}
                              for p in self.problems]}
 
 
 def check_eval(lines: Iterable[str], *, truncation_threshold: float = 0.05) -> EvalResult:
-    """The recomputed summary of an eval's items.jsonl lines, with the problems found."""
-    items, malformed_lines = _parse(lines)
-    result = replace(_summarize(items), malformed=len(malformed_lines),
-                     malformed_lines=tuple(malformed_lines[:MALFORMED_LINES_SHOWN]))
-    return replace(result, problems=_problems(result, items, malformed_lines, truncation_threshold))
+    """The recomputed summary of an eval file's lines (any format EvalReader reads), with the problems found.
+
+    Streamed: memory holds the counts, never the items."""
+    reader, tally = EvalReader(), _Tally()
+    for record in reader.read(lines):
+        tally.add(record)
+    result = tally.result(reader)
+    return replace(result, problems=_problems(result, truncation_threshold))
 
 
-# --- reading -------------------------------------------------------------------------------
+# --- counting ------------------------------------------------------------------------------
 
 
-def _parse(lines: Iterable[str]) -> tuple[list[dict], list[int]]:
-    """The well-formed items, and the (1-based) numbers of the lines that are not."""
-    items, malformed = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue  # a blank line holds no item; it is not a broken one
-        item = _item(line)
-        if item is None:
-            malformed.append(number)
-        else:
-            items.append(item)
-    return items, malformed
+@dataclass
+class _Tally:
+    """The counts so far (mutable: one per check, fed record by record)."""
 
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("n", "scored", "correct", "pred_none", "truncated", "empty_content", "reasoning_only", "think_leaks",
+         "split", "split_reasoning", "recoverable", "malformed"), 0))
+    malformed_lines: list[int] = field(default_factory=list)
 
-def _item(line: str) -> dict | None:
-    """The line's JSON object when it can be scored, else None."""
-    try:
-        item = json.loads(line)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the decoder's stack
-        return None
-    if not isinstance(item, dict) or "id" not in item or "pred" not in item:
-        return None
-    if not isinstance(item.get("correct"), bool) and "gold" not in item:
-        return None  # nothing to score it against
-    return item
+    def add(self, record: EvalRecord | Malformed) -> None:
+        c = self.counts
+        if isinstance(record, Malformed):
+            c["malformed"] += 1
+            if len(self.malformed_lines) < MALFORMED_LINES_SHOWN:
+                self.malformed_lines.append(record.number)
+            return
+        split = record.no_pred and (record.has_reasoning or record.content_empty)  # the §6 signature
+        c["n"] += 1
+        c["scored"] += record.correct is not None
+        c["correct"] += record.correct is True
+        c["pred_none"] += record.no_pred
+        c["truncated"] += record.finish_reason == "length"
+        c["empty_content"] += record.content_empty
+        c["reasoning_only"] += record.content_empty and record.has_reasoning
+        c["think_leaks"] += record.think_leak
+        c["split"] += split
+        c["split_reasoning"] += split and record.has_reasoning
+        c["recoverable"] += split and record.gold_in_reasoning
 
-
-def _text(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    try:
-        return str(value)
-    except RecursionError:  # a list nested almost as deep as the decoder allows: no answer text
-        return ""
-
-
-def _is_correct(item: dict) -> bool:
-    """`correct` when the stage wrote it; otherwise pred and gold compared as stripped strings."""
-    if isinstance(item.get("correct"), bool):
-        return item["correct"]
-    return not _has_no_pred(item) and _text(item["pred"]).strip() == _text(item.get("gold")).strip()
-
-
-def _has_no_pred(item: dict) -> bool:
-    return not _text(item.get("pred")).strip()
-
-
-def _content_is_empty(item: dict) -> bool:
-    return not _text(item.get("content")).strip()
-
-
-def _has_reasoning(item: dict) -> bool:
-    return bool(_text(item.get("reasoning_content")).strip())
-
-
-def _leaks_think(item: dict) -> bool:
-    content = _text(item.get("content"))
-    return any(tag in content for tag in THINK_TAGS)
-
-
-def _shows_split(item: dict) -> bool:
-    """No answer found, and the text went to reasoning_content or nowhere: the §6 signature."""
-    return _has_no_pred(item) and (_has_reasoning(item) or _content_is_empty(item))
-
-
-# --- summary -------------------------------------------------------------------------------
-
-
-def _summarize(items: list[dict]) -> EvalResult:
-    n = len(items)
-    correct = sum(1 for item in items if _is_correct(item))
-    return EvalResult(
-        n=n,
-        correct=correct,
-        accuracy=correct / n if n else None,
-        pred_none=sum(1 for item in items if _has_no_pred(item)),
-        truncated=sum(1 for item in items if item.get("finish_reason") == "length"),
-        empty_content=sum(1 for item in items if _content_is_empty(item)),
-        reasoning_only=sum(1 for item in items if _content_is_empty(item) and _has_reasoning(item)),
-        think_leaks=sum(1 for item in items if _leaks_think(item)),
-    )
+    def result(self, reader: EvalReader) -> EvalResult:
+        c = self.counts
+        return EvalResult(n=c["n"], correct=c["correct"], accuracy=c["correct"] / c["scored"] if c["scored"] else None,
+                          pred_none=c["pred_none"], truncated=c["truncated"], empty_content=c["empty_content"],
+                          reasoning_only=c["reasoning_only"], think_leaks=c["think_leaks"], malformed=c["malformed"],
+                          malformed_lines=tuple(self.malformed_lines), format=reader.kind, layout=reader.layout,
+                          scored=c["scored"], split=c["split"], recoverable=c["recoverable"],
+                          split_reasoning=c["split_reasoning"])
 
 
 # --- problems ------------------------------------------------------------------------------
@@ -158,13 +130,12 @@ def _problem(code: str, severity: Severity, message: str, count: int, lines: tup
     return Problem(code, severity, message, lines=lines, count=count)
 
 
-def _problems(result: EvalResult, items: list[dict], malformed_lines: list[int],
-              truncation_threshold: float) -> tuple[Problem, ...]:
-    found = [_no_items(result, malformed_lines)]
+def _problems(result: EvalResult, truncation_threshold: float) -> tuple[Problem, ...]:
+    found = [_no_items(result)]
     if result.n:
-        found += [_fake_zero(result, items), _truncation(result, truncation_threshold),
+        found += [_fake_zero(result), _truncation(result, truncation_threshold),
                   _empty_content(result), _think_leak(result)]
-    found.append(_malformed(malformed_lines))
+    found.append(_malformed(result))
     return tuple(problem for problem in found if problem is not None)
 
 
@@ -172,21 +143,53 @@ def _percent(part: int, whole: int) -> str:
     return f"{part}/{whole} ({100 * part / whole:.0f} %)"
 
 
-def _no_items(result: EvalResult, malformed_lines: list[int]) -> Problem | None:
+def _unit(result: EvalResult) -> str:
+    return "line" if result.layout == JSONL else "element"
+
+
+def _no_items(result: EvalResult) -> Problem | None:
     if result.n:
         return None
-    why = f"all {len(malformed_lines)} lines are malformed" if malformed_lines else "the file is empty"
+    if result.malformed:
+        why = f"all {result.malformed} {_unit(result)}s are malformed; expected {EXPECTED_ANY}"
+    else:
+        why = "the file is empty" if result.layout == JSONL else "the JSON document holds no records"
     return _problem("no_items", "error", f"no eval items to check: {why}", 0)
 
 
-def _fake_zero(result: EvalResult, items: list[dict]) -> Problem | None:
-    split = sum(1 for item in items if _shows_split(item))
-    if result.accuracy is None or result.accuracy > FAKE_ZERO_ACCURACY or split < FAKE_ZERO_SHARE * result.n:
+def _fake_zero(result: EvalResult) -> Problem | None:
+    """Most items have no answer and their text went to reasoning_content or nowhere: the §6 incident,
+    whatever the accuracy the few other items make (a handful closing </think> in time score 6-10 %)."""
+    split, n = result.split, result.n
+    if split < FAKE_ZERO_SHARE * n:
         return None
-    message = (f"accuracy {100 * result.accuracy:.0f} % is likely fake: {_percent(split, result.n)} items "
-               "have no prediction, with content empty or the text only in reasoning_content (llama.cpp splits "
-               f"an unclosed <think> into reasoning_content); {FIX_SPLIT}, then rerun the eval")
+    scored = (f"accuracy {100 * result.accuracy:.0f} % is likely fake" if result.accuracy is not None
+              else "the score is likely fake (no gold to compute it)")
+    message = (f"{scored}: {_percent(split, n)} items have no prediction, with content empty or the text only in "
+               f"reasoning_content; {_recovery(result)}, then rerun the eval")
     return _problem("fake_zero", "error", message, split)
+
+
+def _recovery(result: EvalResult) -> str:
+    """What the fix would give back, and what each remaining part of the split needs."""
+    said = []
+    if result.split_reasoning:
+        if result.scored:
+            gained = (f"the fix recovers {result.recoverable} whose gold is in it, accuracy up to "
+                      f"{100 * (result.correct + result.recoverable) / result.scored:.0f} %")
+        else:
+            gained = "the fix lets the client read them (no gold here to say how many it recovers)"
+        said.append(f"{result.split_reasoning} have their text in reasoning_content (llama.cpp splits an unclosed "
+                    f"<think> there) and {gained}: {FIX_SPLIT}")
+        if result.split_reasoning > result.recoverable and result.scored:
+            said.append(f"{result.split_reasoning - result.recoverable} of those hold no gold answer: thinking cut "
+                        "short, raise max_tokens")
+    silent = result.split - result.split_reasoning
+    if silent:
+        said.append(f"{silent} have no text at all (content and reasoning_content empty): the server answered "
+                    "nothing; check its chat template (without one llama-cpp-python falls back to llama-2) "
+                    "and max_tokens")
+    return "; ".join(said)
 
 
 def _truncation(result: EvalResult, threshold: float) -> Problem | None:
@@ -221,12 +224,12 @@ def _think_leak(result: EvalResult) -> Problem | None:
     return _problem("think_leak", "warning", message, leaks)
 
 
-def _malformed(malformed_lines: list[int]) -> Problem | None:
-    if not malformed_lines:
+def _malformed(result: EvalResult) -> Problem | None:
+    if not result.malformed:
         return None
-    first = tuple(malformed_lines[:MALFORMED_LINES_SHOWN])
+    unit, first = _unit(result), result.malformed_lines
     shown = ", ".join(str(number) for number in first)
-    more = ", ..." if len(malformed_lines) > MALFORMED_LINES_SHOWN else ""
-    message = (f"{len(malformed_lines)} lines are not JSON objects with id, pred and gold (or correct), "
-               f"skipped: line {shown}{more}")
-    return _problem("malformed", "warning", message, len(malformed_lines), first)
+    more = ", ..." if result.malformed > len(first) else ""
+    expected = EXPECTED[result.format] + " like the first ones" if result.format else EXPECTED_ANY
+    message = f"{result.malformed} {unit}s are not {expected}, skipped: {unit} {shown}{more}"
+    return _problem("malformed", "warning", message, result.malformed, first)
