@@ -14,6 +14,7 @@ import pytest
 from samai.console.core.evalcheck import EvalResult, check_eval, has_errors
 from samai.console.core.problems import Problem
 from tests.box_tools import stage_argv, stage_env
+from tests.helpers import run_cli
 
 UNCLOSED_THINK = "<think>Let me compute 17*23. 17*20 = 340, 17*3 = 51, so 391"
 # The eval stage takes the first number of content + reasoning_content: no other number before 391.
@@ -225,3 +226,174 @@ def test_the_eval_stage_against_a_server_that_answers_nothing_is_a_fake_zero(
     assert result.n == 4 and result.accuracy == 0 and result.pred_none == 4
     assert result.reasoning_only == 0 and result.empty_content == 4
     assert codes(result)["fake_zero"] == "error" and has_errors(result)
+
+
+# --- fake zero by its signature -------------------------------------------------------------
+
+
+def test_a_split_run_that_scores_10_percent_is_still_a_fake_zero_and_says_what_the_fix_recovers() -> None:
+    """A handful close </think> in time and score; nine in ten have their text only in reasoning_content."""
+    answered = [row(0, content="</think> 391", reasoning="<think>17*23")]
+    found = [row(1 + i, pred=None, content="", reasoning="<think>17*23 = 391, so") for i in range(6)]
+    cut = [row(7 + i, pred=None, content="", reasoning="<think>17*20 is", finish="length") for i in range(3)]
+    result = check_eval(answered + found + cut)
+    assert result.accuracy == pytest.approx(0.1) and result.split == 9 and result.recoverable == 6
+    assert codes(result)["fake_zero"] == "error"
+    fake_zero = problem(result, "fake_zero")
+    assert fake_zero.count == 9
+    message = fake_zero.message
+    assert "accuracy 10 %" in message and "9/10" in message
+    assert "recovers 6" in message and "accuracy up to 70 %" in message
+    assert "3 of those hold no gold answer" in message and "max_tokens" in message
+    assert "--reasoning-format none" in message
+    assert "empty_content" in codes(result)  # still said: its meaning has not changed
+
+
+def test_a_minority_of_split_items_is_no_fake_zero_whatever_the_accuracy() -> None:
+    split = [row(i, pred=None, content="", reasoning="<think>17*23 = 391") for i in range(4)]
+    wrong = [row(4 + i, pred="7", content="7") for i in range(6)]
+    result = check_eval(split + wrong)
+    assert result.accuracy == 0 and result.split == 4
+    assert "fake_zero" not in codes(result)
+
+
+def test_items_with_no_text_anywhere_are_told_apart_from_the_reasoning_split() -> None:
+    result = check_eval([row(i, pred=None, content="", reasoning="") for i in range(5)])
+    message = problem(result, "fake_zero").message
+    assert result.split == 5 and result.recoverable == 0
+    assert "5 have no text at all" in message and "chat template" in message
+    assert "--reasoning-format" not in message  # nothing was split: that fix would not help
+
+
+# --- chat-completion responses, as a server sends them ---------------------------------------
+
+RECORDED = Path(__file__).parent / "data" / "eval" / "llama_cpp_python"
+
+
+def recorded(name: str) -> list[dict]:
+    """The real responses of RECORDED/name, each with its gold and messages beside it at the top level."""
+    folder = RECORDED / name
+    responses = [json.loads(line) for line in (folder / "responses.jsonl").read_text().splitlines()]
+    requests = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
+    assert len(responses) == len(requests) == 12, "the recorded fixtures are missing or cut"
+    return [dict(response, gold=request["gold"], messages=request["messages"])
+            for response, request in zip(responses, requests, strict=True)]
+
+
+def test_a_real_server_that_sent_no_text_is_a_fake_zero_read_from_its_raw_responses() -> None:
+    """llama-cpp-python with a GGUF that has no chat template: content "" and finish_reason "stop", 12 times."""
+    with open(RECORDED / "no_template" / "responses.jsonl") as lines:
+        result = check_eval(lines)
+    assert (result.format, result.layout) == ("chat-completion", "jsonl")
+    assert result.n == 12 and result.malformed == 0
+    assert result.scored == 0 and result.accuracy is None  # no gold: nothing to score
+    assert result.empty_content == result.pred_none == result.split == 12 and result.truncated == 0
+    assert codes(result) == {"fake_zero": "error", "empty_content": "error"}
+    assert "12 have no text at all" in problem(result, "fake_zero").message
+
+
+def test_real_responses_with_gold_beside_them_are_a_real_zero_cut_at_max_tokens() -> None:
+    """A base model that repeats the question: content there and wrong, every reply at finish_reason "length"."""
+    lines = [json.dumps(record) for record in recorded("gemma")]
+    result = check_eval(lines)
+    assert (result.format, result.layout) == ("chat-completion", "jsonl")
+    assert result.n == result.scored == 12 and result.correct == 0 and result.accuracy == 0
+    assert result.truncated == 12 and result.empty_content == result.pred_none == result.split == 0
+    assert codes(result) == {"truncation": "error"}  # a real zero: no fake_zero
+
+
+@pytest.mark.parametrize(("layout", "text"), [
+    ("json-array", lambda records: json.dumps(records, indent=2)),
+    ("json-array", lambda records: json.dumps(records)),  # the whole array on one line
+    ("jsonl", lambda records: "\n".join(json.dumps(r) for r in records) + "\n"),
+])
+def test_the_same_responses_read_the_same_in_every_layout(layout: str, text) -> None:
+    records = recorded("gemma")[:5] + recorded("no_template")[:5]
+    result = check_eval(text(records).splitlines())
+    assert (result.format, result.layout) == ("chat-completion", layout)
+    assert (result.n, result.truncated, result.empty_content, result.split) == (10, 5, 5, 5)
+
+
+def test_one_pretty_printed_response_is_one_record() -> None:
+    result = check_eval(json.dumps(recorded("gemma")[0], indent=2).splitlines())
+    assert (result.format, result.layout, result.n, result.truncated) == ("chat-completion", "json", 1, 1)
+    assert result.malformed == 0 and result.accuracy == 0
+
+
+def test_a_recorded_request_and_response_pair_is_read_too() -> None:
+    raw = json.loads((RECORDED / "gemma" / "responses.jsonl").read_text().splitlines()[0])
+    pair = {"request": {"messages": [{"role": "user", "content": "17*23?"}]}, "response": raw, "gold": "391"}
+    result = check_eval([json.dumps(pair)])
+    assert (result.format, result.n, result.scored, result.truncated) == ("chat-completion", 1, 1, 1)
+
+
+def test_a_response_with_gold_and_pred_added_by_hand_is_read_as_a_response_not_an_item() -> None:
+    """The top-level id (chatcmpl-...) once made it pass as an item: content read as empty, "length" missed."""
+    response = dict(recorded("gemma")[0], pred="391")
+    result = check_eval([json.dumps(response)])
+    assert result.format == "chat-completion" and result.n == 1
+    assert result.empty_content == 0 and result.truncated == 1 and result.correct == 1
+
+
+def test_a_response_scores_by_its_answer_after_the_thinking() -> None:
+    def response(content: object, reasoning: str = "", gold: str = "391") -> str:
+        message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+        return json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "gold": gold,
+                           "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+
+    lines = [response("<think>17*23 is 390? no</think>The answer is 391."), response("391"),
+             response("Paris", gold="Paris"), response("<think>391</think>390"),
+             response("", "<think>17*23 = 391"), response([{"type": "text", "text": "391"}])]
+    result = check_eval(lines)
+    assert result.n == 6 and result.correct == 4 and result.think_leaks == 2
+    assert result.split == 1 and result.recoverable == 1 and result.reasoning_only == 1
+
+
+def test_a_chatcmpl_id_never_makes_an_item_of_a_record_without_choices() -> None:
+    lines = [json.dumps({"id": "chatcmpl-abc", "pred": "391", "gold": "391", "correct": True}),
+             json.dumps({"id": 7, "object": "chat.completion", "pred": "391", "gold": "391"})]
+    result = check_eval(lines)
+    assert result.n == 0 and result.malformed == 2 and result.format is None
+    assert codes(result) == {"no_items": "error", "malformed": "warning"}
+    assert "choices[0].message" in problem(result, "no_items").message  # what was expected
+
+
+def test_records_of_the_other_kind_than_the_first_are_malformed_with_what_was_expected() -> None:
+    response = json.dumps(recorded("gemma")[0])
+    result = check_eval([row(0), response, row(2)])
+    assert (result.format, result.n, result.malformed, result.malformed_lines) == ("items", 2, 1, (2,))
+    assert "eval items" in problem(result, "malformed").message
+    result = check_eval([response, row(1)])
+    assert (result.format, result.n, result.malformed) == ("chat-completion", 1, 1)
+    assert "chat-completion responses" in problem(result, "malformed").message
+
+
+def test_a_streamed_chunk_or_another_api_is_malformed_with_a_hint() -> None:
+    chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"delta": {"content": "3"}}]}
+    legacy = {"id": "cmpl-1", "object": "text_completion", "choices": [{"text": "391", "finish_reason": "stop"}]}
+    result = check_eval([json.dumps(chunk), json.dumps(legacy), json.dumps({"content": "391"})])
+    assert result.n == 0 and result.malformed == 3 and result.malformed_lines == (1, 2, 3)
+    assert "expected eval items" in problem(result, "no_items").message
+
+
+def test_a_json_array_that_is_not_records_says_so_by_element() -> None:
+    result = check_eval(json.dumps([1, {"choices": []}, recorded("gemma")[0]], indent=1).splitlines())
+    assert (result.layout, result.n, result.malformed, result.malformed_lines) == ("json-array", 1, 2, (1, 2))
+    assert "element 1, 2" in problem(result, "malformed").message
+    assert codes(check_eval(["[]"])) == {"no_items": "error"}
+
+
+def test_a_cut_pretty_printed_response_is_read_line_by_line_as_malformed() -> None:
+    cut = json.dumps(recorded("gemma")[0], indent=2).splitlines()[:-3]
+    result = check_eval(cut)
+    assert result.layout == "jsonl" and result.n == 0 and result.malformed == sum(1 for line in cut if line.strip())
+
+
+def test_the_cli_says_which_format_it_read(tmp_path: Path) -> None:
+    array = tmp_path / "responses.json"
+    array.write_text(json.dumps(recorded("no_template"), indent=2))
+    done = run_cli("check", "eval", str(array))
+    assert done.returncode == 1, done.stderr
+    assert "format chat-completion  layout json-array  n 12" in done.stdout and "fake_zero" in done.stdout
+    shown = json.loads(run_cli("check", "eval", str(array), "--json").stdout)
+    assert (shown["format"], shown["layout"], shown["n"], shown["split"]) == ("chat-completion", "json-array", 12, 12)
