@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from samai.console.core.evalcheck import EvalResult, check_eval, has_errors
 from samai.console.core.problems import Problem
@@ -397,3 +399,72 @@ def test_the_cli_says_which_format_it_read(tmp_path: Path) -> None:
     assert "format chat-completion  layout json-array  n 12" in done.stdout and "fake_zero" in done.stdout
     shown = json.loads(run_cli("check", "eval", str(array), "--json").stdout)
     assert (shown["format"], shown["layout"], shown["n"], shown["split"]) == ("chat-completion", "json-array", 12, 12)
+
+
+# --- fuzz: any file of responses, items or garbage, in any layout ----------------------------
+
+FUZZ = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+                      lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=3), kids, max_size=3),
+                      max_leaves=8)
+TEXT = (st.sampled_from(["", " ", "391", "<think>391", "</think> 391", "The answer is 391.", "Paris"])
+        | st.text(max_size=8))
+CONTENT = TEXT | VALUES | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=2)
+MESSAGE = st.dictionaries(st.sampled_from(["role", "content", "reasoning_content", "reasoning"]), CONTENT, max_size=4)
+CHOICE = st.dictionaries(st.sampled_from(["index", "message", "delta", "finish_reason", "text"]),
+                         MESSAGE | st.sampled_from(["stop", "length", None]) | VALUES, max_size=4)
+IDS = st.sampled_from(["chatcmpl-1", "chatcmpl-", "cmpl-1"]) | st.integers(0, 9) | VALUES
+GOLD = st.sampled_from(["391", "Paris", " 391 ", 391, None, "-1.5"]) | VALUES
+RESPONSE = st.dictionaries(
+    st.sampled_from(["id", "object", "choices", "gold", "pred", "correct", "messages", "prompt", "usage"]),
+    IDS | GOLD | st.lists(CHOICE, max_size=2) | st.sampled_from(["chat.completion", "chat.completion.chunk"]),
+    max_size=8)
+ITEM = st.dictionaries(st.sampled_from(["id", "pred", "gold", "correct", "content", "reasoning_content",
+                                        "finish_reason"]), TEXT | GOLD | IDS, max_size=7)
+RECORD = RESPONSE | ITEM | st.fixed_dictionaries({"response": RESPONSE, "gold": GOLD}) | st.fixed_dictionaries(
+    {"id": st.just("chatcmpl-x"), "choices": st.lists(CHOICE, min_size=1, max_size=1), "gold": GOLD})
+
+
+def assert_sound(result: EvalResult) -> None:
+    json.dumps(result.to_json(), allow_nan=False)
+    assert {p.code for p in result.problems} <= {"no_items", "fake_zero", "truncation", "empty_content",
+                                                  "think_leak", "malformed"}
+    assert 0 <= result.correct <= result.scored <= result.n
+    assert 0 <= result.recoverable <= result.split_reasoning <= result.split <= result.pred_none <= result.n
+    assert result.format in (None, "items", "chat-completion")
+
+
+def figures(result: EvalResult) -> tuple:
+    return (result.n, result.scored, result.correct, result.pred_none, result.truncated, result.empty_content,
+            result.reasoning_only, result.think_leaks, result.split, result.recoverable, result.malformed,
+            result.malformed_lines, result.format)  # one record a line: line numbers are element numbers
+
+
+@FUZZ
+@given(records=st.lists(RECORD, min_size=2, max_size=8), indent=st.sampled_from([None, 1, 2]))
+def test_any_records_read_the_same_as_jsonl_and_as_a_json_array(records: list[dict], indent: int | None) -> None:
+    jsonl = check_eval(json.dumps(record) for record in records)
+    array = check_eval(json.dumps(records, indent=indent).splitlines())
+    assert_sound(jsonl)
+    assert_sound(array)
+    assert (jsonl.layout, array.layout) == ("jsonl", "json-array")
+    assert figures(jsonl) == figures(array)
+    assert jsonl.n + jsonl.malformed == len(records)
+
+
+@FUZZ
+@given(records=st.lists(RECORD, max_size=6), cut=st.integers(0, 400), junk=st.text(max_size=12))
+def test_any_cut_or_spliced_file_gives_a_result(records: list[dict], cut: int, junk: str) -> None:
+    text = json.dumps(records, indent=1)
+    lines = (text[:cut] + junk + text[cut:]).splitlines()
+    assert_sound(check_eval(lines))
+    assert_sound(check_eval(lines[: len(lines) // 2]))
+
+
+@FUZZ
+@given(records=st.lists(RESPONSE | ITEM, min_size=1, max_size=6))
+def test_a_record_with_a_chatcmpl_id_is_never_read_as_an_item(records: list[dict]) -> None:
+    marked = [dict(record, id="chatcmpl-" + str(i)) for i, record in enumerate(records)]
+    result = check_eval(json.dumps(record) for record in marked)
+    assert_sound(result)
+    assert result.format != "items"
