@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from samai.console.core import checks
+from samai.console.core.config import load_builtin
+from samai.console.core.longlines import PIECE, PieceDecoder
+from samai.console.core.state import ConsoleState
 from samai.console.core.trainlog import (
+    MAX_ENTRY,
+    MAX_PINNED,
+    MAX_POINTS,
+    MAX_REPORTS,
     SEVERITY,
+    HistoryStream,
+    TrainLogCheck,
     TrainLogParser,
     TrainLogResult,
     TrainPoint,
@@ -18,6 +32,7 @@ from samai.console.core.trainlog import (
     has_errors,
     parse_trainer_state,
 )
+from samai.remote.boxapi import Box
 
 DATA = Path(__file__).parent / "data"
 REAL_LOG = (DATA / "trainer_v5_tiny.log").read_text()
@@ -57,8 +72,8 @@ def test_trainer_state_gives_exact_points_and_is_recognised_as_a_state_file() ->
     points = parse_trainer_state(REAL_STATE)
     assert [p.step for p in points] == list(range(1, 13))
     assert points[0] == TrainPoint(1, 3.4853992462158203, 10.622142791748047, 0.0, 0.25)
-    for given in (REAL_STATE, REAL_STATE.splitlines()):  # the CLI hands over lines
-        result = check_trainlog(given)
+    for text in (REAL_STATE, REAL_STATE.splitlines()):  # the CLI hands over lines
+        result = check_trainlog(text)
         assert len(result.points) == 12 and result.problems == () and result.unparsed == 0
 
 
@@ -389,3 +404,248 @@ def test_check_trainlog_path_keeps_tqdm_carriage_returns_in_the_line(tmp_path: P
     result = check_trainlog_path(log)
     assert [p.loss for p in result.points] == [1.0, 0.9]
     assert result.lines == 3 and result.unparsed == 1
+
+
+# ------------------------------------------------------------------ bounded memory (issue 17, item 7)
+
+
+def as_json(points) -> list[dict]:
+    return [p.to_json() for p in points]  # NaN != NaN: points are compared as JSON
+
+
+def test_the_points_kept_are_bounded_and_the_anomalies_and_summary_stay_exact() -> None:
+    """100,000 logged steps: a few thousand points kept, evenly, with the last one and those an
+    anomaly was found at; every anomaly found over all of them, and counted past MAX_REPORTS."""
+    n, spike_every, nan_at = 100_000, 500, 77_777
+    lines = []
+    for step in range(1, n + 1):
+        loss = 10.0 if step % spike_every == 0 else 1.0 + 0.01 * (step * 7919 % 13)  # never flat, never 0
+        grad = "nan" if step == nan_at else 0.5
+        lines.append(f"{{'loss': {loss}, 'grad_norm': {grad}, 'learning_rate': 0.0001, 'epoch': {step / n}}}")
+    lines.append("{'train_runtime': 99.5, 'train_loss': 1.07, 'epoch': 1.0}")
+    result = check_trainlog(lines)
+
+    assert result.steps == n and result.lines == n + 1 and result.unparsed == 0
+    assert len(result.points) <= MAX_POINTS + MAX_PINNED + 1  # it was n before the bound
+    steps = [p.step for p in result.points]
+    assert steps == sorted(set(steps)) and steps[0] == 1 and steps[-1] == n
+    spikes = n // spike_every
+    assert Counter(codes(result)) == {"nan_grad_norm": 1, "loss_spike": MAX_REPORTS + 1}
+    note = [a for a in result.problems if a.code == "loss_spike"][-1]
+    assert note.count == spikes and f"{spikes} loss_spike findings in all" in note.message
+    assert [a.step for a in result.problems if a.code == "loss_spike"][:3] == [500, 1000, 1500]
+    assert nan_at in steps and math.isnan(next(p for p in result.points if p.step == nan_at).grad_norm)
+    pinned = {a.step for a in result.problems}
+    plain = [s for s in steps[:-1] if s not in pinned]
+    assert len({b - a for a, b in zip(plain, plain[1:], strict=False)}) == 1  # thinned evenly
+    assert result.summary == {"train_runtime": 99.5, "train_loss": 1.07, "epoch": 1.0}
+    json.dumps(result.to_json(), allow_nan=False)
+    assert result.to_json()["steps"] == n
+
+
+def test_streaks_as_long_as_the_run_hold_two_numbers() -> None:
+    """100,000 zero losses in a row: reported once, from the step they began at; the streaks were
+    lists of every step before."""
+    parser = TrainLogParser()
+    parser.feed(dict_line(2.0) for _ in range(3))
+    for _ in range(10):
+        parser.feed(["{'loss': 0.0, 'grad_norm': 0.0}"] * 10_000)
+    assert [(a.code, a.step) for a in parser.anomalies] == [
+        ("zero_loss_streak", 4), ("dead_gradients", 4), ("not_learning", 4)]
+    assert parser.series.seen == 100_003 and len(parser.points) <= MAX_POINTS + MAX_PINNED + 1
+
+
+STATE_ENTRY = ('    {{\n      "epoch": {epoch},\n      "grad_norm": {grad},\n      "learning_rate": 0.0001,\n'
+               '      "loss": {loss},\n      "step": {step}\n    }}')
+
+
+def big_state(n: int, nan_at: int) -> list[str]:
+    entries = [STATE_ENTRY.format(epoch=s / n, grad="NaN" if s == nan_at else 1.5, loss=1.0 + s % 7 / 10, step=s)
+               for s in range(1, n + 1)]
+    history = ",\n".join(entries)
+    text = (f'{{\n  "best_metric": null,\n  "global_step": {n},\n  "log_history": [\n{history}\n  ],\n'
+            f'  "max_steps": {n}\n}}\n')
+    return text.split("\n")
+
+
+def test_a_trainer_state_json_is_read_one_entry_at_a_time() -> None:
+    """Its entries are decoded as their lines come (a point before the file ends) and its points
+    are bounded like a log's: the file was held whole before."""
+    n = 20_000
+    lines = big_state(n, nan_at=12_345)
+    check = TrainLogCheck()
+    first = check.feed(lines[:40])
+    assert [p.step for p in first] == [1, 2, 3, 4, 5]  # 4 lines of header, 7 an entry
+    for at in range(40, len(lines), 997):
+        check.feed(lines[at:at + 997])
+    result = check.result()
+    assert result.steps == n == result.lines and result.unparsed == 0
+    assert len(result.points) <= MAX_POINTS + MAX_PINNED + 1 and result.points[-1].step == n
+    assert [(a.code, a.step) for a in result.problems] == [("nan_grad_norm", 12_345)]
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"log_history": [{"loss": 1.0, "step": 1}, {"loss": 2.0, "st', "ends inside log_history"),
+    ('{\n"log_history": [\n{"loss": 1.0, "step": 1},\n{"loss": }\n]}', "Expecting value"),
+    ('{\n"log_history": [\n{"loss": [' + "1,\n" * (MAX_ENTRY // 3) + "1]}]}", "runs over 64 KiB"),
+    ('{\n"log_history": [\n' + "[" * 20_000 + "]" * 20_000 + "\n]}", "nested too deep"),
+    ('{\n"global_step": 3,\n"log_history": null\n}', "no log_history list"),
+], ids=["cut", "not JSON", "an entry over the cap", "nested", "no list"])
+def test_a_broken_trainer_state_says_what_is_wrong_and_never_holds_it_whole(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match="trainer_state.json") as e:
+        check_trainlog(text)
+    assert why in str(e.value)
+
+
+async def test_a_line_of_megabytes_is_read_in_pieces_and_its_last_record_is_found(tmp_path: Path, box: Box) -> None:
+    """tqdm's bar for a whole run on one line, the NaN loss at its end: the box's 64 KiB line cap
+    dropped it (`check trainlog` said nothing), and the local read held the whole line."""
+    bar = "".join(f"\r{i % 100:3d}%|{'#' * (i % 10):<10}| {i}/200000 [00:01<00:02,  2.91it/s]"
+                  for i in range(160_000))
+    log = tmp_path / "train.log"
+    log.write_text(dict_line(2.0) + "\n" + bar + "\r" + dict_line("nan", "nan") + "\n" + dict_line(1.0) + "\n")
+    assert log.stat().st_size > 8_000_000
+    local = check_trainlog_path(log)
+    remote = await checks.check_trainlog(box, str(log))
+    for result in (local, remote):
+        assert [p.loss for p in result.points][::2] == [2.0, 1.0] and math.isnan(result.points[1].loss)
+        assert codes(result) == ["nan_loss", "nan_grad_norm"]
+    assert local.to_json() == remote.to_json()
+
+
+# ------------------------------------------------------------------ the training pane reads what check trainlog reads
+
+
+TQDM_BAR = "".join(f"\r {i % 100}%|\u2588         | {i}/3000 [00:0{i % 10}<00:10, 9.5it/s]" for i in range(3000))
+PANE_FORMATS = {
+    "transformers-5": REAL_LOG,
+    "transformers-4": "".join(line + "\n" for line in [
+        "{'loss': 1.0778, 'grad_norm': 2.5, 'learning_rate': 2e-05, 'epoch': 0.1}",
+        "{'loss': 1.01, 'grad_norm': tensor(1091.0826, device='cuda:0'), 'learning_rate': 2e-05, 'epoch': 0.2}",
+        "{'loss': tensor(0.98), 'grad_norm': inf, 'learning_rate': 2e-05, 'epoch': 0.3}",
+        "{'loss': nan, 'grad_norm': nan, 'learning_rate': 2e-05, 'epoch': 0.5}",
+        "{'loss': 0.0, 'grad_norm': nan, 'epoch': 0.6}", "{'loss': 0.0, 'grad_norm': nan, 'epoch': 0.7}",
+        "{'loss': 0.0, 'grad_norm': nan, 'epoch': 0.8}",
+        "{'train_runtime': 12.3, 'train_loss': 0.9, 'epoch': 1.0}"]),
+    "trainer_state.json": REAL_STATE,
+    "trainer_state.json, nan and inf": "\n".join(big_state(40, nan_at=33)).replace('"loss": 1.6', '"loss": nan'),
+    "deepspeed": "".join(line + "\n" for line in [
+        "[2024-05-01 10:00:00,000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 "
+        "Skipping step. Attempted loss scale: 65536, reducing to 32768",
+        "steps: 20 loss: 0.8397 iter time (s): 0.312 samples/sec: 102.6",
+        "[2024-05-01 10:00:09,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=40, skipped=1, lr=[0.0001]",
+        dict_line(0.80), dict_line(0.79), *[dict_line(0.79) for _ in range(12)],
+        "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."]),
+    "tqdm": "".join(line + "\n" for line in [  # the second line is over the 64 KiB a log pane line keeps
+        TQDM_BAR[:2000] + "\r" + dict_line(2.0), TQDM_BAR + "\r" + " " * 40 + "\r" + dict_line(9.5) + TQDM_BAR[:500],
+        "\x1b[A\x1b[32m" + dict_line(1.9) + "\x1b[0m", f"\r 5%| 5/100 \r{dict_line(1.8)}\r{dict_line('nan')}"]),
+    "mixed": "".join(line + "\n" for line in MIXED),
+}
+
+
+async def pane_reads(box: Box, workspace: Path, data: bytes) -> tuple[list[TrainPoint], list[str], str]:
+    """What the training pane gets from a train log written in three appends, polled as the app
+    polls: its new points, its train alerts' codes, and the log's path."""
+    state = ConsoleState(dataclasses.replace(load_builtin("tiny"), workspace=str(workspace)))
+    log = Path(state.train_log.path)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    points, alerts = [], []
+    cuts = [0, len(data) // 3, 2 * len(data) // 3 + 1, len(data)]
+    for start, end in zip(cuts, cuts[1:], strict=False):
+        with open(log, "ab") as f:
+            f.write(data[start:end])
+        for _ in range(100):  # a read is at most 256 KiB
+            followers = state.followers()
+            update = state.apply(await box.snapshot(**state.request(followers)), followers, float(end))
+            points += update.new_points
+            alerts += [a.code for a in update.new_alerts if a.stage == "train" and a.code in SEVERITY]
+            if state.train_log.offset == end:
+                break
+        assert state.train_log.offset == end
+    return points, alerts, str(log)
+
+
+@pytest.mark.parametrize("name", PANE_FORMATS)
+async def test_the_training_pane_reads_every_format_as_check_trainlog_does(name: str, box: Box,
+                                                                           workspace: Path) -> None:
+    """The pane's ConsoleState read a trainer_state.json as nothing and dropped the end of a tqdm
+    line over 64 KiB; it now reads with check trainlog's own code."""
+    text = PANE_FORMATS[name]
+    points, alerts, log = await pane_reads(box, workspace, text.encode())
+    whole, cli = check_trainlog(text), await checks.check_trainlog(box, log)
+    assert points and as_json(points) == as_json(whole.points) == as_json(cli.points)
+    assert alerts == codes(whole) == codes(cli)
+    assert whole.to_json() == cli.to_json()
+
+
+# ------------------------------------------------------------------ fuzz: the line pieces and the state reader
+
+FUZZ = settings(max_examples=150, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@FUZZ
+@given(data=st.binary(max_size=300).map(lambda b: bytes(b"ab\r\n{}'"[x % 7] for x in b)),
+       cuts=st.lists(st.integers(0, 300), max_size=6), max_line=st.integers(1, 40))
+def test_pieces_of_lines_lose_and_add_nothing(data: bytes, cuts: list[int], max_line: int) -> None:
+    """Whatever the chunks and the cap: the text read is the text written (less the line breaks
+    and a CR before them), no piece is longer than its chunk and the cap allow, and with a cap no
+    line reaches, the lines are those written."""
+    chunks = [data[a:b] for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(data)], strict=True)]
+    decoder, out = PieceDecoder(max_line=max_line), []
+    for chunk in chunks:
+        out += decoder.feed(chunk)
+    last = decoder.flush()
+    out += [] if last is None else [last]
+    assert "".join(out) == "".join(line.removesuffix("\r") for line in data.decode().split("\n"))
+    assert all(len(line) <= max_line + max(map(len, chunks)) for line in out)
+    whole = PieceDecoder(max_line=PIECE)
+    lines = whole.feed(data) + ([] if (end := whole.flush()) is None else [end])
+    expected = data.decode().split("\n")
+    expected = expected[:-1] if expected[-1] == "" else expected
+    assert lines == [line.removesuffix("\r") for line in expected]
+
+
+HISTORY_ENTRY = st.dictionaries(
+    st.sampled_from(["loss", "grad_norm", "learning_rate", "epoch", "step", "eval_loss", "train_loss", "x"]),
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats() | st.text(max_size=6)
+    | st.lists(st.integers(), max_size=2), max_size=6)
+
+
+@FUZZ
+@given(history=st.lists(HISTORY_ENTRY | st.integers() | st.text(max_size=4), max_size=12),
+       indent=st.sampled_from([None, 0, 1, 2, 4]), data=st.data())
+def test_a_trainer_state_read_as_it_comes_is_the_one_read_whole(history, indent, data) -> None:
+    """The streamed decoder of log_history gives what json.loads of the whole file gives."""
+    text = json.dumps({"best_metric": None, "log_history": history, "max_steps": 9}, indent=indent)
+    lines = text.split("\n")
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(lines)), max_size=4)))
+    check = TrainLogCheck()
+    for start, end in zip([0, *cuts], [*cuts, len(lines)], strict=True):
+        check.feed(lines[start:end])
+    parser = TrainLogParser()
+    parser.feed_state(json.loads(text)["log_history"])
+    expected = parser.result()
+    if not history or expected.steps == 0 and expected.summary is None and not expected.problems:
+        return  # nothing in it: the streamed check says no_training_data, as a log would
+    assert check.result().to_json() == expected.to_json()
+
+
+@FUZZ
+@given(lines=st.lists(st.text(max_size=30) | st.sampled_from(["{", "}", "]", "},", '{"loss": 1.0', '"step": 2}',
+                                                               "[", "NaN", "nan,", "\"a\": [", "]}"]), max_size=30))
+def test_any_text_in_a_log_history_gives_a_result_or_says_it_is_not_readable(lines: list[str]) -> None:
+    check = TrainLogCheck()
+    check.feed(["{", '  "log_history": [', *lines])
+    try:
+        result = check.result()
+    except ValueError as e:
+        assert "trainer_state.json" in str(e)
+        return
+    json.dumps(result.to_json(), allow_nan=False)
+
+
+def test_the_history_stream_closes_only_on_a_whole_log_history() -> None:
+    stream = HistoryStream()
+    assert list(stream.entries(['{"log_history": [{"loss": 1.0}, 2', ", [3]]", '"rest": }'])) == [{"loss": 1.0}, 2, [3]]
+    stream.close()  # what follows log_history is not read

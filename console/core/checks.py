@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from samai.console.core.longlines import piece_follower
 from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
 from samai.remote.box import gguf_check
 from samai.remote.boxapi import Box, BoxError
@@ -51,9 +52,10 @@ class GgufResult:
                 "problems": [{"code": p.code, "message": p.message, "severity": p.severity} for p in self.problems]}
 
 
-async def line_batches(box: Box, path: str) -> AsyncIterator[list[str]]:
-    """The lines of a text file on the box, one read at a time, decoded the way the log pane decodes them."""
-    follower = LogFollower(path, offset=0, max_bytes=CHECK_READ)
+async def line_batches(box: Box, path: str, *, pieces: bool = False) -> AsyncIterator[list[str]]:
+    """The lines of a text file on the box, one read at a time, decoded the way the log pane decodes
+    them; with pieces, the way a training log is read (a line of megabytes comes in pieces, see longlines)."""
+    follower = (piece_follower if pieces else LogFollower)(path, offset=0, max_bytes=CHECK_READ)
     while True:
         update = follower.consume(await box.read_log(follower.cursor()))
         if follower.missing:
@@ -76,7 +78,7 @@ async def check_trainlog(box: Box, path: str) -> TrainLogResult:
     from samai.console.core.trainlog import TrainLogCheck
 
     check = TrainLogCheck()
-    async for batch in line_batches(box, path):
+    async for batch in line_batches(box, path, pieces=True):
         check.feed(batch)
     return check.result()
 

@@ -53,7 +53,7 @@ async def last_run_check(box: Box, path: str) -> TrainLogResult:
     from samai.console.core.trainlog import TrainLogCheck
 
     check = TrainLogCheck()
-    async for batch in line_batches(box, path):
+    async for batch in line_batches(box, path, pieces=True):
         newest = last_run(batch)
         if newest is not None:
             check = TrainLogCheck()  # a new run: what came before it is another run's

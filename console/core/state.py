@@ -16,11 +16,12 @@ from samai.console.core.config import CHAIN_DONE, Config, Stage
 from samai.console.core.detectors import declared_binaries, detect
 from samai.console.core.evidence import training_sources
 from samai.console.core.fixes import FixAction
+from samai.console.core.longlines import piece_follower
 from samai.console.core.preflight import Preflight, poison_artifacts, preflight
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
 from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
-from samai.console.core.trainlog import TrainLogParser, TrainPoint
+from samai.console.core.trainlog import TrainLogCheck, TrainPoint
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower, last_run
 from samai.remote.model import Marker, Process, Report, RunStatus, Severity, Snapshot, StageRecord
 
@@ -141,8 +142,8 @@ class ConsoleState:
         self.watches = {s.name: self._watch(s) for s in config.stages}
         self._stages = {s.name: s for s in config.stages}
         train = config.stage("train")
-        self.train_log = LogFollower(self.path_of(train.log), offset=0) if train else None
-        self.trainlog = TrainLogParser()
+        self.train_log = piece_follower(self.path_of(train.log), offset=0) if train else None
+        self.trainlog = TrainLogCheck()  # the same reader as `check trainlog`
         self.runs: dict[str, tuple] = {}  # each stage's current run: (fired_at, pid, start_time)
         self.previous: dict[str, PreviousRun] = {}
         self.sizer = ArtifactSizer([(a.name, a.path) for a in config.artifacts] + poison_artifacts(config))
@@ -235,7 +236,7 @@ class ConsoleState:
         appended when written by other means, and at start-up it is read from its beginning)."""
         newest = last_run(lines)
         if newest is not None:
-            self.trainlog = TrainLogParser()
+            self.trainlog = TrainLogCheck()
             update.curve_reset = True
         return self.trainlog.feed(lines if newest is None else newest)
 
@@ -303,8 +304,8 @@ class ConsoleState:
                 self.shown = LogFollower(self.shown.path, offset=0, catch_up_bytes=SHOWN_CATCH_UP)
                 update.log_restarted = stage.name
             if stage.name == "train" and self.train_log is not None:
-                self.train_log = LogFollower(self.train_log.path, offset=0)
-                self.trainlog = TrainLogParser()
+                self.train_log = piece_follower(self.train_log.path, offset=0)
+                self.trainlog = TrainLogCheck()
                 update.curve_reset = True
             resolved += self._resolve(lambda a, name=stage.name, fired=rec.fired_at: a.stage == name and a.run != fired,
                                       now)

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from samai.console.core.longlines import PieceDecoder
 from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
 from samai.remote.model import Severity
 
@@ -61,6 +62,7 @@ STATE_PEEK = 64  # first lines looked at to tell a trainer_state.json from a log
 MAX_POINTS = 2048  # points a result keeps: beyond that the series is thinned evenly (anomalies see every one)
 MAX_PINNED = 256  # points kept whatever the thinning: those an anomaly was reported at
 MAX_REPORTS = 100  # reports of one code listed (a noisy run spikes thousands of times); the rest are counted
+READ = 4 * 1024 * 1024  # one read of a local log
 MAX_ENTRY = 64 * 1024  # characters one log_history entry of a trainer_state.json may take
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
@@ -74,6 +76,8 @@ _DS_OVERFLOW = re.compile(r"Attempted loss scale:\s*(\d[\d.eE+]*)(?:,\s*reducing
 _NAN_MARKER = re.compile(r"^[\s\d:\-T.,+/|]*(?:\[[^\]]*\][\s:]*)*TRAIN_NAN\b[\s:]*(.*)")
 _BARE_NON_FINITE = re.compile(r"(:\s*|\[\s*|,\s*)(-?)(nan|inf(?:inity)?)\b", re.IGNORECASE)
 _HISTORY = re.compile(r'"log_history"\s*:\s*\[')
+
+GivenState = str | Mapping[str, Any] | os.PathLike  # a trainer_state.json given beside a log
 
 
 # ------------------------------------------------------------------ records
@@ -382,8 +386,9 @@ class TrainLogParser:
         anomalies = list(self.anomalies)
         for code, at in self._notes.items():
             note = anomalies[at]
-            anomalies[at] = replace(note, message=f"{self._reports[code]} {code} findings in all: the first "
-                                                  f"{MAX_REPORTS} are listed, the rest counted")
+            anomalies[at] = replace(note, count=self._reports[code],
+                                    message=f"{self._reports[code]} {code} findings in all: the first "
+                                            f"{MAX_REPORTS} are listed, the rest counted")
         return anomalies
 
     # -------------------------------------------------------------- lines and segments
@@ -513,10 +518,8 @@ class TrainLogParser:
             self._overlay_at += 1
 
     def _keep(self, point: TrainPoint) -> None:
-        found = self._watch.check(point)
-        for anomaly in found:
-            self._report(anomaly)
-        self.series.add(point, pinned=bool(found))
+        listed = [self._report(anomaly) for anomaly in self._watch.check(point)]
+        self.series.add(point, pinned=any(listed))
         self._new.append(point)
 
     def _event(self, code: str, step: int | None, message: str) -> bool:
@@ -526,8 +529,9 @@ class TrainLogParser:
             self._report(_anomaly(code, step, message))
         return True
 
-    def _report(self, anomaly: Problem) -> None:
-        """Listed up to MAX_REPORTS a code; then one note, which the result gives the total in."""
+    def _report(self, anomaly: Problem) -> bool:
+        """Listed up to MAX_REPORTS a code; then one note, which the result gives the total in.
+        Whether it was listed (or noted)."""
         count = self._reports[anomaly.code] = self._reports.get(anomaly.code, 0) + 1
         if count <= MAX_REPORTS:
             self.anomalies.append(anomaly)
@@ -535,6 +539,7 @@ class TrainLogParser:
             self._notes[anomaly.code] = len(self.anomalies)
             self.anomalies.append(replace(anomaly, message=f"more than {MAX_REPORTS} {anomaly.code} findings: "
                                                             "the rest are counted, not listed"))
+        return count <= MAX_REPORTS + 1
 
 
 def _dict_values(text: str) -> dict[str, float | None]:
@@ -645,7 +650,7 @@ def parse_trainer_state(state: str | Mapping[str, Any]) -> list[TrainPoint]:
 
 
 def check_trainlog(lines_or_text: str | Iterable[str],
-                   trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> TrainLogResult:
+                   trainer_state: GivenState | None = None) -> TrainLogResult:
     """Points, anomalies and the summary of a whole training log.
 
     lines_or_text may also be a trainer_state.json (its text or its lines; its log_history
@@ -663,7 +668,7 @@ class TrainLogCheck:
     new anomalies. Memory holds the points kept (a PointSeries), never the log. The first lines
     tell a trainer_state.json (its log_history entries decoded as they come) from a log."""
 
-    def __init__(self, trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> None:
+    def __init__(self, trainer_state: GivenState | None = None) -> None:
         overlay, self._state_summary = _given_state(trainer_state) if trainer_state is not None else ((), None)
         self.parser = TrainLogParser(overlay)
         self._head: list[str] | None = []  # the first lines, until they tell what kind of file this is
@@ -735,11 +740,16 @@ def _nothing_found(lines: int, unparsed: int) -> Problem:
                     "no training step, summary or known event; is it the training log?")
 
 
-def check_trainlog_path(path: str | os.PathLike,
-                        trainer_state: str | Mapping[str, Any] | os.PathLike | None = None) -> TrainLogResult:
-    """check_trainlog over a local file, streamed (lines split on \\n only: \\r stays in the line)."""
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-        return check_trainlog(f, trainer_state)
+def check_trainlog_path(path: str | os.PathLike, trainer_state: GivenState | None = None) -> TrainLogResult:
+    """check_trainlog over a local file, streamed as the box's is read: in chunks, lines split on
+    \\n only (\\r stays in the line), a line of megabytes in pieces (see longlines)."""
+    check, decoder = TrainLogCheck(trainer_state), PieceDecoder()
+    with open(path, "rb") as f:
+        while chunk := f.read(READ):
+            check.feed(decoder.feed(chunk))
+    last = decoder.flush()
+    check.feed([] if last is None else [last])
+    return check.result()
 
 
 def _lines(lines_or_text: str | Iterable[str]) -> Iterator[str]:
@@ -749,9 +759,6 @@ def _lines(lines_or_text: str | Iterable[str]) -> Iterator[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return iter(lines)
-
-
-GivenState = str | Mapping[str, Any] | os.PathLike
 
 
 def _given_state(state: GivenState) -> tuple[list[TrainPoint], dict[str, float | None] | None]:
