@@ -84,43 +84,52 @@ def check_eval(lines: Iterable[str], *, truncation_threshold: float = 0.05) -> E
 # --- counting ------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Tally:
     """The counts so far (mutable: one per check, fed record by record)."""
 
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("n", "scored", "correct", "pred_none", "truncated", "empty_content", "reasoning_only", "think_leaks",
-         "split", "split_reasoning", "recoverable", "malformed"), 0))
+    n: int = 0
+    scored: int = 0
+    correct: int = 0
+    pred_none: int = 0
+    truncated: int = 0
+    empty_content: int = 0
+    reasoning_only: int = 0
+    think_leaks: int = 0
+    split: int = 0
+    split_reasoning: int = 0
+    recoverable: int = 0
+    malformed: int = 0
     malformed_lines: list[int] = field(default_factory=list)
 
     def add(self, record: EvalRecord | Malformed) -> None:
-        c = self.counts
         if isinstance(record, Malformed):
-            c["malformed"] += 1
+            self.malformed += 1
             if len(self.malformed_lines) < MALFORMED_LINES_SHOWN:
                 self.malformed_lines.append(record.number)
             return
-        split = record.no_pred and (record.has_reasoning or record.content_empty)  # the §6 signature
-        c["n"] += 1
-        c["scored"] += record.correct is not None
-        c["correct"] += record.correct is True
-        c["pred_none"] += record.no_pred
-        c["truncated"] += record.finish_reason == "length"
-        c["empty_content"] += record.content_empty
-        c["reasoning_only"] += record.content_empty and record.has_reasoning
-        c["think_leaks"] += record.think_leak
-        c["split"] += split
-        c["split_reasoning"] += split and record.has_reasoning
-        c["recoverable"] += split and record.gold_in_reasoning
+        self.n += 1
+        if record.correct is not None:
+            self.scored += 1
+            self.correct += record.correct
+        self.truncated += record.finish_reason == "length"
+        self.empty_content += record.content_empty
+        self.reasoning_only += record.content_empty and record.has_reasoning
+        self.think_leaks += record.think_leak
+        if record.no_pred:
+            self.pred_none += 1
+            if record.has_reasoning or record.content_empty:  # the §6 signature
+                self.split += 1
+                self.split_reasoning += record.has_reasoning
+                self.recoverable += record.has_reasoning and record.gold_in_reasoning
 
     def result(self, reader: EvalReader) -> EvalResult:
-        c = self.counts
-        return EvalResult(n=c["n"], correct=c["correct"], accuracy=c["correct"] / c["scored"] if c["scored"] else None,
-                          pred_none=c["pred_none"], truncated=c["truncated"], empty_content=c["empty_content"],
-                          reasoning_only=c["reasoning_only"], think_leaks=c["think_leaks"], malformed=c["malformed"],
+        return EvalResult(n=self.n, correct=self.correct, accuracy=self.correct / self.scored if self.scored else None,
+                          pred_none=self.pred_none, truncated=self.truncated, empty_content=self.empty_content,
+                          reasoning_only=self.reasoning_only, think_leaks=self.think_leaks, malformed=self.malformed,
                           malformed_lines=tuple(self.malformed_lines), format=reader.kind, layout=reader.layout,
-                          scored=c["scored"], split=c["split"], recoverable=c["recoverable"],
-                          split_reasoning=c["split_reasoning"])
+                          scored=self.scored, split=self.split, recoverable=self.recoverable,
+                          split_reasoning=self.split_reasoning)
 
 
 # --- problems ------------------------------------------------------------------------------

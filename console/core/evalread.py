@@ -27,7 +27,7 @@ EXPECTED_ANY = (f"{EXPECTED[ITEMS]} or {EXPECTED[CHAT]}, one per line, one JSON 
                 "optionally with gold and the prompt/messages asked")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per record, and a frozen __init__ costs a third of the check
 class EvalRecord:
     """One answer, read: what check_eval counts, whatever the file's format."""
 
@@ -38,7 +38,7 @@ class EvalRecord:
     content_empty: bool
     has_reasoning: bool
     think_leak: bool
-    gold_in_reasoning: bool  # the gold answer is in reasoning_content: a client that joins it would find it
+    gold_in_reasoning: bool  # for an item with no answer: its gold is in reasoning_content, where a join finds it
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +170,10 @@ def _message(response: dict) -> dict | None:
 
 
 def _text(value: object) -> str:
+    if value.__class__ is str:  # the common case first: this runs several times per record
+        return value  # type: ignore[return-value]
     if value is None:
         return ""
-    if isinstance(value, str):
-        return value
     try:
         return str(value)
     except RecursionError:  # a list nested almost as deep as the decoder allows: no answer text
@@ -224,11 +224,11 @@ def _from_response(outer: dict, response: dict) -> EvalRecord:
         correct: bool | None = outer["correct"]
     else:
         correct = matches(answer, gold) if gold is not None else None
-    choice = response["choices"][0]
-    return EvalRecord(kind=CHAT, correct=correct, no_pred=not answer.strip(),
+    choice, no_pred = response["choices"][0], not answer.strip()
+    return EvalRecord(kind=CHAT, correct=correct, no_pred=no_pred,
                       finish_reason=choice.get("finish_reason"), content_empty=not content.strip(),
                       has_reasoning=bool(reasoning.strip()), think_leak=_leaks(content),
-                      gold_in_reasoning=_contains(reasoning, gold))
+                      gold_in_reasoning=no_pred and _contains(reasoning, gold))
 
 
 def _from_item(item: dict) -> EvalRecord | None:
@@ -244,7 +244,7 @@ def _from_item(item: dict) -> EvalRecord | None:
     content, reasoning = _text(item.get("content")), _text(item.get("reasoning_content"))
     return EvalRecord(kind=ITEMS, correct=written, no_pred=not pred, finish_reason=item.get("finish_reason"),
                       content_empty=not content.strip(), has_reasoning=bool(reasoning.strip()),
-                      think_leak=_leaks(content), gold_in_reasoning=_contains(reasoning, item.get("gold")))
+                      think_leak=_leaks(content), gold_in_reasoning=not pred and _contains(reasoning, item.get("gold")))
 
 
 def _leaks(content: str) -> bool:
