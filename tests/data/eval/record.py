@@ -2,10 +2,13 @@
 what the pipeline's serve stage runs) as fixtures for `check eval`.
 
     python tests/data/eval/record.py --python VENV/bin/python --model MODEL.gguf [--chat-format gemma] --out DIR
+    python tests/data/eval/record.py --llama-server PATH/llama-server --model THINKING.gguf --out DIR
 
 VENV is a venv with llama-cpp-python[server] (the provision stage builds one; so does
-`pip install llama-cpp-python[server]`). Each question is asked twice at temperature 0: once with
-room to answer (finish_reason "stop") and once with max_tokens 3 (finish_reason "length").
+`pip install llama-cpp-python[server]`). With --llama-server, llama.cpp's own server is run instead,
+with --reasoning-format deepseek: the split that moves an unclosed <think> into reasoning_content.
+Each question is asked twice at temperature 0: once with room to answer (finish_reason "stop")
+and once with max_tokens 3 (finish_reason "length").
 Writes OUT/responses.jsonl (each response body as the server sent it, one per line, unchanged)
 and OUT/requests.jsonl (what was asked, line for line: messages, max_tokens, and the gold answer).
 """
@@ -38,7 +41,7 @@ def free_port() -> int:
 
 
 def wait_ready(url: str, server: subprocess.Popen, deadline_s: float = 300) -> None:
-    """llama_cpp.server has no /health: /v1/models answers once the model is loaded."""
+    """/v1/models answers once the model is loaded (llama_cpp.server has no /health; llama-server has both)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -73,17 +76,23 @@ def record(url: str, out: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--python", required=True, help="python of a venv with llama-cpp-python[server]")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--python", help="python of a venv with llama-cpp-python[server]")
+    which.add_argument("--llama-server", help="llama.cpp's llama-server binary (records the reasoning split)")
     p.add_argument("--model", required=True, help="a chat GGUF model")
     p.add_argument("--chat-format", help="llama_cpp.server's --chat_format (default: the GGUF's template, "
-                   "else llama-2)")
+                   "else llama-2); not with --llama-server")
     p.add_argument("--out", required=True, help="the folder to write the two files into")
     args = p.parse_args()
     port = free_port()
     model = Path(args.model).resolve()
     # run beside the model and name it by its file name: the replies quote it, and no local path belongs there
-    argv = [args.python, "-m", "llama_cpp.server", "--model", model.name, "--host", "127.0.0.1", "--port", str(port),
-            "--n_ctx", "512"]
+    if args.llama_server:
+        argv = [str(Path(args.llama_server).resolve()), "-m", model.name, "--host", "127.0.0.1", "--port", str(port),
+                "-c", "512", "--jinja", "--reasoning-format", "deepseek"]
+    else:
+        argv = [args.python, "-m", "llama_cpp.server", "--model", model.name, "--host", "127.0.0.1",
+                "--port", str(port), "--n_ctx", "512"]
     if args.chat_format:
         argv += ["--chat_format", args.chat_format]
     server = subprocess.Popen(argv, cwd=model.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
