@@ -13,10 +13,19 @@ Read:
 A line may hold many tqdm `\\r` segments; each is read. Lines without a step get the next one
 in order. Nothing raises on garbage: lines that hold nothing known are counted as unparsed.
 
+Memory is bounded whatever the log holds (a 1 GB log of millions of steps, a line of megabytes,
+garbage): the points kept are thinned evenly past MAX_POINTS, each anomaly code is listed up to
+MAX_REPORTS times and counted after, a trainer_state.json is decoded one log_history entry at a
+time, and a long line is read in pieces (longlines). The anomalies, the summary and the counts
+are found over every line, so they are exact. `check trainlog` and the training pane read with
+the same TrainLogCheck.
+
 The anomaly codes and severities below are a contract (scripts and tests match on them)."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import math
 import os
@@ -63,6 +72,8 @@ MAX_POINTS = 2048  # points a result keeps: beyond that the series is thinned ev
 MAX_PINNED = 256  # points kept whatever the thinning: those an anomaly was reported at
 MAX_REPORTS = 100  # reports of one code listed (a noisy run spikes thousands of times); the rest are counted
 READ = 4 * 1024 * 1024  # one read of a local log
+BATCH = 4096  # lines handed over one at a time are read in batches of this many
+NAMES = ("loss", "FP16", "TRAIN_NAN", "skipped=")  # a line that names none of these holds nothing read here
 MAX_ENTRY = 64 * 1024  # characters one log_history entry of a trainer_state.json may take
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
@@ -344,14 +355,21 @@ class TrainLogParser:
     def feed(self, lines: Iterable[str]) -> list[TrainPoint]:
         """The new points in lines (kept in self.series); new anomalies go to self.anomalies."""
         self._new = []
-        seen = unparsed = 0
-        for line in lines:
-            seen += 1
-            if not self._read_line(line) and line and not line.isspace():
-                unparsed += 1
-        self.lines += seen
-        self.unparsed += unparsed
+        if isinstance(lines, list):
+            self._feed_batch(lines)
+        else:
+            lines = iter(lines)
+            while batch := list(itertools.islice(lines, BATCH)):
+                self._feed_batch(batch)
         return self._new
+
+    def _feed_batch(self, batch: list[str]) -> None:
+        """Only the lines that name a record or an event are read, found by a search of the whole
+        batch (most of a log is progress noise: a test per line would cost several times more)."""
+        known = sum(self._read_line(batch[i]) for i in _named_lines(batch))
+        blank = batch.count("") + sum(map(str.isspace, batch))
+        self.lines += len(batch)
+        self.unparsed += len(batch) - blank - known
 
     def feed_state(self, entries: Iterable[Any]) -> list[TrainPoint]:
         """The new points in trainer_state.json log_history entries (each one counts as a line)."""
@@ -394,9 +412,7 @@ class TrainLogParser:
     # -------------------------------------------------------------- lines and segments
 
     def _read_line(self, line: str) -> bool:
-        """Whether the line held anything known."""
-        if not ("loss" in line or "FP16" in line or "TRAIN_NAN" in line or "skipped=" in line):
-            return False  # the cheap test almost every line fails: no regex runs on it
+        """Whether the line (one that names a record or an event) held anything known."""
         if "\x1b" in line:
             line = _ANSI.sub("", line)
         known = False
@@ -540,6 +556,20 @@ class TrainLogParser:
             self.anomalies.append(replace(anomaly, message=f"more than {MAX_REPORTS} {anomaly.code} findings: "
                                                             "the rest are counted, not listed"))
         return count <= MAX_REPORTS + 1
+
+
+def _named_lines(batch: list[str]) -> list[int]:
+    """The indexes, in order, of the lines in batch that name one of NAMES (what _read_line reads)."""
+    joined = "\n".join(batch)
+    starts = list(itertools.accumulate(map((1).__add__, map(len, batch)), initial=0))  # where each line starts
+    found = set()
+    for name in NAMES:
+        at = joined.find(name)
+        while at >= 0:
+            line = bisect.bisect_right(starts, at) - 1
+            found.add(line)
+            at = joined.find(name, starts[line + 1])  # on from the next line: one hit a line is enough
+    return sorted(found)
 
 
 def _dict_values(text: str) -> dict[str, float | None]:
