@@ -402,3 +402,189 @@ def test_never_raises_on_cut_or_flipped_bytes(tmp_path: Path) -> None:
         flipped = bytearray(data)
         flipped[at] ^= 0xFF
         json.dumps(check(in_memory(flipped), len(flipped)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Real GGUFs, written by llama.cpp's tools: the vocab-only files of its test suite and a quantized
+# model (tests/gguf_artifacts.py downloads and caches them), each checked against gguf-py's reader.
+
+READER_CHECKED_VOCABS = ("ggml-vocab-llama-spm", "ggml-vocab-bert-bge", "ggml-vocab-gpt-2", "ggml-vocab-phi-3")
+GGUF_HEADER_FIELDS = 3  # GGUFReader lists GGUF.version, GGUF.tensor_count and GGUF.kv_count as fields
+
+
+@dataclass(frozen=True)
+class ReaderView:
+    """What gguf-py's GGUFReader reads of a file, kept without the reader (it holds the whole vocab)."""
+
+    tensor_count: int
+    kv_count: int
+    alignment: int
+    data_offset: int
+    last_tensor: str | None
+    data_end: int | None  # absolute end of the last tensor's data
+    scalars: dict  # key -> value, for the scalar and string KVs
+    arrays: dict  # key -> (element type name, count), for arrays of scalars or strings
+
+
+def reader_view(path: Path) -> ReaderView:
+    from gguf.constants import GGUFValueType
+
+    reader = GGUFReader(str(path))
+    scalars, arrays = {}, {}
+    for key, field in list(reader.fields.items())[GGUF_HEADER_FIELDS:]:
+        if field.types[0] == GGUFValueType.ARRAY:
+            if field.types[1] != GGUFValueType.ARRAY:
+                arrays[key] = (gguf_format.VALUE_TYPE_NAMES[int(field.types[1])], len(field.data))
+        else:
+            scalars[key] = field.contents()
+    last = reader.tensors[-1] if reader.tensors else None
+    return ReaderView(len(reader.tensors), len(reader.fields) - GGUF_HEADER_FIELDS, int(reader.alignment),
+                      int(reader.data_offset), last.name if last else None,
+                      int(last.data_offset) + int(last.n_bytes) if last else None, scalars, arrays)
+
+
+def assert_agrees(r: dict, view: ReaderView) -> None:
+    """Our header walk against gguf-py's full read: counts, layout, last tensor, every KV we keep."""
+    assert (r["tensor_count"], r["tensors"], r["kv_count"]) == (view.tensor_count, view.tensor_count, view.kv_count)
+    assert (r["alignment"], r["data_start"], r["last_tensor"]) == (view.alignment, view.data_offset, view.last_tensor)
+    assert r["data_end"] == (view.data_end if view.tensor_count else r["header_end"])
+    for key, value in r["kv"].items():
+        assert view.scalars[key] == pytest.approx(value) if isinstance(value, float) else view.scalars[key] == value
+    assert {k: (a["type"], a["count"]) for k, a in r["arrays"].items() if a["type"] != "arr"} == view.arrays
+
+
+@pytest.fixture(scope="module")
+def vocab_files() -> list[Path]:
+    from tests.gguf_artifacts import llama_vocab_files
+
+    return llama_vocab_files()
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Path:
+    from tests.gguf_artifacts import gemma_q4_k_m
+
+    return gemma_q4_k_m()
+
+
+@pytest.fixture(scope="module")
+def gemma_view(gemma: Path) -> ReaderView:
+    return reader_view(gemma)  # ~750 MB and seconds for gguf-py: once per module
+
+
+def test_llama_cpp_vocab_files_pass_and_say_why_they_are_short(vocab_files: list[Path]) -> None:
+    """Vocab-only files (no tensors) end where their header ends, a few bytes under expected_size."""
+    assert len(vocab_files) >= 15
+    for path in vocab_files:
+        r = check_file(path, expect_tensors=0)
+        assert r["ok"] and r["problems"] == [], (path.name, r["problems"])
+        assert r["tensor_count"] == 0 and r["header_end"] == r["data_end"] == r["file_size"], path.name
+        assert r["data_start"] == r["expected_size"] == -(-r["file_size"] // 32) * 32, path.name
+        if r["expected_size"] > r["file_size"]:
+            assert "vocab-only" in r["size_note"] and str(r["header_end"]) in r["size_note"], path.name
+        assert r["arrays"]["tokenizer.ggml.tokens"]["count"] > 1000, path.name
+
+
+def test_llama_cpp_vocab_files_agree_with_gguf_py(vocab_files: list[Path]) -> None:
+    checked = [p for p in vocab_files if p.stem in READER_CHECKED_VOCABS]  # GGUFReader takes seconds each
+    assert len(checked) == len(READER_CHECKED_VOCABS)
+    for path in checked:
+        assert_agrees(check_file(path), reader_view(path))
+
+
+def test_a_real_quantized_model_agrees_with_gguf_py(gemma: Path, gemma_view: ReaderView) -> None:
+    r = check_file(gemma, expect_tensors=gemma_view.tensor_count, expect_last=gemma_view.last_tensor)
+    assert r["ok"] and r["problems"] == []
+    assert_agrees(r, gemma_view)
+    assert r["kv"]["general.architecture"] == "gemma3" and r["kv"]["general.file_type"] == 15  # MOSTLY_Q4_K_M
+    assert r["expected_size"] == r["data_end"] == r["file_size"] and r["size_note"] is None
+
+
+def real_cuts(r: dict) -> dict[str, int]:
+    """Where a download is cut, by what it leaves: inside the counts, the KVs, the tensor infos, the data."""
+    size, header_end = r["file_size"], r["header_end"]
+    cuts = {"fixed header": 20, "after the counts": 200, "first KB": 1024, "mid header": header_end // 2,
+            "last header bytes": header_end - 3}
+    if r["tensor_count"]:
+        cuts.update({"first data": r["data_start"] + 1000, "last byte": size - 1})
+    return cuts
+
+
+def assert_cut_is_named(r: dict, where: str) -> None:
+    assert not r["ok"], where
+    code = r["problems"][0]["code"]
+    assert code in ("header_truncated", "truncated"), (where, r["problems"])
+    assert not any("one byte off" in p["message"] for p in r["problems"]), (where, r["problems"])
+    assert "fetch it again" in r["problems"][0]["message"] or code == "truncated", (where, r["problems"])
+
+
+def test_cut_real_files_are_truncations_never_corruption(vocab_files: list[Path], gemma: Path) -> None:
+    for path in [*vocab_files, gemma]:
+        whole = check_file(path)
+        with open(path, "rb") as f:
+            for where, cut in real_cuts(whole).items():
+                f.seek(0)
+                head = f.read(min(cut, whole["header_end"] + 64 * 1024))  # past the header: never read
+                r = check(in_memory(head), cut)
+                assert_cut_is_named(r, f"{path.name} cut at {cut} ({where})")
+                json.dumps(r)
+
+
+def test_a_real_model_cut_in_its_first_kb_is_truncated_not_absurd(gemma: Path, gemma_view: ReaderView,
+                                                                    tmp_path: Path) -> None:
+    """The issue's case: 236 tensors and 33 KVs cannot fit in 4 KB, and that is a cut, not a bad patch."""
+    cut = tmp_path / "cut.gguf"
+    with open(gemma, "rb") as f:
+        cut.write_bytes(f.read(4096))
+    r = check_file(cut)
+    assert codes(r) == ["header_truncated"]
+    message = r["problems"][0]["message"]
+    assert "236 tensors and 33 KVs" in message and "fetch it again" in message
+    assert "patch" not in message
+    out = run_cli(str(cut))
+    assert out.returncode == 1 and "header_truncated" in out.stdout
+
+
+def test_counts_no_model_has_are_absurd_and_say_redo_the_patch(gemma: Path) -> None:
+    with open(gemma, "rb") as f:
+        head = f.read(4096)
+    for at, value in ((8, 2 ** 58), (16, 10 ** 12)):
+        data = patched(head, at, "<Q", value)
+        r = check(in_memory(data), len(data))
+        assert codes(r) == ["absurd_count"], (at, r["problems"])
+        message = r["problems"][0]["message"]
+        assert r["problems"][0]["offset"] == at and str(value) in message
+        assert "one byte off" in message and "Redo the patch on a fresh copy" in message
+
+
+def token_length_at(data: bytes) -> int:
+    """The offset of the first token's u64 length in tokenizer.ggml.tokens."""
+    entry = struct.pack("<Q", len("tokenizer.ggml.tokens")) + b"tokenizer.ggml.tokens"
+    return data.index(entry) + len(entry) + 4 + 4 + 8  # value type ARRAY, element type STRING, count
+
+
+@pytest.mark.parametrize("bit", [22, 14])
+def test_a_flipped_token_length_is_named_not_blamed_on_the_download(vocab_files: list[Path], gemma: Path,
+                                                                     bit: int) -> None:
+    """A length under the hard cap but beyond any token (4 MB, 16 KB) is bad_string_length, never a cut."""
+    for path in [p for p in vocab_files if p.stem in READER_CHECKED_VOCABS] + [gemma]:
+        whole = check_file(path)
+        with open(path, "rb") as f:
+            data = bytearray(f.read(whole["header_end"] + 64 * 1024))
+        at = token_length_at(data)
+        length = struct.unpack_from("<Q", data, at)[0]
+        data[at + bit // 8] ^= 1 << (bit % 8)
+        r = check(in_memory(data), whole["file_size"])
+        assert codes(r) == ["bad_string_length"], (path.name, r["problems"])
+        message = r["problems"][0]["message"]
+        assert r["problems"][0]["offset"] == at and str(length ^ (1 << bit)) in message, path.name
+        assert "not a cut file" in message and "one byte off" not in message, path.name
+
+
+def test_a_cut_real_file_never_exits_0(vocab_files: list[Path], tmp_path: Path) -> None:
+    path = min(vocab_files, key=lambda p: p.stat().st_size)
+    data = path.read_bytes()
+    for cut in (len(data) - 1, len(data) // 2, 100):
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        out = run_cli(str(tmp_path / "cut.gguf"), "--json")
+        assert out.returncode == 1 and codes(json.loads(out.stdout)) == ["header_truncated"], cut

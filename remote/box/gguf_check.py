@@ -15,20 +15,25 @@ CLI:
   exit 0: no error-level problem, 1: problems, 2: the file could not be read.
 
 Result: {"ok", "version", "tensor_count", "kv_count", "alignment", "header_end", "data_start",
-         "data_end", "expected_size", "file_size", "tensors", "first_tensor", "last_tensor",
+         "data_end", "expected_size", "size_note", "file_size", "tensors", "first_tensor", "last_tensor",
          "kv", "arrays", "problems": [{"code", "severity", "message", "offset"}]}
-  data_end: data_start + max(offset + nbytes), the least a loader needs; expected_size: the same
-  padded to the alignment, which is what GGUF writers produce. A size in between is fine.
+  header_end: where the last tensor info ends; data_end: data_start + max(offset + nbytes), the
+  least a loader needs (header_end when there are no tensors); expected_size: data_start + that
+  end padded to the alignment, which is what GGUF writers produce. A size in between is fine, and
+  size_note says why (a vocab-only file ends at header_end: nothing follows to pad for).
 
 Problem codes (a contract: `samai-console check gguf` and its users match on them): lfs_pointer,
   bad_magic, bad_version, bad_kv_type, absurd_count (a count or length beyond what the file could
   hold: the "string length 2^58" trap of a misplaced patch), header_truncated, misaligned, overlap,
   truncated (file shorter than its tensors need), oversize (longer than its header describes),
   tensor_count_mismatch, last_tensor_mismatch; and also bad_tensor_type, bad_shape, bad_alignment,
-  duplicate_name, unexpected_offset (llama.cpp refuses those files too), unreadable (CLI only).
-  Every problem is severity "error" today. A string/array that runs past the end of the file is
-  absurd_count when its length is absurd (over a hard limit), header_truncated when it is sane
-  (the file was cut there).
+  duplicate_name, unexpected_offset (llama.cpp refuses those files too), bad_string_length,
+  unreadable (CLI only). Every problem is severity "error" today.
+  Cut or corrupt, and the fix each hint gives: a file that ends inside its header is
+  header_truncated (fetch it again) when everything read so far is what real files hold, counts
+  included (a model has thousands of tensors and KVs, not 2^58); absurd_count (redo the patch) is
+  for a count or length no file has; bad_string_length (corrupt, not cut) when the parse failed
+  after a string length under the hard limit but beyond what real keys, tokens or values hold.
 """
 
 from __future__ import annotations
@@ -102,6 +107,8 @@ def check_size(result, tensors, problems):
     end = max([t.offset + t.nbytes for t in tensors] or [0])
     result["data_end"] = data_start + end if tensors else result["header_end"]
     result["expected_size"] = data_start + align(end, alignment)
+    if result["data_end"] <= file_size < result["expected_size"]:
+        result["size_note"] = size_note(result, tensors)
     if file_size < result["data_end"]:
         problems.add("truncated", "The file is %d bytes, %d SHORT of data_start %d + end of tensor data %d = %d"
                      " (truncated download or copy?)." % (file_size, result["data_end"] - file_size, data_start, end,
@@ -111,6 +118,18 @@ def check_size(result, tensors, problems):
                      " data %d = %d: the header does not describe it all (tensor infos lost or data appended?)."
                      % (file_size, file_size - result["expected_size"], data_start, align(end, alignment),
                         result["expected_size"]), result["expected_size"])
+
+
+def size_note(result, tensors):
+    """Why a file under expected_size is still whole: nothing a loader reads is missing."""
+    short = result["expected_size"] - result["file_size"]
+    if not tensors:
+        return ("No tensors (a vocab-only file): the file ends where its header ends (%d); expected_size %d only"
+                " adds the padding to the alignment %d that a data section would start at, and there is none"
+                " (%d bytes)." % (result["header_end"], result["expected_size"], result["alignment"], short))
+    return ("The file ends where the last tensor's data ends (data_end %d), without the %d bytes of padding to"
+            " the alignment %d that writers usually add: a loader reads nothing from them."
+            % (result["data_end"], short, result["alignment"]))
 
 
 def check_layout(result, tensors, problems):
@@ -196,6 +215,8 @@ def summary(path, result):
         result["version"], result["kv_count"], result["tensor_count"], result["tensors"], result["alignment"]))
     lines.append("  header ends at %s, data starts at %s" % (result["header_end"], result["data_start"]))
     lines.append("  size %s bytes, expected %s" % (result["file_size"], expected_size_text(result)))
+    if result["size_note"]:
+        lines.append("  " + result["size_note"])
     if result["tensors"]:
         lines.append("  tensors: first %s, last %s" % (result["first_tensor"], result["last_tensor"]))
     for key in SUMMARY_KEYS:

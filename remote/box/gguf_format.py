@@ -22,6 +22,15 @@ CHUNK = 64 * 1024  # remote reads grow the buffer this much at a time
 MAX_KEY_LENGTH = 65535  # the GGUF spec's limit for keys
 MAX_TENSOR_NAME = 63  # GGML_MAX_NAME is 64 including the NUL
 MAX_STRING_LENGTH = 256 * 1024 * 1024  # far above any real value (chat templates, tokenizer json)
+# What real files hold, well above what llama.cpp's own files have (keys < 50 bytes, tokens and
+# merges <= 1025, chat templates 12 KB): a length past these that the parse then trips over is
+# a corrupt length (a flipped bit), not a cut file. Counts up to the MODEL_ ones are real models.
+PLAUSIBLE_KEY = 256
+PLAUSIBLE_ARRAY_STRING = 16 * 1024
+PLAUSIBLE_VALUE = 1024 * 1024
+BIG_STRING_KEYS = ("tokenizer.huggingface.json", "tokenizer.rwkv.world")  # whole tokenizers: MBs
+MODEL_TENSORS = 1 << 16  # DeepSeek-V3 has ~1,100, unmerged MoE experts ~15,000
+MODEL_KVS = 1 << 16
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_DEPTH = 8
 MAX_HEADER_BYTES = 1024 * 1024 * 1024  # reading further means a corrupt count is walking the tensor data
@@ -29,6 +38,10 @@ MAX_EMPTY_RUN = 4096  # that many empty strings in a row: zeros read as strings
 MAX_ARRAY_COUNT = 2 ** 32  # vocabularies and merges are a few 100k; beyond this a count is garbage
 MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, a 1-byte key, value type, a 1-byte value
 MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 4 + 8  # name length, 1-byte name, n_dims=0, type, offset
+
+# The fix for a cut file, said wherever a problem says the file ends early.
+CUT_HINT = (" The download or copy was cut short: fetch it again and compare its size (and sha256)"
+            " with the source's.")
 
 SMALL_STRING = 200  # string KVs up to this long are kept in the result
 MAX_KEPT_KVS = 64
@@ -110,6 +123,19 @@ class HeaderProblem(Exception):
         self.offset = offset
 
 
+class OddLength:
+    """The first string length beyond what real files hold: where a later failure comes from."""
+
+    __slots__ = ("offset", "length", "kind", "where", "bound")
+
+    def __init__(self, offset, length, kind, where, bound):
+        self.offset = offset
+        self.length = length
+        self.kind = kind
+        self.where = where
+        self.bound = bound
+
+
 class Truncated(Exception):
     """A read ran past the end of the file."""
 
@@ -132,6 +158,7 @@ class RangeReader:
         self.pos = 0
         self.buf = b""
         self.buf_start = 0
+        self.odd_length = None  # an OddLength, once one is read: the parse may have lost step there
 
     def remaining(self):
         return self.file_size - self.pos
@@ -242,7 +269,7 @@ def empty_result(file_size):
     return {
         "ok": False, "version": None, "tensor_count": None, "kv_count": None, "alignment": DEFAULT_ALIGNMENT,
         "header_end": None, "data_start": None, "data_end": None, "expected_size": None,
-        "file_size": file_size, "tensors": 0, "first_tensor": None, "last_tensor": None,
+        "size_note": None, "file_size": file_size, "tensors": 0, "first_tensor": None, "last_tensor": None,
         "kv": {}, "arrays": {}, "problems": [],
     }
 
@@ -281,7 +308,7 @@ def read_fixed_header(reader, result):
         result["kv_count"] = reader.u64()
     except Truncated:
         raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside the %d-byte fixed header."
-                            % (reader.file_size, FIXED_HEADER), reader.pos) from None
+                            % (reader.file_size, FIXED_HEADER) + CUT_HINT, reader.pos) from None
 
 
 def check_version(version):
@@ -311,38 +338,62 @@ def patch_hint(reader, result):
     return (" This is the signature of a corrupted header, typically one patched one byte off (e.g. kv_count"
             " written at offset 17 or 15 instead of 16), which corrupts kv_count/tensor_count or the first"
             " key's length so the parser loses step: header says tensor_count=%s (u64 @8), kv_count=%s"
-            " (u64 @16); bytes 8..31: %s."
+            " (u64 @16); bytes 8..31: %s. Redo the patch on a fresh copy of the original file, writing each"
+            " count as a u64 at its own offset (tensor_count @8, kv_count @16)."
             % (result["tensor_count"], result["kv_count"], header_bytes_hex(reader)))
 
 
+def first_name_intact(reader):
+    """Whether what follows the counts reads as the first key (or tensor name): ASCII of a sane
+    length. A patch one byte off clobbers it; a cut file has it (or ends before it: cut, too)."""
+    head = reader.peek(8 + PLAUSIBLE_KEY)
+    if len(head) < 8:
+        return True
+    length = U64.unpack_from(head)[0]
+    name = head[8:8 + length]
+    return 0 < length <= PLAUSIBLE_KEY and all(0x21 <= b < 0x7F for b in name)
+
+
 def check_counts(reader, result):
-    """Each KV and tensor info takes a minimum number of bytes: counts beyond that are corrupt."""
+    """Each KV and tensor info takes a minimum number of bytes. Counts a model can have in a file
+    too short for them: the file was cut. Counts no model has: the header is corrupt."""
     tensors, kvs = result["tensor_count"], result["kv_count"]
     least = FIXED_HEADER + kvs * MIN_KV_BYTES + tensors * MIN_TENSOR_INFO_BYTES
-    if least > reader.file_size:
-        which = "kv_count" if kvs * MIN_KV_BYTES > tensors * MIN_TENSOR_INFO_BYTES else "tensor_count"
-        offset = 16 if which == "kv_count" else 8
-        raise HeaderProblem(
-            "absurd_count",
-            "%s=%d is absurd for a %d-byte file (tensor_count=%d, kv_count=%d need at least %d bytes of header;"
-            " or the file is cut short)." % (which, result[which], reader.file_size, tensors, kvs, least)
-            + patch_hint(reader, result), offset)
+    if least <= reader.file_size:
+        return
+    if tensors <= MODEL_TENSORS and kvs <= MODEL_KVS and first_name_intact(reader):
+        raise HeaderProblem("header_truncated", "The file is %d bytes, shorter than the header of the %d tensors"
+                            " and %d KVs it declares (at least %d bytes): it ends inside its header."
+                            % (reader.file_size, tensors, kvs, least) + CUT_HINT, reader.file_size)
+    which = "kv_count" if kvs > MODEL_KVS or tensors <= MODEL_TENSORS else "tensor_count"
+    raise HeaderProblem(
+        "absurd_count",
+        "%s=%d is absurd for this file: tensor_count=%d, kv_count=%d would need at least %d bytes of header, the"
+        " file has %d, and %s." % (which, result[which], tensors, kvs, least, reader.file_size,
+                                   "no model has that many" if max(tensors, kvs) > MODEL_TENSORS
+                                   else "no key follows the counts at offset 24")
+        + patch_hint(reader, result), 16 if which == "kv_count" else 8)
 
 
 # ---------------------------------------------------------------------------------------------
 # KVs
 
 
-def read_length(reader, kind, cap, where):
-    """A u64 string length, judged before anything is read: absurd, or past the end of the file."""
+def read_length(reader, kind, cap, where, plausible=None):
+    """A u64 string length, judged before anything is read: absurd, or past the end of the file.
+    One over `plausible` (but under the cap) is noted on the reader: if the parse fails after it,
+    that length is named as the cause."""
     offset = reader.pos
     try:
         length = reader.u64()
     except Truncated:
-        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where, offset) from None
+        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where
+                            + CUT_HINT, offset) from None
     if kind == "key" and length == 0:
         raise HeaderProblem("absurd_count", "Empty key (length 0 at offset %d) at %s." % (offset, where), offset)
     past_end = length > reader.remaining()
+    if plausible is not None and plausible < length <= cap and reader.odd_length is None:
+        reader.odd_length = OddLength(offset, length, kind, where, plausible)
     if length > cap:
         raise HeaderProblem("absurd_count", "%s length %d (0x%x) at offset %d, %s, is absurd: over the %d-byte limit%s."
                             % (kind.capitalize(), length, length, offset, where, cap,
@@ -350,14 +401,14 @@ def read_length(reader, kind, cap, where):
                             offset)
     if past_end:  # a sane length the file cannot hold: most likely the file was cut there
         raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside the %s at %s: %d bytes declared at"
-                            " offset %d, %d left (cut short, or a corrupt length)."
-                            % (reader.file_size, kind, where, length, offset, reader.remaining()), offset)
+                            " offset %d, %d left." % (reader.file_size, kind, where, length, offset, reader.remaining())
+                            + CUT_HINT, offset)
     return length
 
 
 def read_key(reader, index, previous_key):
     where = "KV #%d (after %s)" % (index, repr(previous_key) if previous_key else "the fixed header")
-    length = read_length(reader, "key", MAX_KEY_LENGTH, where)
+    length = read_length(reader, "key", MAX_KEY_LENGTH, where, PLAUSIBLE_KEY)
     offset = reader.pos
     raw = reader.take(length)
     try:
@@ -372,16 +423,18 @@ def read_value_type(reader, where):
     try:
         value_type = reader.u32()
     except Truncated:
-        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where, offset) from None
+        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where
+                            + CUT_HINT, offset) from None
     if value_type not in VALUE_TYPE_NAMES:
         raise HeaderProblem("bad_kv_type", "Unknown KV value type %d (0x%x) at offset %d, %s."
                             % (value_type, value_type, offset, where), offset)
     return value_type
 
 
-def read_string_value(reader, where):
+def read_string_value(reader, key, where):
     """The string if it is small enough to keep, else None (stepped over, not fetched)."""
-    length = read_length(reader, "string", MAX_STRING_LENGTH, where)
+    plausible = MAX_STRING_LENGTH if key in BIG_STRING_KEYS else PLAUSIBLE_VALUE
+    length = read_length(reader, "string", MAX_STRING_LENGTH, where, plausible)
     if length > SMALL_STRING:
         reader.skip(length)
         return None
@@ -392,7 +445,7 @@ def skip_strings(reader, count, where):
     """Step over `count` strings (a tokenizer vocab): only their lengths are read."""
     empty_run = 0
     for _ in range(count):
-        length = read_length(reader, "string", MAX_STRING_LENGTH, where)
+        length = read_length(reader, "string", MAX_STRING_LENGTH, where, PLAUSIBLE_ARRAY_STRING)
         reader.skip(length)
         empty_run = 0 if length else empty_run + 1
         if empty_run > MAX_EMPTY_RUN:
@@ -411,7 +464,8 @@ def skip_array(reader, where, depth=0):
     try:
         count = reader.u64()
     except Truncated:
-        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where, offset) from None
+        raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where
+                            + CUT_HINT, offset) from None
     least = count * SCALAR_SIZES.get(element_type, 8)
     if least > reader.remaining():
         if count > MAX_ARRAY_COUNT:
@@ -419,7 +473,7 @@ def skip_array(reader, where, depth=0):
                                 " past the end of the %d-byte file." % (count, count, offset, where, reader.file_size),
                                 offset)
         raise HeaderProblem("header_truncated", "The file ends inside the array at %s (offset %d)."
-                            % (where, offset), offset)
+                            % (where, offset) + CUT_HINT, offset)
     if element_type == STRING:
         skip_strings(reader, count, where)
     elif element_type == ARRAY:
@@ -451,7 +505,7 @@ def read_kvs(reader, result):
         try:
             read_kv_value(reader, result, key, value_type, where)
         except Truncated as cut:
-            message = "The file ends inside the value of %s." % where
+            message = "The file ends inside the value of %s." % where + CUT_HINT
             raise HeaderProblem("header_truncated", message, cut.offset) from None
         previous_key = key
     return previous_key
@@ -464,7 +518,7 @@ def read_kv_value(reader, result, key, value_type, where):
             result["arrays"][key] = {"type": element, "count": count}
         return
     if value_type == STRING:
-        value = read_string_value(reader, where)
+        value = read_string_value(reader, key, where)
     else:
         value = reader.scalar(value_type)
     if key == "general.alignment":
@@ -514,7 +568,7 @@ def read_tensor_info(reader, index, previous):
         offset = reader.u64()
     except Truncated:
         raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside %s, which starts at offset %d."
-                            % (reader.file_size, where, info_offset), info_offset) from None
+                            % (reader.file_size, where, info_offset) + CUT_HINT, info_offset) from None
     return Tensor(name, dims, type_id, offset, tensor_nbytes(dims, type_id), info_offset)
 
 
@@ -552,6 +606,23 @@ def read_tensor_infos(reader, result, problems, last_key):
     return tensors
 
 
+def odd_length_problem(odd, failure):
+    """The parse failed after a length no real file has: that length is the corruption, not a cut."""
+    return HeaderProblem(
+        "bad_string_length",
+        "The %s length %d (0x%x) at offset %d, %s, is more than real files hold (%d bytes at most), and the"
+        " parse stepped over it and lost step: after it, %s A corrupt length (a flipped bit, a bad write), not"
+        " a cut file: fetch the file again and compare its sha256 with the source's; if you patched its"
+        " header, redo the patch on a fresh copy." % (odd.kind, odd.length, odd.length, odd.offset, odd.where,
+                                                      odd.bound, first_sentence(failure.message)), odd.offset)
+
+
+def first_sentence(message):
+    """A failure's own finding, without the hint that would send the operator the wrong way."""
+    end = message.find(". ")
+    return message if end < 0 else message[:end + 1]
+
+
 def read_header(reader, result, problems):
     """Fixed header, every KV, every tensor info: only then is the header's end known."""
     read_fixed_header(reader, result)
@@ -560,6 +631,8 @@ def read_header(reader, result, problems):
         last_key = read_kvs(reader, result)
         tensors = read_tensor_infos(reader, result, problems, last_key)
     except HeaderProblem as problem:
+        if reader.odd_length is not None:
+            raise odd_length_problem(reader.odd_length, problem) from None
         if problem.code in CORRUPTION_SIGNS:
             problem.message += patch_hint(reader, result)
         raise
