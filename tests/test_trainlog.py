@@ -484,6 +484,17 @@ def test_a_trainer_state_json_is_read_one_entry_at_a_time() -> None:
     assert [(a.code, a.step) for a in result.problems] == [("nan_grad_norm", 12_345)]
 
 
+def test_what_is_held_to_tell_a_state_file_from_a_log_is_bounded() -> None:
+    """A log opening like JSON is held until it names log_history, 64 lines or 64 KiB at most;
+    one that opens like a log is read from its first line."""
+    check = TrainLogCheck()
+    assert check.feed(["", "{", '  "x": "' + "y" * 70_000 + '",', dict_line(1.0)]) != []  # 64 KiB: a log
+    assert [p.step for p in TrainLogCheck().feed([dict_line(1.0)])] == [1]
+    check = TrainLogCheck()
+    assert check.feed(["{", '  "best_metric": null,'] * 31) == []  # 62 lines of JSON: undecided
+    assert check.feed([dict_line(1.0), dict_line(0.9)]) != []  # 64 lines: a log after all
+
+
 @pytest.mark.parametrize("text, why", [
     ('{"log_history": [{"loss": 1.0, "step": 1}, {"loss": 2.0, "st', "ends inside log_history"),
     ('{\n"log_history": [\n{"loss": 1.0, "step": 1},\n{"loss": }\n]}', "Expecting value"),

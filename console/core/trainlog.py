@@ -68,6 +68,7 @@ FLAT_MIN, FLAT_SHARE = 10, 0.75  # a flat loss over at least 10 logged steps and
 FLAT_REL_TOL, FLAT_ABS_TOL = 1e-4, 1e-6  # "flat": within 0.01 % of where the flat stretch began
 OVERFLOW_STREAK = 5  # skipped steps in a row worth a second warning
 STATE_PEEK = 64  # first lines looked at to tell a trainer_state.json from a log
+STATE_PEEK_CHARS = 64 * 1024  # and at most this much of them (a trainer_state.json names log_history early)
 MAX_POINTS = 2048  # points a result keeps: beyond that the series is thinned evenly (anomalies see every one)
 MAX_PINNED = 256  # points kept whatever the thinning: those an anomaly was reported at
 MAX_REPORTS = 100  # reports of one code listed (a noisy run spikes thousands of times); the rest are counted
@@ -87,6 +88,7 @@ _DS_OVERFLOW = re.compile(r"Attempted loss scale:\s*(\d[\d.eE+]*)(?:,\s*reducing
 _NAN_MARKER = re.compile(r"^[\s\d:\-T.,+/|]*(?:\[[^\]]*\][\s:]*)*TRAIN_NAN\b[\s:]*(.*)")
 _BARE_NON_FINITE = re.compile(r"(:\s*|\[\s*|,\s*)(-?)(nan|inf(?:inity)?)\b", re.IGNORECASE)
 _HISTORY = re.compile(r'"log_history"\s*:\s*\[')
+_SPACES = re.compile(r"\s*")
 
 GivenState = str | Mapping[str, Any] | os.PathLike  # a trainer_state.json given beside a log
 
@@ -752,13 +754,17 @@ class TrainLogCheck:
 
 def _file_kind(head: list[str], at_end: bool = False) -> str | None:
     """"state" for a trainer_state.json, "log" for a log, None while the lines so far (the newest
-    last) cannot tell: a JSON object's opening line waits for "log_history", up to STATE_PEEK lines."""
-    first = next((line.lstrip() for line in head if line.strip()), None)
-    if first is not None and (not first.startswith("{") or first.startswith("{'")):  # {' opens a Trainer dict
+    last) cannot tell: a JSON object's opening line waits for "log_history", up to STATE_PEEK
+    lines and STATE_PEEK_CHARS characters (what is held until then)."""
+    first = next((line for line in head if line and not line.isspace()), None)
+    if first is None:
+        return "log" if at_end or len(head) >= STATE_PEEK else None
+    indent = _SPACES.match(first).end()
+    if first[indent:indent + 1] != "{" or first[indent:indent + 2] == "{'":  # {' opens a Trainer dict
         return "log"
-    if first is not None and '"log_history"' in head[-1]:
+    if '"log_history"' in head[-1]:
         return "state"
-    return "log" if at_end or len(head) >= STATE_PEEK else None
+    return "log" if at_end or len(head) >= STATE_PEEK or sum(map(len, head)) > STATE_PEEK_CHARS else None
 
 
 def _nothing_found(lines: int, unparsed: int) -> Problem:
