@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--expect-tensors", type=int, metavar="N", help="gguf: the tensor count it must have")
     p.add_argument("--expect-last", metavar="NAME", help="gguf: the name its last tensor must have")
+    p.add_argument("--deep", action="store_true",
+                   help="gguf, local target only: also read the whole file with gguf-py's GGUFReader (its whole "
+                        "vocabulary: seconds and hundreds of MB for a real model)")
 
     # Listed for --help; their own parsers take their arguments (see STANDALONE).
     sub.add_parser("envelope-server", help="run the reference exec gateway (token from SAMAI_ENVELOPE_TOKEN)",
@@ -269,6 +272,8 @@ async def _check(args, cfg, box: Box) -> int:
     from samai.console.core import checks  # with the box's GGUF checker: only `check` needs it
 
     path = _on_target(cfg, args.path)
+    if args.deep and not (args.kind == "gguf" and cfg.target.is_local):
+        raise UsageError("--deep reads the file with gguf-py on this machine: only for check gguf on a local target")
     result: CheckResult
     try:
         if args.kind == "gguf":
@@ -276,7 +281,7 @@ async def _check(args, cfg, box: Box) -> int:
             result = await checks.check_gguf(box, path, expect_tensors=args.expect_tensors or
                                              model.get("gguf_tensor_count"),
                                              expect_last=args.expect_last or model.get("gguf_last_tensor"),
-                                             local=cfg.target.is_local)
+                                             local=cfg.target.is_local, deep=args.deep)
         elif args.kind == "trainlog":
             result = await checks.check_trainlog(box, path)  # streamed: memory holds the points, not the log
         else:

@@ -88,12 +88,14 @@ def describe_plan(now: DiskBudget, peaks: list[StagePeak]) -> str:
 
 def describe_check(kind: str, path: str, result: dict) -> str:
     """What a check found, for a person: the headline figures, then every finding."""
-    shown = {"gguf": ("size", "version", "tensor_count", "kv_count", "data_offset", "expected_size", "last_tensor",
-                      "bytes_read"),
+    shown = {"gguf": ("size", "version", "tensor_count", "kv_count", "header_end", "data_offset", "data_end",
+                      "expected_size", "last_tensor", "bytes_read"),
              "trainlog": ("lines", "unparsed"),
              "eval": ("format", "layout", "n", "correct", "accuracy", "pred_none", "truncated", "empty_content",
                       "malformed")}[kind]
     lines = [f"{kind} {path}: " + "  ".join(f"{k} {result[k]}" for k in shown if result.get(k) is not None)]
+    if kind == "gguf" and result.get("size_note"):
+        lines.append(f"  {result['size_note']}")
     if kind == "trainlog":
         points = result.get("points", [])
         steps = result.get("steps", len(points))  # points past a few thousand are thinned: steps counts all

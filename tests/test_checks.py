@@ -51,8 +51,9 @@ def test_a_good_gguf(tmp_path: Path) -> None:
     rc, result = check("gguf", str(write_gguf(tmp_path / "ok.gguf")))
     assert rc == 0 and result["ok"] and result["tensor_count"] == 3 and result["last_tensor"] == "blk.2.weight"
     assert result["expected_size"] == result["size"] and result["data_offset"] % 32 == 0
-    assert list(result) == ["path", "ok", "size", "version", "tensor_count", "kv_count", "alignment", "data_offset",
-                            "expected_size", "last_tensor", "bytes_read", "problems"]  # the JSON contract's order
+    assert list(result) == ["path", "ok", "size", "version", "tensor_count", "kv_count", "alignment", "header_end",
+                            "data_offset", "data_end", "expected_size", "size_note", "last_tensor", "bytes_read",
+                            "deep", "problems"]  # the JSON contract's order
 
 
 def test_gguf_problems_have_their_codes(tmp_path: Path) -> None:

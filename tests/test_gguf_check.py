@@ -588,3 +588,58 @@ def test_a_cut_real_file_never_exits_0(vocab_files: list[Path], tmp_path: Path) 
         (tmp_path / "cut.gguf").write_bytes(data[:cut])
         out = run_cli(str(tmp_path / "cut.gguf"), "--json")
         assert out.returncode == 1 and codes(json.loads(out.stdout)) == ["header_truncated"], cut
+
+
+# ------------------------------------------------------------------------------------------------
+# `samai-console check gguf`: the box's check, as cheap as on the box; gguf-py only with --deep
+
+CONSOLE_CHECK = """
+import json, sys
+from samai.console.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"rc": code, "gguf_loaded": "gguf" in sys.modules}), file=sys.stderr)
+"""
+
+
+def console_check(*args: str) -> tuple[dict, dict]:
+    """`samai-console check gguf ... --json` in a process of its own: its JSON, and whether gguf-py was loaded."""
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CONSOLE_CHECK, "check", "gguf", *args, "--json"],
+                          capture_output=True, text=True, timeout=300)
+    return json.loads(done.stdout), json.loads(done.stderr.strip().splitlines()[-1])
+
+
+def test_console_check_of_a_real_model_does_not_load_gguf_py_unless_deep(gemma: Path) -> None:
+    """gguf-py's reader loads the whole vocabulary (seconds and ~750 MB here): only --deep runs it."""
+    result, run = console_check(str(gemma))
+    assert run == {"rc": 0, "gguf_loaded": False} and result["ok"] and result["deep"] is False
+    assert (result["header_end"], result["data_end"]) == (result["data_offset"] - 8, result["size"])
+    assert result["bytes_read"] < 8 * 1024 * 1024  # the header, not the 253 MB
+
+
+def test_console_check_deep_runs_gguf_py_too(vocab_files: list[Path]) -> None:
+    path = min(vocab_files, key=lambda p: p.stat().st_size)
+    result, run = console_check(str(path), "--deep")
+    assert run == {"rc": 0, "gguf_loaded": True} and result["ok"] and result["deep"] is True
+
+
+def test_console_check_says_why_a_vocab_only_file_is_short(vocab_files: list[Path]) -> None:
+    from tests.helpers import run_cli as console_cli
+
+    path = next(p for p in vocab_files if p.stem == "ggml-vocab-llama-spm")
+    result, _run = console_check(str(path))
+    assert result["ok"] and result["tensor_count"] == 0
+    assert result["header_end"] == result["data_end"] == result["size"] < result["expected_size"]
+    assert "vocab-only" in result["size_note"]
+    text = console_cli("check", "gguf", str(path))
+    assert text.returncode == 0 and "vocab-only" in text.stdout and f"header_end {result['header_end']}" in text.stdout
+
+
+def test_console_check_of_a_cut_real_model_exits_1(gemma: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    with open(gemma, "rb") as f:
+        cut.write_bytes(f.read(100_000))
+    result, run = console_check(str(cut), "--deep")  # a cut file is not handed to gguf-py at all
+    assert run == {"rc": 1, "gguf_loaded": False}
+    assert [p["code"] for p in result["problems"]] == ["header_truncated"]

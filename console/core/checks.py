@@ -37,18 +37,23 @@ class GgufResult:
     tensor_count: int | None
     kv_count: int | None
     alignment: int | None
+    header_end: int | None  # where the last tensor info ends
     data_offset: int | None
+    data_end: int | None  # where the last tensor's data ends: all a loader needs
     expected_size: int | None
+    size_note: str | None  # why a file under expected_size is whole (a vocab-only file)
     last_tensor: str | None
     bytes_read: int
     problems: tuple[Problem, ...]
+    deep: bool = False  # gguf-py's full read was run as well
 
     def to_json(self) -> dict[str, Any]:
         """The CLI's JSON (its keys and their order are a contract)."""
         return {"path": self.path, "ok": self.ok, "size": self.size, "version": self.version,
                 "tensor_count": self.tensor_count, "kv_count": self.kv_count, "alignment": self.alignment,
-                "data_offset": self.data_offset, "expected_size": self.expected_size,
-                "last_tensor": self.last_tensor, "bytes_read": self.bytes_read,
+                "header_end": self.header_end, "data_offset": self.data_offset, "data_end": self.data_end,
+                "expected_size": self.expected_size, "size_note": self.size_note,
+                "last_tensor": self.last_tensor, "bytes_read": self.bytes_read, "deep": self.deep,
                 "problems": [{"code": p.code, "message": p.message, "severity": p.severity} for p in self.problems]}
 
 
@@ -84,8 +89,10 @@ async def check_trainlog(box: Box, path: str) -> TrainLogResult:
 
 
 async def check_gguf(box: Box, path: str, *, expect_tensors: int | None, expect_last: str | None,
-                     local: bool) -> GgufResult:
-    """The GGUF header checked from byte ranges: a remote 18 GB file costs a few MB."""
+                     local: bool, deep: bool = False) -> GgufResult:
+    """The GGUF header checked from byte ranges: a remote 18 GB file costs a few MB, and the console
+    what the box's own check costs. With deep, on a local file, gguf-py's GGUFReader reads it as
+    well (its whole vocabulary: seconds and hundreds of MB for a real model)."""
     try:
         size = await box.file_size(path)
     except BoxError as e:
@@ -104,9 +111,9 @@ async def check_gguf(box: Box, path: str, *, expect_tensors: int | None, expect_
 
     raw = await asyncio.to_thread(gguf_check.check, read_at, size, expect_tensors, expect_last)
     result = _gguf_result(path, size, bytes_read, raw)
-    if local and result.ok:
+    if deep and local and result.ok:
         problems = result.problems + tuple(await asyncio.to_thread(_cross_check, path, result))
-        result = replace(result, problems=problems, ok=not problems)
+        result = replace(result, problems=problems, ok=not problems, deep=True)
     return result
 
 
@@ -114,8 +121,10 @@ def _gguf_result(path: str, size: int, bytes_read: int, raw: Mapping[str, Any]) 
     """The box checker's JSON dict, typed once, here at the edge."""
     return GgufResult(path=path, ok=raw["ok"], size=size, version=raw.get("version"),
                       tensor_count=raw.get("tensor_count"), kv_count=raw.get("kv_count"),
-                      alignment=raw.get("alignment"), data_offset=raw.get("data_start"),
-                      expected_size=raw.get("expected_size"), last_tensor=raw.get("last_tensor"),
+                      alignment=raw.get("alignment"), header_end=raw.get("header_end"),
+                      data_offset=raw.get("data_start"), data_end=raw.get("data_end"),
+                      expected_size=raw.get("expected_size"), size_note=raw.get("size_note"),
+                      last_tensor=raw.get("last_tensor"),
                       bytes_read=bytes_read, problems=tuple(_problem(p) for p in raw["problems"]))
 
 
@@ -140,4 +149,7 @@ def _cross_check(path: str, result: GgufResult) -> list[Problem]:
                              f"GGUFReader sees {len(reader.tensors)} tensors, the header {result.tensor_count}"))
     elif reader.tensors and reader.tensors[-1].name != result.last_tensor:
         found.append(Problem("reader_disagrees", "error", f"GGUFReader's last tensor is {reader.tensors[-1].name}"))
+    if int(reader.data_offset) != result.data_offset:
+        found.append(Problem("reader_disagrees", "error",
+                             f"GGUFReader's data starts at {reader.data_offset}, the header's at {result.data_offset}"))
     return found
