@@ -27,7 +27,7 @@ BENCHES = [  # the issue's table first, in its order; then the other figures
     ("probe CPU at 1 Hz with the console's poll vs listing /proc", ["probe_cost.py", "--snapshots", "100",
                                                                     "--seconds", "20"]),
     ("snapshot through the exec gateway vs local", ["envelope_snapshot.py", "--runs", "15"]),
-    ("check gguf on a 4 GiB sparse GGUF vs GGUFReader", ["gguf_check_speed.py"]),
+    ("check gguf: console vs box on a real model; a 4 GiB sparse GGUF vs GGUFReader", ["gguf_check_speed.py"]),
     ("check trainlog on a 100 MB log vs grep", ["trainlog_speed.py"]),
     ("the console over an emulated 100 ms link: first contact, steady poll, catch-up, outages", ["link.py"]),
 ]
