@@ -39,7 +39,7 @@ class PieceDecoder(LineDecoder):
         lines.append(self._finish())
         end = data.rfind(b"\n")
         if end > first:  # whole lines: one decode (b"\n" is never inside a UTF-8 character)
-            lines += [_line(text) for text in data[first + 1:end].decode("utf-8", "replace").split("\n")]
+            lines += _lines(data[first + 1:end].decode("utf-8", "replace"))
         self._add(data[end + 1:], lines)
         return lines
 
@@ -61,6 +61,14 @@ class PieceDecoder(LineDecoder):
         text = _line(bytes(self.part).decode("utf-8", "replace"))
         self.part.clear()
         return text
+
+
+def _lines(text: str) -> list[str]:
+    """text's lines, each without the \\r of a CRLF (looked for in each only when text has one)."""
+    lines = text.split("\n")
+    if "\r\n" in text or text.endswith("\r"):
+        return [_line(line) for line in lines]
+    return lines
 
 
 def _line(text: str) -> str:
