@@ -443,6 +443,21 @@ def test_the_points_kept_are_bounded_and_the_anomalies_and_summary_stay_exact() 
     assert result.to_json()["steps"] == n
 
 
+def test_a_trainer_state_beside_a_long_log_is_merged_over_every_step() -> None:
+    """The state's exact points replace the log's as the log streams, so the anomalies are found
+    over every merged step, not over the points kept (the merge was over kept points before)."""
+    n = 20_000
+    log = [f"{{'loss': {1 + step % 7 / 10}, 'grad_norm': 0.5, 'step': {step}}}" for step in range(1, n + 1)]
+    state = {"log_history": [{"loss": 1.25, "grad_norm": math.nan, "step": 12_345},
+                             {"loss": 0.5, "grad_norm": 0.5, "step": n + 1},
+                             {"train_runtime": 10.0, "train_loss": 1.2, "step": n + 1}]}
+    result = check_trainlog(log, trainer_state=state)
+    assert [(a.code, a.step) for a in result.problems] == [("nan_grad_norm", 12_345)]
+    assert result.steps == n + 1 and len(result.points) <= MAX_POINTS + MAX_PINNED + 1
+    assert result.points[-1] == TrainPoint(n + 1, 0.5, 0.5) and result.summary["train_loss"] == 1.2
+    assert 12_345 in [p.step for p in result.points]
+
+
 def test_streaks_as_long_as_the_run_hold_two_numbers() -> None:
     """100,000 zero losses in a row: reported once, from the step they began at; the streaks were
     lists of every step before."""
