@@ -1,5 +1,7 @@
 """Property-based fuzzing of the checks that read files from the box or payloads for it: the
-training log (check trainlog), an eval's items.jsonl (check eval) and the payload linter.
+training log (check trainlog), an eval's items.jsonl (check eval), the payload linter, and GGUF
+headers written by llama.cpp itself (check gguf; tests/test_fuzz_box_input.py fuzzes one written by
+gguf-py).
 
 Invariants: a result (JSON-ready) or the documented error, never another exception; the same
 result for a log fed whole or in batches."""
@@ -9,12 +11,16 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import struct
+from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from samai.console.core.evalcheck import check_eval
 from samai.console.core.trainlog import TrainLogCheck, TrainLogResult, check_trainlog
+from samai.remote.box import gguf_check
 from samai.remote.payload_lint import Violation, lint, main
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,
@@ -163,3 +169,83 @@ def test_the_command_line_exits_0_1_or_2_with_one_line_per_finding(tmp_path_fact
     printed = out.getvalue().splitlines() + err.getvalue().splitlines()
     assert (code == 0) == (not printed)
     assert all(line.startswith((str(path), "lint-payload: cannot read")) for line in printed)
+
+
+# ---------------------------------------------------------------- GGUF headers written by llama.cpp
+
+GGUF_CODES = {"lfs_pointer", "bad_magic", "bad_version", "bad_kv_type", "absurd_count", "header_truncated",
+              "misaligned", "overlap", "truncated", "oversize", "bad_tensor_type", "bad_shape", "bad_alignment",
+              "duplicate_name", "unexpected_offset", "bad_string_length"}
+REAL_FUZZ = settings(FUZZ, max_examples=60)
+
+
+@dataclass(frozen=True)
+class RealVocab:
+    """llama.cpp's ggml-vocab-llama-spm.gguf: a header of 32,000 tokens, and where each token's length is."""
+
+    data: bytes
+    token_lengths: tuple[int, ...]  # offsets of the u64 length of each token string
+
+
+@pytest.fixture(scope="module")
+def real_vocab() -> RealVocab:
+    from tests.gguf_artifacts import llama_vocab_files
+
+    path = next(p for p in llama_vocab_files() if p.stem == "ggml-vocab-llama-spm")
+    data = path.read_bytes()
+    key = b"tokenizer.ggml.tokens"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4 + 4  # value type, element type
+    count, at = struct.unpack_from("<Q", data, at)[0], at + 8
+    offsets = []
+    for _ in range(count):
+        offsets.append(at)
+        at += 8 + struct.unpack_from("<Q", data, at)[0]
+    return RealVocab(data, tuple(offsets))
+
+
+def gguf_result(data: bytes | bytearray, size: int | None = None, step: int | None = None) -> dict:
+    def read_at(offset: int, length: int) -> bytes:
+        return bytes(data[offset:offset + min(length, step or length)])
+
+    result = gguf_check.check(read_at, len(data) if size is None else size)
+    json.dumps(result, allow_nan=False)
+    assert {p["code"] for p in result["problems"]} <= GGUF_CODES
+    assert result["ok"] == (not result["problems"])
+    return result
+
+
+@REAL_FUZZ
+@given(data=st.data())
+def test_a_cut_real_gguf_is_always_a_truncation(real_vocab, data) -> None:
+    """Cut anywhere (a vocab-only file is all header): header_truncated, never ok, never corruption."""
+    cut = data.draw(st.integers(0, len(real_vocab.data) - 1))
+    result = gguf_result(real_vocab.data[:cut])
+    assert [p["code"] for p in result["problems"]] == ["header_truncated"], (cut, result["problems"])
+
+
+@REAL_FUZZ
+@given(data=st.data())
+def test_a_real_token_length_flipped_past_any_token_is_named(real_vocab, data) -> None:
+    """One bit of one token's length, flipped to 16 KB or more but under the 256 MB cap (past it is
+    absurd_count): bad_string_length at that offset, also in short range reads; never blamed on the
+    download."""
+    at = data.draw(st.sampled_from(real_vocab.token_lengths))
+    bit = data.draw(st.integers(14, 27))
+    flipped = bytearray(real_vocab.data)
+    flipped[at + bit // 8] ^= 1 << (bit % 8)
+    result = gguf_result(flipped)
+    assert [(p["code"], p["offset"]) for p in result["problems"]] == [("bad_string_length", at)], result["problems"]
+    assert gguf_result(flipped, step=data.draw(st.integers(1, 4096))) == result
+
+
+@REAL_FUZZ
+@given(data=st.data())
+def test_a_real_gguf_with_bytes_overwritten_gives_findings(real_vocab, data) -> None:
+    out = bytearray(real_vocab.data)
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(out) - 8))
+        value = data.draw(st.sampled_from([0, 1, 255, 2 ** 16, 2 ** 32 - 1, 2 ** 58, 2 ** 64 - 1])
+                          | st.integers(0, 2 ** 64 - 1))
+        out[at:at + 8] = value.to_bytes(8, "little")
+    size = data.draw(st.sampled_from([len(out), len(out) + 4096, len(out) // 2]))  # the stat may disagree
+    gguf_result(out, size)
