@@ -500,6 +500,18 @@ def test_a_real_quantized_model_agrees_with_gguf_py(gemma: Path, gemma_view: Rea
     assert r["expected_size"] == r["data_end"] == r["file_size"] and r["size_note"] is None
 
 
+def test_a_real_vocabulary_costs_a_few_round_trips_and_no_tensor_data(gemma: Path) -> None:
+    """262k tokens: read in reads of up to MAX_FETCH where the header is known to go on (11, not 70
+    of CHUNK: each one a round trip to a remote box), still never past the header by more than a CHUNK."""
+    whole = check_file(gemma)
+    with open(gemma, "rb") as f:
+        head = f.read(whole["header_end"] + 2 * CHUNK)
+    log: list[tuple[int, int]] = []
+    assert check(in_memory(head, log), whole["file_size"]) == whole
+    assert len(log) <= whole["header_end"] // gguf_format.MAX_FETCH + 8, len(log)
+    assert max(offset + length for offset, length in log) <= whole["header_end"] + CHUNK
+
+
 def real_cuts(r: dict) -> dict[str, int]:
     """Where a download is cut, by what it leaves: inside the counts, the KVs, the tensor infos, the data."""
     size, header_end = r["file_size"], r["header_end"]

@@ -17,6 +17,7 @@ SUPPORTED_VERSIONS = (2, 3)
 FIXED_HEADER = 24  # magic(4) version(4) tensor_count(u64 @8) kv_count(u64 @16)
 DEFAULT_ALIGNMENT = 32
 CHUNK = 64 * 1024  # remote reads grow the buffer this much at a time
+MAX_FETCH = 1024 * 1024  # one read when the header is known to go on (a vocabulary): fewer round trips
 
 # Limits that tell a corrupt length from a real one.
 MAX_KEY_LENGTH = 65535  # the GGUF spec's limit for keys
@@ -148,7 +149,9 @@ class Truncated(Exception):
 class RangeReader:
     """Sequential reads over read_at(offset, length), fetched CHUNK bytes at a time.
 
-    Skips never fetch: a long string or array is stepped over without reading it.
+    Skips never fetch: a long string or array is stepped over without reading it. Where the
+    header is known to reach (`ahead`, set by the parser), a fetch takes up to MAX_FETCH at once:
+    a vocabulary costs a few round trips to a remote box, not one per CHUNK.
     """
 
     def __init__(self, read_at, file_size, chunk=CHUNK):
@@ -159,6 +162,7 @@ class RangeReader:
         self.buf = b""
         self.buf_start = 0
         self.odd_length = None  # an OddLength, once one is read: the parse may have lost step there
+        self.ahead = 0  # an offset the header certainly reaches (never past it: no tensor data is read)
 
     def remaining(self):
         return self.file_size - self.pos
@@ -207,7 +211,8 @@ class RangeReader:
                                 " length is corrupt and the parser is walking the tensor data."
                                 % (MAX_HEADER_BYTES, self.pos), self.pos)
         kept = self.buf[rel:] if 0 <= rel < len(self.buf) else b""
-        self.buf = kept + self.fetch(self.pos + len(kept), max(n - len(kept), self.chunk))
+        known = min(self.ahead, self.pos + MAX_FETCH) - self.pos - len(kept)
+        self.buf = kept + self.fetch(self.pos + len(kept), max(n - len(kept), self.chunk, known))
         self.buf_start = self.pos
         if n > len(self.buf):
             raise Truncated(self.pos, n)  # the file is shorter than file_size said
@@ -444,9 +449,10 @@ def read_string_value(reader, key, where):
 def skip_strings(reader, count, where):
     """Step over `count` strings (a tokenizer vocab): only their lengths are read."""
     empty_run = 0
-    for _ in range(count):
+    for left in range(count - 1, -1, -1):
         length = read_length(reader, "string", MAX_STRING_LENGTH, where, PLAUSIBLE_ARRAY_STRING)
         reader.skip(length)
+        reader.ahead = reader.pos + 8 * left  # each string left has its u64 length at least
         empty_run = 0 if length else empty_run + 1
         if empty_run > MAX_EMPTY_RUN:
             raise HeaderProblem("absurd_count", "More than %d empty strings in a row in %s (at offset %d): zeros read"
