@@ -617,7 +617,7 @@ def odd_length_problem(odd, failure):
     return HeaderProblem(
         "bad_string_length",
         "The %s length %d (0x%x) at offset %d, %s, is more than real files hold (%d bytes at most), and the"
-        " parse stepped over it and lost step: after it, %s A corrupt length (a flipped bit, a bad write), not"
+        " parse lost step after stepping over it (then: %s) A corrupt length (a flipped bit, a bad write), not"
         " a cut file: fetch the file again and compare its sha256 with the source's; if you patched its"
         " header, redo the patch on a fresh copy." % (odd.kind, odd.length, odd.length, odd.offset, odd.where,
                                                       odd.bound, first_sentence(failure.message)), odd.offset)
