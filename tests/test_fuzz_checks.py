@@ -177,6 +177,7 @@ GGUF_CODES = {"lfs_pointer", "bad_magic", "bad_version", "bad_kv_type", "absurd_
               "misaligned", "overlap", "truncated", "oversize", "bad_tensor_type", "bad_shape", "bad_alignment",
               "duplicate_name", "unexpected_offset", "bad_string_length"}
 REAL_FUZZ = settings(FUZZ, max_examples=60)
+REAL_FILE = pytest.mark.timeout(600)  # the first test may extract it from the sdist, downloading that first
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,7 @@ def gguf_result(data: bytes | bytearray, size: int | None = None, step: int | No
     return result
 
 
+@REAL_FILE
 @REAL_FUZZ
 @given(data=st.data())
 def test_a_cut_real_gguf_is_always_a_truncation(real_vocab, data) -> None:
@@ -223,6 +225,7 @@ def test_a_cut_real_gguf_is_always_a_truncation(real_vocab, data) -> None:
     assert [p["code"] for p in result["problems"]] == ["header_truncated"], (cut, result["problems"])
 
 
+@REAL_FILE
 @REAL_FUZZ
 @given(data=st.data())
 def test_a_real_token_length_flipped_past_any_token_is_named(real_vocab, data) -> None:
@@ -238,6 +241,7 @@ def test_a_real_token_length_flipped_past_any_token_is_named(real_vocab, data) -
     assert gguf_result(flipped, step=data.draw(st.integers(1, 4096))) == result
 
 
+@REAL_FILE
 @REAL_FUZZ
 @given(data=st.data())
 def test_a_real_gguf_with_bytes_overwritten_gives_findings(real_vocab, data) -> None:

@@ -408,6 +408,9 @@ def test_never_raises_on_cut_or_flipped_bytes(tmp_path: Path) -> None:
 # Real GGUFs, written by llama.cpp's tools: the vocab-only files of its test suite and a quantized
 # model (tests/gguf_artifacts.py downloads and caches them), each checked against gguf-py's reader.
 
+# The first test that needs them may download them (~330 MB) and gguf-py's read of the model takes
+# tens of seconds on a busy machine: over the suite's 120 s.
+REAL_FILES = pytest.mark.timeout(900)
 READER_CHECKED_VOCABS = ("ggml-vocab-llama-spm", "ggml-vocab-bert-bge", "ggml-vocab-gpt-2", "ggml-vocab-phi-3")
 GGUF_HEADER_FIELDS = 3  # GGUFReader lists GGUF.version, GGUF.tensor_count and GGUF.kv_count as fields
 
@@ -472,6 +475,7 @@ def gemma_view(gemma: Path) -> ReaderView:
     return reader_view(gemma)  # ~750 MB and seconds for gguf-py: once per module
 
 
+@REAL_FILES
 def test_llama_cpp_vocab_files_pass_and_say_why_they_are_short(vocab_files: list[Path]) -> None:
     """Vocab-only files (no tensors) end where their header ends, a few bytes under expected_size."""
     assert len(vocab_files) >= 15
@@ -485,6 +489,7 @@ def test_llama_cpp_vocab_files_pass_and_say_why_they_are_short(vocab_files: list
         assert r["arrays"]["tokenizer.ggml.tokens"]["count"] > 1000, path.name
 
 
+@REAL_FILES
 def test_llama_cpp_vocab_files_agree_with_gguf_py(vocab_files: list[Path]) -> None:
     checked = [p for p in vocab_files if p.stem in READER_CHECKED_VOCABS]  # GGUFReader takes seconds each
     assert len(checked) == len(READER_CHECKED_VOCABS)
@@ -492,6 +497,7 @@ def test_llama_cpp_vocab_files_agree_with_gguf_py(vocab_files: list[Path]) -> No
         assert_agrees(check_file(path), reader_view(path))
 
 
+@REAL_FILES
 def test_a_real_quantized_model_agrees_with_gguf_py(gemma: Path, gemma_view: ReaderView) -> None:
     r = check_file(gemma, expect_tensors=gemma_view.tensor_count, expect_last=gemma_view.last_tensor)
     assert r["ok"] and r["problems"] == []
@@ -500,6 +506,7 @@ def test_a_real_quantized_model_agrees_with_gguf_py(gemma: Path, gemma_view: Rea
     assert r["expected_size"] == r["data_end"] == r["file_size"] and r["size_note"] is None
 
 
+@REAL_FILES
 def test_a_real_vocabulary_costs_a_few_round_trips_and_no_tensor_data(gemma: Path) -> None:
     """262k tokens: read in reads of up to MAX_FETCH where the header is known to go on (11, not 70
     of CHUNK: each one a round trip to a remote box), still never past the header by more than a CHUNK."""
@@ -530,6 +537,7 @@ def assert_cut_is_named(r: dict, where: str) -> None:
     assert "fetch it again" in r["problems"][0]["message"] or code == "truncated", (where, r["problems"])
 
 
+@REAL_FILES
 def test_cut_real_files_are_truncations_never_corruption(vocab_files: list[Path], gemma: Path) -> None:
     for path in [*vocab_files, gemma]:
         whole = check_file(path)
@@ -542,8 +550,8 @@ def test_cut_real_files_are_truncations_never_corruption(vocab_files: list[Path]
                 json.dumps(r)
 
 
-def test_a_real_model_cut_in_its_first_kb_is_truncated_not_absurd(gemma: Path, gemma_view: ReaderView,
-                                                                    tmp_path: Path) -> None:
+@REAL_FILES
+def test_a_real_model_cut_in_its_first_kb_is_truncated_not_absurd(gemma: Path, tmp_path: Path) -> None:
     """The issue's case: 236 tensors and 33 KVs cannot fit in 4 KB, and that is a cut, not a bad patch."""
     cut = tmp_path / "cut.gguf"
     with open(gemma, "rb") as f:
@@ -557,6 +565,7 @@ def test_a_real_model_cut_in_its_first_kb_is_truncated_not_absurd(gemma: Path, g
     assert out.returncode == 1 and "header_truncated" in out.stdout
 
 
+@REAL_FILES
 def test_counts_no_model_has_are_absurd_and_say_redo_the_patch(gemma: Path) -> None:
     with open(gemma, "rb") as f:
         head = f.read(4096)
@@ -575,6 +584,7 @@ def token_length_at(data: bytes) -> int:
     return data.index(entry) + len(entry) + 4 + 4 + 8  # value type ARRAY, element type STRING, count
 
 
+@REAL_FILES
 @pytest.mark.parametrize("bit", [22, 14])
 def test_a_flipped_token_length_is_named_not_blamed_on_the_download(vocab_files: list[Path], gemma: Path,
                                                                      bit: int) -> None:
@@ -593,6 +603,7 @@ def test_a_flipped_token_length_is_named_not_blamed_on_the_download(vocab_files:
         assert "not a cut file" in message and "one byte off" not in message, path.name
 
 
+@REAL_FILES
 def test_a_cut_real_file_never_exits_0(vocab_files: list[Path], tmp_path: Path) -> None:
     path = min(vocab_files, key=lambda p: p.stat().st_size)
     data = path.read_bytes()
@@ -622,6 +633,7 @@ def console_check(*args: str) -> tuple[dict, dict]:
     return json.loads(done.stdout), json.loads(done.stderr.strip().splitlines()[-1])
 
 
+@REAL_FILES
 def test_console_check_of_a_real_model_does_not_load_gguf_py_unless_deep(gemma: Path) -> None:
     """gguf-py's reader loads the whole vocabulary (seconds and ~750 MB here): only --deep runs it."""
     result, run = console_check(str(gemma))
@@ -630,12 +642,14 @@ def test_console_check_of_a_real_model_does_not_load_gguf_py_unless_deep(gemma: 
     assert result["bytes_read"] < 8 * 1024 * 1024  # the header, not the 253 MB
 
 
+@REAL_FILES
 def test_console_check_deep_runs_gguf_py_too(vocab_files: list[Path]) -> None:
     path = min(vocab_files, key=lambda p: p.stat().st_size)
     result, run = console_check(str(path), "--deep")
     assert run == {"rc": 0, "gguf_loaded": True} and result["ok"] and result["deep"] is True
 
 
+@REAL_FILES
 def test_console_check_says_why_a_vocab_only_file_is_short(vocab_files: list[Path]) -> None:
     from tests.helpers import run_cli as console_cli
 
@@ -648,6 +662,7 @@ def test_console_check_says_why_a_vocab_only_file_is_short(vocab_files: list[Pat
     assert text.returncode == 0 and "vocab-only" in text.stdout and f"header_end {result['header_end']}" in text.stdout
 
 
+@REAL_FILES
 def test_console_check_of_a_cut_real_model_exits_1(gemma: Path, tmp_path: Path) -> None:
     cut = tmp_path / "cut.gguf"
     with open(gemma, "rb") as f:
