@@ -487,6 +487,8 @@ def test_llama_cpp_vocab_files_pass_and_say_why_they_are_short(vocab_files: list
         if r["expected_size"] > r["file_size"]:
             assert "vocab-only" in r["size_note"] and str(r["header_end"]) in r["size_note"], path.name
         assert r["arrays"]["tokenizer.ggml.tokens"]["count"] > 1000, path.name
+    shown = run_cli(str(vocab_files[0]))
+    assert shown.returncode == 0 and "No tensors (a vocab-only file)" in shown.stdout
 
 
 @REAL_FILES
