@@ -23,8 +23,8 @@ Result: {"ok", "version", "tensor_count", "kv_count", "alignment", "header_end",
   size_note says why (a vocab-only file ends at header_end: nothing follows to pad for).
 
 Problem codes (a contract: `samai-console check gguf` and its users match on them): lfs_pointer,
-  bad_magic, bad_version, bad_kv_type, absurd_count (a count or length beyond what the file could
-  hold: the "string length 2^58" trap of a misplaced patch), header_truncated, misaligned, overlap,
+  bad_magic, bad_version, bad_kv_type, absurd_count (a count or length no file has: the "string
+  length 2^58" trap of a misplaced patch), header_truncated (ends inside its header), misaligned, overlap,
   truncated (file shorter than its tensors need), oversize (longer than its header describes),
   tensor_count_mismatch, last_tensor_mismatch; and also bad_tensor_type, bad_shape, bad_alignment,
   duplicate_name, unexpected_offset (llama.cpp refuses those files too), bad_string_length,
