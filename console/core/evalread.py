@@ -170,8 +170,8 @@ def _message(response: dict) -> dict | None:
 
 
 def _text(value: object) -> str:
-    if value.__class__ is str:  # the common case first: this runs several times per record
-        return value  # type: ignore[return-value]
+    if isinstance(value, str):  # the common case first: this runs several times per record
+        return value
     if value is None:
         return ""
     try:

@@ -88,7 +88,6 @@ _DS_OVERFLOW = re.compile(r"Attempted loss scale:\s*(\d[\d.eE+]*)(?:,\s*reducing
 _NAN_MARKER = re.compile(r"^[\s\d:\-T.,+/|]*(?:\[[^\]]*\][\s:]*)*TRAIN_NAN\b[\s:]*(.*)")
 _BARE_NON_FINITE = re.compile(r"(:\s*|\[\s*|,\s*)(-?)(nan|inf(?:inity)?)\b", re.IGNORECASE)
 _HISTORY = re.compile(r'"log_history"\s*:\s*\[')
-_SPACES = re.compile(r"\s*")
 
 GivenState = str | Mapping[str, Any] | os.PathLike  # a trainer_state.json given beside a log
 
@@ -701,7 +700,10 @@ class TrainLogCheck:
     tell a trainer_state.json (its log_history entries decoded as they come) from a log."""
 
     def __init__(self, trainer_state: GivenState | None = None) -> None:
-        overlay, self._state_summary = _given_state(trainer_state) if trainer_state is not None else ((), None)
+        overlay: list[TrainPoint] = []
+        self._state_summary: dict[str, float | None] | None = None
+        if trainer_state is not None:
+            overlay, self._state_summary = _given_state(trainer_state)
         self.parser = TrainLogParser(overlay)
         self._head: list[str] | None = []  # the first lines, until they tell what kind of file this is
         self._history: HistoryStream | None = None  # a trainer_state.json's reader
@@ -759,7 +761,7 @@ def _file_kind(head: list[str], at_end: bool = False) -> str | None:
     first = next((line for line in head if line and not line.isspace()), None)
     if first is None:
         return "log" if at_end or len(head) >= STATE_PEEK else None
-    indent = _SPACES.match(first).end()
+    indent = len(first) - len(first.lstrip())
     if first[indent:indent + 1] != "{" or first[indent:indent + 2] == "{'":  # {' opens a Trainer dict
         return "log"
     if '"log_history"' in head[-1]:
