@@ -7,8 +7,8 @@ multi-GB GGUF whose header is real and whose data is a hole (sparse), against gg
    and caches it). Two processes, interleaved, --runs times each, wall time and peak RSS (VmHWM,
    read by the process itself at its end):
    - box: the box's own check, as the box runs it (`python3 -S TOOLS gguf_check FILE --json`);
-   - console: `samai-console check gguf FILE --json` on a local target (the check through the Box,
-     by byte ranges, as for a remote box; its probe's peak is shown apart: it is the box's side).
+   - console: `samai-console check gguf FILE --json` on a local target (it reads the file as the
+     box's tool does; a remote target's byte ranges through the probe are timed in part 2).
    The figures: console / box, for time and for peak RSS (target <= 2 each, issue 17). The same
    two commands on a vocab-only GGUF of a few hundred bytes give each process's floor (start-up
    and imports: the console's is its CLI's, the same for every command), and what the model's
@@ -127,8 +127,7 @@ def model_section(runs: int, deep: bool) -> None:
             c.run("console --deep", console_argv(cfg, model, "--deep"))
     print(f"check gguf of {model.name} ({model.stat().st_size / 1e6:.0f} MB), {runs} runs each, interleaved, medians")
     for name in ("box", "console", "box floor", "console floor") + (("console --deep",) if deep else ()):
-        probe = f" (its probe {c.rss_mb(name, 'children_kb'):.1f} MB)" if name.startswith("console") else ""
-        print(f"{name:<15} {c.seconds(name):7.3f} s   peak RSS {c.rss_mb(name):7.1f} MB{probe}")
+        print(f"{name:<15} {c.seconds(name):7.3f} s   peak RSS {c.rss_mb(name):7.1f} MB")
     added = {name: c.rss_mb(name) - c.rss_mb(f"{name} floor") for name in ("box", "console")}
     print(f"what the model's header adds to each floor: box {added['box']:+.1f} MB, console {added['console']:+.1f} MB"
           f" of peak RSS")

@@ -25,11 +25,6 @@ from typing import TYPE_CHECKING, NoReturn
 from samai.console import __version__
 from samai.console.connect import open_box
 from samai.console.core import config as config_mod
-from samai.console.core.audit import AuditLog
-from samai.console.core.budget import disk_budget, plan_run
-from samai.console.core.detectors import declared_binaries, detect
-from samai.console.core.paths import audit_log
-from samai.console.core.preflight import poison_artifacts
 from samai.console.report import describe_check, describe_plan, describe_snapshot
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import CATCH_UP_READ, LogFollower
@@ -215,15 +210,13 @@ def _json(value) -> str:
 
 
 async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
-    from samai.console.core.actions import UnknownStage  # the action layer (and psutil) is kept off the TUI's path
-
     box = open_box(cfg, readonly=args.readonly)
     try:
         handlers = {"snapshot": _snapshot, "budget": _budget, "doctor": _doctor, "check": _check, "fire": _fire,
                     "stop": _stop, "kill": _kill, "tail": _tail}
         handler = handlers[args.command]
         return await handler(args, cfg, box)
-    except UnknownStage as e:
+    except config_mod.UnknownStage as e:
         return _fail(str(e), EXIT_USAGE)
     finally:
         await box.close()
@@ -243,6 +236,8 @@ async def _snapshot(args, cfg, box: Box) -> int:
 
 async def _budget(args, cfg, box: Box) -> int:
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts], processes=False)
+    from samai.console.core.budget import disk_budget, plan_run  # each command imports what it uses
+
     now = disk_budget(cfg, snap)
     peaks = plan_run(cfg, now.capacity)
     if args.json:
@@ -255,6 +250,9 @@ async def _budget(args, cfg, box: Box) -> int:
 
 
 async def _doctor(args, cfg, box: Box) -> int:
+    from samai.console.core.detectors import declared_binaries, detect  # see _budget
+    from samai.console.core.preflight import poison_artifacts
+
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts] + poison_artifacts(cfg),
                               writers=True, binaries=declared_binaries(cfg))
     findings = detect(cfg, snap)
@@ -382,7 +380,9 @@ def _raw_line(line: str) -> None:
 
 
 def _actions(args, cfg, box: Box) -> Actions:
-    from samai.console.core.actions import Actions  # see _run
+    from samai.console.core.actions import Actions  # the action layer (and psutil): only for a command that acts
+    from samai.console.core.audit import AuditLog
+    from samai.console.core.paths import audit_log
 
     return Actions(box, cfg, AuditLog(audit_log()), readonly=args.readonly,
                    confirm=_confirmer(args.yes, getattr(args, "force", False)))
@@ -391,7 +391,7 @@ def _actions(args, cfg, box: Box) -> Actions:
 def _confirmer(yes: bool, force: bool = False):
     """The command line's side of the one policy: a blocked plan needs --force and a confirmation
     (--yes, or "y" at a prompt that shows it blocked); without a terminal, only --yes confirms."""
-    from samai.console.core.actions import Decision  # see _run
+    from samai.console.core.actions import Decision  # see _actions
 
     async def confirm(plan: ActionPlan) -> Decision:
         for check in plan.checks:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 from samai.console.core import units
-from samai.console.core.budget import DiskBudget, StagePeak
-from samai.console.core.config import Config
-from samai.remote.model import Snapshot
 from samai.remote.visible import visible
+
+if TYPE_CHECKING:  # annotations only: a command that prints one report imports no more than it needs
+    from samai.console.core.budget import DiskBudget, StagePeak
+    from samai.console.core.config import Config
+    from samai.remote.model import Snapshot
 
 TOP_PROCESSES = 15
 MAX_AGE = 100 * 365 * 86400.0

@@ -672,3 +672,20 @@ def test_console_check_of_a_cut_real_model_exits_1(gemma: Path, tmp_path: Path) 
     result, run = console_check(str(cut), "--deep")  # a cut file is not handed to gguf-py at all
     assert run == {"rc": 1, "gguf_loaded": False}
     assert [p["code"] for p in result["problems"]] == ["header_truncated"]
+
+
+async def test_the_console_reads_a_local_file_as_it_reads_a_remote_one(box, vocab_files: list[Path],
+                                                                        tmp_path: Path) -> None:
+    """check gguf on a local target reads the file itself (what the box's tool costs); on a remote
+    one, byte ranges through the probe: the same findings either way, on llama.cpp's own file
+    whole and cut inside its vocabulary."""
+    from samai.console.core.checks import check_gguf
+
+    real = vocab_files[0]
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(real.read_bytes()[: real.stat().st_size // 2])
+    for path in (real, cut):
+        local = await check_gguf(box, str(path), expect_tensors=None, expect_last=None, local=True)
+        remote = await check_gguf(box, str(path), expect_tensors=None, expect_last=None, local=False)
+        assert local.to_json() == remote.to_json()
+    assert local.problems and not local.ok

@@ -28,7 +28,7 @@ import psutil
 
 from samai.console.core import units
 from samai.console.core.audit import AuditError, AuditLog
-from samai.console.core.config import Config, Stage
+from samai.console.core.config import Config, Stage, UnknownStage  # noqa: F401 (its callers import it here too)
 from samai.console.core.evidence import training_evidence
 from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
 from samai.remote.boxapi import Box, BoxError
@@ -38,12 +38,6 @@ from samai.remote.transport import TransportError
 PORT_GRACE_S = 5.0  # a listener on a stage's port: TERM, then KILL after this long
 SIGNALS = ("TERM", "KILL", "INT", "HUP")
 SHOWN_MEMBERS = 8  # of a process group, in a kill plan
-
-
-class UnknownStage(ValueError):
-    def __init__(self, name: str, config: Config) -> None:
-        known = ", ".join(s.name for s in config.stages) or "none"
-        super().__init__(f"unknown stage {name!r} (stages in {config.source}: {known})")
 
 
 @dataclass(frozen=True)

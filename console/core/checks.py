@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from samai.console.core.longlines import piece_follower
 from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
 from samai.remote.box import gguf_check
+from samai.remote.box.logfiles import open_regular
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 from samai.remote.model import Severity
@@ -91,8 +92,11 @@ async def check_trainlog(box: Box, path: str) -> TrainLogResult:
 async def check_gguf(box: Box, path: str, *, expect_tensors: int | None, expect_last: str | None,
                      local: bool, deep: bool = False) -> GgufResult:
     """The GGUF header checked from byte ranges: a remote 18 GB file costs a few MB, and the console
-    what the box's own check costs. With deep, on a local file, gguf-py's GGUFReader reads it as
-    well (its whole vocabulary: seconds and hundreds of MB for a real model)."""
+    what the box's own check costs (on a local target it reads the file as the box's tool does:
+    no probe to start, no thread waiting on the loop). With deep, on a local file, gguf-py's
+    GGUFReader reads it as well (its whole vocabulary: seconds and hundreds of MB for a real model)."""
+    if local:
+        return await asyncio.to_thread(_check_local_gguf, path, expect_tensors, expect_last, deep)
     try:
         size = await box.file_size(path)
     except BoxError as e:
@@ -110,9 +114,30 @@ async def check_gguf(box: Box, path: str, *, expect_tensors: int | None, expect_
         return data
 
     raw = await asyncio.to_thread(gguf_check.check, read_at, size, expect_tensors, expect_last)
-    result = _gguf_result(path, size, bytes_read, raw)
-    if deep and local and result.ok:
-        problems = result.problems + tuple(await asyncio.to_thread(_cross_check, path, result))
+    return _gguf_result(path, size, bytes_read, raw)
+
+
+def _check_local_gguf(path: str, expect_tensors: int | None, expect_last: str | None, deep: bool) -> GgufResult:
+    """check_gguf on this machine's file, read as the box's tool reads it (regular files only)."""
+    try:
+        fd, st = open_regular(path)
+    except OSError as e:
+        raise Unreadable(f"{path}: {e.strerror or e}") from e
+    bytes_read = 0
+
+    def read_at(offset: int, length: int) -> bytes:
+        nonlocal bytes_read
+        data = os.pread(fd, max(0, min(length, st.st_size - offset)), offset) if offset < st.st_size else b""
+        bytes_read += len(data)
+        return data
+
+    try:
+        raw = gguf_check.check(read_at, st.st_size, expect_tensors, expect_last)
+    finally:
+        os.close(fd)
+    result = _gguf_result(path, st.st_size, bytes_read, raw)
+    if deep and result.ok:
+        problems = result.problems + tuple(_cross_check(path, result))
         result = replace(result, problems=problems, ok=not problems, deep=True)
     return result
 

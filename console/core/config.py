@@ -41,6 +41,14 @@ SHARED_FOLDERS = ("/", "/home", "/root", "/tmp", "/var", "/var/tmp", "/var/lib",
                   "/var/opt", "/var/spool", "/var/mail", "/var/www", "/opt", "/srv", "/mnt", "/media", "/snap")
 
 
+class UnknownStage(ValueError):
+    """A stage the config does not declare was named (on the command line, or by a caller)."""
+
+    def __init__(self, name: str, config: Config) -> None:
+        known = ", ".join(s.name for s in config.stages) or "none"
+        super().__init__(f"unknown stage {name!r} (stages in {config.source}: {known})")
+
+
 class ConfigError(Exception):
     def __init__(self, source: str, key: str, expected: str, got: Any = None) -> None:
         got_text = "" if got is None else f", got {_short(repr(got))}"
