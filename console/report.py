@@ -96,7 +96,7 @@ def describe_check(kind: str, path: str, result: dict) -> str:
              "trainlog": ("lines", "unparsed"),
              "eval": ("format", "layout", "n", "correct", "accuracy", "pred_none", "truncated", "empty_content",
                       "malformed")}[kind]
-    lines = [f"{kind} {path}: " + "  ".join(f"{k} {result[k]}" for k in shown if result.get(k) is not None)]
+    lines = [f"{kind} {path}: " + "  ".join(f"{k} {_figure(k, result[k])}" for k in shown if result.get(k) is not None)]
     if kind == "gguf" and result.get("size_note"):
         lines.append(f"  {result['size_note']}")
     if kind == "trainlog":
@@ -111,6 +111,13 @@ def describe_check(kind: str, path: str, result: dict) -> str:
     if not findings:
         lines.append("  no problems found")
     return _text(lines)
+
+
+def _figure(key: str, value: object) -> str:
+    """A headline figure as a person reads it (the JSON keeps the exact value)."""
+    if key == "accuracy" and isinstance(value, float):
+        return f"{100 * value:.1f} %"
+    return str(value)
 
 
 def _text(lines: list[str]) -> str:

@@ -397,6 +397,7 @@ def test_the_cli_says_which_format_it_read(tmp_path: Path) -> None:
     done = run_cli("check", "eval", str(array))
     assert done.returncode == 1, done.stderr
     assert "format chat-completion  layout json-array  n 12" in done.stdout and "fake_zero" in done.stdout
+    assert "  accuracy 0.0 %  " in done.stdout  # as a person reads it; the JSON keeps the exact value
     shown = json.loads(run_cli("check", "eval", str(array), "--json").stdout)
     assert (shown["format"], shown["layout"], shown["n"], shown["split"]) == ("chat-completion", "json-array", 12, 12)
 
