@@ -9,6 +9,8 @@ The chain runs in a new session (so a stop can signal its whole process group), 
 stdin from /dev/null (an open stdin keeps SSH sessions hanging) and its own log. Its
 pid is written from inside the chain and must equal the pid we started: `setsid` the
 command forks when its caller leads a group, and then the pid the caller sees is wrong.
+At its start and its end the chain writes a SAMAI_DISK line (diskline.py) into the log: the
+workspace's file system then, so the console can tell what the stage added (§4.1).
 """
 
 import binascii
@@ -39,7 +41,11 @@ TAIL_LINES = 20
 CHAIN = """#!/bin/sh
 # samai-console chain for stage %(stage)s: written by the console, rewritten on every fire.
 echo $$ > "$SAMAI_PID_FILE"
+disk_line() {
+    "$SAMAI_BOX_PYTHON" -S -m samai_box.diskline "$1" 2>/dev/null || echo "SAMAI_DISK $1 unavailable"
+}
 finish() {
+    disk_line end
     echo "CHAIN_DONE rc=$1"
     echo "$1" > "$SAMAI_RC_FILE"
     exit "$1"
@@ -49,6 +55,7 @@ trap 'finish 130' INT
 trap 'finish 143' TERM
 echo "=== samai chain $SAMAI_STAGE: pid $$ started $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)"
 cd "$SAMAI_WORKSPACE" || finish 2
+disk_line start
 (
 %(command)s
 ) &
@@ -164,7 +171,8 @@ def launch(req):
     env.update(dict((str(k), str(v)) for k, v in (req.get("env") or {}).items()))
     chain_id = "%s:%s" % (stage, binascii.hexlify(os.urandom(8)).decode())  # every process it starts: kill.py
     env.update(SAMAI_STAGE=stage, SAMAI_WORKSPACE=workspace, SAMAI_LOG=log, SAMAI_CHAIN=chain_id,
-               SAMAI_PID_FILE=paths["pid"], SAMAI_RC_FILE=paths["rc"], **tools_env(env))
+               SAMAI_PID_FILE=paths["pid"], SAMAI_RC_FILE=paths["rc"], SAMAI_BOX_PYTHON=sys.executable,
+               **tools_env(env))  # SAMAI_BOX_PYTHON: what writes the chain's disk lines (diskline.py)
     with os.fdopen(log_fd, "ab") as out, open(os.devnull, "rb") as devnull:
         env.update(places.chain_files())
         proc = subprocess.Popen(["/bin/sh", paths["chain"]], stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
