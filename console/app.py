@@ -235,7 +235,7 @@ class SamaiApp(App[None]):
         self.query_one(StagesBar).show(u.stages, self.clock())
         self._title_log(u.stages)
         disk = self.query_one(DiskPane)
-        disk.show(u.budget, self._next_projection(u))
+        disk.show(u.budget, self._next_projection(u), u.disk_delta)
         if disk.largest and self.clock() - self._users_measured > USERS_EVERY_S:
             self.measure_disk_users()
         self.query_one(ProcessPane).show(u.processes, snap.time)

@@ -10,6 +10,7 @@ from textual.message import Message
 
 from samai.console.core import units
 from samai.console.core.budget import DiskBudget, Projection
+from samai.console.core.diskdelta import DiskDelta
 from samai.remote.model import DiskUsers
 from samai.remote.visible import visible
 from samai.widgets.pane import Pane
@@ -33,7 +34,7 @@ class DiskPane(Pane):
 
     DEFAULT_CSS = "DiskPane { height: auto; padding: 0 1; }"
     largest = False  # showing the largest users instead of the artifacts in pipeline order
-    _last: tuple[DiskBudget, Projection | None] | None = None
+    _last: tuple[DiskBudget, Projection | None, DiskDelta | None] | None = None
     _users: DiskUsers | str | None = None  # the last measure, or why it failed; None: not yet
     _measured_at: float | None = None
 
@@ -57,8 +58,9 @@ class DiskPane(Pane):
         if self.largest and self._last is not None:
             self.show(*self._last)
 
-    def show(self, budget: DiskBudget, next_stage: Projection | None = None) -> None:
-        self._last = (budget, next_stage)
+    def show(self, budget: DiskBudget, next_stage: Projection | None = None, delta: DiskDelta | None = None) -> None:
+        """`delta`: what the last fired stage did to the disk, from its log's SAMAI_DISK lines."""
+        self._last = (budget, next_stage, delta)
         if self.largest:
             self.show_content(Content.assemble(*largest_users(self._users, self._measured_at)))
             return
@@ -66,6 +68,8 @@ class DiskPane(Pane):
         parts: list = [*usage_bar(budget.used, budget.capacity, adds),
                        f" {units.size(budget.used)} used · {units.size(budget.free)} free of "
                        f"{units.size(budget.capacity)}\n"]
+        if delta is not None:
+            parts += [("last stage: ", "$foreground 60%"), visible(delta.text), "\n"]
         for a in budget.artifacts:
             if a.actual is None:
                 parts += [(f"  {visible(a.name):<12} {'—':>9}", "$foreground 50%"),

@@ -11,9 +11,10 @@ import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from samai.console.core.budget import DiskBudget, disk_budget
+from samai.console.core.budget import DiskBudget, disk_budget, workspace_disk
 from samai.console.core.config import CHAIN_DONE, Config, Stage
 from samai.console.core.detectors import declared_binaries, detect
+from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
 from samai.console.core.evidence import training_sources
 from samai.console.core.fixes import FixAction
 from samai.console.core.longlines import piece_follower
@@ -130,6 +131,7 @@ class StateUpdate:
     curve_reset: bool = False  # a new training run: the curve starts again
     log_restarted: str | None = None  # the shown stage's new run: the log pane starts again with its file
     alerts_changed: bool = False  # an alert was raised or resolved
+    disk_delta: DiskDelta | None = None  # what the last fired stage did to the disk, from its SAMAI_DISK lines
 
 
 def _marker_of(stage: Stage, name: str) -> Marker | None:
@@ -158,12 +160,14 @@ class ConsoleState:
         self._rcs: dict[str, int | None] = {}
         self._last_said: dict[str, str] = {}  # each stage's last marker line of this run, CHAIN_DONE aside
         self._progress: dict[str, Progress] = {}  # each stage's last progress line of this run
+        self._disk: dict[str, tuple[DiskReading | None, DiskReading | None]] = {}  # this run's (start, end)
         self._standing: set[tuple[str, str]] = set()
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
 
     def _watch(self, stage: Stage) -> LogFollower:
-        # Progress lines come back as hits of one more marker: the watch still moves no log bytes.
-        return LogFollower(self.path_of(stage.log), markers=(*stage.markers, PROGRESS_MARKER), want_data=False,
+        # Progress and disk lines come back as hits of more markers: the watch still moves no log bytes.
+        return LogFollower(self.path_of(stage.log), markers=(*stage.markers, PROGRESS_MARKER, DISK_MARKER),
+                           want_data=False,
                            last_lines=MARKER_HISTORY_LINES, max_bytes=MARKER_SCAN_READ)
 
     def path_of(self, path: str) -> str:
@@ -225,6 +229,7 @@ class ConsoleState:
             else:
                 self._hits(self._stages[watched[id(follower)]], tail.hits, update)
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
+        update.disk_delta = self._disk_delta(snap, update.stages)
         update.new_alerts += self._findings(snap, update.budget)
         resolved += self._resolve_gone(snap, now)
         self.raise_alerts(update.new_alerts)
@@ -296,6 +301,7 @@ class ConsoleState:
             marker = self.last_markers.pop(stage.name, (None, "info"))[0]
             self._last_said.pop(stage.name, None)
             self._progress.pop(stage.name, None)
+            self._disk.pop(stage.name, None)
             self.previous[stage.name] = PreviousRun(before[0], self._statuses.get(stage.name, "?"),
                                                     self._rcs.get(stage.name), marker)
             self.watches[stage.name] = self._watch(stage)
@@ -349,6 +355,9 @@ class ConsoleState:
             if hit.marker == PROGRESS_MARKER_NAME:
                 self._progress_hit(stage, hit.line)
                 continue
+            if hit.marker == DISK_MARKER_NAME:
+                self._disk_hit(stage, hit.line)
+                continue
             marker = _marker_of(stage, hit.marker)
             severity = marker.severity if marker else "info"
             self.last_markers[stage.name] = (hit.line[:60], severity)
@@ -362,6 +371,18 @@ class ConsoleState:
         if progress is None or (progress.kind == "step" and stage.ports):
             return  # a server's own command line ("$ llama-server ...") is no step of a long job
         self._progress[stage.name] = progress
+
+    def _disk_hit(self, stage: Stage, line: str) -> None:
+        reading = parse_disk_line(line)
+        if reading is not None:
+            start, end = self._disk.get(stage.name, (None, None))
+            self._disk[stage.name] = (reading, end) if reading.phase == "start" else (start, reading)
+
+    def _disk_delta(self, snap: Snapshot, views: list[StageView]) -> DiskDelta | None:
+        disk = workspace_disk(snap)
+        fired = {name: run[0] or 0.0 for name, run in self.runs.items()}
+        return latest(self._disk, fired, {v.name for v in views if v.status == "running"},
+                      disk.used if disk else None)
 
     def _stage_view(self, stage: Stage, snap: Snapshot, update: StateUpdate) -> StageView:
         rec = snap.state(stage.name)
