@@ -167,8 +167,7 @@ class ConsoleState:
     def _watch(self, stage: Stage) -> LogFollower:
         # Progress and disk lines come back as hits of more markers: the watch still moves no log bytes.
         return LogFollower(self.path_of(stage.log), markers=(*stage.markers, PROGRESS_MARKER, DISK_MARKER),
-                           want_data=False,
-                           last_lines=MARKER_HISTORY_LINES, max_bytes=MARKER_SCAN_READ)
+                           want_data=False, last_lines=MARKER_HISTORY_LINES, max_bytes=MARKER_SCAN_READ)
 
     def path_of(self, path: str) -> str:
         return path if path.startswith("/") else posixpath.join(self.config.workspace, path)
