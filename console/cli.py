@@ -250,12 +250,14 @@ async def _budget(args, cfg, box: Box) -> int:
 
 
 async def _doctor(args, cfg, box: Box) -> int:
-    from samai.console.core.detectors import declared_binaries, detect  # see _budget
+    from samai.console.core import detectors  # see _budget
     from samai.console.core.preflight import poison_artifacts
 
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts] + poison_artifacts(cfg),
-                              writers=True, binaries=declared_binaries(cfg))
-    findings = detect(cfg, snap)
+                              writers=True, binaries=detectors.declared_binaries(cfg))
+    pythons = detectors.peft_pythons(cfg)  # the training environments: what is installed beside peft (§9)
+    envs = await box.python_packages(list(pythons), detectors.WATCHED_PACKAGES) if pythons else ()
+    findings = detectors.detect(cfg, snap) + detectors.torchao_beside_peft(cfg, envs)
     if args.json:
         print(_json({"findings": [dict(asdict(f), action=str(f.action or "")) for f in findings]}))
     else:

@@ -190,6 +190,14 @@ class Box:
             raise BoxError("malformed reply: listing.entries is not a list")
         return tuple(n for n in names if isinstance(n, str) and n and _is_text(n))
 
+    async def python_packages(self, pythons: Sequence[str], names: Sequence[str] = ()
+                              ) -> tuple[model.PythonPackages, ...]:
+        """The distributions installed beside each Python (relative: in the workspace), read from
+        its site-packages without starting it; only those named, when names are given."""
+        request = {"workspace": self.workspace, "processes": False, "states": False,
+                   "packages": [{"python": p, "names": list(names)} for p in pythons]}
+        return model.python_packages(await self.ask_probe(request))
+
     async def read_log(self, cursor: LogCursor) -> LogChunk:
         request = {"logs": [cursor.request()], "processes": False, "states": False}
         raw = await self.ask_probe(request)

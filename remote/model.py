@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 import types
 import typing
 from dataclasses import dataclass, is_dataclass
@@ -289,6 +290,37 @@ class CleanResult:
         return sum(n for _, n in self.removed)
 
 
+@dataclass(frozen=True)
+class Distribution:
+    """One distribution installed in a Python environment (untrusted text, as its metadata says)."""
+
+    name: str
+    version: str
+    path: str  # its dist-info (or egg-info) folder
+
+
+@dataclass(frozen=True)
+class PythonPackages:
+    """The distributions installed in one Python environment on the box (box/packages.py)."""
+
+    python: str  # the interpreter as asked for: a stage's venv/bin/python
+    prefix: str = ""
+    site: tuple[str, ...] = ()
+    found: tuple[Distribution, ...] = ()
+    complete: bool = True  # False when there were more than asked for
+    error: str | None = None
+
+    def get(self, name: str) -> Distribution | None:
+        """The installed distribution of that name, compared as pip compares names."""
+        wanted = normalised_name(name)
+        return next((d for d in self.found if normalised_name(d.name) == wanted), None)
+
+
+def normalised_name(name: str) -> str:
+    """PEP 503: runs of -, _ and . are one -, case ignored (as box/packages.py compares them)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 # ------------------------------------------------------------ from the tools' JSON
 #
 # A reply is untrusted: anything but the documented shape is a BoxError naming what is wrong,
@@ -491,3 +523,11 @@ def _data(raw: dict[str, Any]) -> bytes:
     if not isinstance(data, str):
         raise BoxError(f"malformed reply: data is {type(data).__name__}, not base64 text")
     return base64.b64decode(data)
+
+
+@_converting
+def python_packages(raw: dict[str, Any]) -> tuple[PythonPackages, ...]:
+    """The reply's "packages": one entry per environment asked for."""
+    return tuple(_pick(PythonPackages, env, site=tuple(_items(env, "site")),
+                       found=tuple(_pick(Distribution, d) for d in _items(env, "found")))
+                 for env in _items(raw, "packages"))

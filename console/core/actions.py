@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,6 +39,7 @@ from samai.remote.transport import TransportError
 PORT_GRACE_S = 5.0  # a listener on a stage's port: TERM, then KILL after this long
 SIGNALS = ("TERM", "KILL", "INT", "HUP")
 SHOWN_MEMBERS = 8  # of a process group, in a kill plan
+PACKAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # a distribution name as pip takes it
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class PortHolder:
 
 @dataclass(frozen=True)
 class ActionPlan:
-    action: str  # fire | stop | kill | restart | clean
+    action: str  # fire | stop | kill | restart | clean | uninstall
     target: str
     subject: str
     command: str  # the exact command, or the signal and what receives it
@@ -224,6 +226,28 @@ class Actions:
             paths=tuple(paths), checks=needed_artifact_checks(self.config, paths),
         )
 
+    async def plan_uninstall(self, python: str, package: str) -> ActionPlan:
+        """`PYTHON -m pip uninstall -y PACKAGE`, run like a stage (detached, its own log, verified):
+        blocked while a stage that runs from that environment is running."""
+        if not PACKAGE_NAME.match(package):
+            raise ValueError(f"not a distribution name: {package!r}")
+        command = f"{shlex.quote(python)} -m pip uninstall -y {shlex.quote(package)}"
+        name = f"uninstall-{package}"
+        log = f"logs/{name}.log"
+        users = [s for s in self.config.stages if _runs_python(s, python)]
+        snap = await self._snapshot(processes=True)
+        running = [s.name for s in users if snap and (rec := snap.state(s.name)) and rec.alive]
+        checks = tuple(Check("error", f"stage {n} is running from {python}: stop it first") for n in running)
+        used = [f"used by stage {', '.join(s.name for s in users)}"] if users else []
+        return ActionPlan(
+            action="uninstall", target=self.config.target.url, subject=f"{package} from {python}", command=command,
+            details=(*used, f"workspace {self.config.workspace}", f"log {log}"), checks=checks, stage=name,
+            chain=command, log=log, boot=snap.boot if snap else None,
+        )
+
+    async def uninstall(self, python: str, package: str) -> ActionOutcome:
+        return await self.confirm_and_run(await self.plan_uninstall(python, package))
+
     async def _stage_snapshot(self) -> Snapshot | None:
         return await self._snapshot(artifacts=[(a.name, a.path) for a in self.config.artifacts]
                                     + poison_artifacts(self.config))
@@ -320,6 +344,8 @@ class Actions:
                                        grace=plan.grace, protect=self._protect(), group=plan.group)
         if plan.action == "clean":
             return await self.box.remove(plan.paths)
+        if plan.action == "uninstall":
+            return await self._launch(plan)
         raise ValueError(f"unknown action {plan.action!r}")
 
     async def _launch(self, plan: ActionPlan) -> FireResult:
@@ -460,6 +486,13 @@ def needed_artifact_checks(config: Config, paths: Sequence[str], by: str | None 
                 checks.append(Check("error", f"deletes {path}: the {art.name} artifact, which stage "
                                     f"{' and '.join(users)} needs"))
     return tuple(checks)
+
+
+def _runs_python(stage: Stage, python: str) -> bool:
+    try:
+        return python in shlex.split(stage.command)
+    except ValueError:
+        return False
 
 
 def _holder_lines(holders: Sequence[PortHolder]) -> list[str]:

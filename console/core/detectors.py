@@ -5,6 +5,9 @@ and binds their action (which then goes through its usual confirmation)."""
 from __future__ import annotations
 
 import posixpath
+import re
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from samai.console.core import units
@@ -13,10 +16,14 @@ from samai.console.core.config import Config, Stage
 from samai.console.core.fixes import CLEAN, FixAction
 from samai.console.core.preflight import present_poison
 from samai.console.core.redact import redact
-from samai.remote.model import Severity, Snapshot
+from samai.remote.model import PythonPackages, Severity, Snapshot
 
 # The [model] settings that name binaries the pipeline runs (checked for the tar-prefix trap).
 BINARY_SETTINGS = ("llama_server", "llama_quantize")
+# The box's stage modules that import peft, and the distributions their environment is checked for (§9).
+PEFT_STAGES = ("train", "merge")
+WATCHED_PACKAGES = ("peft", "torchao")
+PYTHON = re.compile(r"^python(3(\.[0-9]+)?)?$")
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,54 @@ def _lost_stages(cfg: Config, snap: Snapshot, budget: DiskBudget):
             action = FixAction.stop(rec.stage) if rec.status == "orphaned" else FixAction.restart(rec.stage)
             yield Finding("stage_lost", "error", f"stage {rec.stage} (pid {rec.pid}) died without CHAIN_DONE"
                           + ("; its group still runs" if rec.status == "orphaned" else ""), action)
+
+
+def peft_pythons(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """The interpreter of each stage that runs peft (the train and merge modules, or a stage of
+    that name), as its command names it, with those stages: the environments §9 is about."""
+    found: dict[str, tuple[str, ...]] = {}
+    for stage in cfg.stages:
+        for python in _peft_runners(stage.name, stage.command):
+            found[python] = found.get(python, ()) + (stage.name,)
+    return found
+
+
+def _peft_runners(name: str, command: str) -> list[str]:
+    """The pythons in a command that run a peft stage: `venv/bin/python -m samai_box.stages.train`
+    (or the old `venv/bin/python "$SAMAI_TOOLS/stages/train.py"`) and any python of a train stage."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: the stage cannot run either
+        return []
+    found: list[str] = []
+    for i, word in enumerate(words[:-1]):
+        if not PYTHON.match(posixpath.basename(word)) or word in found:
+            continue
+        script = words[i + 2] if words[i + 1] == "-m" and i + 2 < len(words) else words[i + 1]
+        module = script.rsplit(".", 1)[-1] if words[i + 1] == "-m" else posixpath.basename(script).removesuffix(".py")
+        if name in PEFT_STAGES or module in PEFT_STAGES:
+            found.append(word)
+    return found
+
+
+def torchao_beside_peft(cfg: Config, envs: Sequence[PythonPackages]) -> list[Finding]:
+    """torchao installed beside peft: peft's LoRA dispatch imports torchao whenever it is
+    installed and raises ImportError on a version it does not support (§9: uninstall torchao)."""
+    users = peft_pythons(cfg)
+    found = []
+    for env in envs:
+        peft, torchao = env.get("peft"), env.get("torchao")
+        if peft is None or torchao is None:
+            continue
+        stages = users.get(env.python, ())
+        used_by = f" (stage {', '.join(stages)})" if stages else ""
+        found.append(Finding("torchao_beside_peft", "error",
+                             f"torchao {torchao.version[:40]} is installed beside peft {peft.version[:40]} in "
+                             f"{env.python}{used_by}: peft's LoRA dispatch imports torchao when it is installed "
+                             "and fails with ImportError on a version it does not support (peft 0.19 wants "
+                             "torchao >= 0.16); the pipeline does not use torchao: uninstall it",
+                             FixAction.uninstall(env.python, "torchao")))
+    return found
 
 
 def _kill_action(snap: Snapshot, pid: int) -> FixAction | None:

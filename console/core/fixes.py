@@ -9,7 +9,7 @@ from typing import Literal
 
 from samai.remote.model import Process
 
-FixKind = Literal["kill", "stop", "restart", "clean"]
+FixKind = Literal["kill", "stop", "restart", "clean", "uninstall"]
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,8 @@ class FixAction:
     stage: str = ""  # stop, restart: the stage
     pid: int = 0  # kill: the process, as it was when the alert was raised
     start_time: float = 0.0
+    python: str = ""  # uninstall: the environment's interpreter, as the stages name it
+    package: str = ""  # uninstall: the distribution to remove from it
 
     @classmethod
     def kill(cls, process: Process) -> FixAction:
@@ -31,10 +33,16 @@ class FixAction:
     def restart(cls, stage: str) -> FixAction:
         return cls("restart", stage=stage)
 
+    @classmethod
+    def uninstall(cls, python: str, package: str) -> FixAction:
+        return cls("uninstall", python=python, package=package)
+
     def __str__(self) -> str:
-        """As `doctor` prints it: kill PID START, stop STAGE, restart STAGE, clean."""
+        """As `doctor` prints it: kill PID START, stop STAGE, restart STAGE, clean, uninstall PACKAGE PYTHON."""
         if self.kind == "kill":
             return f"kill {self.pid} {self.start_time}"
+        if self.kind == "uninstall":
+            return f"uninstall {self.package} {self.python}"
         return f"{self.kind} {self.stage}".rstrip()
 
 

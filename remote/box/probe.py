@@ -11,13 +11,15 @@ Request (every key optional):
              "max_bytes", "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
    "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH],
-   "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "max"}, "attach": false}
+   "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "max"},
+   "packages": [{"python", "names", "max"}], "attach": false}
   A --serve probe also takes a request as changes to the last one it answered ("base", "same",
   log entries with "like": see held.py), and marks each reply with "held" for the next.
 Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts", "processes",
         "listeners", "logs", "ranges", "reports", "states", "writers", "binaries", "errors"}
         and, when asked, "users": the workspace's largest entries (disk.workspace_users)
-        and "listing": one folder's entries (see listing)
+        and "listing": one folder's entries (see listing), and "packages": the distributions
+        installed in each Python environment asked for (packages.py)
   The bytes read into "logs" and "ranges" entries are base64 in their "data"; or, when the
   request asks to "attach" them, raw after the JSON line, at the entry's "data_at" (answer).
 
@@ -39,6 +41,8 @@ import time
 from .disk import Listings, artifacts, disks, resolve, workspace_users
 from .held import HeldRequest, HeldUnknown
 from .logfiles import HeldLogs, logs, ranges, read_regular
+from .packages import check_request as check_packages_request
+from .packages import environments
 from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, record_btime, same_start
 from .procs import Facts, processes
 from .sockets import fd_links, listeners, watched_folder, writers
@@ -178,6 +182,8 @@ def check_request(req):
         if budget is not None and not 0 <= budget <= MAX_ARTIFACT_BUDGET_S:
             raise ValueError("request.users.budget_s must be between 0 and %g" % MAX_ARTIFACT_BUDGET_S)
     check_listing_request(req)
+    if req.get("packages") is not None:
+        check_packages_request(req["packages"])
     binaries = req.get("binaries")
     if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
         raise ValueError("request.binaries must be a list of paths")
@@ -376,6 +382,8 @@ def probe(req, memory=None):
             errors.append({"what": "users " + workspace, "error": str(e)})
     if req.get("listing") is not None:
         reply["listing"] = listing(workspace, req["listing"])
+    if req.get("packages") is not None:
+        reply["packages"] = environments(workspace, req["packages"])
     reply["logs"] = logs(req.get("logs") or (), memory.logs if memory else None)
     reply["ranges"] = ranges(req.get("ranges") or ())
     reply["reports"] = reports(workspace, req.get("reports") or (), errors)
