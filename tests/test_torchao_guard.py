@@ -289,3 +289,17 @@ def test_any_packages_request_is_checked_or_a_value_error(specs) -> None:
     except ValueError:
         return
     assert isinstance(specs, list)
+
+
+def test_a_malformed_packages_request_is_an_error_reply_naming_it(workspace) -> None:
+    from samai.remote.box import probe
+
+    def answer(request: dict) -> dict:
+        return json.loads(probe.answer(json.dumps({**request, "processes": False, "states": False})))
+
+    assert "request.packages[0].python must be a path" in answer({"packages": [{"python": 3}]})["error"]
+    assert "request.packages must be a list" in answer({"packages": {"python": "x"}})["error"]
+    too_many = [{"python": "venv/bin/python"}] * (packages.MAX_ENVIRONMENTS + 1)
+    assert "more than" in answer({"packages": too_many})["error"]
+    names = answer({"workspace": str(workspace), "packages": [{"python": "venv/bin/python", "names": ["peft"]}]})
+    assert names["packages"][0]["error"].endswith("venv/bin/python does not exist")
