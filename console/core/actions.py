@@ -235,8 +235,8 @@ class Actions:
         name = f"uninstall-{package}"
         log = f"logs/{name}.log"
         users = [s for s in self.config.stages if _runs_python(s, python)]
-        snap = await self._snapshot(processes=True)
-        running = [s.name for s in users if snap and (rec := snap.state(s.name)) and rec.alive]
+        snap = await self._snapshot()
+        running = [s.name for s in users if snap and _alive(snap, s.name)]
         checks = tuple(Check("error", f"stage {n} is running from {python}: stop it first") for n in running)
         used = [f"used by stage {', '.join(s.name for s in users)}"] if users else []
         return ActionPlan(
@@ -488,7 +488,13 @@ def needed_artifact_checks(config: Config, paths: Sequence[str], by: str | None 
     return tuple(checks)
 
 
+def _alive(snap: Snapshot, stage: str) -> bool:
+    rec = snap.state(stage)
+    return rec is not None and rec.alive
+
+
 def _runs_python(stage: Stage, python: str) -> bool:
+    """Whether the stage's command runs that interpreter (pip would pull files from under it)."""
     try:
         return python in shlex.split(stage.command)
     except ValueError:
