@@ -227,6 +227,8 @@ class SamaiApp(App[None]):
             self.notify("the box answers again", title="reconnected", markup=False)
         # The first snapshot after a (re)connect timed the handshake too: said as such, not as a round trip.
         first = self.connection.state != "connected"
+        if first:
+            self.read_environments()
         self.connection = Connection(self.config.target.url, snap.host, "connected", 0.0,
                                      None if first else snap.rtt, False, self.readonly,
                                      connect_s=snap.rtt if first else self.connection.connect_s)
@@ -564,8 +566,18 @@ class SamaiApp(App[None]):
             self.action_stop(fix.stage)
         elif fix.kind == "restart":
             self.action_restart(fix.stage)
-        else:
+        elif fix.kind == "uninstall":
+            self.action_uninstall(fix.python, fix.package)
+        elif fix.kind == "clean":
             self.action_clean()
+        else:
+            self.notify(f"no fix of kind {fix.kind} here", severity="warning", markup=False)
+
+    @_one_action_at_a_time
+    async def action_uninstall(self, python: str, package: str) -> None:
+        """A package removed from a training environment (the §9 fix), then the environments read again."""
+        self._report(await self._actions().uninstall(python, package))
+        self.read_environments()
 
     @_one_action_at_a_time
     async def action_kill(self, process: Process | None = None) -> None:
@@ -611,6 +623,20 @@ class SamaiApp(App[None]):
     def on_disk_pane_toggled(self, event: DiskPane.Toggled) -> None:
         if event.largest:
             self.measure_disk_users()
+
+    @work(group="environments", exclusive=True, exit_on_error=False)
+    async def read_environments(self) -> None:
+        """What is installed beside peft in the training environments (§9), read from their
+        site-packages on the box; its finding comes with the next poll's."""
+        from samai.console.core.detectors import WATCHED_PACKAGES, peft_pythons
+
+        pythons = peft_pythons(self.config)
+        if not pythons or self.box is None:
+            return
+        try:
+            self.state.environments = await self.box.python_packages(list(pythons), WATCHED_PACKAGES)
+        except (BoxError, TransportError) as e:
+            self.log.warning("training environments not read", e)
 
     @work(group="disk-users", exclusive=True, exit_on_error=False)
     async def measure_disk_users(self) -> None:

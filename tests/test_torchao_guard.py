@@ -303,3 +303,31 @@ def test_a_malformed_packages_request_is_an_error_reply_naming_it(workspace) -> 
     assert "more than" in answer({"packages": too_many})["error"]
     names = answer({"workspace": str(workspace), "packages": [{"python": "venv/bin/python", "names": ["peft"]}]})
     assert names["packages"][0]["error"].endswith("venv/bin/python does not exist")
+
+
+@pytest.mark.timeout(300)  # a venv with pip, two wheels installed, then the TUI
+async def test_the_tui_raises_it_and_x_uninstalls_through_the_confirmation(tmp_path, workspace) -> None:
+    """At connect the console reads the training environments; torchao beside peft is an alert whose
+    fix (x) shows the exact pip command, removes torchao once confirmed, and the alert resolves."""
+    from samai.console.app import SamaiApp
+    from samai.widgets.dialogs import ConfirmDialog
+    from tests.helpers import pilot_until
+
+    venv = _venv(workspace, pip=True)
+    wheels = [_wheel(tmp_path, "peft", "0.19.1"), _wheel(tmp_path, "torchao", "0.10.0")]
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index", "--no-deps",
+                    "--disable-pip-version-check", *map(str, wheels)], check=True, timeout=300,
+                   capture_output=True)
+    app = SamaiApp(config.load(_config(tmp_path, workspace)))
+    async with app.run_test(size=(140, 45)) as pilot:
+        alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts
+                                                      if a.code == "torchao_beside_peft"), None), 60)
+        assert alert.active and "x fix" in alert.hint
+        await pilot.press("x")
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
+        shown = " ".join(str(w.render()) for w in dialog.query("Static"))
+        assert "venv/bin/python -m pip uninstall -y torchao" in shown and app.focused.id == "cancel"
+        await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: not any(a.active for a in app.state.alerts if a.code == "torchao_beside_peft"),
+                          120)  # resolved: the environment read again after the uninstall
+    assert not list(_site(venv).glob("torchao*")) and list(_site(venv).glob("peft*"))

@@ -13,7 +13,7 @@ from typing import Literal
 
 from samai.console.core.budget import DiskBudget, disk_budget, workspace_disk
 from samai.console.core.config import CHAIN_DONE, Config, Stage
-from samai.console.core.detectors import declared_binaries, detect
+from samai.console.core.detectors import declared_binaries, detect, torchao_beside_peft
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
 from samai.console.core.evidence import training_sources
 from samai.console.core.fixes import FixAction
@@ -24,7 +24,7 @@ from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower, last_run
-from samai.remote.model import Marker, Process, Report, RunStatus, Severity, Snapshot, StageRecord
+from samai.remote.model import Marker, Process, PythonPackages, Report, RunStatus, Severity, Snapshot, StageRecord
 
 MAX_ALERTS = 200
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
@@ -162,6 +162,9 @@ class ConsoleState:
         self._progress: dict[str, Progress] = {}  # each stage's last progress line of this run
         self._disk: dict[str, tuple[DiskReading | None, DiskReading | None]] = {}  # this run's (start, end)
         self._standing: set[tuple[str, str]] = set()
+        # What the training environments hold, as last read (at each connect, and after an
+        # uninstall): read apart from the poll, since it changes only when someone installs.
+        self.environments: tuple[PythonPackages, ...] = ()
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
 
     def _watch(self, stage: Stage) -> LogFollower:
@@ -273,7 +276,7 @@ class ConsoleState:
 
     def _findings(self, snap: Snapshot, budget: DiskBudget) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back."""
-        findings = detect(self.config, snap, budget)
+        findings = detect(self.config, snap, budget) + torchao_beside_peft(self.config, self.environments)
         new = [f for f in findings if f.key not in self._standing]
         self._standing = {f.key for f in findings}
         return [Alert(self._at(), f.severity, f.message, code=f.code, action=f.action,
