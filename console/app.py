@@ -32,7 +32,7 @@ from samai.console.core.config import Config
 from samai.console.core.redact import redact
 from samai.console.core.state import Alert, ConsoleState, StageView, StateUpdate
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.follow import RUN_HEADER, missing_notice
+from samai.remote.follow import missing_notice
 from samai.remote.model import DiskUsers, Process, Snapshot
 from samai.remote.targets import TargetError, open_transport
 from samai.remote.transport import TransportError
@@ -512,8 +512,7 @@ class SamaiApp(App[None]):
         from samai.console.core.state import run_error
 
         # The stage's own last words, not the chain's bookkeeping around them.
-        tail = [line[:200] for line in getattr(outcome.result, "log_tail", ())
-                if line.strip() and not line.startswith(("CHAIN_DONE", RUN_HEADER))]
+        tail = [line[:200] for line in getattr(outcome.result, "stage_tail", ())]
         text = " · ".join([outcome.message, *tail[-2:]])
         stage = outcome.plan.stage or ""
         self.state.raise_alerts([run_error(self.clock(), text, stage, await self._run_fired(outcome))])
@@ -656,7 +655,7 @@ class SamaiApp(App[None]):
         self.state.sizer.refresh_all()  # whatever the action made or removed is sized in the next poll
         severity: SeverityLevel = "information" if outcome.ok else "warning" if outcome.status == "cancelled" \
             else "error"
-        tail = getattr(outcome.result, "log_tail", ()) if not outcome.ok else ()
+        tail = getattr(outcome.result, "stage_tail", ()) if not outcome.ok else ()
         message = "\n".join([outcome.message, *(line[:100] for line in tail[-FAILED_TAIL_LINES:])])
         # Box text (stage output, commands): never markup, and no secrets in a toast either.
         self.notify(redact(message), severity=severity, timeout=6 if outcome.ok else 15, markup=False)

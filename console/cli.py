@@ -428,7 +428,7 @@ def _report(outcome: ActionOutcome) -> int:
     result = outcome.result
     stream = sys.stdout if outcome.ok else sys.stderr
     print(f"samai-console: {visible(outcome.message)}", file=stream)
-    for line in getattr(result, "log_tail", ()) if not outcome.ok else ():
+    for line in getattr(result, "stage_tail", ()) if not outcome.ok else ():
         print(f"  | {visible(line)}", file=stream)
     return EXIT_OK if outcome.ok else EXIT_PROBLEM
 

@@ -12,14 +12,13 @@ import base64
 from dataclasses import dataclass, field
 
 from samai.remote.decode import DEFAULT_MAX_LINE, LineDecoder
-from samai.remote.model import LogChunk, Marker, MarkerHit
+from samai.remote.model import RUN_HEADER, LogChunk, Marker, MarkerHit
 from samai.remote.visible import visible
 
 DEFAULT_READ = 256 * 1024
 CATCH_UP_READ = 8 * 1024 * 1024  # the most the box reads at once (logfiles.MAX_LOG_BYTES)
 MARKER_SCAN_READ = 4 * 1024 * 1024  # a markers-only watch transfers no bytes, so it can scan more
 SCAN_CARRY = 64 * 1024  # the probe re-scans at most this much of an unfinished line
-RUN_HEADER = "=== samai chain "  # the first line the box's launcher writes for each run of a stage
 
 
 def missing_notice(path: str) -> str:

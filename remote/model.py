@@ -260,6 +260,18 @@ class FireResult:
     log: str | None = None
     log_tail: tuple[str, ...] = ()
 
+    @property
+    def stage_tail(self) -> tuple[str, ...]:
+        """The stage's own last lines: log_tail without the chain's bookkeeping around them (its
+        run header, its disk lines, CHAIN_DONE) and blank lines."""
+        return tuple(line for line in self.log_tail if line.strip() and not line.startswith(CHAIN_LINES))
+
+
+# What the box's chain writes into a stage's log around the stage's own output (launch.py):
+# the first line of each run, the disk lines at its start and end, the last line.
+RUN_HEADER = "=== samai chain "
+CHAIN_LINES = (RUN_HEADER, "SAMAI_DISK ", "CHAIN_DONE")
+
 
 @dataclass(frozen=True)
 class SignalResult:

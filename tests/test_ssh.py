@@ -19,6 +19,7 @@ from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
+from samai.remote.model import CHAIN_LINES
 from samai.remote.ssh import SshOptions, SshTarget, SshTransport
 from samai.remote.transport import TransportError, TransportTimeout
 from tests import sshd
@@ -108,7 +109,8 @@ async def test_a_non_root_user_with_a_workspace_in_its_home(server, ssh_home) ->
         fired = await box.fire("whoami", "id -un; sleep 30", "logs/whoami.log", verify_s=0.5)
         assert fired.ok
         home = Path(f"/home/{sshd.TEST_USER}")
-        assert (home / "samai" / "tiny" / "logs" / "whoami.log").read_text().splitlines()[1] == sshd.TEST_USER
+        said = (home / "samai" / "tiny" / "logs" / "whoami.log").read_text().splitlines()
+        assert [line for line in said if not line.startswith(CHAIN_LINES)][0] == sshd.TEST_USER
         assert psutil.Process(fired.pid).username() == sshd.TEST_USER
         # a non-root user cannot signal root's processes, and says so
         me = psutil.Process()

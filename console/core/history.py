@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from samai.console.core.config import CHAIN_DONE
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.follow import RUN_HEADER
-from samai.remote.model import Marker
+from samai.remote.model import RUN_HEADER, Marker
 from samai.remote.transport import TransportError
 
 HEADER = re.compile(r"=== samai chain (?P<stage>\S{1,64}): pid (?P<pid>\d{1,10}) started (?P<started>\S{1,40})$")
