@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from harness import Timings, argument_parser, print_figure
+from harness import Timings, argument_parser, print_figure, scratch_folder
 
 from samai.console.core.evalcheck import check_eval
 
@@ -143,16 +141,10 @@ def main() -> None:
     p.add_argument("--items", type=int, default=100_000, help="records per file")
     p.add_argument("--keep", action="store_true", help="keep the files (their folder is printed)")
     args = p.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="evalcheck-bench-"))
-    try:
+    with scratch_folder("evalcheck-bench-", args.keep) as folder:
         items, responses = write_files(folder, args.items)
         bench("items.jsonl", items, folder, args.runs, args.items)
         bench("chat-completion JSONL", responses, folder, args.runs, args.items)
-    finally:
-        if args.keep:
-            print(f"kept {folder}")
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,15 @@ interleaved with it, so that the machine's noise weighs on both alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import math
+import shutil
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +127,16 @@ def print_figure(label: str, ours: float, baseline: float, **target: Any) -> flo
     """Print the figure (see figure); the ratio."""
     print(figure(label, ours, baseline, **target), flush=True)
     return ratio(ours, baseline)
+
+
+@contextlib.contextmanager
+def scratch_folder(prefix: str, keep: bool = False) -> Iterator[Path]:
+    """A temporary folder for a benchmark's files, removed afterwards unless keep (then named)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        if keep:
+            print(f"kept {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from harness import Timings, argument_parser, print_figure
+from harness import Timings, argument_parser, print_figure, scratch_folder
 
 from samai.console.core.trainlog import check_trainlog_path
 
@@ -146,8 +144,7 @@ def main() -> None:
     p.add_argument("--rss-only", action="store_true", help="only the command's peak memory, no timings")
     args = p.parse_args()
 
-    folder = Path(tempfile.mkdtemp(prefix="trainlog-bench-"))
-    try:
+    with scratch_folder("trainlog-bench-", args.keep) as folder:
         log = folder / "train.log"
         times = Timings()
         dicts = times.time("write", write_log, log, args.mb, args.every)
@@ -184,11 +181,6 @@ def main() -> None:
         print_figure("check / grep", check_s, grep_s)
         print_figure("check / line iteration", check_s, iter_s)
         print_figure("command / grep", times.median("command"), grep_s)
-    finally:
-        if args.keep:
-            print(f"kept {folder}")
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
