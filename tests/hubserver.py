@@ -163,11 +163,11 @@ class HubServer:
 
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.hub.server_address[1]
+        return f"http://127.0.0.1:{self.hub.server_address[1]}"
 
     @property
     def cdn_url(self) -> str:
-        return "http://127.0.0.1:%d" % self.cdn.server_address[1]
+        return f"http://127.0.0.1:{self.cdn.server_address[1]}"
 
     # ------------------------------------------------------------------ repos (the test's side)
 
@@ -327,7 +327,7 @@ class Plumbing(BaseHTTPRequestHandler):
         header = self.headers.get("Range")
         span = None if header is None else parse_range(header, len(data))
         if span == "unsatisfiable":
-            self.answer(416, None, {"Content-Range": "bytes */%d" % len(data)})
+            self.answer(416, None, {"Content-Range": f"bytes */{len(data)}"})
             return
         first, last = span or (0, len(data) - 1)
         self.status = 206 if span else 200
@@ -338,7 +338,7 @@ class Plumbing(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Length", str(max(0, last - first + 1)))
         if span:
-            self.send_header("Content-Range", "bytes %d-%d/%d" % (first, last, len(data)))
+            self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
         self.end_headers()
         if self.command != "HEAD":
             self.stream(data[first:last + 1])
@@ -492,7 +492,8 @@ class HubHandler(Plumbing):
         if start + self.hub.page_size < len(entries):
             rest = dict((k, v[0]) for k, v in params.items())
             rest["cursor"] = str(start + self.hub.page_size)
-            headers["Link"] = f'<{self.hub.url}{urllib.parse.urlsplit(self.path).path}?{urllib.parse.urlencode(rest)}>; rel="next"'
+            here = urllib.parse.urlsplit(self.path).path
+            headers["Link"] = f'<{self.hub.url}{here}?{urllib.parse.urlencode(rest)}>; rel="next"'
         self.answer(200, page, headers)
 
     def paths_info(self, repo: Repo, revision: str) -> None:
