@@ -8,6 +8,8 @@ Standard library only, Python >= 3.8. Its parts: locks.py (one writer per output
   fetch manifest --url MANIFEST_URL --dest DIR
   fetch tar      --url URL --dest DIR --expect REL_PATH [--sha256 HEX] [--size N]
                  [--archive PATH] [--keep-archive]
+  fetch hf       --repo ORG/NAME --dest DIR [--revision REV] [--include GLOB ...]
+                 [--repo-type model|dataset|space]
   common options: [--wait SECONDS] [--auth-env NAME] [--backoff SECONDS]
 
 Markers (the first word of a line): FETCH_DONE (the command's result), FETCH_FILE (one file of a
@@ -28,6 +30,12 @@ Why each rule (playbook §3):
 Locks: PATH.lock for each output file (a manifest locks file by file, so it also keeps out of
 the way of a single-file fetch of one of its files); `tar` also holds DIR.lock while it
 extracts. A lock file holds its holder's pid and is removed on release.
+`hf` downloads a Hugging Face Hub repo through huggingface_hub.snapshot_download (from the box
+venv: `venv/bin/python -m samai_box.stages.fetch hf ...`; see hub.py): it holds DIR.lock, checks
+every name the hub lists before writing anything, and checks every file against the hub's
+metadata (size; sha256 for LFS files, the git blob id for the others). Its token comes from
+--auth-env only (without it the fetch is anonymous). 'private' is not a repo type: privacy is a
+property of the repo, and the token decides access.
 Retries: transient failures (connection refused or reset, a stalled read, HTTP 5xx/408/429) are
 retried 5 times in a row with backoff, resuming each time; a retry after progress starts the
 count again. The archive of `tar` is downloaded beside DIR and removed once extracted (unless
@@ -63,6 +71,8 @@ from .transfer import (
 EXIT_BUSY = 75  # EX_TEMPFAIL: try again later
 MANIFEST_LIMIT = 16 * 1024 * 1024
 SCHEMES = ("http", "https", "file")
+REPO_TYPES = ("model", "dataset", "space")
+HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def quarantine(path, out):
@@ -283,6 +293,32 @@ def url_arg(text):
     return text
 
 
+def repo_arg(text):
+    if not HF_REPO.match(text) or ".." in text:
+        raise argparse.ArgumentTypeError("expected ORG/NAME")
+    return text
+
+
+def repo_type_arg(text):
+    if text in REPO_TYPES:
+        return text
+    if text.lower() == "private":
+        raise argparse.ArgumentTypeError(
+            "'private' is not a repo type: privacy is a property of the repo on the hub, and the token "
+            "(--auth-env) decides what may be read; the type is model, dataset or space")
+    raise argparse.ArgumentTypeError("%r is not a repo type: expected model, dataset or space" % text)
+
+
+def fetch_repo(args, token):
+    """`fetch hf`, under DIR.lock like the other modes (hub.py does the rest)."""
+    from .hub import fetch_hf  # only this mode needs huggingface_hub, from the box venv
+    dest = args.dest.rstrip("/") or "/"
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    with exclusive(dest + ".lock", args.wait, dest):
+        os.makedirs(dest, exist_ok=True)
+        fetch_hf(args.repo, dest, args.repo_type, args.revision, args.include, token, args.backoff)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="fetch.py", description="Fetch files onto the box: locked per file, resumable, size/sha256 checked.",
@@ -319,6 +355,14 @@ def build_parser():
     tar.add_argument("--size", type=size_arg, metavar="N", help="expected size of the archive")
     tar.add_argument("--archive", metavar="PATH", help="where the archive is downloaded (default: beside DIR)")
     tar.add_argument("--keep-archive", action="store_true", help="keep the archive after extracting it")
+
+    hf = sub.add_parser("hf", parents=[common], help="a Hugging Face Hub repo (huggingface_hub, from the box venv)")
+    hf.add_argument("--repo", required=True, type=repo_arg, metavar="ORG/NAME")
+    hf.add_argument("--dest", required=True, metavar="DIR", help="the repo's files land here, under their paths")
+    hf.add_argument("--revision", metavar="REV", help="branch, tag or commit (default: main)")
+    hf.add_argument("--include", nargs="+", metavar="GLOB", help="only the files matching one of these globs")
+    hf.add_argument("--repo-type", type=repo_type_arg, default="model", metavar="TYPE",
+                    help="model (default), dataset or space")
     return parser
 
 
@@ -335,6 +379,8 @@ def run(args):
     token = bearer_token(args.auth_env)
     if args.command == "file":
         fetch_file(args.url, args.out, args.sha256, args.size, args.range, args.wait, token, args.backoff)
+    elif args.command == "hf":
+        fetch_repo(args, token)
     elif args.command == "manifest":
         fetch_manifest(args.url, args.dest, args.wait, token, args.backoff)
     else:

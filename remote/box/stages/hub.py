@@ -1,0 +1,272 @@
+"""The Hugging Face Hub side of the fetch and push stages: huggingface_hub's client, checked.
+
+Runs ON the box, imported only by `fetch hf` and push's hf: targets (both import it where they use
+it); huggingface_hub itself is imported lazily, from the box venv. Python >= 3.8.
+
+fetch hf: the repo's listing is read first (repo info with its files' metadata) and every name in
+it is checked before anything is written: the names come from the hub and are untrusted, so one
+that could leave DEST ('../x', '/etc/passwd', a backslash, a control character, the client's own
+.cache/huggingface folder) refuses the whole fetch. snapshot_download then runs pinned to the
+commit the listing named, for exactly the listed names (escaped, so a '[' in a name is not a
+glob), into DEST; every file is then checked against the listing: its size, and its sha256
+where the hub has one (LFS files), else its git blob id (sha1 of "blob SIZE\\0" + content, what
+the hub reports as a regular file's oid). The client resumes a cut body itself (Range); a
+second run keeps the files already complete.
+
+Errors are sorted the same way for both stages (classify): "auth" (HTTP 401: the token is
+wrong), "refused" (HTTP 403 or 507, or the hub's storage-quota / read-only wording: the repo will
+not take the upload), "transient" (network errors, 408, 429, 5xx) and "fatal" (anything else).
+The token never appears in what is printed (redacted).
+"""
+
+import fnmatch
+import hashlib
+import os
+import re
+
+from .transfer import CHUNK, FetchError, Progress, Transient, human, one_line, retrying
+
+REPO_TYPES = ("model", "dataset", "space")
+TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
+REFUSED_STATUS = (403, 507)
+REFUSAL_WORDS = ("storage limit", "quota", "read-only", "read only", "insufficient storage")
+# Exception class names (anywhere in the MRO) of network failures in httpx, requests and the hub client.
+NETWORK_ERRORS = ("ConnectError", "ConnectTimeout", "ReadTimeout", "TimeoutException", "NetworkError",
+                  "RemoteProtocolError", "ProtocolError", "ChunkedEncodingError", "ConnectionError",
+                  "LocalEntryNotFoundError", "OfflineModeIsEnabled", "ReadError", "WriteError")
+CLIENT_DIR = ".cache/huggingface"  # where snapshot_download keeps its own metadata inside DEST
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+MESSAGE_LIMIT = 400
+
+
+def import_hub():
+    """huggingface_hub, with its progress bars off: they redraw with \\r, noise in a log file."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise FetchError("huggingface_hub is not installed for this python: run the stage with the box "
+                         "venv's python (venv/bin/python -m samai_box.stages.fetch hf ...)") from None
+    return huggingface_hub
+
+
+# ------------------------------------------------------------------ errors
+
+
+def redact(text, token):
+    return text.replace(token, "***") if token else text
+
+
+def message(error, token):
+    """One line, the token taken out, not too long."""
+    text = redact(one_line(error), token)
+    return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT] + "..."
+
+
+def status_of(error):
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def classify(error):
+    """'auth', 'refused', 'transient' or 'fatal' for an exception out of huggingface_hub."""
+    status = status_of(error)
+    if status == 401:
+        return "auth"
+    if status in REFUSED_STATUS:
+        return "refused"
+    if status in TRANSIENT_STATUS:
+        return "transient"
+    text = str(error).lower()
+    if any(word in text for word in REFUSAL_WORDS):
+        return "refused"  # e.g. an LFS batch answering per object, inside a 200
+    names = set(c.__name__ for c in type(error).__mro__)
+    if status is None and (names & set(NETWORK_ERRORS) or "Consistency check failed" in str(error)):
+        return "transient"
+    return "fatal"
+
+
+def described(error, token):
+    status = status_of(error)
+    head = "HTTP %d: " % status if status else "%s: " % type(error).__name__
+    return head + message(error, token)
+
+
+def fetch_error(error, token):
+    """The FetchError (or Transient) for an exception out of huggingface_hub."""
+    kind = classify(error)
+    names = set(c.__name__ for c in type(error).__mro__)
+    if kind == "transient":
+        return Transient(described(error, token))
+    if "RepositoryNotFoundError" in names:
+        who = "the token may not read it" if token else "it is private and no token was given (--auth-env)"
+        return FetchError("no such repo, or %s (%s)" % (who, described(error, token)))
+    if kind == "auth":
+        return FetchError("the hub refused the token (%s)" % described(error, token))
+    if "RevisionNotFoundError" in names:
+        return FetchError("no such revision (%s)" % described(error, token))
+    return FetchError(described(error, token))
+
+
+def hub_call(call, token, backoff):
+    """call(), transient failures retried (FETCH_RETRY), every failure a FetchError."""
+    def attempt():
+        try:
+            return call()
+        except (FetchError, Transient):
+            raise
+        except Exception as e:  # the client raises many types; none may become a traceback
+            raise fetch_error(e, token) from None
+    return retrying(attempt, backoff)
+
+
+# ------------------------------------------------------------------ names and the listing
+
+
+def unsafe_reason(name):
+    """Why a file name from the hub must not be written under DEST, or None."""
+    if not isinstance(name, str) or not name:
+        return "not a name"
+    if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
+        return "absolute"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "control character"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "empty, '.' or '..' segment"
+    if name == CLIENT_DIR or name.startswith(CLIENT_DIR + "/"):
+        return "inside the client's own metadata folder"
+    return None
+
+
+class RemoteFile:
+    """One file of the listing: what the hub says it is."""
+
+    def __init__(self, path, size, sha256, blob_id):
+        self.path, self.size, self.sha256, self.blob_id = path, size, sha256, blob_id
+
+
+def remote_file(sibling):
+    """A RemoteFile from a sibling of repo info, or FetchError when the hub's answer is unusable."""
+    name = getattr(sibling, "rfilename", None)
+    reason = unsafe_reason(name)
+    if reason:
+        raise FetchError("refusing the repo: the hub lists a file named %r (%s)" % (name, reason))
+    lfs = getattr(sibling, "lfs", None)
+    size = getattr(lfs, "size", None) if lfs is not None else getattr(sibling, "size", None)
+    sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
+    blob_id = getattr(sibling, "blob_id", None)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise FetchError("the hub gives no usable size for %r" % name)
+    if lfs is not None and not (isinstance(sha256, str) and re.match(r"^[0-9a-f]{64}$", sha256)):
+        raise FetchError("the hub gives no usable sha256 for the LFS file %r" % name)
+    if lfs is None and not (isinstance(blob_id, str) and re.match(r"^[0-9a-f]{40}$", blob_id)):
+        raise FetchError("the hub gives no usable blob id for %r" % name)
+    return RemoteFile(name, size, sha256, blob_id)
+
+
+def listing(api, repo, repo_type, revision, token, backoff):
+    """(commit, [RemoteFile]) of repo at revision, every name checked."""
+    info = hub_call(lambda: api.repo_info(repo, repo_type=repo_type, revision=revision, files_metadata=True),
+                    token, backoff)
+    commit = getattr(info, "sha", None)
+    if not (isinstance(commit, str) and COMMIT.match(commit)):
+        raise FetchError("the hub gives no commit id for %s at %s" % (repo, revision or "main"))
+    siblings = getattr(info, "siblings", None) or []
+    files = [remote_file(s) for s in siblings]
+    if len(set(f.path for f in files)) != len(files):
+        raise FetchError("the hub lists a file name twice")
+    return commit, files
+
+
+def matches(path, patterns):
+    """As the client filters: fnmatch, a pattern ending in '/' meaning everything below it."""
+    if not patterns:
+        return True
+    return any(fnmatch.fnmatch(path, p + "*" if p.endswith("/") else p) for p in patterns)
+
+
+def literal(name):
+    """A glob that matches exactly name (its [, ], * and ? bracketed)."""
+    return "".join("[%s]" % c if c in "[]*?" else c for c in name)
+
+
+# ------------------------------------------------------------------ checking what landed
+
+
+def git_blob_id_of(path, size):
+    digest = hashlib.sha1(b"blob %d\0" % size)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_of(path, label):
+    digest = hashlib.sha256()
+    progress = Progress(label, os.path.getsize(path))
+    done = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+            done += len(block)
+            progress.update(done)
+    return digest.hexdigest()
+
+
+def mismatch(path, remote):
+    """Why the downloaded file differs from the listing, or None; and the line describing it."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        return "missing", None
+    size = os.path.getsize(path)
+    if size != remote.size:
+        return "expected size=%d got size=%d" % (remote.size, size), None
+    if remote.sha256:
+        digest = sha256_of(path, "verify " + remote.path)
+        if digest != remote.sha256:
+            return "expected sha256=%s got sha256=%s" % (remote.sha256, digest), None
+        return None, "size=%d sha256=%s" % (size, digest)
+    blob = git_blob_id_of(path, size)
+    if blob != remote.blob_id:
+        return "expected git-blob=%s got git-blob=%s" % (remote.blob_id, blob), None
+    return None, "size=%d git-blob=%s" % (size, blob)
+
+
+def check_files(dest, files):
+    """FETCH_FILE for each file that matches the listing, SHA_MISMATCH (and PATH.bad) for each
+    that does not; FetchError when any failed."""
+    bad = 0
+    for remote in files:
+        path = os.path.join(dest, *remote.path.split("/"))
+        why, line = mismatch(path, remote)
+        if why is None:
+            print("FETCH_FILE %s %s" % (path, line))
+            continue
+        bad += 1
+        if os.path.isfile(path) and not os.path.islink(path):
+            os.replace(path, path + ".bad")
+            why += ", moved to %s.bad" % path
+        print("SHA_MISMATCH %s %s" % (path, why))
+    if bad:
+        raise FetchError("%d of %d files do not match the hub's listing" % (bad, len(files)), "FETCH_FAIL")
+
+
+# ------------------------------------------------------------------ fetch hf
+
+
+def fetch_hf(repo, dest, repo_type, revision, include, token, backoff):
+    """Every listed file of repo at revision (those matching include) into dest, checked.
+    The caller holds dest's lock."""
+    hub = import_hub()
+    auth = token or False  # no --auth-env: anonymous, never a token found lying around
+    api = hub.HfApi(token=auth)
+    commit, files = listing(api, repo, repo_type, revision, token, backoff)
+    chosen = [f for f in files if matches(f.path, include)]
+    if not chosen:
+        raise FetchError("no file of %s at %s matches --include %s" % (repo, commit, " ".join(include or [])))
+    total = sum(f.size for f in chosen)
+    print("hub %s (%s) at %s: %d of %d files, %s" % (repo, repo_type, commit, len(chosen), len(files), human(total)))
+    hub_call(lambda: hub.snapshot_download(repo, repo_type=repo_type, revision=commit, local_dir=dest,
+                                           allow_patterns=[literal(f.path) for f in chosen], token=auth),
+             token, backoff)
+    check_files(dest, chosen)
+    print("FETCH_DONE %s repo=%s revision=%s files=%d bytes=%d" % (dest, repo, commit, len(chosen), total))
