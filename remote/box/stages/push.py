@@ -3,20 +3,26 @@
 Runs ON the box as a stage (`python3 -m samai_box.stages.push ...`); stdout is the stage log.
 Standard library only (plus huggingface_hub for hf: targets), Python >= 3.8.
 
-  push --to dir:/some/path|hf:owner/repo [--wait-timeout S] [--stable S] [--retries N]
-       [--backoff S] [--manifest NAME] ARTIFACT...
+  push --to dir:/some/path|hf:owner/repo [--fallback hf:owner/other] [--auth-env NAME]
+       [--wait-timeout S] [--stable S] [--retries N] [--backoff S] [--manifest NAME] ARTIFACT...
 
 ARTIFACT is a file or folder; it lands in the target under its path relative to the current
 folder (its basename when it lies outside), e.g. `final/adapter.safetensors`.
 
 Markers (the first word of a line): PUSH_WAIT artifact (why), PUSH_TIMEOUT artifact (why),
-PUSH_RETRY n/N: reason, PUSH_BAD path, PUSH_FAIL reason, PUSH_DONE N files M bytes manifest=PATH.
+PUSH_RETRY n/N: reason, PUSH_FALLBACK (the first repo refused: pushing to the fallback),
+PUSH_BAD path, PUSH_FAIL reason, PUSH_DONE N files M bytes manifest=PATH.
 Exit codes: 0 pushed and verified, 1 failed (timeout, retries used up, verification), 2 bad usage.
 
 Why (playbook §8): artifacts that were pushed early survived the box; the push must wait for an
 artifact still being written (its size and mtimes unchanged over --stable seconds, no *.part
 file inside or beside it), retry a flaky target, and ship a sha256 manifest (`sha256sum -c`
-format) that the copies are verified against.
+format) that the copies are verified against. A hub repo that is full, read-only or over its
+LFS quota refuses the upload (HTTP 403 or 507, see hub.classify): that is not retried; with
+--fallback the whole push goes to the second repo instead (the playbook keeps scripts and docs in a
+private repo, weights and reports in a public one), is verified there, and PUSH_FALLBACK says so.
+A wrong token (HTTP 401) fails at once. The token comes from $HF_TOKEN (or --auth-env NAME) and is
+never printed.
 """
 
 import argparse
@@ -31,6 +37,10 @@ from .transfer import CHUNK, Progress, human, one_line, sha256_file
 WAIT_POLL_S = 0.25
 WAIT_REPORT_S = 30.0  # while waiting, say so again this often (and whenever the reason changes)
 HF_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+
+
+class Refused(Exception):
+    """The hub repo will not take the upload (full, read-only, over quota): not worth a retry."""
 
 
 class PushError(Exception):
@@ -148,8 +158,10 @@ def with_retries(attempt, retries, backoff):
     for n in range(1, retries + 1):
         try:
             return attempt()
-        except Exception as e:  # a flaky disk, mount or hub: anything is worth another try
-            reason = "%s: %s" % (type(e).__name__, one_line(e))
+        except (PushError, Refused):
+            raise  # decided already: a retry would get the same answer
+        except Exception as e:  # a flaky disk, mount or hub: anything else is worth another try
+            reason = getattr(e, "reason", None) or "%s: %s" % (type(e).__name__, one_line(e))
             if n == retries:
                 raise PushError("gave up after %d attempts: %s" % (retries, reason)) from None
             print("PUSH_RETRY %d/%d: %s" % (n, retries, reason))
@@ -213,29 +225,67 @@ def push_dir(root, entries, manifest_name, retries, backoff):
     return manifest_path
 
 
-# ------------------------------------------------------------------ hf: targets (untested here: no hub access)
+# ------------------------------------------------------------------ hf: targets
 
 
-def hf_verify(api, repo, entries, token):
-    """Sizes of every uploaded file, and sha256 where the hub stores it (LFS files)."""
-    infos = api.get_paths_info(repo, [rel for _s, rel, _z, _d in entries], repo_type="model", token=token)
-    by_path = dict((info.path, info) for info in infos)
+class HubRetry(Exception):
+    """A hub failure worth another try, its text already free of the token."""
+
+    def __init__(self, reason):
+        Exception.__init__(self, reason)
+        self.reason = reason
+
+
+def hub_attempt(call, token):
+    """call() with the hub's answers sorted: refused -> Refused, a bad token -> PushError,
+    anything else -> HubRetry (retried by with_retries)."""
+    from . import hub  # only hf: targets need it
+
+    def attempt():
+        try:
+            return call()
+        except Exception as e:  # the client raises many types; none may become a traceback
+            kind = hub.classify(e)
+            if kind == "refused":
+                raise Refused(hub.described(e, token)) from None
+            if kind == "auth":
+                raise PushError("the hub refused the token (%s)" % hub.described(e, token)) from None
+            raise HubRetry("%s: %s" % (type(e).__name__, hub.message(e, token))) from None
+    return attempt
+
+
+def remote_matches(info, size, digest, source):
+    """Whether the hub's entry is our file: its size, and its sha256 (LFS) or git blob id."""
+    from . import hub
+
+    if info is None or getattr(info, "size", None) != size:
+        return False
+    lfs = getattr(info, "lfs", None)
+    if lfs is not None:
+        return getattr(lfs, "sha256", None) == digest
+    return getattr(info, "blob_id", None) == hub.git_blob_id_of(source, size)
+
+
+def hf_verify(api, repo, entries, token, retries, backoff):
+    """Every uploaded file as the hub lists it: size, and sha256 or git blob id."""
+    paths = [rel for _s, rel, _z, _d in entries]
+    infos = with_retries(hub_attempt(lambda: api.get_paths_info(repo, paths, repo_type="model", token=token),
+                                     token), retries, backoff)
+    by_path = dict((getattr(info, "path", None), info) for info in infos)
     ok = True
-    for _src, rel, size, digest in entries:
-        info = by_path.get(rel)
-        lfs = getattr(info, "lfs", None)
-        remote_sha = getattr(lfs, "sha256", None) if lfs is not None else None
-        if info is None or getattr(info, "size", None) != size or (remote_sha and remote_sha != digest):
+    for source, rel, size, digest in entries:
+        if not remote_matches(by_path.get(rel), size, digest, source):
             print("PUSH_BAD hf:%s/%s" % (repo, rel))
             ok = False
     return ok
 
 
-def hf_client():
+def hf_client(auth_env):
     """(HfApi(), token), checked before any waiting: a push that cannot happen fails at once."""
-    token = os.environ.get("HF_TOKEN")
+    token = os.environ.get(auth_env)
     if not token:
-        raise PushError("HF_TOKEN is not set")
+        raise PushError("%s is not set" % auth_env)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # bars redraw with \r: noise in a log file
     try:
         from huggingface_hub import HfApi  # only hf: targets need it
     except ImportError:
@@ -243,22 +293,39 @@ def hf_client():
     return HfApi(), token
 
 
-def push_hf(api, token, repo, artifacts, entries, manifest_name, retries, backoff):
+def upload_all(api, token, repo, artifacts, entries, manifest_name, retries, backoff):
+    """Every artifact, then the manifest, into repo; Refused when the repo will not take them."""
     for path, name in artifacts:
         if os.path.isdir(path):
-            with_retries(lambda p=path, n=name: api.upload_folder(
+            call = lambda p=path, n=name: api.upload_folder(
                 folder_path=p, path_in_repo=n, repo_id=repo, repo_type="model", token=token,
-                commit_message="push %s" % n), retries, backoff)
+                commit_message="push %s" % n)
         else:
-            with_retries(lambda p=path, n=name: api.upload_file(
+            call = lambda p=path, n=name: api.upload_file(
                 path_or_fileobj=p, path_in_repo=n, repo_id=repo, repo_type="model", token=token,
-                commit_message="push %s" % n), retries, backoff)
-        print("uploaded %s" % name)
+                commit_message="push %s" % n)
+        with_retries(hub_attempt(call, token), retries, backoff)
+        print("uploaded %s to hf:%s" % (name, repo))
     text = manifest_text(entries).encode()
-    with_retries(lambda: api.upload_file(path_or_fileobj=text, path_in_repo=manifest_name, repo_id=repo,
-                                         repo_type="model", token=token, commit_message="push " + manifest_name),
-                 retries, backoff)
-    if not hf_verify(api, repo, entries, token):
+    with_retries(hub_attempt(lambda: api.upload_file(
+        path_or_fileobj=text, path_in_repo=manifest_name, repo_id=repo, repo_type="model", token=token,
+        commit_message="push " + manifest_name), token), retries, backoff)
+
+
+def push_hf(api, token, repo, fallback, artifacts, entries, manifest_name, retries, backoff):
+    """Upload to repo, or to fallback when repo refuses; verified where it landed."""
+    try:
+        upload_all(api, token, repo, artifacts, entries, manifest_name, retries, backoff)
+    except Refused as e:
+        if not fallback:
+            raise PushError("hf:%s refused the upload (%s) and there is no --fallback" % (repo, e)) from None
+        print("PUSH_FALLBACK hf:%s refused the upload (%s): pushing to hf:%s instead" % (repo, e, fallback))
+        repo = fallback
+        try:
+            upload_all(api, token, repo, artifacts, entries, manifest_name, retries, backoff)
+        except Refused as again:
+            raise PushError("the fallback hf:%s refused the upload too (%s)" % (repo, again)) from None
+    if not hf_verify(api, repo, entries, token, retries, backoff):
         return None
     return "hf:%s/%s" % (repo, manifest_name)
 
@@ -275,12 +342,28 @@ def target_arg(text):
     raise argparse.ArgumentTypeError("expected dir:/some/path or hf:owner/repo")
 
 
+def fallback_repo(to, fallback):
+    """The fallback's repo (or None), which only an hf: target to another repo can have."""
+    if fallback is None:
+        return None
+    if to[0] != "hf" or fallback[0] != "hf":
+        raise PushError("--fallback is for hf: targets, and is one itself (hf:owner/repo)")
+    if fallback[1] == to[1]:
+        raise PushError("--fallback names the same repo as --to")
+    return fallback[1]
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="push.py", description="Wait for artifacts to be complete, then push them with a sha256 manifest.",
         epilog="Exit codes: 0 pushed and verified, 1 failed, 2 bad usage.")
     parser.add_argument("--to", required=True, type=target_arg, metavar="TARGET",
                         help="dir:/some/path (copied into that folder) or hf:owner/repo (uploaded; needs HF_TOKEN)")
+    parser.add_argument("--fallback", type=target_arg, metavar="hf:OWNER/REPO",
+                        help="for an hf: target: where to push instead when the first repo refuses the upload "
+                             "(full, read-only, over its LFS quota)")
+    parser.add_argument("--auth-env", default="HF_TOKEN", metavar="NAME",
+                        help="the environment variable holding the hub token (default HF_TOKEN; never printed)")
     parser.add_argument("--wait-timeout", type=float, default=600.0, metavar="S",
                         help="how long, in all, to wait for the artifacts to be complete (default 600)")
     parser.add_argument("--stable", type=float, default=2.0, metavar="S",
@@ -301,8 +384,9 @@ def run(args):
         raise PushError("--retries must be at least 1")
     if "/" in args.manifest or args.manifest in ("", ".", ".."):
         raise PushError("--manifest is a file name, not a path")
+    fallback = fallback_repo(args.to, args.fallback)
     artifacts = [(path, target_name(path)) for path in args.artifacts]
-    hf = hf_client() if kind == "hf" else None
+    hf = hf_client(args.auth_env) if kind == "hf" else None
     deadline = time.monotonic() + args.wait_timeout
     for path, _name in artifacts:
         wait_until_complete(path, deadline, args.stable, args.wait_timeout)
@@ -314,7 +398,8 @@ def run(args):
     if kind == "dir":
         manifest = push_dir(where, entries, args.manifest, args.retries, args.backoff)
     else:
-        manifest = push_hf(hf[0], hf[1], where, artifacts, entries, args.manifest, args.retries, args.backoff)
+        manifest = push_hf(hf[0], hf[1], where, fallback, artifacts, entries, args.manifest, args.retries,
+                           args.backoff)
     if manifest is None:
         return 1
     print("PUSH_DONE %d files %d bytes manifest=%s" % (len(entries), sum(e[2] for e in entries), manifest))
