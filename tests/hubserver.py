@@ -28,7 +28,8 @@ sha1 ("blob SIZE\\0" + content); an LFS file's id is that of its pointer file, w
 Tokens: `tokens` maps a token to "read" or "write"; an unknown token gets 401 "Invalid credentials
 in Authorization header"; a private repo needs a token; writing needs a write token.
 Knobs (attributes, changeable while it runs): `cut_once` closes the next file body after that many
-bytes (once), `throttle` bytes/s per body, `page_size` entries per tree page. Per repo,
+bytes (once), `throttle` bytes/s per body, `page_size` entries per tree page, `siblings_hook`
+rewrites repo info's file list (to serve malformed metadata). Per repo,
 `refuse(repo_id, kind)` makes writes fail as the Hub's do: "quota" (403 storage limit reached),
 "insufficient" (507 Insufficient Storage) or "readonly" (403 at preupload). `corrupt(repo_id, path)`
 flips one byte of what is served for a file, its metadata unchanged. `requests` records
@@ -134,6 +135,7 @@ class HubServer:
         self.cut_once: int | None = None
         self.throttle: float | None = None
         self.page_size = 1000
+        self.siblings_hook = None  # called with repo info's siblings, returns what is served instead
         self.requests: list[tuple[str, str, str | None, int]] = []
         self.corrupted: set[str] = set()  # sha256 of blobs served with a flipped byte
         self.signatures: dict[str, str] = {}  # CDN signature -> sha256 it grants
@@ -476,6 +478,8 @@ class HubHandler(Plumbing):
         sha, tree = self.snapshot(repo, revision)
         blobs = params.get("blobs", ["false"])[0].lower() == "true"
         siblings = [e.sibling(p) if blobs else {"rfilename": p} for p, e in sorted(tree.items())]
+        if self.hub.siblings_hook is not None:
+            siblings = self.hub.siblings_hook(siblings)
         self.answer(200, {"_id": sha[:24], "id": repo.id, "private": repo.private, "sha": sha,
                           "siblings": siblings, "tags": [], "disabled": False, "gated": False})
 

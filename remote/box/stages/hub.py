@@ -152,11 +152,13 @@ def remote_file(sibling):
     if reason:
         raise FetchError("refusing the repo: the hub lists a file named %r (%s)" % (name, reason))
     lfs = getattr(sibling, "lfs", None)
-    size = getattr(lfs, "size", None) if lfs is not None else getattr(sibling, "size", None)
+    size = getattr(sibling, "size", None)
     sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
     blob_id = getattr(sibling, "blob_id", None)
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise FetchError("the hub gives no usable size for %r" % name)
+    if lfs is not None and getattr(lfs, "size", None) != size:
+        raise FetchError("the hub gives two sizes for the LFS file %r" % name)
     if lfs is not None and not (isinstance(sha256, str) and re.match(r"^[0-9a-f]{64}$", sha256)):
         raise FetchError("the hub gives no usable sha256 for the LFS file %r" % name)
     if lfs is None and not (isinstance(blob_id, str) and re.match(r"^[0-9a-f]{40}$", blob_id)):
