@@ -204,7 +204,7 @@ def test_a_second_run_after_a_killed_fetch_finishes_it(hub, env, tmp_path):
     small = [rel for rel in files if rel != BIG_VOCAB]
     hub.add_repo("samai/big", tmp_path / "made")
     dest = tmp_path / "dest"
-    hub.throttle = 2 * 1024 * 1024  # the big vocab takes ~8 s: the small files land well before
+    hub.throttle = 1024 * 1024  # the big vocab takes ~15 s: the small files land well before
     first = subprocess.Popen(stage_argv("stages.fetch", "hf", "--repo", "samai/big", "--dest", str(dest)),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -363,6 +363,14 @@ def test_push_with_a_wrong_token_fails_clearly(hub, tmp_path, artifacts):
     assert not lines_starting(r.stdout, "PUSH_RETRY") and not lines_starting(r.stdout, "PUSH_FALLBACK")
 
 
+def test_push_to_a_repo_that_does_not_exist_fails_without_retrying(hub, tmp_path, artifacts):
+    env = hub_env(hub, tmp_path / "hf-home", HF_TOKEN=WRITE)
+    r = push(artifacts, "--to", "hf:samai/nowhere", env=env)
+    assert r.returncode == 1, r.stdout
+    assert lines_starting(r.stdout, "PUSH_FAIL the hub refused the request (HTTP 404")
+    assert not lines_starting(r.stdout, "PUSH_RETRY")
+
+
 # ------------------------------------------------------------------ untrusted listings
 
 
@@ -408,7 +416,7 @@ def fuzz_hub(tmp_path_factory):
         yield server
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(names=NAMES, how=BROKEN, data=st.binary(max_size=64))
 def test_names_from_the_listing_never_leave_dest(fuzz_hub, tmp_path, names, how, data):
     root = Path(tempfile.mkdtemp(dir=tmp_path))

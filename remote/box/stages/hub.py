@@ -161,7 +161,7 @@ def remote_file(sibling):
         raise FetchError("the hub gives two sizes for the LFS file %r" % name)
     if lfs is not None and not (isinstance(sha256, str) and re.match(r"^[0-9a-f]{64}$", sha256)):
         raise FetchError("the hub gives no usable sha256 for the LFS file %r" % name)
-    if lfs is None and not (isinstance(blob_id, str) and re.match(r"^[0-9a-f]{40}$", blob_id)):
+    if not (isinstance(blob_id, str) and re.match(r"^[0-9a-f]{40}$", blob_id)):  # the hub gives every file one
         raise FetchError("the hub gives no usable blob id for %r" % name)
     return RemoteFile(name, size, sha256, blob_id)
 

@@ -237,8 +237,8 @@ class HubRetry(Exception):
 
 
 def hub_attempt(call, token):
-    """call() with the hub's answers sorted: refused -> Refused, a bad token -> PushError,
-    anything else -> HubRetry (retried by with_retries)."""
+    """call() with the hub's answers sorted: refused -> Refused, a bad token or another 4xx (no
+    such repo, a bad request) -> PushError, anything else -> HubRetry (retried by with_retries)."""
     from . import hub  # only hf: targets need it
 
     def attempt():
@@ -250,6 +250,8 @@ def hub_attempt(call, token):
                 raise Refused(hub.described(e, token)) from None
             if kind == "auth":
                 raise PushError("the hub refused the token (%s)" % hub.described(e, token)) from None
+            if kind == "fatal" and 400 <= (hub.status_of(e) or 0) < 500:
+                raise PushError("the hub refused the request (%s)" % hub.described(e, token)) from None
             raise HubRetry("%s: %s" % (type(e).__name__, hub.message(e, token))) from None
     return attempt
 
