@@ -29,7 +29,8 @@ Tokens: `tokens` maps a token to "read" or "write"; an unknown token gets 401 "I
 in Authorization header"; a private repo needs a token; writing needs a write token.
 Knobs (attributes, changeable while it runs): `cut_once` closes the next file body after that many
 bytes (once), `throttle` bytes/s per body, `page_size` entries per tree page, `siblings_hook`
-rewrites repo info's file list (to serve malformed metadata). Per repo,
+rewrites repo info's file list (to serve malformed metadata), `fail_next` lists statuses that
+the next requests to the hub (not the CDN) get instead (e.g. [503, 503]). Per repo,
 `refuse(repo_id, kind)` makes writes fail as the Hub's do: "quota" (403 storage limit reached),
 "insufficient" (507 Insufficient Storage) or "readonly" (403 at preupload). `corrupt(repo_id, path)`
 flips one byte of what is served for a file, its metadata unchanged. `requests` records
@@ -136,6 +137,7 @@ class HubServer:
         self.throttle: float | None = None
         self.page_size = 1000
         self.siblings_hook = None  # called with repo info's siblings, returns what is served instead
+        self.fail_next: list[int] = []  # statuses the next hub requests get instead of their answer
         self.requests: list[tuple[str, str, str | None, int]] = []
         self.corrupted: set[str] = set()  # sha256 of blobs served with a flipped byte
         self.signatures: dict[str, str] = {}  # CDN signature -> sha256 it grants
@@ -261,6 +263,10 @@ class HubServer:
         with self.lock:
             budget, self.cut_once = self.cut_once, None
             return budget
+
+    def take_failure(self) -> int | None:
+        with self.lock:
+            return self.fail_next.pop(0) if self.fail_next else None
 
     def record(self, method: str, path: str, range_header: str | None, status: int) -> None:
         with self.lock:
@@ -389,6 +395,9 @@ LFS = re.compile(r"^/(?:(datasets|spaces)/)?([^/]+/[^/]+)\.git/info/lfs/objects/
 class HubHandler(Plumbing):
     def route(self, url) -> None:
         path = url.path
+        failure = self.hub.take_failure()
+        if failure is not None:
+            raise HubError(failure, "Service Unavailable" if failure == 503 else "Error")
         if path == "/api/whoami-v2" and self.command == "GET":
             return self.whoami()
         if path == "/api/validate-yaml" and self.command == "POST":

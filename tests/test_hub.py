@@ -186,6 +186,26 @@ def test_include_and_revision_pick_what_is_fetched(hub, env, repo, tmp_path):
     assert tree(tmp_path / "latest") == {"config.json": b'{"changed": true}\n'}
 
 
+def test_a_hub_that_fails_for_a_while_is_retried(hub, env, repo, tmp_path):
+    hub.fail_next = [503, 502]
+    r = fetch(tmp_path / "dest", env=env)
+    assert r.returncode == 0, r.stdout
+    assert [line.split(":")[0] for line in lines_starting(r.stdout, "FETCH_RETRY")] == ["FETCH_RETRY 1/5",
+                                                                                        "FETCH_RETRY 2/5"]
+    assert "HTTP 503" in r.stdout and tree(tmp_path / "dest") == repo
+
+
+def test_a_long_download_reports_progress(hub, env, tmp_path):
+    files = make_repo_folder(tmp_path / "made", big=True)
+    hub.add_repo("samai/big", tmp_path / "made")
+    hub.throttle = 3 * 1024 * 1024  # ~5 s for the big vocab: long enough for the watcher to see it grow
+    r = fetch(tmp_path / "dest", env=env, repo_id="samai/big")
+    assert r.returncode == 0, r.stdout
+    progress = [line for line in r.stdout.splitlines() if line.startswith("fetch samai/big: ")]
+    assert progress, r.stdout
+    assert f"/ {sum(map(len, files.values())) / 1024 / 1024:.1f} MiB (" in progress[0]
+
+
 def test_a_body_cut_mid_way_resumes_with_a_range(hub, env, tmp_path):
     files = make_repo_folder(tmp_path / "made", big=True)
     hub.add_repo("samai/big", tmp_path / "made")

@@ -23,6 +23,7 @@ import fnmatch
 import hashlib
 import os
 import re
+import threading
 
 from .transfer import CHUNK, FetchError, Progress, Transient, human, one_line, retrying
 
@@ -37,6 +38,7 @@ NETWORK_ERRORS = ("ConnectError", "ConnectTimeout", "ReadTimeout", "TimeoutExcep
 CLIENT_DIR = ".cache/huggingface"  # where snapshot_download keeps its own metadata inside DEST
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 MESSAGE_LIMIT = 400
+WATCH_S = 2.0  # how often the download's progress is measured on disk
 
 
 def import_hub():
@@ -252,6 +254,51 @@ def check_files(dest, files):
         raise FetchError("%d of %d files do not match the hub's listing" % (bad, len(files)), "FETCH_FAIL")
 
 
+# ------------------------------------------------------------------ progress
+
+
+def landed_bytes(dest, files):
+    """Bytes on disk so far: the files already in place and the client's partial downloads."""
+    done = 0
+    for remote in files:
+        path = os.path.join(dest, *remote.path.split("/"))
+        try:
+            done += min(os.path.getsize(path), remote.size)
+        except OSError:
+            pass
+    for folder, _dirs, names in os.walk(os.path.join(dest, *CLIENT_DIR.split("/"))):
+        for name in names:
+            if name.endswith(".incomplete"):
+                try:
+                    done += os.path.getsize(os.path.join(folder, name))
+                except OSError:
+                    pass  # renamed into place between the listing and the stat
+    return done
+
+
+class Watcher(threading.Thread):
+    """Progress lines for the log while the client downloads (its own bars are off: see
+    import_hub), measured on disk, so it works with any version of the client."""
+
+    def __init__(self, label, dest, files):
+        threading.Thread.__init__(self, daemon=True)
+        self.dest, self.files = dest, files
+        self.progress = Progress(label, sum(f.size for f in files), landed_bytes(dest, files))
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.wait(WATCH_S):
+            self.progress.update(landed_bytes(self.dest, self.files))
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.join()
+
+
 # ------------------------------------------------------------------ fetch hf
 
 
@@ -267,8 +314,9 @@ def fetch_hf(repo, dest, repo_type, revision, include, token, backoff):
         raise FetchError("no file of %s at %s matches --include %s" % (repo, commit, " ".join(include or [])))
     total = sum(f.size for f in chosen)
     print("hub %s (%s) at %s: %d of %d files, %s" % (repo, repo_type, commit, len(chosen), len(files), human(total)))
-    hub_call(lambda: hub.snapshot_download(repo, repo_type=repo_type, revision=commit, local_dir=dest,
-                                           allow_patterns=[literal(f.path) for f in chosen], token=auth),
-             token, backoff)
+    with Watcher("fetch " + repo, dest, chosen):
+        hub_call(lambda: hub.snapshot_download(repo, repo_type=repo_type, revision=commit, local_dir=dest,
+                                               allow_patterns=[literal(f.path) for f in chosen], token=auth),
+                 token, backoff)
     check_files(dest, chosen)
     print("FETCH_DONE %s repo=%s revision=%s files=%d bytes=%d" % (dest, repo, commit, len(chosen), total))
