@@ -2,7 +2,7 @@
 
     with HubServer(tmp_path / "hub") as hub:
         hub.add_repo("org/tiny", folder)           # one commit holding the folder's files
-        env = {"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", ...}
+        env = {**os.environ, **hub.client_env(tmp_path / "hf-home")}   # HF_ENDPOINT=hub.url, ...
 
 What it serves, as the client library reads it (huggingface_hub's file_download.py,
 _snapshot_download.py, hf_api.py, _commit_api.py, lfs.py, utils/_http.py):
@@ -168,6 +168,13 @@ class HubServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.hub.server_address[1]}"
+
+    def client_env(self, home) -> dict[str, str]:
+        """What a huggingface_hub process needs to use this hub: HF_ENDPOINT, its own HF_HOME (no
+        token or cache of the machine's), no telemetry, and Xet off (harmless where the client
+        predates it; with Xet on, an upload would first ask for Xet storage)."""
+        return {"HF_ENDPOINT": self.url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
+                "HF_HUB_DISABLE_XET": "1"}
 
     @property
     def cdn_url(self) -> str:

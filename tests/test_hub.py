@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from huggingface_hub import constants as hub_constants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -87,12 +86,8 @@ def make_repo_folder(folder: Path, big: bool = False) -> dict[str, bytes]:
 
 
 def hub_env(hub: HubServer, home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in stage_env().items() if not k.startswith(("HF_", "HUGGING"))}
-    env.update(HF_ENDPOINT=hub.url, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1")
-    if hasattr(hub_constants, "HF_HUB_DISABLE_XET"):
-        env["HF_HUB_DISABLE_XET"] = "1"  # the client would otherwise try Xet storage first
-    env.update(extra)
-    return env
+    env = {k: v for k, v in stage_env().items() if not k.startswith(("HF_", "HUGGING"))}  # not the machine's token
+    return {**env, **hub.client_env(home), **extra}
 
 
 def run_stage(stage: str, *args, env: dict[str, str], cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -184,6 +179,17 @@ def test_include_and_revision_pick_what_is_fetched(hub, env, repo, tmp_path):
     latest = fetch(tmp_path / "latest", "--include", "*.json", env=env)
     assert latest.returncode == 0, latest.stdout
     assert tree(tmp_path / "latest") == {"config.json": b'{"changed": true}\n'}
+
+
+def test_a_dataset_repo(hub, env, tmp_path):
+    data = sdist_texts()["config.json"].read_bytes()
+    hub.add_repo("samai/sft-data", files={"train.jsonl": data, "eval/items.parquet": data}, repo_type="dataset")
+    r = fetch(tmp_path / "data", "--repo-type", "dataset", env=env, repo_id="samai/sft-data")
+    assert r.returncode == 0, r.stdout
+    assert tree(tmp_path / "data") == {"train.jsonl": data, "eval/items.parquet": data}
+    assert any(p.startswith("/datasets/samai/sft-data/resolve/") for p, _r, _s in body_gets(hub))
+    model = fetch(tmp_path / "model", env=env, repo_id="samai/sft-data")  # the same id as a model: not there
+    assert model.returncode == 1 and "no such repo" in model.stdout, model.stdout
 
 
 def test_a_hub_that_fails_for_a_while_is_retried(hub, env, repo, tmp_path):
