@@ -239,6 +239,7 @@ def test_a_second_run_after_a_killed_fetch_finishes_it(hub, env, tmp_path):
         first.kill()
         first.communicate(timeout=30)
     assert not (dest / BIG_VOCAB).exists(), "the first run was not cut"
+    assert list(dest.rglob("*.incomplete")), "the killed run left no partial download"
     hub.throttle = None
     done_before = len(body_gets(hub))
     r = fetch(dest, env=env, repo_id="samai/big")
@@ -247,6 +248,8 @@ def test_a_second_run_after_a_killed_fetch_finishes_it(hub, env, tmp_path):
     again = [p for p, _r, _s in body_gets(hub)[done_before:]]
     kept = [rel for rel in small if any(p.endswith("/" + rel) or sha(files[rel]) in p for p in again)]
     assert kept == [], f"files the first run finished were fetched again: {kept}"
+    assert list(dest.rglob("*.incomplete")) == [], "the killed run's partial download is still there"
+    assert "removed 1 partial download(s) an interrupted run left" in r.stdout
 
 
 def test_a_corrupted_file_on_the_hub_is_a_sha_mismatch(hub, env, repo, tmp_path):

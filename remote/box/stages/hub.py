@@ -254,6 +254,33 @@ def check_files(dest, files):
         raise FetchError("%d of %d files do not match the hub's listing" % (bad, len(files)), "FETCH_FAIL")
 
 
+# ------------------------------------------------------------------ leftovers of a killed run
+
+# huggingface_hub >= 1.x downloads into SHORTHASH.ETAG.UNIQUE.incomplete, unique per process and
+# removed on failure, but a killed run leaves it behind and no later run reads it again: a
+# multi-GB orphan on a disk with no room for one (playbook section 4). Older clients resume from
+# SHORTHASH.ETAG.incomplete: those are kept.
+ORPHAN = re.compile(r"^[^.]+\.[0-9a-f]+\.[0-9a-f]{8}\.incomplete$")
+
+
+def remove_orphans(dest):
+    """Remove the partial downloads a killed run left; the caller holds DEST.lock, so no live
+    fetch of ours is writing them."""
+    count, size = 0, 0
+    for folder, _dirs, names in os.walk(os.path.join(dest, *CLIENT_DIR.split("/"))):
+        for name in names:
+            if ORPHAN.match(name):
+                path = os.path.join(folder, name)
+                try:
+                    size += os.path.getsize(path)
+                    os.unlink(path)
+                    count += 1
+                except OSError:
+                    pass
+    if count:
+        print("removed %d partial download(s) an interrupted run left (%s)" % (count, human(size)))
+
+
 # ------------------------------------------------------------------ progress
 
 
@@ -314,6 +341,7 @@ def fetch_hf(repo, dest, repo_type, revision, include, token, backoff):
         raise FetchError("no file of %s at %s matches --include %s" % (repo, commit, " ".join(include or [])))
     total = sum(f.size for f in chosen)
     print("hub %s (%s) at %s: %d of %d files, %s" % (repo, repo_type, commit, len(chosen), len(files), human(total)))
+    remove_orphans(dest)
     with Watcher("fetch " + repo, dest, chosen):
         hub_call(lambda: hub.snapshot_download(repo, repo_type=repo_type, revision=commit, local_dir=dest,
                                                allow_patterns=[literal(f.path) for f in chosen], token=auth),
