@@ -11,7 +11,8 @@ commit the listing named, for exactly the listed names (escaped, so a '[' in a n
 glob), into DEST; every file is then checked against the listing: its size, and its sha256
 where the hub has one (LFS files), else its git blob id (sha1 of "blob SIZE\\0" + content, what
 the hub reports as a regular file's oid). The client resumes a cut body itself (Range); a
-second run keeps the files already complete.
+second run keeps the files already complete and removes what a killed run left half-written.
+The client's progress bars are off (they redraw with \r); progress lines are measured on disk.
 
 Errors are sorted the same way for both stages (classify): "auth" (HTTP 401: the token is
 wrong), "refused" (HTTP 403 or 507, or the hub's storage-quota / read-only wording: the repo will
@@ -27,14 +28,13 @@ import threading
 
 from .transfer import CHUNK, FetchError, Progress, Transient, human, one_line, retrying
 
-REPO_TYPES = ("model", "dataset", "space")
 TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
 REFUSED_STATUS = (403, 507)
 REFUSAL_WORDS = ("storage limit", "quota", "read-only", "read only", "insufficient storage")
 # Exception class names (anywhere in the MRO) of network failures in httpx, requests and the hub client.
 NETWORK_ERRORS = ("ConnectError", "ConnectTimeout", "ReadTimeout", "TimeoutException", "NetworkError",
                   "RemoteProtocolError", "ProtocolError", "ChunkedEncodingError", "ConnectionError",
-                  "LocalEntryNotFoundError", "OfflineModeIsEnabled", "ReadError", "WriteError")
+                  "LocalEntryNotFoundError", "ReadError", "WriteError")
 CLIENT_DIR = ".cache/huggingface"  # where snapshot_download keeps its own metadata inside DEST
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 MESSAGE_LIMIT = 400
