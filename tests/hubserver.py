@@ -126,6 +126,21 @@ class HubError(Exception):
         self.status, self.message, self.code, self.commit = status, message, code, commit
 
 
+class Listening(ThreadingHTTPServer):
+    """One of the hub's two servers (the hub, its CDN), knowing the HubServer it serves."""
+
+    daemon_threads = True
+
+    def __init__(self, handler, hubserver: HubServer) -> None:
+        ThreadingHTTPServer.__init__(self, ("127.0.0.1", 0), handler)
+        self.hubserver = hubserver
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
 class HubServer:
     def __init__(self, root, tokens: dict[str, str] | None = None) -> None:
         self.root = Path(root)
@@ -142,32 +157,22 @@ class HubServer:
         self.corrupted: set[str] = set()  # sha256 of blobs served with a flipped byte
         self.signatures: dict[str, str] = {}  # CDN signature -> sha256 it grants
         self.lock = threading.RLock()
-        self.hub: ThreadingHTTPServer | None = None
-        self.cdn: ThreadingHTTPServer | None = None
+        self.servers: list[Listening] = []
 
     # ------------------------------------------------------------------ lifetime
 
     def __enter__(self) -> HubServer:
-        self.hub = self.serve(HubHandler)
-        self.cdn = self.serve(CdnHandler)
+        self.servers = [Listening(HubHandler, self), Listening(CdnHandler, self)]
         return self
 
     def __exit__(self, *exc) -> None:
-        for httpd in (self.hub, self.cdn):
-            if httpd is not None:
-                httpd.shutdown()
-                httpd.server_close()
-
-    def serve(self, handler) -> ThreadingHTTPServer:
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        httpd.daemon_threads = True
-        httpd.hubserver = self
-        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        return httpd
+        for httpd in self.servers:
+            httpd.shutdown()
+            httpd.server_close()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.hub.server_address[1]}"
+        return self.servers[0].url
 
     def client_env(self, home) -> dict[str, str]:
         """What a huggingface_hub process needs to use this hub: HF_ENDPOINT, its own HF_HOME (no
@@ -178,7 +183,8 @@ class HubServer:
 
     @property
     def cdn_url(self) -> str:
-        return f"http://127.0.0.1:{self.cdn.server_address[1]}"
+        """The CDN: another origin, so the client sends it no Authorization header."""
+        return self.servers[1].url
 
     # ------------------------------------------------------------------ repos (the test's side)
 
@@ -298,6 +304,7 @@ class Plumbing(BaseHTTPRequestHandler):
 
     @property
     def hub(self) -> HubServer:
+        assert isinstance(self.server, Listening)
         return self.server.hubserver
 
     def body(self) -> bytes:
@@ -444,7 +451,7 @@ class HubHandler(Plumbing):
             raise HubError(401 if token is None else 404, "Repository not found", "RepoNotFound")
         if write and token is None:
             raise HubError(401, "You must be authenticated to write", "RepoNotFound")
-        if write and self.hub.tokens[token] != "write":
+        if write and token is not None and self.hub.tokens[token] != "write":
             raise HubError(403, "You don't have the rights to create a commit in this repo: the token is read-only")
         return repo
 
