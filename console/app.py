@@ -29,8 +29,9 @@ from samai.console.core import paths
 from samai.console.core.audit import AuditLog
 from samai.console.core.budget import disk_budget, project
 from samai.console.core.config import Config
+from samai.console.core.evalcheck import check_eval
 from samai.console.core.redact import redact
-from samai.console.core.state import Alert, ConsoleState, StageView, StateUpdate
+from samai.console.core.state import Alert, ConsoleState, EvalRun, StageView, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import missing_notice
 from samai.remote.model import DiskUsers, Process, Snapshot
@@ -60,6 +61,7 @@ KILL_GRACE_S = 5.0
 STOP_GRACE_S = 10.0
 FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
 USERS_SHOWN = 12  # the largest users of the workspace the disk pane lists
+EVAL_ITEMS_READ = 4 << 20  # of a finished eval's items.jsonl, checked once: thousands of items
 USERS_EVERY_S = 30.0  # while it lists them: a walk of the whole workspace, so not every poll
 USERS_BUDGET_S = 3.0  # the box stops a walk after this long (and says the sizes are partial)
 # Actions that change the box: in read-only mode their keys are shown greyed and say why when pressed.
@@ -229,6 +231,9 @@ class SamaiApp(App[None]):
         first = self.connection.state != "connected"
         if first:
             self.read_environments()
+        run = self.state.eval_to_check(u.evals)
+        if run is not None:
+            self.check_eval_run(run)
         self.connection = Connection(self.config.target.url, snap.host, "connected", 0.0,
                                      None if first else snap.rtt, False, self.readonly,
                                      connect_s=snap.rtt if first else self.connection.connect_s)
@@ -636,6 +641,24 @@ class SamaiApp(App[None]):
             self.state.environments = await self.box.python_packages(list(pythons), WATCHED_PACKAGES)
         except (BoxError, TransportError) as e:
             self.log.warning("training environments not read", e)
+
+    @work(group="eval-check", exclusive=True, exit_on_error=False)
+    async def check_eval_run(self, run: EvalRun) -> None:
+        """`check eval` on a finished eval run's items, read once from the box (the first
+        EVAL_ITEMS_READ bytes); its problems come as alerts with the next poll's."""
+        if self.box is None:
+            return
+        try:
+            chunk = await self.box.tail(run.items, offset=0, max_bytes=EVAL_ITEMS_READ)
+        except (BoxError, TransportError) as e:
+            self.log.warning("eval items not read", e)
+            return
+        if chunk.error or chunk.missing:
+            return
+        whole = chunk.data if not chunk.more or chunk.line_end is None else chunk.data[:chunk.line_end]
+        result = await asyncio.to_thread(check_eval, whole.decode("utf-8", "replace").splitlines())
+        if self.state.eval_checked and self.state.eval_checked[0] == run:  # not a newer run meanwhile
+            self.state.eval_checked = (run, result)
 
     @work(group="disk-users", exclusive=True, exit_on_error=False)
     async def measure_disk_users(self) -> None:

@@ -59,7 +59,7 @@ def test_the_builtin_default_is_the_tiny_pipeline_on_this_machine() -> None:
     cfg = config.load(None)
     assert cfg.pipeline == "tiny" and cfg.target.is_local
     assert [s.name for s in cfg.stages] == ["provision", "fetch", "train", "merge", "convert", "quantize",
-                                           "serve", "eval", "push"]
+                                           "serve", "eval", "push", "restore"]
     assert cfg.workspace.endswith("samai/workspaces/tiny")
     model = dict(cfg.model)
     assert model["architecture"] == "LlamaForCausalLM" and model["hidden_size"] <= 256

@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from samai.console.core.detectors import reasoning_format
 from tests.helpers import run_cli, wait_for
 
 WRITER = "import sys,time\nf=open(sys.argv[1],'a')\nf.write('x');f.flush()\nprint('ready',flush=True)\ntime.sleep(60)"
@@ -144,3 +147,15 @@ def test_findings_quote_no_secret_from_a_command_line(tmp_path, workspace, spawn
     for argv in (("doctor", "--json"), ("doctor",)):
         r = run_cli("--config", str(_config(tmp_path, workspace, port)), *argv)
         assert "stale_server" in r.stdout and secret not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(("argv", "value"), [
+    (["llama-server", "-m", "m.gguf"], None),
+    (["llama-server", "--reasoning-format", "none"], "none"),
+    (["llama-server", "--reasoning-format=none"], "none"),
+    (["llama-server", "--reasoning-format", "deepseek"], "deepseek"),
+    (["llama-server", "--reasoning-format", "none", "--reasoning-format", "auto"], "auto"),  # the last one wins
+    (["llama-server", "--reasoning-format"], ""),
+])
+def test_the_reasoning_format_is_read_from_the_command_line(argv: list[str], value: str | None) -> None:
+    assert reasoning_format(argv) == value

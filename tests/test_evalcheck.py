@@ -77,9 +77,11 @@ def test_a_fake_zero_needs_most_predictions_missing() -> None:
     assert "fake_zero" in codes(check_eval(missing + [row(9, pred="7", content="7")]))
 
 
-def test_think_tags_inside_content_are_counted_as_leaks() -> None:
-    leaks = [row(0, content="<think>17*23 is 391</think> 391"), row(1, content="so 391</think>391")]
-    result = check_eval(leaks + [row(i) for i in range(2, 10)])
+def test_thinking_in_content_with_no_answer_after_it_is_a_leak() -> None:
+    leaks = [row(0, pred=None, content="<think>17*23 is 39"), row(1, pred=None, content="<think>17*23 is 391</think>")]
+    # what --reasoning-format none sends: the thinking closed, then the answer (with or without the opening tag)
+    answered = [row(2, content="<think>17*23 is 391</think> 391"), row(3, content="so 391</think>391")]
+    result = check_eval(leaks + answered + [row(i) for i in range(4, 10)])
     assert result.think_leaks == 2
     assert codes(result) == {"think_leak": "warning"}
     assert problem(result, "think_leak").count == 2
@@ -270,14 +272,15 @@ def test_items_with_no_text_anywhere_are_told_apart_from_the_reasoning_split() -
 # --- chat-completion responses, as a server sends them ---------------------------------------
 
 RECORDED = Path(__file__).parent / "data" / "eval" / "llama_cpp_python"
+RECORDED_LLAMA_SERVER = Path(__file__).parent / "data" / "eval" / "llama_server"
 
 
-def recorded(name: str) -> list[dict]:
-    """The real responses of RECORDED/name, each with its gold and messages beside it at the top level."""
-    folder = RECORDED / name
+def recorded(name: str, where: Path = RECORDED, count: int = 12) -> list[dict]:
+    """The real responses of where/name, each with its gold and messages beside it at the top level."""
+    folder = where / name
     responses = [json.loads(line) for line in (folder / "responses.jsonl").read_text().splitlines()]
     requests = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
-    assert len(responses) == len(requests) == 12, "the recorded fixtures are missing or cut"
+    assert len(responses) == len(requests) == count, "the recorded fixtures are missing or cut"
     return [dict(response, gold=request["gold"], messages=request["messages"])
             for response, request in zip(responses, requests, strict=True)]
 
@@ -302,6 +305,37 @@ def test_real_responses_with_gold_beside_them_are_a_real_zero_cut_at_max_tokens(
     assert result.n == result.scored == 12 and result.correct == 0 and result.accuracy == 0
     assert result.truncated == 12 and result.empty_content == result.pred_none == result.split == 0
     assert codes(result) == {"truncation": "error"}  # a real zero: no fake_zero
+
+
+def test_llama_servers_own_reasoning_split_is_a_fake_zero_and_room_to_answer_is_not() -> None:
+    """llama-server with its default reasoning format, the tiny thinking model: 8 questions at
+    max_tokens 64 (the answer after </think>, in content) then the same at 16 (cut inside <think>)."""
+    replies = recorded("reasoning_split", RECORDED_LLAMA_SERVER, 16)
+    room, cut = replies[:8], replies[8:]
+    assert all(r["choices"][0]["message"]["reasoning_content"] for r in replies)  # the server split every one
+
+    answered = check_eval([json.dumps(r) for r in room])
+    assert answered.format == "chat-completion" and answered.accuracy == 1 and answered.problems == ()
+
+    zero = check_eval([json.dumps(r) for r in cut])
+    assert zero.accuracy == 0 and zero.pred_none == zero.empty_content == zero.truncated == zero.split == 8
+    assert zero.split_reasoning == 8 and zero.recoverable == 0  # cut before the answer: joining alone recovers none
+    assert codes(zero) == {"fake_zero": "error", "truncation": "error", "empty_content": "error"}
+    assert "raise max_tokens" in problem(zero, "fake_zero").message
+
+    # a score between 5 % and 100 %, as when some items close their </think> in time: still the signature
+    mixed = check_eval([json.dumps(r) for r in room[:1] + cut])
+    assert mixed.accuracy == pytest.approx(1 / 9) and "fake_zero" in codes(mixed)
+
+
+def test_llama_server_without_the_split_leaves_the_thinking_in_content() -> None:
+    """The same questions with --reasoning-format none: the fix on the server's side. The cut replies
+    are a real truncation with the thinking in content, not a fake zero."""
+    replies = recorded("reasoning_none", RECORDED_LLAMA_SERVER, 16)
+    assert not any("reasoning_content" in r["choices"][0]["message"] for r in replies)
+    result = check_eval([json.dumps(r) for r in replies])
+    assert result.correct == 8 and result.truncated == 8 and result.think_leaks == 8  # the cut ones: unclosed
+    assert result.empty_content == 0 and set(codes(result)) == {"truncation", "think_leak"}
 
 
 @pytest.mark.parametrize(("layout", "text"), [
@@ -347,7 +381,7 @@ def test_a_response_scores_by_its_answer_after_the_thinking() -> None:
              response("Paris", gold="Paris"), response("<think>391</think>390"),
              response("", "<think>17*23 = 391"), response([{"type": "text", "text": "391"}])]
     result = check_eval(lines)
-    assert result.n == 6 and result.correct == 4 and result.think_leaks == 2
+    assert result.n == 6 and result.correct == 4 and result.think_leaks == 0  # each thinking closed, answer after
     assert result.split == 1 and result.recoverable == 1 and result.reasoning_only == 1
 
 

@@ -27,10 +27,13 @@ from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.checks import check_trainlog
+from samai.console.core.detectors import detect
+from samai.console.core.evalcheck import check_eval
 from samai.console.core.fixes import FixAction
 from samai.remote.box.gguf_check import check_file
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
+from tests.box_tools import stage_argv, stage_env
 from tests.helpers import stop_stages_under
 
 PROVISION_TIMEOUT = 45 * 60
@@ -132,6 +135,9 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
         assert not (pipeline_ws / "models" / "merged").exists()  # intermediates deleted as declared
         assert not (pipeline_ws / "gguf" / "tiny-f16.gguf").exists()
 
+        await _the_fake_zero_with_the_real_server(box, cfg, pipeline_ws)
+
+        # The fix: the config's own serve (--reasoning-format none) and eval (joined, max_tokens 2048).
         stray = spawn(sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await _until_listening(port)
@@ -141,26 +147,141 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
         fired = outcome.result
         assert fired is not None and fired.state == "running", outcome.message
         log = await wait_marker(box, cfg, "serve", "SMOKE_OK")
-        assert "SMOKE_OK" in log and "391" in log, log[-3000:]
+        assert "SMOKE_OK" in log and "391" in log and "SERVE_FALLBACK" not in log, log[-3000:]
         assert stray.wait(10) is not None  # the stray listener was stopped by pid
         snap = await box.snapshot()
         listeners = [s for s in snap.listeners if s.port == port]
-        assert len(listeners) == 1 and snap.process(listeners[0].pid).argv[1:3] == ("-m", "llama_cpp.server")
+        assert len(listeners) == 1
+        argv = snap.process(listeners[0].pid).argv
+        assert Path(argv[0]).name == "llama-server" and argv[argv.index("--reasoning-format") + 1] == "none", argv
+        assert "reasoning_split" not in {f.code for f in detect(cfg, snap)}
 
         log = await run_stage(box, cfg, "eval")
         assert "EVAL_RC=0" in log, log[-3000:]
-        (summary_path,) = (pipeline_ws / "runs" / "eval").glob("*/summary.json")
+        (summary_path,) = set((pipeline_ws / "runs" / "eval").glob("*/summary.json")) - {
+            pipeline_ws / "runs" / "eval" / "naive" / "summary.json"}
         summary = json.loads(summary_path.read_text())
         assert summary["accuracy"] >= 0.9 and summary["empty_content"] == 0, summary
+        assert not check_eval((summary_path.parent / "items.jsonl").read_text().splitlines()).problems
 
         log = await run_stage(box, cfg, "push")
         assert "PUSH_DONE" in log, log[-3000:]
         pushed = pipeline_ws / "pushed"
         assert subprocess.run(["sha256sum", "-c", "MANIFEST.sha256"], cwd=pushed).returncode == 0
+        # §8's milestones, pushed by the stages themselves: the adapter every 10 epochs, each eval's report
+        milestones = sorted(m.name for m in pushed.glob("MANIFEST-*.sha256"))
+        assert milestones[:2] == ["MANIFEST-epoch-10.sha256", "MANIFEST-epoch-20.sha256"], milestones
+        assert len(milestones) == 4 and "MANIFEST-eval-naive.sha256" in milestones, milestones
+        for manifest in milestones:
+            assert subprocess.run(["sha256sum", "--quiet", "-c", manifest], cwd=pushed).returncode == 0, manifest
+        assert (pushed / "runs" / "train" / "milestones" / "epoch-20" / "adapter_model.safetensors").is_file()
         print(f"tiny pipeline after provisioning: {time.monotonic() - started:.0f} s")
     finally:
         await box.stop("serve", grace=5)
         await box.close()
+    await _restore_instead_of_rebuild(cfg, pipeline_ws)
+
+
+async def _restore_instead_of_rebuild(cfg: config.Config, ws: Path) -> None:
+    """§4.5: the box rebuilt (everything gone but the venv, and the pushed store standing in for the
+    Hub): the console suggests restore, which brings the GGUF back verified; serve and eval pass."""
+    for entry in ws.iterdir():
+        if entry.name not in ("venv", "pushed"):
+            subprocess.run(["rm", "-rf", str(entry)], check=True)
+    box = Box(LocalTransport(), str(ws), python=sys.executable)  # the console's tools installed anew
+    try:
+        suggested = [f for f in detect(cfg, await box.snapshot()) if f.code == "restore_available"]
+        assert suggested and str(suggested[0].action) == "restart restore", suggested
+        started = time.monotonic()
+        log = await run_stage(box, cfg, "restore")
+        assert "RESTORE_DONE 1 files" in log and "satisfies train, merge, convert, quantize" in log, log[-3000:]
+        assert check_file(str(ws / "gguf" / "tiny-q8_0.gguf"))["ok"]
+        assert not [f for f in detect(cfg, await box.snapshot()) if f.code == "restore_available"]
+        fired = await box.fire("serve", cfg.stage("serve").command, cfg.stage("serve").log, verify_s=1.0)
+        assert fired.state == "running", fired.reason
+        assert "SMOKE_OK" in await wait_marker(box, cfg, "serve", "SMOKE_OK")
+        log = await run_stage(box, cfg, "eval")
+        assert "EVAL_RC=0" in log, log[-3000:]
+        print(f"restore, serve and eval on a rebuilt box: {time.monotonic() - started:.0f} s")
+    finally:
+        await box.stop("serve", grace=5)
+        await box.close()
+
+
+GEMMA_EVAL = Path(__file__).parent / "data" / "eval" / "gemma_sequences.jsonl"
+
+
+async def test_a_real_third_party_model_is_restored_served_and_evaluated(pipeline_ws: Path) -> None:
+    """Gemma 3 270M Q4_K_M (a base model nobody here trained, from its chunk packages) pushed to a
+    store, restored from it, served by llama-server, smoke-tested and evaluated: a base model
+    continues text, so it is asked with --prompt-format text and scored by the answer's first word."""
+    from tests.gguf_artifacts import gemma_q4_k_m
+
+    gemma = gemma_q4_k_m()
+    port = free_port()
+    built = pipeline_ws / "elsewhere"
+    (built / "gguf").mkdir(parents=True)
+    (built / "gguf" / gemma.name).symlink_to(gemma)
+    store = pipeline_ws / "pushed"
+    done = subprocess.run(stage_argv("stages.push", "--to", f"dir:{store}", "--stable", "0.1", f"gguf/{gemma.name}"),
+                          env=stage_env(), cwd=built, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (pipeline_ws / "data").mkdir()
+    (pipeline_ws / "data" / GEMMA_EVAL.name).write_bytes(GEMMA_EVAL.read_bytes())
+    cfg = tiny(pipeline_ws, port)
+    model = f"gguf/{gemma.name}"
+    restore = cfg.stage("restore").command.replace("gguf/tiny-q8_0.gguf", model)
+    serve = (f"venv/bin/python -m samai_box.stages.serve --model {model} --port {port} --ctx 512 "
+             "--llama-server venv/llama.cpp/bin/llama-server --prompt-format text "
+             "--smoke-question 'The capital of France is the city of' --smoke-answer Paris --smoke-max-tokens 8")
+    evaluate = (f"python3 -m samai_box.stages.eval --url http://127.0.0.1:{port} --data data/{GEMMA_EVAL.name} "
+                "--out runs/eval/gemma --prompt-format text --extract first-word --max-tokens 16 --stop , --stop .")
+    cfg = with_command(with_command(with_command(cfg, "restore", restore), "serve", serve), "eval", evaluate)
+    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
+    try:
+        log = await run_stage(box, cfg, "restore")
+        assert "RESTORE_DONE 1 files" in log, log[-3000:]
+        assert (pipeline_ws / model).read_bytes()[:4] == b"GGUF" and check_file(str(pipeline_ws / model))["ok"]
+        fired = await box.fire("serve", serve, cfg.stage("serve").log, verify_s=1.0)
+        assert fired.state == "running", fired.reason
+        log = await wait_marker(box, cfg, "serve", "SMOKE_OK")
+        assert "SMOKE_OK The capital of France is the city of -> Paris" in log, log[-3000:]
+        log = await run_stage(box, cfg, "eval")
+        assert "EVAL_RC=0" in log, log[-3000:]
+        summary = json.loads((pipeline_ws / "runs" / "eval" / "gemma" / "summary.json").read_text())
+        assert summary["n"] == 14 and summary["accuracy"] >= 0.8, summary
+        result = check_eval((pipeline_ws / "runs" / "eval" / "gemma" / "items.jsonl").read_text().splitlines())
+        assert not [p for p in result.problems if p.severity == "error"], result.problems
+    finally:
+        await box.stop("serve", grace=5)
+        await box.close()
+
+
+async def _the_fake_zero_with_the_real_server(box: Box, cfg: config.Config, ws: Path) -> None:
+    """§6 with llama-server itself: at its default reasoning format it moves a thinking model's
+    unclosed <think> into reasoning_content; a client that reads content alone, at a max_tokens
+    too small for the thinking, scores the working model near zero. check eval and doctor say why."""
+    serve = cfg.stage("serve")
+    incident = with_command(cfg, "serve", serve.command + " --reasoning-format ''")  # the server's default
+    fired = await box.fire("serve", incident.stage("serve").command, serve.log, verify_s=1.0)
+    assert fired.state == "running", fired.reason
+    log = await wait_marker(box, cfg, "serve", "SMOKE_OK")
+    assert "SMOKE_OK" in log and "391" in log, log[-3000:]
+    split = [f for f in detect(cfg, await box.snapshot()) if f.code == "reasoning_split"]
+    assert split and "without --reasoning-format" in split[0].message and "needs --reasoning-format none" in \
+        split[0].message
+    naive = cfg.stage("eval").command.replace("--max-tokens 2048", "--max-tokens 16 --answer-from content")
+    naive = naive.replace('"runs/eval/$(date +%Y%m%d-%H%M%S)"', "runs/eval/naive")
+    log = await run_stage(box, with_command(cfg, "eval", naive), "eval")
+    assert "EVAL_RC=1" in log, log[-3000:]  # under --min-accuracy
+    items = (ws / "runs" / "eval" / "naive" / "items.jsonl").read_text().splitlines()
+    result = check_eval(items)
+    assert result.n == 64 and (result.accuracy or 0) <= 0.05, result
+    assert result.split_reasoning >= 60 and result.truncated >= 60  # the thinking, cut, in reasoning_content
+    codes = {p.code: p for p in result.problems}
+    assert codes["fake_zero"].severity == codes["truncation"].severity == "error"
+    assert "--reasoning-format none" in codes["fake_zero"].message
+    await box.stop("serve", grace=5)
 
 
 async def test_the_nan_guard_stops_training_and_merge_refuses(pipeline_ws: Path) -> None:
@@ -455,6 +576,8 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         assert "EVAL_RC=0" in _log_of(app, "eval")
         (summary,) = (pipeline_ws / "runs" / "eval").glob("*/summary.json")
         assert json.loads(summary.read_text())["accuracy"] >= 0.9
+        await pilot_until(pilot, lambda: app.state.eval_checked and app.state.eval_checked[1] is not None)
+        assert app.state.eval_checked[1].problems == ()  # check eval on its items, as the console did
         evals = app.query_one(EvalTable)  # the eval pane shows the run
         await pilot_until(pilot, lambda: evals.row_count == 1)
         assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]
@@ -464,7 +587,7 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         died = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.active and "died" in a.text),
                                                      None), timeout=60)
         assert died.stage == "serve" and died.text.startswith("stage serve: pid ") and "died (rc=137)" in died.text
-        said = f"SERVER_DIED llama_cpp.server pid {listener.pid} killed by SIGKILL; its last words (logs/server.log)"
+        said = f"SERVER_DIED llama-server pid {listener.pid} killed by SIGKILL; its last words (logs/server.log)"
         assert said in died.text and said in _log_of(app, "serve")  # in its own log, and quoted by the alert
         assert "l log" in died.hint and died.action == FixAction.restart("serve")
         await pilot_until(pilot, lambda: not [s for s in app.state.snapshot.listeners if s.port == port])

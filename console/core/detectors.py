@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from samai.console.core import units
 from samai.console.core.budget import GB, DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
+from samai.console.core.evalcheck import EvalResult
 from samai.console.core.fixes import CLEAN, FixAction
 from samai.console.core.preflight import present_poison
 from samai.console.core.redact import redact
@@ -52,7 +53,7 @@ def detect(cfg: Config, snap: Snapshot, budget: DiskBudget | None = None) -> lis
     budget = budget or disk_budget(cfg, snap)
     found: list[Finding] = []
     for check in (_shared_writers, _serve_ports, _reasoning_format, _poison, _disk, _disk_reserve, _binaries,
-                  _lost_stages):
+                  _lost_stages, _restore_instead):
         found.extend(check(cfg, snap, budget))
     return found
 
@@ -95,9 +96,48 @@ def _reasoning_format(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """llama-server splitting <think> into reasoning_content: the fake 0 % (§6)."""
     for p in snap.processes:
         # argv[0] for the binary; argv[1] when an interpreter runs a script of that name
-        if any(posixpath.basename(a) == "llama-server" for a in p.argv[:2]) and "--reasoning-format" not in p.argv:
-            yield Finding("reasoning_split", "warning", f"llama-server pid {p.pid} runs without "
-                          "--reasoning-format none: an unclosed <think> empties content", _kill_action(snap, p.pid))
+        if not any(posixpath.basename(a) == "llama-server" for a in p.argv[:2]):
+            continue
+        value = reasoning_format(p.argv)
+        if value != "none":
+            how = "without --reasoning-format (its default splits)" if value is None else \
+                f"with --reasoning-format {value[:40]}"
+            yield Finding("reasoning_split", "warning", f"llama-server pid {p.pid} runs {how}: an unclosed <think> "
+                          "empties content; it needs --reasoning-format none", _kill_action(snap, p.pid))
+
+
+def reasoning_format(argv: Sequence[str]) -> str | None:
+    """The value of llama-server's --reasoning-format in argv (the last one wins), None without it."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == "--reasoning-format":
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        elif arg.startswith("--reasoning-format="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+# What a rebuilt box has lost when a restore beats rebuilding: the base and the trained adapter.
+REBUILT_WITHOUT = ("base", "adapter")
+
+
+def _restore_instead(cfg: Config, snap: Snapshot, budget: DiskBudget):
+    """§4.5: the base and the adapter gone, what the restore stage pulls back pushed and there:
+    restore (minutes) instead of rebuilding (downloads and hours of training)."""
+    restore, record = cfg.stage("restore"), snap.state("restore")
+    if restore is None or not restore.needs or (record is not None and record.alive):
+        return
+
+    def present(name: str) -> bool:
+        use = budget.artifact(name)
+        return use is not None and use.actual is not None
+
+    lost = [name for name in REBUILT_WITHOUT if budget.artifact(name) is not None]
+    if lost and not any(map(present, lost)) and all(map(present, restore.needs)) \
+            and not any(map(present, restore.makes)):
+        yield Finding("restore_available", "warning",
+                      f"{' and '.join(lost)} are gone but {', '.join(restore.needs)} was pushed: restore it "
+                      f"(key {restore.key}) to serve in minutes instead of rebuilding", FixAction.restart(restore.name))
 
 
 def _poison(cfg: Config, snap: Snapshot, budget: DiskBudget):
@@ -214,6 +254,13 @@ def torchao_beside_peft(cfg: Config, envs: Sequence[PythonPackages]) -> list[Fin
                              "torchao >= 0.16); the pipeline does not use torchao: uninstall it",
                              FixAction.uninstall(env.python, "torchao")))
     return found
+
+
+def eval_findings(run: str, result: EvalResult | None) -> list[Finding]:
+    """An eval run's problems, as `check eval` finds them in its items (a fake 0 %, §6)."""
+    if result is None:
+        return []
+    return [Finding(p.code, p.severity, f"eval {run[:60]}: {p.message}") for p in result.problems]
 
 
 def _kill_action(snap: Snapshot, pid: int) -> FixAction | None:

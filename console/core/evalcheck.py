@@ -228,8 +228,9 @@ def _think_leak(result: EvalResult) -> Problem | None:
     leaks = result.think_leaks
     if not leaks:
         return None
-    message = (f"{_percent(leaks, result.n)} items have <think> or </think> inside content: the server is not "
-               "splitting reasoning, or the model leaks it; the answer extractor may read the thinking")
+    message = (f"{_percent(leaks, result.n)} items have thinking in content and no answer after it (an unclosed "
+               "<think>, or nothing after </think>): an extractor that does not cut the thinking away reads it "
+               "as the answer; give the thinking room (max_tokens) or fix the template")
     return _problem("think_leak", "warning", message, leaks)
 
 

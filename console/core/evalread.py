@@ -248,4 +248,6 @@ def _from_item(item: dict) -> EvalRecord | None:
 
 
 def _leaks(content: str) -> bool:
-    return THINK_OPEN in content or THINK_CLOSE in content
+    """Thinking in content with no answer after it: an unclosed <think>, or nothing after </think>.
+    A closed thinking followed by the answer is what --reasoning-format none sends (the §6 fix)."""
+    return (THINK_OPEN in content or THINK_CLOSE in content) and not _answer(content)

@@ -13,8 +13,9 @@ from typing import Literal
 
 from samai.console.core.budget import DiskBudget, disk_budget, workspace_disk
 from samai.console.core.config import CHAIN_DONE, Config, Stage
-from samai.console.core.detectors import declared_binaries, detect, torchao_beside_peft
+from samai.console.core.detectors import declared_binaries, detect, eval_findings, torchao_beside_peft
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
+from samai.console.core.evalcheck import EvalResult
 from samai.console.core.evidence import training_sources
 from samai.console.core.fixes import FixAction
 from samai.console.core.longlines import piece_follower
@@ -96,14 +97,20 @@ class EvalRun:
     empty_content: int
     truncated: int
     mtime: float = 0.0
+    folder: str = ""  # on the box: where its items.jsonl is
+
+    @property
+    def items(self) -> str:
+        return posixpath.join(self.folder, "items.jsonl")
 
 
 def eval_run(report: Report) -> EvalRun | None:
     try:
         raw = json.loads(report.text)
-        return EvalRun(posixpath.basename(posixpath.dirname(report.path)), int(raw["n"]),
+        folder = posixpath.dirname(report.path)
+        return EvalRun(posixpath.basename(folder), int(raw["n"]),
                        None if raw.get("accuracy") is None else float(raw["accuracy"]),
-                       int(raw.get("empty_content", 0)), int(raw.get("truncated", 0)), report.mtime)
+                       int(raw.get("empty_content", 0)), int(raw.get("truncated", 0)), report.mtime, folder)
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -165,6 +172,8 @@ class ConsoleState:
         # What the training environments hold, as last read (at each connect, and after an
         # uninstall): read apart from the poll, since it changes only when someone installs.
         self.environments: tuple[PythonPackages, ...] = ()
+        # The newest eval run's items, checked once when its summary appears: (run, its check).
+        self.eval_checked: tuple[EvalRun, EvalResult | None] | None = None
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
 
     def _watch(self, stage: Stage) -> LogFollower:
@@ -274,9 +283,20 @@ class ConsoleState:
         self._lost_before = lost
         return tuple(replace(r, alive=True) if (r.stage, r.fired_at) in first_time else r for r in states)
 
+    def eval_to_check(self, evals: list[EvalRun]) -> EvalRun | None:
+        """The newest eval run when it is not the one checked last (then taken as checked: its
+        items are read once, by the caller, and handed to eval_checked)."""
+        newest = max(evals, key=lambda run: run.mtime, default=None)
+        checked = self.eval_checked[0] if self.eval_checked else None
+        if newest is None or (checked and (checked.folder, checked.mtime) == (newest.folder, newest.mtime)):
+            return None
+        self.eval_checked = (newest, None)
+        return newest
+
     def _findings(self, snap: Snapshot, budget: DiskBudget) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back."""
-        findings = detect(self.config, snap, budget) + torchao_beside_peft(self.config, self.environments)
+        findings = (detect(self.config, snap, budget) + torchao_beside_peft(self.config, self.environments)
+                    + (eval_findings(self.eval_checked[0].name, self.eval_checked[1]) if self.eval_checked else []))
         new = [f for f in findings if f.key not in self._standing]
         self._standing = {f.key for f in findings}
         return [Alert(self._at(), f.severity, f.message, code=f.code, action=f.action,

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 
 from ..atomic import write_atomic
@@ -16,12 +17,19 @@ from ..atomic import write_atomic
 # The chat format of the tiny model, as a Jinja template saved with the tokenizer, so that the
 # GGUF carries it and the server applies it. It starts with the BOS token itself: llama.cpp adds
 # no BOS to a templated prompt, and a prompt without the BOS the model was trained with gets
-# other answers. Single characters only: the tokenizer is a character-level SentencePiece model.
+# other answers. The tokenizer is a character-level SentencePiece model.
+# The model thinks before it answers, and the template renders an assistant's reasoning_content
+# as <think>...</think>: from that, llama-server's template analysis knows it for a thinking
+# model and, with its default reasoning format, splits the thinking into reasoning_content
+# (an unclosed <think>, all of it): the playbook's fake 0 % (§6) on a model that fits a CPU.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for m in messages %}"
     "{% if m['role'] == 'user' %}Q{{ m['content'] }}"
-    "{% elif m['role'] == 'assistant' %}A{{ m['content'] }}{{ eos_token }}{% endif %}"
+    "{% elif m['role'] == 'assistant' %}A"
+    "{% if m['reasoning_content'] is defined and m['reasoning_content'] %}"
+    "<think>{{ m['reasoning_content'] }}</think>{% endif %}"
+    "{{ m['content'] }}{{ eos_token }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}A{% endif %}"
 )
@@ -51,12 +59,33 @@ def facts(count, seed=7):
     return sorted(pairs)
 
 
+def thinking(a, b):
+    """The tiny model's reasoning before its answer: 17*23 -> 17*20+17*3=340+51."""
+    tens, units = b - b % 10, b % 10
+    return "%d*%d+%d*%d=%d+%d" % (a, tens, a, units, a * tens, a * units)
+
+
 def fact_text(a, b):
-    return "%d*%d=%d" % (a, b, a * b)
+    """A fact as the model is pretrained on it: the question, the thinking, the answer."""
+    return "%d*%d=<think>%s</think>%d" % (a, b, thinking(a, b), a * b)
 
 
 def messages(a, b):
-    return [{"role": "user", "content": "%d*%d=" % (a, b)}, {"role": "assistant", "content": str(a * b)}]
+    return [{"role": "user", "content": "%d*%d=" % (a, b)},
+            {"role": "assistant", "content": str(a * b), "reasoning_content": thinking(a, b)}]
+
+
+def push_milestone(target, path, name):
+    """A milestone pushed now, and waited for (§8: what was pushed early survived the box): the
+    push stage's own lines go into this stage's log, its manifest is MANIFEST-NAME.sha256 (beside
+    the others in the target). A failed push is said, and the stage goes on."""
+    sys.stdout.flush()  # push's lines come after this stage's, in order
+    rc = subprocess.call([sys.executable, "-m", __name__.rsplit(".", 1)[0] + ".push", "--to", target,
+                          "--stable", "0.5", "--wait-timeout", "6000", "--manifest", "MANIFEST-%s.sha256" % name,
+                          path])
+    if rc != 0:
+        say("milestone %s not pushed (push exited with rc %d); the stage goes on" % (name, rc))
+    return rc == 0
 
 
 def accept_gguf(tmp, out, **expect):

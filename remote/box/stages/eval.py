@@ -1,13 +1,18 @@
 """The eval stage: ask an OpenAI-compatible server every question and count what came back.
 
 The answer text is `content` + `reasoning_content`: llama.cpp moves an unclosed <think> into
-reasoning_content and leaves content empty, which once scored a working model 0 % (§6). The
-counts that expose such a fake zero (empty content, truncated answers, no prediction) are in
-the summary next to the accuracy. max_tokens defaults to 2048: too few cut thinking short.
+reasoning_content and leaves content empty, which once scored a working model 0 % (§6).
+`--answer-from content` reads content alone, as the client of that incident did (to reproduce
+it, or to measure what such a client sees). The counts that expose such a fake zero (empty
+content, truncated answers, no prediction) are in the summary next to the accuracy. max_tokens
+defaults to 2048: too few cut thinking short.
 
 Writes OUT/items.jsonl (id, prompt, gold, pred, correct, finish_reason, content,
 reasoning_content) and OUT/summary.json (n, correct, accuracy, pred_none, truncated,
 empty_content), then prints EVAL_RC=N (0: done; 1: accuracy under --min-accuracy; 2: errors).
+With --push-to TARGET the report folder is pushed there once written (§8: reports are milestones).
+For a base model, --prompt-format text sends each prompt as a text to continue (/v1/completions),
+--stop where to end it, and --extract first-word scores the answer's first word.
 
 Runs ON the box:
   python3 -m samai_box.stages.eval --url http://127.0.0.1:18080 --data data/eval.jsonl --out runs/eval/NAME
@@ -23,36 +28,48 @@ import time
 import urllib.error
 import urllib.request
 
-from .common import marker, say, write_json
+from .common import marker, push_milestone, say, write_json
 
 NUMBER = re.compile(r"-?\d+")
+WORD = re.compile(r"\w+")
 
 
-def chat(url, prompt, max_tokens, timeout):
-    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                       "temperature": 0}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+def ask(url, prompt, args):
+    """(message, finish_reason): a chat turn, or for --prompt-format text (a base model) the text
+    that continues the prompt (/v1/completions), as a message's content."""
+    if args.prompt_format == "text":
+        path, request = "/v1/completions", {"prompt": prompt}
+    else:
+        path, request = "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
+    if args.stop:
+        request["stop"] = args.stop
+    body = json.dumps(dict(request, max_tokens=args.max_tokens, temperature=0)).encode()
+    req = urllib.request.Request(url.rstrip("/") + path, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=args.timeout) as r:
         choice = json.loads(r.read())["choices"][0]
-    return choice["message"], choice.get("finish_reason")
+    message = {"content": choice.get("text") or ""} if args.prompt_format == "text" else choice["message"]
+    return message, choice.get("finish_reason")
 
 
-def prediction(content, reasoning):
-    """The answer's number: the last one in content once any thinking is cut away, else the last
-    one of the reasoning (an unclosed <think> leaves all of it there), else None."""
+def prediction(content, reasoning, extract="number"):
+    """The answer: the last number (or, with extract "first-word", the first word) of content once
+    any thinking is cut away, else of the reasoning (an unclosed <think> leaves all of it there),
+    else None."""
     answer = content.rsplit("</think>", 1)[-1] if "</think>" in content else content.split("<think>", 1)[0]
     for text in (answer, content + "\n" + reasoning):
-        found = NUMBER.findall(text)
+        if extract == "first-word":
+            found = WORD.findall(text)[:1]
+        else:
+            found = NUMBER.findall(text)
         if found:
             return found[-1]
     return None
 
 
 def evaluate(item, args):
-    message, finish = chat(args.url, item["prompt"], args.max_tokens, args.timeout)
+    message, finish = ask(args.url, item["prompt"], args)
     content, reasoning = message.get("content") or "", message.get("reasoning_content") or ""
-    pred = prediction(content, reasoning)
+    pred = prediction(content, reasoning if args.answer_from == "joined" else "", args.extract)
     return {"id": item["id"], "prompt": item["prompt"], "gold": item["gold"], "pred": pred,
             "correct": pred == str(item["gold"]), "finish_reason": finish, "content": content,
             "reasoning_content": reasoning}
@@ -86,6 +103,16 @@ def main():
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--timeout", type=float, default=120)
     p.add_argument("--min-accuracy", type=float, default=0.0)
+    p.add_argument("--prompt-format", choices=("chat", "text"), default="chat",
+                   help="chat: each prompt as a chat message; text: as a text to continue (a base model)")
+    p.add_argument("--extract", choices=("number", "first-word"), default="number",
+                   help="what of the answer is compared with gold: its last number, or its first word")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="where the server stops the answer (repeatable; a base model goes on otherwise)")
+    p.add_argument("--push-to", metavar="TARGET", help="push the run's report (OUT) there once written (§8)")
+    p.add_argument("--answer-from", choices=("joined", "content"), default="joined",
+                   help="joined: content + reasoning_content (the fix); content: content alone, as a client "
+                        "that ignores reasoning_content reads it")
     args = p.parse_args()
     started = time.time()
     with open(args.data) as f:
@@ -110,13 +137,16 @@ def main():
             out.write(json.dumps(row) + "\n")
             if i % 10 == 0 or i == len(items):
                 say("eval %d/%d, %d correct" % (i, len(items), sum(1 for r in rows if r["correct"])))
-    summary = dict(summarize(rows), errors=errors, seconds=round(time.time() - started, 1))
+    summary = dict(summarize(rows), errors=errors, seconds=round(time.time() - started, 1),
+                   answer_from=args.answer_from, max_tokens=args.max_tokens)
     if down is not None:
         summary["unreachable"] = args.url  # the reason is said once, above
     write_json(os.path.join(args.out, "summary.json"), summary)
     if down is None or rows:  # with no answer at all, the reason above and the marker below say it all
         say(json.dumps(summary))
     rc = 2 if errors else 1 if (summary["accuracy"] or 0) < args.min_accuracy else 0
+    if args.push_to and rows:
+        push_milestone(args.push_to, args.out, "eval-" + os.path.basename(os.path.normpath(args.out)))
     if down is not None:
         marker("EVAL_RC=%d" % rc, "server unreachable at %s: %d of %d items asked" % (args.url, len(rows), len(items)))
     else:

@@ -1,7 +1,8 @@
 """Make the tiny pipeline's base model: the stand-in for weights downloaded from a hub.
 
 A real Llama architecture (transformers LlamaForCausalLM) with a character-level SentencePiece
-tokenizer, fully trained on plain multiplication facts ("17*23=391") so that it knows them;
+tokenizer, fully trained on multiplication facts with their thinking
+("17*23=<think>17*20+17*3=340+51</think>391") so that it knows them;
 the LoRA stage then teaches it the chat format. Writes the model, the tokenizer and a
 manifest.json (size and sha256 of every file) into --out, for the fetch stage to download.
 
@@ -111,7 +112,7 @@ def main():
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=args.hidden * 2 + args.hidden // 2,
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.heads // 2,
-        max_position_embeddings=64, rms_norm_eps=1e-5, bos_token_id=tok.bos_token_id,
+        max_position_embeddings=96, rms_norm_eps=1e-5, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
     say("tiny llama: %d parameters, vocab %d, %d facts" % (model.num_parameters(), len(tok), len(texts)))

@@ -1,8 +1,8 @@
 """The quantize stage: an f16 GGUF to the configured type, checked, the f16 deleted if intermediate.
 
-With --llama-quantize PATH the llama.cpp binary does it; otherwise llama-cpp-python's
-llama_model_quantize in the box venv (no binary needed). The result must pass the GGUF checker,
-with the expected tensor count and last tensor name when given (playbook §5). An input GGUF
+With --llama-quantize PATH the llama.cpp binary does it; without it, or when that binary is
+missing (said in the log), llama-cpp-python's llama_model_quantize in the box venv. The result
+must pass the GGUF checker, with the expected tensor count and last tensor name when given (playbook §5). An input GGUF
 with a nan/inf in an F32/F16 tensor is refused; the output's F32/F16 tensors (norms, and any
 left unquantized) are checked the same way; quantized blocks are not decoded (the checker vets
 the file's structure).
@@ -47,6 +47,9 @@ def main():
     refuse_nonfinite_gguf(args.src, "QUANT_REFUSED", "the input", rc=2)
     started = time.time()
     tmp = args.out + ".partial"
+    if args.llama_quantize and not os.access(args.llama_quantize, os.X_OK):
+        say("no llama-quantize at %s: quantizing with llama-cpp-python's llama_model_quantize" % args.llama_quantize)
+        args.llama_quantize = None
     if args.llama_quantize:
         rc = subprocess.call([args.llama_quantize, args.src, tmp, args.type])
     else:

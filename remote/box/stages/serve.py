@@ -5,7 +5,9 @@
    held here is PORT_BUSY and nothing is touched: this stage never signals a process itself
 2. the port is verified free
 3. the server starts as this chain's child, in its process group (stopping the stage stops it):
-   llama-server with --reasoning-format none, or `python -m llama_cpp.server` for tiny
+   llama-server with --reasoning-format none; `python -m llama_cpp.server` (no reasoning split,
+   no --reasoning-format) only without --llama-server, or with --python-server-fallback when the
+   binary is missing, and then said as SERVE_FALLBACK
 4. exactly one listener on the port, and it is ours
 5. health: llama-server /health 200 {"status":"ok"} (503 while loading); llama_cpp.server /v1/models
 6. smoke: one question whose answer CONTENT is checked (17*23= -> 391), not just "ok"
@@ -13,6 +15,7 @@ Then HEALTH_OK / SMOKE_OK, and the stage runs as long as the server does.
 
 Runs ON the box, in the box venv:
   python -m samai_box.stages.serve --model gguf/tiny-q8_0.gguf --port 18080 [--llama-server PATH]
+      [--python-server-fallback] [--reasoning-format FORMAT]
 """
 
 import argparse
@@ -40,7 +43,7 @@ def holders(port):
 def server_command(args):
     if args.llama_server:
         return [args.llama_server, "-m", args.model, "--host", args.host, "--port", str(args.port),
-                "-c", str(args.ctx), "--reasoning-format", "none"]
+                "-c", str(args.ctx)] + (["--reasoning-format", args.reasoning_format] if args.reasoning_format else [])
     return [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--host", args.host,
             "--port", str(args.port), "--n_ctx", str(args.ctx)]
 
@@ -64,14 +67,21 @@ def healthy(args):
 
 
 def ask(args, question, max_tokens):
-    body = json.dumps({"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
-                       "temperature": 0}).encode()
-    req = urllib.request.Request("http://%s:%d/v1/chat/completions" % (args.host, args.port), data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        message = json.loads(r.read())["choices"][0]["message"]
+    """The answer's text. A chat model is asked in a chat; a base model (--prompt-format text)
+    continues the text, as /v1/completions does."""
+    if args.prompt_format == "text":
+        return post(args, "/v1/completions", {"prompt": question, "max_tokens": max_tokens, "temperature": 0})["text"]
+    message = post(args, "/v1/chat/completions", {"messages": [{"role": "user", "content": question}],
+                                                  "max_tokens": max_tokens, "temperature": 0})["message"]
     # llama.cpp may put an unclosed <think> into reasoning_content and leave content empty
     return (message.get("content") or "") + "\n" + (message.get("reasoning_content") or "")
+
+
+def post(args, path, request):
+    req = urllib.request.Request("http://%s:%d%s" % (args.host, args.port, path), data=json.dumps(request).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())["choices"][0]
 
 
 def wait_for(predicate, seconds, proc):
@@ -92,13 +102,27 @@ def main():
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--llama-server", help="path of llama.cpp's llama-server (default: llama_cpp.server)")
+    p.add_argument("--python-server-fallback", action="store_true",
+                   help="serve with llama_cpp.server when --llama-server is missing (said as SERVE_FALLBACK)")
+    p.add_argument("--reasoning-format", default="none",
+                   help="llama-server's --reasoning-format ('' for the server's default, which splits <think> "
+                        "into reasoning_content: the playbook's fake 0 %%)")
     p.add_argument("--server-log", default="logs/server.log")
     p.add_argument("--smoke-question", default=SMOKE_QUESTION)
     p.add_argument("--smoke-answer", default=SMOKE_ANSWER)
+    p.add_argument("--smoke-max-tokens", type=int, default=2048, help="room for a thinking model to close </think>")
+    p.add_argument("--prompt-format", choices=("chat", "text"), default="chat",
+                   help="chat: the smoke question as a chat message; text: as a text to continue (a base model)")
     p.add_argument("--load-timeout", type=float, default=120)
     args = p.parse_args()
     if not os.path.isfile(args.model):
         fail("SERVE_REFUSED", "needs %s: missing (run quantize first)" % args.model, rc=2)
+    if args.llama_server and not os.access(args.llama_server, os.X_OK):
+        if not args.python_server_fallback:
+            fail("SERVE_REFUSED", "no llama-server at %s (run provision)" % args.llama_server, rc=2)
+        marker("SERVE_FALLBACK", "no llama-server at %s: serving with llama_cpp.server, which has no reasoning "
+               "split and no --reasoning-format" % args.llama_server)
+        args.llama_server = None
 
     held = holders(args.port)
     if held:
@@ -122,7 +146,7 @@ def main():
     if not wait_for(lambda: healthy(args), args.load_timeout, proc):
         fail("SERVE_FAILED", "no healthy answer from pid %d within %.0f s" % (proc.pid, args.load_timeout))
     marker("HEALTH_OK", "pid %d port %d" % (proc.pid, args.port))
-    answer = ask(args, args.smoke_question, max_tokens=16)
+    answer = ask(args, args.smoke_question, max_tokens=args.smoke_max_tokens)
     if args.smoke_answer not in answer:
         proc.terminate()
         fail("SMOKE_FAIL", "%s expected %s, the server said %r" % (args.smoke_question, args.smoke_answer, answer))

@@ -11,6 +11,8 @@
 - a run that ends sick without tripping (its last logged step sick: nan, a hidden NaN or a
   grad_norm of 0) is judged the same way: final/ and TRAIN_DONE are written only by a run that ends healthy
 - success writes OUT/final (the adapter) and only then OUT/TRAIN_DONE
+- with --push-to TARGET, every --push-every'th epoch's adapter is saved to OUT/milestones/epoch-N
+  and pushed there at once (§8), unless the run is sick at that moment
 - --diverge-after N and --kill-gradients-after N reproduce the two ways a run dies after its
   first steps, with real optimizer steps: a huge learning rate from step N on (loss and
   grad_norm go nan), or lora_dropout 1.0 from step N on (grad_norm exactly 0, loss flat)
@@ -27,7 +29,7 @@ import os
 import sys
 import time
 
-from .common import fail, marker, say
+from .common import fail, marker, push_milestone, say
 
 POISON = ("final", "TRAIN_DONE", "TRAIN_NAN")
 GUARD_WINDOW, GUARD_BAD = 4, 3
@@ -162,6 +164,23 @@ def make_guard(out, patience=NAN_PATIENCE):
     return NanGuard()
 
 
+def make_milestones(out, target, every, guard):
+    """§8: the adapter of every `every`-th epoch saved to OUT/milestones/epoch-N and pushed at once,
+    so that a box lost mid-run keeps it; never while the NaN guard has tripped or sees sick steps."""
+    from transformers import TrainerCallback
+
+    class Milestones(TrainerCallback):
+        def on_epoch_end(self, args, state, control, model=None, **kwargs):
+            epoch = int(round(state.epoch or 0))
+            if guard.tripped or guard.sick_run or epoch % every or model is None:
+                return
+            folder = os.path.join(out, "milestones", "epoch-%d" % epoch)
+            model.save_pretrained(folder)
+            push_milestone(target, folder, "epoch-%d" % epoch)
+
+    return Milestones()
+
+
 def write_nan_marker(out, text):
     with open(os.path.join(out, "TRAIN_NAN"), "w") as f:
         f.write(text + "\n")
@@ -241,6 +260,8 @@ def main():
                    help="from step N on, drop the adapter's input (tests the guard on gradients that die)")
     p.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--push-to", metavar="TARGET", help="push each milestone adapter there (push's --to)")
+    p.add_argument("--push-every", type=int, default=1, metavar="N", help="every N epochs (default 1)")
     args = p.parse_args()
 
     if args.fp16:
@@ -250,6 +271,8 @@ def main():
     if poison:
         fail("TRAIN_REFUSED", "poison files from an earlier run in %s: %s; clear them first (restart does)"
              % (args.out, ", ".join(poison)), rc=2)
+    if args.push_every < 1:
+        fail("TRAIN_REFUSED", "--push-every must be at least 1", rc=2)
     if args.nan_patience < 1:
         fail("TRAIN_REFUSED", "--nan-patience must be at least 1", rc=2)
     if not os.path.isfile(args.data):
@@ -275,6 +298,8 @@ def main():
     examples = load_examples(args.data, tok)
     guard = make_guard(args.out, args.nan_patience)
     callbacks = [guard, make_progress(started)]
+    if args.push_to:
+        callbacks.append(make_milestones(args.out, args.push_to, args.push_every, guard))
     if args.diverge_after is not None or args.kill_gradients_after is not None:
         callbacks.append(make_breaker(args.diverge_after, args.kill_gradients_after, args.diverge_lr))
     training = TrainingArguments(

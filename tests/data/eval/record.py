@@ -2,13 +2,16 @@
 what the pipeline's serve stage runs) as fixtures for `check eval`.
 
     python tests/data/eval/record.py --python VENV/bin/python --model MODEL.gguf [--chat-format gemma] --out DIR
-    python tests/data/eval/record.py --llama-server PATH/llama-server --model THINKING.gguf --out DIR
+    python tests/data/eval/record.py --llama-server PATH/llama-server --model THINKING.gguf \
+        [--reasoning-format deepseek|none] [--data EVAL.jsonl --limit N] --out DIR
 
 VENV is a venv with llama-cpp-python[server] (the provision stage builds one; so does
 `pip install llama-cpp-python[server]`). With --llama-server, llama.cpp's own server is run instead,
-with --reasoning-format deepseek: the split that moves an unclosed <think> into reasoning_content.
-Each question is asked twice at temperature 0: once with room to answer (finish_reason "stop")
-and once with max_tokens 3 (finish_reason "length").
+by default with --reasoning-format deepseek: the split that moves an unclosed <think> into
+reasoning_content. The questions are a few general ones, or the first N of an eval set
+(prompt, gold: the tiny pipeline's data/eval.jsonl). Each is asked at temperature 0 once per
+--max-tokens value: with room to answer (finish_reason "stop"), and with too few (finish_reason
+"length").
 Writes OUT/responses.jsonl (each response body as the server sent it, one per line, unchanged)
 and OUT/requests.jsonl (what was asked, line for line: messages, max_tokens, and the gold answer).
 """
@@ -61,11 +64,19 @@ def ask(url: str, request: dict) -> bytes:
         return reply.read()
 
 
-def record(url: str, out: Path) -> None:
+def questions_of(data: str | None, limit: int) -> list[tuple[str, str]]:
+    if data is None:
+        return QUESTIONS
+    with open(data) as f:
+        items = [json.loads(line) for line in f if line.strip()]
+    return [(item["prompt"], str(item["gold"])) for item in items[:limit]]
+
+
+def record(url: str, out: Path, questions: list[tuple[str, str]], max_tokens_each: list[int]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "responses.jsonl", "wb") as responses, open(out / "requests.jsonl", "w") as requests:
-        for max_tokens in MAX_TOKENS:
-            for question, gold in QUESTIONS:
+        for max_tokens in max_tokens_each:
+            for question, gold in questions:
                 request = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
                            "temperature": 0, "seed": 7}
                 body = ask(url, request)
@@ -82,6 +93,10 @@ def main() -> None:
     p.add_argument("--model", required=True, help="a chat GGUF model")
     p.add_argument("--chat-format", help="llama_cpp.server's --chat_format (default: the GGUF's template, "
                    "else llama-2); not with --llama-server")
+    p.add_argument("--reasoning-format", default="deepseek", help="llama-server's --reasoning-format")
+    p.add_argument("--data", help="an eval set (JSONL with prompt and gold) to take the questions from")
+    p.add_argument("--limit", type=int, default=8, help="how many questions of --data")
+    p.add_argument("--max-tokens", type=int, nargs="+", default=list(MAX_TOKENS))
     p.add_argument("--out", required=True, help="the folder to write the two files into")
     args = p.parse_args()
     port = free_port()
@@ -89,7 +104,7 @@ def main() -> None:
     # run beside the model and name it by its file name: the replies quote it, and no local path belongs there
     if args.llama_server:
         argv = [str(Path(args.llama_server).resolve()), "-m", model.name, "--host", "127.0.0.1", "--port", str(port),
-                "-c", "512", "--jinja", "--reasoning-format", "deepseek"]
+                "-c", "512", "--jinja", "--reasoning-format", args.reasoning_format]
     else:
         argv = [args.python, "-m", "llama_cpp.server", "--model", model.name, "--host", "127.0.0.1",
                 "--port", str(port), "--n_ctx", "512"]
@@ -98,7 +113,7 @@ def main() -> None:
     server = subprocess.Popen(argv, cwd=model.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(f"http://127.0.0.1:{port}", server)
-        record(f"http://127.0.0.1:{port}", Path(args.out))
+        record(f"http://127.0.0.1:{port}", Path(args.out), questions_of(args.data, args.limit), args.max_tokens)
     finally:
         server.terminate()
         server.wait(30)
