@@ -34,7 +34,9 @@ from samai.remote.model import Boot, BoxError, CleanResult, FireResult, LogChunk
 from samai.remote.transport import Stream, Transport
 
 READY = ".ready"
-WRITING_TOOLS = ("launch.py", "kill.py", "clean.py", "install.py")
+GGUF_TOOL = "gguf_surgery.py"
+GGUF_WRITE = "gguf_surgery.py (set_kv, add_tensors, extract)"  # its show and plans only read
+WRITING_TOOLS = ("launch.py", "kill.py", "clean.py", "install.py", GGUF_WRITE)
 
 
 class Box:
@@ -96,6 +98,17 @@ class Box:
         if result.rc != 0:
             if result.rc == 127 or b"No such file" in result.stderr or b"can't find '__main__'" in result.stderr:
                 self._tools_checked = None  # someone removed them: upload again next call
+            raise BoxError(f"{tool} failed (rc={result.rc}): {result.stderr_text()[-500:]}")
+        return _reply(tool, result.stdout)
+
+    async def call_readonly(self, tool: str, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
+        """Run a tool that only reads: from its installed copy, or, read-only, with its code sent
+        on stdin ahead of the request (nothing installed, nothing written)."""
+        if not self.readonly:
+            return await self.call(tool, request, timeout=timeout)
+        stdin = loader_input(self.tools.needed_by(tool)) + json.dumps(request).encode()
+        result = await self.transport.run(self._loader_argv(tool), stdin=stdin, timeout=timeout or self.timeout)
+        if result.rc != 0:
             raise BoxError(f"{tool} failed (rc={result.rc}): {result.stderr_text()[-500:]}")
         return _reply(tool, result.stdout)
 
@@ -225,7 +238,26 @@ class Box:
             raise BoxError(f"read {path} [{start}-{end}]: got {len(got.data)} bytes, file is {got.size} bytes")
         return got.data
 
+    async def gguf_show(self, path: str, *, timeout: float | None = None) -> model.GgufHeader:
+        """A GGUF file's header, KVs and tensor table (bounded), with the checker's problems;
+        reads only the header, even of a multi-GB file."""
+        request = {"op": "show", "workspace": self.workspace, "path": path}
+        return model.gguf_header(await self.call_readonly(GGUF_TOOL, request, timeout=timeout))
+
+    async def gguf_plan(self, request: Mapping[str, Any], *, timeout: float | None = None) -> model.GgufWriteResult:
+        """What a set_kv, add_tensors or extract would write (its size, the tensors it adds),
+        with nothing written: the donor's header is read, never its tensors."""
+        raw = await self.call_readonly(GGUF_TOOL, {**request, "workspace": self.workspace, "plan": True},
+                                       timeout=timeout)
+        return model.gguf_write_result(raw)
+
     # ------------------------------------------------------------ actions (called by the action layer)
+
+    async def gguf_write(self, request: Mapping[str, Any], timeout: float) -> model.GgufWriteResult:
+        """Run a set_kv, add_tensors or extract: OUT.part written, asserted, then renamed."""
+        self._refuse_in_readonly(GGUF_WRITE)
+        raw = await self.call(GGUF_TOOL, {**request, "workspace": self.workspace, "plan": False}, timeout=timeout)
+        return model.gguf_write_result(raw)
 
     async def fire(self, stage: str, command: str, log: str, *, env: Mapping[str, str] | None = None,
                    verify_s: float = 3.0) -> FireResult:

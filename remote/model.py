@@ -543,3 +543,102 @@ def python_packages(raw: dict[str, Any]) -> tuple[PythonPackages, ...]:
     return tuple(_pick(PythonPackages, env, site=tuple(_items(env, "site")),
                        found=tuple(_pick(Distribution, d) for d in _items(env, "found")))
                  for env in _items(raw, "packages"))
+
+
+# ------------------------------------------------------------ GGUF surgery (box/gguf_surgery.py)
+
+
+@dataclass(frozen=True)
+class GgufKv:
+    """One KV of a GGUF header, as `gguf show` sends it: untrusted text, bounded by the box."""
+
+    key: str
+    type: str  # u8 .. f64, str, bool, or arr[T]
+    value: str  # short text: a string cut to a few hundred characters, an array's first items
+    count: int | None = None  # an array's length
+
+
+@dataclass(frozen=True)
+class GgufTensorInfo:
+    name: str
+    type: str  # the ggml type's name (F32, Q4_K, ...), or "type N" when unknown
+    shape: tuple[int, ...]
+    offset: int  # relative to the data area (data_start)
+    size: int | None  # bytes of data; None for an unknown type
+
+
+@dataclass(frozen=True)
+class GgufProblem:
+    """What the checker (box/gguf_check.py) finds wrong; codes as it documents them."""
+
+    code: str
+    severity: str
+    message: str
+    offset: int | None = None
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """A GGUF file's header and tensor table (what `gguf show` returns); the lists are bounded
+    and say how many they leave out."""
+
+    path: str
+    file_size: int
+    version: int | None = None
+    tensor_count: int | None = None
+    kv_count: int | None = None
+    alignment: int = 32
+    header_end: int | None = None  # after the last tensor info
+    data_start: int | None = None  # align(header_end, alignment)
+    data_end: int | None = None  # data_start + the end of the last tensor's data
+    kvs: tuple[GgufKv, ...] = ()
+    tensors: tuple[GgufTensorInfo, ...] = ()
+    kvs_left_out: int = 0
+    tensors_left_out: int = 0
+    problems: tuple[GgufProblem, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.severity == "error" for p in self.problems)
+
+
+@dataclass(frozen=True)
+class GgufAssertion:
+    """One of the mandatory checks after a write, with the numbers it compared."""
+
+    name: str  # tensor_count | last_tensor | size | sha256 | check
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class GgufWriteResult:
+    """A set_kv, add_tensors or extract as the box did it (or, planned, what it would write)."""
+
+    ok: bool
+    op: str
+    out: str
+    planned: bool = False  # a dry run: nothing written, `bytes` is what the output needs
+    bytes: int = 0
+    tensors: int = 0
+    last_tensor: str | None = None
+    added: tuple[str, ...] = ()  # the tensors added or extracted
+    fetched: int = 0  # bytes read from the donor (header and tensor data)
+    donor_size: int | None = None
+    assertions: tuple[GgufAssertion, ...] = ()
+    error: str | None = None  # why it was refused or failed (an assertion names its numbers)
+
+
+@_converting
+def gguf_header(raw: dict[str, Any]) -> GgufHeader:
+    return _pick(GgufHeader, raw,
+                 kvs=tuple(_pick(GgufKv, kv) for kv in _items(raw, "kvs")),
+                 tensors=tuple(_pick(GgufTensorInfo, t, shape=tuple(_items(t, "shape")))
+                               for t in _items(raw, "tensors")),
+                 problems=tuple(_pick(GgufProblem, p) for p in _items(raw, "problems")))
+
+
+@_converting
+def gguf_write_result(raw: dict[str, Any]) -> GgufWriteResult:
+    return _pick(GgufWriteResult, raw, added=tuple(_items(raw, "added")),
+                 assertions=tuple(_pick(GgufAssertion, a) for a in _items(raw, "assertions")))
