@@ -7,6 +7,7 @@ The header is read by gguf_format.py; this module judges the layout it describes
 
 Library:
   check(read_at, file_size, expect_tensors=None, expect_last=None) -> dict
+  inspect(...) -> (dict, [Tensor], [(key, value type, start, end)])   (what surgery builds on)
       read_at(offset, length) -> bytes returns up to `length` bytes from `offset`.
   check_file(path, expect_tensors=None, expect_last=None) -> dict   (OSError if unreadable)
 
@@ -157,12 +158,20 @@ def check_expectations(result, complete, expect_tensors, expect_last, problems):
 
 def check(read_at, file_size, expect_tensors=None, expect_last=None):
     """Check the GGUF file behind read_at(offset, length) -> bytes; never reads tensor data."""
+    return inspect(read_at, file_size, expect_tensors, expect_last)[0]
+
+
+def inspect(read_at, file_size, expect_tensors=None, expect_last=None):
+    """check(), and what surgery needs besides the result: (result, the tensor infos read,
+    each KV's (key, value type, start, end) in the file)."""
     result = empty_result(file_size)
     problems = Problems()
     reader = RangeReader(read_at, file_size)
     complete = False
+    tensors = []
+    spans = []
     try:
-        tensors = read_header(reader, result, problems)
+        tensors = read_header(reader, result, problems, spans)
         complete = True
         check_layout(result, tensors, problems)
     except HeaderProblem as problem:
@@ -173,7 +182,7 @@ def check(read_at, file_size, expect_tensors=None, expect_last=None):
     check_expectations(result, complete, expect_tensors, expect_last, problems)
     result["problems"] = problems.finish()
     result["ok"] = not problems.has_errors()
-    return result
+    return result, tensors, spans
 
 
 def check_file(path, expect_tensors=None, expect_last=None):

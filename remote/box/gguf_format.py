@@ -497,7 +497,9 @@ def keepable(value):
     return value
 
 
-def read_kvs(reader, result):
+def read_kvs(reader, result, spans=None):
+    """Every KV, each judged; with `spans` (a list), each KV's (key, value type, start, end) in
+    the file is appended to it: what surgery copies or re-encodes."""
     seen = set()
     previous_key = None
     for index in range(result["kv_count"]):
@@ -513,6 +515,8 @@ def read_kvs(reader, result):
         except Truncated as cut:
             message = "The file ends inside the value of %s." % where + CUT_HINT
             raise HeaderProblem("header_truncated", message, cut.offset) from None
+        if spans is not None:
+            spans.append((key, value_type, key_offset, reader.pos))
         previous_key = key
     return previous_key
 
@@ -629,12 +633,13 @@ def first_sentence(message):
     return message if end < 0 else message[:end + 1]
 
 
-def read_header(reader, result, problems):
-    """Fixed header, every KV, every tensor info: only then is the header's end known."""
+def read_header(reader, result, problems, spans=None):
+    """Fixed header, every KV, every tensor info: only then is the header's end known. With
+    `spans`, each KV's place in the file is kept there (read_kvs)."""
     read_fixed_header(reader, result)
     check_counts(reader, result)
     try:
-        last_key = read_kvs(reader, result)
+        last_key = read_kvs(reader, result, spans)
         tensors = read_tensor_infos(reader, result, problems, last_key)
     except HeaderProblem as problem:
         if reader.odd_length is not None:
