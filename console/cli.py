@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gguf, local target only: also read the whole file with gguf-py's GGUFReader (its whole "
                         "vocabulary: seconds and hundreds of MB for a real model)")
 
+    _gguf_parser(command("gguf", "GGUF surgery on the box: show a header, set a KV, add or extract tensors"))
+
     # Listed for --help; their own parsers take their arguments (see STANDALONE).
     sub.add_parser("envelope-server", help="run the reference exec gateway (token from SAMAI_ENVELOPE_TOKEN)",
                    add_help=False)
@@ -125,6 +127,49 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass the log's bytes through unchanged, terminal escapes included (default: shown "
                         "as visible stand-ins); with --grep, the matching lines as decoded")
     return parser
+
+
+def _gguf_parser(parent: argparse.ArgumentParser) -> None:
+    """`gguf show|set-kv|add-tensors|extract`: each write is an action (planned, confirmed, audited)."""
+    sub = parent.add_subparsers(dest="gguf_command", metavar="OP", parser_class=_Parser, required=True)
+
+    def op(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _global_options(p, suppress=True)
+        return p
+
+    def writes(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--out", required=True, metavar="OUT",
+                       help="the new file, inside the workspace (written as OUT.part, checked, then renamed)")
+        p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        p.add_argument("--force", action="store_true", help="run it even when the plan is blocked (disk budget)")
+
+    def tensors(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--tensor", action="extend", nargs="+", required=True, metavar="NAME",
+                       help="tensor names (repeatable, each taking one or more)")
+
+    p = op("show", "a GGUF's header, KVs and tensor table (name, type, shape, offset, size)")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true")
+
+    p = op("set-kv", "a copy of a GGUF with KVs set (the type of an existing key is kept)")
+    p.add_argument("path")
+    p.add_argument("assignments", nargs="+", metavar="KEY=VALUE")
+    p.add_argument("--type", metavar="T", help="the type of a new key: u8..u64, i8..i64, f32, f64, bool, str, arr[T]")
+    writes(p)
+
+    p = op("add-tensors", "a copy of a GGUF with tensors added from a donor (on the box, or a URL read by range)")
+    p.add_argument("path")
+    p.add_argument("--from", dest="donor", required=True, metavar="DONOR")
+    tensors(p)
+    p.add_argument("--expect-tensors", type=int, metavar="N", help="the tensor count the output must have")
+    p.add_argument("--expect-last", metavar="NAME", help="the name the output's last tensor must have")
+    writes(p)
+
+    p = op("extract", "a small GGUF with the input's KVs and just the named tensors (a URL is read by range)")
+    p.add_argument("path", metavar="PATH|URL")
+    tensors(p)
+    writes(p)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,7 +258,7 @@ async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
     box = open_box(cfg, readonly=args.readonly)
     try:
         handlers = {"snapshot": _snapshot, "budget": _budget, "doctor": _doctor, "check": _check, "fire": _fire,
-                    "stop": _stop, "kill": _kill, "tail": _tail}
+                    "stop": _stop, "kill": _kill, "tail": _tail, "gguf": _gguf}
         handler = handlers[args.command]
         return await handler(args, cfg, box)
     except config_mod.UnknownStage as e:
@@ -445,3 +490,82 @@ async def _kill(args, cfg, box: Box) -> int:
     outcome = await _actions(args, cfg, box).kill(args.pid, args.start_time, signal=args.signal, grace=args.grace,
                                                   group=args.group)
     return _report(outcome)
+
+
+# ------------------------------------------------------------------ gguf
+
+
+async def _gguf(args, cfg, box: Box) -> int:
+    if args.gguf_command == "show":
+        return await _gguf_show(args, cfg, box)
+    actions = _actions(args, cfg, box)
+    try:
+        outcome = await actions.gguf(_gguf_request(args, cfg))
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    result = outcome.result
+    stream = sys.stdout if outcome.ok else sys.stderr
+    for a in getattr(result, "assertions", ()):
+        print(f"  {'✓' if a.ok else '✗'} {a.name}: {visible(a.detail)}", file=stream)
+    return _report(outcome)
+
+
+def _gguf_request(args, cfg) -> dict:
+    """The box tool's request, exactly as the command line gives it."""
+    op = args.gguf_command.replace("-", "_")
+    request: dict = {"op": op, "path": _on_target_or_url(cfg, args.path), "out": args.out}
+    if op == "set_kv":
+        pairs = [_assignment(a) for a in args.assignments]
+        request["set"] = dict(pairs)
+        if args.type:
+            request["types"] = {key: args.type for key, _ in pairs}
+    else:
+        request["tensors"] = args.tensor
+    if op == "add_tensors":
+        request["donor"] = _on_target_or_url(cfg, args.donor)
+        if args.expect_tensors is not None:
+            request["expect_tensors"] = args.expect_tensors
+        if args.expect_last is not None:
+            request["expect_last"] = args.expect_last
+    return request
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise UsageError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _on_target_or_url(cfg, path: str) -> str:
+    return path if path.startswith(("http://", "https://")) else _on_target(cfg, path)
+
+
+async def _gguf_show(args, cfg, box: Box) -> int:
+    header = await box.gguf_show(_on_target_or_url(cfg, args.path))
+    if args.json:
+        print(_json(dict(asdict(header), ok=header.ok)))
+    else:
+        print("\n".join(visible(line) for line in describe_gguf(header)))
+    return EXIT_OK if header.ok else EXIT_PROBLEM
+
+
+def describe_gguf(header) -> list[str]:
+    """gguf show as text: the layout, every KV, the tensor table, the checker's problems."""
+    lines = [f"{header.path}: {'OK' if header.ok else 'PROBLEMS'}",
+             f"  GGUF v{header.version}, {header.kv_count} KVs, {header.tensor_count} tensors, alignment "
+             f"{header.alignment}, size {header.file_size}",
+             f"  header_end {header.header_end}, data_start {header.data_start}, data_end {header.data_end}"]
+    lines += [f"  {kv.key} [{kv.type}] = {kv.value}" for kv in header.kvs]
+    if header.kvs_left_out:
+        lines.append(f"  ... and {header.kvs_left_out} more KVs")
+    if header.tensors:
+        lines.append(f"  {'name':<40} {'type':<8} {'shape':<20} {'offset':>14} {'size':>12}")
+    for t in header.tensors:
+        shape, size = "x".join(map(str, t.shape)), "?" if t.size is None else t.size
+        lines.append(f"  {t.name:<40} {t.type:<8} {shape:<20} {t.offset:>14} {size:>12}")
+    if header.tensors_left_out:
+        lines.append(f"  ... and {header.tensors_left_out} more tensors")
+    lines += [f"  {p.severity} {p.code}" + (f" @{p.offset}" if p.offset is not None else "") + f": {p.message}"
+              for p in header.problems]
+    return lines

@@ -625,6 +625,7 @@ class GgufWriteResult:
     added: tuple[str, ...] = ()  # the tensors added or extracted
     fetched: int = 0  # bytes read from the donor (header and tensor data)
     donor_size: int | None = None
+    free: int | None = None  # bytes free on the filesystem OUT goes to
     assertions: tuple[GgufAssertion, ...] = ()
     error: str | None = None  # why it was refused or failed (an assertion names its numbers)
 
@@ -640,5 +641,6 @@ def gguf_header(raw: dict[str, Any]) -> GgufHeader:
 
 @_converting
 def gguf_write_result(raw: dict[str, Any]) -> GgufWriteResult:
-    return _pick(GgufWriteResult, raw, added=tuple(_items(raw, "added")),
+    """The tool's reply; its "failure" (a refusal, a failed assertion) is the result's error."""
+    return _pick(GgufWriteResult, raw, added=tuple(_items(raw, "added")), error=raw.get("failure"),
                  assertions=tuple(_pick(GgufAssertion, a) for a in _items(raw, "assertions")))

@@ -16,6 +16,7 @@ Planning and running are separate steps, and what runs is exactly the plan that 
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
@@ -29,17 +30,20 @@ import psutil
 
 from samai.console.core import units
 from samai.console.core.audit import AuditError, AuditLog
+from samai.console.core.budget import GB, disk_budget
 from samai.console.core.config import Config, Stage, UnknownStage  # noqa: F401 (its callers import it here too)
 from samai.console.core.evidence import training_evidence
 from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.model import Boot, CleanResult, FireResult, SignalResult, Snapshot, same_start
+from samai.remote.model import Boot, CleanResult, FireResult, GgufWriteResult, SignalResult, Snapshot, same_start
 from samai.remote.transport import TransportError
 
 PORT_GRACE_S = 5.0  # a listener on a stage's port: TERM, then KILL after this long
 SIGNALS = ("TERM", "KILL", "INT", "HUP")
 SHOWN_MEMBERS = 8  # of a process group, in a kill plan
 PACKAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # a distribution name as pip takes it
+GGUF_OPS = ("set_kv", "add_tensors", "extract")
+GGUF_SECONDS_PER_GB = 100.0  # a write's deadline: a donor over the network at 10 MB/s, then read back for sha256
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class PortHolder:
 
 @dataclass(frozen=True)
 class ActionPlan:
-    action: str  # fire | stop | kill | restart | clean | uninstall
+    action: str  # fire | stop | kill | restart | clean | uninstall | gguf
     target: str
     subject: str
     command: str  # the exact command, or the signal and what receives it
@@ -73,6 +77,8 @@ class ActionPlan:
     boot: Boot | None = None  # the boot the start times were read on
     paths: tuple[str, ...] = ()  # clean: what is deleted; restart: the poison files cleared
     holders: tuple[PortHolder, ...] = ()  # fire, restart: stopped first, each audited
+    gguf_request: str = ""  # gguf: the box tool's exact request (JSON), as planned
+    gguf_bytes: int = 0  # gguf: the size of the output
 
     @property
     def blocked(self) -> bool:
@@ -120,7 +126,7 @@ class ActionOutcome:
     status: OutcomeStatus
     message: str
     plan: ActionPlan
-    result: FireResult | SignalResult | CleanResult | None = None
+    result: FireResult | SignalResult | CleanResult | GgufWriteResult | None = None
     audit_id: str | None = None
 
 
@@ -248,6 +254,44 @@ class Actions:
     async def uninstall(self, python: str, package: str) -> ActionOutcome:
         return await self.confirm_and_run(await self.plan_uninstall(python, package))
 
+    async def plan_gguf(self, request: Mapping) -> ActionPlan:
+        """GGUF surgery (set_kv, add_tensors, extract: box/gguf_surgery.py): the box plans it
+        first (nothing written, the donor's header read), which gives the bytes the output needs:
+        checked against the disk budget. A plan the box refuses is blocked with its reason."""
+        op = request.get("op")
+        if op not in GGUF_OPS:
+            raise ValueError(f"not a GGUF surgery: {op!r} (one of {', '.join(GGUF_OPS)})")
+        planned = await self.box.gguf_plan(request)
+        checks = (Check("error", f"the box refuses it: {planned.error}"),) if not planned.ok else ()
+        if planned.ok:
+            checks += (self._gguf_disk_check(planned, await self._stage_snapshot()),)
+        exact = {k: v for k, v in request.items() if k not in ("workspace", "plan")}
+        return ActionPlan(
+            action="gguf", target=self.config.target.url, subject=f"{op} -> {request.get('out')}",
+            command=gguf_command(request), details=_gguf_details(request, planned, self.config.workspace),
+            checks=checks, paths=(str(request.get("out")),), gguf_request=json.dumps(exact, sort_keys=True),
+            gguf_bytes=planned.bytes,
+        )
+
+    def _gguf_disk_check(self, planned: GgufWriteResult, snap: Snapshot | None) -> Check:
+        """The output against the budget: what stays free after it must cover the reserve."""
+        free = planned.free
+        if snap is not None and snap.disks:
+            budget_free = disk_budget(self.config, snap).free
+            free = budget_free if free is None else min(free, budget_free)
+        reserve = int(self.config.budget.reserve_gb * GB)
+        if free is None:
+            return Check("warning", f"writes {units.size(planned.bytes)}: the free disk could not be read")
+        left = free - planned.bytes
+        if left < reserve:
+            return Check("error", f"writes {units.size(planned.bytes)} with {units.size(free)} free: "
+                                  f"{units.size(left)} would be left, under the reserve of {units.size(reserve)}")
+        return Check("ok", f"writes {units.size(planned.bytes)}; {units.size(left)} of {units.size(free)} free "
+                           f"stays free")
+
+    async def gguf(self, request: Mapping) -> ActionOutcome:
+        return await self.confirm_and_run(await self.plan_gguf(request))
+
     async def _stage_snapshot(self) -> Snapshot | None:
         return await self._snapshot(artifacts=[(a.name, a.path) for a in self.config.artifacts]
                                     + poison_artifacts(self.config))
@@ -323,7 +367,7 @@ class Actions:
                                    outcome.status)
 
     async def _execute(self, plan: ActionPlan, decision: Decision,
-                       audit_id: str) -> FireResult | SignalResult | CleanResult:
+                       audit_id: str) -> FireResult | SignalResult | CleanResult | GgufWriteResult:
         stage = plan.stage or ""  # every plan but a kill's or a clean's names its stage
         if plan.action == "fire":
             return await self._clear_ports(plan, decision, audit_id) or await self._launch(plan)
@@ -346,6 +390,9 @@ class Actions:
             return await self.box.remove(plan.paths)
         if plan.action == "uninstall":
             return await self._launch(plan)
+        if plan.action == "gguf":
+            timeout = max(self.box.timeout, 60.0) + GGUF_SECONDS_PER_GB * plan.gguf_bytes / GB
+            return await self.box.gguf_write(json.loads(plan.gguf_request), timeout=timeout)
         raise ValueError(f"unknown action {plan.action!r}")
 
     async def _launch(self, plan: ActionPlan) -> FireResult:
@@ -404,6 +451,8 @@ class Actions:
             snap = await self.box.snapshot()
         except (BoxError, TransportError) as e:
             return f"the box cannot be read either ({e}): check it before trying again"
+        if plan.action == "gguf":
+            return "OUT is renamed into place only after every assertion held: look whether it exists"
         if plan.action == "kill" and plan.pid is not None:
             proc = snap.process(plan.pid)
             alive = proc is not None and same_start(proc.start_time, plan.start_time or 0)
@@ -551,7 +600,53 @@ def _kill_plan(target: str, snap: Snapshot | None, pid: int, start_time: float, 
                       boot=boot)
 
 
-def _outcome(plan: ActionPlan, result: FireResult | SignalResult | CleanResult) -> ActionOutcome:
+def gguf_command(request: Mapping) -> str:
+    """The surgery as the command line writes it: what the confirmation shows and the audit keeps."""
+    op = str(request.get("op"))
+    words = ["gguf", op.replace("_", "-"), str(request.get("path"))]
+    words += [f"{k}={v}" for k, v in (request.get("set") or {}).items()]
+    types = sorted({str(t) for t in (request.get("types") or {}).values()})
+    words += [w for t in types for w in ("--type", t)]
+    if request.get("donor"):
+        words += ["--from", str(request["donor"])]
+    if request.get("tensors"):
+        words += ["--tensor", *map(str, request["tensors"])]
+    words += ["--out", str(request.get("out"))]
+    for key in ("expect_tensors", "expect_last"):
+        if request.get(key) is not None:
+            words += ["--" + key.replace("_", "-"), str(request[key])]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _gguf_details(request: Mapping, planned: GgufWriteResult, workspace: str) -> tuple[str, ...]:
+    lines = [f"input {request.get('path')}"]
+    if request.get("donor"):
+        lines.append(f"donor {request['donor']}" + (f" ({units.size(planned.donor_size)})"
+                                                    if planned.donor_size is not None else ""))
+    lines.append(f"output {request.get('out')} (written as .part, asserted, then renamed; inside {workspace} only)")
+    if planned.ok:
+        lines.append(f"{units.size(planned.bytes)} ({planned.bytes} bytes), {planned.tensors} tensors, "
+                     f"last {planned.last_tensor}")
+    if planned.added:
+        shown = ", ".join(planned.added[:SHOWN_MEMBERS]) + (" ..." if len(planned.added) > SHOWN_MEMBERS else "")
+        lines.append(f"tensors {'extracted' if request.get('op') == 'extract' else 'added'}: {shown}")
+    return tuple(lines)
+
+
+def _gguf_outcome(plan: ActionPlan, result: GgufWriteResult) -> ActionOutcome:
+    if result.ok:
+        msg = (f"wrote {result.out}: {units.size(result.bytes)}, {result.tensors} tensors, last {result.last_tensor}"
+               f"; assertions held: {', '.join(a.name for a in result.assertions)}")
+        if result.fetched:
+            msg += f"; {units.size(result.fetched)} fetched from the donor"
+        return ActionOutcome(True, "done", msg, plan, result)
+    status: OutcomeStatus = "failed" if result.assertions else "refused"  # refused: nothing was written
+    return ActionOutcome(False, status, f"gguf {result.op} -> {result.out} {status}: {result.error}", plan, result)
+
+
+def _outcome(plan: ActionPlan, result: FireResult | SignalResult | CleanResult | GgufWriteResult) -> ActionOutcome:
+    if isinstance(result, GgufWriteResult):
+        return _gguf_outcome(plan, result)
     if isinstance(result, CleanResult):
         msg = f"removed {len(result.removed)} path(s), {units.size(result.freed)} freed"
         if result.refused:

@@ -339,6 +339,10 @@ def write(req, op):
             if failed:
                 reply["failure"] = "an assertion failed, OUT not written: " + "; ".join(a["detail"] for a in failed)
         return reply
+    except (Refused, WriteError, SourceError, OSError) as e:
+        reply = failure(req, op, one_line(e) if isinstance(e, OSError) else str(e))
+        reply["fetched"] = sum(s.fetched for s in sources)  # what a refused donor cost: its header at most
+        return reply
     finally:
         for source in sources:
             source.close()
