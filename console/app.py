@@ -34,7 +34,7 @@ from samai.console.core.redact import redact
 from samai.console.core.state import Alert, ConsoleState, EvalRun, StageView, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import missing_notice
-from samai.remote.model import DiskUsers, Process, Snapshot
+from samai.remote.model import DiskUsers, GgufKv, Process, Snapshot
 from samai.remote.targets import TargetError, open_transport
 from samai.remote.transport import TransportError
 from samai.remote.visible import visible
@@ -54,6 +54,7 @@ from samai.widgets.status import Connection, StatusBar
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
     from samai.widgets.dialogs import PathDialog
+    from samai.widgets.gguf_view import GgufScreen
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
 MAX_BACKOFF_S = 8.0  # a box that comes back is seen within seconds, not minutes
@@ -65,7 +66,7 @@ EVAL_ITEMS_READ = 4 << 20  # of a finished eval's items.jsonl, checked once: tho
 USERS_EVERY_S = 30.0  # while it lists them: a walk of the whole workspace, so not every poll
 USERS_BUDGET_S = 3.0  # the box stops a walk after this long (and says the sizes are partial)
 # Actions that change the box: in read-only mode their keys are shown greyed and say why when pressed.
-DANGEROUS = {"kill", "stop", "restart", "clean", "fire", "fix"}
+DANGEROUS = {"kill", "stop", "restart", "clean", "fire", "fix", "gguf_edit", "gguf_add"}
 HELP_GROUPS = {"app": "console", "stage": "stages", "log": "log pane", "processes": "processes pane",
                "disk": "disk pane"}  # binding id prefix -> the group the help lists it under
 
@@ -433,10 +434,13 @@ class SamaiApp(App[None]):
     async def action_open_file(self) -> None:
         from samai.widgets.dialogs import PathDialog  # see _confirm
 
-        path = await self.push_screen_wait(PathDialog("open a file on the box in the log pane · Tab completes",
+        path = await self.push_screen_wait(PathDialog("open a file on the box in the log pane (a .gguf: its header "
+                                                      "and tensors) · Tab completes",
                                                       "/path/on/box.log (relative: inside the workspace)",
                                                       completes=True))
-        if path:
+        if path and path.lower().endswith(".gguf"):
+            await self._open_gguf(path)
+        elif path:
             self._show_file(path)
 
     def on_path_dialog_completion_requested(self, event: PathDialog.CompletionRequested) -> None:
@@ -453,6 +457,62 @@ class SamaiApp(App[None]):
             listing = str(e) or type(e).__name__
         if dialog.is_attached:
             dialog.offer(text, listing)
+
+    # ------------------------------------------------------------ a GGUF file: its header, and surgery on it
+
+    async def _open_gguf(self, path: str) -> None:
+        """A .gguf opened with `o`: its header and tables on their own screen (Esc returns), read
+        in a worker while the screen is already up."""
+        from samai.widgets.gguf_view import GgufScreen  # see _confirm
+
+        screen = GgufScreen(path, readonly=self.readonly)
+        await self.push_screen(screen)
+        self._read_gguf(screen)
+
+    @work(group="gguf", exclusive=True, exit_on_error=False)
+    async def _read_gguf(self, screen: GgufScreen) -> None:
+        try:
+            if self.box is None:
+                self.box = self._open_box()
+            header = await self.box.gguf_show(screen.path)
+        except (BoxError, TransportError, TargetError) as e:
+            if screen.is_attached:
+                screen.show_error(str(e) or type(e).__name__)
+            return
+        if screen.is_attached:  # not closed meanwhile
+            screen.show_header(header)
+
+    def on_gguf_screen_edit_requested(self, event: GgufScreen.EditRequested) -> None:
+        self._gguf_set_kv(event.view, event.kv)
+
+    def on_gguf_screen_add_requested(self, event: GgufScreen.AddRequested) -> None:
+        self._gguf_add_tensors(event.view)
+
+    @_one_action_at_a_time
+    async def _gguf_set_kv(self, view: GgufScreen, kv: GgufKv) -> None:
+        from samai.widgets.gguf_dialogs import SetKvDialog  # see _confirm
+
+        form = await self.push_screen_wait(SetKvDialog(view.path, kv.key, kv.type, kv.value))
+        if form is not None:
+            await self._gguf_surgery(form.request())
+
+    @_one_action_at_a_time
+    async def _gguf_add_tensors(self, view: GgufScreen) -> None:
+        from samai.widgets.gguf_dialogs import AddTensorsDialog  # see _confirm
+
+        form = await self.push_screen_wait(AddTensorsDialog(view.path))
+        if form is not None:
+            await self._gguf_surgery(form.request())
+
+    async def _gguf_surgery(self, request: dict) -> None:
+        """Through the action layer: its plan (what is written where, the disk it needs) confirmed
+        in the usual dialog, refused read-only or over the disk budget, audited."""
+        try:
+            outcome = await self._actions().gguf(request)
+        except (BoxError, TransportError, ValueError) as e:  # the box could not even plan it
+            self.notify(f"gguf {request.get('op')}: {e}", severity="error", timeout=15, markup=False)
+            return
+        self._report(outcome)
 
     @work(group="runs", exclusive=True, exit_on_error=False)
     async def action_runs(self) -> None:

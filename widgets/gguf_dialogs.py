@@ -5,7 +5,9 @@ confirmed by the action layer's own dialog, which is where readonly and the disk
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,10 +16,12 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from samai.remote.visible import visible
 from samai.widgets.dialogs import DIALOG_CSS
 from samai.widgets.pane import inert
 
 SHOWN_VALUE = 400  # characters of a KV's current value in the form (a chat template runs to KBs)
+CUT_BY_THE_BOX = re.compile(r"\.\.\. \(\d+ bytes\)$")  # how `gguf show` ends a string it cut
 
 FORM_CSS = """
 {name} Input {{ margin-bottom: 1; }}
@@ -36,6 +40,10 @@ class KvEdit:
     value_type: str
     out: str
 
+    def request(self) -> dict[str, Any]:
+        """The box tool's set_kv request (the type of an existing key is kept by the box)."""
+        return {"op": "set_kv", "path": self.path, "out": self.out, "set": {self.key: self.value}}
+
 
 @dataclass(frozen=True)
 class TensorAdd:
@@ -48,6 +56,16 @@ class TensorAdd:
     expect_tensors: int | None = None
     expect_last: str | None = None
 
+    def request(self) -> dict[str, Any]:
+        """The box tool's add_tensors request."""
+        request: dict[str, Any] = {"op": "add_tensors", "path": self.path, "donor": self.donor,
+                                   "tensors": list(self.tensors), "out": self.out}
+        if self.expect_tensors is not None:
+            request["expect_tensors"] = self.expect_tensors
+        if self.expect_last is not None:
+            request["expect_last"] = self.expect_last
+        return request
+
 
 def beside(path: str, suffix: str) -> str:
     """NAME-suffix.gguf in the folder of path: the input is never written over."""
@@ -59,6 +77,12 @@ def beside(path: str, suffix: str) -> str:
 def split_names(text: str) -> tuple[str, ...]:
     """Tensor names as typed: separated by spaces or commas (real names hold neither)."""
     return tuple(n for n in text.replace(",", " ").split() if n)
+
+
+def editable(value_type: str, value: str) -> bool:
+    """Whether the value as shown is the whole value, safe to start the new one from: not an
+    array's summary, not a string the box cut, no control characters (the input would show them raw)."""
+    return not value_type.startswith("arr") and not CUT_BY_THE_BOX.search(value) and value == visible(value)
 
 
 def _field(label: str) -> Static:
@@ -85,8 +109,10 @@ class SetKvDialog(ModalScreen[KvEdit | None]):
             yield Label(inert(f"set {self.key} in {self.path}"), classes="title")
             yield _field(f"type {self.value_type} (kept) · now:")
             yield Static(inert(shown), classes="command")
-            yield _field("new value")
-            yield Input(value=self.value if len(self.value) <= SHOWN_VALUE else "", id="value")
+            array = self.value_type.startswith("arr")
+            yield _field("new value, as a JSON list" if array else "new value")
+            start = self.value if editable(self.value_type, self.value) else ""
+            yield Input(value=start, placeholder='["a", "b"]' if array else "", id="value")
             yield _field("write to (a new file; the input is never changed)")
             yield Input(value=beside(self.path, "edited"), id="out")
             yield Static(id="problem")
@@ -121,9 +147,9 @@ class AddTensorsDialog(ModalScreen[TensorAdd | None]):
     DEFAULT_CSS = DIALOG_CSS.format(name="AddTensorsDialog") + FORM_CSS.format(name="AddTensorsDialog")
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, path: str, tensors: tuple[str, ...] = ()) -> None:
+    def __init__(self, path: str) -> None:
         super().__init__()
-        self.path, self.tensors = path, tensors
+        self.path = path
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -131,7 +157,7 @@ class AddTensorsDialog(ModalScreen[TensorAdd | None]):
             yield _field("donor: a GGUF on the box or an http(s):// URL (only its header and the tensors are read)")
             yield Input(placeholder="models/donor.gguf or https://host/model.gguf", id="donor")
             yield _field("tensor names (spaces or commas between them)")
-            yield Input(value=" ".join(self.tensors), id="tensors")
+            yield Input(placeholder="blk.0.attn_q.weight output.weight", id="tensors")
             yield _field("write to (a new file; the input is never changed)")
             yield Input(value=beside(self.path, "added"), id="out")
             yield _field("the result must hold this many tensors (empty: the input's plus the added)")

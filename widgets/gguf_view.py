@@ -136,11 +136,11 @@ class GgufScreen(Screen[None]):
             self.view, self.kv = view, kv
 
     class AddRequested(Message):
-        """`a`: the app opens the form (with the selected tensors' names) and runs the action."""
+        """`a`: the app opens the form (the donor and its tensors) and runs the action."""
 
-        def __init__(self, view: GgufScreen, tensors: tuple[str, ...]) -> None:
+        def __init__(self, view: GgufScreen) -> None:
             super().__init__()
-            self.view, self.tensors = view, tensors
+            self.view = view
 
     def __init__(self, path: str, *, readonly: bool = False) -> None:
         super().__init__()
@@ -253,9 +253,7 @@ class GgufScreen(Screen[None]):
         self.post_message(self.EditRequested(self, kv))
 
     def action_gguf_add(self) -> None:
-        tensor = self._selected("gguf-tensors", self.header.tensors if self.header else ())
-        focused = self.focused is self.query_one("#gguf-tensors", DataTable)
-        self.post_message(self.AddRequested(self, (tensor.name,) if tensor is not None and focused else ()))
+        self.post_message(self.AddRequested(self))
 
     def _selected(self, table_id: str, items: Sequence[Any]) -> Any:
         table = self.query_one(f"#{table_id}", DataTable)

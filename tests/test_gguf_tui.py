@@ -1,0 +1,208 @@
+"""GGUF surgery in the TUI (issue 19): `o` on a .gguf shows its header, KVs and tensors instead of
+its bytes, `/` filters the tables, `e` sets a KV and `a` adds tensors through the action layer's
+confirmation. The real app, the real box tool on this machine, real files: llama.cpp's own
+ggml-vocab GGUFs and files written by gguf-py's GGUFWriter (hostile names), cut and garbage ones."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader, GGUFWriter
+from textual.widgets import DataTable, Input
+
+from samai.console.app import SamaiApp
+from samai.console.core import config
+from samai.remote.model import GgufHeader, GgufKv, GgufTensorInfo
+from samai.remote.visible import visible
+from samai.widgets.dialogs import PathDialog
+from samai.widgets.gguf_view import MAX_ROWS, GgufScreen
+from tests.gguf_artifacts import llama_vocab_files
+from tests.helpers import collect_toasts, pilot_until
+
+SIZE = (160, 50)
+MARKUP = r"[link=a:b]L[/x] [@click=app.quit]Q[/] [b B [$v] \[e]"
+OSC = "\x1b]0;pwned\x07\x1b[2J"
+HOSTILE_KEY = f"general.{MARKUP} {OSC}"
+HOSTILE_VALUE = f"{MARKUP} value {OSC}"
+HOSTILE_TENSOR = "[b]blk.0[/x]\x1b[2J.weight"  # GGML_MAX_NAME: at most 63 bytes
+
+
+def _config(tmp_path: Path, ws: Path) -> config.Config:
+    f = tmp_path / "gguf.toml"
+    f.write_text(f'[target]\npoll_interval = 0.2\ntimeout = 30\npython = "{sys.executable}"\n'
+                 f'[workspace]\npath = "{ws}"\n[stages.hello]\nkey = "h"\ncommand = "sleep 30"\n')
+    return config.load(f)
+
+
+def _vocab(name: str = "ggml-vocab-llama-spm.gguf") -> Path:
+    return next(p for p in llama_vocab_files() if p.name == name)
+
+
+def _hostile_model(path: Path) -> None:
+    """A small real GGUF (gguf-py's writer) whose KV key, KV value and tensor name are hostile."""
+    w = GGUFWriter(str(path), "llama")
+    w.add_string(HOSTILE_KEY, HOSTILE_VALUE)
+    w.add_uint32("hostile.count", 7)
+    w.add_tensor(HOSTILE_TENSOR, np.arange(64, dtype=np.float32).reshape(2, 32))
+    w.add_tensor("output.weight", np.ones((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _plain(widget) -> str:
+    return str(widget.render())
+
+
+def _rows(table: DataTable) -> list[str]:
+    return [" | ".join(str(c) for c in table.get_row_at(r)) for r in range(table.row_count)]
+
+
+def _assert_inert(text: str) -> None:
+    assert "\x1b" not in text and "\x07" not in text, f"raw control characters reach the terminal: {text!r}"
+
+
+async def _open(pilot, path: str) -> GgufScreen:
+    """`o`, the path typed into the dialog, Enter: the GGUF screen."""
+    app = pilot.app
+    await pilot.press("o")
+    dialog = await pilot_until(pilot, lambda: isinstance(app.screen, PathDialog) and app.screen)
+    field = dialog.query_one(Input)
+    field.value = path
+    field.focus()
+    await pilot.press("enter")
+    return await pilot_until(pilot, lambda: isinstance(app.screen, GgufScreen) and app.screen)
+
+
+async def _loaded(pilot, screen: GgufScreen) -> str:
+    """The header panel once the box's answer (or its error) is shown."""
+    return await pilot_until(pilot, lambda: "reading the header" not in (text := _plain(
+        screen.query_one("#gguf-header"))) and text, timeout=60)
+
+
+async def test_o_on_a_real_gguf_shows_its_header_and_tables_and_escape_returns(tmp_path, workspace) -> None:
+    shutil.copy(_vocab(), workspace / "vocab.gguf")
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await _open(pilot, "vocab.gguf")
+        header = await _loaded(pilot, screen)
+        reader = GGUFReader(str(workspace / "vocab.gguf"))
+        size = (workspace / "vocab.gguf").stat().st_size
+        version = int.from_bytes((workspace / "vocab.gguf").read_bytes()[4:8], "little")
+        assert f"GGUF v{version} " in header
+        assert f"tensors {len(reader.tensors)}" in header and f"size {size}" in header
+        assert f"data_start {reader.data_offset}" in header and "no problem" in header
+        kvs = screen.query_one("#gguf-kvs", DataTable)
+        rows = _rows(kvs)
+        assert any(r.startswith("general.architecture | str | llama") for r in rows), rows
+        tokens = next(r for r in rows if r.startswith("tokenizer.ggml.tokens"))
+        assert "arr[str]" in tokens and "32000 items" in tokens
+        # `/` filters the focused table as it is typed; Escape clears the filter.
+        kvs.focus()
+        await pilot.press("slash", *"eos")
+        await pilot_until(pilot, lambda: _rows(kvs) and all("eos" in r.split(" | ")[0] for r in _rows(kvs)))
+        assert len(_rows(kvs)) < len(rows)
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: len(_rows(kvs)) == len(rows))
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: not isinstance(app.screen, GgufScreen))
+        assert app.is_running
+
+
+async def test_the_tensor_table_of_a_model(tmp_path, workspace) -> None:
+    _hostile_model(workspace / "model.gguf")
+    reader = GGUFReader(str(workspace / "model.gguf"))
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await _open(pilot, "model.gguf")
+        await _loaded(pilot, screen)
+        tensors = screen.query_one("#gguf-tensors", DataTable)
+        rows = await pilot_until(pilot, lambda: _rows(tensors))
+        last = reader.tensors[-1]
+        offset = int(last.data_offset) - int(reader.data_offset)
+        assert rows[-1] == f"output.weight | F32 | 32×4 | {offset} | 512 B", rows
+
+
+async def test_hostile_kv_and_tensor_names_are_shown_literally(tmp_path, workspace) -> None:
+    _hostile_model(workspace / "model.gguf")
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await _open(pilot, "model.gguf")
+        await _loaded(pilot, screen)
+        kvs = "\n".join(_rows(screen.query_one("#gguf-kvs", DataTable)))
+        tensors = "\n".join(_rows(screen.query_one("#gguf-tensors", DataTable)))
+        assert visible(HOSTILE_KEY) in kvs and visible(HOSTILE_VALUE) in kvs
+        assert visible(HOSTILE_TENSOR) in tensors
+        _assert_inert(kvs + tensors)
+        # What the terminal gets: the painted lines hold the markup as typed, no escape sequence.
+        painted = "\n".join(screen.query_one("#gguf-kvs", DataTable).render_line(y).text for y in range(12))
+        assert MARKUP[:20] in painted
+        _assert_inert(painted)
+        await pilot.pause(0.3)
+        assert app.is_running
+
+
+async def test_a_cut_file_shows_the_problem_and_garbage_never_crashes(tmp_path, workspace) -> None:
+    data = _vocab().read_bytes()
+    (workspace / "cut.gguf").write_bytes(data[:len(data) // 2])
+    (workspace / "garbage.gguf").write_bytes(os.urandom(4096))
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await _open(pilot, "cut.gguf")
+        header = await _loaded(pilot, screen)
+        assert "header_truncated" in header, header
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: not isinstance(app.screen, GgufScreen))
+        screen = await _open(pilot, "garbage.gguf")
+        header = await _loaded(pilot, screen)
+        assert "bad_magic" in header or "cannot read" in header, header
+        _assert_inert(header)
+        screen = None
+        await pilot.press("escape")
+        await _open(pilot, "missing.gguf")
+        missing = await _loaded(pilot, app.screen)
+        assert "missing.gguf" in missing or "cannot read" in missing, missing
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: not isinstance(app.screen, GgufScreen))
+        assert app.is_running
+
+
+async def test_a_huge_table_renders_a_bounded_number_of_rows(tmp_path, workspace) -> None:
+    """A header of 150k KVs and tensors (the box bounds what it sends; the view caps what it renders)."""
+    many = 150_000
+    header = GgufHeader(path="big.gguf", file_size=1 << 34, version=3, tensor_count=many, kv_count=many,
+                        kvs=tuple(GgufKv(f"k.{n}", "u32", str(n)) for n in range(many)),
+                        tensors=tuple(GgufTensorInfo(f"blk.{n}.w", "F32", (32,), n * 128, 128) for n in range(many)))
+    app = SamaiApp(_config(tmp_path, workspace), poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = GgufScreen("big.gguf")
+        await app.push_screen(screen)
+        screen.show_header(header)
+        kvs, tensors = screen.query_one("#gguf-kvs", DataTable), screen.query_one("#gguf-tensors", DataTable)
+        assert kvs.row_count == MAX_ROWS and tensors.row_count == MAX_ROWS
+        assert f"of {many} shown" in str(tensors.border_subtitle)
+        kvs.focus()
+        await pilot.press("slash", *"k.14999")
+        await pilot_until(pilot, lambda: kvs.row_count == 11)  # k.14999 and k.149990 .. k.149999
+        assert app.is_running
+
+
+async def test_readonly_greys_the_surgery_keys_and_says_why(tmp_path, workspace) -> None:
+    shutil.copy(_vocab(), workspace / "vocab.gguf")
+    app = SamaiApp(_config(tmp_path, workspace), readonly=True)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        toasts = collect_toasts(app)
+        screen = await _open(pilot, "vocab.gguf")
+        await _loaded(pilot, screen)
+        screen.query_one("#gguf-kvs", DataTable).focus()
+        await pilot.press("e")
+        await pilot_until(pilot, lambda: any("read-only" in t for t in toasts))
+        await pilot.press("a")
+        await pilot_until(pilot, lambda: sum("read-only" in t for t in toasts) >= 2)
+        assert app.screen is screen  # no form opened
+        assert sorted(p.name for p in workspace.iterdir() if p.suffix == ".gguf") == ["vocab.gguf"]
