@@ -12,16 +12,18 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFReader, GGUFWriter
-from textual.widgets import DataTable, Input
+from textual.widgets import Button, DataTable, Input
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
+from samai.remote.box.gguf_check import check_file
 from samai.remote.model import GgufHeader, GgufKv, GgufTensorInfo
 from samai.remote.visible import visible
-from samai.widgets.dialogs import PathDialog
+from samai.widgets.dialogs import ConfirmDialog, PathDialog
+from samai.widgets.gguf_dialogs import AddTensorsDialog, KvEdit, SetKvDialog
 from samai.widgets.gguf_view import MAX_ROWS, GgufScreen
 from tests.gguf_artifacts import llama_vocab_files
-from tests.helpers import collect_toasts, pilot_until
+from tests.helpers import action_layer, collect_toasts, pilot_until
 
 SIZE = (160, 50)
 MARKUP = r"[link=a:b]L[/x] [@click=app.quit]Q[/] [b B [$v] \[e]"
@@ -140,9 +142,11 @@ async def test_hostile_kv_and_tensor_names_are_shown_literally(tmp_path, workspa
         assert visible(HOSTILE_TENSOR) in tensors
         _assert_inert(kvs + tensors)
         # What the terminal gets: the painted lines hold the markup as typed, no escape sequence.
-        painted = "\n".join(screen.query_one("#gguf-kvs", DataTable).render_line(y).text for y in range(12))
-        assert MARKUP[:20] in painted
-        _assert_inert(painted)
+        for table_id, literal in (("#gguf-kvs", MARKUP[:20]), ("#gguf-tensors", "[b]blk.0[/x]␛[2J.weight")):
+            table = screen.query_one(table_id, DataTable)
+            painted = "\n".join(table.render_line(y).text for y in range(table.row_count + 2))
+            assert literal in painted, painted
+            _assert_inert(painted)
         await pilot.pause(0.3)
         assert app.is_running
 
@@ -205,4 +209,145 @@ async def test_readonly_greys_the_surgery_keys_and_says_why(tmp_path, workspace)
         await pilot.press("a")
         await pilot_until(pilot, lambda: sum("read-only" in t for t in toasts) >= 2)
         assert app.screen is screen  # no form opened
-        assert sorted(p.name for p in workspace.iterdir() if p.suffix == ".gguf") == ["vocab.gguf"]
+        assert sorted(p.name for p in workspace.glob("*.gguf*")) == ["vocab.gguf"]
+
+
+def _string_kv(path: Path, key: str) -> str:
+    field = GGUFReader(str(path)).fields[key]
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+async def _select_kv(pilot, screen: GgufScreen, key: str) -> DataTable:
+    """Filter the KV table down to one key: its row is the one selected."""
+    kvs = screen.query_one("#gguf-kvs", DataTable)
+    kvs.focus()
+    await pilot.press("slash", *key, "enter")
+    await pilot_until(pilot, lambda: kvs.row_count == 1 and pilot.app.screen.focused is kvs)
+    return kvs
+
+
+async def _confirm(pilot, *, press: str = "confirm") -> str:
+    """The action layer's confirmation: what it shows; then the button pressed, and the action done."""
+    app = pilot.app
+    dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen, timeout=60)
+    cancel = dialog.query_one("#cancel", Button)
+    await pilot_until(pilot, lambda: dialog.focused is cancel)  # Enter on an unread dialog does nothing
+    shown = "\n".join(_plain(w) for w in dialog.query("Static, Label"))
+    dialog.query_one(f"#{press}", Button).press()
+    await pilot_until(pilot, lambda: not app.busy, timeout=120)
+    return shown
+
+
+async def test_set_a_kv_through_the_dialog_writes_a_checked_copy(tmp_path, workspace) -> None:
+    shutil.copy(_vocab(), workspace / "vocab.gguf")
+    before = (workspace / "vocab.gguf").read_bytes()
+    name = "[b]tuned[/x] spm"  # what the operator types is shown as typed too
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        toasts = collect_toasts(app)
+        screen = await _open(pilot, "vocab.gguf")
+        await _loaded(pilot, screen)
+        await _select_kv(pilot, screen, "general.name")
+        await pilot.press("e")
+        form = await pilot_until(pilot, lambda: isinstance(app.screen, SetKvDialog) and app.screen)
+        text = "\n".join(_plain(w) for w in form.query("Static, Label"))
+        assert "type str" in text and _string_kv(workspace / "vocab.gguf", "general.name") in text
+        assert form.query_one("#out", Input).value == "vocab-edited.gguf"
+        form.query_one("#value", Input).value = name
+        await pilot.press("enter")
+        shown = await _confirm(pilot)
+        assert "vocab-edited.gguf" in shown and "general.name=" in shown and name in shown
+        assert "stays free" in shown  # the disk the output needs, against the budget
+        await pilot_until(pilot, lambda: any(t.startswith("wrote vocab-edited.gguf") for t in toasts), timeout=60)
+        assert app.screen is screen and app.is_running
+    out = workspace / "vocab-edited.gguf"
+    result = check_file(str(out))
+    assert result["ok"], result["problems"]
+    assert _string_kv(out, "general.name") == name
+    assert (workspace / "vocab.gguf").read_bytes() == before  # the input is never written
+
+
+async def test_a_cancelled_confirmation_writes_nothing(tmp_path, workspace) -> None:
+    shutil.copy(_vocab(), workspace / "vocab.gguf")
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await _open(pilot, "vocab.gguf")
+        await _loaded(pilot, screen)
+        await _select_kv(pilot, screen, "llama.context_length")
+        await pilot.press("e")
+        form = await pilot_until(pilot, lambda: isinstance(app.screen, SetKvDialog) and app.screen)
+        assert "type u32" in "\n".join(_plain(w) for w in form.query("Static"))
+        form.query_one("#value", Input).value = "8192"
+        await pilot.press("enter")
+        await _confirm(pilot, press="cancel")
+        assert app.screen is screen
+    assert sorted(p.name for p in workspace.glob("*.gguf*")) == ["vocab.gguf"]
+
+
+def _model(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    w = GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.block_count", 1)
+    for name, data in tensors.items():
+        w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+async def test_add_tensors_from_a_donor_through_the_dialog(tmp_path, workspace) -> None:
+    _model(workspace / "base.gguf", {"token_embd.weight": np.ones((8, 32), dtype=np.float32)})
+    grafted = np.arange(64, dtype=np.float32).reshape(2, 32)
+    _model(workspace / "donor.gguf", {"other.weight": np.zeros((1, 32), dtype=np.float32),
+                                      "output.weight": grafted})
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        toasts = collect_toasts(app)
+        screen = await _open(pilot, "base.gguf")
+        await _loaded(pilot, screen)
+        await pilot.press("a")
+        form = await pilot_until(pilot, lambda: isinstance(app.screen, AddTensorsDialog) and app.screen)
+        assert form.query_one("#out", Input).value == "base-added.gguf"
+        await pilot.press("enter")  # nothing typed yet: the form says what is missing, stays open
+        await pilot_until(pilot, lambda: "donor is needed" in _plain(form.query_one("#problem")))
+        form.query_one("#donor", Input).value = "donor.gguf"
+        form.query_one("#tensors", Input).value = "output.weight"
+        form.query_one("#expect-tensors", Input).value = "2"
+        form.query_one("#expect-last", Input).value = "output.weight"
+        await pilot.press("enter")
+        shown = await _confirm(pilot)
+        assert "donor donor.gguf" in shown and "tensors added: output.weight" in shown
+        await pilot_until(pilot, lambda: any(t.startswith("wrote base-added.gguf") for t in toasts), timeout=60)
+    out = workspace / "base-added.gguf"
+    assert check_file(str(out), expect_tensors=2, expect_last="output.weight")["ok"]
+    reader = GGUFReader(str(out))
+    assert [t.name for t in reader.tensors] == ["token_embd.weight", "output.weight"]
+    assert np.array_equal(np.asarray(reader.tensors[-1].data).reshape(2, 32), grafted)
+
+
+async def test_readonly_refuses_in_the_action_layer_too(tmp_path, workspace) -> None:
+    """Whatever the keys let through, the action layer the app builds refuses read-only."""
+    shutil.copy(_vocab(), workspace / "vocab.gguf")
+    app = SamaiApp(_config(tmp_path, workspace), readonly=True)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await _open(pilot, "vocab.gguf")
+        await _loaded(pilot, screen)
+        outcome = await action_layer(app).gguf(KvEdit("vocab.gguf", "general.name", "x", "str", "out.gguf").request())
+        assert (outcome.ok, outcome.status) == (False, "refused") and "read-only" in outcome.message
+    assert sorted(p.name for p in workspace.glob("*.gguf*")) == ["vocab.gguf"]
+
+
+async def test_odd_fields_in_a_reply_are_shown_as_text(tmp_path, workspace) -> None:
+    """The reply's shape items are not typed one by one: markup there is shown, never parsed."""
+    header = GgufHeader(path="odd.gguf", file_size=10, tensors=(GgufTensorInfo("t", "type 99", ("[/x]", 2), 0, None),),
+                        kvs=(GgufKv("k", "[b]arr[/b]", "[/y]", 3),))
+    app = SamaiApp(_config(tmp_path, workspace), poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = GgufScreen("odd.gguf")
+        await app.push_screen(screen)
+        screen.show_header(header)
+        await pilot.pause()
+        tensors, kvs = screen.query_one("#gguf-tensors", DataTable), screen.query_one("#gguf-kvs", DataTable)
+        assert "[/x]×2" in tensors.render_line(1).text and "type 99" in tensors.render_line(1).text
+        assert "[b]arr[/b]" in kvs.render_line(1).text and "[/y]  (3 items)" in kvs.render_line(1).text
+        assert app.is_running

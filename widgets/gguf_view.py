@@ -63,8 +63,9 @@ def kv_cells(kv: GgufKv) -> tuple[Text | str, ...]:
 
 
 def tensor_cells(t: GgufTensorInfo) -> tuple[Text | str, ...]:
-    shape = "×".join(str(d) for d in t.shape)
-    return cell(t.name), cell(t.type), shape, str(t.offset), "?" if t.size is None else units.size(t.size)
+    shape = "×".join(str(d) for d in t.shape)  # the box's reply is not typed item by item: text, never markup
+    size = "?" if t.size is None else units.size(t.size)
+    return cell(t.name), cell(t.type), cell(shape), cell(str(t.offset)), cell(size)
 
 
 def tables(header: GgufHeader | None) -> dict[str, Table]:
