@@ -111,6 +111,12 @@ async def test_o_on_a_real_gguf_shows_its_header_and_tables_and_escape_returns(t
         assert len(_rows(kvs)) < len(rows)
         await pilot.press("escape")
         await pilot_until(pilot, lambda: len(_rows(kvs)) == len(rows))
+        # Enter keeps a filter; the first Escape in the table clears it, the next goes back.
+        await pilot.press("slash", *"eos", "enter")
+        await pilot_until(pilot, lambda: len(_rows(kvs)) < len(rows) and screen.focused is kvs)
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: len(_rows(kvs)) == len(rows))
+        assert app.screen is screen
         await pilot.press("escape")
         await pilot_until(pilot, lambda: not isinstance(app.screen, GgufScreen))
         assert app.is_running
@@ -141,6 +147,16 @@ async def test_hostile_kv_and_tensor_names_are_shown_literally(tmp_path, workspa
         assert visible(HOSTILE_KEY) in kvs and visible(HOSTILE_VALUE) in kvs
         assert visible(HOSTILE_TENSOR) in tensors
         _assert_inert(kvs + tensors)
+        # The form for the hostile KV: its key and value literal, the value not put in the input raw.
+        await _select_kv(pilot, screen, "pwned")  # the filter matches the key as it is, ESC and all
+        await pilot.press("e")
+        form = await pilot_until(pilot, lambda: isinstance(app.screen, SetKvDialog) and app.screen)
+        text = "\n".join(_plain(w) for w in form.query("Static, Label"))
+        assert visible(HOSTILE_KEY) in text and visible(HOSTILE_VALUE) in text
+        _assert_inert(text)
+        assert form.query_one("#value", Input).value == ""
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: app.screen is screen)
         # What the terminal gets: the painted lines hold the markup as typed, no escape sequence.
         for table_id, literal in (("#gguf-kvs", MARKUP[:20]), ("#gguf-tensors", "[b]blk.0[/x]␛[2J.weight")):
             table = screen.query_one(table_id, DataTable)
@@ -218,7 +234,7 @@ def _string_kv(path: Path, key: str) -> str:
 
 
 async def _select_kv(pilot, screen: GgufScreen, key: str) -> DataTable:
-    """Filter the KV table down to one key: its row is the one selected."""
+    """Filter the KV table down to the one key holding `key`: its row is the one selected."""
     kvs = screen.query_one("#gguf-kvs", DataTable)
     kvs.focus()
     await pilot.press("slash", *key, "enter")
@@ -351,3 +367,20 @@ async def test_odd_fields_in_a_reply_are_shown_as_text(tmp_path, workspace) -> N
         assert "[/x]×2" in tensors.render_line(1).text and "type 99" in tensors.render_line(1).text
         assert "[b]arr[/b]" in kvs.render_line(1).text and "[/y]  (3 items)" in kvs.render_line(1).text
         assert app.is_running
+
+
+async def test_a_plan_the_box_refuses_says_why_in_the_confirmation(tmp_path, workspace) -> None:
+    shutil.copy(_vocab(), workspace / "vocab.gguf")
+    (workspace / "vocab-edited.gguf").write_bytes(b"mine")  # the default OUT exists: never written over
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await _open(pilot, "vocab.gguf")
+        await _loaded(pilot, screen)
+        await _select_kv(pilot, screen, "general.name")
+        await pilot.press("e")
+        form = await pilot_until(pilot, lambda: isinstance(app.screen, SetKvDialog) and app.screen)
+        form.query_one("#value", Input).value = "x"
+        await pilot.press("enter")
+        shown = await _confirm(pilot, press="cancel")
+        assert "the box refuses it" in shown and "exists already" in shown, shown
+    assert (workspace / "vocab-edited.gguf").read_bytes() == b"mine"

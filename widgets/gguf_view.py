@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 MAX_ROWS = 1000  # rendered per table; the rest are counted and reachable by filtering
 MAX_CELL = 160  # characters of a value or a name shown in a cell
-KEYS_HINT = "Esc back · Tab next table · / filter · e set the KV · a add tensors"
+KEYS_HINT = "Esc back (first clears a filter) · Tab next table · / filter · e set the KV · a add tensors"
 
 
 def cut(text: str, limit: int = MAX_CELL) -> str:
@@ -264,5 +264,11 @@ class GgufScreen(Screen[None]):
         return items[int(key)] if key is not None and key.isdigit() and int(key) < len(items) else None
 
     def action_close(self) -> None:
+        """Esc: first the focused table's filter goes (as in k9s), then the screen."""
+        focused = self.focused
+        if isinstance(focused, DataTable) and focused.id and self._filters.get(focused.id):
+            self._filters[focused.id] = ""
+            self._fill(focused.id)
+            return
         self.dismiss(None)
 
