@@ -28,6 +28,7 @@ BENCHES = [  # the issue's table first, in its order; then the other figures
                                                                     "--seconds", "20"]),
     ("snapshot through the exec gateway vs local", ["envelope_snapshot.py", "--runs", "15"]),
     ("check gguf: console vs box on a real model; a 4 GiB sparse GGUF vs GGUFReader", ["gguf_check_speed.py"]),
+    ("gguf add-tensors from an HTTP donor: bytes fetched vs the donor's size", ["gguf_transplant.py"]),
     ("check trainlog on a 1 GB log vs grep", ["trainlog_speed.py"]),
     ("check eval of 100,000 items vs json.loads of every line", ["evalcheck_speed.py"]),
     ("the console over an emulated 100 ms link: first contact, steady poll, catch-up, outages", ["link.py"]),
