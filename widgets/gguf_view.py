@@ -58,8 +58,7 @@ class Table:
 
 
 def kv_cells(kv: GgufKv) -> tuple[Text | str, ...]:
-    value = str(kv.value) + (f"  ({kv.count} items)" if kv.count is not None else "")
-    return cell(kv.key), cell(kv.type), cell(value)
+    return cell(kv.key), cell(kv.type), cell(str(kv.value))  # an array's value says its count
 
 
 def tensor_cells(t: GgufTensorInfo) -> tuple[Text | str, ...]:
