@@ -413,3 +413,25 @@ def test_gguf_screen_snapshot(snap_compare, tmp_path, workspace) -> None:
 
     app = SamaiApp(_config(tmp_path, workspace), poll=False)
     assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
+
+
+async def test_a_real_model_s_tensor_table(tmp_path, workspace) -> None:
+    """Gemma 3 270M Q4_K_M (a real quantized model, opened where it lies): every tensor listed,
+    in the file's order, and its vocabulary of 262k tokens summed up in one row."""
+    from tests.gguf_artifacts import gemma_q4_k_m
+
+    path = gemma_q4_k_m()
+    checked = check_file(str(path))
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await _open(pilot, str(path))
+        header = await _loaded(pilot, screen)
+        assert f"tensors {checked['tensor_count']} " in header and "no problem" in header
+        tensors = screen.query_one("#gguf-tensors", DataTable)
+        rows = await pilot_until(pilot, lambda: _rows(tensors))
+        assert len(rows) == checked["tensor_count"]
+        assert rows[0].startswith(f"{checked['first_tensor']} | ")
+        assert rows[-1].startswith(f"{checked['last_tensor']} | ")
+        kvs = _rows(screen.query_one("#gguf-kvs", DataTable))
+        tokens = next(r for r in kvs if r.startswith("tokenizer.ggml.tokens"))
+        assert "262144 items" in tokens
