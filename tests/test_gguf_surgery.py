@@ -31,7 +31,7 @@ from tests.helpers import run_cli
 from tests.httpfiles import FileServer
 
 REAL_FILES = pytest.mark.timeout(900)
-FUZZ = settings(max_examples=60, deadline=None, database=None,
+FUZZ = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 WRITE_TIMEOUT = 300.0
 
@@ -491,14 +491,30 @@ def test_cli_show_set_kv_and_read_only(tmp_path: Path, workspace: Path) -> None:
 # Garbage never crashes the tool
 
 
-TEXT = st.one_of(st.text(max_size=30), st.sampled_from(["tiny.gguf", "out.gguf", "tiny.q.weight", "", "..", "/"]))
+NAMES = ["tiny.gguf", "donor.gguf", "out.gguf", "sub/out.gguf", "../out.gguf", "/etc/passwd", "", ".", "tiny.gguf/x"]
+TENSORS = ["tiny.q.weight", "tiny.out.weight", "donor.q.weight", "donor.embd.weight", "nope", ""]
+KEYS = ["general.name", "llama.context_length", "test.f32", "test.bool", "tokenizer.ggml.tokens",
+        "general.alignment", "new.key", ""]
+TYPES = ["u8", "i16", "u32", "u64", "f32", "f64", "bool", "str", "arr[str]", "arr[u8]", "arr[arr]", "uint32", "x"]
+TEXT = st.one_of(st.text(max_size=30), st.sampled_from(NAMES + TENSORS + KEYS + TYPES))
 VALUE = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), TEXT),
                      lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(TEXT, inner, max_size=4)),
                      max_leaves=10)
-REQUEST = st.fixed_dictionaries(
-    {"op": st.one_of(st.sampled_from(["show", "set_kv", "add_tensors", "extract"]), VALUE)},
-    optional={"path": VALUE, "out": VALUE, "donor": VALUE, "tensors": VALUE, "set": VALUE, "types": VALUE,
-              "expect_tensors": VALUE, "expect_last": VALUE, "plan": VALUE})
+SETS = st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=10)),
+                       st.one_of(st.sampled_from(["1", "-3", "2.5", "true", "x" * 300, '["a", 1]', "[1, 2]", "0x10"]),
+                                 VALUE), max_size=4)
+PATHS = ["tiny.gguf", "tiny.gguf", "donor.gguf", "missing.gguf", "/etc/passwd", "."]
+OUTS = ["out.gguf", "out.gguf", "sub/out.gguf", "../out.gguf", "tiny.gguf", "", "tiny.gguf/x"]
+SENSIBLE = st.fixed_dictionaries(
+    {"op": st.sampled_from(["show", "set_kv", "add_tensors", "extract"]), "path": st.sampled_from(PATHS),
+     "out": st.sampled_from(OUTS), "donor": st.sampled_from(["donor.gguf", "donor.gguf", "tiny.gguf", "missing.gguf"]),
+     "tensors": st.lists(st.sampled_from(TENSORS), min_size=1, max_size=4)},
+    optional={"set": SETS, "types": st.dictionaries(st.sampled_from(KEYS), st.sampled_from(TYPES), max_size=3),
+              "expect_tensors": st.integers(-1, 9), "expect_last": st.sampled_from(TENSORS), "plan": st.booleans()})
+FIELDS = ["op", "path", "out", "donor", "tensors", "set", "types", "expect_tensors", "expect_last", "plan"]
+# A request that makes sense, with at most one field replaced by anything JSON can hold.
+REQUEST = st.tuples(SENSIBLE, st.one_of(st.none(), st.tuples(st.sampled_from(FIELDS), VALUE))).map(
+    lambda pair: {**pair[0], **dict([pair[1]] if pair[1] else [])})
 
 
 @FUZZ
@@ -506,6 +522,7 @@ REQUEST = st.fixed_dictionaries(
 def test_fuzzed_requests_get_a_reply_never_a_crash(tmp_path_factory: pytest.TempPathFactory, request: dict) -> None:
     ws = tmp_path_factory.mktemp("ws")
     write_tiny(ws / "tiny.gguf")
+    write_tiny(ws / "donor.gguf", prefix="donor")
     reply = gguf_surgery.handle({**request, "workspace": str(ws)})
     assert isinstance(reply, dict) and json.dumps(reply)
     if "error" in reply or reply.get("ok") is False:

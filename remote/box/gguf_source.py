@@ -8,6 +8,7 @@ the network. Every HTTP reply must be 206 Partial Content for exactly the range 
 that ignores Range (200, the whole file) is refused at once, its body never read.
 """
 
+import http.client
 import os
 import re
 import stat
@@ -88,7 +89,7 @@ class HttpSource:
             e.close()
             raise SourceError("%s answered HTTP %d to the range request bytes=%d-%d"
                               % (self.name, e.code, start, end)) from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
             raise SourceError("%s: %s" % (self.name, getattr(e, "reason", e))) from None
         if response.status != 206:
             length = response.headers.get("Content-Length")
@@ -121,7 +122,11 @@ class HttpSource:
         want = end - start + 1
         got = 0
         while got < want:
-            part = response.read(min(STREAM_CHUNK, want - got))
+            try:
+                part = response.read(min(STREAM_CHUNK, want - got))
+            except (http.client.HTTPException, OSError) as e:  # cut short: IncompleteRead, a reset, a timeout
+                raise SourceError("%s: the range %d-%d broke off after %d of %d bytes (%s)"
+                                  % (self.name, start, end, got, want, type(e).__name__)) from None
             if not part:
                 break
             got += len(part)

@@ -107,7 +107,10 @@ def encode_value(value_type, element_type, text):
     """A KV value's bytes (after its u32 type). An array is given as a JSON list."""
     if value_type != ARRAY:
         return encode_scalar(value_type, parse_scalar(value_type, text))
-    items = json.loads(text) if isinstance(text, str) else text
+    try:
+        items = json.loads(text) if isinstance(text, str) else text
+    except (ValueError, RecursionError):
+        raise WriteError("an array value is a JSON list, not %r" % (text[:60],)) from None
     if not isinstance(items, list):
         raise WriteError("an array value is a JSON list, not %r" % (str(text)[:60],))
     body = b"".join(encode_scalar(element_type, parse_scalar(element_type, item)) for item in items)
