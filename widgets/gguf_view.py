@@ -72,19 +72,17 @@ def tables(header: GgufHeader | None) -> dict[str, Table]:
             "gguf-tensors": Table(header.tensors if header else (), lambda t: f"{t.name} {t.type}", tensor_cells)}
 
 
-def _figure(name: str, value: Any) -> tuple[str, str]:
-    return f"{name} ", "?" if value is None else str(value)
+def _known(value: Any) -> str:
+    return "?" if value is None else str(value)
 
 
 def header_content(header: GgufHeader) -> Content:
     """The layout's figures, then every problem the checker found (or that it found none)."""
-    parts: list[str | tuple[str, str]] = []
-    for name, value in (("GGUF v", header.version), ("tensors", header.tensor_count), ("KVs", header.kv_count),
-                        ("alignment", header.alignment), ("header_end", header.header_end),
-                        ("data_start", header.data_start), ("data_end", header.data_end),
-                        ("size", header.file_size)):
-        label, shown = _figure(name, value)
-        parts += [(label.rstrip() if name == "GGUF v" else label, "$text-muted"), (shown, "bold"), "  "]
+    parts: list[str | tuple[str, str]] = [("GGUF v", "$text-muted"), (_known(header.version), "bold")]
+    for name, value in (("tensors", header.tensor_count), ("KVs", header.kv_count), ("alignment", header.alignment),
+                        ("header_end", header.header_end), ("data_start", header.data_start),
+                        ("data_end", header.data_end), ("size", header.file_size)):
+        parts += ["  ", (f"{name} ", "$text-muted"), (_known(value), "bold")]
     lines = [Content.assemble(*parts)]
     for p in header.problems:
         lines.append(Content.assemble(("✗ ", "$error bold"), (p.code, "$error"), " ", visible(p.message)))
