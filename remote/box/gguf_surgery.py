@@ -25,8 +25,8 @@ A request that is not one of these is {"error": ...}.
 import os
 import sys
 
-from . import gguf_check
 from .confine import Escape, open_parent, parts_inside, workspace_root
+from .gguf_check import inspect
 from .gguf_format import (
     ARRAY,
     BOOL,
@@ -137,7 +137,7 @@ def show(req):
     path = text(req, "path")
     source = open_source(path, workspace)
     try:
-        result, tensors, spans = gguf_check.inspect(source.read_at, source.size)
+        result, tensors, spans = inspect(source.read_at, source.size)
         reader = RangeReader(source.read_at, source.size)
         kvs = [describe_kv(reader, span) for span in spans[:MAX_SHOW_KVS]]
     finally:
@@ -209,7 +209,7 @@ class Header:
 
     def __init__(self, source, role):
         self.source = source
-        self.result, self.tensors, self.spans = gguf_check.inspect(source.read_at, source.size)
+        self.result, self.tensors, self.spans = inspect(source.read_at, source.size)
         if not self.result["ok"]:
             problems = "; ".join("%s: %s" % (p["code"], p["message"]) for p in self.result["problems"][:3])
             raise Refused("the %s %s is not a sound GGUF file, refused (nothing written): check gguf finds %s"

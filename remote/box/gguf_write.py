@@ -14,7 +14,7 @@ import json
 import os
 import struct
 
-from . import gguf_check
+from .gguf_check import inspect
 from .gguf_format import (
     ARRAY,
     BOOL,
@@ -233,7 +233,7 @@ def verify(folder_fd, name, layout, expect_tensors, expect_last):
     fd = os.open(name + PART, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
     try:
         size = os.fstat(fd).st_size
-        result, tensors, _spans = gguf_check.inspect(lambda o, n: os.pread(fd, n, o), size, expect_tensors,
+        result, tensors, _spans = inspect(lambda o, n: os.pread(fd, n, o), size, expect_tensors,
                                                      expect_last)
         found = dict((t.name, t) for t in tensors)
         out = [count_assertion(result, expect_tensors), last_assertion(result, expect_last),
