@@ -20,7 +20,7 @@ from samai.remote.box.gguf_check import check_file
 from samai.remote.model import GgufHeader, GgufKv, GgufProblem, GgufTensorInfo
 from samai.remote.visible import visible
 from samai.widgets.dialogs import ConfirmDialog, PathDialog
-from samai.widgets.gguf_dialogs import AddTensorsDialog, KvEdit, SetKvDialog
+from samai.widgets.gguf_dialogs import AddTensorsDialog, KvEdit, SetKvDialog, editable
 from samai.widgets.gguf_view import MAX_ROWS, GgufScreen
 from tests.gguf_artifacts import llama_vocab_files
 from tests.helpers import action_layer, collect_toasts, pilot_until
@@ -435,3 +435,20 @@ async def test_a_real_model_s_tensor_table(tmp_path, workspace) -> None:
         kvs = _rows(screen.query_one("#gguf-kvs", DataTable))
         tokens = next(r for r in kvs if r.startswith("tokenizer.ggml.tokens"))
         assert "262144 items" in tokens
+
+
+async def test_the_form_never_starts_from_a_value_the_box_cut(workspace, box) -> None:
+    """A chat template runs to KBs and `gguf show` sends its start: editing that would write the cut
+    value back, so the form starts empty; a short value starts as it is."""
+    w = GGUFWriter(str(workspace / "t.gguf"), "llama")
+    w.add_string("tokenizer.chat_template", "{% for m in messages %}" * 100)
+    w.add_string("general.name", "tiny")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    header = await box.gguf_show("t.gguf")
+    kvs = {kv.key: kv for kv in header.kvs}
+    template, name, tokens = kvs["tokenizer.chat_template"], kvs["general.name"], kvs["tokenizer.ggml.tokens"]
+    assert len(template.value) < 2300 and not editable(template.type, template.value)
+    assert editable(name.type, name.value) and not editable(tokens.type, tokens.value)

@@ -21,7 +21,7 @@ from samai.widgets.dialogs import DIALOG_CSS
 from samai.widgets.pane import inert
 
 SHOWN_VALUE = 400  # characters of a KV's current value in the form (a chat template runs to KBs)
-CUT_BY_THE_BOX = re.compile(r"\.\.\. \(\d+ bytes\)$")  # how `gguf show` ends a string it cut
+CUT_BY_THE_BOX = re.compile(r"\.\.\. \(\d+ bytes\)$")  # how `gguf show` ends a string it cut (value_text)
 
 FORM_CSS = """
 {name} Input {{ margin-bottom: 1; }}
@@ -86,7 +86,7 @@ def editable(value_type: str, value: str) -> bool:
 
 
 def _field(label: str) -> Static:
-    return Static(Content(label), classes="field")
+    return Static(inert(label), classes="field")  # a label may name a type the box sent
 
 
 def _buttons(action: str) -> Horizontal:
