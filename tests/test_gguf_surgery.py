@@ -451,6 +451,8 @@ async def test_the_action_is_planned_confirmed_audited_and_refused_read_only(box
     audit = tmp_path / "audit.jsonl"
     outcome = await Actions(box, cfg, AuditLog(audit), readonly=False, confirm=confirming(shown)).gguf(request)
     assert outcome.ok, outcome.message
+    read = outcome.result.assertions[-1]  # a local target: gguf-py's reader has read OUT too
+    assert read.name == "gguf_py" and read.ok and "GGUFReader reads 5 tensors" in read.detail
     [plan] = shown
     assert plan.action == "gguf" and "--from" in plan.command and "donor.q.weight" in plan.command
     assert any("5 tensors" in d for d in plan.details) and plan.gguf_bytes == (workspace / "both.gguf").stat().st_size

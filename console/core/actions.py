@@ -23,7 +23,7 @@ import re
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import psutil
@@ -35,7 +35,16 @@ from samai.console.core.config import Config, Stage, UnknownStage  # noqa: F401 
 from samai.console.core.evidence import training_evidence
 from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.model import Boot, CleanResult, FireResult, GgufWriteResult, SignalResult, Snapshot, same_start
+from samai.remote.model import (
+    Boot,
+    CleanResult,
+    FireResult,
+    GgufAssertion,
+    GgufWriteResult,
+    SignalResult,
+    Snapshot,
+    same_start,
+)
 from samai.remote.transport import TransportError
 
 PORT_GRACE_S = 5.0  # a listener on a stage's port: TERM, then KILL after this long
@@ -391,9 +400,16 @@ class Actions:
         if plan.action == "uninstall":
             return await self._launch(plan)
         if plan.action == "gguf":
-            timeout = max(self.box.timeout, 60.0) + GGUF_SECONDS_PER_GB * plan.gguf_bytes / GB
-            return await self.box.gguf_write(json.loads(plan.gguf_request), timeout=timeout)
+            return await self._gguf_write(plan)
         raise ValueError(f"unknown action {plan.action!r}")
+
+    async def _gguf_write(self, plan: ActionPlan) -> GgufWriteResult:
+        """The box writes and asserts; on a local target gguf-py's reader reads OUT as well."""
+        timeout = max(self.box.timeout, 60.0) + GGUF_SECONDS_PER_GB * plan.gguf_bytes / GB
+        result = await self.box.gguf_write(json.loads(plan.gguf_request), timeout=timeout)
+        if not (result.ok and self.config.target.is_local):
+            return result  # a remote box has no gguf-py (its tools are stdlib only)
+        return await _read_by_gguf_py(self.box, result, posixpath.join(self.config.workspace, result.out))
 
     async def _launch(self, plan: ActionPlan) -> FireResult:
         return await self.box.fire(plan.stage or "", plan.chain, plan.log, env=dict(plan.env))
@@ -631,6 +647,22 @@ def _gguf_details(request: Mapping, planned: GgufWriteResult, workspace: str) ->
         shown = ", ".join(planned.added[:SHOWN_MEMBERS]) + (" ..." if len(planned.added) > SHOWN_MEMBERS else "")
         lines.append(f"tensors {'extracted' if request.get('op') == 'extract' else 'added'}: {shown}")
     return tuple(lines)
+
+
+async def _read_by_gguf_py(box: Box, result: GgufWriteResult, path: str) -> GgufWriteResult:
+    """The issue's last assertion, where OUT is on this machine: gguf-py's GGUFReader reads it whole."""
+    from samai.console.core.checks import Unreadable, check_gguf  # gguf-py: only for a write that needs it
+
+    try:
+        checked = await check_gguf(box, path, expect_tensors=result.tensors, expect_last=result.last_tensor,
+                                   local=True, deep=True)
+        failed = [f"{p.code}: {p.message}" for p in checked.problems if p.severity == "error"]
+    except Unreadable as e:
+        failed = [str(e)]
+    detail = "; ".join(failed) or f"GGUFReader reads {result.tensors} tensors, the last {result.last_tensor}"
+    read = GgufAssertion("gguf_py", not failed, detail)
+    error = f"OUT was written, but gguf-py's reader refuses it: {detail}" if failed else None
+    return replace(result, ok=not failed, assertions=(*result.assertions, read), error=error)
 
 
 def _gguf_outcome(plan: ActionPlan, result: GgufWriteResult) -> ActionOutcome:
