@@ -358,3 +358,11 @@ async def test_the_disk_pane_toggles_the_largest_users(tmp_path, workspace, port
         assert total < 1_000_000 and f"in all {units.size(total)}" in shown, shown  # /usr not counted
         await pilot.press("u")
         await pilot_until(pilot, lambda: "largest users" not in str(pane.render()))
+
+
+def test_eval_without_its_data_says_so_in_one_line(workspace):
+    run = subprocess.run(stage_argv("stages.eval", "--url", "http://127.0.0.1:1", "--data", "data/eval.jsonl",
+                                    "--out", "runs/eval/x"), env=stage_env(), cwd=workspace, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stdout + run.stderr
+    assert run.stdout.startswith("EVAL_RC=2 cannot read the eval set data/eval.jsonl: ")

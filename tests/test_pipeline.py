@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -130,6 +131,7 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
                              ("convert", "CONVERT_DONE"), ("quantize", "QUANT_DONE")):
             log = await run_stage(box, cfg, name)
             assert marker in log and log.rstrip().endswith("CHAIN_DONE rc=0"), f"{name}:\n{log[-4000:]}"
+        _the_base_from_a_hub(pipeline_ws)
         gguf = pipeline_ws / "gguf" / "tiny-q8_0.gguf"
         assert check_file(str(gguf))["ok"]
         assert not (pipeline_ws / "models" / "merged").exists()  # intermediates deleted as declared
@@ -190,13 +192,14 @@ async def _restore_instead_of_rebuild(cfg: config.Config, ws: Path) -> None:
             subprocess.run(["rm", "-rf", str(entry)], check=True)
     box = Box(LocalTransport(), str(ws), python=sys.executable)  # the console's tools installed anew
     try:
-        suggested = [f for f in detect(cfg, await box.snapshot()) if f.code == "restore_available"]
+        sized = [(a.name, a.path) for a in cfg.artifacts]  # what doctor and the TUI ask the probe to size
+        suggested = [f for f in detect(cfg, await box.snapshot(artifacts=sized)) if f.code == "restore_available"]
         assert suggested and str(suggested[0].action) == "restart restore", suggested
         started = time.monotonic()
         log = await run_stage(box, cfg, "restore")
-        assert "RESTORE_DONE 1 files" in log and "satisfies train, merge, convert, quantize" in log, log[-3000:]
+        assert "RESTORE_DONE 2 files" in log and "satisfies train, merge, convert, quantize" in log, log[-3000:]
         assert check_file(str(ws / "gguf" / "tiny-q8_0.gguf"))["ok"]
-        assert not [f for f in detect(cfg, await box.snapshot()) if f.code == "restore_available"]
+        assert not [f for f in detect(cfg, await box.snapshot(artifacts=sized)) if f.code == "restore_available"]
         fired = await box.fire("serve", cfg.stage("serve").command, cfg.stage("serve").log, verify_s=1.0)
         assert fired.state == "running", fired.reason
         assert "SMOKE_OK" in await wait_marker(box, cfg, "serve", "SMOKE_OK")
@@ -230,7 +233,7 @@ async def test_a_real_third_party_model_is_restored_served_and_evaluated(pipelin
     (pipeline_ws / "data" / GEMMA_EVAL.name).write_bytes(GEMMA_EVAL.read_bytes())
     cfg = tiny(pipeline_ws, port)
     model = f"gguf/{gemma.name}"
-    restore = cfg.stage("restore").command.replace("gguf/tiny-q8_0.gguf", model)
+    restore = cfg.stage("restore").command.replace("gguf/tiny-q8_0.gguf data/eval.jsonl", model)
     serve = (f"venv/bin/python -m samai_box.stages.serve --model {model} --port {port} --ctx 512 "
              "--llama-server venv/llama.cpp/bin/llama-server --prompt-format text "
              "--smoke-question 'The capital of France is the city of' --smoke-answer Paris --smoke-max-tokens 8")
@@ -255,6 +258,25 @@ async def test_a_real_third_party_model_is_restored_served_and_evaluated(pipelin
     finally:
         await box.stop("serve", grace=5)
         await box.close()
+
+
+def _the_base_from_a_hub(ws: Path) -> None:
+    """The base the tiny pretrain made, as a Hub repo on a local Hub-compatible server, fetched by
+    `fetch hf` with the box venv's real huggingface_hub: the same files, checked against the Hub."""
+    from tests.hubserver import HubServer
+    from tests.test_hub import READ, hub_env
+
+    made = ws / "source" / "tiny-base"
+    with HubServer(ws.parent / "hub", tokens={READ: "read"}) as hub:
+        hub.add_repo("samai/tiny-base", made, private=True)
+        env = hub_env(hub, ws.parent / "hf-home", SAMAI_HF_TOKEN=READ)
+        done = subprocess.run([str(ws / "venv" / "bin" / "python"), "-m", "samai_box.stages.fetch", "hf", "--repo",
+                               "samai/tiny-base", "--dest", "models/hub-base", "--auth-env", "SAMAI_HF_TOKEN"],
+                              env=env, cwd=ws, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "FETCH_DONE" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    for path in made.iterdir():
+        assert (ws / "models" / "hub-base" / path.name).read_bytes() == path.read_bytes(), path.name
+    shutil.rmtree(ws / "models" / "hub-base")
 
 
 async def _the_fake_zero_with_the_real_server(box: Box, cfg: config.Config, ws: Path) -> None:

@@ -144,3 +144,47 @@ def test_doctor_suggests_restore_only_for_a_rebuilt_box_with_a_pushed_gguf(tmp_p
     (workspace / "gguf").mkdir()
     (workspace / "gguf" / "m.gguf").write_bytes(b"GGUF")  # restored already
     assert _restore_findings(cfg) == []
+
+
+def test_what_push_shipped_to_the_hub_comes_back_from_it(tmp_path) -> None:
+    """push --to hf: with the real huggingface_hub client, then restore --from hf: over the Hub's
+    resolve URLs (the LFS file redirected to the hub's CDN), against the local hub."""
+    from tests.hubserver import HubServer
+    from tests.test_hub import WRITE, hub_env
+
+    built = tmp_path / "built"
+    (built / "gguf").mkdir(parents=True)
+    (built / "gguf" / "m.gguf").write_bytes(b"GGUF" + os.urandom(200_000))  # LFS by its extension
+    (built / "report.json").write_text('{"accuracy": 1.0}')
+    with HubServer(tmp_path / "hub", tokens={WRITE: "write"}) as hub:
+        hub.add_repo("samai/weights", private=True)
+        env = hub_env(hub, tmp_path / "hf-home", HF_TOKEN=WRITE)
+        done = subprocess.run(stage_argv("stages.push", "--to", "hf:samai/weights", "--stable", "0.1", "gguf/m.gguf",
+                                         "report.json"), env=env, cwd=built, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        ws = tmp_path / "rebuilt"
+        ws.mkdir()
+        done = subprocess.run(stage_argv("stages.restore", "--from", "hf:samai/weights", "--auth-env", "HF_TOKEN",
+                                         "gguf/m.gguf", "report.json"), env=env, cwd=ws, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.splitlines()[-1].startswith("RESTORE_DONE 2 files") and WRITE not in done.stdout
+        assert (ws / "gguf" / "m.gguf").read_bytes() == (built / "gguf" / "m.gguf").read_bytes()
+        redirected = [r for r in hub.requests if r[1].endswith("/resolve/main/gguf/m.gguf") and r[3] in (301, 302, 307)]
+        assert redirected, hub.requests  # the LFS file came by way of the CDN
+        missing = subprocess.run(stage_argv("stages.restore", "--from", "hf:samai/weights", "--auth-env", "HF_TOKEN",
+                                            "gguf/other.gguf"), env=env, cwd=ws, capture_output=True, text=True,
+                                 timeout=120)
+        assert missing.returncode == 1 and missing.stdout.startswith("RESTORE_MISSING gguf/other.gguf")
+
+
+def test_the_first_store_that_holds_the_artifacts_is_read(tmp_path, pushed) -> None:
+    """A push's target and its fallback: the artifacts are in whichever took the push."""
+    ws = tmp_path / "rebuilt"
+    ws.mkdir()
+    done = _run("stages.restore", ws, "--from", f"dir:{tmp_path / 'never-pushed'}", "--from", f"dir:{pushed}",
+                "gguf/m.gguf")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0].startswith(f"dir:{tmp_path / 'never-pushed'}: ")
+    assert done.stdout.splitlines()[-1].endswith(f"from dir:{pushed}") and (ws / "gguf" / "m.gguf").is_file()

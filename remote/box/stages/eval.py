@@ -115,8 +115,12 @@ def main():
                         "that ignores reasoning_content reads it")
     args = p.parse_args()
     started = time.time()
-    with open(args.data) as f:
-        items = [json.loads(line) for line in f if line.strip()]
+    try:
+        with open(args.data) as f:
+            items = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        marker("EVAL_RC=2", "cannot read the eval set %s: %s (fetch makes it)" % (args.data, e))
+        sys.exit(2)
     os.makedirs(args.out, exist_ok=True)
     rows, errors, down = [], 0, None
     with open(os.path.join(args.out, "items.jsonl"), "w") as out:

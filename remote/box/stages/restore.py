@@ -4,12 +4,13 @@ a rebuilt box serves in minutes instead of downloading the base again and retrai
 Runs ON the box as a stage (`python3 -m samai_box.stages.restore ...`); stdout is the stage log.
 Standard library only, Python >= 3.8.
 
-  restore --from dir:/some/path|hf:owner/repo|URL [--revision REV] [--manifest NAME]
+  restore --from dir:/some/path|hf:owner/repo|URL [--from ...] [--revision REV] [--manifest NAME]
           [--satisfies STAGE,...] [--wait S] [--auth-env NAME] [--backoff S] ARTIFACT...
 
 The store is what push wrote: its files under their relative paths, and the manifest (sha256sum
 format, MANIFEST.sha256) beside them. hf:owner/repo reads the Hub's resolve URLs
-($HF_ENDPOINT/owner/repo/resolve/REV/PATH). Each ARTIFACT is a file, or a folder whose files the
+($HF_ENDPOINT/owner/repo/resolve/REV/PATH). With more than one --from (a push's target and its
+--fallback), the first store whose manifest lists every ARTIFACT is the one read. Each ARTIFACT is a file, or a folder whose files the
 manifest lists, by the relative path push gave it; it lands at that path under the current
 folder (the workspace) with the fetch stage's rules: one writer per file (PATH.lock), PATH.part
 renamed only once complete, resumed and retried, and its sha256 checked against the manifest (a
@@ -77,22 +78,35 @@ def chosen(entries, artifacts):
 
 def restore(args):
     token = bearer_token(args.auth_env)
-    base = store_base(args.source, args.revision)
-    entries = manifest_of(read_small(base + args.manifest, token, args.backoff).decode("utf-8", "replace"))
-    files = chosen(entries, args.artifacts)
+    source, base, files = pick_store(args, token)
     total = 0
     for rel, digest in files:
         url = base + urllib.parse.quote(rel)
         total += fetch_file(url, rel, digest, None, None, args.wait, token, args.backoff, marker="RESTORE_FILE")
     stages = [name for name in args.satisfies.split(",") if name]
     stands_for = "; satisfies %s" % ", ".join(stages) if stages else ""
-    print("RESTORE_DONE %d files %s from %s%s" % (len(files), human(total), args.source, stands_for))
+    print("RESTORE_DONE %d files %s from %s%s" % (len(files), human(total), source, stands_for))
+
+
+def pick_store(args, token):
+    """(store, its base URL, [(path, sha256)]) of the first store whose manifest lists the artifacts."""
+    for i, source in enumerate(args.sources):
+        try:
+            base = store_base(source, args.revision)
+            entries = manifest_of(read_small(base + args.manifest, token, args.backoff).decode("utf-8", "replace"))
+            return source, base, chosen(entries, args.artifacts)
+        except FetchError as e:
+            if i + 1 == len(args.sources):
+                raise
+            print("%s: %s; trying %s" % (source, e, args.sources[i + 1]))
+    raise FetchError("--from: no store given", "RESTORE_FAIL")
 
 
 def build_parser():
     p = argparse.ArgumentParser(prog="restore", description=__doc__.splitlines()[0])
-    p.add_argument("--from", dest="source", required=True, metavar="STORE",
-                   help="dir:/some/path, hf:owner/repo, or an http(s)/file URL of the pushed folder")
+    p.add_argument("--from", dest="sources", required=True, action="append", metavar="STORE",
+                   help="dir:/some/path, hf:owner/repo, or an http(s)/file URL of the pushed folder "
+                        "(repeatable: the first whose manifest lists the artifacts)")
     p.add_argument("--revision", default="main", help="the Hub revision of an hf: store (default main)")
     p.add_argument("--manifest", default="MANIFEST.sha256", help="the manifest's name in the store")
     p.add_argument("--satisfies", default="", metavar="STAGE,...",
