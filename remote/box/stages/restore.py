@@ -10,11 +10,11 @@ Standard library only, Python >= 3.8.
 The store is what push wrote: its files under their relative paths, and the manifest (sha256sum
 format, MANIFEST.sha256) beside them. hf:owner/repo reads the Hub's resolve URLs
 ($HF_ENDPOINT/owner/repo/resolve/REV/PATH). With more than one --from (a push's target and its
---fallback), the first store whose manifest lists every ARTIFACT is the one read. Each ARTIFACT is a file, or a folder whose files the
-manifest lists, by the relative path push gave it; it lands at that path under the current
-folder (the workspace) with the fetch stage's rules: one writer per file (PATH.lock), PATH.part
-renamed only once complete, resumed and retried, and its sha256 checked against the manifest (a
-file that fails is moved to PATH.bad).
+--fallback), the first store whose manifest lists every ARTIFACT is the one read. Each ARTIFACT
+is a file, or a folder whose files the manifest lists, by the relative path push gave it; it
+lands at that path under the current folder (the workspace) with the fetch stage's rules: one
+writer per file (PATH.lock), PATH.part renamed only once complete, resumed and retried, and its
+sha256 checked against the manifest (a file that fails is moved to PATH.bad).
 
 Markers: RESTORE_FILE path (one file), RESTORE_DONE (all of them, and the stages they stand in
 for), RESTORE_MISSING (an artifact the manifest does not list), SHA_MISMATCH, FETCH_BUSY,
