@@ -441,6 +441,10 @@ class SamaiApp(App[None]):
         if path and path.lower().endswith(".gguf"):
             await self._open_gguf(path)
         elif path:
+            from samai.widgets.gguf_view import GgufScreen
+
+            while isinstance(self.screen, GgufScreen):
+                await self.pop_screen()  # `o` on a GGUF's screen: back to the log pane that shows the file
             self._show_file(path)
 
     def on_path_dialog_completion_requested(self, event: PathDialog.CompletionRequested) -> None:
@@ -469,7 +473,7 @@ class SamaiApp(App[None]):
         await self.push_screen(screen)
         self._read_gguf(screen)
 
-    @work(group="gguf", exclusive=True, exit_on_error=False)
+    @work(group="gguf", exit_on_error=False)  # one per screen: a second one opened leaves the first's alone
     async def _read_gguf(self, screen: GgufScreen) -> None:
         try:
             if self.box is None:

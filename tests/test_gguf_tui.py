@@ -452,3 +452,25 @@ async def test_the_form_never_starts_from_a_value_the_box_cut(workspace, box) ->
     template, name, tokens = kvs["tokenizer.chat_template"], kvs["general.name"], kvs["tokenizer.ggml.tokens"]
     assert len(template.value) < 2300 and not editable(template.type, template.value)
     assert editable(name.type, name.value) and not editable(tokens.type, tokens.value)
+
+
+async def test_o_on_a_gguf_screen_opens_another_file_where_it_is_seen(tmp_path, workspace) -> None:
+    """A second .gguf stacks its screen (Esc returns to the first, loaded); a log goes back to the log pane."""
+    shutil.copy(_vocab(), workspace / "a.gguf")
+    _hostile_model(workspace / "b.gguf")
+    (workspace / "notes.log").write_text("hello from the log\n")
+    app = SamaiApp(_config(tmp_path, workspace))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        first = await _open(pilot, "a.gguf")
+        second = await _open(pilot, "b.gguf")
+        await _loaded(pilot, second)
+        assert second is not first and "output.weight" in "\n".join(_rows(second.query_one("#gguf-tensors")))
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: app.screen is first)
+        assert "no problem" in await _loaded(pilot, first)
+        await pilot.press("o")
+        dialog = await _shown(pilot, PathDialog, "Input")
+        dialog.query_one(Input).value = "notes.log"
+        await pilot.press("enter")
+        await pilot_until(pilot, lambda: app.screen is app.default_screen)
+        assert "notes.log" in str(app.query_one("#log").border_title)
