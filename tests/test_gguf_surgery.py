@@ -388,6 +388,8 @@ async def test_out_must_be_a_new_file_inside_the_workspace(box: Box, tmp_path: P
     assert not (tmp_path / "outside.gguf").exists() and not any((tmp_path / "elsewhere").iterdir())
     made = await write(box, op="set_kv", path="tiny.gguf", out="new/folder/t.gguf", set={"general.name": "x"})
     assert made.ok and (workspace / "new/folder/t.gguf").is_file()
+    no_place = gguf_surgery.handle({"op": "set_kv", "workspace": "/", "path": str(tiny), "out": "", "set": {}})
+    assert no_place["ok"] is False and "system or shared folder" in no_place["failure"]
 
 
 def test_an_output_whose_bytes_differ_from_the_source_fails_the_sha256_assertion(tmp_path: Path) -> None:

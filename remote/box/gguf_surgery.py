@@ -56,6 +56,10 @@ class Refused(Exception):
     """The request is understood but will not be carried out: why, with the numbers."""
 
 
+class BadRequest(Exception):
+    """The request is not one this tool reads: the field and what it must be."""
+
+
 def handle(req):
     """The reply to one request; never raises for anything JSON can hold."""
     if not isinstance(req, dict):
@@ -77,12 +81,9 @@ def handle(req):
         return failure(req, op, str(e))
 
 
-class BadRequest(Exception):
-    pass
-
-
 def failure(req, op, why):
-    return {"ok": False, "op": op, "out": text(req, "out") if isinstance(req.get("out"), str) else "",
+    out = req.get("out")
+    return {"ok": False, "op": op, "out": out if isinstance(out, str) else "",
             "planned": bool(req.get("plan")), "failure": why, "assertions": []}
 
 
@@ -101,11 +102,8 @@ def names_of(req, key):
         raise BadRequest("%s must be a list of 1 to %d names" % (key, MAX_NAMES))
     if not all(isinstance(n, str) and n for n in value):
         raise BadRequest("%s must hold names (strings)" % key)
-    seen = []
-    for name in value:
-        if name not in seen:
-            seen.append(name)
-    return seen
+    seen = set()
+    return [n for n in value if not (n in seen or seen.add(n))]  # each once, in the order given
 
 
 def optional_int(req, key):
