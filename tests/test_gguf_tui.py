@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from gguf import GGUFReader, GGUFWriter
 from textual.widgets import Button, DataTable, Input
 
@@ -24,6 +25,7 @@ from samai.widgets.gguf_dialogs import AddTensorsDialog, KvEdit, SetKvDialog, ed
 from samai.widgets.gguf_view import MAX_ROWS, GgufScreen
 from tests.gguf_artifacts import llama_vocab_files
 from tests.helpers import action_layer, collect_toasts, pilot_until
+from tests.httpfiles import FileServer
 
 SIZE = (160, 50)
 MARKUP = r"[link=a:b]L[/x] [@click=app.quit]Q[/] [b B [$v] \[e]"
@@ -316,29 +318,37 @@ def _model(path: Path, tensors: dict[str, np.ndarray]) -> None:
     w.close()
 
 
-async def test_add_tensors_from_a_donor_through_the_dialog(tmp_path, workspace) -> None:
+@pytest.mark.parametrize("by_url", [False, True], ids=["donor-on-the-box", "donor-by-url"])
+async def test_add_tensors_from_a_donor_through_the_dialog(tmp_path, workspace, by_url) -> None:
     _model(workspace / "base.gguf", {"token_embd.weight": np.ones((8, 32), dtype=np.float32)})
     grafted = np.arange(64, dtype=np.float32).reshape(2, 32)
-    _model(workspace / "donor.gguf", {"other.weight": np.zeros((1, 32), dtype=np.float32),
-                                      "output.weight": grafted})
+    served = tmp_path / "served"
+    served.mkdir()
+    _model(served / "donor.gguf", {"other.weight": np.zeros((1, 32), dtype=np.float32), "output.weight": grafted})
+    shutil.copy(served / "donor.gguf", workspace / "donor.gguf")
     app = SamaiApp(_config(tmp_path, workspace))
-    async with app.run_test(size=SIZE, notifications=True) as pilot:
-        toasts = collect_toasts(app)
-        screen = await _open(pilot, "base.gguf")
-        await _loaded(pilot, screen)
-        await pilot.press("a")
-        form = await _shown(pilot, AddTensorsDialog, "#out")
-        assert form.query_one("#out", Input).value == "base-added.gguf"
-        await pilot.press("enter")  # nothing typed yet: the form says what is missing, stays open
-        await pilot_until(pilot, lambda: "donor is needed" in _plain(form.query_one("#problem")))
-        form.query_one("#donor", Input).value = "donor.gguf"
-        form.query_one("#tensors", Input).value = "output.weight"
-        form.query_one("#expect-tensors", Input).value = "2"
-        form.query_one("#expect-last", Input).value = "output.weight"
-        await pilot.press("enter")
-        shown = await _confirm(pilot)
-        assert "donor donor.gguf" in shown and "tensors added: output.weight" in shown
-        await pilot_until(pilot, lambda: any(t.startswith("wrote base-added.gguf") for t in toasts), timeout=60)
+    with FileServer(served) as server:
+        donor = server.url("donor.gguf") if by_url else "donor.gguf"
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            toasts = collect_toasts(app)
+            screen = await _open(pilot, "base.gguf")
+            await _loaded(pilot, screen)
+            await pilot.press("a")
+            form = await _shown(pilot, AddTensorsDialog, "#out")
+            assert form.query_one("#out", Input).value == "base-added.gguf"
+            await pilot.press("enter")  # nothing typed yet: the form says what is missing, stays open
+            await pilot_until(pilot, lambda: "donor is needed" in _plain(form.query_one("#problem")))
+            form.query_one("#donor", Input).value = donor
+            form.query_one("#tensors", Input).value = "output.weight"
+            form.query_one("#expect-tensors", Input).value = "2"
+            form.query_one("#expect-last", Input).value = "output.weight"
+            await pilot.press("enter")
+            shown = await _confirm(pilot)
+            assert f"donor {donor}" in shown and "tensors added: output.weight" in shown
+            await pilot_until(pilot, lambda: any(t.startswith("wrote base-added.gguf") for t in toasts), timeout=60)
+        if by_url:  # only the header and the tensor's bytes were fetched, by range
+            gets = server.gets("donor.gguf")
+            assert gets and all(rng is not None and status == 206 for rng, status in gets), gets
     out = workspace / "base-added.gguf"
     assert check_file(str(out), expect_tensors=2, expect_last="output.weight")["ok"]
     reader = GGUFReader(str(out))
