@@ -88,10 +88,12 @@ def parse_scalar(value_type, text):
             raise WriteError("%r is not a number" % (text,)) from None
     if isinstance(text, bool) or isinstance(text, float):
         raise WriteError("%r is not an integer" % (text,))
-    try:
-        return int(str(text).strip(), 0)
-    except ValueError:
-        raise WriteError("%r is not an integer" % (text,)) from None
+    for base in (10, 0):  # decimal (leading zeros too), else 0x.., 0o.., 0b..
+        try:
+            return int(str(text).strip(), base)
+        except ValueError:
+            pass
+    raise WriteError("%r is not an integer" % (text,))
 
 
 def encode_scalar(value_type, value):
