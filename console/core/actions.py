@@ -271,9 +271,10 @@ class Actions:
         if op not in GGUF_OPS:
             raise ValueError(f"not a GGUF surgery: {op!r} (one of {', '.join(GGUF_OPS)})")
         planned = await self.box.gguf_plan(request)
-        checks = (Check("error", f"the box refuses it: {planned.error}"),) if not planned.ok else ()
         if planned.ok:
-            checks += (self._gguf_disk_check(planned, await self._stage_snapshot()),)
+            checks = (self._gguf_disk_check(planned, await self._stage_snapshot()),)
+        else:
+            checks = (Check("error", f"the box refuses it: {planned.error}"),)
         exact = {k: v for k, v in request.items() if k not in ("workspace", "plan")}
         return ActionPlan(
             action="gguf", target=self.config.target.url, subject=f"{op} -> {request.get('out')}",
