@@ -18,7 +18,7 @@ from samai.console.core import config
 from samai.widgets.curves import CurvesPane
 from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.logview import LogView
-from tests.helpers import collect_toasts, pilot_until, run_cli
+from tests.helpers import collect_toasts, pilot_until, run_cli, wait_for
 
 SIZE = (140, 45)
 
@@ -300,3 +300,31 @@ async def test_a_chain_seen_gone_without_its_rc_is_lost_only_when_the_next_poll_
     second = await poll(2.0)
     assert second.snapshot.state("serve").status == "lost"
     assert any(a.code == "stage_lost" for a in state.alerts)
+
+
+async def test_a_refire_caught_halfway_keeps_the_last_runs_end(tmp_path, workspace, box):
+    """A fire removes the last run's rc file a moment before it writes the new run's record: a poll
+    in between must not see the finished run as running again (nor lost), and the new run's
+    'previous' is how the last one ended."""
+    from samai.console.core.state import ConsoleState
+
+    cfg = _config(tmp_path, workspace, '[stages.train]\nkey = "t"\ncommand = "exit 3"\n')
+    state = ConsoleState(cfg)
+
+    async def poll(now: float):
+        followers = state.followers()
+        return state.apply(await box.snapshot(**state.request(followers)), followers, now)
+
+    fired = await box.fire("train", "exit 3", "logs/train.log", verify_s=0.2)
+    rc_file = workspace / ".samai" / "state" / "train.rc"
+    wait_for(rc_file.exists)
+    assert (await poll(1.0)).snapshot.state("train").status == "failed"
+    rc_file.unlink()  # what the next fire's prepare does before it records the new run
+    for now in (2.0, 3.0):
+        view = (await poll(now)).snapshot.state("train")
+        assert (view.status, view.rc, view.pid) == ("failed", 3, fired.pid)
+    assert not [a for a in state.alerts if a.code == "stage_lost"]
+    await box.fire("train", "sleep 5", "logs/train.log", verify_s=0.2)
+    await poll(4.0)
+    assert state.previous["train"].status == "failed" and state.previous["train"].rc == 3
+    await box.stop("train", grace=2)

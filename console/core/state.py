@@ -175,6 +175,7 @@ class ConsoleState:
         # The newest eval run's items, checked once when its summary appears: (run, its check).
         self.eval_checked: tuple[EvalRun, EvalResult | None] | None = None
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
+        self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
 
     def _watch(self, stage: Stage) -> LogFollower:
         # Progress and disk lines come back as hits of more markers: the watch still moves no log bytes.
@@ -221,7 +222,8 @@ class ConsoleState:
 
     def apply(self, snap: Snapshot, followers: list[LogFollower], now: float) -> StateUpdate:
         """Fold in a snapshot taken with the cursors of `followers` (in that order)."""
-        snap = replace(snap, artifacts=self.sizer.merge(snap.artifacts, now), states=self._confirm_lost(snap.states))
+        states = self._confirm_lost(self._keep_rc_while_relaunched(snap.states))
+        snap = replace(snap, artifacts=self.sizer.merge(snap.artifacts, now), states=states)
         self.snapshot, self.received_at = snap, now
         update = StateUpdate(snap, [], disk_budget(self.config, snap), self._process_rows(snap),
                              [run for run in map(eval_run, snap.reports) if run])
@@ -273,6 +275,16 @@ class ConsoleState:
         train = self.config.stage("train")
         return (train is not None and train in training_sources(self.config, stage)
                 and any(a.severity == "error" for a in self.trainlog.anomalies))
+
+    def _keep_rc_while_relaunched(self, states: tuple[StageRecord, ...]) -> tuple[StageRecord, ...]:
+        """A fire removes the last run's rc file a moment before it writes the new run's record:
+        read in between, the last run (its process long gone) would look lost, and a restart
+        under load flashed a finished run as running, then lost. It keeps the rc it was seen with."""
+        known = self._rc_of_run
+        kept = tuple(replace(r, rc=known[(r.stage, r.fired_at)]) if r.rc is None and not r.alive
+                     and (r.stage, r.fired_at) in known else r for r in states)
+        self._rc_of_run = {(r.stage, r.fired_at): r.rc for r in kept if r.rc is not None}
+        return kept
 
     def _confirm_lost(self, states: tuple[StageRecord, ...]) -> tuple[StageRecord, ...]:
         """A chain seen gone without its rc reads as running until the next poll sees the same:
