@@ -143,6 +143,8 @@ def _gguf_parser(parent: argparse.ArgumentParser) -> None:
                        help="the new file, inside the workspace (written as OUT.part, checked, then renamed)")
         p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         p.add_argument("--force", action="store_true", help="run it even when the plan is blocked (disk budget)")
+        p.add_argument("--smoke", action="store_true",
+                       help="then serve OUT with the pipeline's serve stage on a free port and check its smoke answer")
 
     def tensors(p: argparse.ArgumentParser) -> None:
         p.add_argument("--tensor", action="extend", nargs="+", required=True, metavar="NAME",
@@ -507,7 +509,17 @@ async def _gguf(args, cfg, box: Box) -> int:
     stream = sys.stdout if outcome.ok else sys.stderr
     for a in getattr(result, "assertions", ()):
         print(f"  {'✓' if a.ok else '✗'} {a.name}: {visible(a.detail)}", file=stream)
-    return _report(outcome)
+    rc = _report(outcome)
+    if rc != EXIT_OK or not args.smoke:
+        return rc
+    from samai.console.core.smoke import smoke
+
+    try:
+        checked = await smoke(actions, _on_target(cfg, args.out))
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    print(f"samai-console: smoke: {visible(checked.said)}", file=sys.stdout if checked.ok else sys.stderr)
+    return EXIT_OK if checked.ok else EXIT_PROBLEM
 
 
 def _gguf_request(args, cfg) -> dict:

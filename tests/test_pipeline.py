@@ -132,6 +132,7 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
             log = await run_stage(box, cfg, name)
             assert marker in log and log.rstrip().endswith("CHAIN_DONE rc=0"), f"{name}:\n{log[-4000:]}"
         _the_base_from_a_hub(pipeline_ws)
+        await _surgery_then_smoke(box, cfg, pipeline_ws)
         gguf = pipeline_ws / "gguf" / "tiny-q8_0.gguf"
         assert check_file(str(gguf))["ok"]
         assert not (pipeline_ws / "models" / "merged").exists()  # intermediates deleted as declared
@@ -258,6 +259,27 @@ async def test_a_real_third_party_model_is_restored_served_and_evaluated(pipelin
     finally:
         await box.stop("serve", grace=5)
         await box.close()
+
+
+async def _surgery_then_smoke(box: Box, cfg: config.Config, ws: Path) -> None:
+    """§5 on the pipeline's own GGUF (written by llama.cpp's converter and llama-quantize): a KV set
+    through the action layer, then the new file served by the pipeline's llama-server on a free
+    port and asked the smoke question (`gguf set-kv ... --smoke`)."""
+    from samai.console.core.smoke import smoke
+
+    actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_confirm)
+    source, out = ws / "gguf" / "tiny-q8_0.gguf", ws / "gguf" / "tiny-renamed.gguf"
+    before = source.read_bytes()
+    done = await actions.gguf({"op": "set_kv", "path": str(source), "out": str(out),
+                               "set": {"general.name": "samai tiny, renamed by the console"}})
+    assert done.ok, done.message
+    assert source.read_bytes() == before  # the input is never modified
+    kvs = {kv.key: kv.value for kv in (await box.gguf_show(str(out))).kvs}
+    assert "samai tiny, renamed by the console" in kvs["general.name"]
+    checked = await smoke(actions, str(out))
+    assert checked.ok and "391" in checked.said, checked.log[-3000:]
+    assert "stopped: --smoke-only" in checked.log
+    out.unlink()
 
 
 def _the_base_from_a_hub(ws: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -23,6 +23,7 @@ from samai.widgets.pane import inert
 SHOWN_VALUE = 400  # characters of a KV's current value in the form (a chat template runs to KBs)
 CUT_BY_THE_BOX = re.compile(r"\.\.\. \(\d+ bytes\)$")  # how `gguf show` ends a string it cut (value_text)
 
+FormT = TypeVar("FormT")
 FORM_CSS = """
 {name} Input {{ margin-bottom: 1; }}
 {name} .field {{ color: $text-muted; }}
@@ -93,11 +94,31 @@ def _buttons(action: str) -> Horizontal:
     return Horizontal(Button("Cancel", id="cancel", variant="primary"), Button(action, id="plan", variant="warning"))
 
 
-class SetKvDialog(ModalScreen[KvEdit | None]):
+class _Form(ModalScreen[FormT | None]):
+    """A form's common keys: Enter or "Plan…" submits what was typed, Escape or Cancel drops it."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self._submit()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "plan":
+            self._submit()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def _submit(self) -> None:
+        raise NotImplementedError
+
+
+class SetKvDialog(_Form[KvEdit]):
     """A KV's key, type and current value, the new value and where the edited copy goes."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="SetKvDialog") + FORM_CSS.format(name="SetKvDialog")
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, path: str, key: str, value_type: str, value: str) -> None:
         super().__init__()
@@ -121,14 +142,6 @@ class SetKvDialog(ModalScreen[KvEdit | None]):
     def on_mount(self) -> None:
         self.query_one("#value", Input).focus()
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self._submit()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "plan":
-            self._submit()
-        else:
-            self.dismiss(None)
 
     def _submit(self) -> None:
         out = self.query_one("#out", Input).value.strip()
@@ -137,15 +150,12 @@ class SetKvDialog(ModalScreen[KvEdit | None]):
             return
         self.dismiss(KvEdit(self.path, self.key, self.query_one("#value", Input).value, self.value_type, out))
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
 
-class AddTensorsDialog(ModalScreen[TensorAdd | None]):
+class AddTensorsDialog(_Form[TensorAdd]):
     """The donor, the tensors to take from it, the output, and what the result must hold."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="AddTensorsDialog") + FORM_CSS.format(name="AddTensorsDialog")
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, path: str) -> None:
         super().__init__()
@@ -170,14 +180,6 @@ class AddTensorsDialog(ModalScreen[TensorAdd | None]):
     def on_mount(self) -> None:
         self.query_one("#donor", Input).focus()
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self._submit()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "plan":
-            self._submit()
-        else:
-            self.dismiss(None)
 
     def _submit(self) -> None:
         form = self.form()
@@ -201,6 +203,3 @@ class AddTensorsDialog(ModalScreen[TensorAdd | None]):
             return "the expected tensor count is a whole number"
         return TensorAdd(self.path, text["donor"], names, text["out"], int(count) if count else None,
                          text["expect-last"] or None)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)

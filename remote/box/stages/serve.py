@@ -11,7 +11,8 @@
 4. exactly one listener on the port, and it is ours
 5. health: llama-server /health 200 {"status":"ok"} (503 while loading); llama_cpp.server /v1/models
 6. smoke: one question whose answer CONTENT is checked (17*23= -> 391), not just "ok"
-Then HEALTH_OK / SMOKE_OK, and the stage runs as long as the server does.
+Then HEALTH_OK / SMOKE_OK, and the stage runs as long as the server does; with --smoke-only
+(a GGUF checked after surgery, on --port 0: a free one) it stops the server and ends there.
 
 Runs ON the box, in the box venv:
   python -m samai_box.stages.serve --model gguf/tiny-q8_0.gguf --port 18080 [--llama-server PATH]
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +48,13 @@ def server_command(args):
                 "-c", str(args.ctx)] + (["--reasoning-format", args.reasoning_format] if args.reasoning_format else [])
     return [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--host", args.host,
             "--port", str(args.port), "--n_ctx", str(args.ctx)]
+
+
+def free_port(host):
+    """A port nothing listens on now (the server binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def get(url, timeout=5):
@@ -114,7 +123,10 @@ def main():
     p.add_argument("--prompt-format", choices=("chat", "text"), default="chat",
                    help="chat: the smoke question as a chat message; text: as a text to continue (a base model)")
     p.add_argument("--load-timeout", type=float, default=120)
+    p.add_argument("--smoke-only", action="store_true", help="stop the server once the smoke answer is checked")
     args = p.parse_args()
+    if args.port == 0:
+        args.port = free_port(args.host)
     if not os.path.isfile(args.model):
         fail("SERVE_REFUSED", "needs %s: missing (run quantize first)" % args.model, rc=2)
     if args.llama_server and not os.access(args.llama_server, os.X_OK):
@@ -151,6 +163,14 @@ def main():
         proc.terminate()
         fail("SMOKE_FAIL", "%s expected %s, the server said %r" % (args.smoke_question, args.smoke_answer, answer))
     marker("SMOKE_OK", "%s -> %s" % (args.smoke_question, answer.strip()))
+    if args.smoke_only:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        say("the server (pid %d) stopped: --smoke-only" % proc.pid)
+        return
     rc = proc.wait()  # the stage lives as long as the server; stopping the stage stops it
     how = "killed by %s" % signal_name(-rc) if rc < 0 else "exited with rc %d" % rc
     fail("SERVER_DIED", "%s pid %d %s; its last words (%s): %s"

@@ -1,0 +1,64 @@
+"""A GGUF smoke-tested by the pipeline's own server after surgery (§5: "health OK is not enough:
+one answer, checked"): the serve stage's command pointed at the new file on a free port, ending
+once its smoke answer is checked. It is fired through the action layer like any stage (planned,
+confirmed, audited, refused read-only) and waited for."""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import shlex
+import time
+from dataclasses import dataclass, replace
+
+from samai.console.core.actions import Actions
+from samai.console.core.config import Config, Stage
+
+SMOKE_STAGE = "gguf-smoke"
+SMOKE_LOG = "logs/gguf-smoke.log"
+VERDICTS = ("SMOKE_OK", "SMOKE_FAIL", "SERVE_FAILED", "SERVE_REFUSED", "SERVER_DIED")
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    ok: bool
+    said: str  # the stage's verdict line (SMOKE_OK ..., SMOKE_FAIL ...), or why there is none
+    log: str
+
+
+def smoke_config(cfg: Config, model: str) -> Config:
+    """cfg with one more stage: its serve stage's command on MODEL, port 0 (a free one), --smoke-only."""
+    serve = cfg.stage("serve")
+    if serve is None:
+        raise ValueError("the pipeline has no serve stage to smoke-test the GGUF with")
+    argv = shlex.split(serve.command)
+    for flag, value in (("--model", model), ("--port", "0")):
+        if flag not in argv or argv.index(flag) + 1 >= len(argv):
+            raise ValueError(f"the serve stage's command has no {flag} to point at the new GGUF")
+        argv[argv.index(flag) + 1] = value
+    stage = Stage(SMOKE_STAGE, "", shlex.join([*argv, "--smoke-only"]), SMOKE_LOG,
+                  description=f"smoke-test {model} with the pipeline's server", markers=serve.markers,
+                  env=serve.env)
+    return replace(cfg, stages=(*cfg.stages, stage))
+
+
+async def smoke(actions: Actions, model: str, *, timeout: float = 600.0) -> SmokeResult:
+    """Fire the smoke stage on MODEL and wait for its chain to end."""
+    checked = Actions(actions.box, smoke_config(actions.config, model), actions.audit, readonly=actions.readonly,
+                      confirm=actions.confirm)
+    fired = await checked.fire(SMOKE_STAGE)
+    if not fired.ok:
+        return SmokeResult(False, fired.message, "")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = (await actions.box.snapshot(processes=False)).state(SMOKE_STAGE)
+        if rec is not None and rec.rc is not None and not rec.alive:
+            break
+        await asyncio.sleep(0.5)
+    else:
+        await actions.box.stop(SMOKE_STAGE, grace=5)
+        return SmokeResult(False, f"no answer within {timeout:.0f} s: stopped", "")
+    log = await actions.box.tail(posixpath.join(actions.config.workspace, SMOKE_LOG), offset=0, max_bytes=1 << 20)
+    text = log.data.decode("utf-8", "replace")
+    said = next((line for line in reversed(text.splitlines()) if line.startswith(VERDICTS)), "no verdict in its log")
+    return SmokeResult(said.startswith("SMOKE_OK"), said, text)
