@@ -214,6 +214,71 @@ class BinaryCheck(NamedTuple):
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on one GPU, as NVML lists it (its pid in the box's namespace,
+    or another container's: it may not be in the snapshot's processes)."""
+
+    pid: int
+    used_memory: int | None = None  # bytes; None where NVML cannot say (NVML_VALUE_NOT_AVAILABLE)
+    kind: str = "C"  # "C" compute, "G" graphics, "C+G" both (as nvidia-smi shows it)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as the probe read it through NVML: None wherever a call failed or is not supported
+    (ECC on a consumer card), never a guess. Strings are untrusted and bounded by the probe."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    bus_id: str | None = None
+    util_gpu: int | None = None  # percent over NVML's last sample period
+    util_memory: int | None = None  # percent of time memory was read or written
+    memory_used: int | None = None  # bytes
+    memory_total: int | None = None  # bytes
+    temperature: int | None = None  # degrees C
+    power_draw: float | None = None  # watts
+    power_limit: float | None = None  # watts (the enforced limit)
+    throttle_reasons: tuple[str, ...] | None = None  # active clocks event reasons, by name
+    ecc_corrected: int | None = None  # volatile counts (since the driver loaded)
+    ecc_uncorrected: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    error: str | None = None  # why this GPU could not be read at all (e.g. "GPU is lost")
+
+    @property
+    def memory_fraction(self) -> float | None:
+        if self.memory_used is None or not self.memory_total:
+            return None
+        return self.memory_used / self.memory_total
+
+    @property
+    def slowdowns(self) -> tuple[str, ...]:
+        """Active reasons that mean the GPU is held back (idle and clock settings are not)."""
+        return tuple(r for r in self.throttle_reasons or () if r not in BENIGN_THROTTLE_REASONS)
+
+
+# Clocks event reasons that are not a problem: an idle GPU, clocks the operator chose.
+BENIGN_THROTTLE_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """The box's GPUs: none and an error saying why (no driver, no device, NVML failed to start)."""
+
+    gpus: tuple[Gpu, ...] = ()
+    error: str | None = None
+    driver: str | None = None  # the driver version NVML reports
+
+    def holders(self) -> dict[int, int]:
+        """pid -> bytes of GPU memory it holds over every GPU (unknown amounts count 0)."""
+        held: dict[int, int] = {}
+        for gpu in self.gpus:
+            for proc in gpu.processes:
+                held[proc.pid] = held.get(proc.pid, 0) + (proc.used_memory or 0)
+        return held
+
+
+@dataclass(frozen=True)
 class Snapshot:
     time: float
     host: str
@@ -231,6 +296,7 @@ class Snapshot:
     errors: tuple[dict[str, Any], ...] = ()
     probe_pid: int | None = None
     boot_id: str | None = None
+    gpus: GpuReading = GpuReading()
 
     @property
     def boot(self) -> Boot:
@@ -450,7 +516,31 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         errors=tuple(_items(raw, "errors")),
         probe_pid=raw.get("probe_pid"),
         boot_id=raw.get("boot_id"),
+        gpus=gpu_reading(raw),
     )
+
+
+def gpu_reading(raw: dict[str, Any]) -> GpuReading:
+    """The reply's GPU section. A malformed one costs the GPUs (said in its error), not the
+    snapshot: the rest of the reply is as good without them."""
+    try:
+        return _gpu_reading(raw)
+    except BoxError as e:
+        return GpuReading(error=str(e)[:300])
+
+
+@_converting
+def _gpu_reading(raw: dict[str, Any]) -> GpuReading:
+    gpus = tuple(_gpu(g) for g in _items(raw, "gpus"))
+    return _typed(GpuReading, gpus=gpus, error=raw.get("gpu_error"), driver=raw.get("gpu_driver"))
+
+
+def _gpu(raw: Any) -> Gpu:
+    if not isinstance(raw, dict):
+        raise BoxError(f"malformed reply: Gpu is {type(raw).__name__}, not an object")
+    procs = tuple(_pick(GpuProcess, p) for p in _items(raw, "processes"))
+    reasons = None if raw.get("throttle_reasons") is None else tuple(_items(raw, "throttle_reasons"))
+    return _pick(Gpu, raw, processes=procs, throttle_reasons=reasons)
 
 
 @_converting
