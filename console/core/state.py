@@ -18,6 +18,7 @@ from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelt
 from samai.console.core.evalcheck import EvalResult
 from samai.console.core.evidence import training_sources
 from samai.console.core.fixes import FixAction
+from samai.console.core.gpu_findings import GpuWatch, oom_context
 from samai.console.core.longlines import piece_follower
 from samai.console.core.preflight import Preflight, poison_artifacts, preflight
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
@@ -176,6 +177,7 @@ class ConsoleState:
         self.eval_checked: tuple[EvalRun, EvalResult | None] | None = None
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
         self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
+        self.gpu = GpuWatch(config)  # the recent GPU readings: a stall shows only over time
 
     def _watch(self, stage: Stage) -> LogFollower:
         # Progress and disk lines come back as hits of more markers: the watch still moves no log bytes.
@@ -308,6 +310,7 @@ class ConsoleState:
     def _findings(self, snap: Snapshot, budget: DiskBudget) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back."""
         findings = (detect(self.config, snap, budget) + torchao_beside_peft(self.config, self.environments)
+                    + self.gpu.findings(snap)
                     + (eval_findings(self.eval_checked[0].name, self.eval_checked[1]) if self.eval_checked else []))
         new = [f for f in findings if f.key not in self._standing]
         self._standing = {f.key for f in findings}
@@ -398,7 +401,8 @@ class ConsoleState:
             if hit.marker != CHAIN_DONE.name:
                 self._last_said[stage.name] = hit.line[:200]  # what a died alert quotes
             if severity != "info":
-                update.new_alerts.append(self._run_alert(stage.name, severity, f"{stage.name}: {hit.line[:200]}"))
+                update.new_alerts.append(self._run_alert(stage.name, severity, f"{stage.name}: {hit.line[:200]}"
+                                                         + oom_context(hit.marker, self.snapshot)))
 
     def _progress_hit(self, stage: Stage, line: str) -> None:
         progress = parse_line(line)
