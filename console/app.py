@@ -44,6 +44,7 @@ from samai.widgets.curves import CurvesPane
 from samai.widgets.disk import DiskPane
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter
+from samai.widgets.gpus import GpuPane
 from samai.widgets.logview import LogView
 from samai.widgets.logview.history import LogHistory, ShownLog
 from samai.widgets.pane import inert, literal_markup
@@ -155,6 +156,7 @@ class SamaiApp(App[None]):
         with Horizontal(id="middle"):
             with Vertical(id="left"):
                 yield DiskPane(id="disk")
+                yield GpuPane(id="gpus")
                 yield ProcessPane(id="processes")
             yield LogView(id="log", max_lines=self.config.ui.max_log_lines)
         with Horizontal(id="bottom"):
@@ -164,7 +166,7 @@ class SamaiApp(App[None]):
         yield KeysFooter()
 
     def on_mount(self) -> None:
-        titles = {"#stages": "stages", "#disk": "disk budget", "#processes": "processes & ports",
+        titles = {"#stages": "stages", "#disk": "disk budget", "#gpus": "GPUs", "#processes": "processes & ports",
                   "#curves": "training", "#evals": "eval runs", "#alerts": "alerts"}
         for selector, title in titles.items():
             self.query_one(selector).border_title = title
@@ -246,7 +248,8 @@ class SamaiApp(App[None]):
         disk.show(u.budget, self._next_projection(u), u.disk_delta)
         if disk.largest and self.clock() - self._users_measured > USERS_EVERY_S:
             self.measure_disk_users()
-        self.query_one(ProcessPane).show(u.processes, snap.time)
+        self.query_one(GpuPane).show(snap.gpus)
+        self.query_one(ProcessPane).show(u.processes, snap.time, snap.gpus)
         log = self.query_one(LogView)
         self._stage_views = u.stages
         if u.log_restarted and self.state.shown is not None:
@@ -264,6 +267,7 @@ class SamaiApp(App[None]):
             curves.reset()  # a new training run: its curve alone
         if u.new_points:
             curves.add(u.new_points)
+        curves.show_gpu_util(self.state.gpu.utilization())
         self.query_one(EvalTable).show(u.evals)
         if u.alerts_changed:
             self.query_one(AlertsPane).show(self.state.alerts)

@@ -277,7 +277,10 @@ async def _snapshot(args, cfg, box: Box) -> int:
     if args.json:
         print(_json(asdict(snap)))
     else:
+        from samai.console.gpu_report import describe_gpus  # see _budget
+
         print(describe_snapshot(snap, cfg))
+        print(describe_gpus(snap.gpus, snap))
     return EXIT_OK
 
 
@@ -304,10 +307,15 @@ async def _doctor(args, cfg, box: Box) -> int:
                               writers=True, binaries=detectors.declared_binaries(cfg))
     pythons = detectors.peft_pythons(cfg)  # the training environments: what is installed beside peft (§9)
     envs = await box.python_packages(list(pythons), detectors.WATCHED_PACKAGES) if pythons else ()
-    findings = detectors.detect(cfg, snap) + detectors.torchao_beside_peft(cfg, envs)
+    from samai.console.core.gpu_findings import gpu_findings
+    from samai.console.gpu_report import describe_gpus
+
+    findings = detectors.detect(cfg, snap) + detectors.torchao_beside_peft(cfg, envs) + gpu_findings(snap)
     if args.json:
-        print(_json({"findings": [dict(asdict(f), action=str(f.action or "")) for f in findings]}))
+        print(_json({"findings": [dict(asdict(f), action=str(f.action or "")) for f in findings],
+                     "gpus": asdict(snap.gpus)}))
     else:
+        print(describe_gpus(snap.gpus, snap))
         for f in findings:  # a finding quotes box text: file names, command lines
             print(visible(f"{f.severity:<7} {f.code}: {f.message}" + (f"  [fix: {f.action}]" if f.action else "")))
         if not findings:

@@ -1,39 +1,88 @@
 """Training curves: loss (left axis) and grad_norm (right axis) by step, NaN/inf (and hidden
-NaN) steps marked on the loss curve, the last step's values as numbers in the title."""
+NaN) steps marked on the loss curve, the last step's values as numbers in the title; under
+them, on a box with GPUs, the GPUs' recent utilization (a stalled step shows as a dip)."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
 
+from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Container
+from textual.content import Content
+from textual.widget import Widget
 
 from samai.console.core.trainlog import TrainPoint
 
 if TYPE_CHECKING:
     from textual_plotext import PlotextPlot
 
+LEVELS = " ▁▂▃▄▅▆▇█"  # a poll's utilization as one cell, 0 % to 100 %
+UTIL_LABEL = "GPU util "
+
+
+def util_cells(series: list[float | None], width: int) -> str:
+    """The last `width` polls' utilization as one cell each (`?` where unknown)."""
+    cells = []
+    for value in series[-width:] if width > 0 else []:
+        if value is None:
+            cells.append("?")
+        else:
+            cells.append(LEVELS[round(min(max(value, 0.0), 100.0) / 100 * (len(LEVELS) - 1))])
+    return "".join(cells)
+
+
+class GpuUtilLine(Widget):
+    """The mean utilization over the GPUs, a cell per poll, the newest on the right and as a number."""
+
+    DEFAULT_CSS = "GpuUtilLine { height: 1; display: none; } GpuUtilLine.-shown { display: block; }"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.series: list[float | None] = []
+
+    def show(self, series: list[float | None]) -> None:
+        self.set_class(bool(series), "-shown")
+        if series != self.series:
+            self.series = list(series)
+            self.refresh()
+
+    def render(self) -> Content:
+        last = self.series[-1] if self.series else None
+        now = "  ?%" if last is None else f" {last:3.0f}%"
+        width = self.size.width - len(UTIL_LABEL) - len(now)
+        return Content.assemble((UTIL_LABEL, "$foreground 60%"), (util_cells(self.series, width), "$success"),
+                                (now, "bold"))
+
 
 class CurvesPane(Container):
     """The pane; its plot is mounted just after the first paint, since plotext takes a tenth of
     the console's start-up to import and the first screen never has a point to plot."""
 
-    DEFAULT_CSS = "CurvesPane { height: 1fr; min-height: 8; } CurvesPane > * { height: 1fr; }"
+    DEFAULT_CSS = ("CurvesPane { height: 1fr; min-height: 8; } CurvesPane > * { height: 1fr; } "
+                   "CurvesPane > GpuUtilLine { height: 1; }")
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.points: list[TrainPoint] = []
         self.plot: PlotextPlot | None = None
 
+    def compose(self) -> ComposeResult:
+        yield GpuUtilLine()
+
     def on_mount(self) -> None:
         self.call_after_refresh(self._mount_plot)
+
+    def show_gpu_util(self, series: list[float | None]) -> None:
+        """The GPUs' mean utilization by poll, oldest first (empty: no GPU, the line is hidden)."""
+        self.query_one(GpuUtilLine).show(series)
 
     async def _mount_plot(self) -> None:
         from textual_plotext import PlotextPlot
 
         self.plot = PlotextPlot()
-        await self.mount(self.plot)
+        await self.mount(self.plot, before=self.query_one(GpuUtilLine))
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._draw())
         self._draw()
 

@@ -31,11 +31,12 @@ from textual.widgets import Input
 
 from samai.console.core import units
 from samai.console.core.state import ProcessRow
-from samai.remote.model import Process
+from samai.remote.model import GpuReading, Process
 from samai.remote.visible import visible
 from samai.widgets.pane import Pane, set_subtitle
 
 COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "age", "ports", "command")
+GPU_COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "gpu", "age", "ports", "command")  # on a box with GPUs
 SORTS = ("cpu", "rss", "pid", "age")  # named as the columns are
 CAPS = {"stage": 8, "user": 8, "ports": 11}  # longer values are cut (the detail strip shows them whole)
 DROP_WHEN_NARROW = ("user",)  # columns left out when the command would get fewer than WANT_COMMAND cells
@@ -107,6 +108,7 @@ class ProcessTable(ScrollView, can_focus=True):
         columns named in `drop` are left out while it would get less than `want_last`."""
         super().__init__(**kw)
         self._labels = tuple(labels)
+        self._drop_names = tuple(drop)
         self._drop = tuple(i for i, label in enumerate(self._labels) if label in drop)
         self._want_last, self._min_last = want_last, min_last
         self._widths = [cell_len(label) for label in self._labels]  # only grow
@@ -142,6 +144,18 @@ class ProcessTable(ScrollView, can_focus=True):
     def widths(self) -> list[int]:
         """Each column's width in cells, without the padding."""
         return list(self._widths)
+
+    def set_labels(self, labels: Sequence[str]) -> None:
+        """Other columns (rows follow with `set_rows`): the widths start again from the labels."""
+        labels = tuple(labels)
+        if labels == self._labels:
+            return
+        self._labels, self._rows = labels, []
+        self._drop = tuple(i for i, label in enumerate(labels) if label in self._drop_names)
+        self._widths = [cell_len(label) for label in labels]
+        self._lines.clear()
+        self._set_virtual_size()
+        self.refresh()
 
     def index(self, key: str) -> int | None:
         return next((i for i, (k, _) in enumerate(self._rows) if k == key), None)
@@ -294,16 +308,18 @@ class ProcessDetail(Pane):
 
     DEFAULT_CSS = "ProcessDetail { height: 2; padding: 0 1; background: $panel; color: $foreground 85%; }"
 
-    def show_process(self, row: ProcessRow | None) -> None:
+    def show_process(self, row: ProcessRow | None, gpu_memory: int | None = None) -> None:
         if row is None:
             self.show_content(Content("no process selected"), layout=False)
             return
         p = row.process
         ports = f" · ports {','.join(map(str, row.ports))}" if row.ports else ""
+        gpu = f" · GPU memory {units.size(gpu_memory)}" if gpu_memory else ""
         # The command first, where a long one still fits; the box's words: literal text, control
         # characters as stand-ins.
         self.show_content(Content.assemble(visible(p.command), ("  · pid ", "$foreground 60%"), (str(p.pid), "bold"),
-                                           ("  · ", "$foreground 60%"), visible(p.user), (ports, "$accent")),
+                                           ("  · ", "$foreground 60%"), visible(p.user), (ports, "$accent"),
+                                           (gpu, "$accent")),
                           layout=False)
 
 
@@ -328,6 +344,7 @@ class ProcessPane(Vertical):
         self.show_kernel = False
         self.pattern: re.Pattern | None = None
         self.now = 0.0
+        self.gpu_memory: dict[int, int] | None = None  # pid -> bytes over every GPU; None: a box without GPUs
 
     def compose(self) -> ComposeResult:
         yield ProcessTable(COLUMNS, drop=DROP_WHEN_NARROW, want_last=WANT_COMMAND, min_last=MIN_COMMAND)
@@ -338,8 +355,10 @@ class ProcessPane(Vertical):
     def table(self) -> ProcessTable:
         return self.query_one(ProcessTable)
 
-    def show(self, rows: list[ProcessRow], now: float) -> None:
+    def show(self, rows: list[ProcessRow], now: float, gpus: GpuReading | None = None) -> None:
+        """gpus: the box's GPU reading; with GPUs, each process's GPU memory is a column."""
         self.rows, self.now = rows, now
+        self.gpu_memory = gpus.holders() if gpus is not None and gpus.gpus else None
         self._show_rows()
 
     def selected(self) -> Process | None:
@@ -363,22 +382,40 @@ class ProcessPane(Vertical):
     def _show_rows(self) -> None:
         rows = self.shown_rows()
         keep = self.selected()
+        self.table.set_labels(COLUMNS if self.gpu_memory is None else GPU_COLUMNS)
         self.table.set_rows([(_key(r.process), self._cells(r)) for r in rows])
         self._select(keep)
         self._show_detail()
-        set_subtitle(self, f"{len(rows)} shown · sort {self.sort}" + (" · filtered" if self.pattern else ""))
+        set_subtitle(self, f"{len(rows)} shown · sort {self.sort}" + (" · filtered" if self.pattern else "")
+                     + self._gpu_by_stage())
+
+    def _gpu_by_stage(self) -> str:
+        """GPU memory summed per stage (processes of no stage as `other`), for the subtitle."""
+        if not self.gpu_memory:
+            return ""
+        sums: dict[str, int] = {}
+        for r in self.rows:
+            if held := self.gpu_memory.get(r.process.pid):
+                sums[r.stage or "other"] = sums.get(r.stage or "other", 0) + held
+        # the stage names are the config's; `other` last
+        return "".join(f" · {name} {_short_size(n)} GPU" for name, n in sorted(sums.items(), key=lambda kv: (
+            kv[0] == "other", kv[0])))
 
     def _cells(self, r: ProcessRow) -> tuple[str, ...]:
         """The row's text; a user name or a command line is anyone's: control characters as stand-ins
         (the table paints cells as plain segments, so markup in them is never parsed)."""
         p = r.process
+        gpu = () if self.gpu_memory is None else (
+            _short_size(self.gpu_memory[p.pid]) if p.pid in self.gpu_memory else "",)
         return (_cap(r.stage or "", "stage"), str(p.pid), _cap(visible(p.user), "user"), f"{r.cpu_percent:.1f}",
-                _short_size(p.rss), units.age(self.now - p.start_time), _cap(",".join(map(str, r.ports)), "ports"),
-                visible(p.command[:400]))
+                _short_size(p.rss), *gpu, units.age(self.now - p.start_time),
+                _cap(",".join(map(str, r.ports)), "ports"), visible(p.command[:400]))
 
     @on(ProcessTable.CursorMoved)
     def _show_detail(self) -> None:
-        self.query_one(ProcessDetail).show_process(self._selected_row())
+        row = self._selected_row()
+        held = self.gpu_memory.get(row.process.pid) if row is not None and self.gpu_memory else None
+        self.query_one(ProcessDetail).show_process(row, held)
 
     def _select(self, process: Process | None) -> None:
         """Put the cursor back on the process it was on, else on the first row."""
