@@ -12,14 +12,15 @@ Request (every key optional):
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
    "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH],
    "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "max"},
-   "packages": [{"python", "names", "max"}], "attach": false}
+   "packages": [{"python", "names", "max"}], "gpus": true, "attach": false}
   A --serve probe also takes a request as changes to the last one it answered ("base", "same",
   log entries with "like": see held.py), and marks each reply with "held" for the next.
 Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts", "processes",
         "listeners", "logs", "ranges", "reports", "states", "writers", "binaries", "errors"}
         and, when asked, "users": the workspace's largest entries (disk.workspace_users)
         and "listing": one folder's entries (see listing), and "packages": the distributions
-        installed in each Python environment asked for (packages.py)
+        installed in each Python environment asked for (packages.py); unless asked not to,
+        "gpus", "gpu_error" and "gpu_driver": every GPU NVML sees, or none and why (gpus.py)
   The bytes read into "logs" and "ranges" entries are base64 in their "data"; or, when the
   request asks to "attach" them, raw after the JSON line, at the entry's "data_at" (answer).
 
@@ -39,6 +40,7 @@ import sys
 import time
 
 from .disk import Listings, artifacts, disks, resolve, workspace_users
+from .gpus import GpuSession, read_once
 from .held import HeldRequest, HeldUnknown
 from .logfiles import HeldLogs, logs, ranges, read_regular
 from .packages import check_request as check_packages_request
@@ -184,6 +186,8 @@ def check_request(req):
     check_listing_request(req)
     if req.get("packages") is not None:
         check_packages_request(req["packages"])
+    if req.get("gpus") is not None and not isinstance(req["gpus"], bool):
+        raise ValueError("request.gpus must be true or false")
     binaries = req.get("binaries")
     if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
         raise ValueError("request.binaries must be a list of paths")
@@ -320,6 +324,7 @@ class Memory(object):
         self.sent = {}  # pid -> the entry the last marked reply gave for it
         self.mark = None  # of that reply
         self.held = HeldRequest()  # the last request, which the next one may name as its base
+        self.gpus = GpuSession()  # NVML, initialised on the first request for GPUs, not per poll
 
 
 def process_reply(reply, procs, since, memory):
@@ -389,7 +394,18 @@ def probe(req, memory=None):
     reply["reports"] = reports(workspace, req.get("reports") or (), errors)
     by_pid = dict((p["pid"], p) for p in procs)
     reply["states"] = stage_states(workspace, by_pid, btime, errors) if workspace and req.get("states", True) else []
+    if req.get("gpus", True):
+        reply.update(gpu_section(memory))
     return reply
+
+
+def gpu_section(memory):
+    """The GPU keys of the reply. The session answers any NVML failure itself; a bug in reading
+    one costs the GPU section, not the reply."""
+    try:
+        return memory.gpus.read() if memory is not None else read_once()
+    except Exception as e:
+        return {"gpus": [], "gpu_error": "reading the GPUs failed: %s: %s" % (type(e).__name__, str(e)[:200])}
 
 
 def answer(text, memory=None):
@@ -444,6 +460,7 @@ def serve():
         out.write(b"%d\n" % len(reply))
         out.write(reply)
         out.flush()
+    memory.gpus.close()
     return 0
 
 
