@@ -1,0 +1,238 @@
+"""The GPUs in the probe: recorded NVML readings (tests/data/nvml) replayed at the NVML boundary,
+through the real probe (run by the Box as the console runs it) into model.Snapshot; no library,
+a failed init, a lost GPU; a fuzz of the replayed values; NVML initialised once per --serve probe."""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from samai.remote import model
+from samai.remote.box import nvml
+from samai.remote.box.gpus import MAX_TEXT, GpuSession, reasons
+from samai.remote.box.nvml_replay import CALLS_ENV, REPLAY_ENV, ReplayNvml
+from samai.remote.box.probe import Memory, answer
+from samai.remote.boxapi import Box
+
+DATA = Path(__file__).parent / "data" / "nvml"
+MIB = 1024 * 1024
+
+
+def recording(name: str) -> dict[str, Any]:
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+def replay(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rec: dict[str, Any] | str) -> Path:
+    """Point the probes this test starts at a recording; returns the file init calls are counted in."""
+    path = DATA / f"{rec}.json" if isinstance(rec, str) else tmp_path / "recording.json"
+    if not isinstance(rec, str):
+        path.write_text(json.dumps(rec))
+    calls = tmp_path / "nvml_calls"
+    monkeypatch.setenv(REPLAY_ENV, str(path))
+    monkeypatch.setenv(CALLS_ENV, str(calls))
+    return calls
+
+
+def in_process(rec: dict[str, Any]) -> model.Snapshot:
+    """One reply of the real probe (answer(), as --serve calls it) with this recording, parsed."""
+    memory = Memory()
+    memory.gpus = GpuSession(ReplayNvml(rec))
+    raw = json.loads(answer(json.dumps({"processes": False, "states": False}), memory))
+    return model.snapshot(raw, 0.0)
+
+
+# ---------------------------------------------------------------- recorded GPUs through the Box
+
+
+async def test_a_tesla_t4_with_ecc_and_a_training_process(box: Box, monkeypatch, tmp_path) -> None:
+    replay(monkeypatch, tmp_path, "tesla_t4")
+    snap = await box.snapshot()
+    assert snap.gpus.error is None and snap.gpus.driver == "515.105.01"
+    (gpu,) = snap.gpus.gpus
+    assert (gpu.index, gpu.name, gpu.uuid, gpu.bus_id) == (
+        0, "Tesla T4", "GPU-d37e67a5-91dd-3774-a5cb-99096249601a", "00000000:00:1E.0")
+    assert (gpu.util_gpu, gpu.util_memory, gpu.temperature) == (0, 0, 40)
+    assert (gpu.memory_used, gpu.memory_total) == (1032 * MIB, 15360 * MIB)
+    assert (gpu.power_draw, gpu.power_limit) == (26.78, 70.0)
+    assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (0, 0)
+    assert gpu.throttle_reasons == () and gpu.slowdowns == ()
+    assert gpu.processes == (model.GpuProcess(5762, 1005 * MIB, "C"), model.GpuProcess(675, 22 * MIB, "G"))
+
+
+async def test_an_a100_in_mig_mode_reads_without_utilization(box: Box, monkeypatch, tmp_path) -> None:
+    replay(monkeypatch, tmp_path, "a100_sxm4_mig")
+    (gpu,) = (await box.snapshot()).gpus.gpus
+    assert gpu.name == "NVIDIA A100-SXM4-80GB"
+    assert (gpu.util_gpu, gpu.util_memory) == (None, None)  # NOT_SUPPORTED in MIG mode: null, not 0
+    assert (gpu.memory_used, gpu.memory_total, gpu.temperature) == (50 * MIB, 81920 * MIB, 27)
+    assert (gpu.power_draw, gpu.power_limit) == (67.03, 500.0)
+    assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (0, 0) and gpu.processes == ()
+
+
+async def test_a_consumer_card_has_no_ecc(box: Box, monkeypatch, tmp_path) -> None:
+    replay(monkeypatch, tmp_path, "rtx_3080")
+    (gpu,) = (await box.snapshot()).gpus.gpus
+    assert gpu.name == "NVIDIA GeForce RTX 3080"
+    assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (None, None)
+    assert gpu.throttle_reasons == ("gpu_idle",) and gpu.slowdowns == ()
+    assert [p.pid for p in gpu.processes] == [835, 1481, 2214, 4044, 42416]
+    assert {p.kind for p in gpu.processes} == {"G"}
+    assert gpu.memory_fraction == pytest.approx(1128 / 10240)
+
+
+async def test_two_gpus_and_one_process_holding_both(box: Box, monkeypatch, tmp_path) -> None:
+    replay(monkeypatch, tmp_path, "dual_a5000")
+    gpus = (await box.snapshot()).gpus
+    assert [(g.index, g.bus_id) for g in gpus.gpus] == [(0, "00000000:81:00.0"), (1, "00000000:C1:00.0")]
+    assert gpus.holders() == {100477: (22430 + 17246) * MIB}
+    assert [g.power_draw for g in gpus.gpus] == [6.41, 13.6]
+
+
+async def test_nvml_is_initialised_once_per_serve_probe(box: Box, monkeypatch, tmp_path) -> None:
+    calls = replay(monkeypatch, tmp_path, "a10g")
+    for _ in range(3):
+        assert (await box.snapshot()).gpus.gpus[0].name == "NVIDIA A10G"
+    assert calls.read_text().splitlines() == ["init"]
+
+
+async def test_no_gpu_section_when_the_request_says_so(monkeypatch, tmp_path) -> None:
+    calls = replay(monkeypatch, tmp_path, "a10g")
+    raw = json.loads(answer(json.dumps({"processes": False, "gpus": False}), Memory()))
+    assert "gpus" not in raw and not calls.exists()
+    assert "gpus" in json.loads(answer(json.dumps({"gpus": 1}), Memory()))["error"]
+
+
+# ---------------------------------------------------------------- no GPU: a reason, never an error
+
+
+def library_present() -> bool:
+    try:
+        ctypes.CDLL(nvml.LIBRARY)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(library_present(), reason="this machine has the NVIDIA driver")
+async def test_no_library_is_no_gpus_and_the_reason(box: Box, monkeypatch) -> None:
+    monkeypatch.delenv(REPLAY_ENV, raising=False)
+    snap = await box.snapshot()
+    assert snap.gpus.gpus == () and snap.errors == ()
+    assert snap.gpus.error is not None and "libnvidia-ml.so.1 not found" in snap.gpus.error
+
+
+def test_a_library_that_is_not_there_is_a_reason() -> None:
+    reply = GpuSession(nvml.Nvml("libnvidia-ml-absent.so.1")).read()
+    assert reply["gpus"] == [] and "libnvidia-ml-absent.so.1 not found" in reply["gpu_error"]
+
+
+@pytest.mark.parametrize(("init", "said"), [("DRIVER_NOT_LOADED", "Driver Not Loaded"),
+                                            ("NO_PERMISSION", "Insufficient Permissions")])
+def test_an_init_that_fails_is_a_reason(init: str, said: str) -> None:
+    snap = in_process({"init": {"nvml_error": init}, "devices": recording("tesla_t4")["devices"]})
+    assert snap.gpus.gpus == () and snap.gpus.error == f"NVML: {said}"
+
+
+def test_no_device_is_said() -> None:
+    assert in_process({"driver_version": "550.1", "devices": []}).gpus == model.GpuReading(
+        error="no NVIDIA GPU found", driver="550.1")
+
+
+# ---------------------------------------------------------------- incidents, as edits of recordings
+
+
+def test_a_lost_gpu_is_its_own_entry_and_the_others_read() -> None:
+    rec = recording("dual_a5000")
+    rec["devices"][0]["handle"] = {"nvml_error": "GPU_IS_LOST"}
+    lost, fine = in_process(rec).gpus.gpus
+    assert (lost.index, lost.error, lost.name) == (0, "GPU is lost", None)
+    assert fine.name == "NVIDIA RTX A5000" and fine.error is None
+
+
+def test_failed_calls_are_null_fields_not_a_failed_reply() -> None:
+    rec = recording("tesla_t4")
+    device = rec["devices"][0]
+    for key in ("name", "memory", "temperature", "power_usage", "clocks_event_reasons", "compute_processes"):
+        device[key] = {"nvml_error": "UNKNOWN"}
+    del device["power_limit"]  # an older driver without the call
+    (gpu,) = in_process(rec).gpus.gpus
+    assert (gpu.name, gpu.memory_used, gpu.temperature, gpu.power_draw, gpu.power_limit) == (None,) * 5
+    assert gpu.throttle_reasons is None and gpu.uuid == "GPU-d37e67a5-91dd-3774-a5cb-99096249601a"
+    assert gpu.processes == (model.GpuProcess(675, 22 * MIB, "G"),)
+
+
+def test_ecc_errors_throttling_and_a_context_without_its_memory() -> None:
+    rec = recording("a100_sxm4_mig")
+    device = rec["devices"][0]
+    device["ecc_errors"] = [12, 2]
+    device["clocks_event_reasons"] = 0x4 | 0x40 | 0x400  # power cap, HW thermal, and a bit newer than us
+    device["compute_processes"] = [[4242, nvml.VALUE_NOT_AVAILABLE], [4243, 3 * MIB]]
+    device["graphics_processes"] = [[4242, 7 * MIB]]
+    (gpu,) = in_process(rec).gpus.gpus
+    assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (12, 2)
+    assert gpu.throttle_reasons == ("sw_power_cap", "hw_thermal_slowdown", "0x400")
+    assert gpu.slowdowns == gpu.throttle_reasons
+    assert gpu.processes == (model.GpuProcess(4242, 7 * MIB, "C+G"), model.GpuProcess(4243, 3 * MIB, "C"))
+
+
+def test_every_known_reason_has_its_name() -> None:
+    assert reasons(0x1FF) == ["gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown",
+                              "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                              "hw_power_brake_slowdown", "display_clock_setting"]
+    assert reasons(None) is None and reasons(-1) is None
+
+
+def test_a_malformed_gpu_section_costs_the_gpus_not_the_snapshot() -> None:
+    raw = json.loads(answer(json.dumps({"processes": False}), Memory()))
+    raw["gpus"] = [{"index": "zero"}]
+    snap = model.snapshot(raw, 0.0)
+    assert snap.gpus.gpus == () and "Gpu.index" in (snap.gpus.error or "")
+    assert snap.disks  # the rest of the reply stands
+
+
+# ---------------------------------------------------------------- fuzz: anything a source returns
+
+ODD = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=True),
+    st.text(max_size=600), st.just("\x1b[31mred\x00\u202e"), st.just({"nvml_error": "NOT_SUPPORTED"}),
+    st.just({"nvml_error": 7}), st.lists(st.integers(min_value=-(2**65), max_value=2**65), max_size=3),
+    st.lists(st.lists(st.one_of(st.integers(min_value=-(2**65), max_value=2**65), st.none(), st.text()),
+                      max_size=3), max_size=5),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
+KEYS = ("name", "uuid", "bus_id", "utilization", "memory", "temperature", "power_usage", "power_limit",
+        "clocks_event_reasons", "ecc_errors", "compute_processes", "graphics_processes", "handle")
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.sampled_from(["tesla_t4", "rtx_3080", "dual_a5000", "a100_sxm4_mig"]),
+       changes=st.lists(st.tuples(st.sampled_from(KEYS), ODD), max_size=8),
+       top=st.dictionaries(st.sampled_from(["driver_version", "device_count", "init"]), ODD, max_size=2))
+def test_fuzzed_readings_never_crash_and_stay_bounded(base: str, changes: list, top: dict) -> None:
+    rec = copy.deepcopy(RECORDINGS[base])
+    rec.update(top)
+    for n, (key, value) in enumerate(changes):
+        rec["devices"][n % len(rec["devices"])][key] = value
+    snap = in_process(rec)
+    reading = snap.gpus
+    assert reading.error is None or not reading.error.startswith("malformed")  # the probe sent its shape
+    assert len(reading.gpus) <= 64
+    for gpu in reading.gpus:
+        for text in (gpu.name, gpu.uuid, gpu.bus_id, gpu.error):
+            assert text is None or len(text) <= MAX_TEXT
+        for number in (gpu.util_gpu, gpu.util_memory):
+            assert number is None or 0 <= number <= 100
+        for number in (gpu.memory_used, gpu.memory_total, gpu.ecc_corrected, gpu.ecc_uncorrected):
+            assert number is None or 0 <= number < nvml.VALUE_NOT_AVAILABLE
+        assert all(p.used_memory is None or p.used_memory < nvml.VALUE_NOT_AVAILABLE for p in gpu.processes)
+    assert len(reading.driver or "") <= MAX_TEXT
+
+
+RECORDINGS = {name: recording(name) for name in ("tesla_t4", "rtx_3080", "dual_a5000", "a100_sxm4_mig")}
