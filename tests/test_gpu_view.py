@@ -1,0 +1,283 @@
+"""GPUs on the screen and as alerts (issue 21, items 2-4): the findings, the GPU pane, the
+processes' GPU column, the utilization line and `doctor --json`, from NVML readings replayed at
+the NVML boundary (remote/box/nvml_replay.py) through the box's own reader (remote/box/gpus.py)
+and the model's parser, with real processes on this machine as the GPUs' holders."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from textual.app import App, ComposeResult
+
+from samai.console.core import config as config_mod
+from samai.console.core.actions import Actions, Decision
+from samai.console.core.audit import AuditLog
+from samai.console.core.gpu_findings import STALL_S, GpuWatch, gpu_findings
+from samai.console.core.state import ConsoleState, ProcessRow
+from samai.remote import model
+from samai.remote.box.gpus import GpuSession
+from samai.remote.box.nvml_replay import ReplayNvml
+from samai.remote.model import GpuReading, Process, Snapshot, StageRecord
+from samai.widgets.curves import util_cells
+from samai.widgets.gpus import GpuPane, gpu_lines
+from samai.widgets.processes import ProcessPane
+from tests.helpers import run_cli, start_time_of, wait_for
+
+GIB = 2**30
+SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(120)"
+HOSTILE = "[b]A100[/b] \x1b]0;pwned\x07 [@click=app.quit]x[/]"
+
+
+def a100(*holders: tuple[int, int], util: int = 97, reasons: int = 0, ecc: tuple[int, int] = (0, 0)) -> dict:
+    """An A100-SXM4-80GB as NVML answers for it (values from a real `nvidia-smi -q -x`), with
+    these (pid, bytes) compute holders. Power in mW, as NVML gives it."""
+    used = sum(n for _, n in holders) + 512 * 2**20
+    return {"driver_version": "535.54.03", "devices": [{
+        "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-513536b6-7d19-9063-b049-1e69664bb298",
+        "bus_id": "00000000:07:00.0", "utilization": [util, 41], "memory": [used, 81920 * 2**20],
+        "temperature": 64, "power_usage": 389112, "power_limit": 400000, "clocks_event_reasons": reasons,
+        "ecc_errors": list(ecc), "compute_processes": [list(h) for h in holders], "graphics_processes": []}]}
+
+
+def reading(recording: dict) -> GpuReading:
+    """The recording read the way the probe reads NVML, parsed the way the console parses a reply."""
+    session = GpuSession(ReplayNvml(recording))
+    try:
+        return model.gpu_reading(session.read())
+    finally:
+        session.close()
+
+
+def _config(tmp_path: Path, workspace: Path) -> config_mod.Config:
+    f = tmp_path / "gpu.toml"
+    f.write_text(f'[workspace]\npath = "{workspace}"\n'
+                 '[stages.train]\nkey = "t"\ncommand = "sleep 30"\nlog = "logs/train.log"\n'
+                 'markers = [{ name = "CUDA_OOM", pattern = "CUDA out of memory|torch\\\\.OutOfMemoryError", '
+                 'severity = "error" }]\n')
+    return config_mod.load(f)
+
+
+@pytest.fixture
+def sleeper(spawn):
+    """A real process on this machine, alone in its session (its own process group)."""
+    proc = spawn(sys.executable, "-c", SLEEPER, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline() == "up\n"
+    return proc
+
+
+def _training(snap: Snapshot, proc: Process, fired_at: float = 1000.0) -> Snapshot:
+    """The snapshot with a running train stage whose chain is `proc`'s process group."""
+    rec = StageRecord("train", proc.pid, proc.pgid, proc.start_time, "logs/train.log", "sleep 30", fired_at,
+                      alive=True, group=(proc.pid,))
+    return replace(snap, states=(rec,))
+
+
+# ---------------------------------------------------------------- the findings, one reading each
+
+
+async def test_a_healthy_reading_has_no_finding(box, sleeper) -> None:
+    snap = await box.snapshot()
+    proc = snap.process(sleeper.pid)
+    healthy = _training(replace(snap, gpus=reading(a100((sleeper.pid, 60 * GIB)))), proc)
+    assert healthy.gpus.gpus[0].name == "NVIDIA A100-SXM4-80GB" and healthy.gpus.holders() == {sleeper.pid: 60 * GIB}
+    assert gpu_findings(healthy) == []
+    assert gpu_findings(replace(snap, gpus=reading({"init": {"nvml_error": "LIBRARY_NOT_FOUND"}}))) == []
+
+
+async def test_a_leftover_holder_is_named_and_killed_through_the_action_layer(box, sleeper, tmp_path,
+                                                                             workspace) -> None:
+    snap = await box.snapshot()
+    snap = replace(snap, gpus=reading(a100((sleeper.pid, 30 * GIB))))  # no stage runs: it is nobody's
+    [found] = gpu_findings(snap)
+    assert found.code == "gpu_leftover" and f"pid {sleeper.pid} holds 32.2 GB" in found.message
+    assert "-c import time" in found.message  # its command
+    assert (found.action.kind, found.action.pid) == ("kill", sleeper.pid)
+    assert found.action.start_time == pytest.approx(start_time_of(sleeper.pid), abs=0.02)
+
+    async def confirm(plan):
+        return Decision.confirmed(plan, "test")
+
+    actions = Actions(box, _config(tmp_path, workspace), AuditLog(tmp_path / "audit.jsonl"), readonly=False,
+                      confirm=confirm)
+    # The pid with another start time (a pid reused since) is not the process the finding named.
+    refused = await actions.kill(found.action.pid, found.action.start_time + 5, grace=1)
+    assert not refused.ok and sleeper.poll() is None
+    outcome = await actions.kill(found.action.pid, found.action.start_time, grace=2)
+    assert outcome.ok, outcome.message
+    assert sleeper.wait(10) is not None
+
+
+async def test_a_small_holder_and_a_stage_s_own_holder_are_not_leftovers(box, sleeper) -> None:
+    snap = await box.snapshot()
+    small = replace(snap, gpus=reading(a100((sleeper.pid, 64 * 2**20))))  # a desktop's few MiB
+    assert gpu_findings(small) == []
+    ours = _training(replace(snap, gpus=reading(a100((sleeper.pid, 30 * GIB)))), snap.process(sleeper.pid))
+    assert gpu_findings(ours) == []
+
+
+async def test_memory_held_by_a_pid_that_is_gone_is_a_zombie_context(box, spawn) -> None:
+    gone = spawn(sys.executable, "-c", "pass")
+    gone.wait()
+    snap = await box.snapshot()
+    assert snap.process(gone.pid) is None
+    [found] = gpu_findings(replace(snap, gpus=reading(a100((gone.pid, 12 * GIB)))))
+    assert found.code == "gpu_zombie" and f"pid {gone.pid}" in found.message and found.action is None
+    assert "parent" in found.message and "GPU reset" in found.message  # what clears it
+
+
+async def test_ecc_thermal_power_and_an_unreadable_gpu(box) -> None:
+    snap = await box.snapshot()
+    codes = {
+        "gpu_ecc": a100(ecc=(3, 2)),
+        "gpu_thermal": a100(reasons=0x40 | 0x20),
+        "gpu_power": a100(reasons=0x80),
+    }
+    for code, recording in codes.items():
+        [found] = gpu_findings(replace(snap, gpus=reading(recording)))
+        assert found.code == code and found.message.startswith("GPU 0 (NVIDIA A100-SXM4-80GB)")
+    assert "2 uncorrectable" in gpu_findings(replace(snap, gpus=reading(codes["gpu_ecc"])))[0].message
+    # A GPU at its power cap, idle or at the clocks it was set to is working as it should.
+    assert gpu_findings(replace(snap, gpus=reading(a100(reasons=0x4 | 0x1 | 0x2)))) == []
+    lost = a100()
+    lost["devices"][0]["handle"] = {"nvml_error": "GPU_IS_LOST"}
+    [found] = gpu_findings(replace(snap, gpus=reading(lost)))
+    assert found.code == "gpu_unreadable" and found.severity == "error"
+
+
+# ---------------------------------------------------------------- what only a sequence shows
+
+
+async def test_a_training_stage_on_idle_gpus_is_a_stall_alert_until_they_work_again(box, sleeper, tmp_path,
+                                                                                   workspace) -> None:
+    state = ConsoleState(_config(tmp_path, workspace))
+    base = await box.snapshot()
+    base = _training(base, base.process(sleeper.pid))
+    t0 = base.time
+
+    def poll(at: float, util: int):
+        snap = replace(base, time=t0 + at, gpus=reading(a100((sleeper.pid, 40 * GIB), util=util)))
+        state.apply(snap, [], t0 + at)
+        return [a for a in state.active_alerts() if a.code == "gpu_stall"]
+
+    assert poll(0, 95) == [] and poll(5, 93) == []  # the run has used its GPU: the short limit applies
+    assert poll(10, 0) == [] and poll(10 + STALL_S / 2, 1) == []  # a dip, not yet a stall
+    [alert] = poll(10 + STALL_S, 0)
+    assert alert.severity == "error" and "stage train" in alert.text and "~0 %" in alert.text
+    assert poll(20 + STALL_S, 0) == [alert]  # one alert while it lasts
+    assert poll(30 + STALL_S, 88) == []  # working again: resolved
+    assert [a.resolved_at for a in state.alerts if a.code == "gpu_stall"] == [t0 + 30 + STALL_S]
+    # the utilization line's series, oldest first, with the dip in it
+    assert state.gpu.utilization() == [95, 93, 0, 1, 0, 0, 88]
+
+
+async def test_a_run_that_never_used_its_gpu_gets_the_longer_startup_limit(box, sleeper, tmp_path,
+                                                                          workspace) -> None:
+    watch = GpuWatch(_config(tmp_path, workspace), stall_s=60, startup_stall_s=300)
+    base = await box.snapshot()
+    base = _training(base, base.process(sleeper.pid))
+    idle = reading(a100((sleeper.pid, 20 * GIB), util=0))
+    assert [f for f in watch.findings(replace(base, time=base.time, gpus=idle)) if f.code == "gpu_stall"] == []
+    assert [f for f in watch.findings(replace(base, time=base.time + 120, gpus=idle)) if f.code == "gpu_stall"] == []
+    assert [f.code for f in watch.findings(replace(base, time=base.time + 300, gpus=idle))] == ["gpu_stall"]
+    # A CPU-only run (no GPU memory held) is never a GPU stall.
+    cpu_only = GpuWatch(_config(tmp_path, workspace), stall_s=60, startup_stall_s=60)
+    for at in (0, 100, 200):
+        assert cpu_only.findings(replace(base, time=base.time + at, gpus=reading(a100(util=0)))) == []
+
+
+async def test_a_cuda_oom_in_the_train_log_is_an_alert_with_the_largest_holders(box, sleeper, tmp_path,
+                                                                              workspace) -> None:
+    state = ConsoleState(_config(tmp_path, workspace))
+    (workspace / "logs").mkdir()
+    (workspace / "logs" / "train.log").write_text(
+        "step 3\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+        "capacity of 79.15 GiB of which 1.2 GiB is free.\n")
+    followers = state.followers()
+    snap = await box.snapshot(**state.request(followers))
+    snap = replace(snap, gpus=reading(a100((sleeper.pid, 70 * GIB), (4242, 3 * GIB))))
+    update = state.apply(snap, followers, time.time())
+    [alert] = [a for a in update.new_alerts if "OutOfMemoryError" in a.text]
+    assert alert.severity == "error" and alert.stage == "train"
+    holders = alert.text.split("largest GPU holders now: ")[1]
+    assert holders.startswith(f"GPU 0: pid {sleeper.pid} ") and "75.2 GB" in holders and "pid 4242 3.2 GB" in holders
+    assert holders.index(str(sleeper.pid)) < holders.index("4242")  # the largest first
+
+
+# ---------------------------------------------------------------- the screen
+
+
+def _rows(snap: Snapshot) -> list[ProcessRow]:
+    return [ProcessRow(p, None, 0.0, ()) for p in snap.processes]
+
+
+class _Panes(App):
+    def compose(self) -> ComposeResult:
+        yield GpuPane()
+        yield ProcessPane()
+
+
+async def test_the_gpu_pane_and_column_show_a_reading_and_hostile_names_literally(box, spawn) -> None:
+    hostile = spawn(sys.executable, "-c", SLEEPER, HOSTILE, stdout=subprocess.PIPE, text=True)
+    assert hostile.stdout.readline() == "up\n"
+    recording = a100((hostile.pid, 21 * GIB), util=55, reasons=0x40)
+    recording["devices"][0]["name"] = HOSTILE
+    second = copy.deepcopy(recording["devices"][0])
+    second.update(name="NVIDIA GeForce RTX 3080", memory=[1 * GIB, 10 * GIB], ecc_errors=None,
+                  compute_processes=[], utilization=[0, 0])
+    recording["devices"].append(second)
+    snap = await box.snapshot()
+    snap = replace(snap, gpus=reading(recording))
+
+    lines = gpu_lines(snap.gpus).plain.split("\n")
+    assert lines[0].split() == ["name", "util", "memory", "temp", "power"]
+    assert "22/80G" in lines[1] and " 55%" in lines[1] and "64°C" in lines[1] and "389/400W" in lines[1]
+    assert " 0 [b]A100[/b] ␛]0…" in lines[1]  # as sent, cut to fit, ESC shown
+    assert "hot" in lines[1] and "\x1b" not in "".join(lines)
+    assert "GeForce RTX 3080" in lines[2] and "1.0/10G" in lines[2] and "  0%" in lines[2]
+    assert gpu_lines(reading({"init": {"nvml_error": "LIBRARY_NOT_FOUND"}})).plain.startswith("no GPU: NVML")
+
+    app = _Panes()
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.query_one(GpuPane).show(snap.gpus)
+        pane = app.query_one(ProcessPane)
+        pane.show(_rows(snap), snap.time, snap.gpus)
+        await pilot.pause()
+        assert pane.table.labels == ("stage", "pid", "user", "cpu%", "rss", "gpu", "age", "ports", "command")
+        cells = dict(pane.table.rows)[f"{hostile.pid}:{snap.process(hostile.pid).start_time}"]
+        assert cells[5] == "23G" and "[b]A100[/b] ␛]0;pwned␇ [@click=app.quit]x[/]" in cells[-1]
+        assert "other 23G GPU" in str(pane.border_subtitle)
+        pane.show(_rows(snap), snap.time, GpuReading(error="no NVIDIA GPU found"))  # no GPU: no column
+        assert "gpu" not in pane.table.labels
+
+
+def test_the_utilization_line_shows_a_stalled_step_as_a_dip() -> None:
+    assert util_cells([95.0, 97.0, 0.0, 0.0, 96.0, None], 10) == "██  █?"
+    assert util_cells([50.0] * 30, 4) == "▄▄▄▄" and util_cells([50.0], 0) == ""
+
+
+# ---------------------------------------------------------------- doctor
+
+
+def test_doctor_json_carries_the_gpus_and_their_findings(tmp_path, workspace, sleeper) -> None:
+    recording = a100((sleeper.pid, 30 * GIB), ecc=(0, 1))
+    (tmp_path / "nvml.json").write_text(json.dumps(recording))
+    cfg = tmp_path / "doctor.toml"
+    cfg.write_text(f'[workspace]\npath = "{workspace}"\n[stages.train]\nkey = "t"\ncommand = "sleep 30"\n')
+    r = run_cli("--config", str(cfg), "doctor", "--json", env={"SAMAI_NVML_REPLAY": str(tmp_path / "nvml.json")})
+    out = json.loads(r.stdout)
+    assert r.returncode == 1  # an uncorrectable ECC error is an error
+    [gpu] = out["gpus"]["gpus"]
+    assert gpu["name"] == "NVIDIA A100-SXM4-80GB" and gpu["processes"][0]["pid"] == sleeper.pid
+    codes = {f["code"]: f for f in out["findings"]}
+    assert set(codes) == {"gpu_leftover", "gpu_ecc"}
+    assert codes["gpu_leftover"]["action"].startswith(f"kill {sleeper.pid} ")
+    text = run_cli("--config", str(cfg), "doctor", env={"SAMAI_NVML_REPLAY": str(tmp_path / "nvml.json")}).stdout
+    assert "[0] NVIDIA A100-SXM4-80GB  util 97%" in text and f"pid {sleeper.pid:>7} C" in text
+    wait_for(lambda: sleeper.poll() is None)  # doctor looks, never touches
