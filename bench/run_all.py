@@ -26,6 +26,8 @@ BENCHES = [  # the issue's table first, in its order; then the other figures
     ("log pane under a 50,000 lines/s flood vs an idle log", ["log_flood.py"]),
     ("probe CPU at 1 Hz with the console's poll vs listing /proc", ["probe_cost.py", "--snapshots", "100",
                                                                     "--seconds", "20"]),
+    ("probe CPU with the GPU section vs without, at 1 Hz and back to back", ["gpu_probe.py"]),
+    ("the NVML ctypes layer on this machine's GPUs (what it read)", ["gpu_probe.py", "--real"]),
     ("snapshot through the exec gateway vs local", ["envelope_snapshot.py", "--runs", "15"]),
     ("check gguf: console vs box on a real model; a 4 GiB sparse GGUF vs GGUFReader", ["gguf_check_speed.py"]),
     ("gguf add-tensors from an HTTP donor: bytes fetched vs the donor's size", ["gguf_transplant.py"]),
