@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import ctypes
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +238,50 @@ def test_fuzzed_readings_never_crash_and_stay_bounded(base: str, changes: list, 
 
 
 RECORDINGS = {name: recording(name) for name in ("tesla_t4", "rtx_3080", "dual_a5000", "a100_sxm4_mig")}
+
+
+# ---------------------------------------------------------------- the ctypes layer, against a stand-in library
+
+FAKE = Path(__file__).parent / "nvml_fake.c"
+
+
+def build_fake(folder: Path, *defines: str) -> Path:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in NVML library")
+    folder.mkdir()
+    out = folder / nvml.LIBRARY
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", *defines, "-o", str(out), str(FAKE)], check=True)
+    return out
+
+
+def expected_gpus(used_mib: tuple[int, int]) -> tuple[model.Gpu, ...]:
+    return (
+        model.Gpu(0, "NVIDIA GeForce RTX 4090", "GPU-aaaaaaaa-bbbb", "00000000:01:00.0", 3, 1, used_mib[0] * MIB,
+                  24564 * MIB, 38, 21.5, 450.0, ("gpu_idle",), None, None, ()),
+        model.Gpu(1, "NVIDIA H100 80GB HBM3", "GPU-11111111-2222-3333-4444-555555555555", "00000000:18:00.0",
+                  97, 41, used_mib[1] * MIB, 81559 * MIB, 71, 612.34, 700.0, ("sw_power_cap", "sw_thermal_slowdown"),
+                  5, 1, (model.GpuProcess(4100, 69000 * MIB, "C+G"), model.GpuProcess(4101, None, "C"))),
+        model.Gpu(2, error="GPU is lost"),
+    )
+
+
+@pytest.mark.parametrize(("defines", "used_mib"), [((), (301, 69501)), (("-DOLD_DRIVER",), (801, 70001))],
+                         ids=["current API", "old driver: v1 calls only"])
+def test_the_ctypes_layer_reads_through_the_c_abi(tmp_path: Path, defines: tuple, used_mib: tuple) -> None:
+    library = build_fake(tmp_path / "lib", *defines)
+    memory = Memory()
+    memory.gpus = GpuSession(nvml.Nvml(str(library)))
+    raw = json.loads(answer(json.dumps({"processes": False, "states": False}), memory))
+    reading = model.snapshot(raw, 0.0).gpus
+    assert (reading.error, reading.driver) == (None, "550.54.15")
+    assert reading.gpus == expected_gpus(used_mib)
+    memory.gpus.close()
+
+
+async def test_the_probe_loads_the_library_by_its_name(box: Box, monkeypatch, tmp_path: Path) -> None:
+    library = build_fake(tmp_path / "lib")
+    monkeypatch.delenv(REPLAY_ENV, raising=False)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(library.parent))  # where the probe's dlopen finds it
+    snap = await box.snapshot()
+    assert snap.gpus.gpus == expected_gpus((301, 69501)) and snap.gpus.driver == "550.54.15"
