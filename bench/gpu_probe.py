@@ -40,7 +40,7 @@ from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 
 RECORDINGS = ROOT / "tests" / "data" / "nvml"
-TARGET_RATIO = 1.5
+TARGET_RATIO = 1.5  # the GPU section may add at most half a poll's CPU (the probe's budget: probe_cost.py)
 
 
 class ServeProbe:
