@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from samai.remote import model
-from samai.remote.box import nvml
+from samai.remote.box import gpus, nvml
 from samai.remote.box.gpus import MAX_TEXT, GpuSession, reasons
 from samai.remote.box.nvml_replay import CALLS_ENV, REPLAY_ENV, ReplayNvml
 from samai.remote.box.probe import Memory, answer
@@ -91,10 +91,10 @@ async def test_a_consumer_card_has_no_ecc(box: Box, monkeypatch, tmp_path) -> No
 
 async def test_two_gpus_and_one_process_holding_both(box: Box, monkeypatch, tmp_path) -> None:
     replay(monkeypatch, tmp_path, "dual_a5000")
-    gpus = (await box.snapshot()).gpus
-    assert [(g.index, g.bus_id) for g in gpus.gpus] == [(0, "00000000:81:00.0"), (1, "00000000:C1:00.0")]
-    assert gpus.holders() == {100477: (22430 + 17246) * MIB}
-    assert [g.power_draw for g in gpus.gpus] == [6.41, 13.6]
+    reading = (await box.snapshot()).gpus
+    assert [(g.index, g.bus_id) for g in reading.gpus] == [(0, "00000000:81:00.0"), (1, "00000000:C1:00.0")]
+    assert reading.holders() == {100477: (22430 + 17246) * MIB}
+    assert [g.power_draw for g in reading.gpus] == [6.41, 13.6]
 
 
 async def test_nvml_is_initialised_once_per_serve_probe(box: Box, monkeypatch, tmp_path) -> None:
@@ -140,6 +140,20 @@ def test_a_library_that_is_not_there_is_a_reason() -> None:
 def test_an_init_that_fails_is_a_reason(init: str, said: str) -> None:
     snap = in_process({"init": {"nvml_error": init}, "devices": recording("tesla_t4")["devices"]})
     assert snap.gpus.gpus == () and snap.gpus.error == f"NVML: {said}"
+
+
+def test_a_failed_init_is_tried_again_later_not_every_poll(tmp_path: Path, monkeypatch) -> None:
+    calls = tmp_path / "calls"
+    source = ReplayNvml({"init": {"nvml_error": "DRIVER_NOT_LOADED"}}, str(calls))
+    session = GpuSession(source)
+    for _ in range(3):
+        assert session.read()["gpu_error"] == "NVML: Driver Not Loaded"
+    assert calls.read_text().splitlines() == ["init"]
+    source.recording = recording("a10g")  # the driver has been loaded since
+    monkeypatch.setattr(gpus, "RETRY_S", 0.0)
+    reply = session.read()
+    assert reply["gpu_error"] is None and reply["gpus"][0]["name"] == "NVIDIA A10G"
+    assert calls.read_text().splitlines() == ["init", "init"]
 
 
 def test_no_device_is_said() -> None:

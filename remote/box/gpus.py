@@ -4,11 +4,14 @@ Runs ON the box. Standard library only, Python >= 3.8.
 
 Reads through an NVML source (nvml.Nvml, or nvml_replay.ReplayNvml where the environment names
 a recording). A --serve probe keeps one GpuSession: NVML is initialised once, on the first
-request that asks for GPUs, not on every poll. No library, no driver, no device or a failed
-init give "gpus": [] and "gpu_error" saying why; any single call that fails gives null for its
-field, and a device whose handle fails is one entry with its "error". Nothing here raises on
-what the source returns: every value is checked for its type and range before it is sent.
+request that asks for GPUs, not on every poll (after a failure, tried again RETRY_S later). No
+library, no driver, no device or a failed init give "gpus": [] and "gpu_error" saying why; any
+single call that fails gives null for its field, and a device whose handle fails is one entry
+with its "error". Nothing here raises on what the source returns: every value is checked for
+its type and range before it is sent.
 """
+
+import time
 
 from .nvml import VALUE_NOT_AVAILABLE, Nvml, NvmlError
 from .nvml_replay import from_environment
@@ -16,6 +19,7 @@ from .nvml_replay import from_environment
 MAX_GPUS = 64
 MAX_PROCESSES = 256  # per GPU
 MAX_TEXT = 128
+RETRY_S = 60.0  # a failed init is tried again after this long (a driver being loaded), not every poll
 
 # nvmlClocksEventReason* bits (nvml.h), named as nvidia-smi -q -x names them.
 THROTTLE_REASONS = (
@@ -32,20 +36,21 @@ class GpuSession(object):
     def __init__(self, source=None):
         self.source = source
         self.started = False
-        self.error = None  # why it could not start (kept: a --serve probe does not retry each poll)
+        self.error = None  # why it could not start, said in each reply until it can
+        self.failed_at = None
         self.driver = None
 
     def start(self):
-        if self.started or self.error is not None:
+        if self.started or (self.failed_at is not None and time.monotonic() - self.failed_at < RETRY_S):
             return
         if self.source is None:
             self.source = from_environment() or Nvml()
         try:
             self.source.init()
         except NvmlError as e:
-            self.error = "NVML: %s" % text(str(e))
+            self.error, self.failed_at = "NVML: %s" % text(str(e)), time.monotonic()
             return
-        self.started = True
+        self.started, self.error = True, None
         self.driver = text(field(self.source.driver_version))
 
     def read(self):
