@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 from textual.app import App, ComposeResult
 
+from samai.console import replay
+from samai.console.app import SamaiApp
 from samai.console.core import config as config_mod
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
@@ -25,25 +28,28 @@ from samai.remote import model
 from samai.remote.box.gpus import GpuSession
 from samai.remote.box.nvml_replay import ReplayNvml
 from samai.remote.model import GpuReading, Process, Snapshot, StageRecord
-from samai.widgets.curves import util_cells
+from samai.widgets.curves import GpuUtilLine, util_cells
 from samai.widgets.gpus import GpuPane, gpu_lines
 from samai.widgets.processes import ProcessPane
 from tests.helpers import run_cli, start_time_of, wait_for
 
-GIB = 2**30
+NVML = Path(__file__).parent / "data" / "nvml"
+A5000_PID = 100477  # the training process of the two A5000s' recording, on both GPUs (21.9 + 16.8 GiB)
+T4_PIDS = (5762, 675)  # the Tesla T4's: python (compute, 1005 MiB), Xorg (graphics, 22 MiB)
 SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(120)"
 HOSTILE = "[b]A100[/b] \x1b]0;pwned\x07 [@click=app.quit]x[/]"
 
 
-def a100(*holders: tuple[int, int], util: int = 97, reasons: int = 0, ecc: tuple[int, int] = (0, 0)) -> dict:
-    """An A100-SXM4-80GB as NVML answers for it (values from a real `nvidia-smi -q -x`), with
-    these (pid, bytes) compute holders. Power in mW, as NVML gives it."""
-    used = sum(n for _, n in holders) + 512 * 2**20
-    return {"driver_version": "535.54.03", "devices": [{
-        "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-513536b6-7d19-9063-b049-1e69664bb298",
-        "bus_id": "00000000:07:00.0", "utilization": [util, 41], "memory": [used, 81920 * 2**20],
-        "temperature": 64, "power_usage": 389112, "power_limit": 400000, "clocks_event_reasons": reasons,
-        "ecc_errors": list(ecc), "compute_processes": [list(h) for h in holders], "graphics_processes": []}]}
+def recorded(recording_name: str, pids: dict[int, int] | None = None, **device: object) -> dict:
+    """A recording of tests/data/nvml (converted from a published `nvidia-smi -q -x`), its pids
+    replaced by `pids` (old -> new: processes of this machine), `device` set on every GPU."""
+    recording = json.loads((NVML / f"{recording_name}.json").read_text())
+    pids = pids or {}
+    for gpu in recording["devices"]:
+        for kind in ("compute_processes", "graphics_processes"):
+            gpu[kind] = [[pids.get(pid, pid), used] for pid, used in gpu[kind]]
+        gpu.update(copy.deepcopy(device))
+    return recording
 
 
 def reading(recording: dict) -> GpuReading:
@@ -81,22 +87,37 @@ def _training(snap: Snapshot, proc: Process, fired_at: float = 1000.0) -> Snapsh
 
 # ---------------------------------------------------------------- the findings, one reading each
 
+RECORDINGS = ("a100_sxm4_mig", "a10g", "dual_a5000", "rtx_3080", "tesla_t4")
 
-async def test_a_healthy_reading_has_no_finding(box, sleeper) -> None:
+
+def _all_pids(name: str, pid: int) -> dict[int, int]:
+    gpus = json.loads((NVML / f"{name}.json").read_text())["devices"]
+    return {old: pid for gpu in gpus for kind in ("compute_processes", "graphics_processes")
+            for old, _ in gpu[kind]}
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+async def test_a_healthy_reading_has_no_finding(box, sleeper, name) -> None:
+    """Each published reading as it is (idle boxes, no errors), its holders a running stage's."""
     snap = await box.snapshot()
-    proc = snap.process(sleeper.pid)
-    healthy = _training(replace(snap, gpus=reading(a100((sleeper.pid, 60 * GIB)))), proc)
-    assert healthy.gpus.gpus[0].name == "NVIDIA A100-SXM4-80GB" and healthy.gpus.holders() == {sleeper.pid: 60 * GIB}
+    healthy = _training(replace(snap, gpus=reading(recorded(name, _all_pids(name, sleeper.pid)))),
+                        snap.process(sleeper.pid))
+    assert healthy.gpus.gpus and not healthy.gpus.error
     assert gpu_findings(healthy) == []
+
+
+async def test_no_gpu_is_no_finding(box) -> None:
+    snap = await box.snapshot()
     assert gpu_findings(replace(snap, gpus=reading({"init": {"nvml_error": "LIBRARY_NOT_FOUND"}}))) == []
 
 
 async def test_a_leftover_holder_is_named_and_killed_through_the_action_layer(box, sleeper, tmp_path,
                                                                              workspace) -> None:
     snap = await box.snapshot()
-    snap = replace(snap, gpus=reading(a100((sleeper.pid, 30 * GIB))))  # no stage runs: it is nobody's
+    # the two A5000s' training process, now a real process of this machine that no stage started
+    snap = replace(snap, gpus=reading(recorded("dual_a5000", {A5000_PID: sleeper.pid})))
     [found] = gpu_findings(snap)
-    assert found.code == "gpu_leftover" and f"pid {sleeper.pid} holds 32.2 GB" in found.message
+    assert found.code == "gpu_leftover" and f"pid {sleeper.pid} holds 41.6 GB" in found.message  # both GPUs
     assert "-c import time" in found.message  # its command
     assert (found.action.kind, found.action.pid) == ("kill", sleeper.pid)
     assert found.action.start_time == pytest.approx(start_time_of(sleeper.pid), abs=0.02)
@@ -116,10 +137,11 @@ async def test_a_leftover_holder_is_named_and_killed_through_the_action_layer(bo
 
 async def test_a_small_holder_and_a_stage_s_own_holder_are_not_leftovers(box, sleeper) -> None:
     snap = await box.snapshot()
-    small = replace(snap, gpus=reading(a100((sleeper.pid, 64 * 2**20))))  # a desktop's few MiB
-    assert gpu_findings(small) == []
-    ours = _training(replace(snap, gpus=reading(a100((sleeper.pid, 30 * GIB)))), snap.process(sleeper.pid))
-    assert gpu_findings(ours) == []
+    # the T4's python is the train stage's process; its Xorg (22 MiB) is this test's own process
+    t4 = reading(recorded("tesla_t4", {T4_PIDS[0]: sleeper.pid, T4_PIDS[1]: os.getpid()}))
+    assert gpu_findings(_training(replace(snap, gpus=t4), snap.process(sleeper.pid))) == []
+    [found] = gpu_findings(replace(snap, gpus=t4))  # no stage runs: the python is a leftover, Xorg is not
+    assert found.code == "gpu_leftover" and f"pid {sleeper.pid} holds 1.1 GB" in found.message
 
 
 async def test_memory_held_by_a_pid_that_is_gone_is_a_zombie_context(box, spawn) -> None:
@@ -127,28 +149,30 @@ async def test_memory_held_by_a_pid_that_is_gone_is_a_zombie_context(box, spawn)
     gone.wait()
     snap = await box.snapshot()
     assert snap.process(gone.pid) is None
-    [found] = gpu_findings(replace(snap, gpus=reading(a100((gone.pid, 12 * GIB)))))
-    assert found.code == "gpu_zombie" and f"pid {gone.pid}" in found.message and found.action is None
+    t4 = reading(recorded("tesla_t4", {T4_PIDS[0]: gone.pid, T4_PIDS[1]: os.getpid()}))
+    [found] = gpu_findings(replace(snap, gpus=t4))
+    assert found.code == "gpu_zombie" and f"pid {gone.pid} holds 1.1 GB" in found.message and found.action is None
     assert "parent" in found.message and "GPU reset" in found.message  # what clears it
 
 
 async def test_ecc_thermal_power_and_an_unreadable_gpu(box) -> None:
     snap = await box.snapshot()
-    codes = {
-        "gpu_ecc": a100(ecc=(3, 2)),
-        "gpu_thermal": a100(reasons=0x40 | 0x20),
-        "gpu_power": a100(reasons=0x80),
+    none = {"compute_processes": [], "graphics_processes": []}
+    cases = {
+        "gpu_ecc": recorded("tesla_t4", ecc_errors=[3, 2], **none),
+        "gpu_thermal": recorded("a10g", clocks_event_reasons=0x1 | 0x40, **none),
+        "gpu_power": recorded("rtx_3080", clocks_event_reasons=0x80, **none),
     }
-    for code, recording in codes.items():
+    for code, recording in cases.items():
         [found] = gpu_findings(replace(snap, gpus=reading(recording)))
-        assert found.code == code and found.message.startswith("GPU 0 (NVIDIA A100-SXM4-80GB)")
-    assert "2 uncorrectable" in gpu_findings(replace(snap, gpus=reading(codes["gpu_ecc"])))[0].message
+        assert found.code == code and found.message.startswith(f"GPU 0 ({recording['devices'][0]['name']})")
+    assert "2 uncorrectable" in gpu_findings(replace(snap, gpus=reading(cases["gpu_ecc"])))[0].message
     # A GPU at its power cap, idle or at the clocks it was set to is working as it should.
-    assert gpu_findings(replace(snap, gpus=reading(a100(reasons=0x4 | 0x1 | 0x2)))) == []
-    lost = a100()
-    lost["devices"][0]["handle"] = {"nvml_error": "GPU_IS_LOST"}
+    assert gpu_findings(replace(snap, gpus=reading(recorded("a10g", clocks_event_reasons=0x7, **none)))) == []
+    lost = recorded("dual_a5000", **none)
+    lost["devices"][1]["handle"] = {"nvml_error": "GPU_IS_LOST"}
     [found] = gpu_findings(replace(snap, gpus=reading(lost)))
-    assert found.code == "gpu_unreadable" and found.severity == "error"
+    assert (found.code, found.severity) == ("gpu_unreadable", "error") and found.message.startswith("GPU 1 ")
 
 
 # ---------------------------------------------------------------- what only a sequence shows
@@ -162,7 +186,9 @@ async def test_a_training_stage_on_idle_gpus_is_a_stall_alert_until_they_work_ag
     t0 = base.time
 
     def poll(at: float, util: int):
-        snap = replace(base, time=t0 + at, gpus=reading(a100((sleeper.pid, 40 * GIB), util=util)))
+        # the two A5000s' training run, as the train stage's process, at `util` % on both GPUs
+        gpus = reading(recorded("dual_a5000", {A5000_PID: sleeper.pid}, utilization=[util, 10]))
+        snap = replace(base, time=t0 + at, gpus=gpus)
         state.apply(snap, [], t0 + at)
         return [a for a in state.active_alerts() if a.code == "gpu_stall"]
 
@@ -182,14 +208,15 @@ async def test_a_run_that_never_used_its_gpu_gets_the_longer_startup_limit(box, 
     watch = GpuWatch(_config(tmp_path, workspace), stall_s=60, startup_stall_s=300)
     base = await box.snapshot()
     base = _training(base, base.process(sleeper.pid))
-    idle = reading(a100((sleeper.pid, 20 * GIB), util=0))
+    idle = reading(recorded("dual_a5000", {A5000_PID: sleeper.pid}))  # as recorded: 0 % on both
     assert [f for f in watch.findings(replace(base, time=base.time, gpus=idle)) if f.code == "gpu_stall"] == []
     assert [f for f in watch.findings(replace(base, time=base.time + 120, gpus=idle)) if f.code == "gpu_stall"] == []
     assert [f.code for f in watch.findings(replace(base, time=base.time + 300, gpus=idle))] == ["gpu_stall"]
     # A CPU-only run (no GPU memory held) is never a GPU stall.
     cpu_only = GpuWatch(_config(tmp_path, workspace), stall_s=60, startup_stall_s=60)
     for at in (0, 100, 200):
-        assert cpu_only.findings(replace(base, time=base.time + at, gpus=reading(a100(util=0)))) == []
+        no_holder = recorded("dual_a5000", compute_processes=[])
+        assert cpu_only.findings(replace(base, time=base.time + at, gpus=reading(no_holder))) == []
 
 
 async def test_a_cuda_oom_in_the_train_log_is_an_alert_with_the_largest_holders(box, sleeper, tmp_path,
@@ -201,13 +228,16 @@ async def test_a_cuda_oom_in_the_train_log_is_an_alert_with_the_largest_holders(
         "capacity of 79.15 GiB of which 1.2 GiB is free.\n")
     followers = state.followers()
     snap = await box.snapshot(**state.request(followers))
-    snap = replace(snap, gpus=reading(a100((sleeper.pid, 70 * GIB), (4242, 3 * GIB))))
+    # the RTX 3080's five graphics processes, the largest (835) now the sleeper
+    snap = replace(snap, gpus=reading(recorded("rtx_3080", {835: sleeper.pid})))
     update = state.apply(snap, followers, time.time())
     [alert] = [a for a in update.new_alerts if "OutOfMemoryError" in a.text]
     assert alert.severity == "error" and alert.stage == "train"
     holders = alert.text.split("largest GPU holders now: ")[1]
-    assert holders.startswith(f"GPU 0: pid {sleeper.pid} ") and "75.2 GB" in holders and "pid 4242 3.2 GB" in holders
-    assert holders.index(str(sleeper.pid)) < holders.index("4242")  # the largest first
+    assert holders.startswith(f"GPU 0: pid {sleeper.pid} ") and "576.7 MB" in holders
+    # the three largest, largest first (550, 541 and 159 MiB); not the 79 and 18 MiB ones
+    assert holders.index(f"pid {sleeper.pid} ") < holders.index("pid 4044 ") < holders.index("pid 42416 ")
+    assert "pid 2214 " not in holders and "pid 1481 " not in holders
 
 
 # ---------------------------------------------------------------- the screen
@@ -226,21 +256,18 @@ class _Panes(App):
 async def test_the_gpu_pane_and_column_show_a_reading_and_hostile_names_literally(box, spawn) -> None:
     hostile = spawn(sys.executable, "-c", SLEEPER, HOSTILE, stdout=subprocess.PIPE, text=True)
     assert hostile.stdout.readline() == "up\n"
-    recording = a100((hostile.pid, 21 * GIB), util=55, reasons=0x40)
-    recording["devices"][0]["name"] = HOSTILE
-    second = copy.deepcopy(recording["devices"][0])
-    second.update(name="NVIDIA GeForce RTX 3080", memory=[1 * GIB, 10 * GIB], ecc_errors=None,
-                  compute_processes=[], utilization=[0, 0])
-    recording["devices"].append(second)
+    recording = recorded("rtx_3080", {835: hostile.pid}, name=HOSTILE, clocks_event_reasons=0x40)
+    recording["devices"] += recorded("a100_sxm4_mig")["devices"]  # MIG: utilization not supported
     snap = await box.snapshot()
     snap = replace(snap, gpus=reading(recording))
 
     lines = gpu_lines(snap.gpus).plain.split("\n")
     assert lines[0].split() == ["name", "util", "memory", "temp", "power"]
-    assert "22/80G" in lines[1] and " 55%" in lines[1] and "64°C" in lines[1] and "389/400W" in lines[1]
+    assert "1.1/10G" in lines[1] and "  0%" in lines[1] and "31°C" in lines[1] and "23/336W" in lines[1]
     assert " 0 [b]A100[/b] ␛]0…" in lines[1]  # as sent, cut to fit, ESC shown
     assert "hot" in lines[1] and "\x1b" not in "".join(lines)
-    assert "GeForce RTX 3080" in lines[2] and "1.0/10G" in lines[2] and "  0%" in lines[2]
+    assert " 1 A100-SXM4-80GB" in lines[2] and "   ?%" in lines[2] and "0.0/80G" in lines[2]
+    assert "27°C" in lines[2] and "67/500W" in lines[2]
     assert gpu_lines(reading({"init": {"nvml_error": "LIBRARY_NOT_FOUND"}})).plain.startswith("no GPU: NVML")
 
     app = _Panes()
@@ -251,10 +278,36 @@ async def test_the_gpu_pane_and_column_show_a_reading_and_hostile_names_literall
         await pilot.pause()
         assert pane.table.labels == ("stage", "pid", "user", "cpu%", "rss", "gpu", "age", "ports", "command")
         cells = dict(pane.table.rows)[f"{hostile.pid}:{snap.process(hostile.pid).start_time}"]
-        assert cells[5] == "23G" and "[b]A100[/b] ␛]0;pwned␇ [@click=app.quit]x[/]" in cells[-1]
-        assert "other 23G GPU" in str(pane.border_subtitle)
+        assert cells[5] == "577M" and "[b]A100[/b] ␛]0;pwned␇ [@click=app.quit]x[/]" in cells[-1]
+        assert "other 577M GPU" in str(pane.border_subtitle)
         pane.show(_rows(snap), snap.time, GpuReading(error="no NVIDIA GPU found"))  # no GPU: no column
         assert "gpu" not in pane.table.labels
+
+
+async def test_the_console_shows_the_gpus_the_column_the_line_and_the_alerts() -> None:
+    """The recorded box (tests/data/recorded_box.json) through the real app, with the two A5000s'
+    reading: their training process is the recorded train stage's python."""
+    recording = replay.load(Path(__file__).parent / "data" / "recorded_box.json")
+    now = recording["probe"]["time"]
+    app = SamaiApp(replay.recorded_config(recording), poll=False, clock=lambda: now)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert not app.query_one(GpuPane).display  # nothing read yet: no pane
+        gpus = reading(recorded("dual_a5000", {A5000_PID: 4250}, utilization=[91, 40]))
+        for at in (0, 2):
+            followers = app.state.followers()
+            snap = replace(replay.recorded_snapshot(recording, followers), time=now + at, gpus=gpus)
+            app.show_snapshot(snap, followers)
+        await pilot.pause()
+        pane = app.query_one(GpuPane)
+        assert pane.display and "RTX A5000" in pane.render().plain and "91%" in pane.render().plain
+        table = app.query_one(ProcessPane).table
+        assert "gpu" in table.labels
+        row = next(cells for key, cells in table.rows if key.startswith("4250:"))
+        assert row[0] == "train" and row[table.labels.index("gpu")] == "42G"
+        assert "train 42G GPU" in str(app.query_one(ProcessPane).border_subtitle)
+        line = app.query_one(GpuUtilLine)
+        assert line.display and line.series == [91, 91]
+        assert not [a for a in app.state.alerts if a.code.startswith("gpu_")]  # the train stage's own
 
 
 def test_the_utilization_line_shows_a_stalled_step_as_a_dip() -> None:
@@ -266,7 +319,7 @@ def test_the_utilization_line_shows_a_stalled_step_as_a_dip() -> None:
 
 
 def test_doctor_json_carries_the_gpus_and_their_findings(tmp_path, workspace, sleeper) -> None:
-    recording = a100((sleeper.pid, 30 * GIB), ecc=(0, 1))
+    recording = recorded("tesla_t4", {T4_PIDS[0]: sleeper.pid, T4_PIDS[1]: os.getpid()}, ecc_errors=[0, 1])
     (tmp_path / "nvml.json").write_text(json.dumps(recording))
     cfg = tmp_path / "doctor.toml"
     cfg.write_text(f'[workspace]\npath = "{workspace}"\n[stages.train]\nkey = "t"\ncommand = "sleep 30"\n')
@@ -274,10 +327,10 @@ def test_doctor_json_carries_the_gpus_and_their_findings(tmp_path, workspace, sl
     out = json.loads(r.stdout)
     assert r.returncode == 1  # an uncorrectable ECC error is an error
     [gpu] = out["gpus"]["gpus"]
-    assert gpu["name"] == "NVIDIA A100-SXM4-80GB" and gpu["processes"][0]["pid"] == sleeper.pid
+    assert gpu["name"] == "Tesla T4" and gpu["processes"][0]["pid"] == sleeper.pid
     codes = {f["code"]: f for f in out["findings"]}
     assert set(codes) == {"gpu_leftover", "gpu_ecc"}
     assert codes["gpu_leftover"]["action"].startswith(f"kill {sleeper.pid} ")
     text = run_cli("--config", str(cfg), "doctor", env={"SAMAI_NVML_REPLAY": str(tmp_path / "nvml.json")}).stdout
-    assert "[0] NVIDIA A100-SXM4-80GB  util 97%" in text and f"pid {sleeper.pid:>7} C" in text
+    assert "[0] Tesla T4  util 0%" in text and f"pid {sleeper.pid:>7} C" in text
     wait_for(lambda: sleeper.poll() is None)  # doctor looks, never touches
