@@ -73,7 +73,8 @@ def gpu_lines(reading: GpuReading) -> Content:
 class GpuPane(Pane):
     DEFAULT_CSS = """
     GpuPane {
-        display: none; height: auto; max-height: 12; padding: 0 1; overflow-y: auto; text-wrap: nowrap; text-overflow: ellipsis;
+        display: none; height: auto; max-height: 12; padding: 0 1; overflow-y: auto;
+        text-wrap: nowrap; text-overflow: ellipsis;
         border: round $foreground 25%; border-title-color: $primary; border-subtitle-color: $foreground 70%;
     }
     """
