@@ -144,6 +144,17 @@ async def test_a_small_holder_and_a_stage_s_own_holder_are_not_leftovers(box, sl
     assert found.code == "gpu_leftover" and f"pid {sleeper.pid} holds 1.1 GB" in found.message
 
 
+async def test_a_leftover_whose_memory_moves_stays_one_alert(box, sleeper, tmp_path, workspace) -> None:
+    state = ConsoleState(_config(tmp_path, workspace))
+    snap = await box.snapshot()
+    for at, used in enumerate((23519559680, 23519559680 + 3 * 2**30, 23519559680 - 2**30)):
+        gpus = reading(recorded("dual_a5000", {A5000_PID: sleeper.pid}, compute_processes=[[sleeper.pid, used]]))
+        state.apply(replace(snap, time=snap.time + at, gpus=gpus), [], snap.time + at)
+    [alert] = [a for a in state.alerts if a.code == "gpu_leftover"]
+    assert alert.active and "holds 47.0 GB" in alert.text  # both GPUs as first seen
+    assert alert.action.pid == sleeper.pid
+
+
 async def test_memory_held_by_a_pid_that_is_gone_is_a_zombie_context(box, spawn) -> None:
     gone = spawn(sys.executable, "-c", "pass")
     gone.wait()

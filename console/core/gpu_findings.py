@@ -57,12 +57,15 @@ def stage_pids(snap: Snapshot) -> dict[int, str]:
     return owners
 
 
-def gpu_findings(snap: Snapshot) -> list[Finding]:
-    """Everything one snapshot shows about its GPUs."""
+def gpu_findings(snap: Snapshot, quoted: dict[int, int] | None = None) -> list[Finding]:
+    """Everything one snapshot shows about its GPUs. quoted: the memory to quote for a holder
+    (pid -> bytes) in place of what it holds now: an alert is one alert while its text stays
+    the same, and a holder's memory moves from poll to poll."""
     reading = snap.gpus
     found = [*_unreadable(reading), *_ecc(reading), *_slowdowns(reading)]
     if snap.processes:  # a snapshot taken without the process table cannot tell leftovers
-        found += [*_leftovers(snap), *_zombies(snap)]
+        held = {**reading.holders(), **(quoted or {})}
+        found += [*_leftovers(snap, held), *_zombies(snap, held)]
     return found
 
 
@@ -90,21 +93,20 @@ def _slowdowns(reading: GpuReading) -> Iterable[Finding]:
         reasons = gpu.slowdowns
         thermal = [r for r in reasons if r in THERMAL]
         power = [r for r in reasons if r in POWER]
-        if thermal:
-            temp = f" at {gpu.temperature} °C" if gpu.temperature is not None else ""
-            yield Finding("gpu_thermal", "warning", f"{_label(gpu)} is slowed down by heat{temp} "
+        if thermal:  # no temperature in the text: it changes every poll (the GPU pane shows it)
+            yield Finding("gpu_thermal", "warning", f"{_label(gpu)} is slowed down by heat "
                           f"({', '.join(thermal)}): check its cooling and airflow")
         if power:
             yield Finding("gpu_power", "warning", f"{_label(gpu)} is slowed down by its power supply "
                           f"({', '.join(power)}): a power brake or an overloaded PSU")
 
 
-def _leftovers(snap: Snapshot) -> Iterable[Finding]:
+def _leftovers(snap: Snapshot, held_by: dict[int, int]) -> Iterable[Finding]:
     """GPU memory held by a live process that no running stage started: a killed run's leftover
     keeps it, and the next train OOMs."""
     owners = stage_pids(snap)
-    for pid, held in snap.gpus.holders().items():
-        proc = snap.process(pid)
+    for pid in snap.gpus.holders():
+        proc, held = snap.process(pid), held_by[pid]
         if proc is None or pid in owners or held < LEFTOVER_MIN_BYTES:
             continue
         yield Finding("gpu_leftover", "warning", f"pid {pid} holds {units.size(held)} of GPU memory and is no "
@@ -112,14 +114,15 @@ def _leftovers(snap: Snapshot) -> Iterable[Finding]:
                       FixAction.kill(proc))
 
 
-def _zombies(snap: Snapshot) -> Iterable[Finding]:
+def _zombies(snap: Snapshot, held_by: dict[int, int]) -> Iterable[Finding]:
     """GPU memory held by a pid the box has no process for: a context whose process exited but
     was not reaped (a zombie), or a process in another PID namespace (another container)."""
-    for pid, held in snap.gpus.holders().items():
+    for pid in snap.gpus.holders():
         if snap.process(pid) is None:
-            yield Finding("gpu_zombie", "warning", f"pid {pid} holds {units.size(held)} of GPU memory but is no "
-                          "process on the box: a zombie context (it clears when its parent reaps it: stop the "
-                          "parent) or another container's process; else only a GPU reset by an admin frees it")
+            yield Finding("gpu_zombie", "warning", f"pid {pid} holds {units.size(held_by[pid])} of GPU memory but is "
+                          "no process the box shows: a zombie context (it clears when its parent reaps it: stop the "
+                          "parent), another container's process or one this user cannot see; else only a GPU reset "
+                          "by an admin frees it")
 
 
 def holders_text(reading: GpuReading, snap: Snapshot | None = None, shown: int = HOLDERS_SHOWN) -> str:
@@ -162,6 +165,7 @@ class GpuWatch:
         # Each training run (stage, fired_at): since when its GPUs have been idle, and whether it used them yet.
         self._idle_since: dict[tuple[str, float], float | None] = {}
         self._busy_once: set[tuple[str, float]] = set()
+        self._first_held: dict[int, int] = {}  # each holder's memory when first seen: what its alert quotes
 
     def utilization(self) -> list[float | None]:
         """Each poll's mean utilization over the GPUs, oldest first."""
@@ -169,7 +173,9 @@ class GpuWatch:
 
     def findings(self, snap: Snapshot) -> list[Finding]:
         self._keep(snap)
-        return gpu_findings(snap) + self._stalls(snap)
+        holders = snap.gpus.holders()
+        self._first_held = {pid: self._first_held.get(pid, held) for pid, held in holders.items()}
+        return gpu_findings(snap, self._first_held) + self._stalls(snap)
 
     def _keep(self, snap: Snapshot) -> None:
         if not snap.gpus.gpus:
