@@ -275,7 +275,11 @@ async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
 async def _snapshot(args, cfg, box: Box) -> int:
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts])
     if args.json:
-        print(_json(asdict(snap)))
+        from samai.console.core.gpu_findings import gpu_findings  # see _budget
+
+        # what the GPUs show (the reading itself is the snapshot's "gpus")
+        found = [dict(asdict(f), action=str(f.action or "")) for f in gpu_findings(snap)]
+        print(_json(dict(asdict(snap), gpu_findings=found)))
     else:
         from samai.console.gpu_report import describe_gpus  # see _budget
 

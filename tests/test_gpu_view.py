@@ -329,12 +329,13 @@ def test_the_utilization_line_shows_a_stalled_step_as_a_dip() -> None:
 # ---------------------------------------------------------------- doctor
 
 
-def test_doctor_json_carries_the_gpus_and_their_findings(tmp_path, workspace, sleeper) -> None:
+def test_doctor_and_snapshot_carry_the_gpus_and_their_findings(tmp_path, workspace, sleeper) -> None:
     recording = recorded("tesla_t4", {T4_PIDS[0]: sleeper.pid, T4_PIDS[1]: os.getpid()}, ecc_errors=[0, 1])
     (tmp_path / "nvml.json").write_text(json.dumps(recording))
     cfg = tmp_path / "doctor.toml"
     cfg.write_text(f'[workspace]\npath = "{workspace}"\n[stages.train]\nkey = "t"\ncommand = "sleep 30"\n')
-    r = run_cli("--config", str(cfg), "doctor", "--json", env={"SAMAI_NVML_REPLAY": str(tmp_path / "nvml.json")})
+    replayed = {"SAMAI_NVML_REPLAY": str(tmp_path / "nvml.json")}
+    r = run_cli("--config", str(cfg), "doctor", "--json", env=replayed)
     out = json.loads(r.stdout)
     assert r.returncode == 1  # an uncorrectable ECC error is an error
     [gpu] = out["gpus"]["gpus"]
@@ -342,6 +343,10 @@ def test_doctor_json_carries_the_gpus_and_their_findings(tmp_path, workspace, sl
     codes = {f["code"]: f for f in out["findings"]}
     assert set(codes) == {"gpu_leftover", "gpu_ecc"}
     assert codes["gpu_leftover"]["action"].startswith(f"kill {sleeper.pid} ")
-    text = run_cli("--config", str(cfg), "doctor", env={"SAMAI_NVML_REPLAY": str(tmp_path / "nvml.json")}).stdout
+    text = run_cli("--config", str(cfg), "doctor", env=replayed).stdout
     assert "[0] Tesla T4  util 0%" in text and f"pid {sleeper.pid:>7} C" in text
     wait_for(lambda: sleeper.poll() is None)  # doctor looks, never touches
+    snap = json.loads(run_cli("--config", str(cfg), "snapshot", "--json", env=replayed).stdout)
+    assert snap["gpus"] == out["gpus"]
+    assert {f["code"] for f in snap["gpu_findings"]} == {"gpu_leftover", "gpu_ecc"}
+    assert "[0] Tesla T4  util 0%" in run_cli("--config", str(cfg), "snapshot", env=replayed).stdout
