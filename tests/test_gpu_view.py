@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 
 from samai.console import replay
@@ -22,8 +24,9 @@ from samai.console.app import SamaiApp
 from samai.console.core import config as config_mod
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
-from samai.console.core.gpu_findings import STALL_S, GpuWatch, gpu_findings
+from samai.console.core.gpu_findings import STALL_S, GpuWatch, gpu_findings, holders_text
 from samai.console.core.state import ConsoleState, ProcessRow
+from samai.console.gpu_report import describe_gpus
 from samai.remote import model
 from samai.remote.box.gpus import GpuSession
 from samai.remote.box.nvml_replay import ReplayNvml
@@ -350,3 +353,34 @@ def test_doctor_and_snapshot_carry_the_gpus_and_their_findings(tmp_path, workspa
     assert snap["gpus"] == out["gpus"]
     assert {f["code"] for f in snap["gpu_findings"]} == {"gpu_leftover", "gpu_ecc"}
     assert "[0] Tesla T4  util 0%" in run_cli("--config", str(cfg), "snapshot", env=replayed).stdout
+
+
+# ---------------------------------------------------------------- garbage in
+
+
+INT = st.one_of(st.none(), st.integers(-2**63, 2**64))
+FLOAT = st.one_of(st.none(), st.floats(), st.integers(-10**6, 10**12))
+TEXT = st.one_of(st.none(), st.text(max_size=60))
+GPU = st.fixed_dictionaries({"index": st.integers(-5, 2**31)}, optional={
+    "name": TEXT, "uuid": TEXT, "error": TEXT, "util_gpu": INT, "util_memory": INT, "memory_used": INT,
+    "memory_total": INT, "temperature": INT, "power_draw": FLOAT, "power_limit": FLOAT, "ecc_uncorrected": INT,
+    "throttle_reasons": st.one_of(st.none(), st.lists(st.text(max_size=30), max_size=4)),
+    "processes": st.lists(st.fixed_dictionaries({"pid": st.integers(0, 2**31)}, optional={
+        "used_memory": INT, "kind": st.text(max_size=5)}), max_size=4)})
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(GPU, max_size=3), TEXT, st.sampled_from([None, "a GPU field of the wrong type"]))
+def test_any_gpu_reading_renders_and_is_checked_without_a_crash(gpus, error, wrong) -> None:
+    """Whatever values a GPU section holds (nan, negative, huge, control characters), the pane,
+    the report and the findings cope; a section of the wrong shape is dropped with its error."""
+    if wrong:
+        gpus = [*gpus, {"index": 0, "util_gpu": "97"}]
+    parsed = model.gpu_reading({"gpus": gpus, "gpu_error": error})
+    assert len(parsed.gpus) == (0 if wrong else len(gpus)) and (parsed.error is not None if wrong else True)
+    me = Process(os.getpid(), 1, 1, 1, "me", 1.0, "S", 0.0, 0.0, 0, "python", ("python", "[b]x[/b]"))
+    snap = Snapshot(1.0, "", 0, 0.0, (), (), (me,), (), (), (), gpus=parsed)
+    text = gpu_lines(parsed).plain + describe_gpus(parsed, snap) + holders_text(parsed, snap)
+    assert "\x1b" not in text
+    gpu_findings(snap)
+    GpuWatch(config_mod.load_builtin("tiny")).findings(snap)
