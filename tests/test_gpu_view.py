@@ -275,13 +275,16 @@ async def test_the_gpu_pane_and_column_show_a_reading_and_hostile_names_literall
     snap = await box.snapshot()
     snap = replace(snap, gpus=reading(recording))
 
-    lines = gpu_lines(snap.gpus).plain.split("\n")
-    assert lines[0].split() == ["name", "util", "memory", "temp", "power"]
-    assert "1.1/10G" in lines[1] and "  0%" in lines[1] and "31°C" in lines[1] and "23/336W" in lines[1]
-    assert " 0 [b]A100[/b] ␛]0…" in lines[1]  # as sent, cut to fit, ESC shown
-    assert "hot" in lines[1] and "\x1b" not in "".join(lines)
-    assert " 1 A100-SXM4-80GB" in lines[2] and "   ?%" in lines[2] and "0.0/80G" in lines[2]
-    assert "27°C" in lines[2] and "67/500W" in lines[2]
+    rtx, mig = gpu_lines(snap.gpus).plain.split("\n")
+    assert "1.1/10G" in rtx and "  0%" in rtx and "31°C" in rtx and "23/336W" in rtx
+    assert rtx.startswith(" 0 [b]A100[/b] ␛]0…")  # as sent, cut to fit, ESC shown
+    assert rtx.endswith(" hot") and "\x1b" not in rtx + mig
+    assert mig.startswith(" 1 A100-SXM4-80GB") and "   ?%" in mig and "0.0/80G" in mig  # MIG: no utilization
+    assert "27°C" in mig and "67/500W" in mig
+    # a narrow pane keeps every number and drops the names first
+    narrow = gpu_lines(snap.gpus, 50).plain.split("\n")
+    assert narrow[1].startswith(" 1 ") and "A100" not in narrow[1] and narrow[1].endswith("27°C 67/500W")
+    assert all(len(line) <= 50 for line in narrow[1:])
     assert gpu_lines(reading({"init": {"nvml_error": "LIBRARY_NOT_FOUND"}})).plain.startswith("no GPU: NVML")
 
     app = _Panes()

@@ -11,11 +11,13 @@ from samai.remote.visible import visible
 from samai.widgets.pane import Pane, set_subtitle
 
 BAR_WIDTH = 8
-NAME_WIDTH = 16
+NARROW_BAR_WIDTH = 6
+NAME_WIDTH = 16  # at most; less, or no name, in a narrow pane
+MIN_NAME = 6
+LEGEND = "util · memory · temp · power"
 # What holds a GPU back, in a word each (the names are NVML's clocks event reasons).
 SLOWDOWN_WORDS = {"sw_power_cap": "power cap", "hw_slowdown": "hw slowdown", "sync_boost": "sync boost",
                   "sw_thermal_slowdown": "hot", "hw_thermal_slowdown": "hot", "hw_power_brake_slowdown": "power brake"}
-HEADER = f"   {'name':<{NAME_WIDTH}} {'util':<{BAR_WIDTH + 5}} {'memory':<{BAR_WIDTH + 9}} {'temp':>4} power"
 
 
 def bar(fraction: float | None, width: int = BAR_WIDTH) -> list[tuple[str, str]]:
@@ -28,6 +30,16 @@ def bar(fraction: float | None, width: int = BAR_WIDTH) -> list[tuple[str, str]]
     return [("█" * cells, style), ("·" * (width - cells), "$foreground 40%")]
 
 
+def layout(width: int | None) -> tuple[int, int]:
+    """The bars' and the name's widths for a row of `width` cells (None: as wide as it likes):
+    the numbers always fit before the name does."""
+    if width is None:
+        return BAR_WIDTH, NAME_WIDTH
+    bars = BAR_WIDTH if width >= 2 * BAR_WIDTH + 32 + MIN_NAME + 1 else NARROW_BAR_WIDTH
+    room = width - (2 * bars + 32) - 1  # index, the two bars with their numbers, temperature, power
+    return bars, min(NAME_WIDTH, room) if room >= MIN_NAME else 0
+
+
 def _memory(used: int | None, total: int | None) -> str:
     """used/total in GiB, as nvitop shows it: 70/80G, 4.2/24G."""
     def gib(n: int | None) -> str:
@@ -35,23 +47,24 @@ def _memory(used: int | None, total: int | None) -> str:
     return f"{gib(used)}/{gib(total)}G"
 
 
-def _name(gpu: Gpu) -> str:
+def _name(gpu: Gpu, width: int) -> str:
     name = visible(gpu.name or "?").removeprefix("NVIDIA ")
-    return name if len(name) <= NAME_WIDTH else name[:NAME_WIDTH - 1] + "…"
+    return name if len(name) <= width else name[:width - 1] + "…"
 
 
 def _known(value: float | None, spec: str = "") -> str:
     return "?" if value is None else format(value, spec)
 
 
-def gpu_row(gpu: Gpu) -> Content:
-    """One GPU in one line."""
-    head: list = [(f"{gpu.index:>2} ", "bold"), f"{_name(gpu):<{NAME_WIDTH}} "]
+def gpu_row(gpu: Gpu, width: int | None = None) -> Content:
+    """One GPU in one line of `width` cells (more where a slowdown or an ECC count is added)."""
+    bars, name_width = layout(width)
+    head: list = [(f"{gpu.index:>2} ", "bold")] + ([f"{_name(gpu, name_width):<{name_width}} "] if name_width else [])
     if gpu.error:
         return Content.assemble(*head, (visible(f"unreadable: {gpu.error}"), "$error"))
     util = None if gpu.util_gpu is None else gpu.util_gpu / 100
     hot = gpu.temperature is not None and gpu.temperature >= 85
-    parts: list = [*head, *bar(util), f"{_known(gpu.util_gpu):>4}% ", *bar(gpu.memory_fraction),
+    parts: list = [*head, *bar(util, bars), f"{_known(gpu.util_gpu):>4}% ", *bar(gpu.memory_fraction, bars),
                    f" {_memory(gpu.memory_used, gpu.memory_total):<8}",
                    (f"{_known(gpu.temperature):>3}°C", "$warning" if hot else ""),
                    f" {_known(gpu.power_draw, '.0f')}/{_known(gpu.power_limit, '.0f')}W"]
@@ -63,24 +76,34 @@ def gpu_row(gpu: Gpu) -> Content:
     return Content.assemble(*parts)
 
 
-def gpu_lines(reading: GpuReading) -> Content:
-    """The pane's text: a header and a row per GPU, or `no GPU: <reason>`."""
+def gpu_lines(reading: GpuReading, width: int | None = None) -> Content:
+    """The pane's text: a row per GPU, or `no GPU: <reason>`."""
     if not reading.gpus:
         return Content.assemble(("no GPU: ", "$foreground 60%"), visible(reading.error or "none found"))
-    return Content("\n").join([Content.styled(HEADER, "$foreground 60%"), *(gpu_row(g) for g in reading.gpus)])
+    return Content("\n").join([gpu_row(g, width) for g in reading.gpus])
 
 
 class GpuPane(Pane):
+    """Its rows fit its width: a narrower pane shortens the names, then drops them."""
+
     DEFAULT_CSS = """
     GpuPane {
-        display: none; height: auto; max-height: 12; padding: 0 1; overflow-y: auto;
+        display: none; height: auto; max-height: 30%; padding: 0 1; overflow-y: auto;
         text-wrap: nowrap; text-overflow: ellipsis;
         border: round $foreground 25%; border-title-color: $primary; border-subtitle-color: $foreground 70%;
     }
     """
+    _reading: GpuReading | None = None
 
     def show(self, reading: GpuReading) -> None:
         """A reply without a GPU section (an older probe, a recording) hides the pane."""
+        self._reading = reading
         self.display = bool(reading.gpus or reading.error)
-        set_subtitle(self, f"driver {reading.driver}" if reading.driver else "")
-        self.show_content(gpu_lines(reading))
+        driver = f" · driver {reading.driver}" if reading.driver else ""
+        set_subtitle(self, (LEGEND if reading.gpus else "") + driver)
+        width = self.content_region.width
+        self.show_content(gpu_lines(reading, width or None))
+
+    def on_resize(self) -> None:
+        if self._reading is not None:
+            self.show(self._reading)
