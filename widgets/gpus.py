@@ -98,7 +98,9 @@ class GpuPane(Pane):
     def show(self, reading: GpuReading) -> None:
         """A reply without a GPU section (an older probe, a recording) hides the pane."""
         self._reading = reading
-        self.display = bool(reading.gpus or reading.error)
+        shown = bool(reading.gpus or reading.error)
+        if self.display != shown:  # each poll hands a reading in: no restyle when nothing changed
+            self.display = shown
         driver = f" · driver {reading.driver}" if reading.driver else ""
         set_subtitle(self, (LEGEND if reading.gpus else "") + driver)
         width = self.content_region.width
