@@ -48,6 +48,7 @@ import secrets
 import threading
 import time
 import urllib.parse
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -393,8 +394,8 @@ class Plumbing(BaseHTTPRequestHandler):
 
     do_GET = do_HEAD = do_POST = do_PUT = dispatch
 
-    def route(self, url: urllib.parse.SplitResult) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def route(self, url: urllib.parse.SplitResult) -> None: ...
 
 
 # ------------------------------------------------------------------ the Hub

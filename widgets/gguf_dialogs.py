@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -111,8 +112,8 @@ class _Form(ModalScreen[FormT | None]):
     def action_cancel(self) -> None:
         self.dismiss(None)
 
-    def _submit(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _submit(self) -> None: ...
 
 
 class SetKvDialog(_Form[KvEdit]):

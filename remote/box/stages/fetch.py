@@ -388,21 +388,27 @@ def run(args):
                   args.archive, args.keep_archive)
 
 
-def main(argv=None):
-    sys.stdout.reconfigure(line_buffering=True)  # the log is a file: each line must land as it is printed
-    args = build_parser().parse_args(argv)
+def reported(work, fail_marker="FETCH_FAIL", markers=None):
+    """work() run as a stage: a failure printed as one marker line (FetchError's own marker, when
+    `markers` is None or lists it, else fail_marker) and returned as the exit code."""
     try:
-        run(args)
+        work()
     except Busy as e:
         print("FETCH_BUSY another fetch of %s is running (pid %s)" % (e.what, e.pid))
         return EXIT_BUSY
     except FetchError as e:
-        print("%s %s" % (e.marker, e))
+        print("%s %s" % (e.marker if markers is None or e.marker in markers else fail_marker, e))
         return 1
     except OSError as e:
-        print("FETCH_FAIL %s" % one_line(e))
+        print("%s %s" % (fail_marker, one_line(e)))
         return 1
     return 0
+
+
+def main(argv=None):
+    sys.stdout.reconfigure(line_buffering=True)  # the log is a file: each line must land as it is printed
+    args = build_parser().parse_args(argv)
+    return reported(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ it); huggingface_hub itself is imported lazily, from the box venv. Python >= 3.8
 
 fetch hf: the repo's listing is read first (repo info with its files' metadata) and every name in
 it is checked before anything is written: the names come from the hub and are untrusted, so one
-that could leave DEST ('../x', '/etc/passwd', a backslash, a control character, the client's own
+that could leave DEST ('../x', '/etc/passwd', a backslash, a control or invisible character, the client's own
 .cache/huggingface folder) refuses the whole fetch. snapshot_download then runs pinned to the
 commit the listing named, for exactly the listed names (escaped, so a '[' in a name is not a
 glob), into DEST; every file is then checked against the listing: its size, and its sha256
@@ -131,8 +131,8 @@ def unsafe_reason(name):
         return "not a name"
     if name.startswith("/") or "\\" in name or re.match(r"^[A-Za-z]:", name):
         return "absolute"
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return "control character"
+    if not name.isprintable():  # control characters, and the invisible ones (soft hyphen, bidi overrides)
+        return "control or invisible character"
     if any(part in ("", ".", "..") for part in name.split("/")):
         return "empty, '.' or '..' segment"
     if name == CLIENT_DIR or name.startswith(CLIENT_DIR + "/"):

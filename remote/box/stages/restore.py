@@ -28,9 +28,8 @@ import sys
 import urllib.parse
 import urllib.request
 
-from .fetch import EXIT_BUSY, bearer_token, check_relpath, fetch_file, read_small
-from .locks import Busy
-from .transfer import FetchError, human, one_line
+from .fetch import bearer_token, check_relpath, fetch_file, read_small, reported
+from .transfer import FetchError, human
 
 SHA256_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
 HF_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
@@ -124,19 +123,7 @@ def main(argv=None):
     if "/" in args.manifest or args.manifest in ("", ".", ".."):
         print("RESTORE_FAIL --manifest is a file name, not a path")
         return 2
-    try:
-        restore(args)
-    except Busy as e:
-        print("FETCH_BUSY another fetch of %s is running (pid %s)" % (e.what, e.pid))
-        return EXIT_BUSY
-    except FetchError as e:
-        marker = e.marker if e.marker in ("SHA_MISMATCH", "RESTORE_MISSING", "RESTORE_FAIL") else "RESTORE_FAIL"
-        print("%s %s" % (marker, e))
-        return 1
-    except OSError as e:
-        print("RESTORE_FAIL %s" % one_line(e))
-        return 1
-    return 0
+    return reported(lambda: restore(args), "RESTORE_FAIL", ("SHA_MISMATCH", "RESTORE_MISSING", "RESTORE_FAIL"))
 
 
 if __name__ == "__main__":
