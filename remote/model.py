@@ -261,6 +261,23 @@ class Gpu:
 BENIGN_THROTTLE_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})
 
 
+# The kinds of GpuEvent: an Xid error, a single-bit (corrected) or double-bit (uncorrected) ECC error.
+GPU_EVENT_KINDS = ("xid", "ecc_sbe", "ecc_dbe")
+MAX_GPU_EVENTS = 64  # the probe sends its last 32
+MAX_EVENT_TIME = 1e11  # seconds since the epoch: year 5138, far beyond any real clock
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    """An event NVML's event API reported for one GPU (a --serve probe watches them), with the
+    box's wall time when the probe took it: within a poll of when it happened."""
+
+    gpu: int  # the GPU's index
+    kind: str  # one of GPU_EVENT_KINDS
+    code: int  # the Xid number (999: one NVML cannot name); 0 for an ECC event
+    time: float
+
+
 @dataclass(frozen=True)
 class GpuReading:
     """The box's GPUs: none and an error saying why (no driver, no device, NVML failed to start)."""
@@ -268,6 +285,8 @@ class GpuReading:
     gpus: tuple[Gpu, ...] = ()
     error: str | None = None
     driver: str | None = None  # the driver version NVML reports
+    events: tuple[GpuEvent, ...] = ()  # the recent ones, oldest first
+    events_note: str | None = None  # what the event API could not do (a GPU without events, a failed wait)
 
     def holders(self) -> dict[int, int]:
         """pid -> bytes of GPU memory it holds over every GPU (unknown amounts count 0)."""
@@ -522,17 +541,42 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
 
 def gpu_reading(raw: dict[str, Any]) -> GpuReading:
     """The reply's GPU section. A malformed one costs the GPUs (said in its error), not the
-    snapshot: the rest of the reply is as good without them."""
+    snapshot: the rest of the reply is as good without them. Its events are read on their own,
+    each one that is not of the documented shape left out."""
+    events = gpu_events(raw.get("gpu_events"))
+    note = raw.get("gpu_events_note")
+    note = note[:300] if type(note) is str else None
     try:
-        return _gpu_reading(raw)
+        return _gpu_reading(raw, events, note)
     except BoxError as e:
-        return GpuReading(error=str(e)[:300])
+        return GpuReading(error=str(e)[:300], events=events, events_note=note)
 
 
 @_converting
-def _gpu_reading(raw: dict[str, Any]) -> GpuReading:
+def _gpu_reading(raw: dict[str, Any], events: tuple[GpuEvent, ...], note: str | None) -> GpuReading:
     gpus = tuple(_gpu(g) for g in _items(raw, "gpus"))
-    return _typed(GpuReading, gpus=gpus, error=raw.get("gpu_error"), driver=raw.get("gpu_driver"))
+    return _typed(GpuReading, gpus=gpus, error=raw.get("gpu_error"), driver=raw.get("gpu_driver"), events=events,
+                  events_note=note)
+
+
+def gpu_events(raw: Any) -> tuple[GpuEvent, ...]:
+    """The well-formed entries of a reply's "gpu_events" (the last MAX_GPU_EVENTS), garbage left out."""
+    if type(raw) is not list:
+        return ()
+    return tuple(e for e in map(_gpu_event, raw[-MAX_GPU_EVENTS:]) if e is not None)
+
+
+def _gpu_event(raw: Any) -> GpuEvent | None:
+    if type(raw) is not dict:
+        return None
+    gpu, kind, code, at = raw.get("gpu"), raw.get("kind"), raw.get("code"), raw.get("time")
+    if type(gpu) is not int or not 0 <= gpu < 2**31 or type(kind) is not str or kind not in GPU_EVENT_KINDS:
+        return None
+    if type(code) is not int or not 0 <= code < 2**64 or type(at) not in (int, float):
+        return None
+    if not 0 <= at < MAX_EVENT_TIME:  # NaN too
+        return None
+    return GpuEvent(gpu, kind, code, float(at))
 
 
 def _gpu(raw: Any) -> Gpu:

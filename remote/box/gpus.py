@@ -9,10 +9,15 @@ library, no driver, no device or a failed init give "gpus": [] and "gpu_error" s
 single call that fails gives null for its field, and a device whose handle fails is one entry
 with its "error". Nothing here raises on what the source returns: every value is checked for
 its type and range before it is sent.
+
+The session also watches NVML's events (gpu_events.py): each reply carries the recent Xid and
+ECC error events as "gpu_events" and what the event API could not do as "gpu_events_note". A
+probe run once (read_once) watches none: only a --serve probe is there when an Xid happens.
 """
 
 import time
 
+from .gpu_events import EventWatch
 from .nvml import VALUE_NOT_AVAILABLE, Nvml, NvmlError
 from .nvml_replay import from_environment
 
@@ -28,17 +33,20 @@ THROTTLE_REASONS = (
     (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
 )
 KNOWN_REASONS = 0x1FF
+NO_EVENTS = {"gpu_events": [], "gpu_events_note": None}
 
 
 class GpuSession(object):
     """One NVML session: started on the first read, kept until close()."""
 
-    def __init__(self, source=None):
+    def __init__(self, source=None, watch_events=True):
         self.source = source
         self.started = False
         self.error = None  # why it could not start, said in each reply until it can
         self.failed_at = None
         self.driver = None
+        self.watch_events = watch_events
+        self.events = None  # the EventWatch, from the first read that finds a GPU until close()
 
     def start(self):
         if self.started or (self.failed_at is not None and time.monotonic() - self.failed_at < RETRY_S):
@@ -54,28 +62,41 @@ class GpuSession(object):
         self.driver = text(field(self.source.driver_version))
 
     def read(self):
-        """The reply's GPU keys: {"gpus": [...], "gpu_error": why or None, "gpu_driver": ...}."""
+        """The reply's GPU keys: {"gpus": [...], "gpu_error": why or None, "gpu_driver": ...,
+        "gpu_events": [...], "gpu_events_note": why or None}."""
         self.start()
         if not self.started:
-            return {"gpus": [], "gpu_error": self.error, "gpu_driver": None}
+            return dict(NO_EVENTS, gpus=[], gpu_error=self.error, gpu_driver=None)
         try:
             count = bounded(self.source.device_count(), MAX_GPUS)
         except NvmlError as e:
-            return {"gpus": [], "gpu_error": "NVML device count: %s" % text(str(e)), "gpu_driver": self.driver}
+            return dict(NO_EVENTS, gpus=[], gpu_error="NVML device count: %s" % text(str(e)), gpu_driver=self.driver)
         if not count:
-            return {"gpus": [], "gpu_error": "no NVIDIA GPU found", "gpu_driver": self.driver}
+            return dict(NO_EVENTS, gpus=[], gpu_error="no NVIDIA GPU found", gpu_driver=self.driver)
         gpus = [device(self.source, index) for index in range(count)]
-        return {"gpus": gpus, "gpu_error": None, "gpu_driver": self.driver}
+        return dict(self.read_events(count), gpus=gpus, gpu_error=None, gpu_driver=self.driver)
+
+    def read_events(self, count):
+        if not self.watch_events:
+            return NO_EVENTS
+        if self.events is None:
+            self.events = EventWatch(self.source)
+            self.events.start(count)
+        return self.events.read()
 
     def close(self):
+        if self.events is not None:
+            self.events.close()
+            self.events = None
         if self.started:
             self.started = False
             field(self.source.shutdown)
 
 
 def read_once():
-    """One reading in a session of its own (a probe run once, not --serve)."""
-    session = GpuSession()
+    """One reading in a session of its own (a probe run once, not --serve): no events, since
+    NVML gives only those that happen after registration, and this session ends at once."""
+    session = GpuSession(watch_events=False)
     try:
         return session.read()
     finally:

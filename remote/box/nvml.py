@@ -19,6 +19,7 @@ ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
 ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
+ERROR_TIMEOUT = 10  # nvmlEventSetWait: no event came within the time given
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
 ERROR_LIBRARY_NOT_FOUND = 12
@@ -28,12 +29,13 @@ NAMES = {
     ERROR_NO_PERMISSION: "Insufficient Permissions", ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
     ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded", ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     ERROR_FUNCTION_NOT_FOUND: "Function Not Found", ERROR_GPU_IS_LOST: "GPU is lost", ERROR_UNKNOWN: "Unknown Error",
+    ERROR_TIMEOUT: "Timeout",
 }
 CODES = {  # the names replay recordings use for an error
     "UNINITIALIZED": ERROR_UNINITIALIZED, "NOT_SUPPORTED": ERROR_NOT_SUPPORTED,
     "NO_PERMISSION": ERROR_NO_PERMISSION, "DRIVER_NOT_LOADED": ERROR_DRIVER_NOT_LOADED,
     "LIBRARY_NOT_FOUND": ERROR_LIBRARY_NOT_FOUND, "FUNCTION_NOT_FOUND": ERROR_FUNCTION_NOT_FOUND,
-    "GPU_IS_LOST": ERROR_GPU_IS_LOST, "UNKNOWN": ERROR_UNKNOWN,
+    "GPU_IS_LOST": ERROR_GPU_IS_LOST, "TIMEOUT": ERROR_TIMEOUT, "UNKNOWN": ERROR_UNKNOWN,
 }
 
 VALUE_NOT_AVAILABLE = 2 ** 64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
@@ -42,6 +44,9 @@ MEMORY_ERROR_CORRECTED, MEMORY_ERROR_UNCORRECTED = 0, 1
 VOLATILE_ECC = 0
 STRING_BUFFER = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE, enough for a uuid (80) and a version too
 PROCESS_SLACK = 8  # processes may start between the count and the list
+# nvmlEventType* bits (nvml.h): the events the probe registers for.
+EVENT_SINGLE_BIT_ECC, EVENT_DOUBLE_BIT_ECC, EVENT_XID = 0x1, 0x2, 0x8
+ERROR_EVENTS = EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_XID
 
 
 class NvmlError(Exception):
@@ -81,6 +86,13 @@ class ProcessInfoV2(ctypes.Structure):  # what the _v2 and _v3 calls both fill
                 ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
 
+class EventData(ctypes.Structure):
+    """nvmlEventData_t as nvmlEventSetWait_v2 fills it (the older nvmlEventSetWait fills the
+    first three fields only). eventData is the Xid number for an Xid event, else 0."""
+    _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong), ("eventData", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
 # Newest first: the first one the library has is called (older drivers lack the newer names).
 PROCESS_CALLS = {
     False: (("nvmlDeviceGetComputeRunningProcesses_v3", ProcessInfoV2),
@@ -98,6 +110,7 @@ class Nvml(object):
     def __init__(self, library=LIBRARY):
         self.library = library
         self.lib = None
+        self.indices = {}  # each handle given out (its address) -> its device index, for events
 
     # ------------------------------------------------------------ plumbing
 
@@ -148,7 +161,7 @@ class Nvml(object):
     def shutdown(self):
         if self.lib is not None:
             self.call(("nvmlShutdown",))
-            self.lib = None
+            self.lib, self.indices = None, {}
 
     def driver_version(self):
         return self.text(("nvmlSystemGetDriverVersion",))
@@ -160,7 +173,29 @@ class Nvml(object):
         out = ctypes.c_void_p()
         self.call(("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"),
                   ctypes.c_uint(index), ctypes.byref(out))
+        self.indices[out.value] = index
         return out
+
+    # ------------------------------------------------------------ events (Xid and ECC errors)
+
+    def event_set_create(self):
+        out = ctypes.c_void_p()
+        self.call(("nvmlEventSetCreate",), ctypes.byref(out))
+        return out
+
+    def register_events(self, handle, mask, event_set):
+        """NOT_SUPPORTED when the device lacks any one of the types in mask."""
+        self.call(("nvmlDeviceRegisterEvents",), handle, ctypes.c_ulonglong(mask), event_set)
+
+    def event_set_wait(self, event_set):
+        """(device index, event type, event data) of the next event, without waiting: TIMEOUT
+        when none is there. The index is None for a device this session has no handle of."""
+        data = EventData()
+        self.call(("nvmlEventSetWait_v2", "nvmlEventSetWait"), event_set, ctypes.byref(data), ctypes.c_uint(0))
+        return self.indices.get(data.device), data.eventType, data.eventData
+
+    def event_set_free(self, event_set):
+        self.call(("nvmlEventSetFree",), event_set)
 
     # ------------------------------------------------------------ one device
 

@@ -13,6 +13,15 @@ Any value may instead be {"nvml_error": NAME} (a key of nvml.CODES): that call f
 key left out is NOT_SUPPORTED. Values are handed on as recorded, however odd: the reading
 above must cope with anything a library could return.
 
+Events (NVML's event API: Xid and ECC errors) come from two more keys:
+  "events": [[device_index, type_mask, data], ...]: delivered in order by the waits after
+            registration (each once), except one for a device not registered for its type, as
+            NVML would; any other entry is handed on as recorded, and {"nvml_error": NAME}
+            fails that wait. Without the key a GPU registers and no event comes.
+  "event_set": {"nvml_error": NAME}: nvmlEventSetCreate fails with it.
+  DEVICE "event_types": the nvmlEventType* mask the GPU supports (left out: Xid and both ECC
+            types), or {"nvml_error": NAME}: registering for types outside it is NOT_SUPPORTED.
+
 The environment variable SAMAI_NVML_REPLAY names a recording for the probe to read instead of
 the library (tests and bench only); SAMAI_NVML_REPLAY_CALLS names a file each init appends a
 line to, so that a test can count them across processes.
@@ -21,7 +30,7 @@ line to, so that a test can count them across processes.
 import json
 import os
 
-from .nvml import CODES, ERROR_NOT_SUPPORTED, ERROR_UNINITIALIZED, ERROR_UNKNOWN, NvmlError
+from .nvml import CODES, ERROR_EVENTS, ERROR_NOT_SUPPORTED, ERROR_TIMEOUT, ERROR_UNINITIALIZED, ERROR_UNKNOWN, NvmlError
 
 REPLAY_ENV = "SAMAI_NVML_REPLAY"
 CALLS_ENV = "SAMAI_NVML_REPLAY_CALLS"
@@ -33,6 +42,9 @@ class ReplayNvml(object):
         self.recording = recording if isinstance(recording, dict) else {}
         self.calls = calls
         self.started = False
+        self.pending = []  # the recorded events not yet delivered
+        self.registered = {}  # device index -> the types registered for
+        self.open_sets = 0
 
     @classmethod
     def from_file(cls, path, calls=None):
@@ -69,6 +81,7 @@ class ReplayNvml(object):
 
     def shutdown(self):
         self.started = False
+        self.registered = {}
 
     def driver_version(self):
         return self.value(self.recording, "driver_version")
@@ -124,6 +137,50 @@ class ReplayNvml(object):
 
     def processes(self, handle, graphics):
         return self.value(handle, "graphics_processes" if graphics else "compute_processes")
+
+    # ------------------------------------------------------------ events: as recorded
+
+    def event_set_create(self):
+        if not self.started:
+            raise NvmlError(ERROR_UNINITIALIZED)
+        failure = self.recording.get("event_set")
+        if failure is not None:
+            answer(failure if isinstance(failure, dict) else {"nvml_error": "UNKNOWN"})
+        events = self.recording.get("events")
+        self.pending = list(events) if isinstance(events, list) else []
+        self.open_sets += 1
+        return {"event_set": self.open_sets}
+
+    def register_events(self, handle, mask, event_set):
+        index = next((i for i, d in enumerate(self.devices()) if d is handle), None)
+        if not self.started or index is None:
+            raise NvmlError(ERROR_UNINITIALIZED if not self.started else ERROR_NOT_SUPPORTED)
+        supported = answer(handle.get("event_types", ERROR_EVENTS)) if isinstance(handle, dict) else None
+        if not isinstance(supported, int) or mask & ~supported:
+            raise NvmlError(ERROR_NOT_SUPPORTED)
+        self.registered[index] = self.registered.get(index, 0) | mask
+
+    def event_set_wait(self, event_set):
+        if not self.started:
+            raise NvmlError(ERROR_UNINITIALIZED)
+        while self.pending:
+            entry = answer(self.pending.pop(0))
+            if not self.unregistered(entry):
+                return entry
+        raise NvmlError(ERROR_TIMEOUT)
+
+    def unregistered(self, entry):
+        """Whether entry is a well-formed event NVML would not deliver: its device is not
+        registered for its type."""
+        if not isinstance(entry, list) or len(entry) != 3:
+            return False
+        index, kind = entry[0], entry[1]
+        if not isinstance(index, int) or not isinstance(kind, int) or not 0 <= index < len(self.devices()):
+            return False
+        return not self.registered.get(index, 0) & kind
+
+    def event_set_free(self, event_set):
+        self.open_sets -= 1
 
 
 def answer(value):
