@@ -1,6 +1,8 @@
 /* A stand-in libnvidia-ml.so.1 for tests/test_gpus.py, on machines without an NVIDIA driver: the
    NVML functions the probe calls, with nvml.h's signatures and structures, answering fixed values
-   for two GPUs. It checks the ctypes layer's side of the ABI (structure layouts and versions, the
+   for two GPUs (a third is lost), and their events: GPU 0 (a GeForce) takes Xid events but no ECC
+   ones, GPU 1 all three; after registration the waits deliver an Xid 13 on GPU 0, an Xid 79 and a
+   double-bit ECC event on GPU 1, then time out. It checks the ctypes layer's side of the ABI (structure layouts and versions, the
    process list's size protocol, the fallbacks to older names), not NVML itself.
 
    cc -shared -fPIC -o libnvidia-ml.so.1 nvml_fake.c            the current API
@@ -17,6 +19,7 @@ typedef struct { int index; } *nvmlDevice_t;
 #define ERROR_INVALID_ARGUMENT 2
 #define ERROR_NOT_SUPPORTED 3
 #define ERROR_INSUFFICIENT_SIZE 7
+#define ERROR_TIMEOUT 10
 #define ERROR_GPU_IS_LOST 15
 #define VALUE_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
 
@@ -44,11 +47,30 @@ static int bad(nvmlDevice_t device) { return !started || device == 0 || device->
 nvmlReturn_t nvmlInit_v2(void) { started = 1; return SUCCESS; }
 nvmlReturn_t nvmlShutdown(void) { started = 0; return SUCCESS; }
 
+#define EVENT_SINGLE_BIT_ECC 0x1ULL
+#define EVENT_DOUBLE_BIT_ECC 0x2ULL
+#define EVENT_XID 0x8ULL
+struct event_set { int created; unsigned long long registered[3]; int next; };
+typedef struct event_set *nvmlEventSet_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+#ifndef OLD_DRIVER
+    unsigned int gpuInstanceId, computeInstanceId;  /* the _v2 wait's; the old one has only three */
+#endif
+} nvmlEventData_t;
+static struct event_set event_set;
+static const struct { int device; unsigned long long type, data; } events[] = {
+    {0, EVENT_XID, 13}, {1, EVENT_XID, 79}, {0, EVENT_SINGLE_BIT_ECC, 0}, {1, EVENT_DOUBLE_BIT_ECC, 0},
+};
+static const unsigned long long supported[3] = {EVENT_XID, EVENT_XID | EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC, 0};
+
 const char *nvmlErrorString(nvmlReturn_t code) {
     switch (code) {
     case ERROR_NOT_SUPPORTED: return "Not Supported";
     case ERROR_GPU_IS_LOST: return "GPU is lost";
     case ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case ERROR_TIMEOUT: return "Timeout";
     default: return "Unknown Error";
     }
 }
@@ -188,3 +210,47 @@ PROCESSES(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, 1, GRAPHI
 PROCESSES(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_v2_t, 2, COMPUTE_FILL)
 PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_v2_t, 1, GRAPHICS_FILL)
 #endif
+
+/* Events: one set, registered per device; NOT_SUPPORTED for a mask with a type the device lacks. */
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!started || set == 0) return ERROR_UNINITIALIZED;
+    memset(&event_set, 0, sizeof(event_set));
+    event_set.created = 1;
+    *set = &event_set;
+    return SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set) {
+    if (bad(device) || set != &event_set || !set->created) return ERROR_INVALID_ARGUMENT;
+    if (types & ~supported[device->index]) return ERROR_NOT_SUPPORTED;
+    set->registered[device->index] |= types;
+    return SUCCESS;
+}
+
+/* The probe must never block: any timeout but 0 ms is refused. */
+#ifdef OLD_DRIVER
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+#else
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+#endif
+    if (!started || set != &event_set || !set->created || timeoutms != 0) return ERROR_INVALID_ARGUMENT;
+    while (set->next < (int)(sizeof(events) / sizeof(events[0]))) {
+        int i = set->next++;
+        if (!(set->registered[events[i].device] & events[i].type)) continue;  /* not registered: not delivered */
+        memset(data, 0, sizeof(*data));
+        data->device = (nvmlDevice_t)&devices[events[i].device];
+        data->eventType = events[i].type;
+        data->eventData = events[i].data;
+#ifndef OLD_DRIVER
+        data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+#endif
+        return SUCCESS;
+    }
+    return ERROR_TIMEOUT;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    if (set != &event_set || !set->created) return ERROR_INVALID_ARGUMENT;
+    set->created = 0;
+    return SUCCESS;
+}

@@ -1,6 +1,7 @@
 """The GPUs in the probe: recorded NVML readings (tests/data/nvml) replayed at the NVML boundary,
 through the real probe (run by the Box as the console runs it) into model.Snapshot; no library,
-a failed init, a lost GPU; a fuzz of the replayed values; NVML initialised once per --serve probe."""
+a failed init, a lost GPU; a fuzz of the replayed values; NVML initialised once per --serve probe;
+Xid and ECC events through NVML's event API, kept by the probe for every poll."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ctypes
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from samai.remote import model
-from samai.remote.box import gpus, nvml
+from samai.remote.box import gpu_events, gpus, nvml
 from samai.remote.box.gpus import MAX_TEXT, GpuSession, reasons
 from samai.remote.box.nvml_replay import CALLS_ENV, REPLAY_ENV, ReplayNvml
 from samai.remote.box.probe import Memory, answer
 from samai.remote.boxapi import Box
+from samai.remote.local import LocalTransport
 from tests.helpers import unavailable_here
 
 DATA = Path(__file__).parent / "data" / "nvml"
@@ -43,10 +46,12 @@ def replay(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rec: dict[str, Any] 
     return calls
 
 
-def in_process(rec: dict[str, Any]) -> model.Snapshot:
-    """One reply of the real probe (answer(), as --serve calls it) with this recording, parsed."""
-    memory = Memory()
-    memory.gpus = GpuSession(ReplayNvml(rec))
+def in_process(rec: dict[str, Any], memory: Memory | None = None) -> model.Snapshot:
+    """One reply of the real probe (answer(), as --serve calls it) with this recording, parsed;
+    a memory given is the probe's from its earlier replies."""
+    if memory is None:
+        memory = Memory()
+        memory.gpus = GpuSession(ReplayNvml(rec))
     raw = json.loads(answer(json.dumps({"processes": False, "states": False}), memory))
     return model.snapshot(raw, 0.0)
 
@@ -284,6 +289,9 @@ def expected_gpus(used_mib: tuple[int, int]) -> tuple[model.Gpu, ...]:
     )
 
 
+FAKE_EVENTS = [(0, "xid", 13), (1, "xid", 79), (1, "ecc_dbe", 0)]
+
+
 @pytest.mark.parametrize(("defines", "used_mib"), [((), (301, 69501)), (("-DOLD_DRIVER",), (801, 70001))],
                          ids=["current API", "old driver: v1 calls only"])
 def test_the_ctypes_layer_reads_through_the_c_abi(tmp_path: Path, defines: tuple, used_mib: tuple) -> None:
@@ -294,6 +302,11 @@ def test_the_ctypes_layer_reads_through_the_c_abi(tmp_path: Path, defines: tuple
     reading = model.snapshot(raw, 0.0).gpus
     assert (reading.error, reading.driver) == (None, "550.54.15")
     assert reading.gpus == expected_gpus(used_mib)
+    # GPU 0 takes Xid events only (its ECC event is not delivered), GPU 1 all three; GPU 2 is lost.
+    assert [(e.gpu, e.kind, e.code) for e in reading.events] == FAKE_EVENTS
+    assert reading.events_note == "no NVML events from GPU 2 (GPU is lost)"
+    again = model.snapshot(json.loads(answer(json.dumps({"processes": False, "states": False}), memory)), 0.0)
+    assert again.gpus.events == reading.events  # kept for the next poll, not delivered twice
     memory.gpus.close()
 
 
@@ -303,3 +316,138 @@ async def test_the_probe_loads_the_library_by_its_name(box: Box, monkeypatch, tm
     monkeypatch.setenv("LD_LIBRARY_PATH", str(library.parent))  # where the probe's dlopen finds it
     snap = await box.snapshot()
     assert snap.gpus.gpus == expected_gpus((301, 69501)) and snap.gpus.driver == "550.54.15"
+    assert [(e.gpu, e.kind, e.code) for e in snap.gpus.events] == FAKE_EVENTS
+    assert [(e.gpu, e.kind, e.code) for e in (await box.snapshot()).gpus.events] == FAKE_EVENTS
+
+
+# ---------------------------------------------------------------- events: Xid and ECC errors
+
+
+def with_events(name: str, events: list[Any], **device: Any) -> dict[str, Any]:
+    """A recording whose event waits deliver `events`, `device` set on its first GPU."""
+    rec = recording(name)
+    rec["events"] = events
+    rec["devices"][0].update(device)
+    return rec
+
+
+def xids(snap: model.Snapshot) -> list[tuple[int, str, int]]:
+    return [(e.gpu, e.kind, e.code) for e in snap.gpus.events]
+
+
+async def test_an_xid_is_in_every_poll_of_every_console_after_it(box: Box, monkeypatch, tmp_path, workspace) -> None:
+    replay(monkeypatch, tmp_path, with_events("dual_a5000", [[1, nvml.EVENT_XID, 79]]))
+    other = Box(LocalTransport(), str(workspace), python=sys.executable)  # a second console: its own probe
+    try:
+        first, second = await box.snapshot(), await box.snapshot()
+        elsewhere = [await other.snapshot(), await other.snapshot()]
+    finally:
+        await other.close()
+    for snap in (first, second, *elsewhere):
+        assert xids(snap) == [(1, "xid", 79)] and snap.gpus.events_note is None
+        assert [g.name for g in snap.gpus.gpus] == ["NVIDIA RTX A5000"] * 2
+    assert second.gpus.events == first.gpus.events  # the same event, with the time it was taken
+    assert first.time - 5 < first.gpus.events[0].time <= second.time
+
+
+def test_a_probe_run_once_watches_no_events(monkeypatch, tmp_path) -> None:
+    replay(monkeypatch, tmp_path, with_events("a10g", [[0, nvml.EVENT_XID, 79]]))
+    raw = json.loads(answer(json.dumps({"processes": False, "states": False})))  # no memory: run once
+    assert (raw["gpu_events"], raw["gpu_events_note"]) == ([], None)
+    assert model.snapshot(raw, 0.0).gpus.gpus[0].name == "NVIDIA A10G"
+
+
+def test_a_gpu_without_ecc_events_still_reports_its_xids() -> None:
+    """The three types together are NOT_SUPPORTED on a GPU without ECC: each is tried on its own."""
+    rec = with_events("rtx_3080", [[0, nvml.EVENT_SINGLE_BIT_ECC, 0], [0, nvml.EVENT_XID, 31]],
+                      event_types=nvml.EVENT_XID)
+    snap = in_process(rec)
+    assert xids(snap) == [(0, "xid", 31)] and snap.gpus.events_note is None
+
+
+@pytest.mark.parametrize(("change", "note"), [
+    ({"event_set": {"nvml_error": "NO_PERMISSION"}}, "NVML events: Insufficient Permissions"),
+    ({"event_types": {"nvml_error": "NOT_SUPPORTED"}}, "no NVML events from GPU 0 (Not Supported)"),
+    ({"event_types": 0}, "no NVML events from GPU 0 (Not Supported)"),
+    ({"event_types": {"nvml_error": "GPU_IS_LOST"}}, "no NVML events from GPU 0 (GPU is lost)"),
+], ids=["no event set", "register not supported", "no event type", "register fails"])
+def test_an_event_api_that_fails_is_a_note_and_the_reading_stands(change: dict, note: str) -> None:
+    rec = with_events("tesla_t4", [[0, nvml.EVENT_XID, 48]])
+    rec.update({k: v for k, v in change.items() if k == "event_set"})
+    rec["devices"][0].update({k: v for k, v in change.items() if k != "event_set"})
+    snap = in_process(rec)
+    assert (snap.gpus.events, snap.gpus.events_note) == ((), note)
+    assert snap.gpus.gpus == in_process(recording("tesla_t4")).gpus.gpus and snap.gpus.error is None
+
+
+def test_a_wait_that_fails_is_a_note_and_the_next_read_goes_on() -> None:
+    rec = with_events("tesla_t4", [{"nvml_error": "UNKNOWN", "text": "bad wait"}, [0, nvml.EVENT_XID, 94]])
+    memory = Memory()
+    memory.gpus = GpuSession(ReplayNvml(rec))
+    failed = in_process(rec, memory)
+    assert (failed.gpus.events, failed.gpus.events_note) == ((), "NVML event wait: bad wait")
+    assert failed.gpus.gpus[0].name == "Tesla T4"
+    after = in_process(rec, memory)
+    assert xids(after) == [(0, "xid", 94)] and after.gpus.events_note is None
+    memory.gpus.close()
+    assert memory.gpus.source.open_sets == 0  # the event set is freed with the session
+
+
+GARBAGE_EVENTS = [
+    ["x"], [0], None, {"a": 1}, "79", [0, nvml.EVENT_XID, -1], [0, nvml.EVENT_XID, 2**64], [0, nvml.EVENT_XID, True],
+    [0, nvml.EVENT_XID, 79.0], [0.0, nvml.EVENT_XID, 79], [True, nvml.EVENT_XID, 79], [7, nvml.EVENT_XID, 79],
+    [-1, nvml.EVENT_XID, 79], [0, 0x4, 0], [0, "8", 79], [0, nvml.EVENT_XID | 0x1, 79], [0, nvml.EVENT_XID, "13"],
+    [0, nvml.EVENT_XID, 13],
+]
+
+
+def test_garbage_from_the_event_api_is_left_out() -> None:
+    snap = in_process(with_events("tesla_t4", GARBAGE_EVENTS))
+    assert xids(snap) == [(0, "xid", 13)] and snap.gpus.gpus[0].name == "Tesla T4"
+
+
+def test_a_storm_of_events_is_bounded_per_read_and_in_what_is_kept() -> None:
+    rec = with_events("tesla_t4", [[0, nvml.EVENT_XID, n] for n in range(100)])
+    memory = Memory()
+    memory.gpus = GpuSession(ReplayNvml(rec))
+    first = in_process(rec, memory)
+    assert [e.code for e in first.gpus.events] == list(range(gpu_events.MAX_DRAIN - gpu_events.KEEP,
+                                                             gpu_events.MAX_DRAIN))
+    assert [e.code for e in in_process(rec, memory).gpus.events] == list(range(100 - gpu_events.KEEP, 100))
+
+
+EVENT_FIELD = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                        st.floats(allow_nan=True), st.text(max_size=20), st.sampled_from(["xid", "ecc_sbe", "ecc_dbe"]),
+                        st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers()))
+EVENT = st.one_of(EVENT_FIELD, st.dictionaries(st.sampled_from(["gpu", "kind", "code", "time", "other"]), EVENT_FIELD),
+                  st.fixed_dictionaries({"gpu": st.integers(-3, 70), "kind": st.sampled_from(["xid", "ecc_dbe", "x"]),
+                                         "code": st.integers(-3, 2**64 + 3), "time": st.floats(allow_nan=True)}))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(events=st.one_of(EVENT_FIELD, st.lists(EVENT, max_size=80)), note=EVENT_FIELD)
+def test_fuzzed_gpu_events_are_parsed_or_left_out_never_a_crash(events: Any, note: Any) -> None:
+    raw = json.loads(answer(json.dumps({"processes": False, "states": False}), Memory()))
+    raw.update({"gpus": [{"index": 0, "name": "x"}], "gpu_error": None, "gpu_events": events, "gpu_events_note": note})
+    reading = model.snapshot(raw, 0.0).gpus
+    assert [g.name for g in reading.gpus] == ["x"]  # bad events cost nothing else
+    assert len(reading.events) <= model.MAX_GPU_EVENTS
+    for event in reading.events:
+        assert type(event.gpu) is int and event.gpu >= 0 and event.kind in model.GPU_EVENT_KINDS
+        assert type(event.code) is int and 0 <= event.code < 2**64 and 0 <= event.time < model.MAX_EVENT_TIME
+    assert reading.events_note is None or (type(reading.events_note) is str and len(reading.events_note) <= 300)
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(st.one_of(ODD, st.tuples(st.integers(-2, 3), st.integers(-1, 20), ODD).map(list)), max_size=20),
+       event_set=st.one_of(st.none(), ODD), event_types=st.one_of(st.none(), ODD))
+def test_fuzzed_event_sources_never_crash(events: list, event_set: Any, event_types: Any) -> None:
+    rec = copy.deepcopy(RECORDINGS["dual_a5000"])
+    rec["events"] = events
+    if event_set is not None:
+        rec["event_set"] = event_set
+    if event_types is not None:
+        rec["devices"][1]["event_types"] = event_types
+    reading = in_process(rec).gpus
+    assert [g.name for g in reading.gpus] == ["NVIDIA RTX A5000"] * 2 and reading.error is None
+    assert all(e.gpu in (0, 1) and e.kind in model.GPU_EVENT_KINDS for e in reading.events)
