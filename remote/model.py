@@ -572,9 +572,9 @@ def _gpu_event(raw: Any) -> GpuEvent | None:
     gpu, kind, code, at = raw.get("gpu"), raw.get("kind"), raw.get("code"), raw.get("time")
     if type(gpu) is not int or not 0 <= gpu < 2**31 or type(kind) is not str or kind not in GPU_EVENT_KINDS:
         return None
-    if type(code) is not int or not 0 <= code < 2**64 or type(at) not in (int, float):
+    if type(code) is not int or not 0 <= code < 2**64:
         return None
-    if not 0 <= at < MAX_EVENT_TIME:  # NaN too
+    if isinstance(at, bool) or not isinstance(at, int | float) or not 0 <= at < MAX_EVENT_TIME:  # NaN fails too
         return None
     return GpuEvent(gpu, kind, code, float(at))
 

@@ -24,7 +24,7 @@ from samai.console.app import SamaiApp
 from samai.console.core import config as config_mod
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
-from samai.console.core.gpu_findings import STALL_S, GpuWatch, gpu_findings, holders_text
+from samai.console.core.gpu_findings import STALL_S, XID_RECENT_S, GpuWatch, gpu_findings, holders_text
 from samai.console.core.state import ConsoleState, ProcessRow
 from samai.console.gpu_report import describe_gpus
 from samai.remote import model
@@ -187,6 +187,63 @@ async def test_ecc_thermal_power_and_an_unreadable_gpu(box) -> None:
     lost["devices"][1]["handle"] = {"nvml_error": "GPU_IS_LOST"}
     [found] = gpu_findings(replace(snap, gpus=reading(lost)))
     assert (found.code, found.severity) == ("gpu_unreadable", "error") and found.message.startswith("GPU 1 ")
+
+
+def with_events(recording_name: str, *events: tuple[int, int, int]) -> dict:
+    """A recording, its processes left out, whose probe drains these NVML events: (gpu, type, data)."""
+    recording = recorded(recording_name, compute_processes=[], graphics_processes=[])
+    recording["events"] = [list(event) for event in events]
+    return recording
+
+
+XID, SBE, DBE = 0x8, 0x1, 0x2  # nvmlEventType* (nvml.h)
+
+
+async def test_a_recent_xid_is_an_alert_saying_what_it_means_and_what_to_do(box) -> None:
+    snap = await box.snapshot()
+    gpus = reading(with_events("dual_a5000", (1, XID, 79), (0, XID, 13), (0, XID, 13), (1, XID, 555), (0, DBE, 0)))
+    at = gpus.events[0].time
+    clock = time.strftime("%H:%M:%S UTC", time.gmtime(at))
+    found = {f.message.split(" reported ")[1][:7]: f for f in gpu_findings(replace(snap, time=at + 60, gpus=gpus))}
+    assert {f.code for f in found.values()} == {"gpu_xid"} and set(found) == {"Xid 79 ", "Xid 13 ", "Xid 555"}
+    lost = found["Xid 79 "]
+    assert lost.severity == "error" and lost.message.startswith(
+        f"GPU 1 (NVIDIA RTX A5000) reported Xid 79 (GPU has fallen off the bus) at {clock}: ")
+    assert "drain the box" in lost.message and "reset the GPU or reboot" in lost.message
+    app = found["Xid 13 "]  # twice: one alert
+    assert app.severity == "warning" and app.message.startswith("GPU 0 (NVIDIA RTX A5000) reported Xid 13 (graphics")
+    assert "restart it" in app.message
+    unknown = found["Xid 555"]
+    assert unknown.severity == "warning" and "one this console does not describe" in unknown.message
+    # a double-bit ECC event is no Xid alert: the uncorrectable count's alert says it (gpu_ecc)
+    assert gpu_findings(replace(snap, gpus=reading(with_events("tesla_t4", (0, DBE, 0))))) == []
+
+
+async def test_an_xid_needing_a_reset_is_an_error_and_the_application_s_a_warning(box) -> None:
+    snap = await box.snapshot()
+    codes = (13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+    gpus = reading(with_events("a10g", *[(0, XID, code) for code in codes]))
+    found = gpu_findings(replace(snap, time=gpus.events[-1].time, gpus=gpus))
+    severity = {int(f.message.split("Xid ")[1].split(" ")[0]): f.severity for f in found}
+    assert {code for code, level in severity.items() if level == "error"} == {48, 64, 74, 79, 95, 119, 120}
+    assert {code for code, level in severity.items() if level == "warning"} == {13, 31, 43, 45, 63, 92, 94}
+
+
+async def test_an_xid_alert_stays_one_alert_while_recent_then_resolves(box, tmp_path, workspace) -> None:
+    state = ConsoleState(_config(tmp_path, workspace))
+    base = await box.snapshot()
+    gpus = reading(with_events("tesla_t4", (0, XID, 95)))  # the probe sends it in every reply from now on
+    t0 = gpus.events[0].time
+
+    def poll(at: float):
+        state.apply(replace(base, time=t0 + at, gpus=gpus), [], t0 + at)
+        return [a for a in state.active_alerts() if a.code == "gpu_xid"]
+
+    [alert] = poll(1)
+    assert alert.severity == "error" and "Xid 95 (uncontained ECC error)" in alert.text
+    assert poll(600) == [alert] and poll(XID_RECENT_S) == [alert]
+    assert poll(XID_RECENT_S + 1) == []
+    assert [a.resolved_at for a in state.alerts if a.code == "gpu_xid"] == [t0 + XID_RECENT_S + 1]
 
 
 # ---------------------------------------------------------------- what only a sequence shows
@@ -372,14 +429,18 @@ GPU = st.fixed_dictionaries({"index": st.integers(-5, 2**31)}, optional={
         "used_memory": INT, "kind": st.text(max_size=5)}), max_size=4)})
 
 
+EVENTS = st.lists(st.fixed_dictionaries({"gpu": st.integers(0, 2**31), "kind": st.sampled_from(["xid", "ecc_sbe"]),
+                                          "code": st.integers(0, 2**64 - 1), "time": st.floats(0, 1e11)}), max_size=4)
+
+
 @settings(max_examples=200, deadline=None, database=None)
-@given(st.lists(GPU, max_size=3), TEXT, st.sampled_from([None, "a GPU field of the wrong type"]))
-def test_any_gpu_reading_renders_and_is_checked_without_a_crash(gpus, error, wrong) -> None:
+@given(st.lists(GPU, max_size=3), TEXT, st.sampled_from([None, "a GPU field of the wrong type"]), EVENTS)
+def test_any_gpu_reading_renders_and_is_checked_without_a_crash(gpus, error, wrong, events) -> None:
     """Whatever values a GPU section holds (nan, negative, huge, control characters), the pane,
     the report and the findings cope; a section of the wrong shape is dropped with its error."""
     if wrong:
         gpus = [*gpus, {"index": 0, "util_gpu": "97"}]
-    parsed = model.gpu_reading({"gpus": gpus, "gpu_error": error})
+    parsed = model.gpu_reading({"gpus": gpus, "gpu_error": error, "gpu_events": events})
     assert len(parsed.gpus) == (0 if wrong else len(gpus)) and (parsed.error is not None if wrong else True)
     me = Process(os.getpid(), 1, 1, 1, "me", 1.0, "S", 0.0, 0.0, 0, "python", ("python", "[b]x[/b]"))
     snap = Snapshot(1.0, "", 0, 0.0, (), (), (me,), (), (), (), gpus=parsed)

@@ -1,12 +1,14 @@
 """The GPU incidents a snapshot shows (issue 21): memory held by a leftover of a killed run or
 by a context whose process is gone, a training stage that stopped using its GPUs, an OOM in a
-stage's log, uncorrectable ECC errors, thermal and power slowdowns, a GPU that cannot be read.
+stage's log, uncorrectable ECC errors, recent Xid errors, thermal and power slowdowns, a GPU
+that cannot be read.
 
 `gpu_findings` reads one snapshot (what `doctor` prints); `GpuWatch` keeps the recent readings
 for what only a sequence shows (the stall) and is what the console's state asks each poll."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,7 +17,7 @@ from samai.console.core import units
 from samai.console.core.config import Config, Stage
 from samai.console.core.detectors import Finding
 from samai.console.core.fixes import FixAction
-from samai.remote.model import Gpu, GpuReading, Snapshot
+from samai.remote.model import Gpu, GpuReading, Severity, Snapshot
 
 # Less than this is not a leftover worth an alert: a desktop's Xorg, a monitoring agent's context.
 LEFTOVER_MIN_BYTES = 256 * 1024 * 1024
@@ -29,6 +31,38 @@ HOLDERS_SHOWN = 3
 THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 # sw_power_cap is left out: a GPU that draws its whole power budget is a GPU working flat out.
 POWER = ("hw_slowdown", "hw_power_brake_slowdown")
+XID_RECENT_S = 3600.0  # an Xid's alert stays this long after it happened, then resolves
+RESET = "drain the box (stop what runs on the GPU) and have an admin reset the GPU or reboot"
+# The well-known Xids, from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors): what each
+# means and what to do. error: the GPU needs a reset; warning: the application's, or not urgent.
+XIDS: dict[int, tuple[Severity, str, str]] = {
+    13: ("warning", "graphics engine exception", "usually the application's fault: restart it; if it recurs "
+         "with no change to the application, have the GPU's diagnostics run"),
+    31: ("warning", "GPU memory page fault", "an illegal memory access, almost always the application or its "
+         "framework: debug it and restart"),
+    43: ("warning", "GPU stopped processing", "the application's work was stopped after a fault of its own; "
+         "restart it (the GPU is usually fine)"),
+    45: ("warning", "preemptive cleanup, due to previous errors", "work torn down because of another failure "
+         "or a killed process: look for the Xid before it"),
+    48: ("error", "double-bit ECC error", f"uncorrectable: what ran on it may be corrupt; {RESET}"),
+    63: ("warning", "ECC page retirement or row remapping recorded", "it takes effect at the next GPU reset: "
+         "restart the application that hit the error, and reset the GPU when convenient"),
+    64: ("error", "ECC page retirement or row remapping failed", f"the failing memory is not fenced off; {RESET}"),
+    74: ("error", "NVLink error", f"a fault on a GPU-to-GPU link, often hardware; {RESET} (if it recurs, "
+         "have the links checked)"),
+    79: ("error", "GPU has fallen off the bus", f"the GPU no longer answers; {RESET}"),
+    92: ("warning", "high single-bit ECC error rate", "corrected, but the memory may be failing: watch for more "
+         "and have it checked if they recur"),
+    94: ("warning", "contained ECC error", "the application that hit it must be restarted; others may run on "
+         "until a GPU reset at a convenient time"),
+    95: ("error", "uncontained ECC error", f"memory corruption the GPU could not contain; {RESET}"),
+    119: ("error", "GSP RPC timeout", f"the GPU's system processor stopped answering; {RESET}"),
+    120: ("error", "GSP error", f"the GPU's system processor failed; {RESET}"),
+    999: ("warning", "an Xid NVML could not name", "the kernel log (dmesg) has its number and text"),
+}
+UNKNOWN_XID: tuple[Severity, str, str] = (
+    "warning", "one this console does not describe", "NVIDIA's Xid catalogue says what it means; the kernel log "
+    "(dmesg) has its text")
 
 
 @dataclass(frozen=True)
@@ -62,7 +96,7 @@ def gpu_findings(snap: Snapshot, quoted: dict[int, int] | None = None) -> list[F
     (pid -> bytes) in place of what it holds now: an alert is one alert while its text stays
     the same, and a holder's memory moves from poll to poll."""
     reading = snap.gpus
-    found = [*_unreadable(reading), *_ecc(reading), *_slowdowns(reading)]
+    found = [*_unreadable(reading), *_ecc(reading), *_xids(snap), *_slowdowns(reading)]
     if snap.processes:  # a snapshot taken without the process table cannot tell leftovers
         held = {**reading.holders(), **(quoted or {})}
         found += [*_leftovers(snap, held), *_zombies(snap, held)]
@@ -86,6 +120,30 @@ def _ecc(reading: GpuReading) -> Iterable[Finding]:
             yield Finding("gpu_ecc", "error", f"{_label(gpu)} has {gpu.ecc_uncorrected} uncorrectable ECC "
                           "errors since the driver loaded: what ran on it may be corrupt; drain it and have "
                           "an admin reset it")
+
+
+def _xids(snap: Snapshot) -> Iterable[Finding]:
+    """An alert per GPU and Xid number seen in the last XID_RECENT_S, timed by its first time in
+    that window: a storm of one Xid is one alert, and its text does not change each poll."""
+    first: dict[tuple[int, int], float] = {}
+    for event in snap.gpus.events:
+        if event.kind == "xid" and snap.time - event.time <= XID_RECENT_S:
+            key = (event.gpu, event.code)
+            first[key] = min(first.get(key, event.time), event.time)
+    gpus = {gpu.index: gpu for gpu in snap.gpus.gpus}
+    for (index, code), at in sorted(first.items()):
+        severity, meaning, todo = XIDS.get(code, UNKNOWN_XID)
+        gpu = gpus.get(index)
+        label = _label(gpu) if gpu else f"GPU {index}"
+        yield Finding("gpu_xid", severity, f"{label} reported Xid {code} ({meaning}) at {_clock(at)}: {todo}")
+
+
+def _clock(at: float) -> str:
+    """The box's wall time, in UTC (the console's clock may not be the box's zone)."""
+    try:
+        return time.strftime("%H:%M:%S UTC", time.gmtime(at))
+    except (OverflowError, ValueError, OSError):
+        return f"{at:.0f} s since the epoch"
 
 
 def _slowdowns(reading: GpuReading) -> Iterable[Finding]:

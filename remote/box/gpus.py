@@ -33,7 +33,6 @@ THROTTLE_REASONS = (
     (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
 )
 KNOWN_REASONS = 0x1FF
-NO_EVENTS = {"gpu_events": [], "gpu_events_note": None}
 
 
 class GpuSession(object):
@@ -66,19 +65,19 @@ class GpuSession(object):
         "gpu_events": [...], "gpu_events_note": why or None}."""
         self.start()
         if not self.started:
-            return dict(NO_EVENTS, gpus=[], gpu_error=self.error, gpu_driver=None)
+            return dict(no_events(), gpus=[], gpu_error=self.error, gpu_driver=None)
         try:
             count = bounded(self.source.device_count(), MAX_GPUS)
         except NvmlError as e:
-            return dict(NO_EVENTS, gpus=[], gpu_error="NVML device count: %s" % text(str(e)), gpu_driver=self.driver)
+            return dict(no_events(), gpus=[], gpu_error="NVML device count: %s" % text(str(e)), gpu_driver=self.driver)
         if not count:
-            return dict(NO_EVENTS, gpus=[], gpu_error="no NVIDIA GPU found", gpu_driver=self.driver)
+            return dict(no_events(), gpus=[], gpu_error="no NVIDIA GPU found", gpu_driver=self.driver)
         gpus = [device(self.source, index) for index in range(count)]
         return dict(self.read_events(count), gpus=gpus, gpu_error=None, gpu_driver=self.driver)
 
     def read_events(self, count):
         if not self.watch_events:
-            return NO_EVENTS
+            return no_events()
         if self.events is None:
             self.events = EventWatch(self.source)
             self.events.start(count)
@@ -101,6 +100,10 @@ def read_once():
         return session.read()
     finally:
         session.close()
+
+
+def no_events():
+    return {"gpu_events": [], "gpu_events_note": None}
 
 
 def device(source, index):
