@@ -43,15 +43,12 @@ class EventWatch(object):
     def __init__(self, source):
         self.source = source
         self.event_set = None
-        self.started = False
         self.note = None  # what the watch could not do, said in each reply
         self.registered = {}  # device index -> the event types it is registered for
         self.recent = collections.deque(maxlen=KEEP)
 
     def start(self, count):
-        if self.started:
-            return
-        self.started = True
+        """Create the set and register every GPU for the events it has: once per session."""
         try:
             self.event_set = self.source.event_set_create()
         except NvmlError as e:
