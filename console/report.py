@@ -92,13 +92,17 @@ def describe_plan(now: DiskBudget, peaks: list[StagePeak]) -> str:
 def describe_check(kind: str, path: str, result: dict) -> str:
     """What a check found, for a person: the headline figures, then every finding."""
     shown = {"gguf": ("size", "version", "tensor_count", "kv_count", "header_end", "data_offset", "data_end",
-                      "expected_size", "last_tensor", "bytes_read"),
+                      "expected_size", "last_tensor", "bytes_read", "architecture", "embedding_length"),
              "trainlog": ("lines", "unparsed"),
              "eval": ("format", "layout", "n", "correct", "accuracy", "pred_none", "truncated", "empty_content",
                       "malformed")}[kind]
     lines = [f"{kind} {path}: " + "  ".join(f"{k} {_figure(k, result[k])}" for k in shown if result.get(k) is not None)]
     if kind == "gguf" and result.get("size_note"):
         lines.append(f"  {result['size_note']}")
+    if kind == "gguf" and result.get("projector"):
+        from samai.remote.box.gguf_check import projector_text
+
+        lines.append(f"  {projector_text(result['projector'])}")
     if kind == "trainlog":
         points = result.get("points", [])
         steps = result.get("steps", len(points))  # points past a few thousand are thinned: steps counts all

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from samai.console.core.longlines import piece_follower
@@ -25,6 +25,33 @@ CHECK_READ = 4 * 1024 * 1024  # one read of a checked file: its bytes and their 
 
 class Unreadable(Exception):
     """The file cannot be read at all: exit 2, not a finding."""
+
+
+@dataclass(frozen=True)
+class Projector:
+    """An mmproj file's figures (general.architecture "clip"), each None when the file lacks it."""
+
+    projector_type: str | None
+    has_vision_encoder: bool | None
+    projection_dim: int | None  # the embedding size it feeds the text model: must be the model's
+    image_size: int | None
+    patch_size: int | None
+    embedding_length: int | None  # the vision tower's own
+    block_count: int | None
+
+    @classmethod
+    def from_raw(cls, raw: object) -> Projector | None:
+        """The box checker's dict, each figure kept only if it has the type it should."""
+        if not isinstance(raw, Mapping):
+            return None
+        text, flag = raw.get("projector_type"), raw.get("has_vision_encoder")
+        return cls(text if isinstance(text, str) else None, flag if isinstance(flag, bool) else None,
+                   *(_count(raw.get(k)) for k in ("projection_dim", "image_size", "patch_size", "embedding_length",
+                                                   "block_count")))
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,13 @@ class GgufResult:
     bytes_read: int
     problems: tuple[Problem, ...]
     deep: bool = False  # gguf-py's full read was run as well
+    architecture: str | None = None  # general.architecture
+    embedding_length: int | None = None  # a text model's {architecture}.embedding_length
+    projector: Projector | None = None  # an mmproj file's figures
+
+    @property
+    def is_projector(self) -> bool:
+        return self.projector is not None
 
     def to_json(self) -> dict[str, Any]:
         """The CLI's JSON (its keys and their order are a contract)."""
@@ -55,7 +89,9 @@ class GgufResult:
                 "header_end": self.header_end, "data_offset": self.data_offset, "data_end": self.data_end,
                 "expected_size": self.expected_size, "size_note": self.size_note,
                 "last_tensor": self.last_tensor, "bytes_read": self.bytes_read, "deep": self.deep,
-                "problems": [{"code": p.code, "message": p.message, "severity": p.severity} for p in self.problems]}
+                "problems": [{"code": p.code, "message": p.message, "severity": p.severity} for p in self.problems],
+                "architecture": self.architecture, "embedding_length": self.embedding_length,
+                "projector": asdict(self.projector) if self.projector else None}
 
 
 async def line_batches(box: Box, path: str, *, pieces: bool = False) -> AsyncIterator[list[str]]:
@@ -150,7 +186,10 @@ def _gguf_result(path: str, size: int, bytes_read: int, raw: Mapping[str, Any]) 
                       data_offset=raw.get("data_start"), data_end=raw.get("data_end"),
                       expected_size=raw.get("expected_size"), size_note=raw.get("size_note"),
                       last_tensor=raw.get("last_tensor"),
-                      bytes_read=bytes_read, problems=tuple(_problem(p) for p in raw["problems"]))
+                      bytes_read=bytes_read, problems=tuple(_problem(p) for p in raw["problems"]),
+                      architecture=arch if isinstance(arch := raw.get("architecture"), str) else None,
+                      embedding_length=_count(raw.get("embedding_length")),
+                      projector=Projector.from_raw(raw.get("projector")))
 
 
 def _problem(raw: Mapping[str, Any]) -> Problem:

@@ -17,7 +17,12 @@ CLI:
 
 Result: {"ok", "version", "tensor_count", "kv_count", "alignment", "header_end", "data_start",
          "data_end", "expected_size", "size_note", "file_size", "tensors", "first_tensor", "last_tensor",
-         "kv", "arrays", "problems": [{"code", "severity", "message", "offset"}]}
+         "kv", "arrays", "architecture", "embedding_length", "projector",
+         "problems": [{"code", "severity", "message", "offset"}]}
+  embedding_length: a text model's {architecture}.embedding_length (None for a projector);
+  projector: for an mmproj file (architecture "clip"), {"projector_type", "has_vision_encoder",
+  "projection_dim" (the embedding size it feeds the text model), "image_size", "patch_size",
+  "embedding_length" (the vision tower's), "block_count"}, each None when absent; else None.
   header_end: where the last tensor info ends; data_end: data_start + max(offset + nbytes), the
   least a loader needs (header_end when there are no tensors); expected_size: data_start + that
   end padded to the alignment, which is what GGUF writers produce. A size in between is fine, and
@@ -29,7 +34,9 @@ Problem codes (a contract: `samai-console check gguf` and its users match on the
   truncated (file shorter than its tensors need), oversize (longer than its header describes),
   tensor_count_mismatch, last_tensor_mismatch; and also bad_tensor_type, bad_shape, bad_alignment,
   duplicate_name, unexpected_offset (llama.cpp refuses those files too), bad_string_length,
-  unreadable (CLI only). Every problem is severity "error" today.
+  unreadable (CLI only); for a projector (general.architecture "clip", an mmproj file):
+  no_projector_type, no_vision_encoder, no_projection_dim, bad_projector_kv (a clip key of a type
+  llama.cpp's clip loader does not read: it aborts). Every problem is severity "error" today.
   Cut or corrupt, and the fix each hint gives: a file that ends inside its header is
   header_truncated (fetch it again) when everything read so far is what real files hold, counts
   included (a model has thousands of tensors and KVs, not 2^58); absurd_count (redo the patch) is
@@ -45,7 +52,11 @@ import os
 import sys
 
 from .gguf_format import (
+    BOOL,
     FILE_TYPE_NAMES,
+    STRING,
+    UINT32,
+    VALUE_TYPE_NAMES,
     HeaderProblem,
     Problems,
     RangeReader,
@@ -143,6 +154,72 @@ def check_layout(result, tensors, problems):
     check_size(result, tensors, problems)
 
 
+# ---------------------------------------------------------------------------------------------
+# What the file is: a text model's embedding size, a projector's clip keys
+
+CLIP = "clip"  # general.architecture of an mmproj file (llama.cpp's convert_hf_to_gguf.py --mmproj)
+# The projector's figures: result key -> (GGUF key, the value type llama.cpp's clip loader reads).
+PROJECTOR_KEYS = (
+    ("projector_type", "clip.projector_type", STRING),
+    ("has_vision_encoder", "clip.has_vision_encoder", BOOL),
+    ("projection_dim", "clip.vision.projection_dim", UINT32),
+    ("image_size", "clip.vision.image_size", UINT32),
+    ("patch_size", "clip.vision.patch_size", UINT32),
+    ("embedding_length", "clip.vision.embedding_length", UINT32),
+    ("block_count", "clip.vision.block_count", UINT32),
+)
+MIXED_PROJECTOR_TYPE = "clip.vision.projector_type"  # what llama.cpp reads when clip.projector_type is absent
+
+
+def describe_model(result, types, problems):
+    """The architecture, a text model's embedding size, and for a projector its figures and what
+    the clip loader would refuse. types: each KV's value type, by key."""
+    kv = result["kv"]
+    arch = kv.get("general.architecture")
+    result["architecture"] = arch if isinstance(arch, str) else None
+    if arch != CLIP:
+        size = kv.get("%s.embedding_length" % arch) if isinstance(arch, str) else None
+        result["embedding_length"] = size if is_count(size) else None
+        return
+    result["projector"] = projector = {}
+    for name, key, want in PROJECTOR_KEYS:
+        if name == "projector_type" and key not in types and MIXED_PROJECTOR_TYPE in types:
+            key = MIXED_PROJECTOR_TYPE
+        projector[name] = projector_value(key, kv.get(key), types.get(key), want, problems)
+    judge_projector(projector, problems)
+
+
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def projector_value(key, value, found, want, problems):
+    """A clip key's value, or None: absent, or of a type the loader cannot read (it asserts the type)."""
+    if found is None:
+        return None
+    if found != want:
+        problems.add("bad_projector_kv", "%s is a %s; llama.cpp's clip loader reads a %s (and aborts on any"
+                     " other type)." % (key, VALUE_TYPE_NAMES.get(found, found), VALUE_TYPE_NAMES[want]))
+        return None
+    if want == UINT32 and not value:
+        return None
+    return value
+
+
+def judge_projector(projector, problems):
+    """What makes llama.cpp's clip loader refuse the file, or the server answer images blind."""
+    if not projector["projector_type"]:
+        problems.add("no_projector_type", "A projector (general.architecture \"clip\") without clip.projector_type"
+                     " (or %s): llama.cpp refuses it (unknown projector type)." % MIXED_PROJECTOR_TYPE)
+    if projector["has_vision_encoder"] is not True:
+        why = "false" if projector["has_vision_encoder"] is False else "absent"
+        problems.add("no_vision_encoder", "clip.has_vision_encoder is %s: this projector has no vision encoder,"
+                     " so it cannot read an image." % why)
+    if not projector["projection_dim"]:
+        problems.add("no_projection_dim", "No clip.vision.projection_dim: the embedding size the projector feeds"
+                     " the text model is unknown, so neither llama.cpp nor the preflight can match it to a model.")
+
+
 def check_expectations(result, complete, expect_tensors, expect_last, problems):
     if expect_tensors is not None and result["tensor_count"] is not None and result["tensor_count"] != expect_tensors:
         problems.add("tensor_count_mismatch", "The header has %d tensors, expected %d."
@@ -165,6 +242,7 @@ def inspect(read_at, file_size, expect_tensors=None, expect_last=None):
     """check(), and what surgery needs besides the result: (result, the tensor infos read,
     each KV's (key, value type, start, end) in the file)."""
     result = empty_result(file_size)
+    result.update(architecture=None, embedding_length=None, projector=None)
     problems = Problems()
     reader = RangeReader(read_at, file_size)
     complete = False
@@ -174,6 +252,7 @@ def inspect(read_at, file_size, expect_tensors=None, expect_last=None):
         tensors = read_header(reader, result, problems, spans)
         complete = True
         check_layout(result, tensors, problems)
+        describe_model(result, {key: value_type for key, value_type, _start, _end in spans}, problems)
     except HeaderProblem as problem:
         problems.add(problem.code, problem.message, problem.offset)
     except Truncated as cut:  # read_at gave less than file_size promised: the file shrank
@@ -231,6 +310,11 @@ def summary(path, result):
     for key in SUMMARY_KEYS:
         if key in result["kv"]:
             lines.append("  %s = %s" % (key, describe_kv(key, result["kv"][key])))
+    if result.get("embedding_length"):
+        lines.append("  embedding_length %s (%s.embedding_length)"
+                     % (result["embedding_length"], result["architecture"]))
+    if result.get("projector"):
+        lines.append("  " + projector_text(result["projector"]))
     for key, info in sorted(result["arrays"].items()):
         if key.startswith("tokenizer.ggml.tokens"):
             lines.append("  %s = arr[%s,%d]" % (key, info["type"], info["count"]))
@@ -238,6 +322,15 @@ def summary(path, result):
         at = "" if p["offset"] is None else " @%d" % p["offset"]
         lines.append("  %s %s%s: %s" % (p["severity"], p["code"], at, p["message"]))
     return "\n".join(lines)
+
+
+def projector_text(projector):
+    """A projector's figures on one line, for a person."""
+    p = projector
+    return ("projector (mmproj): type %s, projection_dim %s (the text model's embedding size it needs),"
+            " vision encoder %s, image %s px, patch %s px, %s vision blocks of %s"
+            % (p["projector_type"], p["projection_dim"], {True: "yes", False: "no"}.get(p["has_vision_encoder"], "?"),
+               p["image_size"], p["patch_size"], p["block_count"], p["embedding_length"]))
 
 
 def parse_args(argv):

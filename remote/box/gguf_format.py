@@ -533,8 +533,16 @@ def read_kv_value(reader, result, key, value_type, where):
         value = reader.scalar(value_type)
     if key == "general.alignment":
         result["alignment"] = check_alignment(value, value_type, reader.pos)
-    if value is not None and len(result["kv"]) < MAX_KEPT_KVS:
+    if value is not None and has_room(result["kv"], key):
         result["kv"][key] = keepable(value)
+
+
+def has_room(kept, key):
+    """The first MAX_KEPT_KVS KVs are kept; past them, as many again of those a check reads (a
+    projector's clip.* keys, a text model's embedding length), whatever the KVs before them."""
+    if len(kept) < MAX_KEPT_KVS:
+        return True
+    return len(kept) < 2 * MAX_KEPT_KVS and (key.startswith("clip.") or key.endswith(".embedding_length"))
 
 
 def check_alignment(value, value_type, offset):
