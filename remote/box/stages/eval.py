@@ -14,6 +14,12 @@ With --push-to TARGET the report folder is pushed there once written (§8: repor
 For a base model, --prompt-format text sends each prompt as a text to continue (/v1/completions),
 --stop where to end it, and --extract first-word scores the answer's first word.
 
+An item may ask about an image: "image": "PATH", relative to the eval set's folder and inside it
+(the data is untrusted: an absolute path, a way out or a symlink out is that item's error). It is
+sent in the chat message as a base64 data URL, its long side capped at --image-cap px (images.py),
+and its line in items.jsonl gets the image's record: path, width, height, sent_width,
+sent_height, sent_bytes, resized. An image item needs the chat format.
+
 Runs ON the box:
   python3 -m samai_box.stages.eval --url http://127.0.0.1:18080 --data data/eval.jsonl --out runs/eval/NAME
 """
@@ -29,14 +35,16 @@ import urllib.error
 import urllib.request
 
 from .common import marker, push_milestone, say, write_json
+from .images import IMAGE_CAP, ImageError, chat_content
 
 NUMBER = re.compile(r"-?\d+")
 WORD = re.compile(r"\w+")
 
 
 def ask(url, prompt, args):
-    """(message, finish_reason): a chat turn, or for --prompt-format text (a base model) the text
-    that continues the prompt (/v1/completions), as a message's content."""
+    """(message, finish_reason): a chat turn (prompt: its content, a text or a list of parts), or
+    for --prompt-format text (a base model) the text that continues the prompt (/v1/completions),
+    as a message's content."""
     if args.prompt_format == "text":
         path, request = "/v1/completions", {"prompt": prompt}
     else:
@@ -66,13 +74,40 @@ def prediction(content, reasoning, extract="number"):
     return None
 
 
+def image_file(data_file, name):
+    """The path of an item's image: relative to the eval set's folder, and inside it once every
+    symlink is resolved."""
+    if not isinstance(name, str) or not name or "\0" in name or os.path.isabs(name):
+        raise ImageError("image %r: not a relative path" % (name,))
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(data_file)))
+    path = os.path.realpath(os.path.join(folder, name))
+    if os.path.commonpath([folder, path]) != folder:
+        raise ImageError("image %r leaves the eval set's folder %s" % (name, folder))
+    return path
+
+
+def question(item, args):
+    """(what is asked, the image's record or None): the prompt, or the chat content that asks
+    it about the item's image."""
+    if item.get("image") is None:
+        return item["prompt"], None
+    if args.prompt_format == "text":
+        raise ImageError("image %r: an image item needs --prompt-format chat" % (item["image"],))
+    content, record = chat_content(image_file(args.data, item["image"]), item["prompt"], args.image_cap)
+    return content, dict(record, path=item["image"])
+
+
 def evaluate(item, args):
-    message, finish = ask(args.url, item["prompt"], args)
+    asked, image = question(item, args)
+    message, finish = ask(args.url, asked, args)
     content, reasoning = message.get("content") or "", message.get("reasoning_content") or ""
     pred = prediction(content, reasoning if args.answer_from == "joined" else "", args.extract)
-    return {"id": item["id"], "prompt": item["prompt"], "gold": item["gold"], "pred": pred,
-            "correct": pred == str(item["gold"]), "finish_reason": finish, "content": content,
-            "reasoning_content": reasoning}
+    row = {"id": item["id"], "prompt": item["prompt"], "gold": item["gold"], "pred": pred,
+           "correct": pred == str(item["gold"]), "finish_reason": finish, "content": content,
+           "reasoning_content": reasoning}
+    if image is not None:
+        row["image"] = image
+    return row
 
 
 def unreachable(e):
@@ -95,6 +130,13 @@ def summarize(rows):
             "empty_content": sum(1 for r in rows if not r["content"].strip())}
 
 
+def pixels(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("at least 1 px, not %d" % value)
+    return value
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", required=True)
@@ -113,6 +155,8 @@ def main():
     p.add_argument("--answer-from", choices=("joined", "content"), default="joined",
                    help="joined: content + reasoning_content (the fix); content: content alone, as a client "
                         "that ignores reasoning_content reads it")
+    p.add_argument("--image-cap", type=pixels, default=IMAGE_CAP, metavar="PX",
+                   help="an image's long side is resized to at most this before it is sent (default %(default)s)")
     args = p.parse_args()
     started = time.time()
     try:
@@ -127,7 +171,7 @@ def main():
         for i, item in enumerate(items, 1):
             try:
                 row = evaluate(item, args)
-            except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+            except (urllib.error.URLError, OSError, ValueError, KeyError, ImageError) as e:
                 down = unreachable(e)
                 if down is not None:  # every other item would fail the same way: say it once, stop
                     errors += len(items) - i + 1

@@ -53,6 +53,7 @@ BOX_PACKAGES = [
     "sentencepiece>=0.2",
     "protobuf>=4",
     "huggingface_hub>=0.26",
+    "pillow>=10",
 ]
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "gguf-py", "conversion")
 STAMP = ".samai-provisioned"
