@@ -135,14 +135,18 @@ def chat_content(path: str, text: str, cap: int = IMAGE_CAP) -> Tuple[List[Dict[
         raise ImageError("%r is not a PNG, JPEG, GIF, WebP or BMP image that can be read" % (path,))
     kind, width, height = found
     size = capped(width, height, cap)
+    if size != (width, height) and width * height > MAX_PIXELS:  # decoding it would take GiBs
+        raise ImageError("image %r is %dx%d, too many pixels to resize (at most %d)"
+                         % (path, width, height, MAX_PIXELS))
     if size != (width, height):
         kind, data, size = reencode(path, data, kind, size, "%dx%d, over the %d px cap" % (width, height, cap))
     elif kind == "webp":
         kind, data, size = reencode(path, data, kind, size, "WebP, which llama-server cannot decode")
     url = "data:%s;base64,%s" % (MIME[kind], base64.b64encode(data).decode("ascii"))
-    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
+    content = [{"type": "image_url", "image_url": {"url": url}},
+               {"type": "text", "text": text}]  # type: List[Dict[str, Any]]
     record = {"path": path, "width": width, "height": height, "sent_width": size[0], "sent_height": size[1],
-              "sent_bytes": len(data), "resized": size != (width, height)}
+              "sent_bytes": len(data), "resized": size != (width, height)}  # type: Dict[str, Any]
     return content, record
 
 
@@ -152,17 +156,19 @@ def read_image(path: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except (OSError, ValueError) as e:
         raise ImageError("cannot read image %r: %s" % (path, getattr(e, "strerror", None) or e)) from e
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ImageError("image %r is not a regular file" % (path,))
         if info.st_size > MAX_IMAGE_BYTES:
             raise ImageError("image %r is %d bytes, over the %d MiB limit"
                              % (path, info.st_size, MAX_IMAGE_BYTES // 2**20))
-        try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_IMAGE_BYTES + 1)
-        except OSError as e:
-            raise ImageError("cannot read image %r: %s" % (path, e.strerror or e)) from e
+    except OSError as e:
+        raise ImageError("cannot read image %r: %s" % (path, e.strerror or e)) from e
+    finally:
+        os.close(fd)
     if len(data) > MAX_IMAGE_BYTES:  # it grew since fstat
         raise ImageError("image %r is over the %d MiB limit" % (path, MAX_IMAGE_BYTES // 2**20))
     return data
@@ -189,9 +195,6 @@ def reencode(path: str, data: bytes, kind: str, size: Tuple[int, int],
     out_kind = "png" if kind in ("png", "webp") else "jpeg"
     try:
         with Image.open(io.BytesIO(data)) as image:
-            if image.width * image.height > MAX_PIXELS:
-                raise ImageError("image %r is %dx%d, too many pixels to resize (at most %d)"
-                                 % (path, image.width, image.height, MAX_PIXELS))
             image = pixels_for(image, out_kind)
             if image.size != size:
                 image = image.resize(size, Image.Resampling.LANCZOS)
@@ -200,8 +203,6 @@ def reencode(path: str, data: bytes, kind: str, size: Tuple[int, int],
                 image.save(out, "PNG")
             else:
                 image.save(out, "JPEG", quality=90)
-    except ImageError:
-        raise
     except Exception as e:  # a decoder fed untrusted bytes raises anything: the item's error, not the run's
         raise ImageError("cannot decode image %r: %s: %s" % (path, type(e).__name__, e)) from e
     return out_kind, out.getvalue(), size
