@@ -454,8 +454,11 @@ RESPONSE = st.dictionaries(
     st.sampled_from(["id", "object", "choices", "gold", "pred", "correct", "messages", "prompt", "usage"]),
     IDS | GOLD | st.lists(CHOICE, max_size=2) | st.sampled_from(["chat.completion", "chat.completion.chunk"]),
     max_size=8)
+SIZE = st.integers(-2, 5000) | st.sampled_from([1120, 1121, 10**30]) | VALUES
+IMAGE = st.dictionaries(st.sampled_from(["path", "width", "height", "sent_width", "sent_height", "sent_bytes",
+                                         "resized"]), SIZE | st.booleans(), max_size=7) | VALUES
 ITEM = st.dictionaries(st.sampled_from(["id", "pred", "gold", "correct", "content", "reasoning_content",
-                                        "finish_reason"]), TEXT | GOLD | IDS, max_size=7)
+                                        "finish_reason", "image"]), TEXT | GOLD | IDS | IMAGE, max_size=8)
 RECORD = RESPONSE | ITEM | st.fixed_dictionaries({"response": RESPONSE, "gold": GOLD}) | st.fixed_dictionaries(
     {"id": st.just("chatcmpl-x"), "choices": st.lists(CHOICE, min_size=1, max_size=1), "gold": GOLD})
 
@@ -463,8 +466,9 @@ RECORD = RESPONSE | ITEM | st.fixed_dictionaries({"response": RESPONSE, "gold": 
 def assert_sound(result: EvalResult) -> None:
     json.dumps(result.to_json(), allow_nan=False)
     assert {p.code for p in result.problems} <= {"no_items", "fake_zero", "truncation", "empty_content",
-                                                  "think_leak", "malformed"}
+                                                  "think_leak", "malformed", "image_over_cap"}
     assert 0 <= result.correct <= result.scored <= result.n
+    assert 0 <= result.over_cap <= result.images <= result.n
     assert 0 <= result.recoverable <= result.split_reasoning <= result.split <= result.pred_none <= result.n
     assert result.format in (None, "items", "chat-completion")
 
@@ -472,7 +476,8 @@ def assert_sound(result: EvalResult) -> None:
 def figures(result: EvalResult) -> tuple:
     return (result.n, result.scored, result.correct, result.pred_none, result.truncated, result.empty_content,
             result.reasoning_only, result.think_leaks, result.split, result.recoverable, result.malformed,
-            result.malformed_lines, result.format)  # one record a line: line numbers are element numbers
+            result.malformed_lines, result.format, result.images, result.over_cap,
+            result.largest_over)  # one record a line: line numbers are element numbers
 
 
 @FUZZ

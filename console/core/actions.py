@@ -33,6 +33,7 @@ from samai.console.core.audit import AuditError, AuditLog
 from samai.console.core.budget import GB, disk_budget
 from samai.console.core.config import Config, Stage, UnknownStage  # noqa: F401 (its callers import it here too)
 from samai.console.core.evidence import training_evidence
+from samai.console.core.mmproj_match import projector_evidence
 from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import (
@@ -175,6 +176,7 @@ class Actions:
         snap = await self._stage_snapshot()
         checks = preflight(self.config, snap, stage).checks if snap else ()
         checks += await training_evidence(self.box, self.config, stage)
+        checks += await projector_evidence(self.box, self.config, stage, snap)
         holders = _port_holders(stage, snap) if snap else ()
         return ActionPlan(
             action="fire", target=self.config.target.url, subject=f"stage {stage.name}", command=stage.command,
@@ -201,6 +203,7 @@ class Actions:
         checks = tuple(c for c in (preflight(self.config, snap, stage).checks if snap else ())
                        if "already running" not in c.text and not _about_own_listener(c, own))
         checks += await training_evidence(self.box, self.config, stage)
+        checks += await projector_evidence(self.box, self.config, stage, snap)
         checks += needed_artifact_checks(self.config, clear, stage.name)
         return ActionPlan(
             action="restart", target=self.config.target.url, subject=f"stage {stage.name}",

@@ -378,6 +378,7 @@ class _Reader:
         artifacts = self.artifacts(raw.get("artifacts"), workspace)
         stages = self.stages(raw.get("stages"), {a.name for a in artifacts}, workspace)
         model = self.mapping(raw.get("model"), "model")
+        self.mmproj(model, artifacts)
         return Config(
             source=self.source,
             pipeline=pipeline,
@@ -389,6 +390,16 @@ class _Reader:
             model=tuple(model.items()),
             ui=self.ui(raw.get("ui"), workspace),
         )
+
+    def mmproj(self, model: dict[str, Any], artifacts: tuple[Artifact, ...]) -> None:
+        """[model] mmproj names the projector's artifact: a multimodal pipeline, served with --mmproj."""
+        if "mmproj" not in model:
+            return
+        names = [a.name for a in artifacts]
+        if model["mmproj"] not in names:
+            declared = f" (declared: {', '.join(names)})" if names else " (none is declared)"
+            raise self.fail("model.mmproj", "the name of an [artifacts.NAME] table holding the projector GGUF"
+                            + declared, model["mmproj"])
 
     def target(self, raw: Any) -> Target:
         t = self.table(raw, "target", {"url", "python", "poll_interval", "timeout", "keepalive_interval",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from samai.console.core import units
@@ -15,9 +15,10 @@ from samai.console.core.budget import GB, DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
 from samai.console.core.evalcheck import EvalResult
 from samai.console.core.fixes import CLEAN, FixAction
+from samai.console.core.mmproj import has_mmproj, mmproj_artifact
 from samai.console.core.preflight import present_poison
 from samai.console.core.redact import redact
-from samai.remote.model import PythonPackages, Severity, Snapshot
+from samai.remote.model import Process, PythonPackages, Severity, Snapshot
 
 # The [model] settings that name binaries the pipeline runs (checked for the tar-prefix trap).
 BINARY_SETTINGS = ("llama_server", "llama_quantize")
@@ -52,8 +53,8 @@ def detect(cfg: Config, snap: Snapshot, budget: DiskBudget | None = None) -> lis
     """budget: this snapshot's, when the caller has it already (a poll computes it once)."""
     budget = budget or disk_budget(cfg, snap)
     found: list[Finding] = []
-    for check in (_shared_writers, _serve_ports, _reasoning_format, _poison, _disk, _disk_reserve, _binaries,
-                  _lost_stages, _restore_instead):
+    for check in (_shared_writers, _serve_ports, _reasoning_format, _serve_without_mmproj, _poison, _disk,
+                  _disk_reserve, _binaries, _lost_stages, _restore_instead):
         found.extend(check(cfg, snap, budget))
     return found
 
@@ -92,18 +93,35 @@ def _serve_ports(cfg: Config, snap: Snapshot, budget: DiskBudget):
                                   _kill_action(snap, proc.pid))
 
 
+def llama_servers(snap: Snapshot) -> Iterator[Process]:
+    """The llama-server processes: argv[0] for the binary; argv[1] when an interpreter runs a script of that name."""
+    for p in snap.processes:
+        if any(posixpath.basename(a) == "llama-server" for a in p.argv[:2]):
+            yield p
+
+
 def _reasoning_format(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """llama-server splitting <think> into reasoning_content: the fake 0 % (§6)."""
-    for p in snap.processes:
-        # argv[0] for the binary; argv[1] when an interpreter runs a script of that name
-        if not any(posixpath.basename(a) == "llama-server" for a in p.argv[:2]):
-            continue
+    for p in llama_servers(snap):
         value = reasoning_format(p.argv)
         if value != "none":
             how = "without --reasoning-format (its default splits)" if value is None else \
                 f"with --reasoning-format {value[:40]}"
             yield Finding("reasoning_split", "warning", f"llama-server pid {p.pid} runs {how}: an unclosed <think> "
                           "empties content; it needs --reasoning-format none", _kill_action(snap, p.pid))
+
+
+def _serve_without_mmproj(cfg: Config, snap: Snapshot, budget: DiskBudget):
+    """A multimodal pipeline's llama-server without its projector: images fail or are answered blind (§10)."""
+    artifact = mmproj_artifact(cfg)
+    if artifact is None:
+        return
+    for p in llama_servers(snap):
+        if not has_mmproj(p.argv):
+            yield Finding("serve_without_mmproj", "error",
+                          f"llama-server pid {p.pid} runs without --mmproj, but the pipeline is multimodal "
+                          f"([model] mmproj = {artifact.name}, {artifact.path}): image requests will fail or be "
+                          "answered blind; serve it with --mmproj", _kill_action(snap, p.pid))
 
 
 def reasoning_format(argv: Sequence[str]) -> str | None:

@@ -8,8 +8,11 @@ working model 0 % (playbook §6); too small a max_tokens cuts thinking short. Th
 told by that signature (most items with no answer, their text in reasoning_content or nowhere),
 not by how low the accuracy is.
 
+An item that asked with an image says what it sent (`image`: sent_width, sent_height): an image
+whose long side is over IMAGE_CAP costs more visual tokens than the playbook's budget (§10).
+
 Problem codes are a contract (scripts and tests match on them): no_items, fake_zero,
-truncation, empty_content, think_leak, malformed. Severities: "error" or "warning".
+truncation, empty_content, think_leak, malformed, image_over_cap. Severities: "error" or "warning".
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from samai.remote.model import Severity
 FAKE_ZERO_SHARE = 0.5  # at least this share of items with no prediction and the split's shape: a fake score
 TRUNCATION_ERROR_SHARE = 0.25
 MALFORMED_LINES_SHOWN = 5
+IMAGE_CAP = 1120  # px, the long side of an image sent to a vision model (playbook §10's visual-token budget)
 
 FIX_SPLIT = ("start llama-server with --reasoning-format none, and join content + reasoning_content "
              "in the client (content + '\\n' + reasoning_content) before extracting the answer")
@@ -56,6 +60,9 @@ class EvalResult:
     split: int = 0
     recoverable: int = 0
     split_reasoning: int = 0  # of the split, those with text in reasoning_content (the rest have none anywhere)
+    images: int = 0  # items that say what image they sent
+    over_cap: int = 0  # of those, the ones whose long side is over IMAGE_CAP
+    largest_over: tuple[int, int] | None = None  # (width, height) of the largest of them
     problems: tuple[Problem, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -67,7 +74,9 @@ class EvalResult:
                 "format": self.format, "layout": self.layout, "scored": self.scored, "split": self.split,
                 "recoverable": self.recoverable,
                 "problems": [{"code": p.code, "severity": p.severity, "message": p.message, "count": p.count}
-                             for p in self.problems]}
+                             for p in self.problems],
+                "images": self.images, "over_cap": self.over_cap,
+                "largest_over": list(self.largest_over) if self.largest_over else None}
 
 
 def check_eval(lines: Iterable[str], *, truncation_threshold: float = 0.05) -> EvalResult:
@@ -101,6 +110,9 @@ class _Tally:
     recoverable: int = 0
     malformed: int = 0
     malformed_lines: list[int] = field(default_factory=list)
+    images: int = 0
+    over_cap: int = 0
+    largest_over: tuple[int, int] | None = None
 
     def add(self, record: EvalRecord | Malformed) -> None:
         if isinstance(record, Malformed):
@@ -116,6 +128,8 @@ class _Tally:
         self.empty_content += record.content_empty
         self.reasoning_only += record.content_empty and record.has_reasoning
         self.think_leaks += record.think_leak
+        if record.image_sent is not None:
+            self._image(record.image_sent)
         if record.no_pred:
             self.pred_none += 1
             if record.has_reasoning or record.content_empty:  # the §6 signature
@@ -123,13 +137,21 @@ class _Tally:
                 self.split_reasoning += record.has_reasoning
                 self.recoverable += record.has_reasoning and record.gold_in_reasoning
 
+    def _image(self, size: tuple[int, int]) -> None:
+        self.images += 1
+        if max(size) > IMAGE_CAP:
+            self.over_cap += 1
+            if self.largest_over is None or max(size) > max(self.largest_over):
+                self.largest_over = size
+
     def result(self, reader: EvalReader) -> EvalResult:
         return EvalResult(n=self.n, correct=self.correct, accuracy=self.correct / self.scored if self.scored else None,
                           pred_none=self.pred_none, truncated=self.truncated, empty_content=self.empty_content,
                           reasoning_only=self.reasoning_only, think_leaks=self.think_leaks, malformed=self.malformed,
                           malformed_lines=tuple(self.malformed_lines), format=reader.kind, layout=reader.layout,
                           scored=self.scored, split=self.split, recoverable=self.recoverable,
-                          split_reasoning=self.split_reasoning)
+                          split_reasoning=self.split_reasoning, images=self.images, over_cap=self.over_cap,
+                          largest_over=self.largest_over)
 
 
 # --- problems ------------------------------------------------------------------------------
@@ -143,7 +165,7 @@ def _problems(result: EvalResult, truncation_threshold: float) -> tuple[Problem,
     found = [_no_items(result)]
     if result.n:
         found += [_fake_zero(result), _truncation(result, truncation_threshold),
-                  _empty_content(result), _think_leak(result)]
+                  _empty_content(result), _think_leak(result), _image_over_cap(result)]
     found.append(_malformed(result))
     return tuple(problem for problem in found if problem is not None)
 
@@ -232,6 +254,17 @@ def _think_leak(result: EvalResult) -> Problem | None:
                "<think>, or nothing after </think>): an extractor that does not cut the thinking away reads it "
                "as the answer; give the thinking room (max_tokens) or fix the template")
     return _problem("think_leak", "warning", message, leaks)
+
+
+def _image_over_cap(result: EvalResult) -> Problem | None:
+    """Images sent larger than the cap: each costs visual tokens past the budget (and the context)."""
+    if not result.over_cap or result.largest_over is None:
+        return None
+    width, height = result.largest_over
+    message = (f"{_percent(result.over_cap, result.images)} images were sent with a long side over {IMAGE_CAP} px "
+               f"(the largest {width}x{height}): more visual tokens than the playbook's budget; cap the long side "
+               f"at {IMAGE_CAP} before sending (the eval stage's --image-cap)")
+    return _problem("image_over_cap", "warning", message, result.over_cap)
 
 
 def _malformed(result: EvalResult) -> Problem | None:

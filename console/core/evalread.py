@@ -39,6 +39,7 @@ class EvalRecord:
     has_reasoning: bool
     think_leak: bool
     gold_in_reasoning: bool  # for an item with no answer: its gold is in reasoning_content, where a join finds it
+    image_sent: tuple[int, int] | None = None  # (width, height) of the image the item sent, when it says
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +245,26 @@ def _from_item(item: dict) -> EvalRecord | None:
     content, reasoning = _text(item.get("content")), _text(item.get("reasoning_content"))
     return EvalRecord(kind=ITEMS, correct=written, no_pred=not pred, finish_reason=item.get("finish_reason"),
                       content_empty=not content.strip(), has_reasoning=bool(reasoning.strip()),
-                      think_leak=_leaks(content), gold_in_reasoning=not pred and _contains(reasoning, item.get("gold")))
+                      think_leak=_leaks(content), gold_in_reasoning=not pred and _contains(reasoning, item.get("gold")),
+                      image_sent=_sent_size(item.get("image")))
+
+
+def _sent_size(image: object) -> tuple[int, int] | None:
+    """The size of the image an item sent: its sent_width x sent_height, or its own size when it was
+    sent as it is (resized false); None when the record does not say (or says garbage)."""
+    if not isinstance(image, dict):
+        return None
+    sent = _size(image.get("sent_width"), image.get("sent_height"))
+    if sent is None and image.get("resized") is False:
+        return _size(image.get("width"), image.get("height"))
+    return sent
+
+
+def _size(width: object, height: object) -> tuple[int, int] | None:
+    if isinstance(width, int) and isinstance(height, int) and not isinstance(width, bool) \
+            and not isinstance(height, bool) and width > 0 and height > 0:
+        return width, height
+    return None
 
 
 def _leaks(content: str) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from samai.console.core import units
 from samai.console.core.budget import DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
+from samai.console.core.mmproj import declared, mmproj_artifact, projector_stage
 from samai.remote.model import Process, Snapshot, StageRecord
 
 POISON_PREFIX = "poison:"
@@ -73,6 +74,7 @@ def preflight(cfg: Config, snap: Snapshot, stage: Stage, budget: DiskBudget | No
     for port in stage.ports:
         checks.extend(_port_checks(snap, port, record))
     checks.extend(_server_checks(cfg, snap, stage))
+    checks.extend(_projector_checks(cfg, budget, stage))
     return Preflight(stage.name, tuple(checks), poison)
 
 
@@ -157,4 +159,25 @@ def _server_checks(cfg: Config, snap: Snapshot, stage: Stage) -> list[Check]:
         server = next((s for s in cfg.stages if port in s.ports), None)
         hint = f": fire {server.name} (key {server.key}) first" if server else ""
         checks.append(Check("error", f"server {url} is down: nothing listens on port {port}{hint}"))
+    return checks
+
+
+def _projector_checks(cfg: Config, budget: DiskBudget, stage: Stage) -> list[Check]:
+    """A multimodal serve stage, as far as the snapshot tells: its command must carry --mmproj, and
+    the projector's file be there (said here unless `needs` said it). Whether the projector matches
+    the model takes reading both headers: mmproj_match does that when the stage is about to fire."""
+    serve = projector_stage(cfg, stage)
+    if serve is None:
+        return []
+    checks = []
+    artifact = mmproj_artifact(cfg)
+    if serve.mmproj is None and artifact is not None:
+        checks.append(Check("error", f"the pipeline is multimodal ([model] mmproj = {artifact.name}) but this "
+                                     f"command runs llama-server without --mmproj {artifact.path}: image requests "
+                                     "would fail or be answered blind"))
+    path = serve.mmproj if serve.mmproj is not None else artifact.path if artifact else None
+    known = declared(cfg, path) if path else None
+    use = budget.artifact(known.name) if known else None
+    if known and known.name not in stage.needs and use is not None and use.actual is None:
+        checks.append(Check("error", f"mmproj {path} (artifact {known.name}, the projector GGUF): missing"))
     return checks
