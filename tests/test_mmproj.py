@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +27,7 @@ from samai.console.core.evalcheck import IMAGE_CAP, check_eval
 from samai.console.core.mmproj import ServeCommand, has_mmproj, serve_command
 from samai.console.core.preflight import poison_artifacts, preflight
 from samai.remote.box.gguf_check import check_file, summary
+from tests.box_tools import stage_argv, stage_env
 from tests.helpers import run_cli, wait_for
 
 # What convert_hf_to_gguf.py --mmproj writes for a Qwen2.5-VL vision tower (tiny sizes).
@@ -431,3 +436,61 @@ def test_garbage_image_records_never_crash_the_check(garbage: object) -> None:
     result = check_eval([item(0, {"wrap": 1}), json.dumps({"id": 1, "gold": "red", "pred": "red", "image": garbage})])
     json.dumps(result.to_json(), allow_nan=False)
     assert result.n == 2 and result.over_cap == 0
+
+
+class _ChatServer(ThreadingHTTPServer):
+    pass
+
+
+class _Answer(BaseHTTPRequestHandler):
+    """A chat-completion server that answers "red" to every request."""
+
+    def do_POST(self) -> None:  # noqa: N802 (the http.server name)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.dumps({"choices": [{"message": {"content": "red"}, "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def chat_url() -> Iterator[str]:
+    server = _ChatServer(("127.0.0.1", 0), _Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+@pytest.mark.parametrize(("cap", "over"), [(2000, 1), (None, 0)])
+def test_check_eval_reads_what_the_real_eval_stage_sent(chat_url: str, tmp_path: Path, cap, over: int) -> None:
+    """The eval stage run with a cap over the playbook's sends a 1500 px image as it is: flagged;
+    with its default cap it sends it resized to 1120: not flagged."""
+    from PIL import Image
+
+    data = tmp_path / "eval"
+    data.mkdir()
+    Image.new("RGB", (1500, 40), "red").save(data / "wide.png")
+    Image.new("RGB", (64, 64), "red").save(data / "small.png")
+    (data / "eval.jsonl").write_text("".join(json.dumps({"id": i, "prompt": "What colour?", "gold": "red",
+                                                         "image": name}) + "\n"
+                                             for i, name in enumerate(("wide.png", "small.png"))))
+    argv = stage_argv("stages.eval", "--url", chat_url, "--data", data / "eval.jsonl", "--out", tmp_path / "out",
+                      "--max-tokens", 8, "--timeout", 10, "--extract", "first-word",
+                      *(("--image-cap", cap) if cap else ()))
+    done = subprocess.run(argv, env=stage_env(), capture_output=True, text=True, timeout=120)
+    assert "EVAL_RC=0" in done.stdout, done.stdout + done.stderr
+    result = check_eval((tmp_path / "out" / "items.jsonl").read_text().splitlines())
+    assert (result.n, result.images, result.over_cap) == (2, 2, over)
+    assert [p.code for p in result.problems] == ["image_over_cap"] * over
+    if over:
+        assert "largest 1500x40" in result.problems[0].message
+    done = run_cli("check", "eval", str(tmp_path / "out" / "items.jsonl"))
+    assert done.returncode == 0 and ("image_over_cap" in done.stdout) is bool(over)
