@@ -5,6 +5,8 @@ missing: the playbook's NaN run had its untrained adapter merged as if it were f
 Files are not evidence enough: every tensor of the adapter is checked for nan/inf before the
 merge (exit 2), and every tensor of the merged model before it is saved (exit 1); the refusal
 names the first bad tensors and their count.
+An image-text model is merged whole (playbook §10: the ConditionalGeneration stack, vision tower
+and merger kept as they were, which is checked), its image processor saved beside it.
 
 Runs ON the box, in the box venv:
   python -m samai_box.stages.merge --base models/base --train-dir runs/train --out models/merged
@@ -15,7 +17,13 @@ import os
 import shutil
 import time
 
+from . import vision
 from .common import bad_tensors_text, fail, marker, nonfinite_safetensors, nonfinite_state, say
+
+
+def image_tensors(model):
+    """The names of a model's vision tower and merger tensors (none for a text model)."""
+    return sorted(n for n in model.state_dict() if vision.group_of(n) in vision.IMAGE_GROUPS)
 
 
 def gate(train_dir):
@@ -41,7 +49,7 @@ def main():
 
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     started = time.time()
     adapter = os.path.join(args.train_dir, "final")
@@ -49,15 +57,24 @@ def main():
     if bad:
         fail("MERGE_REFUSED", "the adapter: " + bad_tensors_text(bad, total, adapter), rc=2)
     say("%s: all %d adapter tensors finite" % (adapter, total))
-    base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32)
+    multimodal = vision.is_multimodal(args.base)
+    kind = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
+    base = kind.from_pretrained(args.base, dtype=torch.float32)
+    image_side = image_tensors(base)
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    if image_tensors(merged) != image_side:
+        fail("MERGE_REFUSED", "the merged model lost image tensors: %d of %d vision/merger tensors kept (nothing "
+             "saved)" % (len(image_tensors(merged)), len(image_side)), rc=1)
     bad, total = nonfinite_state(merged.state_dict().items())
     if bad:
         fail("MERGE_REFUSED", "the merged model (nothing saved): " + bad_tensors_text(bad, total, args.out), rc=1)
     tmp = args.out + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     merged.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(args.base).save_pretrained(tmp)
+    if multimodal:
+        vision.save_processor(*vision.load_processor(args.base), tmp)
+    else:
+        AutoTokenizer.from_pretrained(args.base).save_pretrained(tmp)
     spm_model = os.path.join(args.base, "tokenizer.model")
     if os.path.exists(spm_model):  # llama.cpp's converter reads a SentencePiece vocab from it
         shutil.copy(spm_model, tmp)

@@ -17,10 +17,10 @@ import time
 from .common import CHAT_TEMPLATE, fact_text, facts, marker, messages, say, sha256_of, write_json
 
 
-def build_tokenizer(out, texts):
-    """A character-level SentencePiece model: its vocabulary is the characters of the facts and
+def build_tokenizer(out, texts, special=(), chat_template=CHAT_TEMPLATE):
+    """A character-level SentencePiece model: its vocabulary is the characters of the texts and
     the chat format plus the 256 byte-fallback pieces (BPE with no room for merges), so every
-    character is one token.
+    character is one token; `special` tokens are whole pieces, never split.
     tokenizer.model stays in the model folder: llama.cpp's converter reads the vocab from it."""
     import sentencepiece as spm
     from transformers import LlamaTokenizer
@@ -31,22 +31,31 @@ def build_tokenizer(out, texts):
     chars = sorted(set("".join(texts) + "QA"))
     spm.SentencePieceTrainer.train(
         input=corpus, model_prefix=os.path.join(out, "tokenizer"), model_type="bpe",
-        vocab_size=len(chars) + 3 + 256, character_coverage=1.0, add_dummy_prefix=False, byte_fallback=True,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        vocab_size=len(chars) + 3 + 256 + len(special), character_coverage=1.0, add_dummy_prefix=False,
+        byte_fallback=True, user_defined_symbols=list(special), unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
     os.remove(corpus)
     os.remove(os.path.join(out, "tokenizer.vocab"))
     # No space prefix on either side: llama.cpp reads add_prefix_space from tokenizer_config.json,
     # and a prefix the model never saw in training would change every answer. Byte fallback
     # lets any character through llama.cpp's SPM tokenizer instead of failing on it.
-    tok = LlamaTokenizer.from_pretrained(out, add_bos_token=True, add_eos_token=False, add_prefix_space=False)
-    tok.chat_template = CHAT_TEMPLATE
+    # The vocabulary is given piece by piece in the SentencePiece model's order: transformers' own
+    # reading of tokenizer.model can number the pieces otherwise (it dropped "=" and moved "A" and
+    # "Q" of the VLM's vocabulary), and llama.cpp numbers them as the model file does.
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(out, "tokenizer.model"))
+    tok = LlamaTokenizer(vocab={sp.id_to_piece(i): i for i in range(sp.get_piece_size())}, merges=[],
+                         add_bos_token=True, add_eos_token=False, add_prefix_space=False)
+    if special:
+        tok.add_special_tokens({"additional_special_tokens": list(special)})
+    tok.chat_template = chat_template
     tok.pad_token = tok.unk_token  # batches are padded; padding is masked out of every loss
     return tok
 
 
 def write_manifest(folder):
-    """manifest.json: what the fetch stage downloads from this folder and checks."""
-    files = sorted(n for n in os.listdir(folder) if n != "manifest.json")
+    """manifest.json: what the fetch stage downloads from this folder (subfolders too) and checks."""
+    walked = (os.path.relpath(os.path.join(top, n), folder).replace(os.sep, "/")
+              for top, _, names in os.walk(folder) for n in names)
+    files = sorted(n for n in walked if n != "manifest.json")
     write_json(os.path.join(folder, "manifest.json"), {"files": [
         {"path": n, "size": os.path.getsize(os.path.join(folder, n)), "sha256": sha256_of(os.path.join(folder, n))}
         for n in files]})

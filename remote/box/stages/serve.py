@@ -10,7 +10,8 @@
    binary is missing, and then said as SERVE_FALLBACK
 4. exactly one listener on the port, and it is ours
 5. health: llama-server /health 200 {"status":"ok"} (503 while loading); llama_cpp.server /v1/models
-6. smoke: one question whose answer CONTENT is checked (17*23= -> 391), not just "ok"
+6. smoke: one question whose answer CONTENT is checked (17*23= -> 391), not just "ok"; for an
+   image-text model (--mmproj, playbook §10) asked about --smoke-image (the red square -> red)
 Then HEALTH_OK / SMOKE_OK, and the stage runs as long as the server does; with --smoke-only
 (a GGUF checked after surgery, on --port 0: a free one) it stops the server and ends there.
 
@@ -33,6 +34,7 @@ import urllib.request
 from ..procs import list_pids
 from ..sockets import listening_sockets, socket_owners
 from .common import SMOKE_ANSWER, SMOKE_QUESTION, fail, marker, say
+from .images import chat_content
 
 
 def holders(port):
@@ -44,10 +46,24 @@ def holders(port):
 
 def server_command(args):
     if args.llama_server:
-        return [args.llama_server, "-m", args.model, "--host", args.host, "--port", str(args.port),
-                "-c", str(args.ctx)] + (["--reasoning-format", args.reasoning_format] if args.reasoning_format else [])
+        return ([args.llama_server, "-m", args.model, "--host", args.host, "--port", str(args.port), "-c", str(args.ctx)]
+                + (["--reasoning-format", args.reasoning_format] if args.reasoning_format else [])
+                + (["--mmproj", args.mmproj] if args.mmproj else [])
+                + (["--image-max-tokens", str(args.image_max_tokens)] if args.image_max_tokens else []))
     return [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--host", args.host,
             "--port", str(args.port), "--n_ctx", str(args.ctx)]
+
+
+def projector_problem(args):
+    """Why an image-text model cannot be served as asked, or None."""
+    if args.smoke_image and not args.mmproj:
+        return "--smoke-image needs --mmproj: without its projector the model cannot see the image"
+    for what, path in (("the projector", args.mmproj), ("the smoke image", args.smoke_image)):
+        if path and not os.path.isfile(path):
+            return "needs %s %s: missing (run convert first)" % (what, path)
+    if args.mmproj and not args.llama_server:
+        return "--mmproj needs llama-server (--llama-server): llama_cpp.server is not set up for this projector"
+    return None
 
 
 def free_port(host):
@@ -80,7 +96,8 @@ def ask(args, question, max_tokens):
     continues the text, as /v1/completions does."""
     if args.prompt_format == "text":
         return post(args, "/v1/completions", {"prompt": question, "max_tokens": max_tokens, "temperature": 0})["text"]
-    message = post(args, "/v1/chat/completions", {"messages": [{"role": "user", "content": question}],
+    content = chat_content(args.smoke_image, question)[0] if args.smoke_image else question
+    message = post(args, "/v1/chat/completions", {"messages": [{"role": "user", "content": content}],
                                                   "max_tokens": max_tokens, "temperature": 0})["message"]
     # llama.cpp may put an unclosed <think> into reasoning_content and leave content empty
     return (message.get("content") or "") + "\n" + (message.get("reasoning_content") or "")
@@ -116,6 +133,9 @@ def main():
     p.add_argument("--reasoning-format", default="none",
                    help="llama-server's --reasoning-format ('' for the server's default, which splits <think> "
                         "into reasoning_content: the playbook's fake 0 %%)")
+    p.add_argument("--mmproj", help="an image-text model's projector GGUF (llama-server --mmproj)")
+    p.add_argument("--image-max-tokens", type=int, help="llama-server's cap on an image's tokens")
+    p.add_argument("--smoke-image", help="ask the smoke question about this image (needs --mmproj)")
     p.add_argument("--server-log", default="logs/server.log")
     p.add_argument("--smoke-question", default=SMOKE_QUESTION)
     p.add_argument("--smoke-answer", default=SMOKE_ANSWER)
@@ -129,8 +149,11 @@ def main():
         args.port = free_port(args.host)
     if not os.path.isfile(args.model):
         fail("SERVE_REFUSED", "needs %s: missing (run quantize first)" % args.model, rc=2)
+    why = projector_problem(args)
+    if why:
+        fail("SERVE_REFUSED", why, rc=2)
     if args.llama_server and not os.access(args.llama_server, os.X_OK):
-        if not args.python_server_fallback:
+        if not args.python_server_fallback or args.mmproj:
             fail("SERVE_REFUSED", "no llama-server at %s (run provision)" % args.llama_server, rc=2)
         marker("SERVE_FALLBACK", "no llama-server at %s: serving with llama_cpp.server, which has no reasoning "
                "split and no --reasoning-format" % args.llama_server)

@@ -29,11 +29,13 @@ import os
 import sys
 import time
 
+from . import vision
 from .common import fail, marker, push_milestone, say
 
 POISON = ("final", "TRAIN_DONE", "TRAIN_NAN")
 GUARD_WINDOW, GUARD_BAD = 4, 3
-NAN_PATIENCE = 5  # sick logged steps in a row that stop the run after the early window
+NAN_PATIENCE = 5
+TEXT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # sick logged steps in a row that stop the run after the early window
 DIVERGE_LR = 1e6  # --diverge-after's learning rate: AdamW moves every weight by about this much
 
 
@@ -237,6 +239,54 @@ def inject_nan(model):
                 param.fill_(float("nan"))
 
 
+def lora_config(args, default_targets):
+    """--lora-regex as peft's regex (a str, matched against the whole module name), else the
+    --lora-targets names (a list, matched as name suffixes), else the default of the model kind."""
+    from peft import LoraConfig
+
+    targets = args.lora_regex or (args.lora_targets.split(",") if args.lora_targets else default_targets)
+    say("LoRA r=%d on %s" % (args.lora_r, targets if isinstance(targets, str) else ",".join(targets)))
+    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_r * 2, lora_dropout=0.0, task_type="CAUSAL_LM",
+                      target_modules=targets)
+
+
+def text_setup(args):
+    """(LoRA model, examples, collator, what saves the tokenizer) for a causal LM."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.base)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32),
+                           lora_config(args, TEXT_TARGETS.split(",")))
+    say("%d trainable parameters" % sum(p.numel() for p in model.parameters() if p.requires_grad))
+    return model, load_examples(args.data, tok), pad_batch(tok.pad_token_id), tok.save_pretrained
+
+
+def vision_setup(args):
+    """The same for an image-text model (playbook §10): LoRA on the language model only, the
+    vision tower and merger frozen explicitly, and both asserted before a step is taken: a LoRA
+    target inside the vision side or a trainable vision parameter is TRAIN_REFUSED."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    tok, image_processor = vision.load_processor(args.base)
+    base = AutoModelForImageTextToText.from_pretrained(args.base, dtype=torch.float32)
+    model = get_peft_model(base, lora_config(args, vision.LORA_REGEX))
+    vision.freeze_vision(model)
+    say("trainable parameters by part: %s" % ", ".join("%s %d" % kv for kv in vision.trainable_by_group(model).items()))
+    why = vision.why_vision_not_frozen(model)
+    if why:
+        fail("TRAIN_REFUSED", why, rc=2)
+    examples = vision.load_examples(args.data)
+
+    def collate(batch):
+        return vision.encode(tok, image_processor, batch)
+
+    return model, examples, collate, lambda folder: vision.save_processor(tok, image_processor, folder)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True)
@@ -246,7 +296,10 @@ def main():
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+    p.add_argument("--lora-targets", help="module names, comma-separated (default: %s; for a VLM --lora-regex's "
+                   "default)" % TEXT_TARGETS)
+    p.add_argument("--lora-regex", help="a regex the whole module name must match (a VLM's default: %s)"
+                   % vision.LORA_REGEX)
     p.add_argument("--fp16", action="store_true", help="refused: see the module's notes")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--deepspeed", help="a DeepSpeed config file, passed through to the Trainer")
@@ -279,23 +332,16 @@ def main():
         fail("TRAIN_REFUSED", "no training data at %s" % args.data, rc=2)
 
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
+    from transformers import Trainer, TrainingArguments, set_seed
 
     started = time.time()
     set_seed(args.seed)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     os.makedirs(args.out, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(args.base)
-    model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32)
-    lora = LoraConfig(r=args.lora_r, lora_alpha=args.lora_r * 2, lora_dropout=0.0, task_type="CAUSAL_LM",
-                      target_modules=args.lora_targets.split(","))
-    model = get_peft_model(model, lora)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    say("LoRA r=%d on %s: %d trainable parameters" % (args.lora_r, args.lora_targets, trainable))
+    setup = vision_setup if vision.is_multimodal(args.base) else text_setup
+    model, examples, collate, save_processor = setup(args)
     if args.inject_nan:
         inject_nan(model)
-    examples = load_examples(args.data, tok)
     guard = make_guard(args.out, args.nan_patience)
     callbacks = [guard, make_progress(started)]
     if args.push_to:
@@ -308,8 +354,7 @@ def main():
         warmup_steps=5, logging_steps=1, logging_first_step=True, save_strategy="epoch", save_total_limit=1,
         fp16=False, bf16=args.bf16, deepspeed=args.deepspeed, report_to=[], seed=args.seed,
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
-    trainer = Trainer(model=model, args=training, train_dataset=examples, data_collator=pad_batch(tok.pad_token_id),
-                      callbacks=callbacks)
+    trainer = Trainer(model=model, args=training, train_dataset=examples, data_collator=collate, callbacks=callbacks)
     trainer.train()
     if guard.tripped:
         say("training stopped by the NaN guard; no final/ written")
@@ -321,7 +366,7 @@ def main():
         sys.exit(3)
     final = os.path.join(args.out, "final")
     model.save_pretrained(final)
-    tok.save_pretrained(final)
+    save_processor(final)
     with open(os.path.join(args.out, "TRAIN_DONE"), "w") as f:
         f.write("%d steps in %.0f s\n" % (trainer.state.global_step, time.time() - started))
     marker("TRAIN_DONE", "%s after %d steps in %.0f s" % (final, trainer.state.global_step, time.time() - started))

@@ -1,0 +1,124 @@
+"""Make the tiny VLM's base model: a Qwen2.5-VL small enough for a CPU, that knows colours.
+
+Built from a config (vision tower of 4 blocks with window attention, a merger, a 2-layer language
+model; a character-level SentencePiece tokenizer with the image tokens), then every weight is
+trained on rendered shapes: "colour?" about an image, answered with its colour, without the chat
+format ("<image>colour?=red"). The train stage then teaches the chat format with a LoRA on the
+language model alone (playbook §10).
+Writes the model, the tokenizer, the image processor and a manifest.json into --out; with
+--data-out also the fine-tuning and eval sets (images beside them) and the smoke image.
+
+Runs ON the box, in the box venv:
+  python -m samai_box.stages.pretrain_vlm --out source/vlm-base --data-out source/vlm-data
+"""
+
+import argparse
+import os
+import random
+import time
+
+from . import vision
+from .common import marker, say
+from .pretrain import build_tokenizer, write_manifest
+
+VISION_DEPTH = 4  # llama.cpp's converter maps the merger's mlp.2 only in a tower of 3 blocks or more
+FULL_ATTENTION_BLOCKS = [1, 3]  # window attention elsewhere, every 2nd block full: as Qwen2.5-VL
+
+
+def build_model(tok, hidden, layers, heads):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    ids = {t: tok.convert_tokens_to_ids(t) for t in vision.SPECIAL_TOKENS}
+    head_dim = hidden // heads
+    text = dict(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2 + hidden // 2,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, tie_word_embeddings=False,
+        # M-RoPE: the rotary half of each head split over (time, height, width) as Qwen does
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "mrope_section": mrope_section(head_dim // 2)})
+    visual = dict(depth=VISION_DEPTH, hidden_size=hidden, intermediate_size=hidden * 2, out_hidden_size=hidden,
+                  num_heads=heads, fullatt_block_indexes=FULL_ATTENTION_BLOCKS, window_size=112, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    config = Qwen2_5_VLConfig(
+        text_config=text, vision_config=visual, image_token_id=ids[vision.IMAGE_PAD],
+        vision_start_token_id=ids[vision.VISION_START], vision_end_token_id=ids[vision.VISION_END],
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def mrope_section(half):
+    """(t, h, w) shares of the rotary half of a head: time the smallest, as Qwen's [16, 24, 24]."""
+    t = half // 4
+    h = (half - t) // 2
+    return [t, h, half - t - h]
+
+
+def train(model, tok, image_processor, steps, lr, batch, seed):
+    import torch
+
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    model.train()
+    loss = None
+    for step in range(1, steps + 1):
+        examples = []
+        for _ in range(batch):
+            colour, shape = rng.choice(sorted(vision.COLOURS)), rng.choice(vision.SHAPES)
+            examples.append((vision.render(rng, colour, shape), vision.messages("-", colour)))
+        loss = model(**vision.encode(tok, image_processor, examples, vision.PRETRAIN_TEMPLATE)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        if step % max(1, steps // 20) == 0 or step == steps:
+            say("pretrain step %d/%d loss %.4f" % (step, steps, loss.item()))
+    return loss.item()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--data-out", help="also write the fine-tuning and eval sets here")
+    p.add_argument("--train-examples", type=int, default=112)
+    p.add_argument("--eval-examples", type=int, default=28)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--again", action="store_true", help="make it even if --out already holds one")
+    args = p.parse_args()
+
+    import torch
+    from transformers import Qwen2VLImageProcessorPil
+
+    if os.path.isfile(os.path.join(args.out, "manifest.json")) and not args.again:
+        marker("PRETRAIN_DONE", "%s already made (--again to make it anew)" % args.out)
+        return
+    started = time.time()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    os.makedirs(args.out, exist_ok=True)
+    tok = build_tokenizer(args.out, [vision.QUESTION + "=QA"] + sorted(vision.COLOURS), vision.SPECIAL_TOKENS,
+                          vision.CHAT_TEMPLATE)
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=vision.MIN_PIXELS, max_pixels=vision.MAX_PIXELS)
+    model = build_model(tok, args.hidden, args.layers, args.heads)
+    say("tiny Qwen2.5-VL: %d parameters, vocab %d" % (model.num_parameters(), len(tok)))
+    loss = train(model, tok, image_processor, args.steps, args.lr, args.batch, args.seed)
+    model.save_pretrained(args.out, safe_serialization=True)
+    vision.save_processor(tok, image_processor, args.out)
+    write_manifest(args.out)
+    if args.data_out:
+        vision.write_data(args.data_out, args.train_examples, args.eval_examples)
+        write_manifest(args.data_out)
+    marker("PRETRAIN_DONE", "%s loss=%.4f in %.0f s" % (args.out, loss, time.time() - started))
+
+
+if __name__ == "__main__":
+    main()
