@@ -194,6 +194,10 @@ size_gb = 0.00001
 [artifacts.gguf_mmproj]
 path = "{MMPROJ}"
 size_gb = 0.00001
+[stages.convert]
+key = "5"
+command = "python3 -m samai_box.stages.convert --model models/merged --out gguf/vlm-f16.gguf --mmproj {MMPROJ}"
+makes = ["gguf_mmproj"]
 [stages.serve]
 key = "7"
 command = "{SERVE.format(mmproj=flag, port=port)}"
@@ -234,14 +238,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def plan_checks(box, tmp_path: Path, workspace: Path, **options) -> tuple[bool, list[tuple[str, str]]]:
+async def plan_checks(box, tmp_path: Path, workspace: Path, stage: str = "serve",
+                      **options) -> tuple[bool, list[tuple[str, str]]]:
     from samai.console.core.actions import Actions
 
     async def never(plan):
         raise AssertionError("a plan is not confirmed here")
 
     cfg = load(tmp_path, pipeline(workspace, port=free_port(), **options))
-    plan = await Actions(box, cfg, AuditLog(tmp_path / "audit.jsonl"), readonly=False, confirm=never).plan_fire("serve")
+    actions = Actions(box, cfg, AuditLog(tmp_path / "audit.jsonl"), readonly=False, confirm=never)
+    plan = await actions.plan_fire(stage)
     return plan.blocked, [(c.severity, c.text) for c in plan.checks]
 
 
@@ -307,7 +313,8 @@ async def test_a_multimodal_serve_without_mmproj_is_refused(box, tmp_path: Path,
     # The stage bar's preflight (the snapshot alone) says it too.
     cfg = load(tmp_path, pipeline(workspace, flag=""))
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts] + poison_artifacts(cfg))
-    assert preflight(cfg, snap, cfg.stages[0]).blocked
+    serve = cfg.stage("serve")
+    assert serve is not None and preflight(cfg, snap, serve).blocked
 
 
 async def test_an_undeclared_projector_path_is_read_from_the_command(box, tmp_path: Path, workspace: Path) -> None:
@@ -321,6 +328,13 @@ async def test_an_undeclared_projector_path_is_read_from_the_command(box, tmp_pa
     blocked, checks = await plan_checks(box, tmp_path, workspace, mmproj_key="", flag="--mmproj gguf/other.gguf ",
                                         needs='["gguf_q"]')
     assert blocked and any(text.startswith("mmproj gguf/other.gguf cannot be read") for _, text in checks), checks
+
+
+async def test_the_stage_that_writes_the_projector_is_not_checked_for_it(box, tmp_path: Path,
+                                                                        workspace: Path) -> None:
+    """convert names the --mmproj it writes and runs no server: nothing to match, nothing missing."""
+    blocked, checks = await plan_checks(box, tmp_path, workspace, stage="convert")
+    assert not blocked and not any("mmproj" in text for _, text in checks), checks
 
 
 async def test_a_text_pipeline_serve_stage_has_no_projector_checks(box, tmp_path: Path, workspace: Path) -> None:

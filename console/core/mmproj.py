@@ -77,10 +77,11 @@ def _after_python(words: Sequence[str], i: int) -> bool:
 
 
 def projector_stage(cfg: Config, stage: Stage) -> ServeCommand | None:
-    """The stage's serve options when it is a multimodal serve stage: its command carries --mmproj,
-    or the pipeline has [model] mmproj and the command runs llama-server. None otherwise."""
+    """The stage's serve options when it is a multimodal serve stage: its command runs llama-server
+    and carries --mmproj, or the pipeline has [model] mmproj. None otherwise (the convert stage
+    names the --mmproj it writes, and runs no server)."""
     serve = serve_command(stage.command)
-    if serve.mmproj is not None or (serve.runs_server and mmproj_artifact(cfg) is not None):
+    if serve.runs_server and (serve.mmproj is not None or mmproj_artifact(cfg) is not None):
         return serve
     return None
 
