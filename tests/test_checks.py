@@ -53,7 +53,8 @@ def test_a_good_gguf(tmp_path: Path) -> None:
     assert result["expected_size"] == result["size"] and result["data_offset"] % 32 == 0
     assert list(result) == ["path", "ok", "size", "version", "tensor_count", "kv_count", "alignment", "header_end",
                             "data_offset", "data_end", "expected_size", "size_note", "last_tensor", "bytes_read",
-                            "deep", "problems"]  # the JSON contract's order
+                            "deep", "problems", "architecture", "embedding_length",
+                            "projector"]  # the JSON contract's order
 
 
 def test_gguf_problems_have_their_codes(tmp_path: Path) -> None:
@@ -114,7 +115,8 @@ def test_check_eval_finds_the_fake_zero(tmp_path: Path) -> None:
     assert rc == 1 and "fake_zero" in {p["code"] for p in result["problems"]}
     assert list(result) == ["n", "correct", "accuracy", "pred_none", "truncated", "empty_content", "reasoning_only",
                             "think_leaks", "malformed", "malformed_lines", "format", "layout", "scored", "split",
-                            "recoverable", "problems"]  # the JSON contract's order
+                            "recoverable", "problems", "images", "over_cap",
+                            "largest_over"]  # the JSON contract's order
     assert list(result["problems"][0]) == ["code", "severity", "message", "count"]
     text = run_cli("check", "eval", str(items)).stdout
     assert "fake_zero" in text and "--reasoning-format none" in text

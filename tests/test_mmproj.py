@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from samai.console.core import config
 from samai.console.core.audit import AuditLog
@@ -26,7 +28,7 @@ from samai.console.core.checks import check_gguf
 from samai.console.core.evalcheck import IMAGE_CAP, check_eval
 from samai.console.core.mmproj import ServeCommand, has_mmproj, serve_command
 from samai.console.core.preflight import poison_artifacts, preflight
-from samai.remote.box.gguf_check import check_file, summary
+from samai.remote.box.gguf_check import check, check_file, summary
 from tests.box_tools import stage_argv, stage_env
 from tests.helpers import run_cli, wait_for
 
@@ -508,3 +510,30 @@ def test_check_eval_reads_what_the_real_eval_stage_sent(chat_url: str, tmp_path:
         assert "largest 1500x40" in result.problems[0].message
     done = run_cli("check", "eval", str(tmp_path / "out" / "items.jsonl"))
     assert done.returncode == 0 and ("image_over_cap" in done.stdout) is bool(over)
+
+
+@pytest.fixture(scope="module")
+def projector_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return write_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj.gguf").read_bytes()
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 1200), st.integers(0, 255)), min_size=1, max_size=4),
+       cut=st.none() | st.integers(0, 1400))
+def test_a_corrupt_projector_never_crashes_the_check(projector_bytes: bytes, edits, cut) -> None:
+    """Bytes of its header overwritten (a type, a length, a value) or the file cut: a result, never a crash."""
+    from samai.console.core.checks import Projector
+
+    data = bytearray(projector_bytes)
+    for at, value in edits:
+        data[at] = value
+    data = data[:cut] if cut is not None else data
+
+    def read_at(offset: int, length: int) -> bytes:
+        return bytes(data[offset:offset + length])
+
+    result = check(read_at, len(data))
+    json.dumps(result, allow_nan=False)
+    assert result["ok"] == (not result["problems"])
+    if result["projector"] is not None:
+        assert result["architecture"] == "clip" and Projector.from_raw(result["projector"]) is not None
