@@ -416,6 +416,18 @@ def test_a_storm_of_events_is_bounded_per_read_and_in_what_is_kept() -> None:
     assert [e.code for e in in_process(rec, memory).gpus.events] == list(range(100 - gpu_events.KEEP, 100))
 
 
+def test_a_storm_of_one_kind_never_pushes_out_an_xid() -> None:
+    """Single-bit ECC events by the hundred after an Xid: the Xid is still in every reply."""
+    storm = [[0, nvml.EVENT_XID, 79]] + [[0, nvml.EVENT_SINGLE_BIT_ECC, 0] for _ in range(200)]
+    rec = with_events("tesla_t4", storm)
+    memory = Memory()
+    memory.gpus = GpuSession(ReplayNvml(rec))
+    for _ in range(4):  # MAX_DRAIN a read: the storm takes several polls to drain
+        events = in_process(rec, memory).gpus.events
+    assert [(e.kind, e.code) for e in events if e.kind == "xid"] == [("xid", 79)]
+    assert len([e for e in events if e.kind == "ecc_sbe"]) == gpu_events.KEEP
+
+
 EVENT_FIELD = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
                         st.floats(allow_nan=True), st.text(max_size=20), st.sampled_from(["xid", "ecc_sbe", "ecc_dbe"]),
                         st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers()))

@@ -6,8 +6,9 @@ Runs ON the box. Standard library only, Python >= 3.8.
 A --serve probe's GpuSession keeps one EventWatch: one event set, created on the first read,
 every GPU registered for Xid and ECC events (each type on its own where the GPU refuses them
 together; a GPU that refuses all is left out and said in the note), and on every read the set
-drained without waiting. What it drains it keeps, the last KEEP events with the box's wall time
-when drained, and every reply carries them all: each console polling the probe sees an Xid that
+drained without waiting. What it drains it keeps, the last KEEP events of each kind with the box's
+wall time when drained (a storm of single-bit ECC events never pushes an Xid out), and every reply
+carries them all: each console polling the probe sees an Xid that
 happened since it last looked, not only the poll right after it.
 
 A probe run once (not --serve) watches no events: NVML delivers only those that happen after
@@ -30,7 +31,7 @@ from .nvml import (
     NvmlError,
 )
 
-KEEP = 32  # the recent events every reply carries
+KEEP = 32  # the recent events of each kind every reply carries
 MAX_DRAIN = 64  # events taken per read: a storm of them costs one read a bounded time
 MAX_NOTE = 300
 MAX_CODE = 2 ** 64 - 2
@@ -45,7 +46,7 @@ class EventWatch(object):
         self.event_set = None
         self.note = None  # what the watch could not do, said in each reply
         self.registered = {}  # device index -> the event types it is registered for
-        self.recent = collections.deque(maxlen=KEEP)
+        self.recent = dict((kind, collections.deque(maxlen=KEEP)) for kind in KINDS.values())
 
     def start(self, count):
         """Create the set and register every GPU for the events it has: once per session."""
@@ -67,7 +68,8 @@ class EventWatch(object):
     def read(self):
         """The reply's event keys, after taking what has come since the last read."""
         failed = self.drain() if self.event_set is not None and self.registered else None
-        return {"gpu_events": list(self.recent), "gpu_events_note": failed or self.note}
+        kept = sorted((e for kind in self.recent.values() for e in kind), key=lambda e: e["time"])
+        return {"gpu_events": kept, "gpu_events_note": failed or self.note}
 
     def drain(self):
         """Take the waiting events (at most MAX_DRAIN); why it stopped short, or None."""
@@ -79,7 +81,7 @@ class EventWatch(object):
                 return None if e.code == ERROR_TIMEOUT else note("NVML event wait", e)
             event = checked(got, now, self.registered)
             if event is not None:
-                self.recent.append(event)
+                self.recent[event["kind"]].append(event)
         return None
 
     def close(self):

@@ -20,7 +20,8 @@ Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts",
         and, when asked, "users": the workspace's largest entries (disk.workspace_users)
         and "listing": one folder's entries (see listing), and "packages": the distributions
         installed in each Python environment asked for (packages.py); unless asked not to,
-        "gpus", "gpu_error" and "gpu_driver": every GPU NVML sees, or none and why (gpus.py)
+        "gpus", "gpu_error" and "gpu_driver": every GPU NVML sees, or none and why (gpus.py),
+        and "gpu_events", "gpu_events_note": the recent Xid and ECC error events (gpu_events.py)
   The bytes read into "logs" and "ranges" entries are base64 in their "data"; or, when the
   request asks to "attach" them, raw after the JSON line, at the entry's "data_at" (answer).
 
