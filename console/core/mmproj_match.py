@@ -98,5 +98,5 @@ def _match(mmproj_path: str, projector: GgufResult, width: int, model_path: str,
                               f"clip.vision.projection_dim is {width}, the model's {key} is "
                               f"{model.embedding_length}; llama.cpp refuses the pair (use the mmproj converted "
                               "from this model)")
-    kind = projector.projector.projector_type if projector.projector else None
-    return Check("ok", f"mmproj {mmproj_path} ({kind or '?'}) matches model {model_path}: embedding size {width}")
+    kind = (projector.projector.projector_type if projector.projector else None) or "?"
+    return Check("ok", f"mmproj {mmproj_path} ({kind[:40]}) matches model {model_path}: embedding size {width}")
