@@ -537,3 +537,23 @@ def test_a_corrupt_projector_never_crashes_the_check(projector_bytes: bytes, edi
     assert result["ok"] == (not result["problems"])
     if result["projector"] is not None:
         assert result["architecture"] == "clip" and Projector.from_raw(result["projector"]) is not None
+
+
+def test_surgery_fixes_a_projector_that_check_gguf_refuses(tmp_path: Path, workspace: Path) -> None:
+    """A projector without clip.projector_type is a sound GGUF: set-kv takes it as its input, and
+    what it writes passes check gguf as a projector."""
+    write_mmproj(workspace / "mmproj.gguf", clip__projector_type=None)
+    cfg = tmp_path / "surgery.toml"
+    cfg.write_text(f'[workspace]\npath = "{workspace}"\n')
+    before = run_cli("--config", str(cfg), "check", "gguf", "mmproj.gguf")
+    assert before.returncode == 1 and "no_projector_type" in before.stdout
+    done = run_cli("--config", str(cfg), "gguf", "set-kv", "mmproj.gguf", "clip.projector_type=qwen2.5vl_merger",
+                   "--type", "str", "--out", "fixed.gguf", "--yes", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = check_file(workspace / "fixed.gguf")
+    assert after["ok"] and after["projector"]["projector_type"] == "qwen2.5vl_merger"
+    # A write that leaves the projector incomplete is still a sound write: check gguf says the rest.
+    done = run_cli("--config", str(cfg), "gguf", "set-kv", "mmproj.gguf", "general.name=renamed",
+                   "--out", "renamed.gguf", "--yes", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert codes(check_file(workspace / "renamed.gguf")) == ["no_projector_type"]

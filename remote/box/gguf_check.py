@@ -34,9 +34,10 @@ Problem codes (a contract: `samai-console check gguf` and its users match on the
   truncated (file shorter than its tensors need), oversize (longer than its header describes),
   tensor_count_mismatch, last_tensor_mismatch; and also bad_tensor_type, bad_shape, bad_alignment,
   duplicate_name, unexpected_offset (llama.cpp refuses those files too), bad_string_length,
-  unreadable (CLI only); for a projector (general.architecture "clip", an mmproj file):
-  no_projector_type, no_vision_encoder, no_projection_dim, bad_projector_kv (a clip key of a type
-  llama.cpp's clip loader does not read: it aborts). Every problem is severity "error" today.
+  unreadable (CLI only); for a projector (general.architecture "clip", an mmproj file), from
+  check() only (inspect() judges a sound GGUF, what surgery needs): no_projector_type,
+  no_vision_encoder, no_projection_dim, bad_projector_kv (a clip key of a type llama.cpp's clip
+  loader does not read: it aborts). Every problem is severity "error" today.
   Cut or corrupt, and the fix each hint gives: a file that ends inside its header is
   header_truncated (fetch it again) when everything read so far is what real files hold, counts
   included (a model has thousands of tensors and KVs, not 2^58); absurd_count (redo the patch) is
@@ -169,11 +170,12 @@ PROJECTOR_KEYS = (
     ("block_count", "clip.vision.block_count", UINT32),
 )
 MIXED_PROJECTOR_TYPE = "clip.vision.projector_type"  # what llama.cpp reads when clip.projector_type is absent
+PROJECTOR_CODES = ("no_projector_type", "no_vision_encoder", "no_projection_dim", "bad_projector_kv")
 
 
-def describe_model(result, types, problems):
-    """The architecture, a text model's embedding size, and for a projector its figures and what
-    the clip loader would refuse. types: each KV's value type, by key."""
+def describe_model(result, types):
+    """The architecture, a text model's embedding size, a projector's figures (a clip key of
+    another type than the loader reads counts as absent). types: each KV's value type, by key."""
     kv = result["kv"]
     arch = kv.get("general.architecture")
     result["architecture"] = arch if isinstance(arch, str) else None
@@ -183,31 +185,28 @@ def describe_model(result, types, problems):
         return
     result["projector"] = projector = {}
     for name, key, want in PROJECTOR_KEYS:
-        if name == "projector_type" and key not in types and MIXED_PROJECTOR_TYPE in types:
-            key = MIXED_PROJECTOR_TYPE
-        projector[name] = projector_value(key, kv.get(key), types.get(key), want, problems)
-    judge_projector(projector, problems)
+        key = projector_key(name, key, types)
+        value = kv.get(key) if types.get(key) == want else None
+        projector[name] = None if want == UINT32 and not value else value
+
+
+def projector_key(name, key, types):
+    if name == "projector_type" and key not in types and MIXED_PROJECTOR_TYPE in types:
+        return MIXED_PROJECTOR_TYPE
+    return key
 
 
 def is_count(value):
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def projector_value(key, value, found, want, problems):
-    """A clip key's value, or None: absent, or of a type the loader cannot read (it asserts the type)."""
-    if found is None:
-        return None
-    if found != want:
-        problems.add("bad_projector_kv", "%s is a %s; llama.cpp's clip loader reads a %s (and aborts on any"
-                     " other type)." % (key, VALUE_TYPE_NAMES.get(found, found), VALUE_TYPE_NAMES[want]))
-        return None
-    if want == UINT32 and not value:
-        return None
-    return value
-
-
-def judge_projector(projector, problems):
-    """What makes llama.cpp's clip loader refuse the file, or the server answer images blind."""
+def judge_projector(projector, types, problems):
+    """What makes llama.cpp's clip loader refuse a projector, or its server answer images blind."""
+    for name, key, want in PROJECTOR_KEYS:
+        key = projector_key(name, key, types)
+        if key in types and types[key] != want:
+            problems.add("bad_projector_kv", "%s is a %s; llama.cpp's clip loader reads a %s (and aborts on any"
+                         " other type)." % (key, VALUE_TYPE_NAMES.get(types[key], types[key]), VALUE_TYPE_NAMES[want]))
     if not projector["projector_type"]:
         problems.add("no_projector_type", "A projector (general.architecture \"clip\") without clip.projector_type"
                      " (or %s): llama.cpp refuses it (unknown projector type)." % MIXED_PROJECTOR_TYPE)
@@ -234,8 +233,16 @@ def check_expectations(result, complete, expect_tensors, expect_last, problems):
 
 
 def check(read_at, file_size, expect_tensors=None, expect_last=None):
-    """Check the GGUF file behind read_at(offset, length) -> bytes; never reads tensor data."""
-    return inspect(read_at, file_size, expect_tensors, expect_last)[0]
+    """Check the GGUF file behind read_at(offset, length) -> bytes; never reads tensor data. A
+    projector is judged as llama.cpp's clip loader would (surgery, through inspect, judges only
+    whether the file is a sound GGUF: it may be what fixes a projector's keys)."""
+    result, _tensors, spans = inspect(read_at, file_size, expect_tensors, expect_last)
+    if result["projector"] is not None:
+        problems = Problems()
+        judge_projector(result["projector"], dict((key, kind) for key, kind, _start, _end in spans), problems)
+        result["problems"] += problems.finish()
+        result["ok"] = result["ok"] and not problems.has_errors()
+    return result
 
 
 def inspect(read_at, file_size, expect_tensors=None, expect_last=None):
@@ -252,7 +259,7 @@ def inspect(read_at, file_size, expect_tensors=None, expect_last=None):
         tensors = read_header(reader, result, problems, spans)
         complete = True
         check_layout(result, tensors, problems)
-        describe_model(result, {key: value_type for key, value_type, _start, _end in spans}, problems)
+        describe_model(result, dict((key, kind) for key, kind, _start, _end in spans))
     except HeaderProblem as problem:
         problems.add(problem.code, problem.message, problem.offset)
     except Truncated as cut:  # read_at gave less than file_size promised: the file shrank
