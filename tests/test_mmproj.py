@@ -557,3 +557,45 @@ def test_surgery_fixes_a_projector_that_check_gguf_refuses(tmp_path: Path, works
                    "--out", "renamed.gguf", "--yes", timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert codes(check_file(workspace / "renamed.gguf")) == ["no_projector_type"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the shipped multimodal pipelines
+
+
+def shipped(name: str) -> config.Config:
+    from importlib import resources
+
+    text = resources.files("samai.console").joinpath("pipelines", f"{name}.toml").read_text("utf-8")
+    return config.parse(text, f"(built-in {name})")
+
+
+@pytest.mark.parametrize("name", ["vlm-tiny", "samai-vl"])
+def test_the_shipped_multimodal_pipelines_have_one_projector_stage(name: str) -> None:
+    from samai.console.core.mmproj import mmproj_artifact, projector_stage
+
+    cfg = shipped(name)
+    artifact, model = mmproj_artifact(cfg), cfg.artifact("gguf_q")
+    assert artifact is not None and model is not None
+    found = {s.name: projector_stage(cfg, s) for s in cfg.stages if projector_stage(cfg, s)}
+    assert list(found) == ["serve"] and found["serve"] == ServeCommand(model.path, artifact.path, True)
+
+
+async def test_the_tiny_vlm_serve_stage_is_matched_through_its_own_config(box, tmp_path: Path,
+                                                                           workspace: Path) -> None:
+    from dataclasses import replace
+
+    from samai.console.core.actions import Actions
+
+    async def never(plan):
+        raise AssertionError("a plan is not confirmed here")
+
+    cfg = replace(shipped("vlm-tiny"), workspace=str(workspace))
+    width = dict(cfg.model)["hidden_size"]
+    actions = Actions(box, cfg, AuditLog(tmp_path / "audit.jsonl"), readonly=False, confirm=never)
+    place(workspace, width, width)
+    checks = [(c.severity, c.text) for c in (await actions.plan_fire("serve")).checks]
+    assert ("ok", f"mmproj {MMPROJ} (qwen2.5vl_merger) matches model {MODEL}: embedding size {width}") in checks
+    place(workspace, width, 2 * width)
+    plan = await actions.plan_fire("serve")
+    assert plan.blocked and any(f"projection_dim is {2 * width}" in c.text for c in plan.checks)
