@@ -114,3 +114,47 @@ def test_bad_config_on_the_command_line_is_one_line_and_exit_2(tmp_path: Path) -
     binary.write_bytes(b"\xff\xfe\x00")
     r = run_cli("--config", str(binary), "snapshot")
     assert r.returncode == 2 and "UTF-8" in r.stderr
+
+
+FLEET = '''
+pipeline = "fleet"
+[boxes.a]
+url = "local"
+workspace = "/tmp/samai-fleet-a"
+[boxes.b]
+url = "ssh://me@127.0.0.1:2222"
+workspace = "samai/b"
+poll_interval = 2.0
+[stages.train]
+key = "3"
+command = "python -m train"
+nodes = ["a", "b"]
+launcher = "torchrun"
+'''
+
+
+def test_a_fleet_of_boxes_and_a_multi_node_stage() -> None:
+    cfg = config.parse(FLEET, "fleet.toml")
+    assert [(b.name, b.target.url, b.workspace) for b in cfg.boxes] == [
+        ("a", "local", "/tmp/samai-fleet-a"), ("b", "ssh://me@127.0.0.1:2222", "samai/b")]
+    assert (cfg.target, cfg.workspace) == (cfg.boxes[0].target, cfg.boxes[0].workspace)  # the first box opens
+    assert cfg.boxes[1].target.poll_interval == 2.0 and cfg.on_box("b").workspace == "samai/b"
+    assert (cfg.stage("train").nodes, cfg.stage("train").launcher) == (("a", "b"), "torchrun")
+    assert config.parse(FLEET.split("[boxes.a]")[0] + '[target]\nurl = "local"\n', "one.toml").boxes == ()
+
+
+@pytest.mark.parametrize("edit, key, said", [
+    (('nodes = ["a", "b"]', 'nodes = ["a", "c"]'), "stages.train.nodes", "(declared: a, b)"),
+    (('nodes = ["a", "b"]', 'nodes = ["a", "a"]'), "stages.train.nodes", "each box once"),
+    (('launcher = "torchrun"', 'launcher = "mpirun"'), "stages.train.launcher", "torchrun or deepspeed"),
+    (('launcher = "torchrun"', ""), "stages.train.launcher", "nodes and launcher together"),
+    (('url = "ssh://me@127.0.0.1:2222"', 'url = "ftp://x"'), "boxes.b.url", "ssh://user@host"),
+    (('workspace = "samai/b"\n', ""), "boxes.b.workspace", "workspace path"),
+    (("poll_interval = 2.0", "poll = 2.0"), "boxes.b.poll", "one of the keys"),
+    (("[boxes.b]", "[boxes.'b/../x']"), "boxes.b/../x", "a box name"),
+    (('pipeline = "fleet"', 'pipeline = "fleet"\n[target]\nurl = "local"'), "boxes", "not both"),
+])
+def test_fleet_mistakes_name_the_key(edit: tuple[str, str], key: str, said: str) -> None:
+    with pytest.raises(config.ConfigError) as e:
+        config.parse(FLEET.replace(*edit), "fleet.toml")
+    assert f"fleet.toml: {key}" in str(e.value) and said in str(e.value)

@@ -26,7 +26,10 @@ from samai.remote.model import Marker
 RESERVED_KEYS = frozenset("q ? / k s r o c x l f n N w g G a S u H L Y [ ]".split())
 SEVERITIES = ("info", "warning", "error")
 CHAIN_DONE = Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+", "info")
-BUILTIN_PIPELINES = ("tiny", "samai-8b")
+BUILTIN_PIPELINES = ("tiny", "samai-8b", "vlm-tiny", "samai-vl")
+LAUNCHERS = ("torchrun", "deepspeed")  # the distributed launchers a multi-node stage runs under
+TARGET_KEYS = {"url", "python", "poll_interval", "timeout", "keepalive_interval", "keepalive_count",
+               "connect_timeout", "max_channels", "token_env"}
 MAX_CONFIG_BYTES = 1 << 20  # a samai.toml is a few KB: anything bigger is not one
 MAX_GB = 1_000_000.0  # a petabyte: any size or capacity above it is a typo
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # stage and pipeline names: safe as file names
@@ -101,6 +104,15 @@ class Target:
 
 
 @dataclass(frozen=True)
+class BoxSpec:
+    """One box of a fleet ([boxes.NAME]): where it is and its workspace there."""
+
+    name: str
+    target: Target
+    workspace: str
+
+
+@dataclass(frozen=True)
 class Budget:
     capacity_gb: float | None = None  # the container's real size when statvfs overstates it
     reserve_gb: float = 2.0  # kept free on top of every projection
@@ -128,6 +140,8 @@ class Stage:
     ports: tuple[int, ...] = ()
     poison: tuple[str, ...] = ()  # files a previous run leaves that must go before a restart
     env: tuple[tuple[str, str], ...] = ()
+    nodes: tuple[str, ...] = ()  # a multi-node stage: the boxes it runs on, the first one the master
+    launcher: str = ""  # a multi-node stage's launcher: one of LAUNCHERS
 
 
 @dataclass(frozen=True)
@@ -150,12 +164,23 @@ class Config:
     stages: tuple[Stage, ...]
     model: tuple[tuple[str, Any], ...] = ()
     ui: Ui = field(default_factory=Ui)
+    boxes: tuple[BoxSpec, ...] = ()  # [boxes.NAME]; none: the one box of [target] and [workspace]
 
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
 
     def artifact(self, name: str) -> Artifact | None:
         return next((a for a in self.artifacts if a.name == name), None)
+
+    def box(self, name: str) -> BoxSpec | None:
+        return next((b for b in self.boxes if b.name == name), None)
+
+    def on_box(self, name: str) -> Config:
+        """This config as seen on one box of the fleet: its target and workspace (KeyError: no such box)."""
+        spec = self.box(name)
+        if spec is None:
+            raise KeyError(name)
+        return replace(self, target=spec.target, workspace=spec.workspace)
 
     def with_target(self, url: str) -> Config:
         workspace = self.workspace
@@ -369,14 +394,19 @@ class _Reader:
     # -------------------------------------------------------------- tables
 
     def config(self, raw: dict[str, Any]) -> Config:
-        self.table(raw, "", {"pipeline", "target", "workspace", "budget", "artifacts", "stages", "model", "ui"})
+        self.table(raw, "", {"pipeline", "target", "workspace", "budget", "artifacts", "stages", "model", "ui",
+                             "boxes"})
         pipeline = self.text(raw, "pipeline", "", "custom")
         if not NAME.match(pipeline):  # it names the default workspace's folder
             raise self.fail("pipeline", "a name of letters, digits, '_', '.', '-'", pipeline)
-        target = self.target(raw.get("target"))
-        workspace = self.workspace(raw.get("workspace"), pipeline, target)
+        boxes = self.boxes(raw, pipeline)
+        if boxes:  # the console opens the first box; its target and workspace are the config's
+            target, workspace = boxes[0].target, boxes[0].workspace
+        else:
+            target = self.target(raw.get("target"))
+            workspace = self.workspace(raw.get("workspace"), pipeline, target)
         artifacts = self.artifacts(raw.get("artifacts"), workspace)
-        stages = self.stages(raw.get("stages"), {a.name for a in artifacts}, workspace)
+        stages = self.stages(raw.get("stages"), {a.name for a in artifacts}, workspace, {b.name for b in boxes})
         model = self.mapping(raw.get("model"), "model")
         self.mmproj(model, artifacts)
         return Config(
@@ -389,7 +419,30 @@ class _Reader:
             stages=stages,
             model=tuple(model.items()),
             ui=self.ui(raw.get("ui"), workspace),
+            boxes=boxes,
         )
+
+    def boxes(self, raw: dict[str, Any], pipeline: str) -> tuple[BoxSpec, ...]:
+        """[boxes.NAME] tables: url and workspace (both required) and any other [target] key.
+        They replace [target] and [workspace], which then must not be given too."""
+        table = self.mapping(raw.get("boxes"), "boxes")
+        if table and ("target" in raw or "workspace" in raw):
+            raise self.fail("boxes", "either [boxes.NAME] tables or [target] and [workspace], not both",
+                            ", ".join(k for k in ("target", "workspace") if k in raw))
+        out = []
+        for name, spec in table.items():
+            where = f"boxes.{name}"
+            if not NAME.match(name):
+                raise self.fail(where, "a box name of letters, digits, '_', '.', '-'", name)
+            b = self.table(spec, where, TARGET_KEYS | {"workspace"})
+            for required in ("url", "workspace"):
+                if required not in b:
+                    raise self.fail(f"{where}.{required}", "the box's " + ("url (local, ssh://user@host[:port] or "
+                                    "envelope+http(s)://host[:port])" if required == "url" else "workspace path"))
+            target = self.target({k: v for k, v in b.items() if k != "workspace"}, where)
+            out.append(BoxSpec(name, target, self.workspace({"path": b["workspace"]}, pipeline, target,
+                                                            f"{where}.workspace")))
+        return tuple(out)
 
     def mmproj(self, model: dict[str, Any], artifacts: tuple[Artifact, ...]) -> None:
         """[model] mmproj names the projector's artifact: a multimodal pipeline, served with --mmproj."""
@@ -401,24 +454,23 @@ class _Reader:
             raise self.fail("model.mmproj", "the name of an [artifacts.NAME] table holding the projector GGUF"
                             + declared, model["mmproj"])
 
-    def target(self, raw: Any) -> Target:
-        t = self.table(raw, "target", {"url", "python", "poll_interval", "timeout", "keepalive_interval",
-                                       "keepalive_count", "connect_timeout", "max_channels", "token_env"})
-        url = self.text(t, "url", "target", "local")
+    def target(self, raw: Any, where: str = "target") -> Target:
+        t = self.table(raw, where, TARGET_KEYS)
+        url = self.text(t, "url", where, "local")
         if not re.match(r"^(local|ssh://.+|envelope\+https?://.+)$", url):
-            raise self.fail("target.url", "local, ssh://user@host[:port] or envelope+http(s)://host[:port]", url)
-        return Target(url, self.text(t, "python", "target", ""),
-                      float(self.number(t, "poll_interval", "target", 1.0, 0.1, 3600.0)),
-                      float(self.number(t, "timeout", "target", 30.0, 1.0, 86400.0)),
-                      float(self.number(t, "keepalive_interval", "target", 5.0, 0.0, 3600.0)),
-                      self.integer(t, "keepalive_count", "target", 3, 1, 1000),
-                      float(self.number(t, "connect_timeout", "target", 10.0, 0.5, 3600.0)),
-                      self.integer(t, "max_channels", "target", 6, 1, 1000),
-                      self.text(t, "token_env", "target", "SAMAI_ENVELOPE_TOKEN"))
+            raise self.fail(f"{where}.url", "local, ssh://user@host[:port] or envelope+http(s)://host[:port]", url)
+        return Target(url, self.text(t, "python", where, ""),
+                      float(self.number(t, "poll_interval", where, 1.0, 0.1, 3600.0)),
+                      float(self.number(t, "timeout", where, 30.0, 1.0, 86400.0)),
+                      float(self.number(t, "keepalive_interval", where, 5.0, 0.0, 3600.0)),
+                      self.integer(t, "keepalive_count", where, 3, 1, 1000),
+                      float(self.number(t, "connect_timeout", where, 10.0, 0.5, 3600.0)),
+                      self.integer(t, "max_channels", where, 6, 1, 1000),
+                      self.text(t, "token_env", where, "SAMAI_ENVELOPE_TOKEN"))
 
-    def workspace(self, raw: Any, pipeline: str, target: Target) -> str:
-        w = self.table(raw, "workspace", {"path"})
-        path = self.text(w, "path", "workspace", "")
+    def workspace(self, raw: Any, pipeline: str, target: Target, where: str = "workspace.path") -> str:
+        w = self.table(raw, where.rsplit(".", 1)[0], {"path"})
+        path = self.text(w, "path", where.rsplit(".", 1)[0], "")
         if not path:
             return str(paths.default_workspace(pipeline)) if target.is_local else f"samai/{pipeline}"
         if target.is_local:
@@ -428,7 +480,7 @@ class _Reader:
             workspace = path[2:] if path.startswith("~/") else path  # a remote command starts in the home folder
             problem = remote_workspace_reason(workspace)
         if problem:
-            raise self.fail("workspace.path", f"a folder of its own for the pipeline, not {problem}", path)
+            raise self.fail(where, f"a folder of its own for the pipeline, not {problem}", path)
         return workspace
 
     def budget(self, raw: Any) -> Budget:
@@ -450,11 +502,12 @@ class _Reader:
                                            lambda v: isinstance(v, bool), False)))
         return tuple(out)
 
-    def stages(self, raw: Any, artifact_names: set[str], workspace: str) -> tuple[Stage, ...]:
+    def stages(self, raw: Any, artifact_names: set[str], workspace: str, box_names: set[str]) -> tuple[Stage, ...]:
         table = self.mapping(raw, "stages")
         stages: list[Stage] = []
         for name, spec in table.items():
             stage = self.stage(name, spec, artifact_names, workspace)
+            stage = replace(stage, **self.nodes(spec, f"stages.{name}", box_names))
             clash = next((s for s in stages if s.key == stage.key), None)
             if clash:
                 raise self.fail(f"stages.{name}.key", f"a key no other stage uses ({clash.name} has it)", stage.key)
@@ -466,7 +519,7 @@ class _Reader:
         if not NAME.match(name):
             raise self.fail(where, "a stage name of letters, digits, '_', '.', '-'", name)
         s = self.table(raw, where, {"key", "command", "log", "description", "markers", "needs", "makes",
-                                    "frees", "ports", "poison", "env"})
+                                    "frees", "ports", "poison", "env", "nodes", "launcher"})
         key = self.value(s, "key", where, "one key, not one the console uses itself ("
                          + " ".join(sorted(RESERVED_KEYS)) + ")",
                          lambda v: isinstance(v, str) and len(v) == 1 and v not in RESERVED_KEYS, None)
@@ -498,6 +551,21 @@ class _Reader:
                      markers=self.markers(s.get("markers"), f"{where}.markers"),
                      needs=refs["needs"], makes=refs["makes"], frees=refs["frees"],
                      ports=tuple(ports), poison=poison, env=tuple(env.items()))
+
+    def nodes(self, s: dict[str, Any], where: str, box_names: set[str]) -> dict[str, Any]:
+        """A multi-node stage's `nodes` (declared boxes, each once) and `launcher`, given together."""
+        nodes = self.names(s, "nodes", where)
+        launcher = self.value(s, "launcher", where, " or ".join(LAUNCHERS), lambda v: v in LAUNCHERS, "")
+        unknown = [n for n in nodes if n not in box_names]
+        if unknown:
+            declared = f" (declared: {', '.join(sorted(box_names))})" if box_names else " (none is declared)"
+            raise self.fail(f"{where}.nodes", "names of [boxes.NAME] tables" + declared, unknown[0])
+        if len(set(nodes)) != len(nodes):
+            raise self.fail(f"{where}.nodes", "each box once", list(nodes))
+        if bool(nodes) != bool(launcher):
+            missing = "launcher" if nodes else "nodes"
+            raise self.fail(f"{where}.{missing}", "nodes and launcher together (a multi-node stage has both)")
+        return {"nodes": nodes, "launcher": launcher}
 
     def markers(self, raw: Any, where: str) -> tuple[Marker, ...]:
         if raw is None:
