@@ -640,3 +640,124 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
                    for c in held.checks), held.checks
         await pilot.press("escape")
         await pilot_until(pilot, lambda: not app.busy)
+
+
+def vlm_tiny(workspace: Path, port: int) -> config.Config:
+    """The built-in vlm-tiny pipeline in this workspace, serving on a free port."""
+    cfg = config.load_builtin("vlm-tiny")
+    stages = tuple(replace(s, command=s.command.replace("18081", str(port)), ports=(port,) if s.ports else ())
+                   for s in cfg.stages)
+    return replace(cfg, workspace=str(workspace), stages=stages, target=replace(cfg.target, poll_interval=0.3))
+
+
+def _venv_stage(ws: Path, module: str, *args: str) -> subprocess.CompletedProcess:
+    """A stage run by hand in the workspace with the box venv, as its command would run it
+    (module "-c": the box venv's python on a program, with the box tools importable)."""
+    python = str(ws / "venv" / "bin" / "python")
+    argv = [python, "-c", *args] if module == "-c" else stage_argv(module, *args, python=python)
+    return subprocess.run(argv, cwd=ws, env=dict(stage_env(), SAMAI_WORKSPACE=str(ws)), capture_output=True,
+                          text=True, timeout=600)
+
+
+# One training example of the fetched data as the train stage batches it.
+PREFIX_MASK_PROBE = """
+import json
+from samai_box.stages import vision
+tok, image_processor = vision.load_processor("models/base")
+example = vision.load_examples("data/train.jsonl")[:1]
+batch = vision.encode(tok, image_processor, example)
+answer = tok(example[0][1][-1]["content"] + tok.eos_token, add_special_tokens=False)["input_ids"]
+print(json.dumps({"ids": batch["input_ids"][0].tolist(), "labels": batch["labels"][0].tolist(), "answer": answer,
+                  "image_pad": tok.convert_tokens_to_ids(vision.IMAGE_PAD)}))
+"""
+
+
+async def test_the_vlm_pipeline_end_to_end_from_the_keys(pipeline_ws: Path, spawn) -> None:
+    """Playbook §10 on this CPU, keys and dialogs only: a tiny Qwen2.5-VL fetched, LoRA-trained on
+    its language model alone (a text model's target list, which catches the ViT, refused before
+    a step), merged whole, converted to the model and its projector, quantized, served by the real
+    llama-server with --mmproj (smoke: an image's colour), evaluated with images (the photo-sized
+    one capped at 1120 px); a serve without its projector refused, a server without --mmproj found."""
+    from samai.console.app import SamaiApp
+    from tests.helpers import pilot_until
+
+    port = free_port()
+    cfg = vlm_tiny(pipeline_ws, port)
+    app = SamaiApp(cfg)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot_until(pilot, lambda: app.state.snapshot)
+        await _confirmed(pilot, app, "2", "fetch", timeout=900)
+
+        # The trap: the text pipeline's target names also match the ViT's gate/up/down_proj.
+        text_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+        trap = _venv_stage(pipeline_ws, "stages.train", "--base", "models/base", "--data", "data/train.jsonl",
+                           "--out", "runs/trap", "--lora-targets", text_targets)
+        assert trap.returncode == 2 and "TRAIN_REFUSED" in trap.stdout, trap.stdout[-2000:] + trap.stderr[-2000:]
+        assert "LoRA targets matched vision modules" in trap.stdout and "visual.blocks" in trap.stdout
+        assert not (pipeline_ws / "runs" / "trap" / "final").exists()
+        # The NaN guard and the poison files hold for an image-text run too.
+        sick = _venv_stage(pipeline_ws, "stages.train", "--base", "models/base", "--data", "data/train.jsonl",
+                           "--out", "runs/sick", "--inject-nan", "--max-steps", "6")
+        assert sick.returncode == 3 and "TRAIN_NAN" in sick.stdout, sick.stdout[-2000:] + sick.stderr[-2000:]
+        again = _venv_stage(pipeline_ws, "stages.train", "--base", "models/base", "--data", "data/train.jsonl",
+                            "--out", "runs/sick")
+        assert again.returncode == 2 and "poison files" in again.stdout
+
+        # The prefix mask: the question and the image's tokens labelled -100, the answer learned.
+        masked = _venv_stage(pipeline_ws, "-c", PREFIX_MASK_PROBE)
+        batch = json.loads(masked.stdout.strip().splitlines()[-1]) if masked.returncode == 0 else masked.stderr
+        answer, ids, labels = batch["answer"], batch["ids"], batch["labels"]
+        assert ids[-len(answer):] == answer and labels == [-100] * (len(ids) - len(answer)) + answer
+        assert ids.count(batch["image_pad"]) >= 8  # the image's merged tokens, all in the masked prefix
+
+        await _confirmed(pilot, app, "3", "train")
+        train_log = _log_of(app, "train")
+        by_part = next(line for line in train_log.splitlines() if line.startswith("trainable parameters by part:"))
+        assert "vision 0, merger 0," in by_part and int(by_part.split("language ")[1].split(",")[0]) > 0
+        for key, stage in (("4", "merge"), ("5", "convert"), ("6", "quantize")):
+            await _confirmed(pilot, app, key, stage)
+        model, mmproj = pipeline_ws / "gguf" / "vlm-q8_0.gguf", pipeline_ws / "gguf" / "vlm-mmproj-f16.gguf"
+        assert check_file(str(model))["ok"] and check_file(str(mmproj))["ok"]
+        box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
+        try:
+            kvs = {kv.key: kv.value for kv in (await box.gguf_show(str(mmproj))).kvs}
+        finally:
+            await box.close()
+        assert kvs["general.architecture"] == "clip" and "qwen2.5vl" in kvs["clip.projector_type"]
+        assert not (pipeline_ws / "models" / "merged").exists()  # the intermediate went
+
+        # Serve without its projector: the dialog refuses it, naming the file.
+        await pilot_until(pilot, lambda: not app.busy)
+        mmproj.rename(mmproj.with_suffix(".away"))
+        refused = await _dialog(pilot, app, "7")
+        assert any(c.severity == "error" and "vlm-mmproj-f16.gguf" in c.text for c in refused.checks), refused.checks
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: not app.busy)
+        mmproj.with_suffix(".away").rename(mmproj)
+
+        await pilot_until(pilot, lambda: not app.busy)
+        serve = await _dialog(pilot, app, "7")
+        assert not [c.text for c in serve.checks if c.severity == "error"], serve.checks
+        await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: "serve ● running" in _bar(app) and "SMOKE_OK" in _bar(app), timeout=300)
+        assert "SMOKE_OK colour? -> red" in _log_of(app, "serve")
+
+        await _confirmed(pilot, app, "8", "eval")
+        assert "EVAL_RC=0" in _log_of(app, "eval")
+        (run,) = (pipeline_ws / "runs" / "eval").iterdir()
+        assert json.loads((run / "summary.json").read_text())["accuracy"] >= 0.9
+        items = [json.loads(line) for line in (run / "items.jsonl").read_text().splitlines()]
+        photo = next(i["image"] for i in items if i["image"]["width"] == 1600)
+        assert photo["resized"] and (photo["sent_width"], photo["sent_height"]) == (1120, 840)
+        assert all(max(i["image"]["sent_width"], i["image"]["sent_height"]) <= 1120 for i in items)
+        assert check_eval((run / "items.jsonl").read_text().splitlines()).problems == ()
+        assert not [f for f in detect(cfg, app.state.snapshot) if f.code == "serve_without_mmproj"]
+
+        # A server of this pipeline started by hand without --mmproj: doctor's finding.
+        blind_port = free_port()
+        blind = spawn(str(pipeline_ws / "venv" / "llama.cpp" / "bin" / "llama-server"), "-m", str(model),
+                      "--port", str(blind_port), "-c", "256", cwd=pipeline_ws)
+        found = await pilot_until(pilot, lambda: next((f for f in detect(cfg, app.state.snapshot)
+                                                       if f.code == "serve_without_mmproj"), None), timeout=60)
+        assert f"llama-server pid {blind.pid} runs without --mmproj" in found.message
+        await pilot_until(pilot, lambda: any(a.active and a.code == "serve_without_mmproj" for a in app.state.alerts))

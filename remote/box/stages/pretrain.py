@@ -73,49 +73,63 @@ def write_data(folder, pairs):
     write_manifest(folder)
 
 
-def train(model, batches, steps, lr, log_every):
+def train(model, batch, steps, lr):
+    """Every weight trained for `steps` steps on batch(step) (the model's keyword arguments)."""
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     model.train()
     for step in range(1, steps + 1):
-        ids, mask = batches
-        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        loss = model(**batch(step)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         opt.zero_grad()
-        if step % log_every == 0 or step == steps:
+        if step % max(1, steps // 20) == 0 or step == steps:
             say("pretrain step %d/%d loss %.4f" % (step, steps, loss.item()))
     return loss.item()
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser(doc, hidden, steps):
+    """The options every pretrain stage takes (the model's size, the run's length)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--data-out", help="also write the fine-tuning and eval sets here")
-    p.add_argument("--facts", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=hidden)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--again", action="store_true", help="make it even if --out already holds one")
-    args = p.parse_args()
+    return p
 
+
+def begin(args):
+    """When the making starts (seeded, every core used, --out made), or None when --out holds
+    a model already: made once, like downloaded weights."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     if os.path.isfile(os.path.join(args.out, "manifest.json")) and not args.again:
         marker("PRETRAIN_DONE", "%s already made (--again to make it anew)" % args.out)
-        return
-    started = time.time()
+        return None
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     os.makedirs(args.out, exist_ok=True)
+    return time.time()
+
+
+def main():
+    p = parser(__doc__, hidden=128, steps=500)
+    p.add_argument("--facts", type=int, default=64)
+    args = p.parse_args()
+    started = begin(args)
+    if started is None:
+        return
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     texts = [fact_text(a, b) for a, b in facts(args.facts)]
     tok = build_tokenizer(args.out, texts)
     config = LlamaConfig(
@@ -126,7 +140,9 @@ def main():
     model = LlamaForCausalLM(config)
     say("tiny llama: %d parameters, vocab %d, %d facts" % (model.num_parameters(), len(tok), len(texts)))
     enc = tok([t + tok.eos_token for t in texts], padding=True, return_tensors="pt")
-    loss = train(model, (enc["input_ids"], enc["attention_mask"]), args.steps, args.lr, max(1, args.steps // 20))
+    facts_batch = dict(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                       labels=enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100))
+    loss = train(model, lambda step: facts_batch, args.steps, args.lr)
     model.save_pretrained(args.out, safe_serialization=True)
     tok.save_pretrained(args.out)
     write_manifest(args.out)

@@ -12,14 +12,12 @@ Runs ON the box, in the box venv:
   python -m samai_box.stages.pretrain_vlm --out source/vlm-base --data-out source/vlm-data
 """
 
-import argparse
-import os
 import random
 import time
 
 from . import vision
 from .common import marker, say
-from .pretrain import build_tokenizer, write_manifest
+from .pretrain import begin, build_tokenizer, parser, train, write_manifest
 
 VISION_DEPTH = 4  # llama.cpp's converter maps the merger's mlp.2 only in a tower of 3 blocks or more
 FULL_ATTENTION_BLOCKS = [1, 3]  # window attention elsewhere, every 2nd block full: as Qwen2.5-VL
@@ -55,62 +53,37 @@ def mrope_section(half):
     return [t, h, half - t - h]
 
 
-def train(model, tok, image_processor, steps, lr, batch, seed):
-    import torch
-
+def shapes(tok, image_processor, batch, seed):
+    """batch(step): freshly rendered shapes of random colours each step, in the pretrain format."""
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    model.train()
-    loss = None
-    for step in range(1, steps + 1):
+
+    def batch_of(step):
         examples = []
         for _ in range(batch):
             colour, shape = rng.choice(sorted(vision.COLOURS)), rng.choice(vision.SHAPES)
             examples.append((vision.render(rng, colour, shape), vision.messages("-", colour)))
-        loss = model(**vision.encode(tok, image_processor, examples, vision.PRETRAIN_TEMPLATE)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        if step % max(1, steps // 20) == 0 or step == steps:
-            say("pretrain step %d/%d loss %.4f" % (step, steps, loss.item()))
-    return loss.item()
+        return vision.encode(tok, image_processor, examples, vision.PRETRAIN_TEMPLATE)
+
+    return batch_of
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--data-out", help="also write the fine-tuning and eval sets here")
+    p = parser(__doc__, hidden=64, steps=400)
     p.add_argument("--train-examples", type=int, default=112)
     p.add_argument("--eval-examples", type=int, default=28)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--again", action="store_true", help="make it even if --out already holds one")
     args = p.parse_args()
-
-    import torch
+    started = begin(args)
+    if started is None:
+        return
     from transformers import Qwen2VLImageProcessorPil
 
-    if os.path.isfile(os.path.join(args.out, "manifest.json")) and not args.again:
-        marker("PRETRAIN_DONE", "%s already made (--again to make it anew)" % args.out)
-        return
-    started = time.time()
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    os.makedirs(args.out, exist_ok=True)
     tok = build_tokenizer(args.out, [vision.QUESTION + "=QA"] + sorted(vision.COLOURS), vision.SPECIAL_TOKENS,
                           vision.CHAT_TEMPLATE)
     image_processor = Qwen2VLImageProcessorPil(min_pixels=vision.MIN_PIXELS, max_pixels=vision.MAX_PIXELS)
     model = build_model(tok, args.hidden, args.layers, args.heads)
     say("tiny Qwen2.5-VL: %d parameters, vocab %d" % (model.num_parameters(), len(tok)))
-    loss = train(model, tok, image_processor, args.steps, args.lr, args.batch, args.seed)
+    loss = train(model, shapes(tok, image_processor, args.batch, args.seed), args.steps, args.lr)
     model.save_pretrained(args.out, safe_serialization=True)
     vision.save_processor(tok, image_processor, args.out)
     write_manifest(args.out)
