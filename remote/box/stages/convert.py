@@ -57,7 +57,8 @@ def converted(args, out, extra, what):
 
 
 def hf_adds_space_prefix(model_dir):
-    """What the model was trained with: transformers' add_prefix_space (True when unsaid, as SentencePiece's default)."""
+    """What the model was trained with: transformers' add_prefix_space (True when unsaid, as in
+    SentencePiece's default)."""
     try:
         with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
             return json.load(f).get("add_prefix_space", True) is not False

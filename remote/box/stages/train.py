@@ -34,8 +34,8 @@ from .common import fail, marker, push_milestone, say
 
 POISON = ("final", "TRAIN_DONE", "TRAIN_NAN")
 GUARD_WINDOW, GUARD_BAD = 4, 3
-NAN_PATIENCE = 5
-TEXT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # sick logged steps in a row that stop the run after the early window
+NAN_PATIENCE = 5  # sick logged steps in a row that stop the run after the early window
+TEXT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 DIVERGE_LR = 1e6  # --diverge-after's learning rate: AdamW moves every weight by about this much
 
 

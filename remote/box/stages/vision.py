@@ -149,7 +149,7 @@ def expand_image_pads(text, counts):
     parts = text.split(IMAGE_PAD)
     if len(parts) - 1 != len(counts):
         raise ValueError("%d images for %d image places" % (len(counts), len(parts) - 1))
-    return parts[0] + "".join(IMAGE_PAD * n + rest for n, rest in zip(counts, parts[1:]))
+    return parts[0] + "".join(IMAGE_PAD * counts[i] + rest for i, rest in enumerate(parts[1:]))
 
 
 def encode(tok, image_processor, examples, template=None, merge=2):
@@ -161,7 +161,7 @@ def encode(tok, image_processor, examples, template=None, merge=2):
     pixels = image_processor(images=[img for img, _ in examples], return_tensors="pt")
     counts = (pixels["image_grid_thw"].prod(-1) // (merge * merge)).tolist()
     rows = []
-    for (_, msgs), count in zip(examples, counts):
+    for (_, msgs), count in zip(examples, counts):  # noqa: B905 (Python 3.8 on the box; equal lengths)
         full = expand_image_pads(tok.apply_chat_template(msgs, tokenize=False, chat_template=template), [count])
         prompt = expand_image_pads(tok.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True,
                                                            chat_template=template), [count])
