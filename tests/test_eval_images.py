@@ -368,9 +368,9 @@ def test_the_eval_stage_sends_images_capped_and_records_them(chat_server: ChatSe
     assert chat_server.bodies[4]["messages"][0]["content"] == "What colour is the shape?"  # text as before
 
     log = done.stdout
-    assert "item escape: image '../outside.png' leaves the eval set's folder" in log
+    assert "item escape: image '../outside.png' leaves the data's folder" in log
     assert f"item absolute: image {str(tmp_path / 'outside.png')!r}: not a relative path" in log
-    assert "item link: image 'images/link.png' leaves the eval set's folder" in log
+    assert "item link: image 'images/link.png' leaves the data's folder" in log
     assert "item missing: cannot read image" in log and "No such file" in log
     assert "item corrupt: " in log and "is not a PNG, JPEG, GIF, WebP or BMP image" in log
 

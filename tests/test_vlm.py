@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from samai.console.core import config
 from samai.console.core.budget import GB, plan_run
 from samai.remote.box.stages import vision
+from samai.remote.box.stages.images import inside
 
 
 @pytest.mark.parametrize("name", ["vlm-tiny", "samai-vl"])
@@ -65,17 +66,17 @@ def test_image_paths_stay_inside_the_data_folder(tmp_path: Path) -> None:
     (tmp_path / "secret.png").write_bytes(b"x")
     os.symlink(tmp_path / "secret.png", tmp_path / "data" / "images" / "link.png")
     data = str(tmp_path / "data")
-    assert vision.inside(data, "images/a.png") == str(tmp_path / "data" / "images" / "a.png")
+    assert inside(data, "images/a.png") == str(tmp_path / "data" / "images" / "a.png")
     for bad in ("../secret.png", "/etc/passwd", "images/../../secret.png", "images/link.png"):
         with pytest.raises(ValueError):
-            vision.inside(data, bad)
+            inside(data, bad)
 
 
 @given(st.text(max_size=40))
 def test_no_image_path_leaves_the_folder(relative: str) -> None:
     root = "/srv/ws/data"
     try:
-        path = vision.inside(root, relative)
+        path = inside(root, relative)
     except ValueError:
         return
     assert os.path.commonpath([os.path.realpath(root), path]) == os.path.realpath(root)

@@ -35,7 +35,7 @@ import urllib.error
 import urllib.request
 
 from .common import marker, push_milestone, say, write_json
-from .images import IMAGE_CAP, ImageError, chat_content
+from .images import IMAGE_CAP, ImageError, chat_content, inside
 
 NUMBER = re.compile(r"-?\d+")
 WORD = re.compile(r"\w+")
@@ -75,15 +75,8 @@ def prediction(content, reasoning, extract="number"):
 
 
 def image_file(data_file, name):
-    """The path of an item's image: relative to the eval set's folder, and inside it once every
-    symlink is resolved."""
-    if not isinstance(name, str) or not name or "\0" in name or os.path.isabs(name):
-        raise ImageError("image %r: not a relative path" % (name,))
-    folder = os.path.realpath(os.path.dirname(os.path.abspath(data_file)))
-    path = os.path.realpath(os.path.join(folder, name))
-    if os.path.commonpath([folder, path]) != folder:
-        raise ImageError("image %r leaves the eval set's folder %s" % (name, folder))
-    return path
+    """The path of an item's image: inside the eval set's folder (images.inside)."""
+    return inside(os.path.dirname(os.path.abspath(data_file)), name)
 
 
 def question(item, args):

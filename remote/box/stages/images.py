@@ -32,8 +32,20 @@ JPEG_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM carry no
 MIME = {"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif", "webp": "image/webp", "bmp": "image/bmp"}
 
 
-class ImageError(Exception):
+class ImageError(ValueError):
     """An image that cannot be sent as asked: its item is an error, the run goes on."""
+
+
+def inside(folder, name):
+    """The path of an image a data file names: relative to the data's folder, and inside it once
+    every symlink is resolved (data files are untrusted)."""
+    if not isinstance(name, str) or not name or "\0" in name or os.path.isabs(name):
+        raise ImageError("image %r: not a relative path" % (name,))
+    root = os.path.realpath(folder)
+    path = os.path.realpath(os.path.join(root, name))
+    if os.path.commonpath([root, path]) != root:
+        raise ImageError("image %r leaves the data's folder %s" % (name, root))
+    return path
 
 
 def image_size(data: bytes) -> Optional[Tuple[int, int]]:

@@ -16,6 +16,8 @@ import os
 import random
 import re
 
+from .images import inside
+
 # LoRA on the language model's projections only: never the ViT's (playbook §10).
 LORA_REGEX = r".*language.*\.(q|k|v|o|gate|up|down)_proj"
 # The tokens the Qwen2-VL family frames an image with; llama.cpp's mtmd writes the same two around
@@ -181,22 +183,13 @@ def encode(tok, image_processor, examples, template=None, merge=2):
     }
 
 
-def inside(folder, relative):
-    """folder/relative, refused (ValueError) when it leaves folder: data files are untrusted."""
-    root = os.path.realpath(folder)
-    path = os.path.realpath(os.path.join(root, relative))
-    if os.path.isabs(relative) or os.path.commonpath([root, path]) != root:
-        raise ValueError("image path %r leaves %s" % (relative, folder))
-    return path
-
-
 def image_of(msgs, folder):
     """The PIL image a training example's user turn names, read from inside folder."""
     from PIL import Image
 
     for part in msgs[0]["content"]:
         if isinstance(part, dict) and part.get("type") == "image":
-            with Image.open(inside(folder, part["image"])) as img:
+            with Image.open(inside(folder, part["image"])) as img:  # never a path out of folder
                 return img.convert("RGB")
     raise ValueError("no image in the example's first message")
 
