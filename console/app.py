@@ -54,6 +54,7 @@ from samai.widgets.status import Connection, StatusBar
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
+    from samai.console.fleet_screen import FleetScreen
     from samai.widgets.dialogs import PathDialog
     from samai.widgets.gguf_view import GgufScreen
 
@@ -66,10 +67,14 @@ USERS_SHOWN = 12  # the largest users of the workspace the disk pane lists
 EVAL_ITEMS_READ = 4 << 20  # of a finished eval's items.jsonl, checked once: thousands of items
 USERS_EVERY_S = 30.0  # while it lists them: a walk of the whole workspace, so not every poll
 USERS_BUDGET_S = 3.0  # the box stops a walk after this long (and says the sizes are partial)
+FLEET_SCREEN = "fleet"  # the installed fleet screen's name: it and its pollers live as long as the console
+FLEET_ACTIONS = {"quit", "help", "command_palette", "fleet"}  # the app's keys that work on the fleet screen
+# Workers that read the box the screen shows: cancelled when it shows another box.
+BOX_WORKERS = ("poll", "environments", "eval-check", "disk-users", "complete", "runs", "gguf")
 # Actions that change the box: in read-only mode their keys are shown greyed and say why when pressed.
 DANGEROUS = {"kill", "stop", "restart", "clean", "fire", "fix", "gguf_edit", "gguf_add"}
 HELP_GROUPS = {"app": "console", "stage": "stages", "log": "log pane", "processes": "processes pane",
-               "disk": "disk pane"}  # binding id prefix -> the group the help lists it under
+               "disk": "disk pane", "fleet": "fleet screen"}  # binding id prefix -> the group the help lists it under
 
 
 def _one_action_at_a_time(method):
@@ -110,11 +115,18 @@ class SamaiApp(App[None]):
         Binding("x", "fix", "Fix alert", id="app.fix"),
         Binding("u", "disk_users", "Largest disk users", id="disk.largest", show=False),
         Binding("H", "runs", "Runs of the shown stage", id="app.runs", show=False),
+        Binding("F", "fleet", "Fleet", id="app.fleet"),
     ]
 
     def __init__(self, config: Config, *, readonly: bool = False, theme: str | None = None,
-                 audit: AuditLog | None = None, poll: bool = True, clock: Callable[[], float] = time.time) -> None:
+                 audit: AuditLog | None = None, poll: bool = True, clock: Callable[[], float] = time.time,
+                 box: str | None = None) -> None:
+        """box: the [boxes.NAME] box to open at once; None: with 2+ boxes the fleet screen comes first."""
         super().__init__()
+        self.fleet_config = config  # every box; self.config is the config as seen on the box shown
+        self.box_name = box or (config.boxes[0].name if config.boxes else None)
+        self._fleet_first = box is None and len(config.boxes) >= 2
+        config = config.on_box(self.box_name) if self.box_name else config
         self.config = config
         self._action_running = False
         self._log_chosen = False  # the operator picked a log: stop choosing one for them
@@ -128,7 +140,7 @@ class SamaiApp(App[None]):
         self.state = ConsoleState(config)
         self.box: Box | None = None
         self.audit = audit or AuditLog(paths.audit_log())
-        self.connection = Connection(config.target.url, readonly=readonly)
+        self.connection = Connection(self._target_label(), readonly=readonly)
         self._bind_stage_keys()
         self.set_keymap(dict(config.ui.keys))
         for t in THEMES:
@@ -166,6 +178,15 @@ class SamaiApp(App[None]):
         yield KeysFooter()
 
     def on_mount(self) -> None:
+        self._set_up_panes()
+        self.theme_changed_signal.subscribe(self, lambda theme: self._save_theme(theme.name))
+        self.set_interval(1.0, self._tick)
+        if self.polling and self._fleet_first:
+            self.call_after_refresh(self.action_fleet)  # the box screen polls once a box is chosen
+        elif self.polling:
+            self.call_after_refresh(self.poll)  # the screen first: the box's first answer is painted after it
+
+    def _set_up_panes(self) -> None:
         titles = {"#stages": "stages", "#disk": "disk budget", "#gpus": "GPUs", "#processes": "processes & ports",
                   "#curves": "training", "#evals": "eval runs", "#alerts": "alerts"}
         for selector, title in titles.items():
@@ -175,10 +196,6 @@ class SamaiApp(App[None]):
         if self.config.stages:
             self._show_stage_log(self.config.stages[0].name)
         self.query_one(LogView).focus()  # `/` filters the log, where an operator expects it
-        self.theme_changed_signal.subscribe(self, lambda theme: self._save_theme(theme.name))
-        self.set_interval(1.0, self._tick)
-        if self.polling:
-            self.call_after_refresh(self.poll)  # the screen first: the box's first answer is painted after it
 
     async def on_unmount(self) -> None:
         if self.box is not None:
@@ -219,7 +236,7 @@ class SamaiApp(App[None]):
                                   error=error)
         if was == "connected":
             self.state.failed_poll(error, self.clock())
-            self.query_one(AlertsPane).show(self.state.alerts)
+            self._show_alerts()
         self._tick()
 
     def show_snapshot(self, snap: Snapshot, followers: list) -> None:
@@ -237,7 +254,7 @@ class SamaiApp(App[None]):
         run = self.state.eval_to_check(u.evals)
         if run is not None:
             self.check_eval_run(run)
-        self.connection = Connection(self.config.target.url, snap.host, "connected", 0.0,
+        self.connection = Connection(self._target_label(), snap.host, "connected", 0.0,
                                      None if first else snap.rtt, False, self.readonly,
                                      connect_s=snap.rtt if first else self.connection.connect_s)
         if not self._log_chosen:
@@ -270,10 +287,10 @@ class SamaiApp(App[None]):
         curves.show_gpu_util(self.state.gpu.utilization())
         self.query_one(EvalTable).show(u.evals)
         if u.alerts_changed:
-            self.query_one(AlertsPane).show(self.state.alerts)
+            self._show_alerts()
             for a in u.new_alerts:
                 if a.severity == "error":
-                    self.notify(a.text, severity="error", timeout=8, markup=False)  # box text: never markup
+                    self.notify(self._named(a).text, severity="error", timeout=8, markup=False)  # never markup
         self._tick()
 
     def _follow_busiest_stage(self, u: StateUpdate) -> None:
@@ -307,7 +324,14 @@ class SamaiApp(App[None]):
         """Read-only: the keys that change the box are shown greyed and do nothing (on_key says why)."""
         if self.readonly and action in DANGEROUS:
             return None
+        if action == "fleet" and not self.fleet_config.boxes:
+            return False  # one box: no fleet to show, and no key in the footer for it
+        if self._on_fleet() and action not in FLEET_ACTIONS:
+            return False  # the box screen's keys act on its box: not from the fleet, where none is shown
         return True
+
+    def _on_fleet(self) -> bool:
+        return self.is_screen_installed(FLEET_SCREEN) and self.screen is self.get_screen(FLEET_SCREEN)
 
     def on_key(self, event: events.Key) -> None:
         if not self.readonly:
@@ -548,9 +572,13 @@ class SamaiApp(App[None]):
         keymap = dict(self.config.ui.keys)
         declared = [*self.BINDINGS, *self._stage_bindings(), *LogView.BINDINGS, *ProcessPane.BINDINGS,
                     *ProcessTable.BINDINGS]
+        if self.fleet_config.boxes:
+            from samai.console.fleet_screen import FleetScreen
+
+            declared += FleetScreen.BINDINGS
         rows, seen = [], set()
         for b in Binding.make_bindings(declared):
-            if not b.description or (b.id or b.action) in seen:
+            if not b.description or (b.id or b.action) in seen or self.check_action(b.action, ()) is False:
                 continue
             seen.add(b.id or b.action)
             key = keymap.get(b.id or "", b.key)
@@ -589,7 +617,7 @@ class SamaiApp(App[None]):
         text = " · ".join([outcome.message, *tail[-2:]])
         stage = outcome.plan.stage or ""
         self.state.raise_alerts([run_error(self.clock(), text, stage, await self._run_fired(outcome))])
-        self.query_one(AlertsPane).show(self.state.alerts)
+        self._show_alerts()
 
     async def _run_fired(self, outcome: ActionOutcome) -> float | None:
         """The run (fired_at) a fire launched: its alert belongs to it and resolves with the next run."""
@@ -769,6 +797,11 @@ class SamaiApp(App[None]):
                 yield SystemCommand(literal_markup(f"Restart {name}"), "stop, clear poison files, fire",
                                     lambda n=name: self.action_restart(n))
         yield SystemCommand("Open file…", "any file on the box, in the log pane", self.action_open_file)
+        if self.fleet_config.boxes:
+            yield SystemCommand("Fleet", "every box on one line each (F)", self.action_fleet)
+        for spec in self.fleet_config.boxes:
+            yield SystemCommand(literal_markup(f"Switch to box {spec.name}"), literal_markup(spec.target.url),
+                                lambda n=spec.name: self.open_box_screen(n))
         yield SystemCommand("Switch target…", "local, ssh://user@host[:port]", self.switch_target)
         for theme in THEMES:
             yield SystemCommand(f"Theme: {theme.name}", "switch the colours", lambda n=theme.name: self._set_theme(n))
@@ -798,10 +831,74 @@ class SamaiApp(App[None]):
             await old.close()
         self.config = self.config.with_target(url)
         self.state = ConsoleState(self.config)
-        self.connection = Connection(url, readonly=self.readonly)
+        self.connection = Connection(self._target_label(), readonly=self.readonly)
         if self.config.stages:
             self._show_stage_log(self.config.stages[0].name)
         self.poll()
+
+    # ------------------------------------------------------------ the fleet: every box, and switching between them
+
+    def _target_label(self) -> str:
+        """The status bar's target: with [boxes], the box's name before its url."""
+        url = self.config.target.url
+        return f"{self.box_name}: {url}" if self.fleet_config.boxes and self.box_name else url
+
+    def _named(self, alert: Alert) -> Alert:
+        """With [boxes], an alert says whose box it is about."""
+        if not self.fleet_config.boxes or not self.box_name:
+            return alert
+        return replace(alert, text=f"{self.box_name}: {alert.text}")
+
+    def _show_alerts(self) -> None:
+        self.query_one(AlertsPane).show([self._named(a) for a in self.state.alerts])
+
+    def action_fleet(self) -> None:
+        """F: the fleet screen (made once; its pollers run as long as the console)."""
+        from samai.console.core.fleet import Fleet
+        from samai.console.fleet_screen import FleetScreen
+
+        if not self.fleet_config.boxes or isinstance(self.screen, FleetScreen):
+            return
+        if not self.is_screen_installed(FLEET_SCREEN):
+            fleet = Fleet(self.fleet_config, lambda cfg: open_box(cfg, readonly=True), clock=self.clock)
+            self.install_screen(FleetScreen(fleet), FLEET_SCREEN)
+        self.push_screen(FLEET_SCREEN)
+
+    def on_fleet_screen_box_chosen(self, event: FleetScreen.BoxChosen) -> None:
+        self.open_box_screen(event.name or self.box_name or "")
+
+    @work(group="switch", exclusive=True, exit_on_error=False)
+    async def open_box_screen(self, name: str) -> None:
+        """The box screen, for box `name` (Enter on the fleet, the palette): the screens above it closed."""
+        while len(self.screen_stack) > 1:
+            await self.pop_screen()
+        await self.switch_box(name)
+
+    async def switch_box(self, name: str) -> None:
+        """Point the box screen at another box: its own Box, state and poller; the old box's
+        connection closed, and every pane composed afresh (nothing of the old box stays on show)."""
+        if name == self.box_name and self._polled_box:
+            return
+        if self._action_running:
+            self.notify("an action is still running on this box; switch once it is done", severity="warning")
+            return
+        for group in BOX_WORKERS:
+            self.workers.cancel_group(self, group)
+        old, self.box = self.box, None
+        if old is not None:
+            await old.close()
+        self.box_name = name
+        self.config = self.fleet_config.on_box(name)
+        self.state = ConsoleState(self.config)
+        self.connection = Connection(self._target_label(), readonly=self.readonly)
+        self._log_chosen, self._log_hint_taken, self._logs, self._stage_views = False, None, LogHistory(), []
+        await self.recompose()
+        self._set_up_panes()
+        self.poll()
+
+    @property
+    def _polled_box(self) -> bool:
+        return any(w.group == "poll" and not w.is_finished for w in self.workers)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place a failed worker is reported: nothing fails silently."""
@@ -821,10 +918,10 @@ class SamaiApp(App[None]):
         self.call_from_thread(self.notify, f"saved {len(lines)} lines to {target}", markup=False)
 
 
-def run_app(config: Config, *, readonly: bool = False, theme: str | None = None) -> int:
+def run_app(config: Config, *, readonly: bool = False, theme: str | None = None, box: str | None = None) -> int:
     # What the imports built lives as long as the console: no garbage collection need walk it again
     # (a full one during start-up walked all of it, delaying the first paint, and each later one would).
     gc.freeze()
     gc.enable()  # the CLI turns it off while the TUI's modules load
-    SamaiApp(config, readonly=readonly, theme=theme).run()
+    SamaiApp(config, readonly=readonly, theme=theme, box=box).run()
     return 0

@@ -28,6 +28,7 @@ from samai.console.core import config as config_mod
 from samai.console.report import describe_check, describe_plan, describe_snapshot
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import CATCH_UP_READ, LogFollower
+from samai.remote.model import Snapshot
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
 from samai.remote.visible import visible
@@ -56,6 +57,7 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     parser.add_argument("--config", metavar="FILE", default=default, help="samai.toml (default: built-in tiny)")
     parser.add_argument("--target", metavar="URL", default=default,
                         help="local, ssh://user@host[:port] or envelope+http(s)://host[:port]")
+    parser.add_argument("--box", metavar="NAME", default=default, help="the [boxes.NAME] box to work on")
     parser.add_argument("--readonly", action="store_true", default=argparse.SUPPRESS if suppress else False,
                         help="refuse every action that changes the box")
     parser.add_argument("--theme", metavar="NAME", default=default, help="the TUI's theme")
@@ -74,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("snapshot", "one snapshot of the box: disk, stages, processes, ports")
     p.add_argument("--json", action="store_true", help="the whole snapshot as JSON")
+    p.add_argument("--all-boxes", action="store_true",
+                   help="every box of the config at once, each with its own deadline (JSON: {\"boxes\": {NAME: …}})")
 
     p = command("fire", "start a stage (detached, verified) after its preflight")
     p.add_argument("stage")
@@ -219,13 +223,20 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = config_mod.load(args.config)
-        if args.target:
-            cfg = cfg.with_target(args.target)
+        if getattr(args, "all_boxes", False):
+            return asyncio.run(_snapshot_all(args, cfg))
         if args.command is None:
+            _on_box(cfg, args.box)  # an unknown name is a usage error before the TUI starts
+            if args.box and args.target:
+                raise UsageError("--box opens one of the config's boxes; --target names another: give one")
             gc.disable()  # what the TUI imports and builds to start lives as long as it: see run_app
             from samai.console.app import run_app  # the TUI's imports are kept off the CLI's path
 
-            return run_app(cfg, readonly=args.readonly, theme=args.theme)
+            cfg = cfg.with_target(args.target) if args.target else cfg
+            return run_app(cfg, readonly=args.readonly, theme=args.theme, box=args.box)
+        cfg = _on_box(cfg, args.box)
+        if args.target:
+            cfg = cfg.with_target(args.target)
         return asyncio.run(_run(args, cfg))
     except (config_mod.ConfigError, UsageError, TargetError) as e:
         return _fail(str(e), EXIT_USAGE)
@@ -233,6 +244,17 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail(f"cannot reach {args.target or 'the target'}: {e}", EXIT_USAGE)
     except KeyboardInterrupt:
         return 130
+
+
+def _on_box(cfg: config_mod.Config, name: str | None) -> config_mod.Config:
+    """The config as seen on box `name` (--box); None: as it is."""
+    if name is None:
+        return cfg
+    try:
+        return cfg.on_box(name)
+    except KeyError:
+        declared = ", ".join(b.name for b in cfg.boxes) or "none: it has no [boxes.NAME] tables"
+        raise UsageError(f"unknown box {name!r} (boxes in {cfg.source}: {declared})") from None
 
 
 def _standalone(command: str, argv: list[str]) -> int:
@@ -274,18 +296,55 @@ async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
 
 async def _snapshot(args, cfg, box: Box) -> int:
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts])
-    if args.json:
-        from samai.console.core.gpu_findings import gpu_findings  # see _budget
-
-        # what the GPUs show (the reading itself is the snapshot's "gpus")
-        found = [dict(asdict(f), action=str(f.action or "")) for f in gpu_findings(snap)]
-        print(_json(dict(asdict(snap), gpu_findings=found)))
-    else:
-        from samai.console.gpu_report import describe_gpus  # see _budget
-
-        print(describe_snapshot(snap, cfg))
-        print(describe_gpus(snap.gpus, snap))
+    print(_json(_snapshot_json(snap)) if args.json else _snapshot_text(snap, cfg))
     return EXIT_OK
+
+
+def _snapshot_json(snap: Snapshot) -> dict:
+    from samai.console.core.gpu_findings import gpu_findings  # see _budget
+
+    # what the GPUs show (the reading itself is the snapshot's "gpus")
+    found = [dict(asdict(f), action=str(f.action or "")) for f in gpu_findings(snap)]
+    return dict(asdict(snap), gpu_findings=found)
+
+
+def _snapshot_text(snap: Snapshot, cfg: config_mod.Config) -> str:
+    from samai.console.gpu_report import describe_gpus  # see _budget
+
+    return describe_snapshot(snap, cfg) + "\n" + describe_gpus(snap.gpus, snap)
+
+
+async def _snapshot_all(args, cfg: config_mod.Config) -> int:
+    """`snapshot --all-boxes`: every box at once, each on its own connection and deadline; exit 0
+    when all answered, 1 when some did not (named on stderr), 2 when none did."""
+    from samai.console.core.fleet import fleet_configs, gather_boxes
+
+    if args.command != "snapshot" or args.box or args.target:
+        raise UsageError("--all-boxes is for snapshot alone, without --box or --target: it reads every box "
+                         "the config declares")
+
+    async def fetch(box_cfg: config_mod.Config) -> Snapshot:
+        box = open_box(box_cfg, readonly=True)
+        try:
+            return await box.snapshot(artifacts=[(a.name, a.path) for a in box_cfg.artifacts])
+        finally:
+            await box.close()
+
+    configs = fleet_configs(cfg)
+    found = await gather_boxes(configs, fetch)
+    if args.json:
+        print(_json({"boxes": {name: _snapshot_json(got) if isinstance(got, Snapshot) else got
+                               for name, got in found.items()}}))
+    else:
+        for name, box_cfg in configs:
+            got = found[name]
+            print(f"== {name} ({visible(box_cfg.target.url)})")
+            said = _snapshot_text(got, box_cfg) if isinstance(got, Snapshot) else f"unreachable: {got['error']}"
+            print(visible(said) if not isinstance(got, Snapshot) else said)
+    down = [name for name, got in found.items() if not isinstance(got, Snapshot)]
+    if down:
+        _fail(f"{len(down)} of {len(found)} boxes did not answer: {', '.join(down)}", EXIT_PROBLEM)
+    return EXIT_OK if not down else EXIT_USAGE if len(down) == len(found) else EXIT_PROBLEM
 
 
 async def _budget(args, cfg, box: Box) -> int:

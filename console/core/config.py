@@ -23,7 +23,7 @@ from samai.console.core import paths
 from samai.remote.model import Marker
 
 # Keys the console binds itself; a stage may not take them.
-RESERVED_KEYS = frozenset("q ? / k s r o c x l f n N w g G a S u H L Y [ ]".split())
+RESERVED_KEYS = frozenset("q ? / k s r o c x l f n N w g G a S u H L Y [ ] F".split())
 SEVERITIES = ("info", "warning", "error")
 CHAIN_DONE = Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+", "info")
 BUILTIN_PIPELINES = ("tiny", "samai-8b", "vlm-tiny", "samai-vl")
@@ -34,6 +34,7 @@ MAX_CONFIG_BYTES = 1 << 20  # a samai.toml is a few KB: anything bigger is not o
 MAX_GB = 1_000_000.0  # a petabyte: any size or capacity above it is a typo
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # stage and pipeline names: safe as file names
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")  # a box's address for the other nodes: host or IP
 
 # Folders that are the system itself, with everything in them: never a workspace.
 SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
@@ -110,6 +111,7 @@ class BoxSpec:
     name: str
     target: Target
     workspace: str
+    address: str = ""  # where the other nodes reach this box (a multi-node master); empty: see node_address
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ class Stage:
     env: tuple[tuple[str, str], ...] = ()
     nodes: tuple[str, ...] = ()  # a multi-node stage: the boxes it runs on, the first one the master
     launcher: str = ""  # a multi-node stage's launcher: one of LAUNCHERS
+    rdzv_port: int = 29500  # a multi-node stage: the rendezvous (torchrun) or master (DeepSpeed) port on the master
+    max_restarts: int = 0  # a multi-node torchrun stage: its --max-restarts
 
 
 @dataclass(frozen=True)
@@ -434,14 +438,16 @@ class _Reader:
             where = f"boxes.{name}"
             if not NAME.match(name):
                 raise self.fail(where, "a box name of letters, digits, '_', '.', '-'", name)
-            b = self.table(spec, where, TARGET_KEYS | {"workspace"})
+            b = self.table(spec, where, TARGET_KEYS | {"workspace", "address"})
             for required in ("url", "workspace"):
                 if required not in b:
                     raise self.fail(f"{where}.{required}", "the box's " + ("url (local, ssh://user@host[:port] or "
                                     "envelope+http(s)://host[:port])" if required == "url" else "workspace path"))
-            target = self.target({k: v for k, v in b.items() if k != "workspace"}, where)
+            target = self.target({k: v for k, v in b.items() if k not in ("workspace", "address")}, where)
+            address = self.value(b, "address", where, "a host name or IP address the other boxes reach it at",
+                                 lambda v: isinstance(v, str) and bool(ADDRESS.match(v)), "")
             out.append(BoxSpec(name, target, self.workspace({"path": b["workspace"]}, pipeline, target,
-                                                            f"{where}.workspace")))
+                                                            f"{where}.workspace"), address))
         return tuple(out)
 
     def mmproj(self, model: dict[str, Any], artifacts: tuple[Artifact, ...]) -> None:
@@ -519,7 +525,8 @@ class _Reader:
         if not NAME.match(name):
             raise self.fail(where, "a stage name of letters, digits, '_', '.', '-'", name)
         s = self.table(raw, where, {"key", "command", "log", "description", "markers", "needs", "makes",
-                                    "frees", "ports", "poison", "env", "nodes", "launcher"})
+                                    "frees", "ports", "poison", "env", "nodes", "launcher", "rdzv_port",
+                                    "max_restarts"})
         key = self.value(s, "key", where, "one key, not one the console uses itself ("
                          + " ".join(sorted(RESERVED_KEYS)) + ")",
                          lambda v: isinstance(v, str) and len(v) == 1 and v not in RESERVED_KEYS, None)
@@ -565,7 +572,12 @@ class _Reader:
         if bool(nodes) != bool(launcher):
             missing = "launcher" if nodes else "nodes"
             raise self.fail(f"{where}.{missing}", "nodes and launcher together (a multi-node stage has both)")
-        return {"nodes": nodes, "launcher": launcher}
+        given = [k for k in ("rdzv_port", "max_restarts") if k in s]
+        if given and not nodes:
+            raise self.fail(f"{where}.{given[0]}", "a multi-node stage (nodes and launcher) to take it")
+        return {"nodes": nodes, "launcher": launcher,
+                "rdzv_port": self.integer(s, "rdzv_port", where, 29500, 1, 65535),
+                "max_restarts": self.integer(s, "max_restarts", where, 0, 0, 100)}
 
     def markers(self, raw: Any, where: str) -> tuple[Marker, ...]:
         if raw is None:

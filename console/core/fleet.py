@@ -1,0 +1,188 @@
+"""The fleet: every box of the config watched on its own (its own Box, state and deadlines), each
+folded into one BoxRow; and the one-shot fetch of every box at once (`snapshot --all-boxes`).
+
+A box that does not answer costs only its own row: no box waits on another."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from samai.console.core.budget import project
+from samai.console.core.config import Config
+from samai.console.core.state import Alert, ConsoleState, StateUpdate
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.model import GpuReading
+from samai.remote.targets import TargetError
+from samai.remote.transport import TransportError
+
+DEFAULT_BOX = "default"  # the one box of a config without [boxes]
+MAX_BACKOFF_S = 8.0  # as the box screen's poll: a box that comes back is seen within seconds
+BOX_ERRORS = (BoxError, TransportError, TargetError, OSError, TimeoutError)
+
+T = TypeVar("T")
+OpenBox = Callable[[Config], Box]
+
+
+def fleet_configs(cfg: Config) -> list[tuple[str, Config]]:
+    """(name, the config as seen on that box) of every box, in the config's order."""
+    if not cfg.boxes:
+        return [(DEFAULT_BOX, cfg)]
+    return [(b.name, cfg.on_box(b.name)) for b in cfg.boxes]
+
+
+def deadline_of(cfg: Config) -> float:
+    """The longest one box may take to answer once: its connect, then one call."""
+    return cfg.target.connect_timeout + cfg.target.timeout
+
+
+def unreachable(error: str) -> dict[str, str]:
+    return {"error": error, "state": "unreachable"}
+
+
+def error_text(e: BaseException) -> str:
+    return str(e) or type(e).__name__
+
+
+async def gather_boxes(configs: list[tuple[str, Config]],
+                       fetch: Callable[[Config], Awaitable[T]]) -> dict[str, T | dict[str, str]]:
+    """fetch(config) on every box at once, each under its own deadline; a box that fails or
+    does not answer in time is an `unreachable` entry, never a delay for the others."""
+
+    async def one(cfg: Config) -> T | dict[str, str]:
+        deadline = deadline_of(cfg)
+        try:
+            return await asyncio.wait_for(fetch(cfg), deadline)
+        except TimeoutError:
+            return unreachable(f"no answer within {deadline:g} s")
+        except BOX_ERRORS as e:
+            return unreachable(error_text(e))
+
+    results = await asyncio.gather(*(one(cfg) for _, cfg in configs))
+    return {name: result for (name, _), result in zip(configs, results, strict=True)}
+
+
+# ------------------------------------------------------------------ the fleet screen's model
+
+
+@dataclass(frozen=True)
+class BoxRow:
+    """One box as the fleet sees it: what its row shows."""
+
+    name: str
+    url: str
+    state: str = "connecting"  # connecting | connected | lost
+    rtt: float | None = None  # seconds, of the last snapshot
+    error: str = ""  # why the last poll failed
+    running: tuple[str, ...] = ()  # stages running now
+    disk_used: int | None = None  # bytes, the workspace's filesystem (or its capacity in the budget)
+    disk_peak: int | None = None  # bytes used at the running (else next) stage's projected peak
+    disk_capacity: int | None = None
+    gpu_count: int = 0
+    gpu_util: float | None = None  # percent, the mean over the GPUs that report it
+    gpu_memory_used: int | None = None  # bytes, over every GPU
+    gpu_memory_total: int | None = None
+    alert: Alert | None = None  # the newest active alert
+    seen_at: float | None = None  # when the last snapshot arrived (the console's clock)
+    polls: int = 0  # snapshots folded in so far
+
+
+def _gpu_fields(gpus: GpuReading) -> dict[str, Any]:
+    utils = [g.util_gpu for g in gpus.gpus if g.util_gpu is not None]
+    used = [g.memory_used for g in gpus.gpus if g.memory_used is not None]
+    total = [g.memory_total for g in gpus.gpus if g.memory_total is not None]
+    return {"gpu_count": len(gpus.gpus), "gpu_util": sum(utils) / len(utils) if utils else None,
+            "gpu_memory_used": sum(used) if used else None, "gpu_memory_total": sum(total) if total else None}
+
+
+def _peak(cfg: Config, u: StateUpdate) -> int | None:
+    """The disk used at the peak of the running stage, else of the next one to run."""
+    running = [v for v in u.stages if v.status == "running"]
+    upcoming = running or [v for v in u.stages if v.status in ("idle", "blocked")]
+    stage = cfg.stage(upcoming[0].name) if upcoming else None
+    if stage is None:
+        return None
+    return u.budget.used + project(cfg, u.budget, stage).adds
+
+
+def row_of(row: BoxRow, cfg: Config, u: StateUpdate, alerts: list[Alert], now: float) -> BoxRow:
+    """The row after one snapshot folded in (u) with the box's alerts as they now stand."""
+    return replace(row, state="connected", rtt=u.snapshot.rtt, error="",
+                   running=tuple(v.name for v in u.stages if v.status == "running"),
+                   disk_used=u.budget.used, disk_capacity=u.budget.capacity, disk_peak=_peak(cfg, u),
+                   alert=next((a for a in alerts if a.active), None), seen_at=now, polls=row.polls + 1,
+                   **_gpu_fields(u.snapshot.gpus))
+
+
+class BoxWatch:
+    """One box of the fleet: its own Box (opened on the first poll), state and row."""
+
+    def __init__(self, name: str, config: Config, open_box: OpenBox, clock: Callable[[], float] = time.time) -> None:
+        self.name, self.config = name, config
+        self.state = ConsoleState(config)
+        self.row = BoxRow(name, config.target.url)
+        self.box: Box | None = None
+        self._open_box, self._clock = open_box, clock
+
+    async def poll_once(self) -> BoxRow:
+        """One snapshot folded in; a failure is said on the row (connecting, or lost once it had answered)."""
+        try:
+            if self.box is None:
+                self.box = self._open_box(self.config)
+            followers = self.state.followers()
+            snap = await self.box.snapshot(**self.state.request(followers))  # the Box's own deadline
+        except BOX_ERRORS as e:
+            if self.row.state == "connected":  # as the box screen does: an outage is an alert
+                self.state.failed_poll(error_text(e), self._clock())
+            state = "lost" if self.row.state != "connecting" else "connecting"
+            alert = next((a for a in self.state.alerts if a.active), None)
+            self.row = replace(self.row, state=state, error=error_text(e), alert=alert)
+            return self.row
+        now = self._clock()
+        update = self.state.apply(snap, followers, now)
+        self.row = row_of(self.row, self.config, update, self.state.alerts, now)
+        return self.row
+
+    async def run(self, report: Callable[[BoxRow], None]) -> None:
+        """Poll until cancelled, the next poll scheduled when the last is done; report each row."""
+        interval = self.config.target.poll_interval
+        backoff = interval
+        while True:
+            row = await self.poll_once()
+            report(row)
+            if row.state == "connected":
+                backoff = interval
+                await asyncio.sleep(interval)
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    async def close(self) -> None:
+        box, self.box = self.box, None
+        if box is not None:
+            await box.close()
+
+
+class Fleet:
+    """Every box of a config, each watched on its own."""
+
+    def __init__(self, config: Config, open_box: OpenBox, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.watches = [BoxWatch(name, cfg, open_box, clock) for name, cfg in fleet_configs(config)]
+
+    @property
+    def names(self) -> list[str]:
+        return [w.name for w in self.watches]
+
+    @property
+    def rows(self) -> list[BoxRow]:
+        return [w.row for w in self.watches]
+
+    def watch(self, name: str) -> BoxWatch | None:
+        return next((w for w in self.watches if w.name == name), None)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(w.close() for w in self.watches), return_exceptions=True)

@@ -1,0 +1,69 @@
+"""The fleet screen: every box of the config on one line each, live (k9s's contexts).
+
+Each box is polled by its own worker (samai.console.core.fleet.BoxWatch), so a slow or dead box
+holds up only its own row. Enter asks the app to open that box's screen; the screen itself does
+no I/O beyond the pollers' and never touches the box screen's Box."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Static
+
+from samai.console.core.fleet import BoxRow, Fleet
+from samai.widgets.fleet import FleetTable
+from samai.widgets.footer import KeysFooter
+
+
+class FleetScreen(Screen[None]):
+    BINDINGS = [
+        Binding("enter", "open_box", "Open box", id="fleet.open"),
+        Binding("escape", "back", "Back to the box", id="fleet.back"),
+    ]
+
+    class BoxChosen(Message):
+        """The operator picked a box: the app points its box screen at it."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+    def __init__(self, fleet: Fleet) -> None:
+        super().__init__()
+        self.fleet = fleet
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"fleet · {len(self.fleet.watches)} boxes · Enter opens a box · F comes back here",
+                     id="fleet-title", markup=False)
+        yield FleetTable(id="fleet")
+        yield KeysFooter()
+
+    def on_mount(self) -> None:
+        table = self.query_one(FleetTable)
+        table.show(self.fleet.rows)
+        table.focus()
+        for watch in self.fleet.watches:
+            self.run_worker(watch.run(self._show_row), name=f"fleet poll {watch.name}", group="fleet",
+                            exit_on_error=False)
+
+    async def on_unmount(self) -> None:
+        await self.fleet.close()
+
+    def _show_row(self, row: BoxRow) -> None:
+        for table in self.query(FleetTable):  # none once the screen is being taken down
+            table.show_row(row)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.row_key.value is not None:
+            self.post_message(self.BoxChosen(event.row_key.value))
+
+    def action_open_box(self) -> None:
+        name = self.query_one(FleetTable).box_at_cursor()
+        if name is not None:
+            self.post_message(self.BoxChosen(name))
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
