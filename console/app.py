@@ -324,8 +324,8 @@ class SamaiApp(App[None]):
         """Read-only: the keys that change the box are shown greyed and do nothing (on_key says why)."""
         if self.readonly and action in DANGEROUS:
             return None
-        if action == "fleet" and not self.fleet_config.boxes:
-            return False  # one box: no fleet to show, and no key in the footer for it
+        if action == "fleet" and (not self.fleet_config.boxes or self._on_fleet()):
+            return False  # one box: no fleet to show; on the fleet: there already
         if self._on_fleet() and action not in FLEET_ACTIONS:
             return False  # the box screen's keys act on its box: not from the fleet, where none is shown
         return True
@@ -574,11 +574,12 @@ class SamaiApp(App[None]):
                     *ProcessTable.BINDINGS]
         if self.fleet_config.boxes:
             from samai.console.fleet_screen import FleetScreen
+            from samai.widgets.fleet import FleetTable
 
-            declared += FleetScreen.BINDINGS
+            declared += [*FleetTable.BINDINGS, *FleetScreen.BINDINGS]
         rows, seen = [], set()
         for b in Binding.make_bindings(declared):
-            if not b.description or (b.id or b.action) in seen or self.check_action(b.action, ()) is False:
+            if not b.description or (b.id or b.action) in seen or (b.action == "fleet" and not self.fleet_config.boxes):
                 continue
             seen.add(b.id or b.action)
             key = keymap.get(b.id or "", b.key)

@@ -19,14 +19,13 @@ from samai.widgets.footer import KeysFooter
 
 class FleetScreen(Screen[None]):
     BINDINGS = [
-        Binding("enter", "open_box", "Open box", id="fleet.open"),
         Binding("escape", "back", "Back to the box", id="fleet.back"),
     ]
 
     class BoxChosen(Message):
-        """The operator picked a box: the app points its box screen at it."""
+        """The operator picked a box (None: the one the box screen showed): the app points its box screen at it."""
 
-        def __init__(self, name: str) -> None:
+        def __init__(self, name: str | None) -> None:
             super().__init__()
             self.name = name
 
@@ -60,10 +59,5 @@ class FleetScreen(Screen[None]):
         if event.row_key.value is not None:
             self.post_message(self.BoxChosen(event.row_key.value))
 
-    def action_open_box(self) -> None:
-        name = self.query_one(FleetTable).box_at_cursor()
-        if name is not None:
-            self.post_message(self.BoxChosen(name))
-
     def action_back(self) -> None:
-        self.app.pop_screen()
+        self.post_message(self.BoxChosen(None))  # at start, the box screen's first box: its poll starts then

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from textual.widgets import DataTable
 
 from samai.console.app import SamaiApp
 from samai.console.connect import open_box
@@ -20,7 +21,9 @@ from samai.console.core.fleet import DEFAULT_BOX, Fleet, fleet_configs, gather_b
 from samai.console.fleet_screen import FleetScreen
 from samai.remote.model import Snapshot
 from samai.widgets.alerts import AlertsPane
+from samai.widgets.dialogs import HelpScreen
 from samai.widgets.fleet import FleetTable
+from samai.widgets.footer import KeysFooter
 from tests import sshd
 from tests.helpers import pilot_until, run_cli
 
@@ -215,6 +218,17 @@ async def test_the_fleet_screen_rows_enter_back_and_the_palette(tmp_path: Path, 
         polls = fleet.fleet.watch("a").row.polls
         await pilot_until(pilot, lambda: fleet.fleet.watch("a").row.polls > polls)
 
+        # `?` from the fleet lists every key, the fleet's own among them.
+        await pilot.press("question_mark")
+        help_screen = await pilot_until(pilot, lambda: isinstance(app.screen, HelpScreen) and app.screen)
+        help_table = help_screen.query_one(DataTable)
+        ids = {str(help_table.get_row_at(i)[3]) for i in range(help_table.row_count)}
+        assert {"app.fleet", "fleet.open", "fleet.back", "app.kill", "stage.slow"} <= ids
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: isinstance(app.screen, FleetScreen))
+        assert "Fleet" not in str(app.screen.query_one(KeysFooter).render())  # already here: F is not offered
+        assert "Open box" in str(app.screen.query_one(KeysFooter).render())
+
         # The palette: "Switch to box c" points the box screen at c, b's connection closed.
         await pilot.press("ctrl+p")
         await pilot.press(*"Switch", "space", "to", "space", "box", "space", "c")
@@ -233,3 +247,32 @@ async def test_the_fleet_screen_rows_enter_back_and_the_palette(tmp_path: Path, 
         assert "c: stage bad failed rc=3" in str(app.query_one(AlertsPane).render())
         await pilot_until(pilot, lambda: "bad failed" in _cell(table, "c", "alert"))
         app.workers.cancel_group(fleet, "fleet")
+
+
+async def test_one_box_has_no_fleet_key(tmp_path: Path, workspace: Path) -> None:
+    f = tmp_path / "one.toml"
+    f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n' + STAGE)
+    app = SamaiApp(config.load(f), poll=False)
+    async with app.run_test(size=(170, 45)) as pilot:
+        await pilot.press("F")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, FleetScreen) and "Fleet" not in str(app.query_one(KeysFooter).render())
+        await pilot.press("question_mark")
+        help_screen = await pilot_until(pilot, lambda: isinstance(app.screen, HelpScreen) and app.screen)
+        table = help_screen.query_one(DataTable)
+        assert "app.fleet" not in {str(table.get_row_at(i)[3]) for i in range(table.row_count)}
+
+
+async def test_escape_from_the_fleet_at_start_opens_the_first_box_and_box_opens_one_at_once(tmp_path: Path) -> None:
+    tables, spaces = local_boxes(tmp_path, ("a", "b"))
+    cfg = config.load(write_config(tmp_path, tables))
+    app = SamaiApp(cfg)
+    async with app.run_test(size=(170, 45)) as pilot:
+        await pilot_until(pilot, lambda: isinstance(app.screen, FleetScreen))
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: not isinstance(app.screen, FleetScreen) and app.state.snapshot is not None)
+        assert app.box_name == "a" and app.config.workspace == str(spaces["a"])
+    app = SamaiApp(cfg, box="b")  # `--box b`: b's screen at once, the fleet a key away
+    async with app.run_test(size=(170, 45)) as pilot:
+        await pilot_until(pilot, lambda: app.state.snapshot is not None)
+        assert not isinstance(app.screen, FleetScreen) and app.config.workspace == str(spaces["b"])

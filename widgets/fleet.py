@@ -6,6 +6,7 @@ literal rich Text with its control characters as stand-ins."""
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import DataTable
 
 from samai.console.core import units
@@ -49,6 +50,7 @@ class FleetTable(DataTable):
     """Rows keyed by box name; Enter (DataTable's RowSelected) is the screen's to handle."""
 
     DEFAULT_CSS = "FleetTable { height: 1fr; }"
+    BINDINGS = [Binding("enter", "select_cursor", "Open box", id="fleet.open")]  # DataTable's, shown and named
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -69,9 +71,3 @@ class FleetTable(DataTable):
         for key, _ in COLUMNS:
             if self.get_cell(row.name, key) != new[key]:
                 self.update_cell(row.name, key, new[key])
-
-    def box_at_cursor(self) -> str | None:
-        if not self.row_count:
-            return None
-        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
-        return key.value
