@@ -335,6 +335,9 @@ def main():
     from transformers import Trainer, TrainingArguments, set_seed
 
     started = time.time()
+    if os.environ.get("WORLD_SIZE"):  # under a launcher (torchrun, DeepSpeed): which rank this node's log is
+        say("TRAIN_RANK rank=%s world_size=%s local_rank=%s" % (os.environ.get("RANK", "?"), os.environ["WORLD_SIZE"],
+                                                                 os.environ.get("LOCAL_RANK", "?")))
     set_seed(args.seed)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     os.makedirs(args.out, exist_ok=True)

@@ -1,0 +1,84 @@
+"""Watch a multi-node run as one: each node's launch, identity-checked against the run's record,
+and the alert when one node's process has died while others run. Those others then wait in
+their next collective (or their next rendezvous) until it times out, so the alert comes at once,
+with the rank, the box and the last step the dead node's log shows, and "stop all" as its fix."""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from samai.console.core.detectors import Finding
+from samai.console.core.fixes import FixAction
+from samai.console.core.multinode import MultiRun, NodeRun, last_step_in_log, rank_in_log
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.model import same_start
+from samai.remote.transport import TransportError
+from samai.remote.visible import visible
+
+HEAD_BYTES = 256 * 1024  # where the rank line is, near the start of the log
+TAIL_LINES = 400  # where the last step is
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node: str
+    node_rank: int
+    alive: bool | None  # None: the box could not be read
+    status: str  # the launch's status on the box (running, failed, stopped...), or why it is unknown
+    pid: int | None = None
+
+
+async def node_states(run: MultiRun, boxes: Mapping[str, Box]) -> tuple[NodeState, ...]:
+    return tuple(await asyncio.gather(*(_state(run, n, boxes[n.node]) for n in run.nodes)))
+
+
+async def _state(run: MultiRun, node: NodeRun, box: Box) -> NodeState:
+    try:
+        snap = await box.snapshot(processes=True)
+    except (BoxError, TransportError, OSError) as e:
+        return NodeState(node.node, node.rank, None, f"unreachable: {visible(str(e))[:200]}", node.pid)
+    rec = snap.state(run.stage)
+    if rec is None:
+        return NodeState(node.node, node.rank, False, "no launch recorded", node.pid)
+    ours = (node.pid is not None and rec.pid == node.pid and node.start_time is not None
+            and rec.start_time is not None and same_start(rec.start_time, node.start_time))
+    if not ours:  # another launch of the stage replaced this run's on that box
+        return NodeState(node.node, node.rank, False, f"replaced by pid {rec.pid}", node.pid)
+    return NodeState(node.node, node.rank, rec.alive, rec.status, node.pid)
+
+
+async def death_findings(run: MultiRun, states: Sequence[NodeState], boxes: Mapping[str, Box]) -> list[Finding]:
+    """One error per node whose process died while another node's still runs."""
+    alive = [s.node for s in states if s.alive]
+    dead = [s for s in states if s.alive is False]
+    if not alive or not dead:
+        return []
+    found = []
+    for state in dead:
+        node = run.node(state.node)
+        rank, step = await _rank_and_step(boxes[state.node], node) if node else (None, None)
+        who = f"rank {rank}" if rank is not None else f"node rank {state.node_rank}"
+        when = f"at step {step}" if step is not None else "before its first logged step"
+        message = (f"{who} on box {state.node} died {when} ({state.status}); ranks on {', '.join(alive)} will hang "
+                   f"until the collective times out: stop all")
+        found.append(Finding("rank_died", "error", message, FixAction.stop(run.stage)))
+    return found
+
+
+async def watch(run: MultiRun, boxes: Mapping[str, Box]) -> tuple[tuple[NodeState, ...], list[Finding]]:
+    """One reading of every node, and its alerts."""
+    states = await node_states(run, boxes)
+    return states, await death_findings(run, states, boxes)
+
+
+async def _rank_and_step(box: Box, node: NodeRun) -> tuple[int | None, int | None]:
+    path = posixpath.join(node.workspace, node.log)
+    try:
+        head = await box.tail(path, offset=0, max_bytes=HEAD_BYTES)
+        tail = await box.tail(path, last_lines=TAIL_LINES)
+    except (BoxError, TransportError, OSError):
+        return None, None
+    return rank_in_log(head.data + b"\n" + tail.data), last_step_in_log(tail.data)
