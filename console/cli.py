@@ -552,10 +552,20 @@ def _report(outcome: ActionOutcome) -> int:
 
 
 async def _fire(args, cfg, box: Box) -> int:
+    from samai.console import multinode_cli  # a stage with nodes fires on every node at once
+
+    if multinode_cli.is_multi_node(cfg, args.stage):
+        return await multinode_cli.fire(cfg, args.stage, readonly=args.readonly,
+                                        confirm=_confirmer(args.yes, getattr(args, "force", False)))
     return _report(await _actions(args, cfg, box).fire(args.stage))
 
 
 async def _stop(args, cfg, box: Box) -> int:
+    from samai.console import multinode_cli  # a stage with nodes stops on every node
+
+    if multinode_cli.is_multi_node(cfg, args.stage):
+        return await multinode_cli.stop(cfg, args.stage, readonly=args.readonly, confirm=_confirmer(args.yes),
+                                        grace=args.grace)
     return _report(await _actions(args, cfg, box).stop(args.stage, grace=args.grace))
 
 

@@ -177,6 +177,7 @@ class Actions:
         checks = preflight(self.config, snap, stage).checks if snap else ()
         checks += await training_evidence(self.box, self.config, stage)
         checks += await projector_evidence(self.box, self.config, stage, snap)
+        checks += multi_node_checks(stage)
         holders = _port_holders(stage, snap) if snap else ()
         return ActionPlan(
             action="fire", target=self.config.target.url, subject=f"stage {stage.name}", command=stage.command,
@@ -205,6 +206,7 @@ class Actions:
         checks += await training_evidence(self.box, self.config, stage)
         checks += await projector_evidence(self.box, self.config, stage, snap)
         checks += needed_artifact_checks(self.config, clear, stage.name)
+        checks += multi_node_checks(stage)
         return ActionPlan(
             action="restart", target=self.config.target.url, subject=f"stage {stage.name}",
             command="; ".join(steps), details=(*_holder_lines(holders), f"workspace {self.config.workspace}"),
@@ -555,6 +557,15 @@ def needed_artifact_checks(config: Config, paths: Sequence[str], by: str | None 
                 checks.append(Check("error", f"deletes {path}: the {art.name} artifact, which stage "
                                     f"{' and '.join(users)} needs"))
     return tuple(checks)
+
+
+def multi_node_checks(stage: Stage) -> tuple[Check, ...]:
+    """A multi-node stage fired on one box would wait alone for a rendezvous: it fires on every
+    node at once (multiactions.MultiNodeActions), never through one box's plan."""
+    if not stage.nodes:
+        return ()
+    return (Check("error", f"stage {stage.name} runs on the nodes {', '.join(stage.nodes)} under {stage.launcher}: "
+                           "it is fired on every node at once, not on one box"),)
 
 
 def _alive(snap: Snapshot, stage: str) -> bool:

@@ -43,7 +43,7 @@ async def read_node(node: str, box: Box, program: Program) -> NodeReading:
     tools = got.get("tools")
     return NodeReading(node, snapshot=snap, tools=tools if isinstance(tools, str) else None,
                        program=visible(str(got.get("program", "")))[:300], sha256=str(got.get("sha256", ""))[:64],
-                       program_error=visible(str(got.get("error", "")))[:300])
+                       program_error=visible(str(got.get("program_error", "")))[:300])
 
 
 async def cross_node_checks(cfg: Config, stage: Stage, program: Program, boxes: Mapping[str, Box]) -> list[Check]:

@@ -3,7 +3,8 @@
 Runs ON the box. Request on stdin:
   {"workspace": PATH, "python": PYTHON, "module": "pkg.mod"} or {..., "script": "train.py"}
 Reply: {"tools": DIGEST or null, "tools_note": TEXT, "program": PATH, "sha256": HEX, "bytes": N}
-       or, for the program, "error": TEXT in place of program/sha256/bytes.
+       or, for the program, "program_error": TEXT in place of program/sha256/bytes ("error" is the
+       tool's own failure, as for every tool).
 
 Every node of a multi-node run must run the same code: the console compares these across nodes
 before it fires. The tools' digest is read back from the files installed here (install.py's
@@ -85,12 +86,12 @@ def runhash(req):
         script = str(req["script"])
         path, error = (script if os.path.isabs(script) else os.path.join(workspace, script)), None
     if error:
-        reply["error"] = error
+        reply["program_error"] = error
         return reply
     try:
         reply["sha256"], reply["bytes"] = sha256_of(path)
     except (OSError, ValueError) as e:
-        reply["error"] = "%s: %s" % (path, e)
+        reply["program_error"] = "%s: %s" % (path, e)
         return reply
     reply["program"] = path
     return reply

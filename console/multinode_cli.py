@@ -1,0 +1,58 @@
+"""`fire STAGE` and `stop STAGE` of a multi-node stage on the command line: a connection to each
+node's box, one confirmation (the command line's own, over every node's box and command), one
+line of outcome and one per node."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from samai.console.connect import open_box
+from samai.console.core.actions import Actions, Confirm
+from samai.console.core.audit import AuditLog
+from samai.console.core.config import Config
+from samai.console.core.multiactions import MultiNodeActions, MultiOutcome
+from samai.console.core.multinode import MultiNodeError
+from samai.console.core.paths import audit_log
+from samai.remote.visible import visible
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+def is_multi_node(cfg: Config, stage_name: str) -> bool:
+    stage = cfg.stage(stage_name)
+    return stage is not None and bool(stage.nodes)
+
+
+async def fire(cfg: Config, stage_name: str, *, readonly: bool, confirm: Confirm) -> int:
+    return await _act(cfg, stage_name, readonly, confirm, lambda m: m.fire(stage_name))
+
+
+async def stop(cfg: Config, stage_name: str, *, readonly: bool, confirm: Confirm, grace: float) -> int:
+    return await _act(cfg, stage_name, readonly, confirm, lambda m: m.stop_all(stage_name, grace=grace))
+
+
+async def _act(cfg: Config, stage_name: str, readonly: bool, confirm: Confirm, what) -> int:
+    stage = cfg.stage(stage_name)
+    assert stage is not None  # is_multi_node said so
+    audit = AuditLog(audit_log())
+    boxes = {n: open_box(cfg.on_box(n), readonly=readonly) for n in stage.nodes}
+    try:
+        nodes = {n: Actions(b, cfg.on_box(n), audit, readonly=readonly, confirm=confirm) for n, b in boxes.items()}
+        outcome = await what(MultiNodeActions(cfg, nodes, confirm=confirm))
+    except MultiNodeError as e:
+        print(f"samai-console: {visible(str(e))}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        await asyncio.gather(*(b.close() for b in boxes.values()), return_exceptions=True)
+    return report(outcome)
+
+
+def report(outcome: MultiOutcome) -> int:
+    stream = sys.stdout if outcome.ok else sys.stderr
+    print(f"samai-console: {visible(outcome.message)}", file=stream)
+    for node, done in outcome.nodes:
+        if not done.ok:
+            for line in getattr(done.result, "stage_tail", ()):
+                print(f"  | box {visible(node)}: {visible(line)}", file=stream)
+    return EXIT_OK if outcome.ok else EXIT_PROBLEM

@@ -1,0 +1,511 @@
+"""Multi-node stages: each node's command under torchrun or DeepSpeed's launcher, the preflight
+across the nodes, and, for real, a tiny model trained across two SSH boxes on loopback (the
+test sshd, separate workspaces sharing one provisioned box venv) with the gloo backend: a
+real rendezvous and real ranks, one rank killed, its alert, and stop-all."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from samai.console.connect import open_box
+from samai.console.core import config, paths
+from samai.console.core.actions import ActionPlan, Actions, Decision
+from samai.console.core.audit import AuditLog
+from samai.console.core.config import ConfigError
+from samai.console.core.multiactions import MultiNodeActions
+from samai.console.core.multinode import (
+    MultiNodeError,
+    last_step_in_log,
+    launches,
+    load_run,
+    node_address,
+    rank_in_log,
+    world_size_in_log,
+)
+from samai.console.core.multiwatch import watch
+from samai.remote.boxapi import Box
+from samai.remote.local import LocalTransport
+from tests import sshd
+from tests.helpers import run_cli, stop_stages_under, unavailable_here
+
+PROVISION_TIMEOUT = 45 * 60
+TRAIN_TIMEOUT = 15 * 60
+
+TRAIN = ("venv/bin/python -m samai_box.stages.train --base models/base --data data/train.jsonl --out runs/train "
+         "--batch 4 --epochs {epochs}")
+
+
+def fleet_toml(ws_a: Path | str, ws_b: Path | str, *, url_a: str = "local", url_b: str = "local",
+               launcher: str = "torchrun", command: str = TRAIN.format(epochs=1), port: int = 29500,
+               extra: str = "") -> str:
+    return f'''
+pipeline = "mn"
+[boxes.a]
+url = "{url_a}"
+workspace = "{ws_a}"
+[boxes.b]
+url = "{url_b}"
+workspace = "{ws_b}"
+{extra}
+[stages.train]
+key = "3"
+command = "{command}"
+nodes = ["a", "b"]
+launcher = "{launcher}"
+rdzv_port = {port}
+max_restarts = 1
+poison = ["runs/train/final", "runs/train/TRAIN_DONE", "runs/train/TRAIN_NAN"]
+markers = [{{ name = "TRAIN_DONE" }}, {{ name = "TRAIN_NAN", severity = "error" }}]
+'''
+
+
+def fleet(*args, **kw) -> config.Config:
+    return config.parse(fleet_toml(*args, **kw), "multinode.toml")
+
+
+# ------------------------------------------------------------------ config and commands
+
+
+def test_the_multi_node_keys_and_their_mistakes(tmp_path: Path) -> None:
+    cfg = fleet(tmp_path / "a", "samai/b", url_b="ssh://me@10.1.2.3:2222", port=29611,
+                extra='[boxes.c]\nurl = "ssh://me@box-c"\nworkspace = "samai/c"\naddress = "10.9.9.9"\n')
+    stage = cfg.stage("train")
+    assert (stage.rdzv_port, stage.max_restarts, stage.launcher) == (29611, 1, "torchrun")
+    assert [node_address(b) for b in cfg.boxes] == ["127.0.0.1", "10.1.2.3", "10.9.9.9"]
+    assert config.parse(fleet_toml("/tmp/x-a", "/tmp/x-b").replace("max_restarts = 1\n", ""), "f").stage(
+        "train").max_restarts == 0
+    for broken, key in ((("rdzv_port = 29500", "rdzv_port = 70000"), "stages.train.rdzv_port"),
+                        (("max_restarts = 1", "max_restarts = -1"), "stages.train.max_restarts"),
+                        (('workspace = "/tmp/x-b"', 'workspace = "/tmp/x-b"\naddress = "a b"'), "boxes.b.address")):
+        with pytest.raises(ConfigError) as e:
+            config.parse(fleet_toml("/tmp/x-a", "/tmp/x-b").replace(*broken), "f.toml")
+        assert f"f.toml: {key}: expected" in str(e.value)
+    single = '[stages.t]\nkey = "3"\ncommand = "python3 t.py"\nrdzv_port = 29400\n'
+    with pytest.raises(ConfigError, match=r"stages\.t\.rdzv_port: expected a multi-node stage"):
+        config.parse(single, "one.toml")
+
+
+def test_each_node_runs_the_program_under_torchrun_with_its_own_arguments(tmp_path: Path) -> None:
+    cfg = fleet(tmp_path / "a", "samai/b", url_b="ssh://me@10.1.2.3:2222", port=29611)
+    a, b = launches(cfg, cfg.stage("train"), "train-run1")
+    program = ("-m samai_box.stages.train --base models/base --data data/train.jsonl --out runs/train --batch 4 "
+               "--epochs 1")
+    common = "--nnodes 2 --node-rank {} --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29611 " \
+             "--rdzv-id train-run1 --max-restarts 1"
+    assert a.command == f"venv/bin/python -m torch.distributed.run {common.format(0)} {program}"
+    assert b.command == f"venv/bin/python -m torch.distributed.run {common.format(1)} {program}"
+    assert (a.node, a.rank, a.target, b.node, b.rank, b.target, b.workspace) == (
+        "a", 0, "local", "b", 1, "ssh://me@10.1.2.3:2222", "samai/b")
+
+
+def test_each_node_runs_deepspeeds_launcher_without_ssh(tmp_path: Path) -> None:
+    cfg = fleet(tmp_path / "a", tmp_path / "b", launcher="deepspeed", port=29612)
+    a, b = launches(cfg, cfg.stage("train"), "train-run2")
+    hostfile = ".samai/multinode/train-run2.hostfile"
+    assert b.command == (
+        f"mkdir -p .samai/multinode && printf 'a slots=1\\nb slots=1\\n' > {hostfile} && "
+        f"venv/bin/python -m deepspeed.launcher.runner --no_ssh --hostfile {hostfile} --num_nodes 2 --num_gpus 1 "
+        "--node_rank 1 --master_addr 127.0.0.1 --master_port 29612 --no_local_rank "
+        "--module samai_box.stages.train --base models/base --data data/train.jsonl --out runs/train --batch 4 "
+        "--epochs 1")
+    assert "--node_rank 0 " in a.command
+    script = fleet(tmp_path / "a", tmp_path / "b", launcher="deepspeed", command="python3 train.py --lr 1")
+    assert launches(script, script.stage("train"), "r")[0].command.endswith("--no_local_rank train.py --lr 1")
+
+
+@pytest.mark.parametrize("command", ["bash train.sh", "venv/bin/python", "cd x && python3 train.py",
+                                     "python3 -c 'print(1)'"])
+def test_a_command_that_is_not_a_python_program_is_refused_naming_its_key(tmp_path: Path, command: str) -> None:
+    cfg = fleet(tmp_path / "a", tmp_path / "b", command=command)
+    with pytest.raises(MultiNodeError, match=r"^stages\.train\.command: a multi-node stage runs `PYTHON -m MODULE"):
+        launches(cfg, cfg.stage("train"), "r")
+
+
+def test_the_rank_and_the_last_step_read_from_a_nodes_log() -> None:
+    log = (b"=== samai chain train: pid 1\nTRAIN_RANK rank=1 world_size=2 local_rank=0\n"
+           b"train 139/800 [01:40<08:00, 1.39it/s]\n{'loss': '0.04', 'grad_norm': '0.6', 'epoch': '17.4'}\n"
+           b"train 140/800 [01:41<08:00, 1.39it/s]\n[rank1]: RuntimeError: Connection reset by peer\n")
+    assert (rank_in_log(log), world_size_in_log(log), last_step_in_log(log)) == (1, 2, 140)
+    summary = b"Root Cause (first observed failure):\n[0]:\n  rank      : 3 (local_rank: 0)\n"
+    assert rank_in_log(summary) == 3 and rank_in_log(b"garbage \xff\x00") is None
+    assert last_step_in_log(b"{'loss': '0.5', 'grad_norm': '1.0', 'epoch': '0.1'}\n") == 1
+    assert last_step_in_log(b"\x00\xff nothing") is None
+
+
+# ------------------------------------------------------------------ preflight across nodes (local boxes)
+
+
+def _local_fleet(tmp_path: Path, port: int, script_b: str = "print('train')\n", url_b: str = "local"):
+    wss = [tmp_path / "a", tmp_path / "b"]
+    for ws, text in zip(wss, ("print('train')\n", script_b), strict=True):
+        ws.mkdir()
+        (ws / "train.py").write_text(text)
+    return fleet(*wss, url_b=url_b, command=f"{sys.executable} train.py", port=port)
+
+
+def _nodes(cfg: config.Config, *, readonly: bool = False, confirm=None) -> dict[str, Actions]:
+    async def refuse(plan: ActionPlan) -> Decision:
+        return Decision.declined(plan, "test")
+
+    audit = AuditLog(paths.audit_log())
+    return {b.name: Actions(open_box(cfg.on_box(b.name), readonly=readonly), cfg.on_box(b.name), audit,
+                            readonly=readonly, confirm=confirm or refuse) for b in cfg.boxes}
+
+
+async def _close(nodes: dict[str, Actions]) -> None:
+    for actions in nodes.values():
+        await actions.box.close()
+
+
+def _texts(plan, severity: str) -> list[str]:
+    return [c.text for c in plan.summary.checks if c.severity == severity]
+
+
+async def test_the_preflight_compares_the_program_on_every_node_and_the_masters_port(tmp_path: Path, spawn) -> None:
+    port = sshd.free_port()
+    cfg = _local_fleet(tmp_path, port, script_b="print('something else')\n")
+    nodes = _nodes(cfg)
+    holder = spawn(sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await _listening(port)
+        plan = await MultiNodeActions(cfg, nodes, confirm=nodes["a"].confirm).plan_fire("train")
+        errors = _texts(plan, "error")
+        digest = nodes["a"].box.tools.digest
+        assert f"the same box tools on every node ({digest})" in _texts(plan, "ok")
+        ours = [hashlib.sha256((tmp_path / n / "train.py").read_bytes()).hexdigest()[:16] for n in "ab"]
+        assert f"the training program (script train.py) differs between the nodes: box a: {ours[0]}, box b: " \
+               f"{ours[1]}" in errors
+        assert any(e.startswith(f"the rendezvous port {port} on the master (box a, 127.0.0.1) is held: pid "
+                                f"{holder.pid} ") for e in errors), errors
+        assert "box a is reachable" in _texts(plan, "ok") and plan.blocked
+        # Every node's box and exact command are in what the operator confirms.
+        assert [f"[box {s.node}] " in plan.summary.command for s in plan.steps] == [True, True]
+        assert all(s.plan.chain in plan.summary.command and s.plan.target == "local" for s in plan.steps)
+        (tmp_path / "b" / "train.py").write_text("print('train')\n")
+        holder.kill()
+        holder.wait()
+        again = await MultiNodeActions(cfg, nodes, confirm=nodes["a"].confirm).plan_fire("train")
+        assert not _texts(again, "error"), _texts(again, "error")
+        assert f"the rendezvous port {port} on the master (box a, 127.0.0.1) is free" in _texts(again, "ok")
+    finally:
+        await _close(nodes)
+
+
+async def test_an_unreachable_node_blocks_the_fire(tmp_path: Path) -> None:
+    cfg = _local_fleet(tmp_path, sshd.free_port(), url_b=f"ssh://root@127.0.0.1:{sshd.free_port()}")
+    nodes = _nodes(cfg)
+    try:
+        plan = await MultiNodeActions(cfg, nodes, confirm=nodes["a"].confirm).plan_fire("train")
+    finally:
+        await _close(nodes)
+    assert plan.blocked and any(e.startswith("box b is unreachable: ") for e in _texts(plan, "error"))
+
+
+async def test_read_only_refuses_before_asking_and_a_declined_fire_is_audited_per_node(tmp_path: Path) -> None:
+    cfg = _local_fleet(tmp_path, sshd.free_port())
+    asked: list[ActionPlan] = []
+
+    async def ask(plan: ActionPlan) -> Decision:
+        asked.append(plan)
+        return Decision.declined(plan, "operator said no")
+
+    nodes = _nodes(cfg, readonly=True, confirm=ask)
+    try:
+        refused = await MultiNodeActions(cfg, nodes, confirm=ask).fire("train")
+    finally:
+        await _close(nodes)
+    assert refused.status == "refused" and "read-only" in refused.message and asked == []
+    assert not paths.audit_log().exists()
+    nodes = _nodes(cfg, confirm=ask)
+    try:
+        declined = await MultiNodeActions(cfg, nodes, confirm=ask).fire("train")
+    finally:
+        await _close(nodes)
+    assert declined.status == "cancelled" and len(asked) == 1
+    lines = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
+    assert [(e["phase"], e["confirmation"], e["subject"].split(",")[0]) for e in lines] == [
+        ("outcome", "declined", "stage train (box a"), ("outcome", "declined", "stage train (box b")]
+    assert not list(tmp_path.glob("*/.samai/state/train.json"))  # nothing was launched anywhere
+
+
+async def test_one_box_alone_never_fires_a_multi_node_stage(tmp_path: Path) -> None:
+    cfg = _local_fleet(tmp_path, sshd.free_port())
+    nodes = _nodes(cfg)
+    try:
+        plan = await nodes["a"].plan_fire("train")
+        restart = await nodes["a"].plan_restart("train")
+    finally:
+        await _close(nodes)
+    said = "stage train runs on the nodes a, b under torchrun: it is fired on every node at once, not on one box"
+    assert plan.blocked and said in [c.text for c in plan.checks if c.severity == "error"]
+    assert restart.blocked and said in [c.text for c in restart.checks if c.severity == "error"]
+
+
+def test_the_command_line_fires_and_stops_a_multi_node_stage_on_every_node(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "samai.toml"
+    cfg_file.write_text(fleet_toml(tmp_path / "a", tmp_path / "b", command=f"{sys.executable} train.py",
+                                   port=sshd.free_port()))
+    _local_fleet(tmp_path, 1, script_b="print('another program')\n")  # the workspaces, b's program differs
+    readonly = run_cli("--config", str(cfg_file), "--readonly", "fire", "train", "--yes")
+    assert readonly.returncode == 1 and "read-only" in readonly.stderr, readonly.stderr
+    blocked = run_cli("--config", str(cfg_file), "fire", "train", "--yes")
+    assert blocked.returncode == 1 and "✗ the training program (script train.py) differs between the nodes" \
+        in blocked.stderr and "add --force" in blocked.stderr, blocked.stderr
+    assert not list(tmp_path.glob("*/.samai/state/train.json"))
+    stop = run_cli("--config", str(cfg_file), "stop", "train", "--yes")
+    assert stop.returncode == 0 and "box a: stage train (box a) was not running" in stop.stdout, stop.stdout
+    assert "box b: stage train (box b) was not running" in stop.stdout
+    audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
+    stops = sorted((e["phase"], e["subject"]) for e in audit if e["action"] == "stop")  # the nodes at once
+    assert stops == sorted((phase, f"stage train (box {n})") for n in "ab" for phase in ("intent", "outcome"))
+
+
+async def test_the_box_hashes_what_the_command_runs(workspace: Path, box: Box) -> None:
+    got = await box.call("runhash.py", {"workspace": str(workspace), "python": sys.executable,
+                                        "module": "samai_box.stages.train"})
+    assert got["tools"] == box.tools.digest  # read back from the installed files
+    installed = Path(box.tools_dir, "samai_box", "stages", "train.py")
+    assert got["program"] == str(installed) and got["sha256"] == hashlib.sha256(installed.read_bytes()).hexdigest()
+    missing = await box.call("runhash.py", {"workspace": str(workspace), "python": sys.executable,
+                                            "module": "samai_box.stages.nothing_here"})
+    assert "finds no module samai_box.stages.nothing_here" in missing["program_error"]
+    no_python = await box.call("runhash.py", {"workspace": str(workspace), "python": "venv/bin/python",
+                                              "module": "x"})
+    assert "venv/bin/python cannot run" in no_python["program_error"]
+
+
+async def _listening(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+# ------------------------------------------------------------------ for real: two SSH boxes, one box venv
+
+needs_sshd = pytest.mark.skipif(not sshd.available() and not os.environ.get("SAMAI_REQUIRE_SSHD"),
+                                reason="needs root and openssh-server (.ci/run installs it)")
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    """Two separate sshd on loopback, one client HOME that knows both (their host keys, one key)."""
+    a = sshd.SshServer(sshd.new_root()).start()
+    b = sshd.SshServer(sshd.new_root()).start()
+    try:
+        pub = (a.client_home / ".ssh" / "id_ed25519.pub").read_text()
+        for user in ("root", sshd.TEST_USER):
+            (b.root / "authorized" / user).write_text(pub)
+        b_host = (b.root / "keys" / "host.pub").read_text().split()[:2]
+        with (a.client_home / ".ssh" / "known_hosts").open("a") as f:
+            f.write(f"[127.0.0.1]:{b.port} {b_host[0]} {b_host[1]}\n")
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def trained_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly provisioned box venv (provisioned through the Box, as test_pipeline's is) and the
+    tiny base model and data it pretrains: what each node's workspace is given."""
+    root = tmp_path_factory.mktemp("multinode-venv")
+    cfg = config.load_builtin("tiny")
+    provision = cfg.stage("provision")
+
+    async def run() -> str:
+        box = Box(LocalTransport(), str(root), python=sys.executable)
+        try:
+            fired = await box.fire("provision", provision.command, provision.log, verify_s=1.0)
+            assert fired.state != "refused", fired.reason
+            deadline = time.monotonic() + PROVISION_TIMEOUT
+            while time.monotonic() < deadline:
+                rec = (await box.snapshot()).state("provision")
+                if rec and rec.rc is not None:
+                    break
+                await asyncio.sleep(1)
+            return (root / provision.log).read_text(errors="replace")
+        finally:
+            await box.close()
+
+    try:
+        log = asyncio.run(run())
+    finally:
+        stop_stages_under(root)
+    assert "PROVISION_DONE" in log and "CHAIN_DONE rc=0" in log, log[-3000:]
+    from tests.box_tools import stage_argv, stage_env
+
+    made = subprocess.run(stage_argv("stages.pretrain", "--out", "models/base", "--data-out", "data",
+                                     python=str(root / "venv" / "bin" / "python")),
+                          cwd=root, env=stage_env(), capture_output=True, text=True, timeout=900)
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    return root
+
+
+def _node_workspaces(tmp_path: Path, inputs: Path) -> tuple[Path, Path]:
+    wss = (tmp_path / "node-a", tmp_path / "node-b")
+    for ws in wss:
+        ws.mkdir()
+        (ws / "venv").symlink_to(inputs / "venv")
+        shutil.copytree(inputs / "models" / "base", ws / "models" / "base")
+        shutil.copytree(inputs / "data", ws / "data")
+    return wss
+
+
+async def _confirm(plan: ActionPlan) -> Decision:
+    return Decision.confirmed(plan, "test")
+
+
+def _log(ws: Path) -> bytes:
+    path = ws / "logs" / "train.log"
+    return path.read_bytes() if path.exists() else b""
+
+
+async def _until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await predicate() if asyncio.iscoroutinefunction(predicate) else predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def _processes_of(run_id: str, node: str) -> list[psutil.Process]:
+    """The launcher's and the worker's Python processes of one node of a run (by the environment
+    the fire gave them), not the chain's shell."""
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("SAMAI_RUN") == run_id and env.get("SAMAI_NODE") == node and "python" in (proc.info["name"] or ""):
+            found.append(proc)
+    return found
+
+
+
+
+@needs_sshd
+@pytest.mark.timeout(PROVISION_TIMEOUT + TRAIN_TIMEOUT)
+async def test_torchrun_across_two_ssh_boxes_then_one_rank_dies_and_stop_all(
+        two_servers, trained_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server_a, server_b = two_servers
+    monkeypatch.setenv("HOME", str(server_a.client_home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    ws_a, ws_b = _node_workspaces(tmp_path, trained_inputs)
+    cfg = fleet(ws_a, ws_b, url_a=server_a.url(), url_b=server_b.url(), port=sshd.free_port(),
+                command=TRAIN.format(epochs=200))
+    shown: list[ActionPlan] = []
+
+    async def confirm(plan: ActionPlan) -> Decision:
+        shown.append(plan)
+        return Decision.confirmed(plan, "test")
+
+    nodes = _nodes(cfg, confirm=confirm)
+    multi = MultiNodeActions(cfg, nodes, confirm=confirm)
+    try:
+        fired = await multi.fire("train")
+        assert fired.ok, fired.message + "\n" + "\n".join(c.text for c in fired.plan.summary.checks)
+        run = fired.run
+        assert run is not None and load_run(cfg, "train") == run
+        assert [(n.node, n.rank, n.target) for n in run.nodes] == [("a", 0, server_a.url()), ("b", 1, server_b.url())]
+        (summary,) = shown
+        assert all(f"[box {n.node}] {n.command}" in summary.command for n in run.nodes)
+        # A real rendezvous: both ranks log their rank in a world of 2, and train.
+        for ws in (ws_a, ws_b):
+            await _until(lambda ws=ws: re.search(rb"(?m)^train [3-9]\d*/", _log(ws)), TRAIN_TIMEOUT,
+                         f"training steps in {ws}")
+        ranks = {rank_in_log(_log(ws)) for ws in (ws_a, ws_b)}
+        assert ranks == {0, 1} and {world_size_in_log(_log(ws)) for ws in (ws_a, ws_b)} == {2}
+        boxes = {n: a.box for n, a in nodes.items()}
+        states, alerts = await watch(run, boxes)
+        assert [s.alive for s in states] == [True, True] and alerts == []
+
+        # One node's processes die (its launcher and its worker, as the OOM killer or a crash would).
+        victims = _processes_of(run.run_id, "b")
+        assert len(victims) == 2, [p.info["cmdline"] for p in victims]
+        for proc in victims:
+            proc.send_signal(signal.SIGKILL)
+
+        async def alerted():
+            return (await watch(run, boxes))[1]
+
+        (alert,) = await _until(alerted, 120, "the dead-rank alert")
+        rank_b, step_b = rank_in_log(_log(ws_b)), last_step_in_log(_log(ws_b))
+        assert alert.code == "rank_died" and alert.severity == "error" and step_b is not None
+        assert alert.message.startswith(f"rank {rank_b} on box b died at step {step_b} (failed); ranks on a will hang "
+                                        "until the collective times out"), alert.message
+        assert alert.action is not None and (alert.action.kind, alert.action.stage) == ("stop", "train")
+
+        # Its fix: stop all, through the action layer, audited per node.
+        stopped = await multi.stop_all("train", grace=5)
+        assert stopped.ok, stopped.message
+        states, alerts = await watch(run, boxes)
+        assert [s.alive for s in states] == [False, False] and alerts == []
+        assert not _processes_of(run.run_id, "a") and not _processes_of(run.run_id, "b")
+        audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
+        fires = [(e["phase"], e["target"]) for e in audit if e["action"] == "fire"]
+        assert fires == [("intent", server_a.url()), ("outcome", server_a.url()), ("intent", server_b.url()),
+                         ("outcome", server_b.url())]
+        stops = sorted((e["phase"], e["target"]) for e in audit if e["action"] == "stop")
+        assert stops == sorted([("intent", server_a.url()), ("outcome", server_a.url()),
+                                ("intent", server_b.url()), ("outcome", server_b.url())])
+    finally:
+        await asyncio.gather(*(a.box.stop("train", grace=2) for a in nodes.values()), return_exceptions=True)
+        await _close(nodes)
+
+
+@needs_sshd
+@pytest.mark.timeout(PROVISION_TIMEOUT + TRAIN_TIMEOUT)
+async def test_deepspeeds_launcher_across_two_ssh_boxes(two_servers, trained_inputs: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    server_a, server_b = two_servers
+    monkeypatch.setenv("HOME", str(server_a.client_home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    ws_a, ws_b = _node_workspaces(tmp_path, trained_inputs)
+    cfg = fleet(ws_a, ws_b, url_a=server_a.url(), url_b=server_b.url(), launcher="deepspeed",
+                port=sshd.free_port(), command=TRAIN.format(epochs=1))
+    nodes = _nodes(cfg, confirm=_confirm)
+    try:
+        fired = await MultiNodeActions(cfg, nodes, confirm=_confirm).fire("train")
+        assert fired.ok, fired.message
+        boxes = {n: a.box for n, a in nodes.items()}
+
+        async def ended():
+            states, _ = await watch(fired.run, boxes)
+            return all(s.alive is False for s in states)
+
+        await _until(ended, TRAIN_TIMEOUT, "both nodes' chains to end")
+    finally:
+        await asyncio.gather(*(a.box.stop("train", grace=2) for a in nodes.values()), return_exceptions=True)
+        await _close(nodes)
+    logs = [_log(ws) for ws in (ws_a, ws_b)]
+    accelerator = next((line for log in logs for line in log.decode(errors="replace").splitlines()
+                        if "accelerator" in line.lower() and ("Error" in line or "error" in line)), None)
+    if accelerator and not all(b"TRAIN_DONE" in log for log in logs):
+        unavailable_here(f"DeepSpeed's CPU accelerator does not run here: {accelerator.strip()}")
+    for log in logs:
+        assert b"TRAIN_DONE" in log and b"CHAIN_DONE rc=0" in log, log[-3000:].decode(errors="replace")
+        assert b"deepspeed.launcher.launch" in log or b"launch.py" in log
+    assert {rank_in_log(log) for log in logs} == {0, 1} and {world_size_in_log(log) for log in logs} == {2}
