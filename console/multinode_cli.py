@@ -4,24 +4,22 @@ line of outcome and one per node."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
-from samai.console.connect import open_box
-from samai.console.core.actions import Actions, Confirm
+from samai.console.core.actions import Confirm
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import Config
-from samai.console.core.multiactions import MultiNodeActions, MultiOutcome
+from samai.console.core.multiactions import MultiOutcome
 from samai.console.core.multinode import MultiNodeError
 from samai.console.core.paths import audit_log
+from samai.console.multinode_session import MultiNodeSession, multi_node_stage
 from samai.remote.visible import visible
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 
 def is_multi_node(cfg: Config, stage_name: str) -> bool:
-    stage = cfg.stage(stage_name)
-    return stage is not None and bool(stage.nodes)
+    return multi_node_stage(cfg, stage_name)
 
 
 async def fire(cfg: Config, stage_name: str, *, readonly: bool, confirm: Confirm) -> int:
@@ -33,18 +31,14 @@ async def stop(cfg: Config, stage_name: str, *, readonly: bool, confirm: Confirm
 
 
 async def _act(cfg: Config, stage_name: str, readonly: bool, confirm: Confirm, what) -> int:
-    stage = cfg.stage(stage_name)
-    assert stage is not None  # is_multi_node said so
-    audit = AuditLog(audit_log())
-    boxes = {n: open_box(cfg.on_box(n), readonly=readonly) for n in stage.nodes}
+    session = MultiNodeSession(cfg, AuditLog(audit_log()), readonly=readonly, confirm=confirm)
     try:
-        nodes = {n: Actions(b, cfg.on_box(n), audit, readonly=readonly, confirm=confirm) for n, b in boxes.items()}
-        outcome = await what(MultiNodeActions(cfg, nodes, confirm=confirm))
+        outcome = await what(session.actions())
     except MultiNodeError as e:
         print(f"samai-console: {visible(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     finally:
-        await asyncio.gather(*(b.close() for b in boxes.values()), return_exceptions=True)
+        await session.close()
     return report(outcome)
 
 

@@ -28,11 +28,14 @@ from samai.console.core.config import ConfigError
 from samai.console.core.multiactions import MultiNodeActions
 from samai.console.core.multinode import (
     MultiNodeError,
+    MultiRun,
+    NodeRun,
     last_step_in_log,
     launches,
     load_run,
     node_address,
     rank_in_log,
+    save_run,
     world_size_in_log,
 )
 from samai.console.core.multiwatch import watch
@@ -274,6 +277,64 @@ def test_the_command_line_fires_and_stops_a_multi_node_stage_on_every_node(tmp_p
     assert stops == sorted((phase, f"stage train (box {n})") for n in "ab" for phase in ("intent", "outcome"))
 
 
+async def _record_by_hand(cfg: config.Config, commands: dict[str, str]):
+    """A multi-node run whose nodes' launches are real chains of the given commands (no torch here)."""
+    nodes = _nodes(cfg)
+    runs = []
+    for rank, (name, command) in enumerate(commands.items()):
+        fired = await nodes[name].box.fire("train", command, "logs/train.log", verify_s=0.5)
+        assert fired.pid is not None, fired.reason
+        runs.append(NodeRun(name, rank, "local", cfg.on_box(name).workspace, "logs/train.log", command, fired.pid,
+                            fired.start_time))
+    run = MultiRun("train", "torchrun", "train-by-hand", "127.0.0.1:1", time.time(), tuple(runs))
+    save_run(cfg, run)
+    return nodes, run
+
+
+DIES = ("echo 'TRAIN_RANK rank=1 world_size=2 local_rank=0'; echo 'train 139/800 [01:40<08:00, 1.39it/s]'; "
+        "echo 'train 140/800 [01:41<08:00, 1.39it/s]'; echo '[rank1]: RuntimeError: boom'; sleep 1; exit 1")
+
+
+async def test_a_node_that_died_while_another_runs_is_an_alert_whose_fix_stops_all(tmp_path: Path) -> None:
+    cfg = _local_fleet(tmp_path, sshd.free_port())
+    nodes, run = await _record_by_hand(cfg, {"a": "echo 'TRAIN_RANK rank=0 world_size=2'; sleep 300", "b": DIES})
+    boxes = {n: a.box for n, a in nodes.items()}
+    try:
+        async def alerted():
+            return (await watch(run, boxes))[1]
+
+        (alert,) = await _until(alerted, 60, "the alert")
+        assert alert.message == ("rank 1 on box b died at step 140 (failed); ranks on a will hang until the "
+                                 "collective times out: stop all")
+        assert (alert.code, alert.severity, alert.action.kind, alert.action.stage) == ("rank_died", "error", "stop",
+                                                                                       "train")
+        multi = MultiNodeActions(cfg, nodes, confirm=_confirm)
+        stopped = await multi.stop_all("train", grace=2)
+        assert stopped.ok, stopped.message
+        assert "box a: stage train (box a, last fired as pid" in stopped.message
+        states, alerts = await watch(run, boxes)
+        assert [(s.alive, s.status) for s in states] == [(False, "stopped"), (False, "failed")] and alerts == []
+        assert not psutil.pid_exists(run.nodes[0].pid) or psutil.Process(run.nodes[0].pid).status() == "zombie"
+    finally:
+        await _close(nodes)
+
+
+async def test_a_node_relaunched_by_someone_else_is_not_this_run(tmp_path: Path) -> None:
+    cfg = _local_fleet(tmp_path, sshd.free_port())
+    nodes, run = await _record_by_hand(cfg, {"a": "sleep 300", "b": "sleep 300"})
+    boxes = {n: a.box for n, a in nodes.items()}
+    try:
+        await nodes["b"].box.stop("train", grace=2)
+        other = await nodes["b"].box.fire("train", "sleep 300", "logs/train.log", verify_s=0.5)
+        states, (alert,) = await watch(run, boxes)
+        assert states[1].status == f"replaced by pid {other.pid}" and states[1].alive is False
+        assert alert.message.startswith("node rank 1 on box b died before its first logged step (replaced by pid ")
+    finally:
+        for actions in nodes.values():
+            await actions.box.stop("train", grace=2)
+        await _close(nodes)
+
+
 async def test_the_box_hashes_what_the_command_runs(workspace: Path, box: Box) -> None:
     got = await box.call("runhash.py", {"workspace": str(workspace), "python": sys.executable,
                                         "module": "samai_box.stages.train"})
@@ -354,7 +415,8 @@ def trained_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "PROVISION_DONE" in log and "CHAIN_DONE rc=0" in log, log[-3000:]
     from tests.box_tools import stage_argv, stage_env
 
-    made = subprocess.run(stage_argv("stages.pretrain", "--out", "models/base", "--data-out", "data",
+    # A base that has seen little pretraining is enough: what is tested is the launch, not the model.
+    made = subprocess.run(stage_argv("stages.pretrain", "--out", "models/base", "--data-out", "data", "--steps", "60",
                                      python=str(root / "venv" / "bin" / "python")),
                           cwd=root, env=stage_env(), capture_output=True, text=True, timeout=900)
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]

@@ -1,0 +1,59 @@
+"""The connections a front end needs for its multi-node stages: one Box per node, opened when
+first needed and closed together; the multi-node action layer over them; and the watch of each
+multi-node stage's recorded run, as alerts."""
+
+from __future__ import annotations
+
+import asyncio
+
+from samai.console.connect import open_box
+from samai.console.core.actions import Actions, Confirm
+from samai.console.core.audit import AuditLog
+from samai.console.core.config import Config
+from samai.console.core.detectors import Finding
+from samai.console.core.multiactions import MultiNodeActions
+from samai.console.core.multinode import load_run
+from samai.console.core.multiwatch import watch
+from samai.remote.boxapi import Box
+
+
+def multi_node_stage(cfg: Config, stage_name: str | None) -> bool:
+    stage = cfg.stage(stage_name) if stage_name else None
+    return stage is not None and bool(stage.nodes)
+
+
+class MultiNodeSession:
+    """cfg: the whole fleet's config (its [boxes] and stages)."""
+
+    def __init__(self, cfg: Config, audit: AuditLog, *, readonly: bool, confirm: Confirm) -> None:
+        self.config = cfg
+        self.audit = audit
+        self.readonly = readonly
+        self.confirm = confirm
+        self.boxes: dict[str, Box] = {}
+
+    def _nodes(self) -> list[str]:
+        return list(dict.fromkeys(n for s in self.config.stages for n in s.nodes))
+
+    def box(self, name: str) -> Box:
+        if name not in self.boxes:
+            self.boxes[name] = open_box(self.config.on_box(name), readonly=self.readonly)
+        return self.boxes[name]
+
+    def actions(self) -> MultiNodeActions:
+        nodes = {n: Actions(self.box(n), self.config.on_box(n), self.audit, readonly=self.readonly,
+                            confirm=self.confirm) for n in self._nodes()}
+        return MultiNodeActions(self.config, nodes, confirm=self.confirm)
+
+    async def findings(self) -> list[Finding]:
+        """Each multi-node stage's recorded run, read on its nodes: a rank that died while others run."""
+        found: list[Finding] = []
+        for stage in (s for s in self.config.stages if s.nodes):
+            run = load_run(self.config, stage.name)
+            if run is not None and all(self.config.box(n.node) is not None for n in run.nodes):
+                found += (await watch(run, {n.node: self.box(n.node) for n in run.nodes}))[1]
+        return found
+
+    async def close(self) -> None:
+        boxes, self.boxes = self.boxes, {}
+        await asyncio.gather(*(b.close() for b in boxes.values()), return_exceptions=True)
