@@ -34,6 +34,7 @@ BENCHES = [  # the issue's table first, in its order; then the other figures
     ("check trainlog on a 1 GB log vs grep", ["trainlog_speed.py"]),
     ("check eval of 100,000 items vs json.loads of every line", ["evalcheck_speed.py"]),
     ("the console over an emulated 100 ms link: first contact, steady poll, catch-up, outages", ["link.py"]),
+    ("a fleet of 1, 4 and 16 boxes polled at 1 s: console CPU, memory, change to model", ["fleet.py"]),
 ]
 
 
