@@ -55,6 +55,7 @@ from samai.widgets.status import Connection, StatusBar
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
     from samai.console.fleet_screen import FleetScreen
+    from samai.console.multinode_session import MultiNodeSession
     from samai.widgets.dialogs import PathDialog
     from samai.widgets.gguf_view import GgufScreen
 
@@ -139,6 +140,7 @@ class SamaiApp(App[None]):
         self.readonly = readonly
         self.state = ConsoleState(config)
         self.box: Box | None = None
+        self.multinode: MultiNodeSession | None = None  # the nodes of multi-node stages, connected when needed
         self.audit = audit or AuditLog(paths.audit_log())
         self.connection = Connection(self._target_label(), readonly=readonly)
         self._bind_stage_keys()
@@ -185,6 +187,8 @@ class SamaiApp(App[None]):
             self.call_after_refresh(self.action_fleet)  # the box screen polls once a box is chosen
         elif self.polling:
             self.call_after_refresh(self.poll)  # the screen first: the box's first answer is painted after it
+        if self.polling and any(s.nodes for s in self.fleet_config.stages):
+            self.call_after_refresh(self.follow_nodes)
 
     def _set_up_panes(self) -> None:
         titles = {"#stages": "stages", "#disk": "disk budget", "#gpus": "GPUs", "#processes": "processes & ports",
@@ -200,6 +204,8 @@ class SamaiApp(App[None]):
     async def on_unmount(self) -> None:
         if self.box is not None:
             await self.box.close()  # the SSH connection and the probe on the box end with the console
+        if self.multinode is not None:
+            await self.multinode.close()
 
     # ------------------------------------------------------------ polling
 
@@ -594,6 +600,8 @@ class SamaiApp(App[None]):
     @_one_action_at_a_time
     async def action_fire(self, stage: str) -> None:
         """A stage's key: fire it, or, while it runs, restart it (its own dialog says so)."""
+        if self._multi_node(stage):
+            return await self._on_every_node("fire", stage)
         actions = self._actions()
         snap = self.state.snapshot
         rec = snap.state(stage) if snap else None
@@ -632,7 +640,9 @@ class SamaiApp(App[None]):
     @_one_action_at_a_time
     async def action_stop(self, stage: str | None = None) -> None:
         stage = stage or self._current_stage()
-        if stage:
+        if stage and self._multi_node(stage):
+            await self._on_every_node("stop", stage)
+        elif stage:
             self._report(await self._actions().stop(stage, grace=STOP_GRACE_S))
 
     @_one_action_at_a_time
@@ -836,6 +846,51 @@ class SamaiApp(App[None]):
         if self.config.stages:
             self._show_stage_log(self.config.stages[0].name)
         self.poll()
+
+    # ------------------------------------------------------------ multi-node stages: every node at once
+
+    def _multi_node(self, stage: str) -> bool:
+        found = self.fleet_config.stage(stage)
+        return found is not None and bool(found.nodes)
+
+    def _node_session(self) -> MultiNodeSession:
+        from samai.console.multinode_session import MultiNodeSession  # connects only once a stage needs it
+
+        if self.multinode is None:
+            self.multinode = MultiNodeSession(self.fleet_config, self.audit, readonly=self.readonly,
+                                              confirm=self._confirm)
+        return self.multinode
+
+    async def _on_every_node(self, what: str, stage: str) -> None:
+        """Fire or stop a multi-node stage: one dialog over every node's box and command."""
+        from samai.console.core.multinode import MultiNodeError
+
+        multi = self._node_session().actions()
+        try:
+            outcome = await (multi.fire(stage) if what == "fire" else multi.stop_all(stage, grace=STOP_GRACE_S))
+        except MultiNodeError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.notify(outcome.message, severity="information" if outcome.ok else "error")
+
+    @work(group="multinode", exclusive=True, exit_on_error=False)
+    async def follow_nodes(self) -> None:
+        """The multi-node runs on their nodes: a rank that died while others run is an alert at once;
+        its alerts are resolved once the run has ended on every node."""
+        while True:
+            try:
+                findings, ended = await self._node_session().poll()
+            except (BoxError, TransportError, TargetError, OSError) as e:
+                self.log.warning("multi-node watch", e)
+                findings, ended = [], []
+            now = self.clock()
+            self.state.alerts[:] = [replace(a, resolved_at=now) if a.code == "rank_died" and a.active
+                                    and a.action and a.action.stage in ended else a for a in self.state.alerts]
+            self.state.raise_alerts([Alert(now, f.severity, f.message, code=f.code, action=f.action,
+                                           hint="x stop all") for f in findings])
+            if findings or ended:
+                self._show_alerts()
+            await asyncio.sleep(self.config.target.poll_interval)
 
     # ------------------------------------------------------------ the fleet: every box, and switching between them
 

@@ -31,6 +31,8 @@ class MultiNodeSession:
         self.readonly = readonly
         self.confirm = confirm
         self.boxes: dict[str, Box] = {}
+        self._raised: set[tuple[str, str]] = set()  # the findings already raised as alerts
+        self._ended: set[str] = set()  # the runs seen ended on every node: not read again
 
     def _nodes(self) -> list[str]:
         return list(dict.fromkeys(n for s in self.config.stages for n in s.nodes))
@@ -45,14 +47,22 @@ class MultiNodeSession:
                             confirm=self.confirm) for n in self._nodes()}
         return MultiNodeActions(self.config, nodes, confirm=self.confirm)
 
-    async def findings(self) -> list[Finding]:
-        """Each multi-node stage's recorded run, read on its nodes: a rank that died while others run."""
-        found: list[Finding] = []
+    async def poll(self) -> tuple[list[Finding], list[str]]:
+        """Each multi-node stage's recorded run, read on its nodes: the alerts not raised before
+        (a rank that died while others run), and the stages whose run has just ended on every node."""
+        new: list[Finding] = []
+        ended: list[str] = []
         for stage in (s for s in self.config.stages if s.nodes):
             run = load_run(self.config, stage.name)
-            if run is not None and all(self.config.box(n.node) is not None for n in run.nodes):
-                found += (await watch(run, {n.node: self.box(n.node) for n in run.nodes}))[1]
-        return found
+            if run is None or run.run_id in self._ended or any(self.config.box(n.node) is None for n in run.nodes):
+                continue
+            states, findings = await watch(run, {n.node: self.box(n.node) for n in run.nodes})
+            new += [f for f in findings if f.key not in self._raised]
+            self._raised |= {f.key for f in findings}
+            if all(s.alive is False for s in states):
+                self._ended.add(run.run_id)
+                ended.append(stage.name)
+        return new, ended
 
     async def close(self) -> None:
         boxes, self.boxes = self.boxes, {}

@@ -335,6 +335,31 @@ async def test_a_node_relaunched_by_someone_else_is_not_this_run(tmp_path: Path)
         await _close(nodes)
 
 
+async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialog(tmp_path: Path) -> None:
+    from samai.console.app import SamaiApp
+    from samai.widgets.dialogs import ConfirmDialog
+    from tests.helpers import pilot_until
+
+    cfg = _local_fleet(tmp_path, sshd.free_port())
+    nodes, run = await _record_by_hand(cfg, {"a": "sleep 300", "b": DIES})
+    await _close(nodes)
+    app = SamaiApp(cfg, box="a")
+    async with app.run_test(size=(170, 45)) as pilot:
+        alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None),
+                                  timeout=60)
+        assert alert.text.startswith("rank 1 on box b died at step 140 (failed); ranks on a will hang")
+        await pilot.press("x")
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen)
+        assert dialog.plan.subject == "stage train on every node (a, b)" and dialog.plan.action == "stop"
+        await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: all(not a.active for a in app.state.alerts if a.code == "rank_died"),
+                          timeout=60)
+    assert not psutil.pid_exists(run.nodes[0].pid) or psutil.Process(run.nodes[0].pid).status() == "zombie"
+    audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
+    assert sorted((e["phase"], e["subject"].split(",")[0]) for e in audit if e["action"] == "stop") == sorted(
+        (phase, f"stage train (box {n}") for n in "ab" for phase in ("intent", "outcome"))
+
+
 async def test_the_box_hashes_what_the_command_runs(workspace: Path, box: Box) -> None:
     got = await box.call("runhash.py", {"workspace": str(workspace), "python": sys.executable,
                                         "module": "samai_box.stages.train"})
@@ -461,7 +486,9 @@ def _processes_of(run_id: str, node: str) -> list[psutil.Process]:
             env = proc.environ()
         except (psutil.Error, OSError):
             continue
-        if env.get("SAMAI_RUN") == run_id and env.get("SAMAI_NODE") == node and "python" in (proc.info["name"] or ""):
+        argv = proc.info["cmdline"] or [""]
+        # By its argv: torch's elastic agent names itself pt_elastic.
+        if env.get("SAMAI_RUN") == run_id and env.get("SAMAI_NODE") == node and "python" in argv[0]:
             found.append(proc)
     return found
 
