@@ -659,7 +659,8 @@ class SamaiApp(App[None]):
             resolved = next((a for a in self.state.alerts if a.action), None)
             if resolved is not None and resolved.resolved_at is not None:
                 when = time.strftime("%H:%M:%S", time.localtime(resolved.resolved_at))
-                self.notify(f"already resolved at {when}: {resolved.text}", severity="information", markup=False)
+                self.notify(f"already resolved at {when}: {self._named(resolved).text}", severity="information",
+                            markup=False)
             else:
                 self.notify("no alert with a suggested action", severity="information", markup=False)
             return

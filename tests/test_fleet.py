@@ -11,6 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from textual.widgets import DataTable
 
@@ -175,6 +176,11 @@ async def test_the_fleet_model_polls_each_box_on_its_own(tmp_path: Path, silent_
 # ------------------------------------------------------------------ the fleet screen
 
 
+def _local_probes(server) -> list[psutil.Process]:
+    """This process's children but the test sshd: the local boxes' probes."""
+    return [p for p in psutil.Process().children() if server is None or p.pid != server.proc.pid]
+
+
 def _cell(table: FleetTable, box: str, column: str) -> str:
     return str(table.get_cell(box, column))
 
@@ -237,6 +243,8 @@ async def test_the_fleet_screen_rows_enter_back_and_the_palette(tmp_path: Path, 
         await pilot_until(pilot, lambda: app.box_name == "c" and not isinstance(app.screen, FleetScreen)
                           and app.state.snapshot is not None)
         assert app.config.workspace == str(spaces["c"]) and app.box is not b_box
+        # b's probe ended with its connection: the local boxes' probes are the fleet's three and c's one.
+        await pilot_until(pilot, lambda: len(_local_probes(server)) == 4)
         assert app.state.snapshot.state("slow") is None  # c's own state: nothing of b's
 
         # An alert on c says it is c's, in the alerts pane and on c's row of the fleet.
