@@ -194,13 +194,23 @@ async def test_the_fleet_screen_rows_enter_back_and_the_palette(tmp_path: Path, 
         (tmp_path / "ws-ssh").mkdir()
         tables += box_table("remote", server.url(), tmp_path / "ws-ssh", python=sys.executable)
         names.append("remote")
-    f = write_config(tmp_path, tables, STAGE + FAILING)
+    with socket.socket() as hung:  # a box that never answers: its row says so, and holds up no other
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        tables += box_table("hung", f"ssh://root@127.0.0.1:{hung.getsockname()[1]}", "samai/hung", connect_timeout=1)
+        f = write_config(tmp_path, tables, STAGE + FAILING)
+        await _drive_the_fleet(tmp_path, f, names, spaces, server)
+
+
+async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: dict[str, Path], server) -> None:
     app = SamaiApp(config.load(f))
     async with app.run_test(size=(170, 45)) as pilot:
         fleet = await pilot_until(pilot, lambda: isinstance(app.screen, FleetScreen) and app.screen)  # at start
         table = fleet.query_one(FleetTable)
         await pilot_until(pilot, lambda: all(_cell(table, n, "connection") == "connected" for n in names))
-        assert [k.value for k in table.rows] == names and app.box is None  # no box screen polled yet
+        assert [k.value for k in table.rows] == [*names, "hung"] and app.box is None  # no box screen polled yet
+        await pilot_until(pilot, lambda: "connecting" in _cell(table, "hung", "connection")
+                          and fleet.fleet.watch("hung").row.error)
         assert all(_cell(table, n, "rtt").endswith(" ms") and " / " in _cell(table, n, "disk") for n in names)
 
         # A stage fired on b (by another console: the CLI) shows on b's row, and on no other.
@@ -254,7 +264,7 @@ async def test_the_fleet_screen_rows_enter_back_and_the_palette(tmp_path: Path, 
                                              for a in app.state.alerts))
         assert "c: stage bad failed rc=3" in str(app.query_one(AlertsPane).render())
         await pilot_until(pilot, lambda: "bad failed" in _cell(table, "c", "alert"))
-        app.workers.cancel_group(fleet, "fleet")
+        assert "connected" not in _cell(table, "hung", "connection")
 
 
 async def test_one_box_has_no_fleet_key(tmp_path: Path, workspace: Path) -> None:
@@ -284,3 +294,17 @@ async def test_escape_from_the_fleet_at_start_opens_the_first_box_and_box_opens_
     async with app.run_test(size=(170, 45)) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot is not None)
         assert not isinstance(app.screen, FleetScreen) and app.config.workspace == str(spaces["b"])
+
+
+def test_a_row_shows_gpus_and_quotes_the_box_literally() -> None:
+    from samai.console.core.fleet import BoxRow
+    from samai.console.core.state import Alert
+    from samai.widgets.fleet import cells
+
+    row = BoxRow("a", "ssh://op@gpu-a", "lost", error="\x1b]0;owned\x07[/x] gone", running=("[bold]t",),
+                 gpu_count=2, gpu_util=37.5, gpu_memory_used=3_000_000_000, gpu_memory_total=80_000_000_000,
+                 alert=Alert(1.0, "error", "[@click=app.quit]x[/] \x1b[31mred"))
+    shown = {k: str(v) for k, v in cells(row).items()}
+    assert shown["gpu"] == "2× 38 % · 3.0 GB / 80.0 GB"
+    assert "\x1b" not in "".join(shown.values()) and "[/x] gone" in shown["connection"]
+    assert shown["running"] == "[bold]t" and shown["alert"].startswith("error [@click=app.quit]x[/] ")
