@@ -891,6 +891,8 @@ class SamaiApp(App[None]):
                                            hint="x stop all") for f in findings])
             if findings or ended:
                 self._show_alerts()
+            marks = self._node_session().marks()  # which nodes of the training run are alive
+            self.query_one(CurvesPane).border_title = inert(f"training · {marks}") if marks else "training"
             await asyncio.sleep(self.config.target.poll_interval)
 
     # ------------------------------------------------------------ the fleet: every box, and switching between them

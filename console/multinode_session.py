@@ -13,7 +13,7 @@ from samai.console.core.config import Config
 from samai.console.core.detectors import Finding
 from samai.console.core.multiactions import MultiNodeActions
 from samai.console.core.multinode import load_run
-from samai.console.core.multiwatch import watch
+from samai.console.core.multiwatch import NodeState, watch
 from samai.remote.boxapi import Box
 
 
@@ -33,6 +33,7 @@ class MultiNodeSession:
         self.boxes: dict[str, Box] = {}
         self._raised: set[tuple[str, str]] = set()  # the findings already raised as alerts
         self._ended: set[str] = set()  # the runs seen ended on every node: not read again
+        self.states: dict[str, tuple[NodeState, ...]] = {}  # each stage's nodes as last read
 
     def _nodes(self) -> list[str]:
         return list(dict.fromkeys(n for s in self.config.stages for n in s.nodes))
@@ -57,12 +58,19 @@ class MultiNodeSession:
             if run is None or run.run_id in self._ended or any(self.config.box(n.node) is None for n in run.nodes):
                 continue
             states, findings = await watch(run, {n.node: self.box(n.node) for n in run.nodes})
+            self.states[stage.name] = states
             new += [f for f in findings if f.key not in self._raised]
             self._raised |= {f.key for f in findings}
             if all(s.alive is False for s in states):
                 self._ended.add(run.run_id)
                 ended.append(stage.name)
         return new, ended
+
+    def marks(self) -> str:
+        """Which nodes of each followed run are alive: `train: a alive · b down`."""
+        words = {True: "alive", False: "down", None: "unreachable"}
+        return "; ".join(f"{stage}: " + " · ".join(f"{s.node} {words[s.alive]}" for s in states)
+                         for stage, states in self.states.items())
 
     async def close(self) -> None:
         boxes, self.boxes = self.boxes, {}

@@ -348,12 +348,15 @@ async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialo
         alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None),
                                   timeout=60)
         assert alert.text.startswith("rank 1 on box b died at step 140 (failed); ranks on a will hang")
+        curves = app.query_one("#curves")
+        assert str(curves.border_title) == "training · train: a alive · b down"
         await pilot.press("x")
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen)
         assert dialog.plan.subject == "stage train on every node (a, b)" and dialog.plan.action == "stop"
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: all(not a.active for a in app.state.alerts if a.code == "rank_died"),
                           timeout=60)
+        await pilot_until(pilot, lambda: str(curves.border_title) == "training · train: a down · b down")
     assert not psutil.pid_exists(run.nodes[0].pid) or psutil.Process(run.nodes[0].pid).status() == "zombie"
     audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
     assert sorted((e["phase"], e["subject"].split(",")[0]) for e in audit if e["action"] == "stop") == sorted(
