@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from samai.console.connect import open_box
 from samai.console.core import config, paths
@@ -148,6 +151,27 @@ def test_the_rank_and_the_last_step_read_from_a_nodes_log() -> None:
     assert last_step_in_log(b"\x00\xff nothing") is None
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=4096))
+def test_garbage_logs_never_crash_the_rank_or_step_reading(data: bytes) -> None:
+    for value in (rank_in_log(data), world_size_in_log(data), last_step_in_log(data)):
+        assert value is None or (isinstance(value, int) and value >= 0)
+
+
+@pytest.mark.parametrize("broken", ['{"nodes": 1}', "[]", "not json", '{"stage": "train"}',
+                                    '"' + "[" * 5000 + '"', "RECORD_WITH_PID_TEXT"])
+def test_a_broken_run_record_is_no_record(tmp_path: Path, broken: str) -> None:
+    cfg = fleet(tmp_path / "a", tmp_path / "b")
+    good = MultiRun("train", "torchrun", "r1", "127.0.0.1:1", 1.0,
+                    (NodeRun("a", 0, "local", "/w/a", "logs/train.log", "cmd", 12, 3.5),))
+    path = save_run(cfg, good)
+    assert load_run(cfg, "train") == good
+    if broken == "RECORD_WITH_PID_TEXT":
+        broken = path.read_text().replace('"pid": 12', '"pid": "12"')
+    path.write_text(broken)
+    assert load_run(cfg, "train") is None
+
+
 # ------------------------------------------------------------------ preflight across nodes (local boxes)
 
 
@@ -206,6 +230,22 @@ async def test_the_preflight_compares_the_program_on_every_node_and_the_masters_
         assert f"the rendezvous port {port} on the master (box a, 127.0.0.1) is free" in _texts(again, "ok")
     finally:
         await _close(nodes)
+
+
+async def test_disk_and_poison_files_are_checked_on_each_node(tmp_path: Path) -> None:
+    cfg = _local_fleet(tmp_path, sshd.free_port())
+    (tmp_path / "b" / "runs" / "train").mkdir(parents=True)
+    (tmp_path / "b" / "runs" / "train" / "TRAIN_DONE").write_text("an earlier run\n")
+    nodes = _nodes(cfg)
+    try:
+        plan = await MultiNodeActions(cfg, nodes, confirm=nodes["a"].confirm).plan_fire("train")
+    finally:
+        await _close(nodes)
+    warnings = _texts(plan, "warning")
+    assert "box b: poison files from an earlier run: runs/train/TRAIN_DONE (restart clears them)" in warnings
+    assert not any(w.startswith("box a: poison") for w in warnings)
+    disk = [c.text for c in plan.summary.checks if "writes no declared artifact" in c.text]
+    assert [d.split(":")[0] for d in disk] == ["box a", "box b"]
 
 
 async def test_an_unreachable_node_blocks_the_fire(tmp_path: Path) -> None:
@@ -473,7 +513,7 @@ def _log(ws: Path) -> bytes:
 async def _until(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = await predicate() if asyncio.iscoroutinefunction(predicate) else predicate()
+        value = await predicate() if inspect.iscoroutinefunction(predicate) else predicate()
         if value:
             return value
         await asyncio.sleep(0.5)
@@ -601,3 +641,33 @@ async def test_deepspeeds_launcher_across_two_ssh_boxes(two_servers, trained_inp
         assert b"TRAIN_DONE" in log and b"CHAIN_DONE rc=0" in log, log[-3000:].decode(errors="replace")
         assert b"deepspeed.launcher.launch" in log or b"launch.py" in log
     assert {rank_in_log(log) for log in logs} == {0, 1} and {world_size_in_log(log) for log in logs} == {2}
+
+
+@needs_sshd
+@pytest.mark.timeout(PROVISION_TIMEOUT + TRAIN_TIMEOUT)
+async def test_a_node_that_does_not_start_stops_the_nodes_already_started(
+        two_servers, trained_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server_a, server_b = two_servers
+    monkeypatch.setenv("HOME", str(server_a.client_home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    ws_a, ws_b = _node_workspaces(tmp_path, trained_inputs)
+    (ws_b / "logs").write_text("a file where b's log folder goes: b's launch is refused\n")
+    cfg = fleet(ws_a, ws_b, url_a=server_a.url(), url_b=server_b.url(), port=sshd.free_port(),
+                command=TRAIN.format(epochs=200))
+    nodes = _nodes(cfg, confirm=_confirm)
+    try:
+        fired = await MultiNodeActions(cfg, nodes, confirm=_confirm).fire("train")
+        assert not fired.ok and fired.message.startswith("box b: stage train refused: "), fired.message
+        assert "box a stopped again: stage train exited after the signal" in fired.message, fired.message
+        master = (await nodes["a"].box.snapshot()).state("train")
+        assert master is not None and not master.alive and master.status == "stopped"
+        assert load_run(cfg, "train") is None  # no run was recorded
+    finally:
+        await asyncio.gather(*(a.box.stop("train", grace=2) for a in nodes.values()), return_exceptions=True)
+        await _close(nodes)
+    audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
+    assert [(e["action"], e["phase"], e["target"], e["via"]) for e in audit] == [
+        ("fire", "intent", server_a.url(), "test"), ("fire", "outcome", server_a.url(), "test"),
+        ("fire", "intent", server_b.url(), "test"), ("fire", "outcome", server_b.url(), "test"),
+        ("stop", "intent", server_a.url(), "rollback: box b did not start"),
+        ("stop", "outcome", server_a.url(), "rollback: box b did not start")]

@@ -194,9 +194,19 @@ def load_run(cfg: Config, stage: str) -> MultiRun | None:
     try:
         raw = json.loads(record_path(cfg, stage).read_text())
         nodes = tuple(NodeRun(**n) for n in raw["nodes"])
-        return MultiRun(raw["stage"], raw["launcher"], raw["run_id"], raw["master"], float(raw["fired_at"]), nodes)
-    except (OSError, ValueError, KeyError, TypeError):
+        run = MultiRun(raw["stage"], raw["launcher"], raw["run_id"], raw["master"], float(raw["fired_at"]), nodes)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
+    return run if all(_well_typed(n) for n in run.nodes) and run.stage == stage else None
+
+
+def _well_typed(node: NodeRun) -> bool:
+    """A record edited or cut by hand is no record: every field of the type the watch compares."""
+    number = (int, float)
+    return (all(isinstance(v, str) for v in (node.node, node.target, node.workspace, node.log, node.command))
+            and type(node.rank) is int and (node.pid is None or type(node.pid) is int)
+            and (node.start_time is None or (isinstance(node.start_time, number)
+                                             and not isinstance(node.start_time, bool))))
 
 
 # ------------------------------------------------------------------ what a node's log says
