@@ -608,6 +608,10 @@ async def test_torchrun_across_two_ssh_boxes_then_one_rank_dies_and_stop_all(
         await _close(nodes)
 
 
+DS_CONFIG = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+             "zero_optimization": {"stage": 1}, "bf16": {"enabled": False}, "fp16": {"enabled": False}}
+
+
 @needs_sshd
 @pytest.mark.timeout(PROVISION_TIMEOUT + TRAIN_TIMEOUT)
 async def test_deepspeeds_launcher_across_two_ssh_boxes(two_servers, trained_inputs: Path, tmp_path: Path,
@@ -616,8 +620,10 @@ async def test_deepspeeds_launcher_across_two_ssh_boxes(two_servers, trained_inp
     monkeypatch.setenv("HOME", str(server_a.client_home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     ws_a, ws_b = _node_workspaces(tmp_path, trained_inputs)
+    for ws in (ws_a, ws_b):  # the Trainer under DeepSpeed's engine: ZeRO stage 1 on the CPU accelerator
+        (ws / "ds.json").write_text(json.dumps(DS_CONFIG))
     cfg = fleet(ws_a, ws_b, url_a=server_a.url(), url_b=server_b.url(), launcher="deepspeed",
-                port=sshd.free_port(), command=TRAIN.format(epochs=1))
+                port=sshd.free_port(), command=TRAIN.format(epochs=1) + " --deepspeed ds.json")
     nodes = _nodes(cfg, confirm=_confirm)
     try:
         fired = await MultiNodeActions(cfg, nodes, confirm=_confirm).fire("train")
@@ -641,6 +647,8 @@ async def test_deepspeeds_launcher_across_two_ssh_boxes(two_servers, trained_inp
         assert b"TRAIN_DONE" in log and b"CHAIN_DONE rc=0" in log, log[-3000:].decode(errors="replace")
         assert b"deepspeed.launcher.launch" in log or b"launch.py" in log
     assert {rank_in_log(log) for log in logs} == {0, 1} and {world_size_in_log(log) for log in logs} == {2}
+    for ws in (ws_a, ws_b):  # DeepSpeed's engine wrote each node's checkpoint (its ZeRO layout)
+        assert list((ws / "runs" / "train" / "checkpoints").glob("checkpoint-*/global_step*")), ws
 
 
 @needs_sshd
