@@ -34,6 +34,7 @@ class MultiNodeSession:
         self._raised: set[tuple[str, str]] = set()  # the findings already raised as alerts
         self._ended: set[str] = set()  # the runs seen ended on every node: not read again
         self.states: dict[str, tuple[NodeState, ...]] = {}  # each stage's nodes as last read
+        self._read: dict[tuple[str, str], tuple[int | None, int | None]] = {}  # dead nodes' rank and step
 
     def _nodes(self) -> list[str]:
         return list(dict.fromkeys(n for s in self.config.stages for n in s.nodes))
@@ -57,7 +58,7 @@ class MultiNodeSession:
             run = load_run(self.config, stage.name)
             if run is None or run.run_id in self._ended or any(self.config.box(n.node) is None for n in run.nodes):
                 continue
-            states, findings = await watch(run, {n.node: self.box(n.node) for n in run.nodes})
+            states, findings = await watch(run, {n.node: self.box(n.node) for n in run.nodes}, self._read)
             self.states[stage.name] = states
             new += [f for f in findings if f.key not in self._raised]
             self._raised |= {f.key for f in findings}

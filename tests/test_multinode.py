@@ -346,6 +346,10 @@ async def test_a_node_that_died_while_another_runs_is_an_alert_whose_fix_stops_a
         (alert,) = await _until(alerted, 60, "the alert")
         assert alert.message == ("rank 1 on box b died at step 140 (failed); ranks on a will hang until the "
                                  "collective times out: stop all")
+        read: dict = {}
+        assert (await watch(run, boxes, read))[1] == [alert] and read == {("train-by-hand", "b"): (1, 140)}
+        (tmp_path / "b" / "logs" / "train.log").write_text("rotated away\n")  # a dead node's log is read once
+        assert (await watch(run, boxes, read))[1] == [alert]
         assert (alert.code, alert.severity, alert.action.kind, alert.action.stage) == ("rank_died", "error", "stop",
                                                                                        "train")
         multi = MultiNodeActions(cfg, nodes, confirm=_confirm)

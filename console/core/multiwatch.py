@@ -50,8 +50,11 @@ async def _state(run: MultiRun, node: NodeRun, box: Box) -> NodeState:
     return NodeState(node.node, node.rank, rec.alive, rec.status, node.pid)
 
 
-async def death_findings(run: MultiRun, states: Sequence[NodeState], boxes: Mapping[str, Box]) -> list[Finding]:
-    """One error per node whose process died while another node's still runs."""
+async def death_findings(run: MultiRun, states: Sequence[NodeState], boxes: Mapping[str, Box],
+                         read: dict[tuple[str, str], tuple[int | None, int | None]] | None = None) -> list[Finding]:
+    """One error per node whose process died while another node's still runs. read: the rank and
+    step already read from a dead node's log, by (run, node): a dead node's log is read once."""
+    read = {} if read is None else read
     alive = [s.node for s in states if s.alive]
     dead = [s for s in states if s.alive is False]
     if not alive or not dead:
@@ -59,7 +62,11 @@ async def death_findings(run: MultiRun, states: Sequence[NodeState], boxes: Mapp
     found = []
     for state in dead:
         node = run.node(state.node)
-        rank, step = await _rank_and_step(boxes[state.node], node) if node else (None, None)
+        key = (run.run_id, state.node)
+        got = read.get(key) or (await _rank_and_step(boxes[state.node], node) if node else None)
+        if got is not None:
+            read[key] = got
+        rank, step = got or (None, None)
         who = f"rank {rank}" if rank is not None else f"node rank {state.node_rank}"
         when = f"at step {step}" if step is not None else "before its first logged step"
         message = (f"{who} on box {state.node} died {when} ({state.status}); ranks on {', '.join(alive)} will hang "
@@ -68,17 +75,20 @@ async def death_findings(run: MultiRun, states: Sequence[NodeState], boxes: Mapp
     return found
 
 
-async def watch(run: MultiRun, boxes: Mapping[str, Box]) -> tuple[tuple[NodeState, ...], list[Finding]]:
-    """One reading of every node, and its alerts."""
+async def watch(run: MultiRun, boxes: Mapping[str, Box],
+                read: dict[tuple[str, str], tuple[int | None, int | None]] | None = None
+                ) -> tuple[tuple[NodeState, ...], list[Finding]]:
+    """One reading of every node, and its alerts (read: see death_findings)."""
     states = await node_states(run, boxes)
-    return states, await death_findings(run, states, boxes)
+    return states, await death_findings(run, states, boxes, read)
 
 
-async def _rank_and_step(box: Box, node: NodeRun) -> tuple[int | None, int | None]:
+async def _rank_and_step(box: Box, node: NodeRun) -> tuple[int | None, int | None] | None:
+    """What the node's log says (None: it cannot be read now; asked again next time)."""
     path = posixpath.join(node.workspace, node.log)
     try:
         head = await box.tail(path, offset=0, max_bytes=HEAD_BYTES)
         tail = await box.tail(path, last_lines=TAIL_LINES)
     except (BoxError, TransportError, OSError):
-        return None, None
+        return None
     return rank_in_log(head.data + b"\n" + tail.data), last_step_in_log(tail.data)
