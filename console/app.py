@@ -880,20 +880,26 @@ class SamaiApp(App[None]):
         its alerts are resolved once the run has ended on every node."""
         while True:
             try:
-                findings, ended = await self._node_session().poll()
-            except (BoxError, TransportError, TargetError, OSError) as e:
-                self.log.warning("multi-node watch", e)
-                findings, ended = [], []
-            now = self.clock()
-            self.state.alerts[:] = [replace(a, resolved_at=now) if a.code == "rank_died" and a.active
-                                    and a.action and a.action.stage in ended else a for a in self.state.alerts]
-            self.state.raise_alerts([Alert(now, f.severity, f.message, code=f.code, action=f.action,
-                                           hint="x stop all") for f in findings])
-            if findings or ended:
-                self._show_alerts()
-            marks = self._node_session().marks()  # which nodes of the training run are alive
-            self.query_one(CurvesPane).border_title = inert(f"training · {marks}") if marks else "training"
+                await self._follow_nodes_once()
+            except Exception as e:  # a bug here must not end the watch: the next reading may be fine
+                self.log.error("multi-node watch failed", e)
             await asyncio.sleep(self.config.target.poll_interval)
+
+    async def _follow_nodes_once(self) -> None:
+        try:
+            findings, ended = await self._node_session().poll()
+        except (BoxError, TransportError, TargetError, OSError) as e:
+            self.log.warning("multi-node watch", e)
+            findings, ended = [], []
+        now = self.clock()
+        self.state.alerts[:] = [replace(a, resolved_at=now) if a.code == "rank_died" and a.active
+                                and a.action and a.action.stage in ended else a for a in self.state.alerts]
+        self.state.raise_alerts([Alert(now, f.severity, f.message, code=f.code, action=f.action,
+                                       hint="x stop all") for f in findings])
+        if findings or ended:
+            self._show_alerts()
+        marks = self._node_session().marks()  # which nodes of the training run are alive
+        self.query_one(CurvesPane).border_title = inert(f"training · {marks}") if marks else "training"
 
     # ------------------------------------------------------------ the fleet: every box, and switching between them
 

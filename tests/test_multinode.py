@@ -382,25 +382,32 @@ async def test_a_node_relaunched_by_someone_else_is_not_this_run(tmp_path: Path)
 async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialog(tmp_path: Path) -> None:
     from samai.console.app import SamaiApp
     from samai.widgets.dialogs import ConfirmDialog
-    from tests.helpers import pilot_until
+    from tests.helpers import collect_toasts, pilot_until
 
     cfg = _local_fleet(tmp_path, sshd.free_port())
     nodes, run = await _record_by_hand(cfg, {"a": "sleep 300", "b": DIES})
     await _close(nodes)
     app = SamaiApp(cfg, box="a")
     async with app.run_test(size=(170, 45)) as pilot:
-        alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None),
-                                  timeout=60)
+        toasts = collect_toasts(app)
+
+        async def until(predicate, what: str, timeout: float = 60):
+            try:
+                return await pilot_until(pilot, predicate, timeout=timeout)
+            except AssertionError:
+                raise AssertionError(f"{what}: not in time; alerts {[a.text for a in app.state.alerts]}, toasts "
+                                     f"{toasts}, nodes {app.multinode and app.multinode.marks()}") from None
+
+        alert = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None), "the alert")
         assert alert.text.startswith("rank 1 on box b died at step 140 (failed); ranks on a will hang")
         curves = app.query_one("#curves")
         assert str(curves.border_title) == "training · train: a alive · b down"
         await pilot.press("x")
-        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen)
+        dialog = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the dialog")
         assert dialog.plan.subject == "stage train on every node (a, b)" and dialog.plan.action == "stop"
         await pilot.click("#confirm")
-        await pilot_until(pilot, lambda: all(not a.active for a in app.state.alerts if a.code == "rank_died"),
-                          timeout=60)
-        await pilot_until(pilot, lambda: str(curves.border_title) == "training · train: a down · b down")
+        await until(lambda: all(not a.active for a in app.state.alerts if a.code == "rank_died"), "resolved")
+        await until(lambda: str(curves.border_title) == "training · train: a down · b down", "both down")
     assert not psutil.pid_exists(run.nodes[0].pid) or psutil.Process(run.nodes[0].pid).status() == "zombie"
     audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
     assert sorted((e["phase"], e["subject"].split(",")[0]) for e in audit if e["action"] == "stop") == sorted(
