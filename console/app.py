@@ -870,9 +870,9 @@ class SamaiApp(App[None]):
         try:
             outcome = await (multi.fire(stage) if what == "fire" else multi.stop_all(stage, grace=STOP_GRACE_S))
         except MultiNodeError as e:
-            self.notify(str(e), severity="error")
+            self.notify(str(e), severity="error", markup=False)  # names boxes and paths: never markup
             return
-        self.notify(outcome.message, severity="information" if outcome.ok else "error")
+        self.notify(outcome.message, severity="information" if outcome.ok else "error", markup=False)
 
     @work(group="multinode", exclusive=True, exit_on_error=False)
     async def follow_nodes(self) -> None:
