@@ -12,10 +12,8 @@ import os
 import struct
 import subprocess
 import sys
-import threading
 import zlib
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ from samai.remote.box.stages.images import (
     image_size,
 )
 from tests.box_tools import stage_argv, stage_env
+from tests.chatserver import ChatServer, serving
 
 CPYTHON = Path(__file__).parent / "data" / "images" / "cpython"
 
@@ -244,54 +243,10 @@ def test_what_cannot_be_sent_is_an_image_error(tmp_path: Path) -> None:
 # --- the eval stage against a loopback llama-server -------------------------------------------
 
 
-class ChatServer(ThreadingHTTPServer):
-    """Answers /v1/chat/completions (and /v1/completions) as llama-server does, and keeps every
-    request's body."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), ChatHandler)
-        self.bodies: list[dict] = []
-        self.lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class ChatHandler(BaseHTTPRequestHandler):
-    server: ChatServer
-
-    def do_POST(self) -> None:  # noqa: N802 (the http.server name)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with self.server.lock:
-            self.server.bodies.append(body)
-        if self.path == "/v1/chat/completions":
-            choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "red"}}
-        elif self.path == "/v1/completions":  # --prompt-format text
-            choice = {"index": 0, "finish_reason": "stop", "text": "red"}
-        else:
-            self.send_error(404)
-            return
-        reply = json.dumps({"choices": [choice]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *args: object) -> None:
-        pass  # keep the test output quiet
-
-
 @pytest.fixture
 def chat_server() -> Iterator[ChatServer]:
-    server = ChatServer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    with serving() as server:
+        yield server
 
 
 @pytest.fixture

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from hypothesis import strategies as st
 from samai.console.core.evalcheck import EvalResult, check_eval, has_errors
 from samai.console.core.problems import Problem
 from tests.box_tools import stage_argv, stage_env
+from tests.chatserver import ChatServer, serving
 from tests.helpers import run_cli
 
 UNCLOSED_THINK = "<think>Let me compute 17*23. 17*20 = 340, 17*3 = 51, so 391"
@@ -164,53 +163,25 @@ def test_a_written_correct_wins_over_pred_and_gold() -> None:
 # --- the real eval stage against a local OpenAI-compatible server --------------------------
 
 
-class _FakeChatServer(ThreadingHTTPServer):
-    message: dict = {}
-
-
-class _ChatHandler(BaseHTTPRequestHandler):
-    server: _FakeChatServer
-
-    def do_POST(self) -> None:  # noqa: N802 (the http.server name)
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        if self.path != "/v1/chat/completions":
-            self.send_error(404)
-            return
-        body = json.dumps({"choices": [{"message": self.server.message, "finish_reason": "length"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass  # keep the test output quiet
-
-
 @pytest.fixture
-def chat_server() -> Iterator[_FakeChatServer]:
-    server = _FakeChatServer(("127.0.0.1", 0), _ChatHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+def chat_server() -> Iterator[ChatServer]:
+    with serving(finish_reason="length") as server:
+        yield server
 
 
-def run_eval_stage(server: _FakeChatServer, tmp_path: Path, n: int = 4) -> Path:
+def run_eval_stage(server: ChatServer, tmp_path: Path, n: int = 4) -> Path:
     data, out = tmp_path / "eval.jsonl", tmp_path / "out"
     data.write_text("".join(json.dumps({"id": i, "prompt": "17*23=", "gold": "391"}) + "\n" for i in range(n)))
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    done = subprocess.run(stage_argv("stages.eval", "--url", url, "--data", data, "--out", out, "--max-tokens", 8,
-                                     "--timeout", 5), env=stage_env(), capture_output=True, text=True, timeout=30)
+    argv = stage_argv("stages.eval", "--url", server.url, "--data", data, "--out", out, "--max-tokens", 8,
+                      "--timeout", 5)
+    done = subprocess.run(argv, env=stage_env(), capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "EVAL_RC=0" in done.stdout
     return out / "items.jsonl"
 
 
 def test_the_eval_stage_joins_reasoning_content_so_a_split_answer_is_no_fake_zero(
-        chat_server: _FakeChatServer, tmp_path: Path) -> None:
+        chat_server: ChatServer, tmp_path: Path) -> None:
     chat_server.message = {"content": "", "reasoning_content": SERVER_THINK}
     items = run_eval_stage(chat_server, tmp_path)
     result = check_eval(items.read_text().splitlines())
@@ -222,7 +193,7 @@ def test_the_eval_stage_joins_reasoning_content_so_a_split_answer_is_no_fake_zer
 
 
 def test_the_eval_stage_against_a_server_that_answers_nothing_is_a_fake_zero(
-        chat_server: _FakeChatServer, tmp_path: Path) -> None:
+        chat_server: ChatServer, tmp_path: Path) -> None:
     chat_server.message = {"content": "", "reasoning_content": ""}
     items = run_eval_stage(chat_server, tmp_path)
     with items.open() as lines:

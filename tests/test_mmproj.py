@@ -11,9 +11,7 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ from samai.console.core.mmproj import ServeCommand, has_mmproj, serve_command
 from samai.console.core.preflight import poison_artifacts, preflight
 from samai.remote.box.gguf_check import check, check_file, summary
 from tests.box_tools import stage_argv, stage_env
+from tests.chatserver import serving
 from tests.helpers import run_cli, wait_for
 
 # What convert_hf_to_gguf.py --mmproj writes for a Qwen2.5-VL vision tower (tiny sizes).
@@ -454,35 +453,10 @@ def test_garbage_image_records_never_crash_the_check(garbage: object) -> None:
     assert result.n == 2 and result.over_cap == 0
 
 
-class _ChatServer(ThreadingHTTPServer):
-    pass
-
-
-class _Answer(BaseHTTPRequestHandler):
-    """A chat-completion server that answers "red" to every request."""
-
-    def do_POST(self) -> None:  # noqa: N802 (the http.server name)
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = json.dumps({"choices": [{"message": {"content": "red"}, "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def chat_url() -> Iterator[str]:
-    server = _ChatServer(("127.0.0.1", 0), _Answer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    with serving() as server:
+        yield server.url
 
 
 @pytest.mark.parametrize(("cap", "over"), [(2000, 1), (None, 0)])
