@@ -313,6 +313,8 @@ class SamaiApp(App[None]):
         age = max(self.clock() - self.state.received_at, 0.0) if self.state.received_at else None
         stale = age is not None and age > STALE_POLLS * self.config.target.poll_interval
         self.connection = replace(self.connection, age=age, stale=stale)
+        if not self.screen_stack:  # the app is closing (a fleet poll may still end after its screens)
+            return
         self.screen.set_class(stale, "-stale")
         for bar in self.query(StatusBar):  # none once the app is closing and its widgets are gone
             bar.show(self.connection)

@@ -308,3 +308,15 @@ def test_a_row_shows_gpus_and_quotes_the_box_literally() -> None:
     assert shown["gpu"] == "2× 38 % · 3.0 GB / 80.0 GB"
     assert "\x1b" not in "".join(shown.values()) and "[/x] gone" in shown["connection"]
     assert shown["running"] == "[bold]t" and shown["alert"].startswith("error [@click=app.quit]x[/] ")
+
+
+async def test_a_poll_that_ends_after_the_screens_are_gone_is_no_crash(tmp_path: Path) -> None:
+    """With many boxes a poll may end while the app closes: its last tick finds no screen to mark
+    stale, and says nothing (it raised ScreenStackError and failed the run)."""
+    tables, _ = local_boxes(tmp_path)
+    app = SamaiApp(config.load(write_config(tmp_path, tables)), poll=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+    assert not app.screen_stack
+    app.state.received_at = app.clock() - 3600  # stale: the tick would mark the screen
+    app._tick()
