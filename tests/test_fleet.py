@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from textual.command import CommandList
 from textual.widgets import DataTable
 
 from samai.console.app import SamaiApp
@@ -202,6 +203,13 @@ async def test_the_fleet_screen_rows_enter_back_and_the_palette(tmp_path: Path, 
         await _drive_the_fleet(tmp_path, f, names, spaces, server)
 
 
+def _palette_choice(app: SamaiApp) -> str:
+    """The command the palette's Enter would run now, as its list shows it ("" while none)."""
+    found = app.screen.query(CommandList)
+    option = found.first().highlighted_option if found else None
+    return str(option.prompt) if option is not None else ""
+
+
 async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: dict[str, Path], server) -> None:
     app = SamaiApp(config.load(f))
     async with app.run_test(size=(170, 45)) as pilot:
@@ -248,7 +256,7 @@ async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: di
         # The palette: "Switch to box c" points the box screen at c, b's connection closed.
         await pilot.press("ctrl+p")
         await pilot.press(*"Switch", "space", "to", "space", "box", "space", "c")
-        await pilot.pause(0.5)
+        await pilot_until(pilot, lambda: "Switch to box c" in _palette_choice(app))  # the search is async
         await pilot.press("enter")
         await pilot_until(pilot, lambda: app.box_name == "c" and not isinstance(app.screen, FleetScreen)
                           and app.state.snapshot is not None)
