@@ -141,6 +141,7 @@ class SamaiApp(App[None]):
         self.state = ConsoleState(config)
         self.box: Box | None = None
         self.multinode: MultiNodeSession | None = None  # the nodes of multi-node stages, connected when needed
+        self._curve_shown: tuple | None = None  # the version of rank 0's curve on show (multi-node training)
         self.audit = audit or AuditLog(paths.audit_log())
         self.connection = Connection(self._target_label(), readonly=readonly)
         self._bind_stage_keys()
@@ -286,9 +287,9 @@ class SamaiApp(App[None]):
             if u.log_lines:
                 log.append(u.log_lines)
         curves = self.query_one(CurvesPane)
-        if u.curve_reset:
+        if u.curve_reset and not self._multi_node("train"):  # on several nodes, rank 0's curve (follow_nodes)
             curves.reset()  # a new training run: its curve alone
-        if u.new_points:
+        if u.new_points and not self._multi_node("train"):
             curves.add(u.new_points)
         curves.show_gpu_util(self.state.gpu.utilization())
         self.query_one(EvalTable).show(u.evals)
@@ -900,8 +901,12 @@ class SamaiApp(App[None]):
                                        hint="x stop all") for f in findings])
         if findings or ended:
             self._show_alerts()
-        marks = self._node_session().marks()  # which nodes of the training run are alive
-        self.query_one(CurvesPane).border_title = inert(f"training · {marks}") if marks else "training"
+        session = self._node_session()
+        curves = self.query_one(CurvesPane)
+        curves.border_title = inert(f"training · {session.marks()}") if session.marks() else "training"
+        if self._multi_node("train") and session.curve.version != self._curve_shown:
+            curves.show(session.curve.points)  # rank 0's, from whichever box it runs on
+            self._curve_shown = session.curve.version
 
     # ------------------------------------------------------------ the fleet: every box, and switching between them
 
@@ -959,6 +964,7 @@ class SamaiApp(App[None]):
         self.state = ConsoleState(self.config)
         self.connection = Connection(self._target_label(), readonly=self.readonly)
         self._log_chosen, self._log_hint_taken, self._logs, self._stage_views = False, None, LogHistory(), []
+        self._curve_shown = None  # the new panes show rank 0's curve whole
         await self.recompose()
         self._set_up_panes()
         self.poll()

@@ -1,6 +1,6 @@
 """The connections a front end needs for its multi-node stages: one Box per node, opened when
 first needed and closed together; the multi-node action layer over them; and the watch of each
-multi-node stage's recorded run, as alerts."""
+multi-node stage's recorded run, as alerts, and the train stage's rank 0 curve."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from samai.console.core.audit import AuditLog
 from samai.console.core.config import Config
 from samai.console.core.detectors import Finding
 from samai.console.core.multiactions import MultiNodeActions
+from samai.console.core.multicurve import RankZeroCurve
 from samai.console.core.multinode import load_run
 from samai.console.core.multiwatch import NodeState, watch
 from samai.remote.boxapi import Box
+
+CURVE_STAGE = "train"  # the stage whose curve the training pane shows, on one box as on several
 
 
 def multi_node_stage(cfg: Config, stage_name: str | None) -> bool:
@@ -35,6 +38,7 @@ class MultiNodeSession:
         self._ended: set[str] = set()  # the runs seen ended on every node: not read again
         self.states: dict[str, tuple[NodeState, ...]] = {}  # each stage's nodes as last read
         self._read: dict[tuple[str, str], tuple[int | None, int | None]] = {}  # dead nodes' rank and step
+        self.curve = RankZeroCurve()  # the train stage's, when it runs on several nodes
 
     def _nodes(self) -> list[str]:
         return list(dict.fromkeys(n for s in self.config.stages for n in s.nodes))
@@ -58,8 +62,11 @@ class MultiNodeSession:
             run = load_run(self.config, stage.name)
             if run is None or run.run_id in self._ended or any(self.config.box(n.node) is None for n in run.nodes):
                 continue
-            states, findings = await watch(run, {n.node: self.box(n.node) for n in run.nodes}, self._read)
+            boxes = {n.node: self.box(n.node) for n in run.nodes}
+            states, findings = await watch(run, boxes, self._read)
             self.states[stage.name] = states
+            if stage.name == CURVE_STAGE:  # read after the states: a run just ended has its last lines read
+                await self.curve.read(run, states, boxes)
             new += [f for f in findings if f.key not in self._raised]
             self._raised |= {f.key for f in findings}
             if all(s.alive is False for s in states):
@@ -71,7 +78,10 @@ class MultiNodeSession:
         """Which nodes of each followed run are alive: `train: a alive · b down`."""
         words = {True: "alive", False: "down", None: "unreachable"}
         return "; ".join(f"{stage}: " + " · ".join(f"{s.node} {words[s.alive]}" for s in states)
-                         for stage, states in self.states.items())
+                         + self._curve_from(stage) for stage, states in self.states.items())
+
+    def _curve_from(self, stage: str) -> str:
+        return f" · rank 0 on {self.curve.node}" if stage == CURVE_STAGE and self.curve.node else ""
 
     async def close(self) -> None:
         boxes, self.boxes = self.boxes, {}

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -38,6 +39,7 @@ from samai.console.core.multinode import (
     load_run,
     node_address,
     rank_in_log,
+    ranks_in_log,
     save_run,
     world_size_in_log,
 )
@@ -147,6 +149,8 @@ def test_the_rank_and_the_last_step_read_from_a_nodes_log() -> None:
     assert (rank_in_log(log), world_size_in_log(log), last_step_in_log(log)) == (1, 2, 140)
     summary = b"Root Cause (first observed failure):\n[0]:\n  rank      : 3 (local_rank: 0)\n"
     assert rank_in_log(summary) == 3 and rank_in_log(b"garbage \xff\x00") is None
+    two = b"TRAIN_RANK rank=2 world_size=4\nTRAIN_RANK rank=3 world_size=4\n"  # two processes on one node
+    assert ranks_in_log(two) == [2, 3] and rank_in_log(two) == 3 and ranks_in_log(b"rank=0") == []
     assert last_step_in_log(b"{'loss': '0.5', 'grad_norm': '1.0', 'epoch': '0.1'}\n") == 1
     assert last_step_in_log(b"\x00\xff nothing") is None
 
@@ -154,7 +158,7 @@ def test_the_rank_and_the_last_step_read_from_a_nodes_log() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=4096))
 def test_garbage_logs_never_crash_the_rank_or_step_reading(data: bytes) -> None:
-    for value in (rank_in_log(data), world_size_in_log(data), last_step_in_log(data)):
+    for value in (rank_in_log(data), world_size_in_log(data), last_step_in_log(data), *ranks_in_log(data)):
         assert value is None or (isinstance(value, int) and value >= 0)
 
 
@@ -412,6 +416,107 @@ async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialo
     audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
     assert sorted((e["phase"], e["subject"].split(",")[0]) for e in audit if e["action"] == "stop") == sorted(
         (phase, f"stage train (box {n}") for n in "ab" for phase in ("intent", "outcome"))
+
+
+TRAINER_LOG = Path(__file__).parent / "data" / "trainer_v5_tiny.log"  # what a real Trainer (transformers 5) printed
+TRAINER_LOSSES = [3.485, 3.261, 2.871, 2.125, 1.205, 1.388, 1.643, 0.814, 0.4648, 0.5163, 0.3013, 0.3759]
+# The rendezvous made b (node rank 1) rank 0, as torchrun's c10d may: the Trainer's points are in
+# b's log, and a's has a point of its own (once its `more` file is there) that no pane may show.
+# Each starts once its `go` file is there.
+RANK_1_ON_A = ("while [ ! -e go ]; do sleep 0.1; done; echo 'TRAIN_RANK rank=1 world_size=2 local_rank=0'; "
+               "while [ ! -e more ]; do sleep 0.1; done; "
+               "echo \"{'loss': '9.99', 'grad_norm': '1.0', 'learning_rate': '0', 'epoch': '0.1'}\"; sleep 300")
+RANK_0_ON_B = ("while [ ! -e go ]; do sleep 0.1; done; echo 'TRAIN_RANK rank=0 world_size=2 local_rank=0'; "
+               "cat trainer.out; sleep 300")
+
+
+def _ranked_fleet(tmp_path: Path, garbage: bytes = b"") -> config.Config:
+    cfg = _local_fleet(tmp_path, sshd.free_port())
+    (tmp_path / "b" / "trainer.out").write_bytes(garbage + TRAINER_LOG.read_bytes())
+    return cfg
+
+
+def _go(tmp_path: Path) -> None:
+    for node in "ab":
+        (tmp_path / node / "go").touch()
+
+
+async def test_rank_zeros_curve_comes_from_the_node_whose_log_says_rank_0(tmp_path: Path) -> None:
+    from samai.console.core.multicurve import RankZeroCurve
+    from samai.console.core.multiwatch import NodeState, node_states
+
+    # Bytes that are no text and a 10 MB line before the Trainer's output: read through, never a crash.
+    cfg = _ranked_fleet(tmp_path, garbage=b"\xff\xfe\x00\x1b]0;t\x07 [bold]x\n" + b"y" * 10_000_000 + b"\n")
+    nodes, run = await _record_by_hand(cfg, {"a": RANK_1_ON_A, "b": RANK_0_ON_B})
+    boxes = {n: a.box for n, a in nodes.items()}
+    curve = RankZeroCurve()
+    try:
+        await curve.read(run, await node_states(run, boxes), boxes)
+        assert (curve.node, curve.points) == (None, [])  # no log names rank 0 yet
+        _go(tmp_path)
+        unreachable = (NodeState("a", 0, None, "unreachable: test"), NodeState("b", 1, None, "unreachable: test"))
+        await _until(lambda: _says(tmp_path / "b", b"'loss': '0.3759'"), 60, "b's log")
+        await curve.read(run, unreachable, boxes)
+        assert curve.node is None  # a box that cannot be read is not asked
+
+        async def whole() -> bool:
+            await curve.read(run, await node_states(run, boxes), boxes)
+            return len(curve.points) == len(TRAINER_LOSSES)
+
+        await _until(whole, 60, "rank 0's curve")
+        assert curve.node == "b" and [p.loss for p in curve.points] == TRAINER_LOSSES
+        before = curve.version
+        await curve.read(run, await node_states(run, boxes), boxes)
+        assert curve.version == before  # nothing new: the pane is not redrawn
+
+        with (tmp_path / "b" / "logs" / "train.log").open("a") as log:  # the log goes on: the curve with it
+            log.write("{'loss': '0.25', 'grad_norm': '3.0', 'learning_rate': '0.0001', 'epoch': '3.25'}\n")
+        await curve.read(run, await node_states(run, boxes), boxes)
+        assert [p.loss for p in curve.points] == [*TRAINER_LOSSES, 0.25] and curve.version != before
+
+        another = replace(run, run_id="train-again")  # a new fire: nothing of the last run's curve stays
+        await curve.read(another, (), boxes)
+        assert (curve.run_id, curve.node, curve.points) == ("train-again", None, [])
+    finally:
+        for actions in nodes.values():
+            await actions.box.stop("train", grace=2)
+        await _close(nodes)
+
+
+def _says(ws: Path, what: bytes) -> bool:
+    return what in _log(ws)
+
+
+async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tmp_path: Path) -> None:
+    from samai.console.app import SamaiApp
+    from samai.widgets.curves import CurvesPane
+    from tests.helpers import pilot_until
+
+    cfg = _ranked_fleet(tmp_path)
+    nodes, run = await _record_by_hand(cfg, {"a": RANK_1_ON_A, "b": RANK_0_ON_B})
+    await _close(nodes)
+    _go(tmp_path)
+    app = SamaiApp(cfg, box="a")  # rank 1's box: its own log has no curve of the run
+    try:
+        async with app.run_test(size=(170, 45)) as pilot:
+            def losses() -> list[float | None]:
+                return [p.loss for p in app.query_one(CurvesPane).points]
+
+            await pilot_until(pilot, lambda: losses() == TRAINER_LOSSES, timeout=60)
+            (tmp_path / "a" / "more").touch()
+            await pilot_until(pilot, lambda: app.state.trainlog.parser.points)  # a's own point was read...
+            await pilot.pause(1.0)  # (a few more polls)
+            assert losses() == TRAINER_LOSSES  # ...and is not on show
+            assert str(app.query_one(CurvesPane).border_title) == "training · train: a alive · b alive · rank 0 on b"
+
+            app.open_box_screen("b")  # rank 0's own box: its curve once, not its own reading of it besides
+            await pilot_until(pilot, lambda: app.box_name == "b" and app.state.snapshot is not None, timeout=60)
+            await pilot_until(pilot, lambda: len(app.state.trainlog.parser.points) == len(TRAINER_LOSSES), timeout=60)
+            await pilot_until(pilot, lambda: losses() == TRAINER_LOSSES)
+            await pilot.pause(1.0)  # a few more polls of b
+            assert losses() == TRAINER_LOSSES
+    finally:
+        stop_stages_under(tmp_path)
 
 
 async def test_the_box_hashes_what_the_command_runs(workspace: Path, box: Box) -> None:

@@ -96,7 +96,11 @@ class CurvesPane(Container):
             self._draw()
 
     def reset(self) -> None:
-        self.points = []
+        self.show([])
+
+    def show(self, points: list[TrainPoint]) -> None:
+        """These points in place of those shown (a curve read elsewhere, whole)."""
+        self.points = list(points)
         self._draw()
 
     def _draw(self) -> None:

@@ -220,11 +220,17 @@ PROGRESS = re.compile(rb"(?m)^train (\d{1,12})/\d{1,12} \[")  # the train stage'
 def rank_in_log(data: bytes) -> int | None:
     """The distributed rank the node's log says it ran as (torchrun's c10d rendezvous assigns
     ranks itself: it need not be the node rank)."""
+    ranks = ranks_in_log(data)
+    return ranks[-1] if ranks else None
+
+
+def ranks_in_log(data: bytes) -> list[int]:
+    """Every rank the node's log names, in order: several where a node runs several processes."""
     for pattern in RANK_LINES:
         found = pattern.findall(data)
         if found:
-            return int(found[-1])
-    return None
+            return [int(rank) for rank in found]
+    return []
 
 
 def world_size_in_log(data: bytes) -> int | None:

@@ -24,8 +24,8 @@ from samai.console.core.preflight import Preflight, poison_artifacts, preflight
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
 from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
-from samai.console.core.trainlog import TrainLogCheck, TrainPoint
-from samai.remote.follow import MARKER_SCAN_READ, LogFollower, last_run
+from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
+from samai.remote.follow import MARKER_SCAN_READ, LogFollower
 from samai.remote.model import Marker, Process, PythonPackages, Report, RunStatus, Severity, Snapshot, StageRecord
 
 MAX_ALERTS = 200
@@ -252,13 +252,10 @@ class ConsoleState:
         return update
 
     def _train_lines(self, lines: list[str], update: StateUpdate) -> list[TrainPoint]:
-        """The training curve's new points: of the log's last run only (the log holds every run
-        appended when written by other means, and at start-up it is read from its beginning)."""
-        newest = last_run(lines)
-        if newest is not None:
-            self.trainlog = TrainLogCheck()
-            update.curve_reset = True
-        return self.trainlog.feed(lines if newest is None else newest)
+        """The training curve's new points: of the log's last run only."""
+        self.trainlog, restarted, points = newest_run_points(self.trainlog, lines)
+        update.curve_reset |= restarted
+        return points
 
     def _run_alert(self, stage: str, severity: Severity, text: str, code: str = "") -> Alert:
         """An alert about a stage's current run. An error offers its stage's log (`l`) and a

@@ -38,6 +38,7 @@ from typing import Any
 
 from samai.console.core.longlines import PieceDecoder
 from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
+from samai.remote.follow import last_run
 from samai.remote.model import Severity
 
 FIELDS = ("loss", "grad_norm", "learning_rate", "epoch")
@@ -752,6 +753,17 @@ class TrainLogCheck:
             self._history = HistoryStream()
             return self.parser.feed_state(self._history.entries(head))
         return self.parser.feed(head)
+
+
+def newest_run_points(check: TrainLogCheck, lines: list[str]) -> tuple[TrainLogCheck, bool, list[TrainPoint]]:
+    """A followed training log's next lines: the check that reads on (a new one after a run
+    header: the log holds every run appended when written by other means, and at start-up it is
+    read from its beginning), whether it is a new one, and the new points of the newest run."""
+    newest = last_run(lines)
+    if newest is None:
+        return check, False, check.feed(lines)
+    check = TrainLogCheck()
+    return check, True, check.feed(newest)
 
 
 def _file_kind(head: list[str], at_end: bool = False) -> str | None:

@@ -1,0 +1,82 @@
+"""Rank 0's training curve of a multi-node run, whichever box it runs on.
+
+The Trainer logs its points on the world's process 0 alone, and torchrun's c10d rendezvous
+decides which node runs it (not necessarily node rank 0): the node is the one whose log's rank
+line says 0, and its log is then followed as one box's training pane follows its train stage's."""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+from collections.abc import Mapping, Sequence
+
+from samai.console.core.longlines import piece_follower
+from samai.console.core.multinode import MultiRun, NodeRun, ranks_in_log
+from samai.console.core.multiwatch import HEAD_BYTES, NodeState
+from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
+from samai.remote.boxapi import Box, BoxError
+from samai.remote.follow import CATCH_UP_READ, LogFollower
+from samai.remote.transport import TransportError
+
+READ_ERRORS = (BoxError, TransportError, OSError)
+
+
+class RankZeroCurve:
+    """Follows one run at a time: another run (a new fire) starts it afresh."""
+
+    def __init__(self) -> None:
+        self._start(None)
+
+    def _start(self, run_id: str | None) -> None:
+        self.run_id = run_id
+        self.node: str | None = None  # where rank 0 runs, once a log has said so
+        self._follower: LogFollower | None = None
+        self._check = TrainLogCheck()
+        self._restarts = 0  # runs begun in the followed log: a new one is a curve of its own
+
+    @property
+    def points(self) -> list[TrainPoint]:
+        """The curve's points kept so far (evenly thinned on a long run, as one box's are)."""
+        return self._check.parser.points
+
+    @property
+    def version(self) -> tuple[str | None, str | None, int, int]:
+        """Changes whenever the points or the node they come from change."""
+        return self.run_id, self.node, self._restarts, self._check.parser.series.seen
+
+    async def read(self, run: MultiRun, states: Sequence[NodeState], boxes: Mapping[str, Box]) -> None:
+        """Read what rank 0's log has added since the last read (nothing where no box answers)."""
+        if run.run_id != self.run_id:
+            self._start(run.run_id)  # a new run: nothing of the last one stays
+        if self._follower is None:
+            node = await _rank_zero_node(run, states, boxes)
+            if node is None:
+                return
+            self.node = node.node
+            self._follower = piece_follower(_log_path(node), offset=0, catch_up_bytes=CATCH_UP_READ)
+        assert self.node is not None
+        try:
+            chunk = await boxes[self.node].read_log(self._follower.cursor())
+        except READ_ERRORS:
+            return  # read again next time, from the same place
+        self._check, restarted, _ = newest_run_points(self._check, self._follower.consume(chunk).lines)
+        self._restarts += restarted
+
+
+async def _rank_zero_node(run: MultiRun, states: Sequence[NodeState], boxes: Mapping[str, Box]) -> NodeRun | None:
+    """The node whose log names rank 0 (None until one has said so)."""
+    nodes = [n for n in (run.node(s.node) for s in states if s.alive is not None) if n is not None]
+    said = await asyncio.gather(*(_says_rank_zero(boxes[n.node], n) for n in nodes))
+    return next((n for n, zero in zip(nodes, said, strict=True) if zero), None)
+
+
+async def _says_rank_zero(box: Box, node: NodeRun) -> bool:
+    try:
+        head = await box.tail(_log_path(node), offset=0, max_bytes=HEAD_BYTES)
+    except READ_ERRORS:
+        return False  # asked again next time
+    return 0 in ranks_in_log(head.data)
+
+
+def _log_path(node: NodeRun) -> str:
+    return posixpath.join(node.workspace, node.log)
