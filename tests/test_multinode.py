@@ -654,32 +654,42 @@ def _processes_of(run_id: str, node: str) -> list[psutil.Process]:
 
 
 
-@needs_sshd
-@pytest.mark.timeout(PROVISION_TIMEOUT + TRAIN_TIMEOUT)
-async def test_torchrun_across_two_ssh_boxes_then_one_rank_dies_and_stop_all(
-        two_servers, trained_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _ssh_fleet(two_servers, tmp_path: Path, inputs: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The two SSH boxes as nodes a and b of a torchrun stage that trains long enough to watch: the
+    config file's path."""
     server_a, server_b = two_servers
     monkeypatch.setenv("HOME", str(server_a.client_home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    ws_a, ws_b = _node_workspaces(tmp_path, trained_inputs)
-    cfg = fleet(ws_a, ws_b, url_a=server_a.url(), url_b=server_b.url(), port=sshd.free_port(),
-                command=TRAIN.format(epochs=200))
-    shown: list[ActionPlan] = []
+    ws_a, ws_b = _node_workspaces(tmp_path, inputs)
+    cfg_file = tmp_path / "samai.toml"
+    cfg_file.write_text(fleet_toml(ws_a, ws_b, url_a=server_a.url(), url_b=server_b.url(), port=sshd.free_port(),
+                                   command=TRAIN.format(epochs=200)))
+    return cfg_file
 
-    async def confirm(plan: ActionPlan) -> Decision:
-        shown.append(plan)
-        return Decision.confirmed(plan, "test")
 
-    nodes = _nodes(cfg, confirm=confirm)
-    multi = MultiNodeActions(cfg, nodes, confirm=confirm)
+def _kill_node(run_id: str, node: str) -> None:
+    """One node's processes die (its launcher and its worker), as the OOM killer or a crash would do it."""
+    victims = _processes_of(run_id, node)
+    assert len(victims) == 2, [p.info["cmdline"] for p in victims]
+    for proc in victims:
+        proc.send_signal(signal.SIGKILL)
+
+
+@needs_sshd
+@pytest.mark.timeout(PROVISION_TIMEOUT + TRAIN_TIMEOUT)
+async def test_torchrun_across_two_ssh_boxes_from_the_command_line_then_one_rank_dies_and_stop_all(
+        two_servers, trained_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server_a, server_b = two_servers
+    cfg_file = _ssh_fleet(two_servers, tmp_path, trained_inputs, monkeypatch)
+    cfg = config.load(cfg_file)
+    ws_a, ws_b = (Path(cfg.on_box(n).workspace) for n in "ab")
+    nodes = _nodes(cfg)
     try:
-        fired = await multi.fire("train")
-        assert fired.ok, fired.message + "\n" + "\n".join(c.text for c in fired.plan.summary.checks)
-        run = fired.run
-        assert run is not None and load_run(cfg, "train") == run
+        fired = await asyncio.to_thread(run_cli, "--config", str(cfg_file), "fire", "train", "--yes")
+        assert fired.returncode == 0, fired.stdout + fired.stderr
+        run = load_run(cfg, "train")
+        assert run is not None and f"run {run.run_id}" in fired.stdout, fired.stdout
         assert [(n.node, n.rank, n.target) for n in run.nodes] == [("a", 0, server_a.url()), ("b", 1, server_b.url())]
-        (summary,) = shown
-        assert all(f"[box {n.node}] {n.command}" in summary.command for n in run.nodes)
         # A real rendezvous: both ranks log their rank in a world of 2, and train.
         for ws in (ws_a, ws_b):
             await _until(lambda ws=ws: re.search(rb"(?m)^train [3-9]\d*/", _log(ws)), TRAIN_TIMEOUT,
@@ -690,11 +700,7 @@ async def test_torchrun_across_two_ssh_boxes_then_one_rank_dies_and_stop_all(
         states, alerts = await watch(run, boxes)
         assert [s.alive for s in states] == [True, True] and alerts == []
 
-        # One node's processes die (its launcher and its worker, as the OOM killer or a crash would).
-        victims = _processes_of(run.run_id, "b")
-        assert len(victims) == 2, [p.info["cmdline"] for p in victims]
-        for proc in victims:
-            proc.send_signal(signal.SIGKILL)
+        _kill_node(run.run_id, "b")
 
         async def alerted():
             return (await watch(run, boxes))[1]
@@ -706,22 +712,81 @@ async def test_torchrun_across_two_ssh_boxes_then_one_rank_dies_and_stop_all(
                                         "until the collective times out"), alert.message
         assert alert.action is not None and (alert.action.kind, alert.action.stage) == ("stop", "train")
 
-        # Its fix: stop all, through the action layer, audited per node.
-        stopped = await multi.stop_all("train", grace=5)
-        assert stopped.ok, stopped.message
+        # Its fix: stop all, on the command line as well, audited per node.
+        stopped = await asyncio.to_thread(run_cli, "--config", str(cfg_file), "stop", "train", "--yes")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         states, alerts = await watch(run, boxes)
         assert [s.alive for s in states] == [False, False] and alerts == []
         assert not _processes_of(run.run_id, "a") and not _processes_of(run.run_id, "b")
         audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
-        fires = [(e["phase"], e["target"]) for e in audit if e["action"] == "fire"]
-        assert fires == [("intent", server_a.url()), ("outcome", server_a.url()), ("intent", server_b.url()),
-                         ("outcome", server_b.url())]
+        fires = [(e["phase"], e["target"], e["via"]) for e in audit if e["action"] == "fire"]
+        assert fires == [("intent", server_a.url(), "--yes"), ("outcome", server_a.url(), "--yes"),
+                         ("intent", server_b.url(), "--yes"), ("outcome", server_b.url(), "--yes")]
         stops = sorted((e["phase"], e["target"]) for e in audit if e["action"] == "stop")
         assert stops == sorted([("intent", server_a.url()), ("outcome", server_a.url()),
                                 ("intent", server_b.url()), ("outcome", server_b.url())])
     finally:
         await asyncio.gather(*(a.box.stop("train", grace=2) for a in nodes.values()), return_exceptions=True)
         await _close(nodes)
+
+
+@needs_sshd
+@pytest.mark.timeout(PROVISION_TIMEOUT + TRAIN_TIMEOUT)
+async def test_torchrun_across_two_ssh_boxes_from_the_stage_key_with_rank_zeros_curve_then_x_stops_all(
+        two_servers, trained_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from samai.console.app import SamaiApp
+    from samai.widgets.alerts import AlertsPane
+    from samai.widgets.curves import CurvesPane
+    from samai.widgets.dialogs import ConfirmDialog
+    from tests.helpers import collect_toasts, pilot_until
+
+    cfg = config.load(_ssh_fleet(two_servers, tmp_path, trained_inputs, monkeypatch))
+    ws_b = Path(cfg.on_box("b").workspace)
+    app = SamaiApp(cfg, box="a")
+    try:
+        async with app.run_test(size=(170, 45)) as pilot:
+            toasts = collect_toasts(app)
+
+            async def until(predicate, what: str, timeout: float = TRAIN_TIMEOUT):
+                try:
+                    return await pilot_until(pilot, predicate, timeout=timeout)
+                except AssertionError:
+                    raise AssertionError(f"{what}: not in time; toasts {toasts}, alerts "
+                                         f"{[a.text for a in app.state.alerts]}, nodes "
+                                         f"{app.multinode and app.multinode.marks()}") from None
+
+            await until(lambda: app.state.snapshot is not None, "a's screen", 60)
+            await pilot.press("3")  # the train stage's key: one dialog over both nodes
+            dialog = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen,
+                                 "the fire dialog", 120)
+            assert dialog.plan.action == "fire" and not dialog.plan.blocked, dialog.plan.checks
+            assert "[box a] " in dialog.plan.command and "[box b] " in dialog.plan.command
+            assert "--rdzv-backend c10d" in dialog.plan.command
+            await pilot.click("#confirm")
+            run = await until(lambda: load_run(cfg, "train"), "the run's record", 120)
+
+            # Rank 0's curve on a's screen, read from whichever node the rendezvous made rank 0.
+            curves = app.query_one(CurvesPane)
+            await until(lambda: len(curves.points) >= 3, "rank 0's points")
+            title = str(curves.border_title)
+            assert title.startswith("training · train: a alive · b alive · rank 0 on "), title
+            zero = title.rsplit(" ", 1)[1]
+            assert rank_in_log(_log(Path(cfg.on_box(zero).workspace))) == 0
+
+            _kill_node(run.run_id, "b")
+            alert = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died" and a.active),
+                                             None), "the dead-rank alert", 120)
+            assert alert.text.startswith(f"rank {rank_in_log(_log(ws_b))} on box b died at step "), alert.text
+            assert "a: rank " in str(app.query_one(AlertsPane).render())  # the alert names the box it is shown on
+            await pilot.press("x")
+            stop = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the stop dialog", 60)
+            assert stop.plan.action == "stop" and stop.plan.subject == "stage train on every node (a, b)"
+            await pilot.click("#confirm")
+            await until(lambda: all(not a.active for a in app.state.alerts if a.code == "rank_died"), "resolved", 120)
+            await until(lambda: "a down · b down" in str(curves.border_title), "both down", 60)
+        assert not _processes_of(run.run_id, "a") and not _processes_of(run.run_id, "b")
+    finally:
+        stop_stages_under(tmp_path)
 
 
 DS_CONFIG = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
