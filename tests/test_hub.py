@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,19 @@ def test_a_long_download_reports_progress(hub, env, tmp_path):
     progress = [line for line in r.stdout.splitlines() if line.startswith("fetch samai/big: ")]
     assert progress, r.stdout
     assert f"/ {sum(map(len, files.values())) / 1024 / 1024:.1f} MiB (" in progress[0]
+
+
+def test_a_download_that_falls_between_two_measures_still_says_how_much_landed(tmp_path, monkeypatch, capsys):
+    """The client writes in 10 MiB pieces: a download of a few seconds can start and end between
+    two of the watcher's measures. Its last measure, at the end, still reports it."""
+    from samai.remote.box.stages import hub
+
+    monkeypatch.setattr(hub, "WATCH_S", 3600.0)  # no measure while it downloads
+    files = [hub.RemoteFile("model.safetensors", 9 * 1024 * 1024, None, None)]
+    with hub.Watcher("fetch samai/big", str(tmp_path), files):
+        (tmp_path / "model.safetensors").write_bytes(b"\0" * files[0].size)
+        time.sleep(1.2)  # a download that took over a second (shorter ones say nothing)
+    assert capsys.readouterr().out.startswith("fetch samai/big: 9.0 MiB / 9.0 MiB (100%) ")
 
 
 def test_a_body_cut_mid_way_resumes_with_a_range(hub, env, tmp_path):

@@ -324,6 +324,9 @@ class Watcher(threading.Thread):
     def __exit__(self, *exc):
         self.done.set()
         self.join()
+        # Measured once more at the end: the client writes in 10 MiB pieces, and a download of a
+        # few seconds could fall between two measures and leave no line at all.
+        self.progress.update(landed_bytes(self.dest, self.files))
 
 
 # ------------------------------------------------------------------ fetch hf
