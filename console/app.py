@@ -903,7 +903,8 @@ class SamaiApp(App[None]):
             self._show_alerts()
         session = self._node_session()
         curves = self.query_one(CurvesPane)
-        curves.border_title = inert(f"training · {session.marks()}") if session.marks() else "training"
+        marks = session.marks()  # which nodes of the training run are alive
+        curves.border_title = inert(f"training · {marks}") if marks else "training"
         if self._multi_node("train") and session.curve.version != self._curve_shown:
             curves.show(session.curve.points)  # rank 0's, from whichever box it runs on
             self._curve_shown = session.curve.version

@@ -33,6 +33,7 @@ class RankZeroCurve:
         self._follower: LogFollower | None = None
         self._check = TrainLogCheck()
         self._restarts = 0  # runs begun in the followed log: a new one is a curve of its own
+        self._searched: dict[str, int] = {}  # the bytes of each node's log head searched for rank 0
 
     @property
     def points(self) -> list[TrainPoint]:
@@ -49,7 +50,7 @@ class RankZeroCurve:
         if run.run_id != self.run_id:
             self._start(run.run_id)  # a new run: nothing of the last one stays
         if self._follower is None:
-            node = await _rank_zero_node(run, states, boxes)
+            node = await self._rank_zero_node(run, states, boxes)
             if node is None:
                 return
             self.node = node.node
@@ -62,20 +63,26 @@ class RankZeroCurve:
         self._check, restarted, _ = newest_run_points(self._check, self._follower.consume(chunk).lines)
         self._restarts += restarted
 
+    async def _rank_zero_node(self, run: MultiRun, states: Sequence[NodeState],
+                              boxes: Mapping[str, Box]) -> NodeRun | None:
+        """The node whose log names rank 0 (None until one has said so). A node whose whole head was
+        searched is not asked again: a program that never says its rank costs no reads after that."""
+        nodes = [n for n in (run.node(s.node) for s in states if s.alive is not None)
+                 if n is not None and self._searched.get(n.node, 0) < HEAD_BYTES]
+        heads = await asyncio.gather(*(_head(boxes[n.node], n) for n in nodes))
+        for node, head in zip(nodes, heads, strict=True):
+            if head is not None and 0 in ranks_in_log(head):
+                return node
+            self._searched[node.node] = len(head or b"")
+        return None
 
-async def _rank_zero_node(run: MultiRun, states: Sequence[NodeState], boxes: Mapping[str, Box]) -> NodeRun | None:
-    """The node whose log names rank 0 (None until one has said so)."""
-    nodes = [n for n in (run.node(s.node) for s in states if s.alive is not None) if n is not None]
-    said = await asyncio.gather(*(_says_rank_zero(boxes[n.node], n) for n in nodes))
-    return next((n for n, zero in zip(nodes, said, strict=True) if zero), None)
 
-
-async def _says_rank_zero(box: Box, node: NodeRun) -> bool:
+async def _head(box: Box, node: NodeRun) -> bytes | None:
+    """The start of the node's log, where its rank line is (None: it cannot be read now)."""
     try:
-        head = await box.tail(_log_path(node), offset=0, max_bytes=HEAD_BYTES)
+        return (await box.tail(_log_path(node), offset=0, max_bytes=HEAD_BYTES)).data
     except READ_ERRORS:
-        return False  # asked again next time
-    return 0 in ranks_in_log(head.data)
+        return None
 
 
 def _log_path(node: NodeRun) -> str:
