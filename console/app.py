@@ -897,9 +897,11 @@ class SamaiApp(App[None]):
         now = self.clock()
         self.state.alerts[:] = [replace(a, resolved_at=now) if a.code == "rank_died" and a.active
                                 and a.action and a.action.stage in ended else a for a in self.state.alerts]
+        shown = {(a.code, a.text) for a in self.state.alerts}  # this box screen's: another box's shows them again
+        new = [f for f in findings if (f.code, f.message) not in shown]
         self.state.raise_alerts([Alert(now, f.severity, f.message, code=f.code, action=f.action,
-                                       hint="x stop all") for f in findings])
-        if findings or ended:
+                                       hint="x stop all") for f in new])
+        if new or ended:
             self._show_alerts()
         session = self._node_session()
         curves = self.query_one(CurvesPane)

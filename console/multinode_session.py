@@ -34,7 +34,6 @@ class MultiNodeSession:
         self.readonly = readonly
         self.confirm = confirm
         self.boxes: dict[str, Box] = {}
-        self._raised: set[tuple[str, str]] = set()  # the findings already raised as alerts
         self._ended: set[str] = set()  # the runs seen ended on every node: not read again
         self.states: dict[str, tuple[NodeState, ...]] = {}  # each stage's nodes as last read
         self._read: dict[tuple[str, str], tuple[int | None, int | None]] = {}  # dead nodes' rank and step
@@ -54,9 +53,10 @@ class MultiNodeSession:
         return MultiNodeActions(self.config, nodes, confirm=self.confirm)
 
     async def poll(self) -> tuple[list[Finding], list[str]]:
-        """Each multi-node stage's recorded run, read on its nodes: the alerts not raised before
-        (a rank that died while others run), and the stages whose run has just ended on every node."""
-        new: list[Finding] = []
+        """Each multi-node stage's recorded run, read on its nodes: what holds now (a rank that died
+        while others run; each screen raises what it has not shown yet), and the stages whose run
+        has just ended on every node."""
+        standing: list[Finding] = []
         ended: list[str] = []
         for stage in (s for s in self.config.stages if s.nodes):
             run = load_run(self.config, stage.name)
@@ -67,12 +67,11 @@ class MultiNodeSession:
             self.states[stage.name] = states
             if stage.name == CURVE_STAGE:  # read after the states: a run just ended has its last lines read
                 await self.curve.read(run, states, boxes)
-            new += [f for f in findings if f.key not in self._raised]
-            self._raised |= {f.key for f in findings}
+            standing += findings
             if all(s.alive is False for s in states):
                 self._ended.add(run.run_id)
                 ended.append(stage.name)
-        return new, ended
+        return standing, ended
 
     def marks(self) -> str:
         """Which nodes of each followed run are alive: `train: a alive · b down`."""

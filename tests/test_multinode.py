@@ -404,8 +404,15 @@ async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialo
 
         alert = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None), "the alert")
         assert alert.text.startswith("rank 1 on box b died at step 140 (failed); ranks on a will hang")
+        assert str(app.query_one("#curves").border_title) == "training · train: a alive · b down"
+        await pilot.pause(1.0)  # (a few more readings of the nodes)
+        assert [a.code for a in app.state.alerts].count("rank_died") == 1  # raised once
+
+        app.open_box_screen("b")  # the dead node's own screen says it as well
+        await until(lambda: app.box_name == "b" and app.state.snapshot is not None, "b's screen")
+        again = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None), "b's alert")
+        assert again.text == alert.text and "b: rank 1 on box b died" in str(app.query_one("#alerts").render())
         curves = app.query_one("#curves")
-        assert str(curves.border_title) == "training · train: a alive · b down"
         await pilot.press("x")
         dialog = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the dialog")
         assert dialog.plan.subject == "stage train on every node (a, b)" and dialog.plan.action == "stop"
