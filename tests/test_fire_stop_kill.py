@@ -62,6 +62,7 @@ async def test_a_restarted_box_reattaches_to_a_running_stage(box: Box, workspace
         assert (rec.pid, rec.start_time, rec.cmd) == (fired.pid, fired.start_time, "sleep 30")
         again = await fresh.fire("long", "sleep 30", "logs/long.log", verify_s=0.3)
         assert again.state == "refused" and "already running" in again.reason
+        await fresh.close()  # its probe with it (left running, it outlived the test)
     finally:
         await box.stop("long", grace=1)
     assert not _alive(fired.pid)

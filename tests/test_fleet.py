@@ -177,15 +177,14 @@ async def test_the_fleet_model_polls_each_box_on_its_own(tmp_path: Path, silent_
 # ------------------------------------------------------------------ the fleet screen
 
 
-def _local_probes() -> list[psutil.Process]:
-    """The local boxes' live probes among this process's children. Only the `--serve` ones: under
-    load a box's one-shot reads (and children not yet reaped) are there too, and made a count of
-    all children miss its number for the whole wait."""
-    probes = []
+def _live_probes() -> set[int]:
+    """The pids of the live probes among this process's children (local boxes' probes). Only
+    those: under load a box's one-shot reads and children not yet reaped are there too."""
+    probes = set()
     for child in psutil.Process().children():
         try:
             if child.status() != psutil.STATUS_ZOMBIE and child.cmdline()[-2:] == ["probe", "--serve"]:
-                probes.append(child)
+                probes.add(child.pid)
         except psutil.Error:  # ended between the listing and the look
             pass
     return probes
@@ -221,6 +220,7 @@ def _palette_choice(app: SamaiApp) -> str:
 
 async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: dict[str, Path], server) -> None:
     app = SamaiApp(config.load(f))
+    before = _live_probes()  # an earlier test's, left running: not this console's
     async with app.run_test(size=(170, 45)) as pilot:
         fleet = await pilot_until(pilot, lambda: isinstance(app.screen, FleetScreen) and app.screen)  # at start
         table = fleet.query_one(FleetTable)
@@ -271,7 +271,7 @@ async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: di
                           and app.state.snapshot is not None)
         assert app.config.workspace == str(spaces["c"]) and app.box is not b_box
         # b's probe ended with its connection: the local boxes' probes are the fleet's three and c's one.
-        await pilot_until(pilot, lambda: len(_local_probes()) == 4)
+        await pilot_until(pilot, lambda: len(_live_probes() - before) == 4)
         assert app.state.snapshot.state("slow") is None  # c's own state: nothing of b's
 
         # An alert on c says it is c's, in the alerts pane and on c's row of the fleet.
