@@ -890,7 +890,7 @@ class SamaiApp(App[None]):
 
     async def _follow_nodes_once(self) -> None:
         try:
-            findings, ended = await self._node_session().poll()
+            findings, ended = await self._node_session().poll(self.box_name)
         except (BoxError, TransportError, TargetError, OSError) as e:
             self.log.warning("multi-node watch", e)
             findings, ended = [], []
@@ -900,7 +900,7 @@ class SamaiApp(App[None]):
         shown = {(a.code, a.text) for a in self.state.alerts}  # this box screen's: another box's shows them again
         new = [f for f in findings if (f.code, f.message) not in shown]
         self.state.raise_alerts([Alert(now, f.severity, f.message, code=f.code, action=f.action,
-                                       hint="x stop all") for f in new])
+                                       hint="x stop all" if f.action else "") for f in new])
         if new or ended:
             self._show_alerts()
         session = self._node_session()

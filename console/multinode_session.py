@@ -11,6 +11,7 @@ from samai.console.core.actions import Actions, Confirm
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import Config
 from samai.console.core.detectors import Finding
+from samai.console.core.fixes import FixAction
 from samai.console.core.multiactions import MultiNodeActions
 from samai.console.core.multicurve import RankZeroCurve
 from samai.console.core.multinode import load_run
@@ -52,10 +53,11 @@ class MultiNodeSession:
                             confirm=self.confirm) for n in self._nodes()}
         return MultiNodeActions(self.config, nodes, confirm=self.confirm)
 
-    async def poll(self) -> tuple[list[Finding], list[str]]:
+    async def poll(self, shown_box: str | None = None) -> tuple[list[Finding], list[str]]:
         """Each multi-node stage's recorded run, read on its nodes: what holds now (a rank that died
-        while others run; each screen raises what it has not shown yet), and the stages whose run
-        has just ended on every node."""
+        while others run, what rank 0's training log shows; each screen raises what it has not
+        shown yet), and the stages whose run has just ended on every node. shown_box: the box on
+        screen, whose own log's findings its screen raises itself."""
         standing: list[Finding] = []
         ended: list[str] = []
         for stage in (s for s in self.config.stages if s.nodes):
@@ -67,11 +69,17 @@ class MultiNodeSession:
             self.states[stage.name] = states
             if stage.name == CURVE_STAGE:  # read after the states: a run just ended has its last lines read
                 await self.curve.read(run, states, boxes)
+                standing += self._curve_findings(stage.name) if self.curve.node != shown_box else []
             standing += findings
             if all(s.alive is False for s in states):
                 self._ended.add(run.run_id)
                 ended.append(stage.name)
         return standing, ended
+
+    def _curve_findings(self, stage: str) -> list[Finding]:
+        """Rank 0's log anomalies, for every node's screen: an error's fix is to stop all."""
+        return [Finding(p.code, p.severity, f"{stage}, rank 0 on box {self.curve.node}: {p.message}",
+                        FixAction.stop(stage) if p.severity == "error" else None) for p in self.curve.anomalies]
 
     def marks(self) -> str:
         """Which nodes of each followed run are alive: `train: a alive · b down`."""

@@ -516,12 +516,25 @@ async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tm
             assert losses() == TRAINER_LOSSES  # ...and is not on show
             assert str(app.query_one(CurvesPane).border_title) == "training · train: a alive · b alive · rank 0 on b"
 
+            # Rank 0's loss goes NaN: an alert on a's screen too, whose fix stops every node.
+            with (tmp_path / "b" / "logs" / "train.log").open("a") as log:
+                log.write("{'loss': 'nan', 'grad_norm': 'nan', 'learning_rate': '0.0001', 'epoch': '3.25'}\n")
+            nan = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "nan_loss"), None),
+                                    timeout=60)
+            assert nan.text.startswith("train, rank 0 on box b: ") and nan.severity == "error"
+            assert nan.action is not None and (nan.action.kind, nan.action.stage) == ("stop", "train")
+            every = len(TRAINER_LOSSES) + 1
+            await pilot_until(pilot, lambda: len(losses()) == every)  # the bad point on the curve
+
             app.open_box_screen("b")  # rank 0's own box: its curve once, not its own reading of it besides
             await pilot_until(pilot, lambda: app.box_name == "b" and app.state.snapshot is not None, timeout=60)
-            await pilot_until(pilot, lambda: len(app.state.trainlog.parser.points) == len(TRAINER_LOSSES), timeout=60)
-            await pilot_until(pilot, lambda: losses() == TRAINER_LOSSES)
+            await pilot_until(pilot, lambda: len(app.state.trainlog.parser.points) == every, timeout=60)
+            await pilot_until(pilot, lambda: len(losses()) == every)
             await pilot.pause(1.0)  # a few more polls of b
-            assert losses() == TRAINER_LOSSES
+            assert len(losses()) == every and losses()[:-1] == TRAINER_LOSSES
+            # b's screen says the NaN once: its own reading of its log says it, the nodes' watch does not again.
+            said = [a.text for a in app.state.alerts if a.code == "nan_loss"]
+            assert len(said) == 1 and said[0].startswith("train: "), said
     finally:
         stop_stages_under(tmp_path)
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from samai.console.core.longlines import piece_follower
 from samai.console.core.multinode import MultiRun, NodeRun, ranks_in_log
 from samai.console.core.multiwatch import HEAD_BYTES, NodeState
+from samai.console.core.problems import Problem
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import CATCH_UP_READ, LogFollower
@@ -39,6 +40,11 @@ class RankZeroCurve:
     def points(self) -> list[TrainPoint]:
         """The curve's points kept so far (evenly thinned on a long run, as one box's are)."""
         return self._check.parser.points
+
+    @property
+    def anomalies(self) -> list[Problem]:
+        """What the checks found in rank 0's log of this run (NaN, spikes...), as `check trainlog` says them."""
+        return self._check.anomalies
 
     @property
     def version(self) -> tuple[str | None, str | None, int, int]:
