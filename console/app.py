@@ -287,9 +287,9 @@ class SamaiApp(App[None]):
             if u.log_lines:
                 log.append(u.log_lines)
         curves = self.query_one(CurvesPane)
-        if u.curve_reset and not self._multi_node("train"):  # on several nodes, rank 0's curve (follow_nodes)
-            curves.reset()  # a new training run: its curve alone
-        if u.new_points and not self._multi_node("train"):
+        if not self._multi_node("train"):  # on several nodes, rank 0's curve (follow_nodes)
+            if u.curve_reset:
+                curves.reset()  # a new training run: its curve alone
             curves.add(u.new_points)
         curves.show_gpu_util(self.state.gpu.utilization())
         self.query_one(EvalTable).show(u.evals)

@@ -7,19 +7,15 @@ line says 0, and its log is then followed as one box's training pane follows its
 from __future__ import annotations
 
 import asyncio
-import posixpath
 from collections.abc import Mapping, Sequence
 
 from samai.console.core.longlines import piece_follower
 from samai.console.core.multinode import MultiRun, NodeRun, ranks_in_log
-from samai.console.core.multiwatch import HEAD_BYTES, NodeState
+from samai.console.core.multiwatch import HEAD_BYTES, READ_ERRORS, NodeState, log_head
 from samai.console.core.problems import Problem
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
-from samai.remote.boxapi import Box, BoxError
+from samai.remote.boxapi import Box
 from samai.remote.follow import CATCH_UP_READ, LogFollower
-from samai.remote.transport import TransportError
-
-READ_ERRORS = (BoxError, TransportError, OSError)
 
 
 class RankZeroCurve:
@@ -60,7 +56,7 @@ class RankZeroCurve:
             if node is None:
                 return
             self.node = node.node
-            self._follower = piece_follower(_log_path(node), offset=0, catch_up_bytes=CATCH_UP_READ)
+            self._follower = piece_follower(node.log_path, offset=0, catch_up_bytes=CATCH_UP_READ)
         assert self.node is not None
         try:
             chunk = await boxes[self.node].read_log(self._follower.cursor())
@@ -84,12 +80,7 @@ class RankZeroCurve:
 
 
 async def _head(box: Box, node: NodeRun) -> bytes | None:
-    """The start of the node's log, where its rank line is (None: it cannot be read now)."""
     try:
-        return (await box.tail(_log_path(node), offset=0, max_bytes=HEAD_BYTES)).data
+        return await log_head(box, node)
     except READ_ERRORS:
-        return None
-
-
-def _log_path(node: NodeRun) -> str:
-    return posixpath.join(node.workspace, node.log)
+        return None  # asked again next time

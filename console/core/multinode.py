@@ -63,6 +63,11 @@ class NodeRun:
     pid: int | None = None
     start_time: float | None = None
 
+    @property
+    def log_path(self) -> str:
+        """The node's log on its box."""
+        return posixpath.join(self.workspace, self.log)
+
 
 @dataclass(frozen=True)
 class MultiRun:

@@ -6,7 +6,6 @@ with the rank, the box and the last step the dead node's log shows, and "stop al
 from __future__ import annotations
 
 import asyncio
-import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from samai.remote.visible import visible
 
 HEAD_BYTES = 256 * 1024  # where the rank line is, near the start of the log
 TAIL_LINES = 400  # where the last step is
+READ_ERRORS = (BoxError, TransportError, OSError)  # a box that cannot be read now
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ async def node_states(run: MultiRun, boxes: Mapping[str, Box]) -> tuple[NodeStat
 async def _state(run: MultiRun, node: NodeRun, box: Box) -> NodeState:
     try:
         snap = await box.snapshot(processes=True)
-    except (BoxError, TransportError, OSError) as e:
+    except READ_ERRORS as e:
         return NodeState(node.node, node.rank, None, f"unreachable: {visible(str(e))[:200]}", node.pid)
     rec = snap.state(run.stage)
     if rec is None:
@@ -83,12 +83,16 @@ async def watch(run: MultiRun, boxes: Mapping[str, Box],
     return states, await death_findings(run, states, boxes, read)
 
 
+async def log_head(box: Box, node: NodeRun) -> bytes:
+    """The start of the node's log, where its rank line is (READ_ERRORS where it cannot be read)."""
+    return (await box.tail(node.log_path, offset=0, max_bytes=HEAD_BYTES)).data
+
+
 async def _rank_and_step(box: Box, node: NodeRun) -> tuple[int | None, int | None] | None:
     """What the node's log says (None: it cannot be read now; asked again next time)."""
-    path = posixpath.join(node.workspace, node.log)
     try:
-        head = await box.tail(path, offset=0, max_bytes=HEAD_BYTES)
-        tail = await box.tail(path, last_lines=TAIL_LINES)
-    except (BoxError, TransportError, OSError):
+        head = await log_head(box, node)
+        tail = (await box.tail(node.log_path, last_lines=TAIL_LINES)).data
+    except READ_ERRORS:
         return None
-    return rank_in_log(head.data + b"\n" + tail.data), last_step_in_log(tail.data)
+    return rank_in_log(head + b"\n" + tail), last_step_in_log(tail)
