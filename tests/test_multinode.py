@@ -788,8 +788,9 @@ async def test_torchrun_across_two_ssh_boxes_from_the_stage_key_with_rank_zeros_
             # Rank 0's curve on a's screen, read from whichever node the rendezvous made rank 0.
             curves = app.query_one(CurvesPane)
             await until(lambda: len(curves.points) >= 3, "rank 0's points")
-            title = str(curves.border_title)
-            assert title.startswith("training · train: a alive · b alive · rank 0 on "), title
+            both = "training · train: a alive · b alive · rank 0 on "  # waited for: under load a node may read
+            title = await until(lambda: str(curves.border_title).startswith(both) and str(curves.border_title),
+                                "the title", 60)  # as unreachable for a poll
             zero = title.rsplit(" ", 1)[1]
             assert rank_in_log(_log(Path(cfg.on_box(zero).workspace))) == 0
 
