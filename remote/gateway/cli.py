@@ -8,6 +8,7 @@ import signal
 import sys
 
 from samai.remote.gateway.faults import FAULT_MODES
+from samai.remote.gateway.limits import HEADER_TIMEOUT_S, MAX_ACTIVE, MAX_PENDING, MAX_PENDING_PER_CLIENT, Limits
 from samai.remote.gateway.protocol import DEFAULT_HARD_CUT_S, DEFAULT_MAX_BODY, DEFAULT_PORT, DEFAULT_TOKEN_ENV
 from samai.remote.gateway.server import build_server
 
@@ -34,6 +35,14 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="cap on any request's timeout (default 180)")
     parser.add_argument("--max-body", type=positive(int), default=DEFAULT_MAX_BODY, metavar="BYTES",
                         help="largest accepted payload (default 4 MiB)")
+    parser.add_argument("--header-timeout", type=positive(float), default=HEADER_TIMEOUT_S, metavar="SECONDS",
+                        help=f"the request line and headers must arrive within this (default {HEADER_TIMEOUT_S:g})")
+    parser.add_argument("--max-pending", type=positive(int), default=MAX_PENDING, metavar="N",
+                        help=f"connections still sending their headers, in all (default {MAX_PENDING})")
+    parser.add_argument("--max-pending-per-client", type=positive(int), default=MAX_PENDING_PER_CLIENT, metavar="N",
+                        help=f"the same, from one address (default {MAX_PENDING_PER_CLIENT})")
+    parser.add_argument("--max-active", type=positive(int), default=MAX_ACTIVE, metavar="N",
+                        help=f"requests with the token served at once; more are answered 503 (default {MAX_ACTIVE})")
     parser.add_argument("--faults", action="store_true", help="enable fault injection and POST/GET/DELETE /_faults")
     parser.add_argument("--fault", choices=FAULT_MODES, metavar="MODE",
                         help=f"a standing fault for every request (needs --faults): {', '.join(FAULT_MODES)}")
@@ -67,13 +76,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"envelope-server: no token: set the environment variable {args.token_env} "
               "(clients must send it as 'Authorization: Bearer TOKEN')", file=sys.stderr)
         return 2
+    limits = Limits(max_pending=args.max_pending, max_pending_per_client=args.max_pending_per_client,
+                    max_active=args.max_active, header_timeout_s=args.header_timeout)
     try:
         server = build_server(token, host=args.host, port=args.port, prefix=args.prefix, token_env=args.token_env,
-                              hard_cut_s=args.hard_cut, max_body=args.max_body, faults=args.faults, fault=args.fault)
+                              hard_cut_s=args.hard_cut, max_body=args.max_body, faults=args.faults, fault=args.fault,
+                              limits=limits)
+    except ValueError as e:  # the limits do not fit the open-file limit
+        print(f"envelope-server: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"envelope-server: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"listening on {server.url}", flush=True)
+    server.log(server.settings.limits.describe())
     if args.faults:
         server.log("fault injection is ON" + (f" (standing fault: {args.fault})" if args.fault else ""))
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)

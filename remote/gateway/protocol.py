@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qs
+
+from samai.remote.gateway.limits import Limits
 
 DEFAULT_PORT = 8765
 DEFAULT_TOKEN_ENV = "SAMAI_ENVELOPE_TOKEN"
@@ -23,11 +25,23 @@ class Settings:
     hard_cut_s: float = DEFAULT_HARD_CUT_S
     max_body: int = DEFAULT_MAX_BODY
     faults: bool = False
+    limits: Limits = field(default_factory=Limits)
 
 
 def normalize_prefix(prefix: str) -> str:
     prefix = prefix.strip().rstrip("/")
     return prefix if not prefix or prefix.startswith("/") else "/" + prefix
+
+
+def parse_content_length(text: str) -> int | None:
+    """A Content-Length value as a number of bytes; None unless it is all ASCII digits (int() alone would also take
+    a sign, spaces, underscores and other scripts' digits)."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts: no body is that long
+        return None
 
 
 @dataclass(frozen=True)

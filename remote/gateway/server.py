@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import socket
 import sys
 import threading
@@ -13,6 +14,7 @@ from typing import TextIO
 
 from samai.remote.gateway.faults import FAULT_MODES, Fault, FaultPlan
 from samai.remote.gateway.handler import EnvelopeHandler
+from samai.remote.gateway.limits import ConnectionSlots, Limits, fit_to_open_files
 from samai.remote.gateway.protocol import (
     DEFAULT_HARD_CUT_S,
     DEFAULT_MAX_BODY,
@@ -22,9 +24,14 @@ from samai.remote.gateway.protocol import (
 )
 from samai.remote.gateway.runner import PayloadRunner, child_environment
 
+# A burst of new connections waits in the kernel's queue, where it costs no descriptor, rather than being dropped
+# (the standard library listens with a queue of 5).
+LISTEN_BACKLOG = 128
+
 
 class EnvelopeServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, settings: Settings, *, standing_fault: Fault | None = None,
                  log_stream: TextIO | None = None) -> None:
@@ -34,6 +41,7 @@ class EnvelopeServer(ThreadingHTTPServer):
         self.settings = settings
         self.faults = FaultPlan(standing_fault)
         self.runner = PayloadRunner(child_environment(settings.token, settings.token_env))
+        self.slots = ConnectionSlots(settings.limits)
         self.stopping = threading.Event()
         self.log_stream = log_stream if log_stream is not None else sys.stderr
         self._log_lock = threading.Lock()
@@ -51,6 +59,26 @@ class EnvelopeServer(ThreadingHTTPServer):
             self.log_stream.write(f"{stamp} {line}\n")
             self.log_stream.flush()
 
+    # -- the connection limits (samai.remote.gateway.limits)
+
+    def process_request(self, request, client_address) -> None:
+        self.make_pending(request, client_address[0], wait_s=self.settings.limits.header_timeout_s)
+        super().process_request(request, client_address)
+
+    def make_pending(self, conn: socket.socket, client: str, *, wait_s: float) -> None:
+        """CONN waits up to WAIT_S seconds for its request line and headers."""
+        for cap in self.slots.admit(conn, client, wait_s=wait_s):
+            self.log(f"- - - closed the oldest pending connection: a new one was over the cap of {cap}")
+
+    def service_actions(self) -> None:
+        overdue = self.slots.drop_overdue()
+        if overdue:
+            self.log(f"- - - closed {overdue} connection(s) whose request line and headers did not arrive in time")
+
+    def shutdown_request(self, request) -> None:
+        self.slots.release(request)
+        super().shutdown_request(request)
+
     def release(self) -> None:
         """Wake waiting handlers, kill running payloads, close the listening socket."""
         self.stopping.set()
@@ -61,15 +89,22 @@ class EnvelopeServer(ThreadingHTTPServer):
 def build_server(token: str, *, host: str = "127.0.0.1", port: int = 0, prefix: str = "",
                  token_env: str = DEFAULT_TOKEN_ENV, hard_cut_s: float = DEFAULT_HARD_CUT_S,
                  max_body: int = DEFAULT_MAX_BODY, faults: bool = False, fault: str | None = None,
-                 log_stream: TextIO | None = None) -> EnvelopeServer:
+                 limits: Limits | None = None, log_stream: TextIO | None = None) -> EnvelopeServer:
+    """A server, not yet serving. LIMITS shrink to fit the process's open-file limit (ValueError if they cannot)."""
     if not token:
         raise ValueError("an envelope server needs a token")
     if fault is not None and not faults:
         raise ValueError("a standing fault needs faults enabled")
     if fault is not None and fault not in FAULT_MODES:
         raise ValueError(f"unknown fault mode {fault!r}")
-    settings = Settings(token, host, port, normalize_prefix(prefix), token_env, hard_cut_s, max_body, faults)
+    fitted = fit_to_open_files(limits or Limits(), open_file_limit())
+    settings = Settings(token, host, port, normalize_prefix(prefix), token_env, hard_cut_s, max_body, faults, fitted)
     return EnvelopeServer(settings, standing_fault=Fault(fault) if fault else None, log_stream=log_stream)
+
+
+def open_file_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return sys.maxsize if soft == resource.RLIM_INFINITY else soft
 
 
 @contextmanager
