@@ -17,6 +17,10 @@ The token is read from an environment variable and sent only as a header: never 
 a log line or a command on the box. Synchronous calls are capped at 120 s (the gateway cuts at
 ~180 s): longer work is started detached. Reads are retried on 5xx and timeouts; a call that may
 have changed the box is never sent twice.
+
+The gateway is not trusted: its reply is read as it streams in and refused past MAX_REPLY_BYTES,
+and a reply that is not the shape above (or a frame that is not the payload's) is a
+TransportError saying what is wrong with it, as a failed connection is.
 """
 
 from __future__ import annotations
@@ -32,12 +36,19 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from samai.remote.transport import RunResult, TransportError, TransportTimeout, read_framed
+from samai.remote.transport import MAX_FRAME_BYTES, RunResult, TransportError, TransportTimeout, read_framed
 
 MAX_SYNC_S = 120.0
-RESULT_MARK = "SAMAI-RESULT "
+RESULT_MARK = b"SAMAI-RESULT "
 DEFAULT_TOKEN_ENV = "SAMAI_ENVELOPE_TOKEN"
 READ_RETRIES = 3
+# A box tool's reply is at most MAX_FRAME_BYTES (32 MiB: see transport.py). Through the gateway
+# it is base64'd twice, once in the payload's frame and again in the gateway's b64url (x16/9):
+# 57 MiB for a full one. Twice the frame, 64 MiB, holds that, the JSON around it and the tool's
+# stderr beside it; a reply past it is refused before it is read whole.
+MAX_REPLY_BYTES = 2 * MAX_FRAME_BYTES
+ERROR_BODY_BYTES = 4096  # what is read of a reply that is not a 200: its reason (200 characters are shown)
+MAX_EXIT_STATUS = 255  # an exit code, or minus the signal that killed the process
 
 
 @dataclass(frozen=True)
@@ -47,11 +58,63 @@ class GatewayReply:
     stderr: bytes
 
 
-def decode_reply(response: httpx.Response) -> GatewayReply:
-    """The reference gateway's reply format (the one place to adapt for another gateway)."""
-    body = response.json()
-    return GatewayReply(int(body["rc"]), base64.urlsafe_b64decode(body.get("stdout") or ""),
-                        base64.urlsafe_b64decode(body.get("stderr") or ""))
+def decode_reply(body: bytes) -> GatewayReply:
+    """The reference gateway's reply format (the one place to adapt for another gateway);
+    ValueError, saying what is wrong, for a body that is not one."""
+    reply = _json_object(body)
+    return GatewayReply(_exit_status(reply.get("rc")), _base64(reply.get("stdout", ""), "stdout", b"-_"),
+                        _base64(reply.get("stderr", ""), "stderr", b"-_"))
+
+
+def decode_frame(line: bytes) -> RunResult:
+    """The payload's result frame (what follows RESULT_MARK); ValueError for one it did not print."""
+    frame = _json_object(line)
+    return RunResult(_exit_status(frame.get("rc")), _base64(frame.get("out"), "out"), _base64(frame.get("err"), "err"))
+
+
+def _json_object(text: bytes) -> dict:
+    try:
+        value = json.loads(text)
+    except RecursionError as e:  # nested deeper than the parser goes
+        raise ValueError("it is JSON nested too deep to read") from e
+    except ValueError as e:  # broken JSON, and bytes that are not UTF-8
+        raise ValueError(f"it is not JSON ({e})") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"it is {'null' if value is None else _shown(value)}, not a JSON object")
+    return value
+
+
+def _exit_status(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_EXIT_STATUS:
+        raise ValueError(f"rc is {_shown(value)}, not an exit status")
+    return value
+
+
+def _base64(value: object, name: str, altchars: bytes | None = None) -> bytes:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} is {_shown(value)}, not base64 text")
+    try:
+        return base64.b64decode(value, altchars, validate=True)
+    except ValueError as e:  # binascii.Error, and text that is not ASCII
+        raise ValueError(f"{name} is not base64 ({e})") from e
+
+
+def _shown(value: object) -> str:
+    """A JSON value as an error names it: its kind, and the start of a number."""
+    if value is None:
+        return "null or missing"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        text = str(value)
+        return f"the number {text[:20]}" + ("..." if len(text) > 20 else "")
+    kinds = ((dict, "an object"), (list, "an array"), (str, "a string"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
+
+
+def _one_line(data: bytes, keep: int) -> str:
+    """The end of text the box or the gateway wrote, on one line."""
+    return " ".join(data.decode("utf-8", "replace").split())[-keep:]
 
 
 def _embed(data: bytes) -> str:
@@ -78,7 +141,7 @@ def run_payload(argv: Sequence[str], stdin: bytes, timeout: float) -> str:
         "except OSError as e:",
         "    err = str(e).encode()",
         "result = {'rc': rc, 'out': base64.b64encode(out).decode(), 'err': base64.b64encode(err).decode()}",
-        f"print({RESULT_MARK!r} + json.dumps(result))",
+        f"print({RESULT_MARK.decode()!r} + json.dumps(result))",
         "",
     ])
 
@@ -98,7 +161,7 @@ def put_payload(path: str, data: bytes, mode: int) -> str:
         "f.close()",
         f"os.chmod(tmp, {mode})",
         "os.replace(tmp, path)",
-        f"print({RESULT_MARK!r} + json.dumps({{'rc': 0, 'out': '', 'err': ''}}))",
+        f"print({RESULT_MARK.decode()!r} + json.dumps({{'rc': 0, 'out': '', 'err': ''}}))",
         "",
     ])
 
@@ -135,22 +198,22 @@ class EnvelopeTransport:
             try:
                 # httpx's timeouts apply per chunk: a trickling reply needs a deadline of its own
                 async with asyncio.timeout(timeout + self.margin):
-                    response = await self._client.post(url, content=code.encode(), headers=headers)
+                    status, body = await self._post(url, code, headers)
             except (TimeoutError, httpx.TimeoutException):
                 failure: TransportError = TransportTimeout(
                     f"the gateway did not answer within {timeout + self.margin:g} s")
             except httpx.HTTPError as e:
                 failure = TransportError(f"gateway {self.base}: {type(e).__name__}: {e}")
             else:
-                if response.status_code == 200:
+                if status == 200:
                     try:
-                        return decode_reply(response)
-                    except (ValueError, KeyError, TypeError) as e:
+                        return decode_reply(body)
+                    except ValueError as e:
                         raise TransportError(f"the gateway answered 200 with an unreadable body: {e}") from e
-                if response.status_code == 401:
+                if status == 401:
                     raise TransportError(f"the gateway refused the token in {self.token_env} (401)")
-                failure = TransportError(f"the gateway answered {response.status_code}: {response.text[:200]}")
-                if response.status_code < 500:
+                failure = TransportError(f"the gateway answered {status}: {_one_line(body, ERROR_BODY_BYTES)[:200]}")
+                if status < 500:
                     raise failure
             if attempt == attempts:
                 if not retry_safe:
@@ -159,11 +222,21 @@ class EnvelopeTransport:
             await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
         raise AssertionError("unreachable")
 
+    async def _post(self, url: str, code: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        """The reply's status and body, read as it streams in: all of a 200 (refused past
+        MAX_REPLY_BYTES), the start of any other (its reason)."""
+        async with self._client.stream("POST", url, content=code.encode(), headers=headers) as response:
+            if response.status_code != 200:
+                return response.status_code, await _body_start(response, ERROR_BODY_BYTES)
+            return 200, await _whole_body(response, MAX_REPLY_BYTES)
+
     async def run(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float,
                   retry_safe: bool = False) -> RunResult:
         reply = await self.execute(run_payload(argv, stdin, timeout), timeout, retry_safe=retry_safe)
-        frame = _result_frame(reply)
-        return RunResult(int(frame["rc"]), base64.b64decode(frame["out"]), base64.b64decode(frame["err"]))
+        try:
+            return decode_frame(_result_line(reply))
+        except ValueError as e:
+            raise TransportError(f"the payload's result is unreadable: {e}") from e
 
     async def open_stream(self, argv: Sequence[str], *, preamble: bytes = b"") -> EnvelopeStream:
         return EnvelopeStream(self, list(argv), preamble)
@@ -185,7 +258,7 @@ class EnvelopeStream:
         stdin = self.preamble + line + b"\n"  # each request a new process: each one reads the preamble
         result = await self.transport.run(self.argv, stdin=stdin, timeout=timeout, retry_safe=True)
         if result.rc != 0:
-            raise TransportError(f"{self.argv[-2]} exited with rc={result.rc}: {result.stderr_text()[-300:]}")
+            raise TransportError(f"{self.argv[-2]} exited with rc={result.rc}: {_one_line(result.stderr, 300)}")
         reader = asyncio.StreamReader()
         reader.feed_data(result.stdout)
         reader.feed_eof()
@@ -195,10 +268,42 @@ class EnvelopeStream:
         return None
 
 
-def _result_frame(reply: GatewayReply) -> dict:
-    for line in reply.stdout.decode("utf-8", "replace").splitlines():
+async def _whole_body(response: httpx.Response, cap: int) -> bytes:
+    """The body, refused once it is known to be longer than cap: from its Content-Length before
+    a byte is read, else as it comes (chunked, or compressed), so at most cap and the chunk that
+    crossed it are ever held."""
+    declared = response.headers.get("Content-Length", "")  # h11 has checked it is a number
+    if declared.isascii() and declared.isdigit() and int(declared) > cap:
+        raise _too_big(cap)
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > cap:
+            raise _too_big(cap)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _body_start(response: httpx.Response, limit: int) -> bytes:
+    """The first limit bytes of the body; the rest is never read."""
+    start = b""
+    async for chunk in response.aiter_bytes():
+        start += chunk[:limit - len(start)]
+        if len(start) >= limit:
+            break
+    return start
+
+
+def _too_big(cap: int) -> TransportError:
+    return TransportError(f"the gateway's reply is larger than {cap // 2 ** 20} MiB, more than any box tool "
+                          "answers: refused")
+
+
+def _result_line(reply: GatewayReply) -> bytes:
+    """What follows RESULT_MARK on the payload's result line."""
+    for line in reply.stdout.splitlines():
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):])
-    detail = reply.stderr.decode("utf-8", "replace").strip()[-300:]
+            return line[len(RESULT_MARK):]
+    detail = _one_line(reply.stderr, 300)
     raise TransportError("the gateway answered but the payload printed no result: the exec slot did not run it"
                          + (f" ({detail})" if detail else ""))

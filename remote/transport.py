@@ -7,6 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+# The largest reply a box tool sends, framed or not. The biggest the Box asks for is a probe
+# reply holding one 16 MiB range (logfiles.MAX_RANGE_BYTES, attached raw after its JSON); a log
+# read is at most 8 MiB (MAX_LOG_BYTES), a GGUF header is read 1 MiB at a time (MAX_FETCH) and
+# `gguf show` keeps at most 256 KVs and 4096 tensors. Twice the range leaves room for the JSON
+# beside it (a snapshot's 50 report files of 64 KiB, escaped); a longer one is not a reply.
+MAX_FRAME_BYTES = 32 * 1024 * 1024
+
 
 class TransportError(Exception):
     """The target could not be reached or the command could not be started."""
@@ -43,11 +50,28 @@ class StderrTail:
 
 
 async def read_framed(read_line, read_exactly) -> bytes:
-    """A reply framed as b"<length>\\n" and then that many bytes (see Stream.request)."""
-    header = await read_line()
-    if not header.endswith(b"\n") or not header.strip().isdigit():
+    """A reply framed as b"<length>\\n" and then that many bytes (see Stream.request); any
+    other bytes, and a stream that ends before the reply does, are a TransportError."""
+    try:
+        header = await read_line()
+    except ValueError as e:  # a line longer than the reader holds: a length line is a few digits
+        raise TransportError("the stream sent a line too long to be a reply's length") from e
+    length = _frame_length(header)
+    try:
+        return await read_exactly(length)
+    except asyncio.IncompleteReadError as e:
+        raise TransportError(f"the stream ended {len(e.partial)} bytes into a reply of {length}") from e
+
+
+def _frame_length(header: bytes) -> int:
+    digits = header.strip()
+    if not header.endswith(b"\n") or not digits.isdigit():
         raise TransportError(f"the stream ended or sent {header[:80]!r} instead of a reply")
-    return await read_exactly(int(header))
+    significant = digits.lstrip(b"0") or b"0"  # what int() reads: its length is checked first
+    if len(significant) > len(str(MAX_FRAME_BYTES)) or int(significant) > MAX_FRAME_BYTES:
+        raise TransportError(f"the stream announced a reply of {significant[:30].decode()} bytes, more than the "
+                             f"{MAX_FRAME_BYTES // 2 ** 20} MiB any box tool sends")
+    return int(significant)
 
 
 @dataclass(frozen=True)
