@@ -1,14 +1,17 @@
 """Paths the console writes, rotates or deletes on the box, held inside the workspace at the
 moment of use.
 
-Runs ON the box, imported by launch.py, clean.py and install.py. Standard library only,
-Python >= 3.8. A path is first judged by its text (relative to the workspace, or absolute
-under it, with no `..` that leaves it). Then every folder on the way is opened relative to the
-one before it (dir_fd) with O_NOFOLLOW, and the file itself is opened, renamed or deleted
-relative to its folder's descriptor: a folder or file swapped for a symlink between a check
-and a write makes the call fail instead of redirecting it outside the workspace.
+Runs ON the box, imported by launch.py, clean.py, install.py and the fetch and restore stages.
+Standard library only, Python >= 3.8. A path is first judged by its text (relative to the
+workspace, or absolute under it, with no `..` that leaves it). Then every folder on the way is
+opened relative to the one before it (dir_fd) with O_NOFOLLOW, and the file itself is opened,
+renamed or deleted relative to its folder's descriptor: a folder or file swapped for a symlink
+between a check and a write makes the call fail instead of redirecting it outside the workspace.
+Code that works with paths (the stages' download, its lock and its .part file) runs from inside
+the file's folder, made the current folder by its descriptor (working_in), on bare names.
 """
 
+import contextlib
 import errno
 import os
 import stat
@@ -115,15 +118,48 @@ def open_parent(workspace, path, create=False):
         os.close(root)
 
 
+@contextlib.contextmanager
+def working_in(workspace, path, create=False):
+    """Run the block from inside path's folder, reached from the workspace as open_parent does
+    (made when create), as the process's current folder: set by its descriptor (fchdir), so the
+    bare names the block uses resolve in that very folder even if a folder on the way is then
+    swapped for a symlink. Yields path's own name; the current folder is restored afterwards."""
+    folder, name = open_parent(workspace, path, create)
+    try:
+        previous = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fchdir(folder)
+            try:
+                yield name
+            finally:
+                os.fchdir(previous)
+        finally:
+            os.close(previous)
+    finally:
+        os.close(folder)
+
+
+def regular_or_absent(folder_fd, name):
+    """Refuse name when it is there but is no regular file (a symlink, a FIFO, a device): what is
+    read or kept under that name would be somewhere else. folder_fd None: the current folder."""
+    try:
+        st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise Escape("%s is a symlink or not a regular file: refused, only a file of the workspace is written" % name)
+
+
 def open_append(folder_fd, name, mode=0o644):
-    """A log opened for appending: a regular file, never through a symlink, never a FIFO or a
-    device (which would block or write elsewhere)."""
+    """A file (a log, a download's .part) opened for appending: a regular file, never through a
+    symlink, never a FIFO or a device (which would block or write elsewhere). folder_fd None:
+    the current folder, or name is absolute."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(name, flags, mode, dir_fd=folder_fd)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO):
-            raise Escape("%s is a symlink or a FIFO: refused, a log is written only to a file in the workspace"
+            raise Escape("%s is a symlink or a FIFO: refused, only a regular file of the workspace is written"
                          % name) from e
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):

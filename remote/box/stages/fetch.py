@@ -26,6 +26,9 @@ Why each rule (playbook §3):
   executable must exist, else the nested tree is flattened into place.
 - Every download is checked: size and sha256 when given; a file that fails is moved to PATH.bad
   so nothing downstream picks it up.
+- A manifest's names are untrusted: one that leaves DIR or holds a control character is refused
+  before anything is written, and each file is written from DIR's descriptor, folder by folder
+  without following a symlink (fetch_inside): a symlink in DIR cannot lead a write out of it.
 
 Locks: PATH.lock for each output file (a manifest locks file by file, so it also keeps out of
 the way of a single-file fetch of one of its files); `tar` also holds DIR.lock while it
@@ -53,6 +56,7 @@ import tempfile
 import urllib.parse
 import urllib.request
 
+from ..confine import Escape, regular_or_absent, working_in
 from .archives import ensure_layout, extract_safely, is_executable, move_into, remove_stale_staging
 from .locks import Busy, exclusive
 from .transfer import (
@@ -92,25 +96,27 @@ def check_content(path, name, sha256, want):
     return size, digest
 
 
-def verify(path, out, sha256, want):
-    """check_content of a finished download; one that fails is moved to OUT.bad."""
+def verify(path, out, sha256, want, name):
+    """check_content of a finished download (`name`: out as printed); one that fails is moved to OUT.bad."""
     try:
-        return check_content(path, out, sha256, want)
+        return check_content(path, name, sha256, want)
     except FetchError:
         quarantine(path, out)
         raise
 
 
-def already_present(out, sha256, want):
+def already_present(out, sha256, want, name):
     """True when out is there and passes the checks we have; a failing one is moved aside."""
     if not os.path.isfile(out):
         return False
     if want is not None and os.path.getsize(out) != want:
-        print("%s is there but holds %d bytes, not %d: moved to %s" % (out, os.path.getsize(out), want,
-                                                                      quarantine(out, out)))
+        held = os.path.getsize(out)
+        quarantine(out, out)
+        print("%s is there but holds %d bytes, not %d: moved to %s.bad" % (name, held, want, name))
         return False
     if sha256 and sha256_file(out, "sha256 " + os.path.basename(out)) != sha256:
-        print("%s is there but its sha256 differs: moved to %s" % (out, quarantine(out, out)))
+        quarantine(out, out)
+        print("%s is there but its sha256 differs: moved to %s.bad" % (name, name))
         return False
     return True
 
@@ -135,28 +141,45 @@ def same_path(a, b):
 
 
 def fetch_file(url, out, sha256=None, size=None, span=None, wait_s=0, token=None, backoff=1.0,
-               marker="FETCH_DONE"):
-    """Fetch url (or its span) into out, under out's lock. Returns the size of out."""
+               marker="FETCH_DONE", name=None):
+    """Fetch url (or its span) into out, under out's lock. Returns the size of out. What is
+    printed calls out `name` (default: out itself; see fetch_inside)."""
+    name = name or out
     if os.path.isdir(out):
-        raise FetchError("%s is a folder" % out)
+        raise FetchError("%s is a folder" % name)
     source = local_source(url)
     if source and same_path(source, out):
-        raise FetchError("%s is the source file itself" % out)  # a failed check would move the source away
+        raise FetchError("%s is the source file itself" % name)  # a failed check would move the source away
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     want = expected_length(size, span)
-    with exclusive(out + ".lock", wait_s, out):
-        if already_present(out, sha256, want):
-            print("%s %s (already present)" % (marker, out))
+    with exclusive(out + ".lock", wait_s, name):
+        if already_present(out, sha256, want, name):
+            print("%s %s (already present)" % (marker, name))
             return os.path.getsize(out)
         what = shown(url) + ("" if span is None else " bytes %d-%d" % span)
-        print("fetch %s -> %s" % (what, out))
+        print("fetch %s -> %s" % (what, name))
         part = out + ".part"
         download(url, part, span, want, token, backoff, "fetch " + os.path.basename(out))
-        got, digest = verify(part, out, sha256, want)
+        got, digest = verify(part, out, sha256, want, name)
         os.replace(part, out)
-    print("%s %s size=%d sha256=%s" % (marker, out, got, digest))
+    print("%s %s size=%d sha256=%s" % (marker, name, got, digest))
     return got
+
+
+def fetch_inside(folder, rel, url, sha256, size, wait_s, token, backoff, marker, name):
+    """fetch_file into folder/rel, where rel comes from an untrusted list (a manifest): its
+    folders are reached (and made) from folder's descriptor without following a symlink, and
+    the fetch runs from inside the last one on bare names (confine.working_in), so no symlink
+    on the way, there before or planted while it runs, leads a write out of folder. A refusal
+    names `name`, the path as the log shows it."""
+    try:
+        with working_in(folder, rel, create=True) as own:
+            for beside in (own, own + ".part", own + ".lock"):  # a link there before: refused, said clearly
+                regular_or_absent(None, beside)
+            return fetch_file(url, own, sha256, size, None, wait_s, token, backoff, marker, name)
+    except (Escape, OSError) as e:
+        raise FetchError("%s: %s" % (name, one_line(e))) from None
 
 
 # ------------------------------------------------------------------ manifests
@@ -167,6 +190,8 @@ def check_relpath(rel):
     parts = rel.split("/") if isinstance(rel, str) else []
     if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
         raise FetchError("refusing path %r: it must be relative and stay inside the folder" % (rel,))
+    if not rel.isprintable():  # a newline would forge a log line, an ESC rewrite a terminal, a NUL cut the name
+        raise FetchError("refusing path %r: a name with a control or invisible character" % (rel,))
     return rel
 
 
@@ -208,11 +233,12 @@ def fetch_manifest(url, dest, wait_s, token, backoff):
     and a single-file fetch of one of its files also keep out of each other's way."""
     entries = manifest_entries(read_small(url, token, backoff), url)
     print("manifest %s: %d files, %s" % (shown(url), len(entries), human(sum(e[1] for e in entries))))
+    os.makedirs(dest, exist_ok=True)
     total = 0
     for rel, size, sha256 in entries:
         file_url = urllib.parse.urljoin(url, urllib.parse.quote(rel))
-        out = os.path.join(dest, *rel.split("/"))
-        total += fetch_file(file_url, out, sha256, size, None, wait_s, token, backoff, marker="FETCH_FILE")
+        total += fetch_inside(dest, rel, file_url, sha256, size, wait_s, token, backoff, "FETCH_FILE",
+                              os.path.join(dest, *rel.split("/")))
     print("FETCH_DONE %s files=%d bytes=%d" % (dest, len(entries), total))
 
 
@@ -399,7 +425,7 @@ def reported(work, fail_marker="FETCH_FAIL", markers=None):
     except FetchError as e:
         print("%s %s" % (e.marker if markers is None or e.marker in markers else fail_marker, e))
         return 1
-    except OSError as e:
+    except (Escape, OSError) as e:
         print("%s %s" % (fail_marker, one_line(e)))
         return 1
     return 0

@@ -33,7 +33,8 @@ def same_file(fd, path):
 def try_lock(path):
     """An fd holding LOCK_EX on path, or None while another process holds it."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: a symlink planted at the lock's name would have us create and write elsewhere.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -16,6 +16,12 @@ lands at that path under the current folder (the workspace) with the fetch stage
 writer per file (PATH.lock), PATH.part renamed only once complete, resumed and retried, and its
 sha256 checked against the manifest (a file that fails is moved to PATH.bad).
 
+The manifest is untrusted: a name that leaves the folder (`..`, absolute) or holds a control or
+invisible character refuses the restore before anything is written. Every file is written from
+the workspace's own descriptor, folder by folder without following a symlink (fetch_inside,
+confine.py): a symlinked folder or a symlink at PATH, PATH.part or PATH.lock is refused naming
+the path, and one planted while the download runs leads nowhere.
+
 Markers: RESTORE_FILE path (one file), RESTORE_DONE (all of them, and the stages they stand in
 for), RESTORE_MISSING (an artifact the manifest does not list), SHA_MISMATCH, FETCH_BUSY,
 RESTORE_FAIL. Exit codes: 0 restored, 1 failed, 75 busy.
@@ -28,7 +34,8 @@ import sys
 import urllib.parse
 import urllib.request
 
-from .fetch import bearer_token, check_relpath, fetch_file, read_small, reported
+from ..confine import workspace_root
+from .fetch import bearer_token, check_relpath, fetch_inside, read_small, reported
 from .transfer import FetchError, human
 
 SHA256_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
@@ -78,10 +85,11 @@ def chosen(entries, artifacts):
 def restore(args):
     token = bearer_token(args.auth_env)
     source, base, files = pick_store(args, token)
+    workspace = workspace_root(os.getcwd())
     total = 0
     for rel, digest in files:
         url = base + urllib.parse.quote(rel)
-        total += fetch_file(url, rel, digest, None, None, args.wait, token, args.backoff, marker="RESTORE_FILE")
+        total += fetch_inside(workspace, rel, url, digest, None, args.wait, token, args.backoff, "RESTORE_FILE", rel)
     stages = [name for name in args.satisfies.split(",") if name]
     stands_for = "; satisfies %s" % ", ".join(stages) if stages else ""
     print("RESTORE_DONE %d files %s from %s%s" % (len(files), human(total), source, stands_for))

@@ -17,6 +17,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from ..confine import open_append
+
 CHUNK = 1024 * 1024
 QUIET_BELOW = 8 * CHUNK  # no progress lines for smaller files
 HEARTBEAT_S = 10.0  # a progress line at least this often, even between 10 % steps
@@ -77,8 +79,12 @@ def size_of(path):
 
 
 def truncate(path):
-    with open(path, "wb"):
-        pass
+    """Empty the .part file (open_append's rules: never through a symlink planted at its name)."""
+    fd = open_append(None, path)
+    try:
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
 
 
 class Progress:
@@ -259,7 +265,7 @@ def body_end(source, span):
 def copy_body(source, part, position, end, label, want):
     """Append the body to part from file offset position up to end; a short body is Transient."""
     progress = Progress(label, want, size_of(part))
-    with open(part, "ab") as f:
+    with os.fdopen(open_append(None, part), "ab") as f:  # a symlink or FIFO at part is refused, not followed
         while end is None or position < end:
             block = source.read(CHUNK if end is None else min(CHUNK, end - position))
             if not block:
