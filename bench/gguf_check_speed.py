@@ -1,7 +1,7 @@
 """`check gguf` on the console against the same check on the box, on a real quantized model; and on a
 multi-GB GGUF whose header is real and whose data is a hole (sparse), against gguf-py's GGUFReader:
 
-    python bench/gguf_check_speed.py [--runs 5] [--gb 4] [--skip-deep]
+    python bench/gguf_check_speed.py [--runs 5] [--gb 4] [--skip-deep] [--only-limits]
 
 1. The Gemma 3 270M Q4_K_M GGUF (253 MB, a 262k-token vocabulary; tests/gguf_artifacts.py fetches
    and caches it). Two processes, interleaved, --runs times each, wall time and peak RSS (VmHWM,
@@ -15,6 +15,10 @@ multi-GB GGUF whose header is real and whose data is a hole (sparse), against gg
    header adds to each floor is shown too: time (as a ratio) and peak RSS (in MB). Once, for comparison,
    `check gguf --deep` (gguf-py's GGUFReader as well), which is what the default path used to cost.
 2. The sparse file: the check via the Box (bytes read) against GGUFReader's memory map.
+3. What a header may declare (gguf_format.py's limits), the box's check as in 1, against its check
+   of the real model's 262k-token vocabulary in the same run: a valid GGUF (gguf-py's writer) that
+   declares 1,000,000 tensor infos (over MAX_TENSORS: over_limit, before the table is read), and
+   one of exactly MAX_TENSORS (the most a check reads: the whole table, kept in columns).
 This is a measurement, not a test: nothing here asserts on timings.
 """
 
@@ -32,11 +36,15 @@ from gguf import GGUFReader, GGUFWriter
 from harness import Timings, argument_parser, median, print_figure
 
 from samai.console.core.checks import check_gguf
+from samai.remote.box.gguf_format import MAX_TENSORS
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
-from tests.box_tools import tools_folder
+from tests.box_tools import tool_argv, tools_folder
 from tests.gguf_artifacts import gemma_q4_k_m
 from tests.test_checks import sparse_gguf
+from tests.test_gguf_header_caps import write_tiny_tensors
+
+MANY_TENSORS = 1_000_000
 
 # Each contender reports its own peak (VmHWM) as its last stderr line: ru_maxrss of a child may
 # start at the RSS of the process it was forked from.
@@ -162,11 +170,43 @@ async def sparse_section(gb: float, runs: int) -> None:
     print_figure("check / GGUFReader", ours_ms, theirs_ms)
 
 
+def verdict(path: Path) -> dict:
+    """The box tool's JSON for path (the timed runs send it to /dev/null)."""
+    done = subprocess.run(tool_argv("gguf_check", path, "--json"), capture_output=True, text=True, check=False)
+    return json.loads(done.stdout)
+
+
+def limits_section(runs: int) -> None:
+    model = gemma_q4_k_m()
+    with tempfile.TemporaryDirectory() as tmp:
+        many = write_tiny_tensors(Path(tmp) / "many.gguf", MANY_TENSORS)
+        at_limit = write_tiny_tensors(Path(tmp) / "at-limit.gguf", MAX_TENSORS)
+        files = {"real vocab": model, "1M tensors": many, "at the limit": at_limit}
+        c = Contenders()
+        for _ in range(runs):
+            for name, path in files.items():
+                c.run(name, box_argv(path))
+        verdicts = {name: verdict(path) for name, path in files.items()}
+        sizes = {name: path.stat().st_size for name, path in files.items()}
+    print(f"box check of headers at and over the limits, {runs} runs each, interleaved, medians")
+    for name in files:
+        found = ", ".join(p["code"] for p in verdicts[name]["problems"]) or "ok"
+        print(f"{name:<13} {c.seconds(name):7.3f} s   peak RSS {c.rss_mb(name):7.1f} MB   {sizes[name] / 1e6:6.1f} MB"
+              f" file, {verdicts[name]['tensor_count']:,} tensors declared: {found}")
+    for name in ("1M tensors", "at the limit"):
+        print_figure(f"{name} / real vocab, time", c.seconds(name), c.seconds("real vocab"))
+        print_figure(f"{name} / real vocab, peak RSS", c.rss_mb(name), c.rss_mb("real vocab"))
+
+
 if __name__ == "__main__":
     parser = argument_parser(__doc__, runs=5)
     parser.add_argument("--gb", type=float, default=4)
     parser.add_argument("--skip-deep", action="store_true", help="do not time --deep (about 20 s and 750 MB)")
+    parser.add_argument("--only-limits", action="store_true", help="only part 3, the headers at the limits")
     args = parser.parse_args()
-    model_section(args.runs, not args.skip_deep)
-    print()
-    asyncio.run(sparse_section(args.gb, args.runs))
+    if not args.only_limits:
+        model_section(args.runs, not args.skip_deep)
+        print()
+        asyncio.run(sparse_section(args.gb, args.runs))
+        print()
+    limits_section(args.runs)

@@ -34,7 +34,8 @@ Problem codes (a contract: `samai-console check gguf` and its users match on the
   truncated (file shorter than its tensors need), oversize (longer than its header describes),
   tensor_count_mismatch, last_tensor_mismatch; and also bad_tensor_type, bad_shape, bad_alignment,
   duplicate_name, unexpected_offset (llama.cpp refuses those files too), bad_string_length,
-  unreadable (CLI only); for a projector (general.architecture "clip", an mmproj file), from
+  over_limit (the header declares more than this check reads: see below), unreadable (CLI
+  only); for a projector (general.architecture "clip", an mmproj file), from
   check() only (inspect() judges a sound GGUF, what surgery needs): no_projector_type,
   no_vision_encoder, no_projection_dim, bad_projector_kv (a clip key of a type llama.cpp's clip
   loader does not read: it aborts). Every problem is severity "error" today.
@@ -43,6 +44,13 @@ Problem codes (a contract: `samai-console check gguf` and its users match on the
   included (a model has thousands of tensors and KVs, not 2^58); absurd_count (redo the patch) is
   for a count or length no file has; bad_string_length (corrupt, not cut) when the parse failed
   after a string length under the hard limit but beyond what real keys, tokens or values hold.
+  Limits (gguf_format.py says why each value): over MAX_TENSORS tensors, MAX_KVS KVs,
+  MAX_KEY_BYTES of keys, MAX_ARRAY_ITEMS items in one array, a MAX_STRING_LENGTH string or
+  MAX_HEADER_BYTES of header, where the file has room for them, the check reports over_limit
+  with the number declared and the limit, and reads no further; without the room, the same
+  numbers are absurd_count. So what a check costs follows the bytes there, never a count.
+  The tensor table is read in columns (gguf_format.TensorTable): check() keeps a name and three
+  numbers per tensor; inspect() also keeps each Tensor, for surgery.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ from .gguf_format import (
     HeaderProblem,
     Problems,
     RangeReader,
+    TensorTable,
     Truncated,
     align,
     empty_result,
@@ -71,57 +80,66 @@ SUMMARY_KEYS = ("general.architecture", "general.name", "general.file_type", "ge
                 "general.quantization_version")
 
 # ---------------------------------------------------------------------------------------------
-# Tensor data layout
+# Tensor data layout, judged on the table's columns (gguf_format.TensorTable): tensor i is
+# table.names[i], at table.offsets[i] in the data area, table.nbytes(i) long, its info at
+# table.info_offsets[i].
 
 
-def check_alignment_of_tensors(tensors, alignment, problems):
-    for t in tensors:
-        if t.offset % alignment:
+def check_alignment_of_tensors(table, alignment, problems):
+    for i, offset in enumerate(table.offsets):
+        if offset % alignment:
             problems.add("misaligned", "Tensor %r offset %d is not a multiple of the alignment %d."
-                         % (t.name, t.offset, alignment), t.info_offset)
+                         % (table.names[i], offset, alignment), table.info_offsets[i])
 
 
-def check_overlaps(tensors, problems):
-    ordered = sorted((t for t in tensors if t.nbytes is not None), key=lambda t: t.offset)
-    for i in range(1, len(ordered)):
-        before, after = ordered[i - 1], ordered[i]
-        if after.offset < before.offset + before.nbytes:
+def check_overlaps(table, problems):
+    """Each tensor against the one before it in the data (of those of a known size)."""
+    before = None
+    for i in table.by_offset():
+        if table.nbytes(i) is None:
+            continue
+        if before is not None and table.offsets[i] < table.offsets[before] + table.nbytes(before):
+            start, end = table.offsets[before], table.offsets[before] + table.nbytes(before)
             problems.add("overlap", "Tensor %r [%d, %d) overlaps %r [%d, %d) (offsets relative to"
-                         " the data start)." % (after.name, after.offset, after.offset + after.nbytes, before.name,
-                                                before.offset, before.offset + before.nbytes), after.info_offset)
+                         " the data start)." % (table.names[i], table.offsets[i], table.offsets[i] + table.nbytes(i),
+                                                table.names[before], start, end), table.info_offsets[i])
+        before = i
 
 
-def check_within_file(tensors, data_start, file_size, problems):
-    for t in tensors:
-        if t.nbytes is not None and data_start + t.offset + t.nbytes > file_size:
+def check_within_file(table, data_start, file_size, problems):
+    room = file_size - data_start  # what the data area may hold
+    for i, offset in enumerate(table.offsets):
+        size = table.nbytes(i)
+        if size is not None and offset + size > room:
             problems.add("truncated", "Tensor %r data [%d, %d) runs past the end of the %d-byte file."
-                         % (t.name, data_start + t.offset, data_start + t.offset + t.nbytes, file_size),
-                         t.info_offset)
+                         % (table.names[i], data_start + offset, data_start + offset + size, file_size),
+                         table.info_offsets[i])
 
 
-def check_contiguous(tensors, alignment, problems):
+def check_contiguous(table, alignment, problems):
     """llama.cpp wants each tensor right after the previous one, padded: 'has offset X, expected Y'."""
     expected = 0
-    for t in tensors:
-        if t.nbytes is None:
+    for i, offset in enumerate(table.offsets):
+        size = table.nbytes(i)
+        if size is None:
             return
-        if t.offset != expected:
+        if offset != expected:
             problems.add("unexpected_offset", "Tensor %r has offset %d, expected %d (llama.cpp refuses this:"
-                         " tensors must follow each other, padded to %d)." % (t.name, t.offset, expected, alignment),
-                         t.info_offset)
+                         " tensors must follow each other, padded to %d)." % (table.names[i], offset, expected,
+                                                                              alignment), table.info_offsets[i])
             return
-        expected += align(t.nbytes, alignment)
+        expected += align(size, alignment)
 
 
-def check_size(result, tensors, problems):
+def check_size(result, table, problems):
     data_start, alignment, file_size = result["data_start"], result["alignment"], result["file_size"]
-    if any(t.nbytes is None for t in tensors):
+    if table.unknown_sizes:
         return  # an unknown type was reported already; the size cannot be known
-    end = max([t.offset + t.nbytes for t in tensors] or [0])
-    result["data_end"] = data_start + end if tensors else result["header_end"]
+    end = table.data_end
+    result["data_end"] = data_start + end if len(table) else result["header_end"]
     result["expected_size"] = data_start + align(end, alignment)
     if result["data_end"] <= file_size < result["expected_size"]:
-        result["size_note"] = size_note(result, tensors)
+        result["size_note"] = size_note(result, table)
     if file_size < result["data_end"]:
         problems.add("truncated", "The file is %d bytes, %d SHORT of data_start %d + end of tensor data %d = %d"
                      " (truncated download or copy?)." % (file_size, result["data_end"] - file_size, data_start, end,
@@ -133,10 +151,10 @@ def check_size(result, tensors, problems):
                         result["expected_size"]), result["expected_size"])
 
 
-def size_note(result, tensors):
+def size_note(result, table):
     """Why a file under expected_size is still whole: nothing a loader reads is missing."""
     short = result["expected_size"] - result["file_size"]
-    if not tensors:
+    if not len(table):
         return ("No tensors (a vocab-only file): the file ends where its header ends (%d); expected_size %d only"
                 " adds the padding to the alignment %d that a data section would start at, and there is none"
                 " (%d bytes)." % (result["header_end"], result["expected_size"], result["alignment"], short))
@@ -145,14 +163,14 @@ def size_note(result, tensors):
             % (result["data_end"], short, result["alignment"]))
 
 
-def check_layout(result, tensors, problems):
+def check_layout(result, table, problems):
     alignment = result["alignment"]
-    check_alignment_of_tensors(tensors, alignment, problems)
-    check_overlaps(tensors, problems)
-    check_within_file(tensors, result["data_start"], result["file_size"], problems)
+    check_alignment_of_tensors(table, alignment, problems)
+    check_overlaps(table, problems)
+    check_within_file(table, result["data_start"], result["file_size"], problems)
     if not (problems.counts.get("misaligned") or problems.counts.get("overlap")):
-        check_contiguous(tensors, alignment, problems)
-    check_size(result, tensors, problems)
+        check_contiguous(table, alignment, problems)
+    check_size(result, table, problems)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +254,7 @@ def check(read_at, file_size, expect_tensors=None, expect_last=None):
     """Check the GGUF file behind read_at(offset, length) -> bytes; never reads tensor data. A
     projector is judged as llama.cpp's clip loader would (surgery, through inspect, judges only
     whether the file is a sound GGUF: it may be what fixes a projector's keys)."""
-    result, _tensors, spans = inspect(read_at, file_size, expect_tensors, expect_last)
+    result, _table, spans = examine(read_at, file_size, expect_tensors, expect_last, TensorTable(keep=False))
     if result["projector"] is not None:
         problems = Problems()
         judge_projector(result["projector"], dict((key, kind) for key, kind, _start, _end in spans), problems)
@@ -246,19 +264,25 @@ def check(read_at, file_size, expect_tensors=None, expect_last=None):
 
 
 def inspect(read_at, file_size, expect_tensors=None, expect_last=None):
-    """check(), and what surgery needs besides the result: (result, the tensor infos read,
-    each KV's (key, value type, start, end) in the file)."""
+    """check(), and what surgery needs besides the result: (result, the tensor infos read (a
+    list of Tensors, empty unless the whole header was read), each KV's (key, value type, start,
+    end) in the file)."""
+    result, table, spans = examine(read_at, file_size, expect_tensors, expect_last, TensorTable(keep=True))
+    return result, table.kept if result["header_end"] is not None else [], spans
+
+
+def examine(read_at, file_size, expect_tensors, expect_last, table):
+    """The header read into `table` (a TensorTable) and judged: (result, table, KV spans)."""
     result = empty_result(file_size)
     result.update(architecture=None, embedding_length=None, projector=None)
     problems = Problems()
     reader = RangeReader(read_at, file_size)
     complete = False
-    tensors = []
     spans = []
     try:
-        tensors = read_header(reader, result, problems, spans)
+        read_header(reader, result, problems, spans, table)
         complete = True
-        check_layout(result, tensors, problems)
+        check_layout(result, table, problems)
         describe_model(result, dict((key, kind) for key, kind, _start, _end in spans))
     except HeaderProblem as problem:
         problems.add(problem.code, problem.message, problem.offset)
@@ -268,7 +292,7 @@ def inspect(read_at, file_size, expect_tensors=None, expect_last=None):
     check_expectations(result, complete, expect_tensors, expect_last, problems)
     result["problems"] = problems.finish()
     result["ok"] = not problems.has_errors()
-    return result, tensors, spans
+    return result, table, spans
 
 
 def check_file(path, expect_tensors=None, expect_last=None):

@@ -7,10 +7,18 @@ tensor info (into a Problems); what the layout means for a loader is judged in g
 
   read_header(RangeReader(read_at, file_size), empty_result(file_size), Problems()) -> [Tensor]
       read_at(offset, length) -> bytes returns up to `length` bytes from `offset`.
+  read_header(reader, result, problems, spans, table=TensorTable(keep=False)) fills `table`:
+      the tensor infos in columns (a name and three numbers each), without a Tensor per info.
+
+Every number a header declares is judged before anything is read or allocated for it: against
+the bytes the file has left (a count needs at least so many bytes per item) and against the
+limits below (over_limit); so the work and the memory of a check follow the bytes actually
+there, up to MAX_HEADER_BYTES, never a count the file chose.
 """
 
 import math
 import struct
+from array import array
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -22,23 +30,47 @@ MAX_FETCH = 1024 * 1024  # one read when the header is known to go on (a vocabul
 # Limits that tell a corrupt length from a real one.
 MAX_KEY_LENGTH = 65535  # the GGUF spec's limit for keys
 MAX_TENSOR_NAME = 63  # GGML_MAX_NAME is 64 including the NUL
-MAX_STRING_LENGTH = 256 * 1024 * 1024  # far above any real value (chat templates, tokenizer json)
+
+# What a header may declare. Past one of these the check reports over_limit (the number declared
+# and the limit) and reads no further: reading on would cost time and memory in proportion to a
+# number the file chose. Each is far above what real models have (figures from llama.cpp's
+# converters and the models they convert, as of 2025):
+MAX_TENSORS = 1 << 16
+# tensors: a few hundred for dense models (Gemma 3 270M: 236; Llama 3 70B: 723), about a thousand
+# for the largest MoEs with merged experts (DeepSeek-V3 and Kimi K2: 1,000-1,100), ~2-3k for a 400B MoE
+# with its experts split (the older Mixtral-style files). 65,536 is over 20x that, and a header
+# that big still checks in about a second, in under 10 MB (bench/gguf_check_speed.py).
+MAX_KVS = 1 << 16
+# KVs: tens (Gemma 3: 33; a projector ~40). As high as the tensors' limit because the classic bad
+# patch, kv_count written one byte late, reads as ~256x the real count: the parse must still go on
+# to where it loses step, which is what names the patch.
+MAX_KEY_BYTES = 4 * 1024 * 1024
+# all keys together (each is kept: surgery copies every KV by its place): MAX_KVS keys of 64 bytes,
+# longer than any key llama.cpp writes (< 50 bytes); a real header's keys take 1-3 KB.
+MAX_ARRAY_ITEMS = 1 << 22
+# items in one array: the largest vocabularies have 256k-262k tokens (Gemma 3: 262,144), the longest
+# merge lists ~280k (Llama 3): 15x that.
+MAX_STRING_LENGTH = 64 * 1024 * 1024
+# one string: chat templates take KBs; a whole tokenizer.json (tokenizer.huggingface.json), which
+# llama.cpp's converters do not write, 7-35 MB (Gemma 3's: 33 MB).
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+# the whole header: 6.5 MB for Gemma 3's 262k-token vocabulary, the largest llama.cpp writes; 10x
+# that leaves room for a whole tokenizer.json besides. It bounds the walk's time (a string costs
+# 8 bytes at least) and the memory of the keys kept.
+
 # What real files hold, well above what llama.cpp's own files have (keys < 50 bytes, tokens and
 # merges <= 1025, chat templates 12 KB): a length past these that the parse then trips over is
-# a corrupt length (a flipped bit), not a cut file. Counts up to the MODEL_ ones are real models.
+# a corrupt length (a flipped bit), not a cut file. Counts up to MAX_TENSORS and MAX_KVS are real.
 PLAUSIBLE_KEY = 256
 PLAUSIBLE_ARRAY_STRING = 16 * 1024
 PLAUSIBLE_VALUE = 1024 * 1024
 BIG_STRING_KEYS = ("tokenizer.huggingface.json", "tokenizer.rwkv.world")  # whole tokenizers: MBs
-MODEL_TENSORS = 1 << 16  # real models have hundreds to a few thousand tensors and tens of KVs
-MODEL_KVS = 1 << 16
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_DEPTH = 8
-MAX_HEADER_BYTES = 1024 * 1024 * 1024  # reading further means a corrupt count is walking the tensor data
-MAX_EMPTY_RUN = 4096  # that many empty strings in a row: zeros read as strings
-MAX_ARRAY_COUNT = 2 ** 32  # vocabularies and merges are a few 100k; beyond this a count is garbage
+MAX_EMPTY_RUN = 4096  # that many empty strings (or arrays) in a row: zeros read as items
 MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, a 1-byte key, value type, a 1-byte value
 MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 4 + 8  # name length, 1-byte name, n_dims=0, type, offset
+U64_MAX = 2 ** 64 - 1
 
 # The fix for a cut file, said wherever a problem says the file ends early.
 CUT_HINT = (" The download or copy was cut short: fetch it again and compare its size (and sha256)"
@@ -55,6 +87,9 @@ SCALAR_FORMATS = {
     BOOL: "<?", UINT64: "<Q", INT64: "<q", FLOAT64: "<d",
 }
 SCALAR_SIZES = {t: struct.calcsize(f) for t, f in SCALAR_FORMATS.items()}
+# The least bytes an array item takes: what a declared count is held against before it is walked.
+MIN_ITEM_BYTES = dict(SCALAR_SIZES)
+MIN_ITEM_BYTES.update({STRING: 8, ARRAY: 4 + 8})  # a string's u64 length; an array's element type and count
 VALUE_TYPE_NAMES = {
     UINT8: "u8", INT8: "i8", UINT16: "u16", INT16: "i16", UINT32: "u32", INT32: "i32", FLOAT32: "f32",
     BOOL: "bool", STRING: "str", ARRAY: "arr", UINT64: "u64", INT64: "i64", FLOAT64: "f64",
@@ -124,6 +159,12 @@ class HeaderProblem(Exception):
         self.offset = offset
 
 
+def over_header_limit(what, offset):
+    return HeaderProblem("over_limit", "%s takes the header past %d bytes (MAX_HEADER_BYTES), the most this check"
+                         " reads: real headers take under 10 MB (a 262k-token vocabulary), so a count or length is"
+                         " corrupt or the file is not a model; not read on." % (what, MAX_HEADER_BYTES), offset)
+
+
 class OddLength:
     """The first string length beyond what real files hold: where a later failure comes from."""
 
@@ -179,8 +220,7 @@ class RangeReader:
         return self.buf[start:start + n]
 
     def skip(self, n):
-        if self.pos + n > self.file_size:
-            raise Truncated(self.pos, n)
+        self.reach(n)
         self.pos += n
 
     def u32(self):
@@ -193,23 +233,33 @@ class RangeReader:
         self.pos += 8
         return U64.unpack_from(self.buf, start)[0]
 
+    def unpack(self, fields):
+        """A struct.Struct's fields from pos, moving past them."""
+        start = self.ensure(fields.size)
+        self.pos += fields.size
+        return fields.unpack_from(self.buf, start)
+
     def scalar(self, value_type):
         size = SCALAR_SIZES[value_type]
         start = self.ensure(size)
         self.pos += size
         return struct.unpack_from(SCALAR_FORMATS[value_type], self.buf, start)[0]
 
+    def reach(self, n):
+        """[pos, pos+n) is in the file (else Truncated) and in the header's limit (else over_limit)."""
+        end = self.pos + n
+        if end > self.file_size:
+            raise Truncated(self.pos, n)
+        if end > MAX_HEADER_BYTES:
+            raise over_header_limit("Reading %d bytes at offset %d" % (n, self.pos), self.pos)
+
     def ensure(self, n):
         """Make [pos, pos+n) buffered; return where it starts in self.buf."""
-        if self.pos + n > self.file_size:
-            raise Truncated(self.pos, n)
         rel = self.pos - self.buf_start
-        if 0 <= rel and rel + n <= len(self.buf):
+        end = self.pos + n
+        if 0 <= rel and rel + n <= len(self.buf) and end <= self.file_size and end <= MAX_HEADER_BYTES:
             return rel
-        if self.pos > MAX_HEADER_BYTES:
-            raise HeaderProblem("absurd_count", "The header would go past %d bytes (at offset %d): a count or"
-                                " length is corrupt and the parser is walking the tensor data."
-                                % (MAX_HEADER_BYTES, self.pos), self.pos)
+        self.reach(n)
         kept = self.buf[rel:] if 0 <= rel < len(self.buf) else b""
         known = min(self.ahead, self.pos + MAX_FETCH) - self.pos - len(kept)
         self.buf = kept + self.fetch(self.pos + len(kept), max(n - len(kept), self.chunk, known))
@@ -264,6 +314,59 @@ class Tensor:
         self.offset = offset
         self.nbytes = nbytes
         self.info_offset = info_offset
+
+
+class TensorTable:
+    """The tensor infos as read, in columns: each tensor's name, data offset, size and info offset,
+    about 120 bytes a tensor with its name, where a Tensor object adds some 300 (at MAX_TENSORS:
+    8 MB, not 22); the Tensors themselves only when `keep` (surgery builds on them). Tensor i is
+    at index i of each column."""
+
+    def __init__(self, keep=True):
+        self.kept = [] if keep else None
+        self.names = []
+        self.name_set = set()  # the same strings: a duplicate is found as it is read
+        self.offsets = array("Q")
+        self.sizes = array("Q")  # nbytes; 0 where odd_sizes says otherwise
+        self.odd_sizes = {}  # index -> nbytes that a u64 cannot hold, or None for an unknown type
+        self.info_offsets = array("Q")
+        self.in_order = True  # offsets never decrease (what writers do): no sort for the overlap check
+        self.data_end = 0  # the end of the data furthest along, relative to the data start
+        self.unknown_sizes = 0  # tensors of an unknown type: the size of the data cannot be known
+
+    def __len__(self):
+        return len(self.names)
+
+    def add(self, tensor):
+        index = len(self.names)
+        self.names.append(tensor.name)
+        self.name_set.add(tensor.name)
+        if index and tensor.offset < self.offsets[-1]:
+            self.in_order = False
+        self.offsets.append(tensor.offset)
+        self.info_offsets.append(tensor.info_offset)
+        size = tensor.nbytes
+        if size is None or size > U64_MAX:
+            self.odd_sizes[index] = size
+            self.sizes.append(0)
+        else:
+            self.sizes.append(size)
+        if size is None:
+            self.unknown_sizes += 1
+        else:
+            self.data_end = max(self.data_end, tensor.offset + size)
+        if self.kept is not None:
+            self.kept.append(tensor)
+
+    def nbytes(self, index):
+        """Tensor index's bytes of data; None for an unknown type."""
+        return self.odd_sizes.get(index, self.sizes[index]) if self.odd_sizes else self.sizes[index]
+
+    def by_offset(self):
+        """The indices in the order of their data (read order for ties), without a sort when it is that."""
+        if self.in_order:
+            return range(len(self.names))
+        return sorted(range(len(self.names)), key=self.offsets.__getitem__)
 
 
 def align(value, alignment):
@@ -366,18 +469,29 @@ def check_counts(reader, result):
     least = FIXED_HEADER + kvs * MIN_KV_BYTES + tensors * MIN_TENSOR_INFO_BYTES
     if least <= reader.file_size:
         return
-    if tensors <= MODEL_TENSORS and kvs <= MODEL_KVS and first_name_intact(reader):
+    if tensors <= MAX_TENSORS and kvs <= MAX_KVS and first_name_intact(reader):
         raise HeaderProblem("header_truncated", "The file is %d bytes, shorter than the header of the %d tensors"
                             " and %d KVs it declares (at least %d bytes): it ends inside its header."
                             % (reader.file_size, tensors, kvs, least) + CUT_HINT, reader.file_size)
-    which = "kv_count" if kvs > MODEL_KVS or tensors <= MODEL_TENSORS else "tensor_count"
+    which = "kv_count" if kvs > MAX_KVS or tensors <= MAX_TENSORS else "tensor_count"
     raise HeaderProblem(
         "absurd_count",
         "%s=%d is absurd for this file: tensor_count=%d, kv_count=%d would need at least %d bytes of header, the"
         " file has %d, and %s." % (which, result[which], tensors, kvs, least, reader.file_size,
-                                   "no model has that many" if max(tensors, kvs) > MODEL_TENSORS
+                                   "no model has that many" if tensors > MAX_TENSORS or kvs > MAX_KVS
                                    else "no key follows the counts at offset 24")
         + patch_hint(reader, result), 16 if which == "kv_count" else 8)
+
+
+def check_declared_counts(result):
+    """Counts the file has room for but no model comes near: refused before the first KV is read."""
+    for name, limit, offset, items, why in (
+            ("tensor_count", MAX_TENSORS, 8, "tensors", "the largest real models have a few thousand"),
+            ("kv_count", MAX_KVS, 16, "KVs", "real models have tens")):
+        if result[name] > limit:
+            raise HeaderProblem("over_limit", "%s=%d (u64 @%d) is over the %d %s this check reads (MAX_%s): %s,"
+                                " so the count is corrupt or the file is not a model; not read on."
+                                % (name, result[name], offset, limit, items, items.upper(), why), offset)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,6 +513,10 @@ def read_length(reader, kind, cap, where, plausible=None):
     past_end = length > reader.remaining()
     if plausible is not None and plausible < length <= cap and reader.odd_length is None:
         reader.odd_length = OddLength(offset, length, kind, where, plausible)
+    if length > cap and kind == "string" and not past_end:  # a format the spec allows, a size no model has
+        raise HeaderProblem("over_limit", "String length %d at offset %d, %s, is over the %d bytes (MAX_STRING_LENGTH)"
+                            " this check reads: a whole tokenizer.json takes 35 MB at most; not read on."
+                            % (length, offset, where, cap), offset)
     if length > cap:
         raise HeaderProblem("absurd_count", "%s length %d (0x%x) at offset %d, %s, is absurd: over the %d-byte limit%s."
                             % (kind.capitalize(), length, length, offset, where, cap,
@@ -408,6 +526,8 @@ def read_length(reader, kind, cap, where, plausible=None):
         raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside the %s at %s: %d bytes declared at"
                             " offset %d, %d left." % (reader.file_size, kind, where, length, offset, reader.remaining())
                             + CUT_HINT, offset)
+    if reader.pos + length > MAX_HEADER_BYTES:
+        raise over_header_limit("The %s at %s (%d bytes declared at offset %d)" % (kind, where, length, offset), offset)
     return length
 
 
@@ -453,11 +573,25 @@ def skip_strings(reader, count, where):
         length = read_length(reader, "string", MAX_STRING_LENGTH, where, PLAUSIBLE_ARRAY_STRING)
         reader.skip(length)
         reader.ahead = reader.pos + 8 * left  # each string left has its u64 length at least
-        empty_run = 0 if length else empty_run + 1
-        if empty_run > MAX_EMPTY_RUN:
-            raise HeaderProblem("absurd_count", "More than %d empty strings in a row in %s (at offset %d): zeros read"
-                                " as strings, so the array count is corrupt." % (MAX_EMPTY_RUN, where, reader.pos),
-                                reader.pos)
+        empty_run = next_empty_run(reader, empty_run, length, "strings", where)
+
+
+def skip_arrays(reader, count, where, depth):
+    """Step over `count` arrays, the items of an array of arrays."""
+    empty_run = 0
+    for _ in range(count):
+        _element, items = skip_array(reader, where, depth + 1)
+        empty_run = next_empty_run(reader, empty_run, items, "arrays", where)
+
+
+def next_empty_run(reader, run, size, items, where):
+    """The run of empty items after one of `size`: a long one is zeros read as items, not a vocabulary."""
+    run = 0 if size else run + 1
+    if run > MAX_EMPTY_RUN:
+        raise HeaderProblem("absurd_count", "More than %d empty %s in a row in %s (at offset %d): zeros read"
+                            " as %s, so the array count is corrupt." % (MAX_EMPTY_RUN, items, where, reader.pos, items),
+                            reader.pos)
+    return run
 
 
 def skip_array(reader, where, depth=0):
@@ -472,22 +606,29 @@ def skip_array(reader, where, depth=0):
     except Truncated:
         raise HeaderProblem("header_truncated", "The file ends inside the header, at %s." % where
                             + CUT_HINT, offset) from None
-    least = count * SCALAR_SIZES.get(element_type, 8)
+    check_array_count(reader, count, count * MIN_ITEM_BYTES[element_type], offset, where)
+    if element_type == STRING:
+        skip_strings(reader, count, where)
+    elif element_type == ARRAY:
+        skip_arrays(reader, count, where, depth)
+    else:
+        reader.skip(count * SCALAR_SIZES[element_type])
+    return VALUE_TYPE_NAMES[element_type], count
+
+
+def check_array_count(reader, count, least, offset, where):
+    """A count is held against the bytes left (its items' least size) and the limit before it is walked."""
     if least > reader.remaining():
-        if count > MAX_ARRAY_COUNT:
+        if count > MAX_ARRAY_ITEMS:
             raise HeaderProblem("absurd_count", "Array count %d (0x%x) at offset %d, %s, is absurd: it runs"
                                 " past the end of the %d-byte file." % (count, count, offset, where, reader.file_size),
                                 offset)
         raise HeaderProblem("header_truncated", "The file ends inside the array at %s (offset %d)."
                             % (where, offset) + CUT_HINT, offset)
-    if element_type == STRING:
-        skip_strings(reader, count, where)
-    elif element_type == ARRAY:
-        for _ in range(count):
-            skip_array(reader, where, depth + 1)
-    else:
-        reader.skip(least)
-    return VALUE_TYPE_NAMES[element_type], count
+    if count > MAX_ARRAY_ITEMS:
+        raise HeaderProblem("over_limit", "Array count %d at offset %d, %s, is over the %d items (MAX_ARRAY_ITEMS) this"
+                            " check reads: the largest vocabularies have 262k tokens; not read on."
+                            % (count, offset, where, MAX_ARRAY_ITEMS), offset)
 
 
 def keepable(value):
@@ -502,9 +643,15 @@ def read_kvs(reader, result, spans=None):
     the file is appended to it: what surgery copies or re-encodes."""
     seen = set()
     previous_key = None
+    key_bytes = 0
     for index in range(result["kv_count"]):
         key_offset = reader.pos
         key = read_key(reader, index, previous_key)
+        key_bytes += reader.pos - key_offset - 8
+        if key_bytes > MAX_KEY_BYTES:
+            raise HeaderProblem("over_limit", "The keys up to KV #%d (at offset %d) take %d bytes, over the %d bytes"
+                                " (MAX_KEY_BYTES) this check keeps: real headers' keys take a few KB; not read on."
+                                % (index, key_offset, key_bytes, MAX_KEY_BYTES), key_offset)
         where = "KV #%d %r" % (index, key)
         if key in seen:
             raise HeaderProblem("duplicate_name", "Duplicate key %r at offset %d." % (key, key_offset), key_offset)
@@ -569,21 +716,38 @@ def tensor_nbytes(dims, type_id):
     return elements // block * size
 
 
+class Where:
+    """A place in the header, put into words only when a message names it (not once per tensor)."""
+
+    __slots__ = ("words", "args")
+
+    def __init__(self, words, *args):
+        self.words = words
+        self.args = args
+
+    def __str__(self):
+        return self.words % self.args
+
+
+# What follows a tensor's n_dims, by n_dims: its dims (u64 each), its type (u32), its offset (u64).
+INFO_TAILS = [struct.Struct("<" + "Q" * n + "IQ") for n in range(MAX_DIMS + 1)]
+
+
 def read_tensor_info(reader, index, previous):
-    where = "tensor info #%d (after %s)" % (index, previous)
+    """One tensor info; `previous` is a Where naming what came before it."""
+    where = Where("tensor info #%d (after %s)", index, previous)
     info_offset = reader.pos
     length = read_length(reader, "tensor name", MAX_TENSOR_NAME, where)
     try:
         name = reader.take(length).decode("utf-8", "replace")
-        where = "tensor info #%d %r" % (index, name)
+        where = Where("tensor info #%d %r", index, name)
         dims_offset = reader.pos
         n_dims = reader.u32()
         if n_dims > MAX_DIMS:
             raise HeaderProblem("bad_shape", "%s has n_dims=%d (max %d) at offset %d."
                                 % (where, n_dims, MAX_DIMS, dims_offset), dims_offset)
-        dims = [reader.u64() for _ in range(n_dims)]
-        type_id = reader.u32()
-        offset = reader.u64()
+        fields = reader.unpack(INFO_TAILS[n_dims])
+        dims, type_id, offset = list(fields[:n_dims]), fields[n_dims], fields[n_dims + 1]
     except Truncated:
         raise HeaderProblem("header_truncated", "The file (%d bytes) ends inside %s, which starts at offset %d."
                             % (reader.file_size, where, info_offset) + CUT_HINT, info_offset) from None
@@ -605,23 +769,23 @@ def check_tensor_info(tensor, problems):
                      % (tensor.name, tensor.dims[0], type_name, block), tensor.info_offset)
 
 
-def read_tensor_infos(reader, result, problems, last_key):
-    tensors = []
-    names = set()
-    for index in range(result["tensor_count"]):
-        # Naming the last key shows a tensor name read as a key (kv_count one too big), or the reverse.
-        previous = repr(tensors[-1].name) if tensors else "the last KV %r" % (last_key,)
-        tensor = read_tensor_info(reader, index, previous)
-        if tensor.name in names:
-            raise HeaderProblem("duplicate_name", "Duplicate tensor name %r at offset %d."
-                                % (tensor.name, tensor.info_offset), tensor.info_offset)
-        names.add(tensor.name)
-        check_tensor_info(tensor, problems)
-        tensors.append(tensor)
-        result["tensors"] = len(tensors)
-        result["first_tensor"] = tensors[0].name
-        result["last_tensor"] = tensor.name
-    return tensors
+def read_tensor_infos(reader, result, problems, last_key, table):
+    """Each tensor info into `table`, judged as it is read: a Tensor lives only as long as it is
+    read, unless the table keeps them."""
+    try:
+        for index in range(result["tensor_count"]):
+            # Naming the last key shows a tensor name read as a key (kv_count one too big), or the reverse.
+            previous = Where("%r", table.names[-1]) if table.names else Where("the last KV %r", last_key)
+            tensor = read_tensor_info(reader, index, previous)
+            if tensor.name in table.name_set:
+                raise HeaderProblem("duplicate_name", "Duplicate tensor name %r at offset %d."
+                                    % (tensor.name, tensor.info_offset), tensor.info_offset)
+            check_tensor_info(tensor, problems)
+            table.add(tensor)
+    finally:
+        result["tensors"] = len(table)
+        result["first_tensor"] = table.names[0] if table.names else None
+        result["last_tensor"] = table.names[-1] if table.names else None
 
 
 def odd_length_problem(odd, failure):
@@ -641,14 +805,17 @@ def first_sentence(message):
     return message if end < 0 else message[:end + 1]
 
 
-def read_header(reader, result, problems, spans=None):
+def read_header(reader, result, problems, spans=None, table=None):
     """Fixed header, every KV, every tensor info: only then is the header's end known. With
-    `spans`, each KV's place in the file is kept there (read_kvs)."""
+    `spans`, each KV's place in the file is kept there (read_kvs). The tensor infos go into
+    `table` (a TensorTable; by default a new one that keeps the Tensors); returns the Tensors kept."""
+    table = TensorTable() if table is None else table
     read_fixed_header(reader, result)
     check_counts(reader, result)
+    check_declared_counts(result)
     try:
         last_key = read_kvs(reader, result, spans)
-        tensors = read_tensor_infos(reader, result, problems, last_key)
+        read_tensor_infos(reader, result, problems, last_key, table)
     except HeaderProblem as problem:
         if reader.odd_length is not None:
             raise odd_length_problem(reader.odd_length, problem) from None
@@ -657,4 +824,4 @@ def read_header(reader, result, problems, spans=None):
         raise
     result["header_end"] = reader.pos
     result["data_start"] = align(reader.pos, result["alignment"])
-    return tensors
+    return table.kept
