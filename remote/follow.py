@@ -4,7 +4,11 @@ reconnects and rotations, and decodes incrementally.
 A rotation (see the box's logfiles.py) comes as chunks of the old file first (`drain`), then,
 once that file has stayed at its end for a poll, a `rotated` chunk of the new file from its
 start: its lines follow the old file's last ones, none twice, none missing, and an unfinished
-last line of the old file ends there instead of being glued to the new file's first."""
+last line of the old file ends there instead of being glued to the new file's first. After
+several rotations between two reads, each generation in between (LOG.2, then LOG.1) is read
+the same way, by inode, before the current file; what could not be read any more (a file
+deleted or compressed before its end was reached) is said in the notice, never skipped
+silently."""
 
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ class LogCursor:
     dev: int | None = None
     mtime: float | None = None  # the file's when last read: a copytruncate copy is no older
     drained: bool = False  # the last read reached the end of the file the path named before
+    older: tuple[int, ...] | None = None  # the generations no newer than the file read (the box's, sent back)
 
     def request(self) -> dict:
         return {
@@ -59,6 +64,7 @@ class LogCursor:
             "dev": self.dev,
             "mtime": self.mtime,
             "drained": self.drained,
+            "older": None if self.older is None else list(self.older),
             "check": base64.b64encode(self.check).decode("ascii"),
             "scan_from": self.scan_from,
             "last_lines": self.last_lines,
@@ -102,6 +108,8 @@ class LogFollower:
     line_start: int | None = None  # where the unfinished last line began
     draining: str | None = None  # "renamed" | "copy" while the old file of a rotation is read
     drained: bool = False
+    older: tuple[int, ...] | None = None
+    size: int | None = None  # of the file read, when last read: what a file gone since held unread
     decoder: LineDecoder = field(init=False)
     read_bytes: int = field(init=False)  # what the next read asks for
 
@@ -114,7 +122,8 @@ class LogFollower:
         if self.offset is not None and self.line_start is not None and self.offset - self.line_start <= SCAN_CARRY:
             scan_from = self.line_start
         return LogCursor(self.path, self.offset, self.inode, self.check, scan_from, self.last_lines,
-                         self.read_bytes, self.markers, self.want_data, self.dev, self.mtime, self.drained)
+                         self.read_bytes, self.markers, self.want_data, self.dev, self.mtime, self.drained,
+                         self.older)
 
     def consume(self, chunk: LogChunk) -> TailUpdate:
         update = TailUpdate()
@@ -151,6 +160,7 @@ class LogFollower:
         if chunk.line_end is not None:
             self.line_start = chunk.line_end
         self.offset, self.inode, self.dev, self.mtime = chunk.next_offset, chunk.inode, chunk.dev, chunk.mtime
+        self.older, self.size = chunk.older, chunk.size
         return update
 
     def _rotation_notice(self, chunk: LogChunk) -> str:
@@ -160,10 +170,48 @@ class LogFollower:
         return f"{self.path}: rotated (now {old}); reading the rest of it first"
 
     def _switch_notice(self, chunk: LogChunk) -> str:
-        if self.draining is not None:
-            return f"{self.path}: the old file is read to its end; reading the new one from its start"
-        what = "replaced by a new file" if chunk.rotated else "truncated"
-        return f"{self.path}: {what}; reading from its start"
+        """One line: what became of the file read so far, what could not be read on the way, and
+        what is read now (the next generation, the new file, or this one again)."""
+        gone = chunk.gone is not None and not chunk.truncated
+        if gone:
+            parts = ["the file it was reading is gone (deleted or compressed)"]
+        elif self.draining is not None:
+            parts = ["the old file is read to its end"]
+        else:
+            parts = ["replaced by a new file" if chunk.rotated and not chunk.truncated else "truncated"]
+        lost = self._not_read(chunk)
+        if lost:
+            parts.append("not read: " + "; ".join(lost))
+        if chunk.drain is not None:
+            parts.append(f"reading the generation after it, {visible(chunk.old_file)}, from its start")
+        elif gone or self.draining is not None:
+            parts.append("reading the new one from its start")
+        else:
+            parts.append("reading from its start")
+        return f"{self.path}: " + "; ".join(parts)
+
+    def _not_read(self, chunk: LogChunk) -> list[str]:
+        """What the box could not read on the way to this chunk: the rest of the file read so far
+        (gone, or truncated with no copy of it), and each generation after it that is compressed
+        or was gone before it could be read."""
+        lost = []
+        if chunk.gone is not None and self.offset is not None:
+            known = max(self.size or 0, self.offset)
+            # A truncation with no generation after it is an ordinary one: nothing is known lost.
+            rotation = not chunk.truncated or chunk.drain is not None or bool(chunk.unread)
+            if known > self.offset:
+                lost.append(f"inode {chunk.gone}, bytes {self.offset}-{known} ({known - self.offset} bytes) and "
+                            "whatever was written to it after")
+            elif rotation and not self.drained:
+                lost.append(f"inode {chunk.gone} from byte {self.offset} (whatever was written to it after the "
+                            "last read)")
+        for name, size in chunk.unread:
+            if size >= 0:
+                what = f"compressed, {size} bytes of log"
+            else:
+                what = "compressed" if name.endswith(".gz") else "gone before it was read, its size unknown"
+            lost.append(f"{visible(name)} ({what})")
+        return lost
 
     def _flush(self) -> list[str]:
         last = self.decoder.flush()

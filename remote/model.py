@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import math
 import re
 import types
 import typing
@@ -81,6 +82,14 @@ class DiskUsers:
 
 
 @dataclass(frozen=True)
+class Listing:
+    """The names in one folder that start with what was typed (folders end in "/")."""
+
+    names: tuple[str, ...]
+    complete: bool  # False: there are more than these (the box sent its first ones)
+
+
+@dataclass(frozen=True)
 class Process:
     pid: int
     ppid: int
@@ -133,6 +142,13 @@ class LogChunk:
     truncated: bool = False
     drain: str | None = None  # "renamed" | "copy": the bytes are the rest of the file the path named before
     old_file: str = ""  # that file's name now ("" if unknown)
+    # Several rotations between two reads (box/logfiles.py): the inodes of the log's generations
+    # no newer than the file read, which the follower sends back; the file it read before, when
+    # no name or descriptor of it was left (its rest not read); and the generations on the way
+    # that could not be read: (name, bytes of log it holds, -1 if unknown).
+    older: tuple[int, ...] | None = None
+    gone: int | None = None
+    unread: tuple[tuple[str, int], ...] = ()
     hits: tuple[MarkerHit, ...] = ()
     error: str | None = None
     missing: bool = False
@@ -504,8 +520,45 @@ def _items(raw: dict[str, Any], key: str, kind: type = list) -> Any:
 @_converting
 def log_chunk(raw: dict[str, Any]) -> LogChunk:
     hits = tuple(_pick(MarkerHit, h) for h in raw.get("hits") or ())
-    return _pick(LogChunk, raw, data=_data(raw),
-                 tail=base64.b64decode(raw.get("tail") or ""), hits=hits)
+    return checked_cursor(_pick(LogChunk, raw, data=_data(raw), tail=base64.b64decode(raw.get("tail") or ""),
+                                hits=hits, **_generations(raw)))
+
+
+MAX_OLDER = 64  # the probe names at most the 18 generations it looks at, and the file read
+
+
+def _generations(raw: dict[str, Any]) -> dict[str, Any]:
+    """older and unread as tuples (JSON gives lists), for the annotation check to judge; older
+    goes back to the probe, so it is a short list of inode numbers or the reply is refused."""
+    fields: dict[str, Any] = {}
+    older, unread = raw.get("older"), raw.get("unread")
+    if isinstance(older, list):
+        if len(older) > MAX_OLDER or not all(type(i) is int and 0 <= i < 2**64 for i in older):
+            raise BoxError("malformed reply: LogChunk.older is not a short list of inode numbers")
+        fields["older"] = tuple(older)
+    if isinstance(unread, list):
+        fields["unread"] = tuple(tuple(u) if isinstance(u, list) else u for u in unread)
+    return fields
+
+
+CURSOR_FIELDS = ("offset", "next_offset", "line_end", "size", "inode", "dev")
+MAX_CURSOR = 2**64 - 1  # an inode or device number (the probe takes offsets up to 2**63 - 1 back)
+MAX_TAIL = 64  # the probe sends the last 16 bytes it read, for the next read to check
+
+
+def checked_cursor(chunk: LogChunk) -> LogChunk:
+    """chunk, if what its follower sends back next time is a cursor the probe takes (an offset
+    of -1 or a NaN mtime kept from one reply would have every later request refused: the log
+    stalled for good)."""
+    for name in CURSOR_FIELDS:
+        value = getattr(chunk, name)
+        if value is not None and not 0 <= value <= (MAX_CURSOR if name in ("inode", "dev") else 2**63 - 1):
+            raise BoxError(f"malformed reply: LogChunk.{name} is {value}, out of range")
+    if chunk.mtime is not None and not math.isfinite(chunk.mtime):
+        raise BoxError(f"malformed reply: LogChunk.mtime is {chunk.mtime}")
+    if len(chunk.tail) > MAX_TAIL:
+        raise BoxError(f"malformed reply: LogChunk.tail is {len(chunk.tail)} bytes, more than {MAX_TAIL}")
+    return chunk
 
 
 @_converting
@@ -760,6 +813,7 @@ class GgufWriteResult:
     fetched: int = 0  # bytes read from the donor (header and tensor data)
     donor_size: int | None = None
     free: int | None = None  # bytes free on the filesystem OUT goes to
+    pin: dict[str, Any] | None = None  # a plan's: what its write must find again (box/gguf_surgery.py)
     assertions: tuple[GgufAssertion, ...] = ()
     error: str | None = None  # why it was refused or failed (an assertion names its numbers)
 

@@ -16,14 +16,19 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.remote import model
+from samai.remote.box import logfiles
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
+from samai.remote.visible import visible
 from samai.widgets.logview import LogView
 from tests.helpers import pilot_until, run_cli, unavailable_here, wait_for
+from tests.test_fuzz_box_input import JSON
 
 CONFIG = """
 pipeline = "rotation"
@@ -203,6 +208,233 @@ def test_copytruncate_loses_no_more_than_gnu_tail(tmp_path: Path, workspace: Pat
     assert "truncated in place; reading the rest from its copy" in ours_err
 
 
+# ------------------------------------------------------------ several rotations between two polls
+
+
+class Generations:
+    """A log the test writes itself, numbered lines as the writer's, and rotates as logrotate
+    does: every line's place is known, so what a follower prints can be checked line by line."""
+
+    def __init__(self, log: Path) -> None:
+        self.log, self.n = log, 0
+
+    def write(self, count: int) -> None:
+        with open(self.log, "ab") as f:
+            f.write(b"".join(b"line %07d %s\n" % (n, b"x" * (n % 37)) for n in range(self.n, self.n + count)))
+        self.n += count
+
+    def numbered(self, k: int) -> Path:
+        return Path(f"{self.log}.{k}")
+
+    def shift(self) -> None:
+        """LOG.8 -> LOG.9 ... LOG.1 -> LOG.2: room for a new LOG.1."""
+        for k in range(8, 0, -1):
+            if self.numbered(k).exists():
+                self.numbered(k).rename(self.numbered(k + 1))
+
+    def create(self) -> None:
+        """logrotate's default: LOG -> LOG.1 and a new, empty LOG (the writer reopens it)."""
+        self.shift()
+        self.log.rename(self.numbered(1))
+        self.log.touch()
+
+    def copytruncate(self) -> None:
+        """logrotate's copytruncate: LOG copied to LOG.1, then LOG truncated in place."""
+        self.shift()
+        shutil.copyfile(self.log, self.numbered(1))
+        os.truncate(self.log, 0)
+
+
+@pytest.fixture
+def tail_follow(cfg_file: Path, spawn):
+    """`samai-console tail LOG -n 1 --follow`, started once LOG holds its line "ready"."""
+
+    def start(log: Path) -> Output:
+        log.write_text("ready\n")
+        ours = Output(spawn(sys.executable, "-m", "samai.console", "--config", str(cfg_file), "tail", str(log),
+                            "-n", "1", "--follow", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        wait_for(lambda: ours.lines[:1] == ["ready"], timeout=60)
+        return ours
+
+    return start
+
+
+class Paused:
+    """The follower stopped (SIGSTOP) while the block runs: whatever the block does to the log
+    happens between two of its polls."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def __enter__(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+        wait_for(lambda: Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+
+def _read_through(ours: Output, gen: Generations) -> str:
+    """Once the follower printed the last line written (a last one written after the rest, so
+    any earlier generation would have come before it), stop it: its stderr."""
+    gen.write(1)
+    wait_for(lambda: ours.has(gen.n - 1), timeout=60)
+    return ours.stop()
+
+
+@pytest.mark.parametrize("rotations", [2, 3])
+def test_several_renames_between_two_polls_read_every_generation_in_order(workspace: Path, tail_follow,
+                                                                           rotations: int) -> None:
+    log = workspace / "train.log"
+    ours = tail_follow(log)
+    gen = Generations(log)
+    gen.write(100)
+    wait_for(lambda: ours.has(99), timeout=60)
+    with Paused(ours.proc):
+        gen.write(50)  # the rest of the file being read, not read yet
+        for _ in range(rotations):
+            gen.create()
+            gen.write(100)
+    err = _read_through(ours, gen)
+    assert ours.lines[0] == "ready" and ours.numbers() == list(range(gen.n)), err
+    assert err.count("reading the rest of it first") == 1, err
+    assert err.count("reading the generation after it") == rotations - 1, err
+    assert err.count("reading the new one from its start") == 1, err
+    assert "not read" not in err, err
+
+
+def test_copytruncates_between_two_polls_read_every_copy_in_order(workspace: Path, tail_follow) -> None:
+    log = workspace / "serve.log"
+    ours = tail_follow(log)
+    gen = Generations(log)
+    gen.write(100)
+    wait_for(lambda: ours.has(99), timeout=60)
+    with Paused(ours.proc):
+        gen.write(50)
+        for _ in range(2):
+            gen.copytruncate()
+            gen.write(100)
+    err = _read_through(ours, gen)
+    assert ours.lines[0] == "ready" and ours.numbers() == list(range(gen.n)), err
+    assert "truncated in place; reading the rest from its copy" in err and "not read" not in err, err
+    assert err.count("reading the generation after it") == 1, err
+
+
+@pytest.mark.parametrize("how", ["deleted", "compressed"])
+def test_a_generation_gone_before_its_first_read_is_named_with_what_it_held(workspace: Path, tail_follow,
+                                                                             how: str) -> None:
+    """Two renames between two polls, and the middle generation (never seen by the follower)
+    deleted or compressed away: every other line comes, in order, and one line names it."""
+    log = workspace / "app.log"
+    ours = tail_follow(log)
+    gen = Generations(log)
+    gen.write(100)
+    wait_for(lambda: ours.has(99), timeout=60)
+    with Paused(ours.proc):
+        gen.create()
+        first_lost = gen.n
+        gen.write(100)
+        lost_bytes = gen.log.stat().st_size
+        gen.create()  # the lost lines are in LOG.1 now
+        gen.write(100)
+        middle = gen.numbered(1)
+        if how == "compressed":
+            with gzip.open(f"{middle}.gz", "wb") as z:
+                z.write(middle.read_bytes())
+        middle.unlink()
+    err = _read_through(ours, gen)
+    lost = set(range(first_lost, first_lost + 100))
+    assert ours.numbers() == [n for n in range(gen.n) if n not in lost], err
+    (notice,) = [line for line in err.splitlines() if "not read" in line]
+    if how == "compressed":
+        assert f"{middle.name}.gz (compressed, {lost_bytes} bytes of log)" in notice, notice
+    else:
+        assert f"{middle.name} (gone before it was read" in notice, notice
+
+
+def test_a_copy_gone_before_the_rest_in_it_is_read_says_from_which_byte(workspace: Path, tail_follow) -> None:
+    """Two copytruncates between two polls, and the first copy (which alone holds the rest of
+    what was being read) deleted: the notice names the file and the byte the loss starts at, and
+    the second copy and the log itself are read whole."""
+    log = workspace / "gen.log"
+    ours = tail_follow(log)
+    gen = Generations(log)
+    gen.write(100)
+    wait_for(lambda: ours.has(99), timeout=60)
+    read = log.stat().st_size
+    with Paused(ours.proc):
+        gen.write(50)
+        gen.copytruncate()
+        gen.write(100)
+        gen.copytruncate()
+        gen.write(100)
+        gen.numbered(2).unlink()
+    err = _read_through(ours, gen)
+    assert ours.numbers() == [*range(100), *range(150, gen.n)], err
+    (notice,) = [line for line in err.splitlines() if "not read" in line]
+    assert f"inode {log.stat().st_ino} from byte {read} " in notice, notice
+    assert ": truncated; " in notice, notice
+    assert notice.endswith(f"reading the generation after it, {gen.numbered(1)}, from its start"), notice
+
+
+async def test_a_generation_gone_before_its_end_is_read_says_which_bytes(box: Box, workspace: Path) -> None:
+    """A probe without a kept descriptor, behind in a file that is then rotated twice and
+    deleted: the notice names its inode and the bytes it did not read; the next generation and
+    the current file are read whole."""
+    log = workspace / "e.log"
+    gen = Generations(log)
+    gen.write(100)
+    follower = LogFollower(str(log), offset=0, max_bytes=1000)
+    lines, _ = await _one_burst(box, follower)
+    assert lines == [f"line {n:07d} {'x' * (n % 37)}" for n in range(len(lines))] and follower.offset is not None
+    read, size, inode = follower.offset, log.stat().st_size, log.stat().st_ino
+    gen.create()
+    gen.write(10)
+    gen.create()
+    gen.write(10)
+    gen.numbered(2).unlink()
+    lines, notices = await _one_shot(box, follower)
+    lines += (await _one_shot(box, follower))[0]
+    assert [int(line.split()[1]) for line in lines][-20:] == list(range(100, 120))
+    (notice,) = [n for n in notices if "not read" in n]
+    assert f"inode {inode}, bytes {read}-{size} ({size - read} bytes)" in notice, notice
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(older=JSON, gone=JSON, unread=JSON, drain=st.sampled_from([None, "renamed"]))
+def test_a_reply_naming_any_generations_is_a_chunk_or_a_box_error(older, gone, unread, drain) -> None:
+    """What the box says of a log's generations is untrusted: a chunk the follower can send back
+    and say in one inert line, or a BoxError, never another exception."""
+    raw = {"path": "/w/x.log", "inode": 2, "rotated": True, "drain": drain, "older": older, "gone": gone,
+           "unread": unread, "old_file": "/w/x.log.1\x1b[2J"}
+    try:
+        chunk = model.log_chunk(raw)
+    except BoxError:
+        return
+    follower = LogFollower("/w/x.log", offset=5, inode=1, size=9)
+    notice = follower.consume(chunk).notice
+    assert notice is not None and visible(notice) == notice and "\n" not in notice
+    request = follower.cursor().request()
+    assert request["older"] is None or all(type(i) is int and 0 <= i < 2**64 for i in request["older"])
+
+
+@pytest.fixture(scope="module")
+def rotated_log(tmp_path_factory) -> Path:
+    """A log and one older generation beside it."""
+    log = tmp_path_factory.mktemp("generations") / "f.log"
+    log.write_text("one\n")
+    Path(f"{log}.1").write_text("zero\n")
+    return log
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(older=JSON)
+def test_a_request_naming_any_older_generations_is_answered(rotated_log: Path, older) -> None:
+    """The follower's "older" is only a hint: whatever it holds, the read is answered."""
+    (reply,) = logfiles.logs([{"path": str(rotated_log), "offset": 0, "inode": 1, "older": older}])
+    assert "error" not in reply and (reply["older"] is None or all(type(i) is int for i in reply["older"]))
+
+
 # ------------------------------------------------------------ the probe without a kept descriptor
 
 
@@ -217,6 +449,13 @@ async def _one_shot(box: Box, follower: LogFollower) -> tuple[list[str], list[st
         notices += [update.notice] if update.notice else []
         if not update.more:
             return lines, notices
+
+
+async def _one_burst(box: Box, follower: LogFollower) -> tuple[list[str], list[str]]:
+    """One read by a fresh probe: what it gives the follower, more or not."""
+    reply = await box.call("probe.py", {"logs": [follower.cursor().request()], "processes": False, "states": False})
+    update = follower.consume(model.log_chunk(reply["logs"][0]))
+    return update.lines, [update.notice] if update.notice else []
 
 
 async def test_a_one_shot_probe_finds_the_rotated_log_among_its_siblings(box: Box, workspace: Path) -> None:

@@ -12,6 +12,15 @@ A file truncated in place (copytruncate) is caught at once (size below the offse
 last bytes read rewritten); its copy (a sibling holding the same bytes before the offset) is
 then read to its end the same way.
 
+Several rotations between two reads leave several generations the follower has not read:
+LOG.2, LOG.1, then LOG. Each reply names the generations that are not newer than the file it
+read ("older": their inodes, among LOG.1 .. LOG.9 and their .gz); the follower sends that back.
+Once the file it reads is done, the next one is the oldest generation not among them: read
+from its start, to its end, and so on up to the current file. What cannot be read any more is
+said in the reply instead of skipped silently: "gone", the file being read when no name or
+descriptor of it is left (its rest was not read), and "unread", each generation between it and
+the next one read that is compressed (with the bytes of log it holds) or gone.
+
 Only regular files are read: a FIFO, device or socket is refused before it can block the probe
 (and opened non-blocking, for one swapped in after that check).
 """
@@ -34,6 +43,7 @@ TAIL_BLOCK = 64 * 1024
 CHECK_BYTES = 16  # the last bytes read, which the next read checks to catch a rewrite
 MAX_SIBLINGS = 100000  # entries of a log's folder looked through for its rotated file
 MAX_NAMED_SIBLINGS = 256  # entries named after the log that are stat'ed (and maybe read) one by one
+MAX_GENERATIONS = 9  # LOG.1 .. LOG.9 (and LOG.N.gz) are looked at for the generations of a log
 MAX_HELD = 64  # descriptors a --serve probe keeps
 HOLD_S = 60.0  # a kept descriptor unused this long is closed
 HOLD_DELETED_S = 5.0  # ... and sooner for a deleted file, whose disk space it holds
@@ -226,6 +236,112 @@ def find_copy(path, now, offset, check, mtime):
     return best
 
 
+# ---------------------------------------------------------------- the log's generations
+
+
+class Generation(object):
+    """A rotated generation of a log: LOG.N (position N), or LOG.N.gz, which cannot be read here."""
+
+    def __init__(self, position, name, st):
+        self.position, self.name, self.st = position, name, st
+        self.compressed = name.endswith(".gz")
+
+
+def generations(path):
+    """The log's rotated generations there now, oldest first (LOG.9 .. LOG.1): regular files
+    only, never through a symlink. A dozen or two lstat calls, no listing of the folder."""
+    found = []
+    for position in range(MAX_GENERATIONS, 0, -1):
+        for name in ("%s.%d" % (path, position), "%s.%d.gz" % (path, position)):
+            try:
+                st = os.lstat(name)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found.append(Generation(position, name, st))
+    return found
+
+
+def older_of(req):
+    """The inodes the follower knows not to be newer than the file it reads, or None when the
+    request does not say (then no generation is read but the current file, as before)."""
+    older = req.get("older")
+    if not isinstance(older, list):
+        return None
+    return set(i for i in older[:4 * MAX_GENERATIONS] if isinstance(i, int) and not isinstance(i, bool))
+
+
+def newer_than(gens, ino, older):
+    """The generations the follower has not read, oldest first: not the file ino, not one it
+    knew to be no newer, and below ino's own position when it has one."""
+    if older is None:
+        return []
+    top = position_of(gens, ino)
+    return [g for g in gens if g.st.st_ino != ino and g.st.st_ino not in older and (top is None or g.position < top)]
+
+
+def position_of(gens, ino):
+    """Where the plain file ino is among the generations (None: it has no LOG.N name)."""
+    return next((g.position for g in gens if g.st.st_ino == ino and not g.compressed), None)
+
+
+def gzip_size(name):
+    """The bytes of log a .gz holds (its trailer's ISIZE, modulo 4 GiB), or -1 if unreadable."""
+    try:
+        fd, st = open_regular(name, getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return -1
+    try:
+        tail = pread(fd, st.st_size - 4, 4) if st.st_size >= 18 else b""  # 18: the smallest gzip file
+    finally:
+        os.close(fd)
+    return int.from_bytes(tail, "little") if len(tail) == 4 else -1
+
+
+def unread_between(path, gens, ino, newer, floor):
+    """[name, bytes] of each generation between the finished file ino and the next one read
+    (at position floor; 0: the current file) that cannot be read: compressed (the bytes of log
+    it holds), or a position left empty (gone; -1: its size is unknown). A finished file with
+    no LOG.N name left (read through a kept descriptor, or gone) has its own copy in the oldest
+    new .gz, if any: that one is not counted."""
+    top = position_of(gens, ino)
+    compressed = [g for g in newer if g.compressed and g.position > floor]
+    if top is None and compressed and compressed[0] is newer[0]:
+        top = compressed.pop(0).position
+    unread = [(g.position, g.name, gzip_size(g.name)) for g in compressed if top is None or g.position < top]
+    if top is not None:
+        taken = set(g.position for g in gens)
+        unread += [(p, "%s.%d" % (path, p), -1) for p in range(floor + 1, top) if p not in taken]
+    return [[name, size] for _, name, size in sorted(unread, reverse=True)]
+
+
+def open_generation(gen, held, opened):
+    """(fd, stat) of a generation, if it is still the file the listing found."""
+    try:
+        fd, st = open_regular(gen.name, getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    if (st.st_dev, st.st_ino) != (gen.st.st_dev, gen.st.st_ino):
+        os.close(fd)
+        return None
+    if held is None or not held.keep(fd, st):
+        opened.append(fd)
+    return fd, st
+
+
+def older_in(req, gens, src, current):
+    """What the follower sends back with its next read ("older"): the inodes of the generations
+    not newer than the file read now, that one included; None while that is not known."""
+    ino = src.st.st_ino
+    if current is not None and ino == current.st_ino:  # listed before the current file was opened: all older
+        return [ino] + [g.st.st_ino for g in gens]
+    at = position_of(gens, ino)
+    if at is not None:
+        return [g.st.st_ino for g in gens if g.position >= at]
+    known = older_of(req)
+    return None if known is None else sorted(known | set([ino]))
+
+
 # ---------------------------------------------------------------- log reads
 
 
@@ -269,10 +385,12 @@ def number(req, key, types=(int,)):
 class Source(object):
     """The file one read takes its bytes from, and where in it."""
 
-    def __init__(self, fd, st, offset, rotated=False, truncated=False, drain=None, old_file=""):
+    def __init__(self, fd, st, offset, rotated=False, truncated=False, drain=None, old_file="", gone=None,
+                 unread=()):
         self.fd, self.st, self.offset = fd, st, offset
         self.rotated, self.truncated = rotated, truncated
         self.drain, self.old_file = drain, old_file  # drain: "renamed" | "copy" while the old file is read
+        self.gone, self.unread = gone, list(unread)  # what could not be read on the way here
 
 
 def open_current(path, held, opened):
@@ -305,6 +423,7 @@ def locate(req, held, opened):
     offset = req.get("offset")
     ino, dev = req.get("inode"), number(req, "dev")
     following = offset is not None and ino is not None
+    gens = generations(path)  # before the current file is opened: every one listed is older than it
     try:
         fd, st = open_current(path, held, opened)
     except FileNotFoundError:
@@ -317,25 +436,44 @@ def locate(req, held, opened):
         if old is not None and (offset < old[1].st_size or (offset == old[1].st_size and not req.get("drained"))):
             if held is not None:
                 held.touch(old[1])
-            return Source(old[0], old[1], offset, drain="renamed", old_file=old[2])
-        if st is None:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        return Source(fd, st, 0, rotated=True)
+            return Source(old[0], old[1], offset, drain="renamed", old_file=old[2]), gens, st
+        return after_finished(req, gens, ino, old is None, (fd, st), held, opened), gens, st
     check = base64.b64decode(req.get("check") or "") if following else b""
     if following and (st.st_size < offset or rewritten(fd, offset, check)):
         copy = find_copy(path, st, offset, check, number(req, "mtime", (int, float)))
         if copy is not None:
             opened.append(copy[0])
-            return Source(copy[0], copy[1], offset, drain="copy", old_file=copy[2])
-        return Source(fd, st, 0, truncated=True)
-    return Source(fd, st, offset)
+            return Source(copy[0], copy[1], offset, drain="copy", old_file=copy[2]), gens, st
+        return after_finished(req, gens, ino, True, (fd, st), held, opened, truncated=True), gens, st
+    return Source(fd, st, offset), gens, st
+
+
+def after_finished(req, gens, ino, gone, current, held, opened, truncated=False):
+    """Where to read once the file ino is done (or gone, or truncated with no copy of its rest):
+    the oldest generation the follower has not read, from its start, else the current file from
+    its start. The generations that cannot be read on the way, and the file itself when gone,
+    are named in the Source."""
+    newer = newer_than(gens, ino, older_of(req))
+    unreadable = []
+    for gen in [g for g in newer if not g.compressed]:
+        found = open_generation(gen, held, opened)
+        if found is not None:
+            unread = unreadable + unread_between(req["path"], gens, ino, newer, gen.position)
+            return Source(found[0], found[1], 0, rotated=not truncated, truncated=truncated, drain="renamed",
+                          old_file=gen.name, gone=ino if gone else None, unread=unread)
+        unreadable.append([gen.name, -1])  # gone between the listing and the open
+    fd, st = current
+    if st is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), req["path"])
+    return Source(fd, st, 0, rotated=not truncated, truncated=truncated, gone=ino if gone else None,
+                  unread=unreadable + unread_between(req["path"], gens, ino, newer, 0))
 
 
 def read_log(req, held=None):
     max_bytes = min(int(req.get("max_bytes") or DEFAULT_LOG_BYTES), MAX_LOG_BYTES)
     opened = []  # descriptors this read opened and does not keep
     try:
-        src = locate(req, held, opened)
+        src, gens, current = locate(req, held, opened)
         size = src.st.st_size
         offset, restarted = src.offset, src.rotated or src.truncated
         if offset is None:
@@ -364,6 +502,9 @@ def read_log(req, held=None):
         "truncated": src.truncated,
         "drain": src.drain,
         "old_file": shown_name(src.old_file),
+        "older": older_in(req, gens, src, current),
+        "gone": src.gone,
+        "unread": [[shown_name(name), size] for name, size in src.unread],
         "data": new if req.get("data", True) else b"",  # encoded, or attached, by probe.pack_data
         "tail": base64.b64encode(data[-CHECK_BYTES:]).decode("ascii"),
         "hits": marker_hits(data, scan_from, compiled(req.get("markers") or ())),
