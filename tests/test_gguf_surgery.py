@@ -402,15 +402,17 @@ def test_an_output_whose_bytes_differ_from_the_source_fails_the_sha256_assertion
         header = gguf_surgery.Header(source, "input")
         layout = gguf_write.Layout(3, [raw for _, _, raw in header.raw_kvs()], header.kept_tensors(), 32)
         folder = gguf_surgery.os.open(str(tmp_path), gguf_surgery.os.O_RDONLY)
+        part_fd = gguf_write.create_part(folder, "out.gguf")
         try:
-            gguf_write.write_part(folder, "out.gguf", layout)
-            assert all(a["ok"] for a in gguf_write.verify(folder, "out.gguf", layout, 4, "tiny.out.weight"))
+            gguf_write.write_part(part_fd, layout)
+            assert all(a["ok"] for a in gguf_write.verify(part_fd, layout, 4, "tiny.out.weight"))
             part = tmp_path / "out.gguf.part"
             data = bytearray(part.read_bytes())
             data[layout.data_start + layout.tensors[2].offset] ^= 0xFF
-            part.write_bytes(bytes(data))
-            checked = {a["name"]: a for a in gguf_write.verify(folder, "out.gguf", layout, 4, "tiny.out.weight")}
+            part.write_bytes(bytes(data))  # the same file, changed where it is: what a reader of fd sees
+            checked = {a["name"]: a for a in gguf_write.verify(part_fd, layout, 4, "tiny.out.weight")}
         finally:
+            gguf_surgery.os.close(part_fd)
             gguf_surgery.os.close(folder)
     finally:
         source.close()
@@ -515,7 +517,8 @@ SENSIBLE = st.fixed_dictionaries(
      "tensors": st.lists(st.sampled_from(TENSORS), min_size=1, max_size=4)},
     optional={"set": SETS, "types": st.dictionaries(st.sampled_from(KEYS), st.sampled_from(TYPES), max_size=3),
               "expect_tensors": st.integers(-1, 9), "expect_last": st.sampled_from(TENSORS), "plan": st.booleans()})
-FIELDS = ["op", "path", "out", "donor", "tensors", "set", "types", "expect_tensors", "expect_last", "plan"]
+FIELDS = ["op", "path", "out", "donor", "tensors", "set", "types", "expect_tensors", "expect_last", "plan", "pin",
+          "redirect_hosts"]
 # A request that makes sense, with at most one field replaced by anything JSON can hold.
 REQUEST = st.tuples(SENSIBLE, st.one_of(st.none(), st.tuples(st.sampled_from(FIELDS), VALUE))).map(
     lambda pair: {**pair[0], **dict([pair[1]] if pair[1] else [])})

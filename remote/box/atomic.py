@@ -8,12 +8,16 @@ scripts write a whole file. The data goes to a temporary name of its own in the 
   replace_in(folder_fd, name, blocks, ...)   within an open folder: the name is never
       followed if it is a symlink (it is replaced), which confine.py relies on
   write_atomic(path, data, ...)              the same for a path (bytes, text or blocks)
+  rename_new(folder_fd, name, new_name)       a rename that never replaces what is at new_name
 """
 
 import binascii
+import errno
 import os
 
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# linkat's answers where the filesystem has no hard links (vfat, some FUSE and network mounts)
+NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK)
 
 
 def temporary_name(name, tag):
@@ -57,3 +61,22 @@ def write_atomic(path, data, mode=0o644, sync=False, tag="tmp"):
             os.fsync(folder)  # the rename itself reaches the disk too
     finally:
         os.close(folder)
+
+
+def rename_new(folder_fd, name, new_name):
+    """Rename name to new_name inside the folder, never over anything at new_name (a file, a
+    symlink, a hard link put there: FileExistsError, and it is left as it is). A hard link and
+    then an unlink, which the kernel refuses atomically when new_name exists; where the
+    filesystem has no hard links, a rename after a check (two steps there, not one)."""
+    try:
+        os.link(name, new_name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd, follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in NO_HARD_LINKS:
+            raise
+        try:
+            os.stat(new_name, dir_fd=folder_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            os.rename(name, new_name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+            return
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), new_name) from None
+    os.unlink(name, dir_fd=folder_fd)

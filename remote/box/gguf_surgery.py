@@ -8,21 +8,29 @@ Runs ON the box (standard library only, Python >= 3.8). Request on stdin, reply 
    "expect_tensors"?, "expect_last"?}
   {"op": "extract", "workspace", "path", "tensors": [NAME], "out"}
   Any write op with "plan": true writes nothing and says what it would: its size ("bytes"),
-  tensor count, last tensor, and the disk free where OUT goes ("free").
+  tensor count, last tensor, the disk free where OUT goes ("free"), and its "pin". Given back
+  with the write ("pin": the plan's), the write is of exactly that plan: each source's size,
+  validators and header sha256, the output's size and the byte ranges read from each source
+  must be the same, or it is refused with the difference before any tensor byte is fetched.
+  Any op may carry "redirect_hosts": [HOST], the hosts a URL may redirect to besides its own.
 
-A path is relative to the workspace or absolute; `path` (extract) and `donor` may be http(s)
-URLs, read by byte range only (gguf_source.py). OUT lies inside the workspace (confine.py),
-never exists yet, and is never the input: the input is never modified. The output is written
-as OUT.part, then every mandatory assertion runs on what was written (gguf_write.py), and only
-then is it renamed to OUT. An input or donor that the checker finds broken (a kv_count patched
-one byte off, a header_end taken too early) is refused, its problem named.
+A path is relative to the workspace or absolute; `path` and `donor` may be http(s) URLs, read
+by byte range only (gguf_source.py). OUT lies inside the workspace (confine.py), never exists
+yet, and is never the input: the input is never modified. The output is written as OUT.part,
+then every mandatory assertion runs on what was written (gguf_write.py), and only then is it
+renamed to OUT, never over anything there. An OUT.part that exists already (an earlier run
+that did not finish, or someone else's) is refused and left alone: only the operator knows
+whether it may go. An input or donor that the checker finds broken (a kv_count patched one
+byte off, a header_end taken too early) is refused, its problem named.
 
 Write reply: {"ok", "op", "out", "planned", "bytes", "tensors", "last_tensor", "added",
-"fetched", "donor_size", "free", "assertions": [{"name", "ok", "detail"}], "failure"?}.
-A request that is not one of these is {"error": ...}.
+"fetched", "donor_size", "free", "pin", "assertions": [{"name", "ok", "detail"}], "failure"?};
+a write request this tool cannot read is a failure too ("bad request: ..."). Any other request
+that is not one of these is {"error": ...}.
 """
 
 import os
+import re
 import sys
 
 from .confine import Escape, open_parent, parts_inside, workspace_root
@@ -38,8 +46,22 @@ from .gguf_format import (
     RangeReader,
     Truncated,
 )
-from .gguf_source import SourceError, open_source
-from .gguf_write import PART, Layout, OutTensor, WriteError, encode_kv, encode_value, type_of, verify, write_part
+from .gguf_source import SourceError, is_url, open_source, refuse_changes
+from .gguf_write import (
+    PART,
+    Layout,
+    OutTensor,
+    WriteError,
+    create_part,
+    discard_part,
+    encode_kv,
+    encode_value,
+    publish,
+    tensor_reads,
+    type_of,
+    verify,
+    write_part,
+)
 from .procfs import one_line, serve
 
 MAX_SHOW_KVS = 256
@@ -50,6 +72,8 @@ SHOW_ITEM = 40
 MAX_NAMES = 4096
 WRITE_OPS = ("set_kv", "add_tensors", "extract")
 FIXED_KEYS = ("general.alignment",)  # changing it would move every tensor: not a KV edit
+MAX_REDIRECT_HOSTS = 16
+HOST_NAME = re.compile(r"[A-Za-z0-9._:-]{1,253}")  # a name, an IPv4 or an IPv6 address (urlsplit's hostname)
 
 
 class Refused(Exception):
@@ -72,6 +96,8 @@ def handle(req):
             return write(req, op)
         return {"error": "bad request: op %r is not one of show, %s" % (str(op)[:40], ", ".join(WRITE_OPS))}
     except BadRequest as e:
+        if op in WRITE_OPS:
+            return failure(req, op, "bad request: %s" % e)
         return {"error": "bad request: %s" % e}
     except (SourceError, OSError) as e:
         if op == "show":
@@ -115,6 +141,29 @@ def optional_int(req, key):
     return value
 
 
+def redirect_hosts(req):
+    hosts = req.get("redirect_hosts")
+    if hosts is None:
+        return []
+    if (not isinstance(hosts, list) or len(hosts) > MAX_REDIRECT_HOSTS
+            or not all(isinstance(h, str) and HOST_NAME.fullmatch(h) for h in hosts)):
+        raise BadRequest("redirect_hosts must be a list of at most %d host names" % MAX_REDIRECT_HOSTS)
+    return hosts
+
+
+def plan_pin(req, sources):
+    """The plan's pin given back with a write, its shape checked; None when there is none."""
+    pin = req.get("pin")
+    if pin is None:
+        return None
+    if not (isinstance(pin, dict) and type(pin.get("bytes")) is int and isinstance(pin.get("reads"), list)
+            and isinstance(pin.get("sources"), list) and len(pin["sources"]) == sources
+            and all(isinstance(s, dict) and all(v is None or type(v) in (int, str) for v in s.values())
+                    for s in pin["sources"])):
+        raise BadRequest("pin must be the plan's: {bytes, reads, sources: one per source}")
+    return pin
+
+
 def read_exactly(source, start, length):
     parts, got = [], 0
     while got < length:
@@ -133,7 +182,7 @@ def read_exactly(source, start, length):
 def show(req):
     workspace = text(req, "workspace")
     path = text(req, "path")
-    source = open_source(path, workspace)
+    source = open_source(path, workspace, allowed_hosts=redirect_hosts(req))
     try:
         result, tensors, spans = inspect(source.read_at, source.size)
         reader = RangeReader(source.read_at, source.size)
@@ -203,9 +252,10 @@ def array_head(reader):
 
 
 class Header:
-    """A source checked and read: the checker's result, its tensor infos and KV places."""
+    """A source checked and read: the checker's result, its tensor infos and KV places, and
+    its pin (the source's, with the header's sha256), checked against the plan's (pinned)."""
 
-    def __init__(self, source, role):
+    def __init__(self, source, role, pinned=None):
         self.source = source
         self.result, self.tensors, self.spans = inspect(source.read_at, source.size)
         if not self.result["ok"]:
@@ -213,6 +263,8 @@ class Header:
             raise Refused("the %s %s is not a sound GGUF file, refused (nothing written): check gguf finds %s"
                           % (role, source.name, problems))
         self.by_name = dict((t.name, t) for t in self.tensors)
+        self.pin = dict(source.pin, header_sha256=source.header_sha256(self.result["header_end"]))
+        refuse_changes("the %s %s" % (role, source.name), pinned, self.pin, ("header_sha256",))
 
     def raw_kvs(self):
         if not self.spans:
@@ -316,21 +368,23 @@ LAYOUTS = {"set_kv": set_kv_layout, "add_tensors": add_tensors_layout, "extract"
 def write(req, op):
     workspace = workspace_root(text(req, "workspace"))
     out = text(req, "out")
-    path = text(req, "path")
-    donor = text(req, "donor") if op == "add_tensors" else None
+    given = [("input", text(req, "path"))] + ([("donor", text(req, "donor"))] if op == "add_tensors" else [])
     expect_tensors, expect_last = optional_int(req, "expect_tensors"), text(req, "expect_last", required=False)
-    target = out_target(workspace, out, path)
-    sources = []
+    pin, hosts = plan_pin(req, len(given)), redirect_hosts(req)
+    target = out_target(workspace, out, given[0][1])
+    sources, headers = [], []
     try:
-        sources.append(open_source(path, workspace))
-        if donor is not None:
-            sources.append(open_source(donor, workspace))
-        headers = [Header(sources[0], "input")] + ([Header(sources[1], "donor")] if donor is not None else [])
+        for role, path in given:
+            pinned = source_pin(pin, len(headers))
+            sources.append(open_source(path, workspace, pinned, hosts))
+            headers.append(Header(sources[-1], role, pinned))
         layout, added = LAYOUTS[op](req, headers)
         reply = planned(req, op, out, layout, added, sources, target)
+        reply["pin"] = pin_of(headers, layout)
+        refuse_changes("the output", pin, reply["pin"], ("bytes", "reads"))
         expect_tensors, expect_last = expectations(layout, expect_tensors, expect_last)
         if not req.get("plan"):
-            reply["assertions"] = carried_out(workspace, out, layout, expect_tensors, expect_last, reply)
+            reply["assertions"] = carried_out(workspace, out, layout, expect_tensors, expect_last, reply, sources)
             reply["fetched"] = sum(s.fetched for s in sources)
             failed = [a for a in reply["assertions"] if not a["ok"]]
             reply["ok"] = not failed
@@ -346,16 +400,33 @@ def write(req, op):
             source.close()
 
 
+def source_pin(pin, index):
+    return pin["sources"][index] if pin is not None else None
+
+
+def pin_of(headers, layout):
+    """What a write must find again: each source's pin, the output's size, and the byte ranges
+    (source index, start, length) its tensors are read from."""
+    index = dict((id(h.source), i) for i, h in enumerate(headers))
+    reads = sorted([index[id(source)], start, end - start] for source, start, end, _members in tensor_reads(layout))
+    return {"bytes": layout.size, "sources": [h.pin for h in headers], "reads": reads}
+
+
 def out_target(workspace, out, path):
     """OUT's place in the workspace, refused when it leaves it, exists, or is the input."""
+    if out.endswith("/"):
+        raise Refused("OUT %s names a folder: OUT is the new file's name" % out)
     names = parts_inside(workspace, out)
     target = os.path.join(workspace, *names)
-    if not path.startswith(("http://", "https://")) and (
-            os.path.realpath(target) == os.path.realpath(os.path.join(workspace, path))):
+    if not is_url(path) and os.path.realpath(target) == os.path.realpath(os.path.join(workspace, path)):
         raise Refused("OUT %s is the input: there is no in-place mode, write a new file" % out)
-    if os.path.lexists(target) or os.path.lexists(target + PART):
-        raise Refused("OUT %s%s exists already: remove it or choose another name"
-                      % (out, "" if os.path.lexists(target) else PART))
+    if os.path.isdir(target):
+        raise Refused("OUT %s is a folder: OUT is the new file's name" % out)
+    if os.path.lexists(target):
+        raise Refused("OUT %s exists already: remove it or choose another name" % out)
+    if os.path.lexists(target + PART):
+        raise Refused("%s%s exists already, left by an earlier run that did not finish or put there by someone"
+                      " else; it is not this tool's to remove: remove it, or choose another name" % (out, PART))
     return target
 
 
@@ -390,33 +461,41 @@ def expectations(layout, expect_tensors, expect_last):
     return count, last
 
 
-def carried_out(workspace, out, layout, expect_tensors, expect_last, reply):
+def carried_out(workspace, out, layout, expect_tensors, expect_last, reply, sources):
     """Write OUT.part, assert, rename: OUT appears only when every assertion holds."""
     if reply["free"] < layout.size:
         raise Refused("OUT needs %d bytes and %d are free where it goes: refused, nothing written"
                       % (layout.size, reply["free"]))
     folder, name = open_parent(workspace, out, create=True)
     try:
+        refuse_present(folder, name)
+        fd = create_part(folder, name)
+        published = False
         try:
-            write_part(folder, name, layout)
-            assertions = verify(folder, name, layout, expect_tensors, expect_last)
-        except BaseException:
-            remove_part(folder, name)
-            raise
-        if all(a["ok"] for a in assertions):
-            os.replace(name + PART, name, src_dir_fd=folder, dst_dir_fd=folder)
-        else:
-            remove_part(folder, name)
-        return assertions
+            write_part(fd, layout)
+            for source in sources:
+                source.recheck()
+            assertions = verify(fd, layout, expect_tensors, expect_last)
+            if all(a["ok"] for a in assertions):
+                publish(folder, name, fd)
+                published = True
+            return assertions
+        finally:
+            if not published:
+                discard_part(folder, name, fd)
+            os.close(fd)
     finally:
         os.close(folder)
 
 
-def remove_part(folder, name):
+def refuse_present(folder, name):
+    """OUT was checked before the sources were read: something put there since stays as it is."""
     try:
-        os.unlink(name + PART, dir_fd=folder)
-    except OSError:
-        pass
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    raise WriteError("OUT %s appeared while the sources were read (a file or a link put there): refused, left as"
+                     " it is, nothing written" % name)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,12 @@ assertions on what was written (the playbook's §5).
 
 Runs ON the box (standard library only, Python >= 3.8), imported by gguf_surgery.py.
 
+OUT.part is created new (O_EXCL, O_NOFOLLOW): a file or link already at that name, whether an
+earlier run's leftover or one placed there while the sources were read, would be written
+through, so it is refused and left as it is. What is written is read back through the same
+descriptor, and it becomes OUT by a rename that never replaces anything at OUT (atomic.py).
+On failure OUT.part is removed only while it is still the file this run created.
+
 Layout: magic, version, tensor_count (u64 @8), kv_count (u64 @16), the KVs, the tensor infos
 (u64 name length, name, u32 n_dims, u64 dims, u32 type, u64 offset); header_end is after the
 last tensor info; the data area starts at align(header_end, alignment) and each tensor's offset
@@ -14,6 +20,7 @@ import json
 import os
 import struct
 
+from .atomic import rename_new
 from .gguf_check import inspect
 from .gguf_format import (
     ARRAY,
@@ -208,18 +215,56 @@ def copy_run(fd, data_start, run):
                 t.digest.update(piece)
 
 
-def write_part(folder_fd, name, layout):
-    """OUT.part: the header, every tensor's bytes from its source, zero padding, synced."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(name + PART, flags, 0o644, dir_fd=folder_fd)
+def create_part(folder_fd, name):
+    """A descriptor (read and write) of OUT.part, a file this call created."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        write_all(fd, layout.header, 0)
-        for run in reads_of([t for t in layout.tensors if t.nbytes], layout.alignment):
-            copy_run(fd, layout.data_start, run)
-        os.ftruncate(fd, layout.size)  # the padding: zeros
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return os.open(name + PART, flags, 0o644, dir_fd=folder_fd)
+    except FileExistsError:
+        raise WriteError("%s%s appeared while the sources were read (a file or a link put there): refused, left as"
+                         " it is, nothing written" % (name, PART)) from None
+
+
+def write_part(fd, layout):
+    """OUT.part: the header, every tensor's bytes from its source, zero padding, synced."""
+    write_all(fd, layout.header, 0)
+    for run in tensor_reads(layout):
+        copy_run(fd, layout.data_start, run)
+    os.ftruncate(fd, layout.size)  # the padding: zeros
+    os.fsync(fd)
+
+
+def tensor_reads(layout):
+    return reads_of([t for t in layout.tensors if t.nbytes], layout.alignment)
+
+
+def is_same_file(folder_fd, name, fd):
+    try:
+        st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    ours = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino)
+
+
+def publish(folder_fd, name, fd):
+    """OUT.part (still the file written through fd) renamed to OUT, which must not exist."""
+    if not is_same_file(folder_fd, name + PART, fd):
+        raise WriteError("%s%s was replaced while it was written: refused, OUT not written" % (name, PART))
+    try:
+        rename_new(folder_fd, name + PART, name)
+    except FileExistsError:
+        raise WriteError("OUT %s appeared while it was written (a file or a link put there): refused, left as it"
+                         " is" % name) from None
+
+
+def discard_part(folder_fd, name, fd):
+    """Remove OUT.part if it is still the file this run created, never one put in its place."""
+    if is_same_file(folder_fd, name + PART, fd):
+        try:
+            os.unlink(name + PART, dir_fd=folder_fd)
+        except OSError:
+            pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,18 +275,13 @@ def assertion(name, ok, detail):
     return {"name": name, "ok": bool(ok), "detail": detail}
 
 
-def verify(folder_fd, name, layout, expect_tensors, expect_last):
-    """Read OUT.part back: tensor count, last name, size, every tensor's sha256, the checker."""
-    fd = os.open(name + PART, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
-    try:
-        size = os.fstat(fd).st_size
-        result, tensors, _spans = inspect(lambda o, n: os.pread(fd, n, o), size, expect_tensors,
-                                                     expect_last)
-        found = dict((t.name, t) for t in tensors)
-        out = [count_assertion(result, expect_tensors), last_assertion(result, expect_last),
-               size_assertion(size, result, layout), hash_assertion(fd, result, found, layout.tensors)]
-    finally:
-        os.close(fd)
+def verify(fd, layout, expect_tensors, expect_last):
+    """Read OUT.part back (fd): tensor count, last name, size, every tensor's sha256, the checker."""
+    size = os.fstat(fd).st_size
+    result, tensors, _spans = inspect(lambda o, n: os.pread(fd, n, o), size, expect_tensors, expect_last)
+    found = dict((t.name, t) for t in tensors)
+    out = [count_assertion(result, expect_tensors), last_assertion(result, expect_last),
+           size_assertion(size, result, layout), hash_assertion(fd, result, found, layout.tensors)]
     problems = "; ".join("%s: %s" % (p["code"], p["message"]) for p in result["problems"])
     out.append(assertion("check", result["ok"], "check gguf: %s" % (problems or "no problem")))
     return out
