@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NoReturn
 from samai.console import __version__
 from samai.console.connect import open_box
 from samai.console.core import config as config_mod
+from samai.console.core.redact import redact
 from samai.console.report import describe_check, describe_plan, describe_snapshot
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import CATCH_UP_READ, LogFollower
@@ -142,7 +143,12 @@ def _gguf_parser(parent: argparse.ArgumentParser) -> None:
         _global_options(p, suppress=True)
         return p
 
+    def redirects(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--allow-redirect", action="append", dest="redirect_hosts", metavar="HOST",
+                       help="a host a URL may redirect to besides its own (repeatable; https never goes to http)")
+
     def writes(p: argparse.ArgumentParser) -> None:
+        redirects(p)
         p.add_argument("--out", required=True, metavar="OUT",
                        help="the new file, inside the workspace (written as OUT.part, checked, then renamed)")
         p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -157,6 +163,7 @@ def _gguf_parser(parent: argparse.ArgumentParser) -> None:
     p = op("show", "a GGUF's header, KVs and tensor table (name, type, shape, offset, size)")
     p.add_argument("path")
     p.add_argument("--json", action="store_true")
+    redirects(p)
 
     p = op("set-kv", "a copy of a GGUF with KVs set (the type of an existing key is kept)")
     p.add_argument("path")
@@ -268,8 +275,9 @@ def _standalone(command: str, argv: list[str]) -> int:
 
 
 def _fail(message: str, code: int) -> int:
-    """The one-line reason on stderr: box text in it (a path, a box error) shown inert, on one line."""
-    print(f"samai-console: {visible(message)}", file=sys.stderr)
+    """The one-line reason on stderr: box text in it (a path, a box error, a donor's URL) shown
+    inert and without its secrets, on one line."""
+    print(f"samai-console: {visible(redact(message))}", file=sys.stderr)
     return code
 
 
@@ -338,7 +346,7 @@ async def _snapshot_all(args, cfg: config_mod.Config) -> int:
     else:
         for name, box_cfg in configs:
             got = found[name]
-            print(f"== {name} ({visible(box_cfg.target.url)})")
+            print(f"== {name} ({visible(redact(box_cfg.target.url))})")
             said = _snapshot_text(got, box_cfg) if isinstance(got, Snapshot) else f"unreachable: {got['error']}"
             print(visible(said) if not isinstance(got, Snapshot) else said)
     down = [name for name, got in found.items() if not isinstance(got, Snapshot)]
@@ -545,9 +553,9 @@ def _show(plan: ActionPlan) -> None:
 def _report(outcome: ActionOutcome) -> int:
     result = outcome.result
     stream = sys.stdout if outcome.ok else sys.stderr
-    print(f"samai-console: {visible(outcome.message)}", file=stream)
+    print(f"samai-console: {visible(redact(outcome.message))}", file=stream)
     for line in getattr(result, "stage_tail", ()) if not outcome.ok else ():
-        print(f"  | {visible(line)}", file=stream)
+        print(f"  | {visible(redact(line))}", file=stream)
     return EXIT_OK if outcome.ok else EXIT_PROBLEM
 
 
@@ -620,6 +628,8 @@ def _gguf_request(args, cfg) -> dict:
             request["expect_tensors"] = args.expect_tensors
         if args.expect_last is not None:
             request["expect_last"] = args.expect_last
+    if args.redirect_hosts:
+        request["redirect_hosts"] = args.redirect_hosts
     return request
 
 
@@ -631,11 +641,16 @@ def _assignment(text: str) -> tuple[str, str]:
 
 
 def _on_target_or_url(cfg, path: str) -> str:
-    return path if path.startswith(("http://", "https://")) else _on_target(cfg, path)
+    """An empty path stays empty: the action layer names it, instead of it becoming the workspace."""
+    return path if not path or path.startswith(("http://", "https://")) else _on_target(cfg, path)
 
 
 async def _gguf_show(args, cfg, box: Box) -> int:
-    header = await box.gguf_show(_on_target_or_url(cfg, args.path))
+    path = _on_target_or_url(cfg, args.path)
+    try:
+        header = await box.gguf_show(path, redirect_hosts=args.redirect_hosts or ())
+    except BoxError as e:  # the box answered: the file or donor is refused (a bad reply header, a redirect)
+        return _fail(f"gguf show {path}: {e}", EXIT_PROBLEM)
     if args.json:
         print(_json(dict(asdict(header), ok=header.ok)))
     else:

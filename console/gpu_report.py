@@ -4,6 +4,7 @@ errors and commands come from the box: every line is made visible before it is p
 from __future__ import annotations
 
 from samai.console.core import units
+from samai.console.core.redact import redact
 from samai.remote.model import GpuReading, Snapshot
 from samai.remote.visible import visible
 
@@ -24,7 +25,7 @@ def describe_gpus(reading: GpuReading, snap: Snapshot | None = None) -> str:
                      + (f"  ECC uncorrected {gpu.ecc_uncorrected}" if gpu.ecc_uncorrected else ""))
         for p in sorted(gpu.processes, key=lambda p: p.used_memory or 0, reverse=True):
             proc = snap.process(p.pid) if snap else None
-            command = proc.command[:80] if proc else "(no such process on the box)"
+            command = redact(proc.command)[:80] if proc else "(no such process on the box)"
             lines.append(f"      pid {p.pid:>7} {p.kind:<3} {units.size(p.used_memory):>9}  {command}")
     return "\n".join(visible(line) for line in lines)
 

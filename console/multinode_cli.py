@@ -12,6 +12,7 @@ from samai.console.core.config import Config
 from samai.console.core.multiactions import MultiOutcome
 from samai.console.core.multinode import MultiNodeError
 from samai.console.core.paths import audit_log
+from samai.console.core.redact import redact
 from samai.console.multinode_session import MultiNodeSession, multi_node_stage
 from samai.remote.visible import visible
 
@@ -44,9 +45,9 @@ async def _act(cfg: Config, stage_name: str, readonly: bool, confirm: Confirm, w
 
 def report(outcome: MultiOutcome) -> int:
     stream = sys.stdout if outcome.ok else sys.stderr
-    print(f"samai-console: {visible(outcome.message)}", file=stream)
+    print(f"samai-console: {visible(redact(outcome.message))}", file=stream)
     for node, done in outcome.nodes:
         if not done.ok:
             for line in getattr(done.result, "stage_tail", ()):
-                print(f"  | box {visible(node)}: {visible(line)}", file=stream)
+                print(f"  | box {visible(node)}: {visible(redact(line))}", file=stream)
     return EXIT_OK if outcome.ok else EXIT_PROBLEM

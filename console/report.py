@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from samai.console.core import units
+from samai.console.core.redact import redact
 from samai.remote.visible import visible
 
 if TYPE_CHECKING:  # annotations only: a command that prints one report imports no more than it needs
@@ -45,14 +46,14 @@ def describe_snapshot(snap: Snapshot, cfg: Config) -> str:
         lines.append("listening")
         for s in snap.listeners:
             proc = snap.process(s.pid) if s.pid else None
-            owner = f"pid {s.pid} {proc.command[:60]}" if proc else "owner not visible"
+            owner = f"pid {s.pid} {redact(proc.command)[:60]}" if proc else "owner not visible"
             lines.append(f"  {s.host}:{s.port:<6} {owner}")
     lines.append(f"processes ({len(snap.processes)}; top {TOP_PROCESSES} by cpu; the exact start times that kill "
                  "--start-time takes: snapshot --json)")
     lines.append(f"  {'PID':>7} {'USER':<10} {'CPU%':>5} {'RSS':>9} {'STARTED':<24}  COMMAND")
     for p in sorted(snap.processes, key=lambda p: p.cpu_percent, reverse=True)[:TOP_PROCESSES]:
         lines.append(f"  {p.pid:>7} {p.user[:10]:<10} {p.cpu_percent:>5.1f} {units.size(p.rss):>9} "
-                     f"{when(p.start_time, snap.time):<24}  {p.command[:80]}")
+                     f"{when(p.start_time, snap.time):<24}  {redact(p.command)[:80]}")
     for e in snap.errors:
         lines.append(f"error {e.get('what')}: {e.get('error')}")
     return _text(lines)

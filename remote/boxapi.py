@@ -165,7 +165,10 @@ class Box:
         raw = await self.ask_probe(self.snapshot_request(
             artifacts=artifacts, logs=logs, reports=reports, processes=processes, writers=writers,
             binaries=binaries, artifact_budget_s=artifact_budget_s))
-        return model.snapshot(raw, time.monotonic() - started)
+        snap = model.snapshot(raw, time.monotonic() - started)
+        if len(snap.logs) != len(logs):  # each entry answers the cursor in its place: none may be missing
+            raise BoxError(f"malformed reply: {len(snap.logs)} log entries for the {len(logs)} logs asked")
+        return snap
 
     def snapshot_request(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
                          reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
@@ -188,10 +191,11 @@ class Box:
                    "processes": False, "states": False}
         return model.disk_users(await self.ask_probe(request))
 
-    async def list_dir(self, path: str, limit: int = 1000) -> tuple[str, ...]:
-        """The names in a folder on the box (relative: in the workspace), folders ending in "/";
-        BoxError when it cannot be listed. Names that are not text are left out (no one types them)."""
-        request = {"workspace": self.workspace, "listing": {"path": path, "max": limit},
+    async def list_dir(self, path: str, prefix: str = "", limit: int = 1000) -> model.Listing:
+        """The names in a folder on the box (relative: in the workspace) that start with prefix,
+        folders ending in "/"; BoxError when it cannot be listed. Names that are not text are left
+        out (no one types them)."""
+        request = {"workspace": self.workspace, "listing": {"path": path, "prefix": prefix, "max": limit},
                    "processes": False, "states": False}
         got = (await self.ask_probe(request)).get("listing")
         if not isinstance(got, dict):
@@ -201,7 +205,8 @@ class Box:
         names = got.get("entries")
         if not isinstance(names, list):
             raise BoxError("malformed reply: listing.entries is not a list")
-        return tuple(n for n in names if isinstance(n, str) and n and _is_text(n))
+        return model.Listing(tuple(n for n in names if isinstance(n, str) and n and _is_text(n)),
+                             got.get("complete") is not False)
 
     async def python_packages(self, pythons: Sequence[str], names: Sequence[str] = ()
                               ) -> tuple[model.PythonPackages, ...]:
@@ -238,10 +243,11 @@ class Box:
             raise BoxError(f"read {path} [{start}-{end}]: got {len(got.data)} bytes, file is {got.size} bytes")
         return got.data
 
-    async def gguf_show(self, path: str, *, timeout: float | None = None) -> model.GgufHeader:
+    async def gguf_show(self, path: str, *, timeout: float | None = None,
+                        redirect_hosts: Sequence[str] = ()) -> model.GgufHeader:
         """A GGUF file's header, KVs and tensor table (bounded), with the checker's problems;
-        reads only the header, even of a multi-GB file."""
-        request = {"op": "show", "workspace": self.workspace, "path": path}
+        reads only the header, even of a multi-GB file (a URL redirects to redirect_hosts too)."""
+        request = {"op": "show", "workspace": self.workspace, "path": path, "redirect_hosts": list(redirect_hosts)}
         return model.gguf_header(await self.call_readonly(GGUF_TOOL, request, timeout=timeout))
 
     async def gguf_plan(self, request: Mapping[str, Any], *, timeout: float | None = None) -> model.GgufWriteResult:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from textual.widgets import Button, RadioButton, Static
+from textual.widgets import Button, RadioButton, RadioSet, Static
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
@@ -24,6 +24,7 @@ from samai.console.core.audit import AuditLog
 from samai.widgets.dialogs import KillDialog
 from samai.widgets.processes import ProcessPane
 from tests.helpers import pilot_until, start_time_of, wait_for
+from tests.test_redact_shapes import SECRET_ENV, SECRETS, secret_stage_toml
 
 PIPELINE = """
 [target]
@@ -146,6 +147,24 @@ def test_force_at_a_terminal_shows_the_blocked_plan_and_runs_it_only_on_yes(cfg_
         _stop_stages(workspace)
 
 
+def test_the_prompt_and_the_audit_log_show_no_secret_of_any_shape(tmp_path: Path, workspace: Path,
+                                                                  isolated_dirs) -> None:
+    f = tmp_path / "leaky.toml"
+    f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
+                 + secret_stage_toml("leaky", "j", then='printf "%s|%s" "$HF_TOKEN" "$DB_PASSWORD" > ran'))
+    asked = _at_a_terminal(f, "n", "fire", "leaky")
+    assert asked.returncode == 1 and "Proceed?" in asked.stdout + asked.stderr, asked.stderr
+    shown = asked.stdout + asked.stderr
+    assert "sshpass -p *** ssh -p 2222 op@gpu-box" in shown and "env DB_PASSWORD=***" in shown  # the plan is shown
+    fired = _cli("--config", str(f), "fire", "leaky", "--yes")
+    assert fired.returncode == 0, fired.stderr
+    audit = (isolated_dirs / "xdg_state_home" / "samai" / "audit.jsonl").read_text()
+    assert [e["phase"] for e in map(json.loads, audit.splitlines())] == ["outcome", "intent", "outcome"]
+    assert [s for s in SECRETS if s in shown + fired.stdout + fired.stderr + audit] == []
+    ran = workspace / "ran"  # what runs is the command and env as configured, secrets and all
+    assert wait_for(lambda: ran.exists() and ran.read_text()) == f"{SECRET_ENV['HF_TOKEN']}|{SECRET_ENV['DB_PASSWORD']}"
+
+
 def test_a_stray_listener_is_stopped_by_the_fire_plan_and_audited_by_pid(cfg_file: Path, workspace: Path, port: int,
                                                                          spawn, isolated_dirs) -> None:
     stray = spawn(sys.executable, "-c", f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\n"
@@ -227,6 +246,37 @@ async def _kill_from_the_dialog(app: SamaiApp, pilot, leader: int, needle: str, 
     dialog.query_one(f"#{signal}", Button).press()
     await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, KillDialog))
     return shown
+
+
+def _chosen(dialog: KillDialog) -> list[tuple[list[bool], list[str]]]:
+    """Each choice of the dialog: its buttons' values, and the mark each is drawn with."""
+    return [([b.value for b in choice.query(RadioButton)], [str(b.render())[1] for b in choice.query(RadioButton)])
+            for choice in dialog.query(RadioSet)]
+
+
+async def test_the_kill_dialog_draws_only_the_chosen_scope_as_chosen(tmp_path: Path, workspace: Path, spawn) -> None:
+    f = tmp_path / "scope.toml"
+    f.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n')
+    victim = spawn("sleep", "53.25")
+    app = SamaiApp(config.load(f))
+    async with app.run_test(size=(140, 45)) as pilot:
+        await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
+        pane = app.query_one(ProcessPane)
+        pane.table.focus()
+        await pilot.press("slash")
+        await pilot.press(*"53\\.25", "enter")
+        await pilot_until(pilot, lambda: pane.selected() and pane.selected().pid == victim.pid)
+        await pilot.press("k")
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog) and app.focused and app.screen)
+        assert _chosen(dialog) == [([True, False], ["●", "○"])]  # one choice, one button on: only it drawn filled
+        assert dialog.query_one(RadioSet).pressed_button is dialog.query_one("#scope-process", RadioButton)
+        await pilot.click("#scope-group")
+        await pilot_until(pilot, lambda: dialog.group)
+        assert _chosen(dialog) == [([False, True], ["○", "●"])]
+        assert dialog.query_one(RadioSet).pressed_button is dialog.query_one("#scope-group", RadioButton)
+        await pilot.press("escape")
+        await pilot_until(pilot, lambda: not isinstance(app.screen, KillDialog) and not app.busy)
+    assert victim.poll() is None
 
 
 async def test_the_kill_dialog_runs_the_plan_it_shows(tmp_path: Path, workspace: Path, spawn, isolated_dirs) -> None:

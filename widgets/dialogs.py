@@ -16,6 +16,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, OptionList, RadioButton, RadioSet, Static
 from textual.widgets.option_list import Option
 
+from samai.console.core.redact import redact
+from samai.remote.model import Listing
 from samai.remote.visible import visible
 from samai.widgets.pane import inert, inert_lines
 from samai.widgets.path_completion import MAX_SHOWN, complete, folder_of
@@ -45,7 +47,8 @@ DIALOG_CSS = """
 
 
 def _plan_widgets(plan: ActionPlan) -> list:
-    """The plan as literal text: a command, a path or a target may hold markup or control characters."""
+    """The plan as literal text: a command, a path or a target may hold markup or control characters
+    (and no secret: the plan's shown fields are redacted where it is built)."""
     return [
         Label(inert(f"{plan.action} {plan.subject} on {plan.target}"), classes="title"),
         Static(inert_lines(plan.command), classes="command"),
@@ -68,9 +71,9 @@ class ConfirmDialog(ModalScreen[bool]):
             yield from _plan_widgets(self.plan)
             if self.checks:
                 with VerticalScroll():
-                    for c in self.checks:
+                    for c in self.checks:  # a plan's checks, or a preflight's: they name processes' commands
                         glyph, style = CHECK_STYLE[c.severity]
-                        yield Static(Content.assemble((f"{glyph} ", style), visible(c.text)))
+                        yield Static(Content.assemble((f"{glyph} ", style), visible(redact(c.text))))
             blocked = any(c.severity == "error" for c in self.checks)
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
@@ -88,12 +91,26 @@ class ConfirmDialog(ModalScreen[bool]):
         self.dismiss(False)
 
 
+class ChoiceButton(RadioButton):
+    """A radio button whose state reads without colour: a dot when on, a ring when off. (Textual
+    draws the same dot for both and only colours it: on a dark panel both looked filled.)"""
+
+    BUTTON_INNER = "○"
+
+    def watch_value(self) -> None:
+        self.BUTTON_INNER = "●" if self.value else "○"
+        super().watch_value()
+
+
 class KillDialog(ModalScreen["ActionPlan | None"]):
     """The kill plans the action layer built for one process: this process alone or its whole
     process group, each with TERM or KILL. The chosen scope's exact commands and target are
     shown; the button pressed returns that very plan (it is what runs). Cancel is focused."""
 
-    DEFAULT_CSS = DIALOG_CSS.format(name="KillDialog") + "KillDialog RadioSet { margin-bottom: 1; }"
+    DEFAULT_CSS = DIALOG_CSS.format(name="KillDialog") + """
+    KillDialog RadioSet { margin-bottom: 1; }
+    KillDialog RadioSet > ChoiceButton > .toggle--button { color: $foreground 60%; }
+    """
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, process: Process, plans: Sequence[ActionPlan]) -> None:
@@ -110,10 +127,10 @@ class KillDialog(ModalScreen["ActionPlan | None"]):
         p = self.process
         with Vertical():
             yield Label(Content(visible(f"kill pid {p.pid} ({p.user})")), classes="title")
-            yield Static(Content(visible(p.command[:1000])), classes="command")
+            yield Static(Content(visible(redact(p.command)[:1000])), classes="command")
             with RadioSet(id="scope"):
-                yield RadioButton("this process only", value=True, id="scope-process")
-                yield RadioButton("its whole process group", id="scope-group")
+                yield ChoiceButton("this process only", value=True, id="scope-process")
+                yield ChoiceButton("its whole process group", id="scope-group")
             yield Static(id="plan")
             with Horizontal():
                 yield Button("Cancel", id="cancel", variant="primary")
@@ -175,9 +192,10 @@ class PathDialog(ModalScreen[str | None]):
         text = self.query_one(Input).value
         self.post_message(self.CompletionRequested(self, text, folder_of(text)))
 
-    def offer(self, text: str, listing: Sequence[str] | str) -> None:
+    def offer(self, text: str, listing: Listing | str) -> None:
         """The box's listing of the folder of `text` (or why there is none): complete the
-        path, unless it was edited meanwhile, and list what it could still become."""
+        path, unless it was edited meanwhile, and list what it could still become. A listing the
+        box cut says so: a name past the cut is not "no match"."""
         field = self.query_one(Input)
         if field.value != text:
             return
@@ -185,12 +203,14 @@ class PathDialog(ModalScreen[str | None]):
         if isinstance(listing, str):
             hint.update(inert(listing))
             return
-        completed, candidates = complete(text, listing)
+        completed, candidates = complete(text, listing.names, whole=listing.complete)
         field.value = completed
         field.cursor_position = len(completed)
         more = len(candidates) - MAX_SHOWN
         shown = "  ".join(candidates[:MAX_SHOWN]) + (f"  (+{more} more)" if more > 0 else "")
-        hint.update(inert(shown if candidates or completed != text else "no match"))
+        if not listing.complete:
+            shown += f"  (the box listed only the first {len(listing.names)} names: type more of the name)"
+        hint.update(inert(shown if candidates or completed != text or not listing.complete else "no match"))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)

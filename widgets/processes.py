@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -30,6 +31,7 @@ from textual.strip import Strip
 from textual.widgets import Input
 
 from samai.console.core import units
+from samai.console.core.redact import redact
 from samai.console.core.state import ProcessRow
 from samai.remote.model import GpuReading, Process
 from samai.remote.visible import visible
@@ -296,6 +298,13 @@ class ProcessTable(ScrollView, can_focus=True):
         return strip.crop(scroll_x, scroll_x + line_width).adjust_cell_length(line_width, self._style("base"))
 
 
+@lru_cache(maxsize=1024)
+def shown_command(command: str) -> str:
+    """A command line as the pane shows it: no secret in it (anyone's argv may carry a token), its
+    control characters as stand-ins. Cached: a box's command lines change little between polls."""
+    return visible(redact(command))
+
+
 def _fit(text: str, width: int) -> str:
     """text in exactly `width` cells: padded, or cut with an ellipsis at the end."""
     if cell_len(text) <= width:
@@ -316,10 +325,10 @@ class ProcessDetail(Pane):
         ports = f" · ports {','.join(map(str, row.ports))}" if row.ports else ""
         gpu = f" · GPU memory {units.size(gpu_memory)}" if gpu_memory else ""
         # The command first, where a long one still fits; the box's words: literal text, control
-        # characters as stand-ins.
-        self.show_content(Content.assemble(visible(p.command), ("  · pid ", "$foreground 60%"), (str(p.pid), "bold"),
-                                           ("  · ", "$foreground 60%"), visible(p.user), (ports, "$accent"),
-                                           (gpu, "$accent")),
+        # characters as stand-ins, no secrets.
+        self.show_content(Content.assemble(shown_command(p.command), ("  · pid ", "$foreground 60%"),
+                                           (str(p.pid), "bold"), ("  · ", "$foreground 60%"), visible(p.user),
+                                           (ports, "$accent"), (gpu, "$accent")),
                           layout=False)
 
 
@@ -373,9 +382,9 @@ class ProcessPane(Vertical):
         """The rows the table shows, in its order: kernel threads and the filter applied."""
         rows = [r for r in self.rows if self.show_kernel or r.process.argv]
         if self.pattern:
-            # matched against the text as shown (control characters as their stand-ins)
-            rows = [r for r in rows
-                    if self.pattern.search(f"{r.stage or ''} {visible(r.process.user)} {visible(r.process.command)}")]
+            # matched against the text as shown (control characters as their stand-ins, no secrets)
+            rows = [r for r in rows if self.pattern.search(
+                f"{r.stage or ''} {visible(r.process.user)} {shown_command(r.process.command)}")]
         by = _sort_key(self.sort)
         return sorted(rows, key=lambda r: (r.stage is None, r.stage or "", by(r)))
 
@@ -409,7 +418,7 @@ class ProcessPane(Vertical):
             _short_size(self.gpu_memory[p.pid]) if p.pid in self.gpu_memory else "",)
         return (_cap(r.stage or "", "stage"), str(p.pid), _cap(visible(p.user), "user"), f"{r.cpu_percent:.1f}",
                 _short_size(p.rss), *gpu, units.age(self.now - p.start_time),
-                _cap(",".join(map(str, r.ports)), "ports"), visible(p.command[:400]))
+                _cap(",".join(map(str, r.ports)), "ports"), shown_command(p.command)[:400])
 
     @on(ProcessTable.CursorMoved)
     def _show_detail(self) -> None:

@@ -35,6 +35,7 @@ from samai.console.core.config import Config, Stage, UnknownStage  # noqa: F401 
 from samai.console.core.evidence import training_evidence
 from samai.console.core.mmproj_match import projector_evidence
 from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
+from samai.console.core.redact import redact, redact_assignment
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import (
     Boot,
@@ -89,6 +90,14 @@ class ActionPlan:
     holders: tuple[PortHolder, ...] = ()  # fire, restart: stopped first, each audited
     gguf_request: str = ""  # gguf: the box tool's exact request (JSON), as planned
     gguf_bytes: int = 0  # gguf: the size of the output
+
+    def __post_init__(self) -> None:
+        # What is shown (the CLI's prompt, the TUI's dialogs) and audited carries no secret; what
+        # runs (chain, env, paths, gguf_request, the pid) is kept exactly as it is.
+        for name in ("target", "subject", "command"):
+            object.__setattr__(self, name, redact(getattr(self, name)))
+        object.__setattr__(self, "details", tuple(redact(line) for line in self.details))
+        object.__setattr__(self, "checks", tuple(replace(c, text=redact(c.text)) for c in self.checks))
 
     @property
     def blocked(self) -> bool:
@@ -182,7 +191,7 @@ class Actions:
         return ActionPlan(
             action="fire", target=self.config.target.url, subject=f"stage {stage.name}", command=stage.command,
             details=(*_holder_lines(holders), f"workspace {self.config.workspace}", f"log {stage.log}",
-                     *(f"env {k}={v}" for k, v in stage.env)),
+                     *(f"env {redact_assignment(k, v)}" for k, v in stage.env)),
             checks=checks, stage=stage.name, chain=stage.command, log=stage.log, env=stage.env,
             boot=snap.boot if snap else None, holders=holders,
         )
@@ -271,16 +280,24 @@ class Actions:
     async def plan_gguf(self, request: Mapping) -> ActionPlan:
         """GGUF surgery (set_kv, add_tensors, extract: box/gguf_surgery.py): the box plans it
         first (nothing written, the donor's header read), which gives the bytes the output needs:
-        checked against the disk budget. A plan the box refuses is blocked with its reason."""
+        checked against the disk budget. A plan the box refuses is blocked with its reason. The
+        write carries the plan's pin: the box writes exactly what was planned (the same sources,
+        size and ranges) or refuses, naming what changed. A request with an empty or malformed
+        field is a ValueError (a usage error), never sent."""
         op = request.get("op")
         if op not in GGUF_OPS:
             raise ValueError(f"not a GGUF surgery: {op!r} (one of {', '.join(GGUF_OPS)})")
+        problem = gguf_usage_problem(request)
+        if problem:
+            raise ValueError(problem)
         planned = await self.box.gguf_plan(request)
         if planned.ok:
             checks = (self._gguf_disk_check(planned, await self._stage_snapshot()),)
         else:
             checks = (Check("error", f"the box refuses it: {planned.error}"),)
-        exact = {k: v for k, v in request.items() if k not in ("workspace", "plan")}
+        exact = {k: v for k, v in request.items() if k not in ("workspace", "plan", "pin")}
+        if planned.pin is not None:
+            exact["pin"] = planned.pin
         return ActionPlan(
             action="gguf", target=self.config.target.url, subject=f"{op} -> {request.get('out')}",
             command=gguf_command(request), details=_gguf_details(request, planned, self.config.workspace),
@@ -411,8 +428,12 @@ class Actions:
 
     async def _gguf_write(self, plan: ActionPlan) -> GgufWriteResult:
         """The box writes and asserts; on a local target gguf-py's reader reads OUT as well."""
+        request = json.loads(plan.gguf_request)
+        if "pin" not in request:  # an override passes the disk budget, never the box's own refusal
+            return GgufWriteResult(False, str(request.get("op")), str(request.get("out")),
+                                   error="the box refused to plan it, so nothing was planned to write")
         timeout = max(self.box.timeout, 60.0) + GGUF_SECONDS_PER_GB * plan.gguf_bytes / GB
-        result = await self.box.gguf_write(json.loads(plan.gguf_request), timeout=timeout)
+        result = await self.box.gguf_write(request, timeout=timeout)
         if not (result.ok and self.config.target.is_local):
             return result  # a remote box has no gguf-py (its tools are stdlib only)
         return await _read_by_gguf_py(self.box, result, posixpath.join(self.config.workspace, result.out))
@@ -646,7 +667,35 @@ def gguf_command(request: Mapping) -> str:
     for key in ("expect_tensors", "expect_last"):
         if request.get(key) is not None:
             words += ["--" + key.replace("_", "-"), str(request[key])]
+    words += [w for host in request.get("redirect_hosts") or () for w in ("--allow-redirect", str(host))]
     return " ".join(shlex.quote(w) for w in words)
+
+
+GGUF_NAMES = (("path", "the input PATH"), ("out", "--out"), ("donor", "--from"), ("expect_last", "--expect-last"))
+
+
+def gguf_usage_problem(request: Mapping) -> str | None:
+    """What makes a surgery request unusable as given (an empty name, a folder for OUT, a
+    negative count), said as the command line's options; None when there is nothing."""
+    required = {"path", "out"} | ({"donor"} if request.get("op") == "add_tensors" else set())
+    for key, option in GGUF_NAMES:
+        value = request.get(key)
+        if (value is not None or key in required) and not (isinstance(value, str) and value.strip()):
+            return f"{option} is empty: it must name {'a tensor' if key == 'expect_last' else 'a file'}"
+    if str(request["out"]).endswith("/"):
+        return f"--out {request['out']} names a folder: OUT is the new file's name"
+    names = request.get("tensors") if request.get("op") != "set_kv" else ["-"]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        return "--tensor takes tensor names, and a name is empty"
+    if not all(isinstance(k, str) and k for k in request.get("set") or {}):
+        return "KEY=VALUE with an empty KEY"
+    expected = request.get("expect_tensors")
+    if expected is not None and (type(expected) is not int or expected < 0):
+        return f"--expect-tensors {expected} is not a tensor count (0 or more)"
+    hosts = request.get("redirect_hosts") or []
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and h.strip() for h in hosts):
+        return "--allow-redirect takes a host name, and one is empty"
+    return None
 
 
 def _gguf_details(request: Mapping, planned: GgufWriteResult, workspace: str) -> tuple[str, ...]:
