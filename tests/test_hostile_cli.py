@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,10 @@ def cli(*args: str, stdout=subprocess.PIPE, timeout: float = 60) -> subprocess.C
 
 
 def assert_inert(data: bytes) -> str:
-    """No byte that drives a terminal: valid UTF-8 without C0 (but newline and tab), DEL, C1 or U+2028/9."""
+    """No byte that drives a terminal or hides text: valid UTF-8 without C0 (but newline and tab), DEL,
+    C1, U+2028/9 or a format character (bidi controls, zero-width characters)."""
     text = data.decode("utf-8")  # strict: a lone C1 byte such as 0x9b is a finding too
-    bad = sorted({c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0
-                  or c in "\u2028\u2029"})
+    bad = sorted({c for c in text if c not in "\n\t" and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp")})
     assert not bad, f"control characters reach the terminal: {bad!r}"
     return text
 

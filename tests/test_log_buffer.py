@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from samai.remote.model import Marker
-from samai.remote.visible import CONTROL_PICTURES
+from samai.remote.visible import HIDDEN_CATEGORIES
 from samai.widgets.logview.buffer import LineBuffer, LineFilter, Notice, clean_line
 from samai.widgets.logview.layout import RowLayout
 from samai.widgets.logview.markers import ALARMS, RANKS, Markers, with_alarms
@@ -82,7 +83,8 @@ def test_a_filter_over_any_text_shows_exactly_what_it_keeps(lines: list[str], pa
 @given(line=line_text)
 def test_a_shown_line_is_one_printable_row(line: str) -> None:
     shown = clean_line(line)
-    assert not any(ord(c) in CONTROL_PICTURES for c in shown)  # no escape, break or carriage return left
+    # no escape, break, carriage return or invisible format character left
+    assert not any(unicodedata.category(c) in HIDDEN_CATEGORIES for c in shown)
 
 
 def test_notices_pass_any_filter_are_never_marked_and_do_not_widen_the_view() -> None:
