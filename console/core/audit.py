@@ -1,4 +1,4 @@
-"""The audit log: JSON lines, append-only, secrets redacted, and it fails closed.
+"""The audit log: JSON lines in ASCII, append-only, secrets redacted, and it fails closed.
 
 Each action that runs has two lines with one id: an "intent" line, written and fsync'd before
 the action (if it cannot be written, the action does not run), and an "outcome" line after
@@ -64,7 +64,9 @@ class AuditLog:
 
     def _write(self, entry: dict[str, Any]) -> None:
         entry = redact_all({"time": round(time.time(), 3), **entry})
-        data = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+        # ASCII: a C1 control, U+0085 or U+2028 from a killed process's argv is \uXXXX, never raw (a
+        # reader or terminal would act on it, or take it for a line break: one line is one entry).
+        data = (json.dumps(entry, ensure_ascii=True, default=str) + "\n").encode("ascii")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)  # read: its last byte
