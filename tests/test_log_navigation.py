@@ -14,6 +14,7 @@ from textual.widgets import Input, OptionList, Static
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.remote.boxapi import Box, BoxError
+from samai.remote.model import Listing
 from samai.widgets.dialogs import LogPicker, PathDialog
 from samai.widgets.logview import LogView
 from samai.widgets.logview.history import LogHistory, ShownLog
@@ -194,8 +195,8 @@ async def test_tab_completes_a_path_from_the_box_listing(tmp_path, workspace):
 async def test_box_lists_a_folder_in_the_workspace(box: Box, workspace: Path):
     (workspace / "sub").mkdir()
     (workspace / "f.txt").write_text("")
-    assert {"f.txt", "sub/"} <= set(await box.list_dir("."))
-    assert await box.list_dir("sub") == ()
+    assert {"f.txt", "sub/"} <= set((await box.list_dir(".")).names)
+    assert await box.list_dir("sub") == Listing((), complete=True)
     with pytest.raises(BoxError, match="No such file"):
         await box.list_dir("missing")
 
@@ -236,3 +237,36 @@ def test_the_probe_lists_at_most_max_entries_and_refuses_a_malformed_listing(wor
     for bad in ([], {"max": 3}, {"path": 7}, {"path": "a\0b"}, {"path": ".", "max": "3"}):
         reply = json.loads(probe.answer(json.dumps({"listing": bad})))
         assert "request.listing" in reply["error"]
+
+
+async def test_the_box_lists_what_starts_with_the_name_typed_in_a_folder_of_many(box: Box, workspace: Path):
+    many = workspace / "many"
+    many.mkdir()
+    for i in range(5000):
+        (many / f"ckpt-{i:05d}").touch()
+    (many / "target.log").touch()
+    (many / ".hidden").touch()
+    assert await box.list_dir("many", prefix="tar") == Listing(("target.log",), complete=True)
+    assert await box.list_dir("many", prefix=".") == Listing((".hidden",), complete=True)
+    cut = await box.list_dir("many", prefix="ckpt-")
+    assert len(cut.names) == 1000 and not cut.complete and all(n.startswith("ckpt-") for n in cut.names)
+
+
+async def test_tab_finds_a_file_in_a_folder_of_thousands_and_says_when_the_listing_was_cut(tmp_path, workspace):
+    folder = workspace / "runs"
+    folder.mkdir()
+    for i in range(20_000):  # the file is past the first thousand names in nearly any listing order
+        (folder / f"ckpt-{i:05d}").touch()
+    (folder / "train-final.log").write_text("x\n")
+    app = _app(tmp_path, workspace)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot_until(pilot, lambda: app.state.snapshot)
+        await pilot.press("o")
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, PathDialog) and app.screen)
+        field = dialog.query_one(Input)
+        await pilot.press(*"runs/tr", "tab")
+        await pilot_until(pilot, lambda: field.value == "runs/train-final.log", 30)
+        await pilot.press(*("backspace",) * len("train-final.log"), *"ckpt-0", "tab")
+        hint = dialog.query_one("#candidates", Static)
+        await pilot_until(pilot, lambda: "the box listed only the first 1000 names" in str(hint.render()), 30)
+        assert field.value == "runs/ckpt-0"  # nothing assumed of the names past the cut

@@ -13,10 +13,11 @@ def folder_of(text: str) -> str:
     return text[: text.rfind("/") + 1]
 
 
-def complete(text: str, names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+def complete(text: str, names: Sequence[str], *, whole: bool = True) -> tuple[str, tuple[str, ...]]:
     """text completed as far as the folder's entries agree (folders end with "/"), and the
     entries it could still become when that is more than one. Names are box text: only
-    printable ones are offered."""
+    printable ones are offered. whole=False: names are the first of more that match, which may
+    agree on less: text is left as it is and every match offered."""
     folder = folder_of(text)
     stem = text[len(folder):]
     hidden = stem.startswith(".")  # dot files only when asked for, as shells do
@@ -24,5 +25,7 @@ def complete(text: str, names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     matches = sorted(n for n in names if n.startswith(stem) and (hidden or not n.startswith(".")) and n.isprintable())
     if not matches:
         return text, ()
+    if not whole:
+        return text, tuple(matches)
     common = posixpath.commonprefix(matches)
     return folder + common, tuple(matches) if len(matches) > 1 else ()
