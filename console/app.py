@@ -30,11 +30,13 @@ from samai.console.core.audit import AuditLog
 from samai.console.core.budget import disk_budget, project
 from samai.console.core.config import Config
 from samai.console.core.evalcheck import check_eval
+from samai.console.core.evalruns import EvalRun
+from samai.console.core.fleet import BOX_ERRORS, MAX_BACKOFF_S, error_text
 from samai.console.core.redact import redact
-from samai.console.core.state import Alert, ConsoleState, EvalRun, StageView, StateUpdate
+from samai.console.core.state import Alert, ConsoleState, StageView, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import missing_notice
-from samai.remote.model import DiskUsers, GgufKv, Process, Snapshot
+from samai.remote.model import DiskUsers, GgufKv, Listing, Process, Snapshot
 from samai.remote.targets import TargetError, open_transport
 from samai.remote.transport import TransportError
 from samai.remote.visible import visible
@@ -60,7 +62,6 @@ if TYPE_CHECKING:
     from samai.widgets.gguf_view import GgufScreen
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
-MAX_BACKOFF_S = 8.0  # a box that comes back is seen within seconds, not minutes
 KILL_GRACE_S = 5.0
 STOP_GRACE_S = 10.0
 FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
@@ -135,6 +136,7 @@ class SamaiApp(App[None]):
         self._logs = LogHistory()  # the logs shown: [ and ] go back and forward, L lists recent files
         self._stage_views: list = []  # the stages as last polled: the log picker shows their status
         self._users_measured = 0.0  # when the workspace's largest users were last asked for
+        self._errors_said: set[tuple[str, str, str]] = set()  # internal errors already shown (each once)
         self.polling = poll  # off only to render recorded snapshots (screenshots, snapshot tests)
         self.clock = clock
         self.readonly = readonly
@@ -159,9 +161,10 @@ class SamaiApp(App[None]):
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
         """Textual's toast, literal unless a caller asks for markup: a toast mostly says what the box
-        said (a path, a stage's output), so its control characters are shown as stand-ins too."""
-        message = "\n".join(visible(line) for line in message.split("\n"))
-        super().notify(message, title=visible(title), severity=severity, timeout=timeout, markup=markup)
+        said (a path, a stage's output, an error quoting a URL), so its secrets are redacted and its
+        control characters shown as stand-ins, whoever calls."""
+        message = "\n".join(visible(redact(line)) for line in message.split("\n"))
+        super().notify(message, title=visible(redact(title)), severity=severity, timeout=timeout, markup=markup)
 
     # ------------------------------------------------------------ layout
 
@@ -219,17 +222,18 @@ class SamaiApp(App[None]):
                     self.box = self._open_box()
                 followers = self.state.followers()
                 snap = await self.box.snapshot(**self.state.request(followers))  # each call has a deadline
-            except (BoxError, TransportError, TargetError) as e:
-                self._poll_failed(str(e) or type(e).__name__)
+            except Exception as e:  # nothing read from the box ends the poll: the box is greyed, and asked again
+                if not isinstance(e, BOX_ERRORS):
+                    self.log.error("poll failed", e)
+                self._poll_failed(error_text(e))
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             backoff = self.config.target.poll_interval
             try:
                 self.show_snapshot(snap, followers)
-            except Exception as e:  # a bug in one render must not stop the polling
-                self.log.error("render failed", e)
-                self.notify(f"internal error while rendering: {e!r}", severity="error", markup=False)
+            except Exception as e:  # a bug in folding it in must not stop the polling
+                self._internal_error("reading the snapshot", e)
             # A log pane behind a flood catches up at once; everything else waits for the interval.
             behind = bool(followers) and followers[-1] is self.state.shown and snap.logs[-1].more
             await asyncio.sleep(0.05 if behind else self.config.target.poll_interval)
@@ -266,16 +270,31 @@ class SamaiApp(App[None]):
                                      connect_s=snap.rtt if first else self.connection.connect_s)
         if not self._log_chosen:
             self._follow_busiest_stage(u)
+        self._stage_views = u.stages
+        for show in (self._show_stages, self._show_disk, self._show_gpus_and_processes, self._show_log_lines,
+                     self._show_curves, self._show_evals, self._show_new_alerts):
+            try:
+                show(u)
+            except Exception as e:  # a bug in one pane costs that pane, never the others or the poll
+                self._internal_error(f"showing {show.__name__.removeprefix('_show_').replace('_', ' ')}", e)
+        self._tick()
+
+    def _show_stages(self, u: StateUpdate) -> None:
         self.query_one(StagesBar).show(u.stages, self.clock())
         self._title_log(u.stages)
+
+    def _show_disk(self, u: StateUpdate) -> None:
         disk = self.query_one(DiskPane)
         disk.show(u.budget, self._next_projection(u), u.disk_delta)
         if disk.largest and self.clock() - self._users_measured > USERS_EVERY_S:
             self.measure_disk_users()
-        self.query_one(GpuPane).show(snap.gpus)
-        self.query_one(ProcessPane).show(u.processes, snap.time, snap.gpus)
+
+    def _show_gpus_and_processes(self, u: StateUpdate) -> None:
+        self.query_one(GpuPane).show(u.snapshot.gpus)
+        self.query_one(ProcessPane).show(u.processes, u.snapshot.time, u.snapshot.gpus)
+
+    def _show_log_lines(self, u: StateUpdate) -> None:
         log = self.query_one(LogView)
-        self._stage_views = u.stages
         if u.log_restarted and self.state.shown is not None:
             log.reset(self.state.shown.path, self.state.shown_markers())
             when = time.strftime("%H:%M:%S", time.localtime(self.clock()))
@@ -286,19 +305,32 @@ class SamaiApp(App[None]):
                 log.notice(self._log_notice(u.log_notice, u.log_source.path))
             if u.log_lines:
                 log.append(u.log_lines)
+
+    def _show_curves(self, u: StateUpdate) -> None:
         curves = self.query_one(CurvesPane)
         if not self._multi_node("train"):  # on several nodes, rank 0's curve (follow_nodes)
             if u.curve_reset:
                 curves.reset()  # a new training run: its curve alone
             curves.add(u.new_points)
         curves.show_gpu_util(self.state.gpu.utilization())
+
+    def _show_evals(self, u: StateUpdate) -> None:
         self.query_one(EvalTable).show(u.evals)
+
+    def _show_new_alerts(self, u: StateUpdate) -> None:
         if u.alerts_changed:
             self._show_alerts()
             for a in u.new_alerts:
                 if a.severity == "error":
                     self.notify(self._named(a).text, severity="error", timeout=8, markup=False)  # never markup
-        self._tick()
+
+    def _internal_error(self, doing: str, e: Exception) -> None:
+        """A bug met while showing the box: logged each time, said once per kind (not every second)."""
+        self.log.error(f"internal error {doing}", e)
+        said = (doing, type(e).__name__, str(e)[:200])
+        if said not in self._errors_said:
+            self._errors_said.add(said)
+            self.notify(f"internal error {doing}: {type(e).__name__}: {e}"[:300], severity="error", markup=False)
 
     def _follow_busiest_stage(self, u: StateUpdate) -> None:
         """Until the operator picks a log, show the running stage's (else the last one fired)."""
@@ -489,11 +521,11 @@ class SamaiApp(App[None]):
 
     @work(group="complete", exclusive=True, exit_on_error=False)
     async def _complete_path(self, dialog: PathDialog, text: str, folder: str) -> None:
-        """Tab in the path dialog: the folder's entries, as the box lists them."""
+        """Tab in the path dialog: the folder's entries that start with the name typed, as the box lists them."""
         try:
             if self.box is None:
                 raise BoxError("not connected to the box yet")
-            listing: tuple[str, ...] | str = await self.box.list_dir(folder or ".")
+            listing: Listing | str = await self.box.list_dir(folder or ".", prefix=text[len(folder):])
         except (BoxError, TransportError) as e:
             listing = str(e) or type(e).__name__
         if dialog.is_attached:
@@ -791,8 +823,8 @@ class SamaiApp(App[None]):
             else "error"
         tail = getattr(outcome.result, "stage_tail", ()) if not outcome.ok else ()
         message = "\n".join([outcome.message, *(line[:100] for line in tail[-FAILED_TAIL_LINES:])])
-        # Box text (stage output, commands): never markup, and no secrets in a toast either.
-        self.notify(redact(message), severity=severity, timeout=6 if outcome.ok else 15, markup=False)
+        # Box text (stage output, commands): never markup (notify redacts its secrets).
+        self.notify(message, severity=severity, timeout=6 if outcome.ok else 15, markup=False)
 
     # ------------------------------------------------------------ palette, theme, target, save
 
@@ -805,7 +837,7 @@ class SamaiApp(App[None]):
             yield SystemCommand(literal_markup(f"Open log: {name}"), literal_markup(stage.log),
                                 lambda n=name: self.open_stage_log(n))
             if not self.readonly:
-                yield SystemCommand(literal_markup(f"Fire {name}"), literal_markup(stage.command),
+                yield SystemCommand(literal_markup(f"Fire {name}"), literal_markup(redact(stage.command)),
                                     lambda n=name: self.action_fire(n))
                 yield SystemCommand(literal_markup(f"Stop {name}"), "its process group: TERM, then KILL",
                                     lambda n=name: self.action_stop(n))
@@ -815,7 +847,7 @@ class SamaiApp(App[None]):
         if self.fleet_config.boxes:
             yield SystemCommand("Fleet", "every box on one line each (F)", self.action_fleet)
         for spec in self.fleet_config.boxes:
-            yield SystemCommand(literal_markup(f"Switch to box {spec.name}"), literal_markup(spec.target.url),
+            yield SystemCommand(literal_markup(f"Switch to box {spec.name}"), literal_markup(redact(spec.target.url)),
                                 lambda n=spec.name: self.open_box_screen(n))
         yield SystemCommand("Switch target…", "local, ssh://user@host[:port]", self.switch_target)
         for theme in THEMES:
@@ -914,8 +946,8 @@ class SamaiApp(App[None]):
     # ------------------------------------------------------------ the fleet: every box, and switching between them
 
     def _target_label(self) -> str:
-        """The status bar's target: with [boxes], the box's name before its url."""
-        url = self.config.target.url
+        """The status bar's target: with [boxes], the box's name before its url (a password in it masked)."""
+        url = redact(self.config.target.url)
         return f"{self.box_name}: {url}" if self.fleet_config.boxes and self.box_name else url
 
     def _named(self, alert: Alert) -> Alert:

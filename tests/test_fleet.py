@@ -171,7 +171,7 @@ async def test_the_fleet_model_polls_each_box_on_its_own(tmp_path: Path, silent_
     finally:
         await fleet.close()
     assert [r.name for r in rows] == ["a", "b", "c", "hung"]
-    assert [r.state for r in rows] == ["connected"] * 3 + ["connecting"]
+    assert [r.state for r in rows] == ["connected"] * 3 + ["unreachable"]
     assert rows[3].error and rows[0].disk_used and rows[0].rtt is not None and rows[0].polls == 1
 
 
@@ -232,7 +232,7 @@ async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: di
         table = fleet.query_one(FleetTable)
         await pilot_until(pilot, lambda: all(_cell(table, n, "connection") == "connected" for n in names))
         assert [k.value for k in table.rows] == [*names, "hung"] and app.box is None  # no box screen polled yet
-        await pilot_until(pilot, lambda: "connecting" in _cell(table, "hung", "connection")
+        await pilot_until(pilot, lambda: "unreachable: " in _cell(table, "hung", "connection")
                           and fleet.fleet.watch("hung").row.error)
         assert all(_cell(table, n, "rtt").endswith(" ms") and " / " in _cell(table, n, "disk") for n in names)
 

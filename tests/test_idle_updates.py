@@ -8,7 +8,8 @@ from textual.binding import Binding
 from textual.geometry import Region
 from textual.widgets import Static
 
-from samai.console.core.state import EvalRun, ProcessRow
+from samai.console.core.evalruns import EvalRun
+from samai.console.core.state import ProcessRow
 from samai.remote.model import Process
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter

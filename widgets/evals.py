@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from samai.console.core.state import EvalRun
+from samai.console.core.evalruns import EvalRun
 from samai.remote.visible import visible
 from samai.widgets.pane import set_subtitle
 
@@ -30,5 +30,5 @@ class EvalTable(DataTable):
             # A run's name is a folder on the box: DataTable would parse a str as markup.
             name = Text(visible(r.name), no_wrap=True, end="")
             self.add_row(name, str(r.n), acc + (" (fake 0?)" if suspicious and not r.accuracy else ""),
-                         str(r.empty_content), str(r.truncated), key=r.name)
+                         str(r.empty_content), str(r.truncated), key=r.folder or r.name)  # names may repeat
         set_subtitle(self, f"{len(runs)} runs" if runs else "no eval runs yet")

@@ -15,7 +15,7 @@ from samai.remote.visible import visible
 
 COLUMNS = (("box", "box"), ("connection", "connection"), ("rtt", "rtt"), ("running", "running"),
            ("disk", "disk used / peak"), ("gpu", "GPU util · memory"), ("alert", "newest alert"))
-STATE_STYLE = {"connected": "green", "connecting": "yellow", "lost": "bold red"}
+STATE_STYLE = {"connected": "green", "connecting": "yellow", "unreachable": "bold red", "lost": "bold red"}
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": ""}
 ALERT_CHARS = 120  # the row is one line: the alerts pane of the box's screen has the rest
 
@@ -28,7 +28,7 @@ def cells(row: BoxRow) -> dict[str, Text]:
     """The row's cells by column key."""
     state = Text(row.state, STATE_STYLE.get(row.state, ""))
     if row.error and row.state != "connected":
-        state.append(" " + visible(row.error[:60]), "dim")
+        state.append(": " + visible(row.error[:60]), "dim")
     disk = "" if row.disk_used is None else f"{_bytes(row.disk_used)} / {_bytes(row.disk_peak)}"
     if disk and row.disk_capacity:
         disk += f" of {_bytes(row.disk_capacity)}"

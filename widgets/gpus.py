@@ -4,6 +4,8 @@ there are none. Names and errors come from the box: literal text, control charac
 
 from __future__ import annotations
 
+import math
+
 from textual.content import Content
 
 from samai.remote.model import Gpu, GpuReading
@@ -22,7 +24,7 @@ SLOWDOWN_WORDS = {"sw_power_cap": "power cap", "hw_slowdown": "hw slowdown", "sy
 
 def bar(fraction: float | None, width: int = BAR_WIDTH) -> list[tuple[str, str]]:
     """A bar of `width` cells, coloured by how full it is; `?` cells when unknown."""
-    if fraction is None:
+    if fraction is None or not math.isfinite(fraction):
         return [("?" * width, "$foreground 50%")]
     fraction = min(max(fraction, 0.0), 1.0)
     cells = round(width * fraction)

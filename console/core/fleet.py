@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from samai.console.core.budget import project
 from samai.console.core.config import Config
+from samai.console.core.redact import redact
 from samai.console.core.state import Alert, ConsoleState, StateUpdate
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import GpuReading
@@ -44,7 +45,11 @@ def unreachable(error: str) -> dict[str, str]:
 
 
 def error_text(e: BaseException) -> str:
-    return str(e) or type(e).__name__
+    """Why a box could not be read, in one line. Anything but the box errors is a bug below
+    (a reply no layer turned into a BoxError): named by its type, and it ends no poll."""
+    if isinstance(e, BOX_ERRORS):
+        return str(e) or type(e).__name__
+    return f"internal error reading the box: {type(e).__name__}: {e}"
 
 
 async def gather_boxes(configs: list[tuple[str, Config]],
@@ -58,7 +63,7 @@ async def gather_boxes(configs: list[tuple[str, Config]],
             return await asyncio.wait_for(fetch(cfg), deadline)
         except TimeoutError:
             return unreachable(f"no answer within {deadline:g} s")
-        except BOX_ERRORS as e:
+        except Exception as e:  # one box's bad reply is its own entry: the others are printed
             return unreachable(error_text(e))
 
     results = await asyncio.gather(*(one(cfg) for _, cfg in configs))
@@ -74,7 +79,7 @@ class BoxRow:
 
     name: str
     url: str
-    state: str = "connecting"  # connecting | connected | lost
+    state: str = "connecting"  # connecting (the first poll in flight) | connected | unreachable (never answered) | lost
     rtt: float | None = None  # seconds, of the last snapshot
     error: str = ""  # why the last poll failed
     running: tuple[str, ...] = ()  # stages running now
@@ -123,27 +128,30 @@ class BoxWatch:
     def __init__(self, name: str, config: Config, open_box: OpenBox, clock: Callable[[], float] = time.time) -> None:
         self.name, self.config = name, config
         self.state = ConsoleState(config)
-        self.row = BoxRow(name, config.target.url)
+        self.row = BoxRow(name, redact(config.target.url))  # shown: a password in it masked
         self.box: Box | None = None
         self._open_box, self._clock = open_box, clock
 
     async def poll_once(self) -> BoxRow:
-        """One snapshot folded in; a failure is said on the row (connecting, or lost once it had answered)."""
+        """One snapshot folded in; a failure is said on the row (unreachable, or lost once it had answered)."""
         try:
             if self.box is None:
                 self.box = self._open_box(self.config)
             followers = self.state.followers()
             snap = await self.box.snapshot(**self.state.request(followers))  # the Box's own deadline
-        except BOX_ERRORS as e:
-            if self.row.state == "connected":  # as the box screen does: an outage is an alert
-                self.state.failed_poll(error_text(e), self._clock())
-            state = "lost" if self.row.state != "connecting" else "connecting"
-            alert = next((a for a in self.state.alerts if a.active), None)
-            self.row = replace(self.row, state=state, error=error_text(e), alert=alert)
-            return self.row
-        now = self._clock()
-        update = self.state.apply(snap, followers, now)
+            now = self._clock()
+            update = self.state.apply(snap, followers, now)
+        except Exception as e:  # nothing read from the box ends the watch: the row says why
+            return self._failed(error_text(e))
         self.row = row_of(self.row, self.config, update, self.state.alerts, now)
+        return self.row
+
+    def _failed(self, error: str) -> BoxRow:
+        if self.row.state == "connected":  # as the box screen does: an outage is an alert
+            self.state.failed_poll(error, self._clock())
+        state = "unreachable" if self.row.state in ("connecting", "unreachable") else "lost"
+        alert = next((a for a in self.state.alerts if a.active), None)
+        self.row = replace(self.row, state=state, error=error, alert=alert)
         return self.row
 
     async def run(self, report: Callable[[BoxRow], None]) -> None:

@@ -27,6 +27,7 @@ PROGRESS_PATTERN = r"/s\]|/it\]|\d%\) |\x24 "
 PROGRESS_MARKER = Marker(PROGRESS_MARKER_NAME, PROGRESS_PATTERN, "info")
 
 MAX_LABEL = 60
+MAX_LINE = 1000  # characters of a line read for its progress (the probe sends at most 400 bytes of a hit)
 _NUM = r"\d{1,15}(?:\.\d{1,6})?"
 _SIZE = rf"{_NUM} ?[KMGTP]?i?B"
 TQDM = re.compile(r"(?P<done>\d{1,15})/(?P<total>\d{1,15}) \[(?P<elapsed>\d{1,9}(?::\d\d){0,2})"
@@ -80,7 +81,9 @@ def parse_line(line: str) -> Progress | None:
     """The progress a log line tells, or None. The line may hold carriage-return updates."""
     if not isinstance(line, str):
         return None
-    for part in reversed(line.split("\r")):  # the newest update first
+    # A progress update is short, and the probe sends a hit's first MAX_HIT_TEXT bytes: a longer
+    # line (from anything else that answers as the probe) is read no further, and costs no more.
+    for part in reversed(line[:MAX_LINE].split("\r")):  # the newest update first
         found = _tqdm(part) or _bytes(part) or _step(part)
         if found is not None:
             return found

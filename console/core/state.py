@@ -6,16 +6,16 @@ and every marker hit is seen once."""
 
 from __future__ import annotations
 
-import json
 import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from samai.console.core.budget import DiskBudget, disk_budget, workspace_disk
 from samai.console.core.config import CHAIN_DONE, Config, Stage
-from samai.console.core.detectors import declared_binaries, detect, eval_findings, torchao_beside_peft
+from samai.console.core.detectors import Finding, declared_binaries, detect, eval_findings, torchao_beside_peft
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
 from samai.console.core.evalcheck import EvalResult
+from samai.console.core.evalruns import EvalRun, read_eval_runs
 from samai.console.core.evidence import training_sources
 from samai.console.core.fixes import FixAction
 from samai.console.core.gpu_findings import GpuWatch, oom_context
@@ -26,7 +26,7 @@ from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
-from samai.remote.model import Marker, Process, PythonPackages, Report, RunStatus, Severity, Snapshot, StageRecord
+from samai.remote.model import Marker, Process, PythonPackages, RunStatus, Severity, Snapshot, StageRecord
 
 MAX_ALERTS = 200
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
@@ -86,34 +86,6 @@ class PreviousRun:
     status: str
     rc: int | None
     last_marker: str | None
-
-
-@dataclass(frozen=True)
-class EvalRun:
-    """One eval run's summary, as the eval stage writes it (runs/eval/NAME/summary.json)."""
-
-    name: str
-    n: int
-    accuracy: float | None
-    empty_content: int
-    truncated: int
-    mtime: float = 0.0
-    folder: str = ""  # on the box: where its items.jsonl is
-
-    @property
-    def items(self) -> str:
-        return posixpath.join(self.folder, "items.jsonl")
-
-
-def eval_run(report: Report) -> EvalRun | None:
-    try:
-        raw = json.loads(report.text)
-        folder = posixpath.dirname(report.path)
-        return EvalRun(posixpath.basename(folder), int(raw["n"]),
-                       None if raw.get("accuracy") is None else float(raw["accuracy"]),
-                       int(raw.get("empty_content", 0)), int(raw.get("truncated", 0)), report.mtime, folder)
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -178,6 +150,7 @@ class ConsoleState:
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
         self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
         self.gpu = GpuWatch(config)  # the recent GPU readings: a stall shows only over time
+        self._unreadable: list[Finding] = []  # the last poll's files that could not be read: each its own finding
 
     def _watch(self, stage: Stage) -> LogFollower:
         # Progress and disk lines come back as hits of more markers: the watch still moves no log bytes.
@@ -227,8 +200,8 @@ class ConsoleState:
         states = self._confirm_lost(self._keep_rc_while_relaunched(snap.states))
         snap = replace(snap, artifacts=self.sizer.merge(snap.artifacts, now), states=states)
         self.snapshot, self.received_at = snap, now
-        update = StateUpdate(snap, [], disk_budget(self.config, snap), self._process_rows(snap),
-                             [run for run in map(eval_run, snap.reports) if run])
+        evals, self._unreadable = read_eval_runs(snap.reports)
+        update = StateUpdate(snap, [], disk_budget(self.config, snap), self._process_rows(snap), evals)
         resolved = self._new_runs(snap, update, now)  # before the logs: a new run's lines start it clean
         watched = {id(f): name for name, f in self.watches.items()}
         for follower, chunk in zip(followers, snap.logs, strict=True):
@@ -307,7 +280,7 @@ class ConsoleState:
     def _findings(self, snap: Snapshot, budget: DiskBudget) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back."""
         findings = (detect(self.config, snap, budget) + torchao_beside_peft(self.config, self.environments)
-                    + self.gpu.findings(snap)
+                    + self.gpu.findings(snap) + self._unreadable
                     + (eval_findings(self.eval_checked[0].name, self.eval_checked[1]) if self.eval_checked else []))
         new = [f for f in findings if f.key not in self._standing]
         self._standing = {f.key for f in findings}

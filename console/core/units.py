@@ -1,10 +1,14 @@
-"""Human-readable sizes and durations, shared by the CLI's reports and the widgets."""
+"""Human-readable sizes and durations, shared by the CLI's reports and the widgets.
+
+The numbers often come from the box: an infinite or NaN one is shown as unknown, never raised on."""
 
 from __future__ import annotations
 
+import math
+
 
 def size(n: float | None) -> str:
-    if n is None:
+    if n is None or not math.isfinite(n):
         return "?"
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -14,7 +18,7 @@ def size(n: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "?"
     s = int(max(seconds, 0))
     if s < 60:
@@ -29,6 +33,6 @@ def duration(seconds: float | None) -> str:
 def age(seconds: float | None) -> str:
     """An age as kubectl and k9s show it: seconds only in the first minute, then minutes. A table
     of ages then changes once a minute rather than every second, for the eye and for the CPU."""
-    if seconds is not None and 60 <= seconds < 3600:
+    if seconds is not None and 60 <= seconds < 3600:  # (NaN fails this)
         return f"{int(seconds) // 60}m"
     return duration(seconds)

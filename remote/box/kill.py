@@ -43,6 +43,7 @@ from .procfs import (
     descendants,
     group_members,
     is_kernel_thread,
+    json_document,
     live_processes,
     read_regular_file,
     read_stat,
@@ -337,7 +338,7 @@ def stage_record(req):
         raise ValueError("bad stage name %r" % (req["stage"],))
     path = os.path.join(workspace(req), ".samai", "state", req["stage"] + ".json")
     try:
-        rec = json.loads(read_regular_file(path).decode("utf-8", "replace"))
+        rec = json_document(read_regular_file(path))
     except FileNotFoundError:
         return None
     if not isinstance(rec, dict):

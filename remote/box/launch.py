@@ -33,7 +33,17 @@ from .confine import (
     workspace_root,
     write_file,
 )
-from .procfs import alive, boot_id, boot_time, read_regular_file, read_stat, record_btime, serve, start_epoch
+from .procfs import (
+    alive,
+    boot_id,
+    boot_time,
+    json_document,
+    read_regular_file,
+    read_stat,
+    record_btime,
+    serve,
+    start_epoch,
+)
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TAIL_LINES = 20
@@ -121,7 +131,7 @@ def tools_env(env):
 
 def read_json(path):
     try:
-        return json.loads(read_regular_file(path).decode("utf-8", "replace"))
+        return json_document(read_regular_file(path))
     except (OSError, ValueError):
         return None
 

@@ -7,11 +7,11 @@ entry in the reply; the probe itself only fails on a request it cannot parse.
 
 Request (every key optional):
   {"workspace": PATH, "artifacts": [{"name", "path"}], "artifact_budget_s": 1.0,
-   "logs": [{"path", "offset", "inode", "dev", "mtime", "drained", "check", "scan_from", "last_lines",
-             "max_bytes", "data": true, "markers": [{"name", "pattern", "needles"}]}],
+   "logs": [{"path", "offset", "inode", "dev", "mtime", "drained", "older", "check", "scan_from",
+             "last_lines", "max_bytes", "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
    "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH],
-   "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "max"},
+   "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "prefix", "max"},
    "packages": [{"python", "names", "max"}], "gpus": true, "attach": false}
   A --serve probe also takes a request as changes to the last one it answered ("base", "same",
   log entries with "like": see held.py), and marks each reply with "held" for the next.
@@ -46,7 +46,7 @@ from .held import HeldRequest, HeldUnknown
 from .logfiles import HeldLogs, logs, ranges, read_regular
 from .packages import check_request as check_packages_request
 from .packages import environments
-from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, record_btime, same_start
+from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, json_document, record_btime, same_start
 from .procs import Facts, processes
 from .sockets import fd_links, listeners, watched_folder, writers
 
@@ -102,7 +102,7 @@ def stage_states(workspace, by_pid, btime, errors):
     for name in names:
         path = os.path.join(state_dir, name)
         try:
-            rec = json.loads(read_regular(path, MAX_REPORT_BYTES).decode("utf-8"))
+            rec = json_document(read_regular(path, MAX_REPORT_BYTES))
         except (OSError, ValueError) as e:
             errors.append({"what": path, "error": str(e)})
             continue
@@ -121,6 +121,8 @@ def stage_states(workspace, by_pid, btime, errors):
             rec["rc"] = int(read_regular(rc_path, 64).strip())
         except (OSError, ValueError):
             rec["rc"] = None
+        if rec["rc"] is not None and not -(1 << 31) <= rec["rc"] < 1 << 31:
+            rec["rc"] = None  # no exit status: what the trap wrote was overwritten
         if rec["rc"] is not None and rec["group"]:
             rec["alive"] = True  # its chain has finished, but processes it started still run
         rec["stopped_at"] = stopped_at(os.path.join(state_dir, name[: -len(".json")] + ".stopped"), rec)
@@ -133,7 +135,7 @@ def stopped_at(path, rec):
     """When the operator stopped this run (kill.py's STAGE.stopped naming the record's fired_at),
     else None: a stop of an earlier run says nothing about this one."""
     try:
-        note = json.loads(read_regular(path, 1024).decode("utf-8"))
+        note = json_document(read_regular(path, 1024))
     except (OSError, ValueError):
         return None
     if not isinstance(note, dict) or note.get("fired_at") != rec.get("fired_at"):
@@ -210,7 +212,8 @@ def check_log_request(spec, where):
             raise ValueError("%s.needles must be a list of strings" % at)
 
 
-MAX_LISTING = 1000
+MAX_LISTING = 1000  # names sent back: more than anyone reads under a path being typed
+MAX_SCANNED = 1000000  # entries read of one folder for them: a second or two at most
 
 
 def check_listing_request(req):
@@ -220,17 +223,27 @@ def check_listing_request(req):
             raise ValueError("request.listing must be an object")
         required(listing_spec, "path", "request.listing", str)
         optional(listing_spec, "max", "request.listing", int)
+        optional(listing_spec, "prefix", "request.listing", str)
 
 
 def listing(workspace, spec):
-    """One folder's entry names, folders ending in "/" (the console completes a typed path
-    from them): at most spec["max"], "complete" says whether that was all of them."""
+    """One folder's entry names that start with spec["prefix"], folders ending in "/" (the
+    console completes a typed path from them): at most spec["max"] of them, dot files only when
+    the prefix starts with a dot (as shells complete). "complete" says whether that was all of
+    them: a folder of a million files is read to its end (up to MAX_SCANNED entries), so the one
+    name typed so far is found wherever it stands."""
     path = resolve(workspace, spec["path"])
     limit = min(int(spec.get("max") or MAX_LISTING), MAX_LISTING)
+    prefix = spec.get("prefix") or ""
+    hidden = prefix.startswith(".")
     names = []
     try:
         with os.scandir(path) as found:
-            for entry in found:
+            for scanned, entry in enumerate(found):
+                if scanned >= MAX_SCANNED:
+                    return {"path": path, "entries": names, "complete": False}
+                if not entry.name.startswith(prefix) or (entry.name.startswith(".") and not hidden):
+                    continue
                 if len(names) >= limit:
                     return {"path": path, "entries": names, "complete": False}
                 names.append(entry.name + ("/" if entry.is_dir() else ""))
@@ -303,8 +316,9 @@ def record_problem(rec):
             continue
         if isinstance(value, bool) or not isinstance(value, types):
             return "not a stage record: %s is %s" % (key, type(value).__name__)
-        if isinstance(value, float) and not -1e18 < value < 1e18:  # NaN and inf fail this too
-            return "not a stage record: %s is %r" % (key, value)
+        # NaN and inf fail this too; an integer of a thousand digits is no pid either
+        if isinstance(value, (int, float)) and not -1e18 < value < 1e18:
+            return "not a stage record: %s is %.40r" % (key, value)
     return None
 
 

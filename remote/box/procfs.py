@@ -32,20 +32,31 @@ def read_regular_file(path, limit=1 << 20, from_end=False):
         os.close(fd)
 
 
-def read_proc(path, size=4096):
-    """All of a one-record /proc file (PID/stat, cmdline, schedstat, fdinfo/FD) with os.open and
-    os.read: a Python file object costs several syscalls more. Such a file answers a read with
-    all it holds up to size, so a short read is its end; a many-record one like /proc/net/tcp
-    may not, and is read with read_text."""
+def json_document(data):
+    """The JSON value in bytes anyone on the box could have written (a stage record, a stop note):
+    ValueError when they are not JSON, and also when they nest deeper than the decoder goes (a
+    RecursionError there would have ended the whole reply)."""
+    try:
+        return json.loads(data.decode("utf-8", "replace"))
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
+def read_proc(path, size=4096, limit=None):
+    """All of a one-record /proc file (PID/stat, cmdline, schedstat, fdinfo/FD), or its first
+    limit bytes, with os.open and os.read: a Python file object costs several syscalls more.
+    Such a file answers a read with all it holds up to size, so a short read is its end; a
+    many-record one like /proc/net/tcp may not, and is read with read_text."""
     fd = os.open(path, os.O_RDONLY)
     try:
         data = os.read(fd, size)
         if len(data) < size:
             return data
-        chunks = [data]
-        while chunks[-1]:
+        chunks, held = [data], len(data)
+        while chunks[-1] and (limit is None or held < limit):
             chunks.append(os.read(fd, 65536))
-        return b"".join(chunks)
+            held += len(chunks[-1])
+        return b"".join(chunks)[:limit]
     finally:
         os.close(fd)
 

@@ -12,6 +12,9 @@ from .procfs import CLK_TCK, PAGE_SIZE, parse_stat, read_proc, start_epoch
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
 HZ = float(CLK_TCK)
 RESERVED_FDS = 256  # of the probe's descriptor limit, left for everything but OpenFiles
+# Of a command line (up to 2 MiB or more on Linux), what is sent: a thousand processes of a
+# long one each stay far inside the largest reply the console takes (transport.MAX_FRAME_BYTES).
+MAX_CMDLINE = 16 * 1024
 
 class UserNames:
     """uid -> user name, read once per uid for as long as the user database is unchanged."""
@@ -182,7 +185,7 @@ def read_process(pid, btime, user_name, facts=None):
         argv, uid = kept.argv, kept.uid
     else:
         try:
-            argv = read_proc(base + "/cmdline").decode("utf-8", "replace").split("\0")
+            argv = read_proc(base + "/cmdline", limit=MAX_CMDLINE).decode("utf-8", "replace").split("\0")
         except OSError:
             argv = []
         if argv and argv[-1] == "":

@@ -1,0 +1,96 @@
+"""The eval runs the box holds: each run's summary.json, as the eval stage writes it
+(runs/eval/NAME/summary.json), read from the reports a poll brings back.
+
+A summary is a file on the box, so anyone may have written it: any text at all comes in. A
+summary that is not one (not JSON, nested too deep, a count of 1e400) is that file's finding
+and costs nothing else: the other runs, and the rest of the snapshot, are shown as usual."""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+from samai.console.core.detectors import Finding
+from samai.remote.model import Report
+from samai.remote.visible import visible
+
+MAX_COUNT = 10**12  # items in one eval run: far more than any eval set, far less than a float's integer range
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    """One eval run's summary."""
+
+    name: str
+    n: int
+    accuracy: float | None
+    empty_content: int
+    truncated: int
+    mtime: float = 0.0
+    folder: str = ""  # on the box: where its items.jsonl is
+
+    @property
+    def items(self) -> str:
+        return posixpath.join(self.folder, "items.jsonl")
+
+
+class NotASummary(ValueError):
+    """What makes a report no eval summary, said in a few words."""
+
+
+def read_eval_runs(reports: tuple[Report, ...]) -> tuple[list[EvalRun], list[Finding]]:
+    """The runs whose summaries can be read, and one finding for each that cannot."""
+    runs, unreadable = [], []
+    for report in reports:
+        try:
+            runs.append(eval_run(report))
+        except NotASummary as e:
+            unreadable.append(Finding("unreadable_summary", "warning",
+                                      f"eval summary {visible(report.path)} cannot be read: {e}"))
+    return runs, unreadable
+
+
+def eval_run(report: Report) -> EvalRun:
+    """NotASummary unless report's text is a summary with sound figures."""
+    try:
+        raw = json.loads(report.text)
+    except RecursionError:  # no ValueError: the decoder's stack ran out
+        raise NotASummary("JSON nested too deep") from None
+    except ValueError as e:  # a number of over 4300 digits too
+        raise NotASummary(f"not JSON ({str(e)[:60]})") from None
+    if not isinstance(raw, dict):
+        raise NotASummary(f"a JSON {type(raw).__name__}, not an object")
+    folder = posixpath.dirname(report.path)
+    return EvalRun(posixpath.basename(folder), _count(raw, "n"), _fraction(raw, "accuracy"),
+                   _count(raw, "empty_content", 0), _count(raw, "truncated", 0), report.mtime, folder)
+
+
+def _count(raw: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if type(value) is float and math.isfinite(value) and value.is_integer():
+        value = int(value)  # 12.0: a count written by a float-minded tool
+    if type(value) is not int or not 0 <= value <= MAX_COUNT:
+        raise NotASummary(f"{key} is {_shown(value)}, not a count")
+    return value
+
+
+def _fraction(raw: dict[str, Any], key: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not 0 <= value <= 1:  # NaN fails the range too
+        raise NotASummary(f"{key} is {_shown(value)}, not a fraction from 0 to 1")
+    return float(value)
+
+
+def _shown(value: Any) -> str:
+    """A value from the file, said briefly: a number of five thousand digits is not quoted whole."""
+    if value is None:
+        return "missing"
+    if isinstance(value, (dict, list)):
+        return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
+    text = json.dumps(value) if not isinstance(value, int) or abs(value) < 10**40 else "a number of over 40 digits"
+    return text if len(text) <= 40 else text[:40] + "…"
