@@ -248,7 +248,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except (config_mod.ConfigError, UsageError, TargetError) as e:
         return _fail(str(e), EXIT_USAGE)
     except (BoxError, TransportError) as e:
-        return _fail(f"cannot reach {args.target or 'the target'}: {e}", EXIT_USAGE)
+        return _fail(redact(f"cannot reach {args.target or 'the target'}: {e}"), EXIT_USAGE)  # a URL may hold one
     except KeyboardInterrupt:
         return 130
 
@@ -275,9 +275,8 @@ def _standalone(command: str, argv: list[str]) -> int:
 
 
 def _fail(message: str, code: int) -> int:
-    """The one-line reason on stderr: box text in it (a path, a box error, a donor's URL) shown
-    inert and without its secrets, on one line."""
-    print(f"samai-console: {visible(redact(message))}", file=sys.stderr)
+    """The one-line reason on stderr: box text in it (a path, a box error) shown inert, on one line."""
+    print(f"samai-console: {visible(message)}", file=sys.stderr)
     return code
 
 
@@ -650,7 +649,7 @@ async def _gguf_show(args, cfg, box: Box) -> int:
     try:
         header = await box.gguf_show(path, redirect_hosts=args.redirect_hosts or ())
     except BoxError as e:  # the box answered: the file or donor is refused (a bad reply header, a redirect)
-        return _fail(f"gguf show {path}: {e}", EXIT_PROBLEM)
+        return _fail(redact(f"gguf show {path}: {e}"), EXIT_PROBLEM)  # a pre-signed donor URL holds one
     if args.json:
         print(_json(dict(asdict(header), ok=header.ok)))
     else:

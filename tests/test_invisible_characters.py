@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
-from samai.remote.model import Gpu, GgufKv, GgufTensorInfo
+from samai.remote.model import GgufKv, GgufTensorInfo, Gpu
 from samai.remote.visible import visible
 from samai.widgets.gguf_view import kv_cells, tensor_cells
 from samai.widgets.gpus import gpu_row
