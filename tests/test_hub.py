@@ -485,3 +485,52 @@ def test_names_from_the_listing_never_leave_dest(fuzz_hub, tmp_path, names, how,
     elif how is None and all(plainly_safe(n) for n in names) and not any(
             m.startswith(n + "/") for n in names for m in names):
         pytest.fail(f"a plainly safe listing was refused: {names!r}\n{r.stdout}")
+
+
+# ------------------------------------------------------------------ what the stage itself changes stays in DEST
+
+
+def test_leftovers_are_looked_for_only_inside_dest(tmp_path, capsys):
+    from samai.remote.box.stages import hub
+
+    outside = tmp_path / "outside"
+    orphan = outside / "huggingface" / "download" / "abc.0123abcd.0123abcd.incomplete"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"not ours")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / ".cache").symlink_to(outside)  # planted: os.walk would follow it
+    hub.remove_orphans(str(dest))
+    assert orphan.read_bytes() == b"not ours"
+    assert "reached through a symlink" in capsys.readouterr().out
+
+
+def test_a_mismatching_file_behind_a_symlinked_folder_is_not_moved_outside(tmp_path, capsys):
+    from samai.remote.box.stages import hub
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "vocab.gguf").write_bytes(b"someone else's")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "models").symlink_to(outside)
+    (dest / "LICENSE").write_bytes(b"wrong")
+    files = [hub.RemoteFile("models/vocab.gguf", 3, "0" * 64, None), hub.RemoteFile("LICENSE", 5, "0" * 64, None)]
+    with pytest.raises(hub.FetchError):
+        hub.check_files(str(dest), files)
+    said = capsys.readouterr().out
+    assert (outside / "vocab.gguf").read_bytes() == b"someone else's" and not (outside / "vocab.gguf.bad").exists()
+    assert "not moved" in said and "symlink" in said
+    assert (dest / "LICENSE.bad").read_bytes() == b"wrong"  # inside DEST, as before
+
+
+def test_a_symlinked_folder_on_the_way_to_a_listed_file_refuses_the_fetch(hub, env, repo, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "LICENSE").symlink_to(outside / "LICENSE")  # planted where the listing's file would go
+    r = fetch(dest, env=env)
+    assert r.returncode == 1, r.stdout
+    assert f"{dest}/LICENSE is a symlink: refused" in r.stdout and lines_starting(r.stdout, "FETCH_FAIL")
+    assert list(outside.iterdir()) == [] and not lines_starting(r.stdout, "FETCH_DONE")

@@ -12,6 +12,8 @@ glob), into DEST; every file is then checked against the listing: its size, and 
 where the hub has one (LFS files), else its git blob id (sha1 of "blob SIZE\\0" + content, what
 the hub reports as a regular file's oid). The client resumes a cut body itself (Range); a
 second run keeps the files already complete and removes what a killed run left half-written.
+A symlink already on the way to a listed file refuses the fetch (the client writes by path), and
+what the stage itself deletes or renames is reached without following one.
 The client's progress bars are off (they redraw with \r); progress lines are measured on disk.
 
 Errors are sorted the same way for both stages (classify): "auth" (HTTP 401: the token is
@@ -24,8 +26,10 @@ import fnmatch
 import hashlib
 import os
 import re
+import stat
 import threading
 
+from ..confine import Escape, open_parent
 from .transfer import CHUNK, FetchError, Progress, Transient, human, one_line, retrying
 
 TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
@@ -246,12 +250,40 @@ def check_files(dest, files):
             print("FETCH_FILE %s %s" % (path, line))
             continue
         bad += 1
-        if os.path.isfile(path) and not os.path.islink(path):
-            os.replace(path, path + ".bad")
-            why += ", moved to %s.bad" % path
+        try:
+            if moved_aside(dest, remote.path):
+                why += ", moved to %s.bad" % path
+        except (Escape, OSError) as e:
+            why += ", not moved: %s" % one_line(e)
         print("SHA_MISMATCH %s %s" % (path, why))
     if bad:
         raise FetchError("%d of %d files do not match the hub's listing" % (bad, len(files)), "FETCH_FAIL")
+
+
+def refuse_symlinked_folders(dest, files):
+    """FetchError when a folder on the way to a listed file (or the file itself) is a symlink
+    already there: the client writes by path, and would write wherever it points."""
+    for remote in files:
+        parts = remote.path.split("/")
+        for n in range(1, len(parts) + 1):
+            on_the_way = os.path.join(dest, *parts[:n])
+            if os.path.islink(on_the_way):
+                raise FetchError("%s is a symlink: refused, files are written only inside %s" % (on_the_way, dest),
+                                 "FETCH_FAIL")
+
+
+def moved_aside(dest, relpath):
+    """Rename DEST/RELPATH to RELPATH.bad inside its own folder, reached from DEST folder by folder
+    without following a symlink (Escape for a symlinked folder on the way: the rename would land
+    outside DEST); False when it is no regular file."""
+    folder, name = open_parent(dest, relpath)
+    try:
+        if not stat.S_ISREG(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            return False
+        os.replace(name, name + ".bad", src_dir_fd=folder, dst_dir_fd=folder)
+        return True
+    finally:
+        os.close(folder)
 
 
 # ------------------------------------------------------------------ leftovers of a killed run
@@ -267,7 +299,13 @@ def remove_orphans(dest):
     """Remove the partial downloads a killed run left; the caller holds DEST.lock, so no live
     fetch of ours is writing them."""
     count, size = 0, 0
-    for folder, _dirs, names in os.walk(os.path.join(dest, *CLIENT_DIR.split("/"))):
+    top = os.path.join(dest, *CLIENT_DIR.split("/"))
+    parts = CLIENT_DIR.split("/")
+    if any(os.path.islink(os.path.join(dest, *parts[:n])) for n in range(1, len(parts) + 1)):
+        # os.walk would follow it, and delete what lies wherever it points
+        print("partial downloads not looked for: %s is reached through a symlink" % top)
+        return
+    for folder, _dirs, names in os.walk(top):
         for name in names:
             if ORPHAN.match(name):
                 path = os.path.join(folder, name)
@@ -344,6 +382,7 @@ def fetch_hf(repo, dest, repo_type, revision, include, token, backoff):
         raise FetchError("no file of %s at %s matches --include %s" % (repo, commit, " ".join(include or [])))
     total = sum(f.size for f in chosen)
     print("hub %s (%s) at %s: %d of %d files, %s" % (repo, repo_type, commit, len(chosen), len(files), human(total)))
+    refuse_symlinked_folders(dest, chosen)
     remove_orphans(dest)
     with Watcher("fetch " + repo, dest, chosen):
         hub_call(lambda: hub.snapshot_download(repo, repo_type=repo_type, revision=commit, local_dir=dest,
