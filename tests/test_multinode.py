@@ -783,6 +783,8 @@ async def test_torchrun_across_two_ssh_boxes_from_the_stage_key_with_rank_zeros_
             assert "[box a] " in dialog.plan.command and "[box b] " in dialog.plan.command
             assert "--rdzv-backend c10d" in dialog.plan.command
             await pilot.click("#confirm")
+            # said apart: a click lost under load (the dialog still up) or a fire that does not end
+            await until(lambda: not isinstance(app.screen, ConfirmDialog), "the dialog closing", 30)
             run = await until(lambda: load_run(cfg, "train"), "the run's record", 120)
 
             # Rank 0's curve on a's screen, read from whichever node the rendezvous made rank 0.
