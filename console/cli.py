@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 EXIT_STDOUT_CLOSED = 128 + 13  # what a shell reports for a tool that SIGPIPE ended
 FOLLOW_POLL_S = 0.5
-FOLLOW_MAX_BACKOFF_S = 8.0  # an outage is left as soon as the box answers again, not minutes later
 
 
 class UsageError(Exception):
@@ -476,7 +475,9 @@ async def _tail(args, cfg, box: Box) -> int:
 async def _read_through_outages(box: Box, follower: LogFollower):
     """The next read of a followed log; while the box does not answer, retried with a growing
     pause (said once on stderr), then resumed at the same byte offset: nothing twice, nothing lost."""
-    pause, down = FOLLOW_POLL_S, None
+    from samai.console.core.backoff import Backoff
+
+    backoff, down = Backoff(FOLLOW_POLL_S), None
     while True:
         try:
             chunk = await box.read_log(follower.cursor())
@@ -485,8 +486,7 @@ async def _read_through_outages(box: Box, follower: LogFollower):
                 down = time.monotonic()
                 print(f"samai-console: the box is not answering ({visible(str(e) or type(e).__name__)}); "
                       "retrying", file=sys.stderr, flush=True)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, FOLLOW_MAX_BACKOFF_S)
+            await asyncio.sleep(backoff.failed())
             continue
         if down is not None:
             print(f"samai-console: reconnected after {time.monotonic() - down:.0f} s; resuming at byte "

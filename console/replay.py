@@ -48,4 +48,4 @@ def show(app, recording: dict) -> None:
     for _ in range(2):  # the second time with the log pane on the running stage it switched to
         followers = app.state.followers()
         app.show_snapshot(recorded_snapshot(recording, followers), followers)
-    app.query_one("#log").flush_now()
+    app.box_screen.query_one("#log").flush_now()

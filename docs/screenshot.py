@@ -18,6 +18,9 @@ async def main(out: Path) -> None:
     recording = replay.load(RECORDING)
     app = SamaiApp(replay.recorded_config(recording), poll=False, clock=lambda: recording["probe"]["time"])
     async with app.run_test(size=(150, 48)) as pilot:
+        while app.screen is not app.box_screen:  # pushed
+            await pilot.pause()
+        await pilot.pause()  # and its panes mounted
         replay.show(app, recording)
         await pilot.pause()
         app.save_screenshot(out.name, str(out.parent))

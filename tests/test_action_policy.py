@@ -21,7 +21,7 @@ from textual.widgets import Button, RadioButton, RadioSet, Static
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.audit import AuditLog
-from samai.widgets.dialogs import KillDialog
+from samai.console.screens.dialogs import KillDialog
 from samai.widgets.processes import ProcessPane
 from tests.helpers import pilot_until, start_time_of, wait_for
 from tests.test_redact_shapes import SECRET_ENV, SECRETS, secret_stage_toml
@@ -232,7 +232,7 @@ def _alive(pid: int) -> bool:
 
 async def _kill_from_the_dialog(app: SamaiApp, pilot, leader: int, needle: str, scope: str, signal: str):
     """Select the process by a filter, press k, choose the scope, read the plan shown, press the signal."""
-    pane = app.query_one(ProcessPane)
+    pane = app.box_screen.query_one(ProcessPane)
     pane.table.focus()
     await pilot.press("slash")
     await pilot.press(*needle, "enter")
@@ -261,7 +261,7 @@ async def test_the_kill_dialog_draws_only_the_chosen_scope_as_chosen(tmp_path: P
     app = SamaiApp(config.load(f))
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
-        pane = app.query_one(ProcessPane)
+        pane = app.box_screen.query_one(ProcessPane)
         pane.table.focus()
         await pilot.press("slash")
         await pilot.press(*"53\\.25", "enter")

@@ -17,8 +17,8 @@ from samai.console import prefs
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.fixes import FixAction
+from samai.console.screens.dialogs import ConfirmDialog, KillDialog
 from samai.remote.boxapi import Box
-from samai.widgets.dialogs import ConfirmDialog, KillDialog
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
 from samai.widgets.status import StatusBar
@@ -61,7 +61,7 @@ def _audit(isolated_dirs: Path) -> list[dict]:
 
 
 def _log_text(app: SamaiApp) -> str:
-    return "\n".join(app.query_one(LogView).lines)
+    return "\n".join(app.box_screen.query_one(LogView).lines)
 
 
 async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path, workspace, isolated_dirs):
@@ -83,7 +83,7 @@ async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path
         state_file = workspace / ".samai" / "state" / "hello.json"
         await pilot_until(pilot, state_file.exists)
         await pilot_until(pilot, lambda: "hello from the chain" in _log_text(app))
-        await pilot_until(pilot, lambda: "STEP_OK" in str(app.query_one("#stages").render()))
+        await pilot_until(pilot, lambda: "STEP_OK" in str(app.box_screen.query_one("#stages").render()))
         pid = json.loads(state_file.read_text())["pid"]
         assert psutil.Process(pid).is_running()
         await pilot_until(pilot, lambda: not app.busy)
@@ -111,7 +111,7 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
     app = SamaiApp(_config(tmp_path, workspace))
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
-        pane = app.query_one(ProcessPane)
+        pane = app.box_screen.query_one(ProcessPane)
         pane.table.focus()
         await pilot.press("slash")
         await pilot.press(*"31\\.25", "enter")
@@ -149,7 +149,7 @@ async def test_readonly_dangerous_keys_do_nothing_and_say_why(tmp_path, workspac
             await pilot.pause(0.1)
             assert not isinstance(app.screen, (ConfirmDialog, KillDialog))
         assert len([t for t in said if t.startswith("read-only: ") and "without --readonly" in t]) == 6, said
-        assert "READ-ONLY" in str(app.query_one(StatusBar).render())
+        assert "READ-ONLY" in str(app.box_screen.query_one(StatusBar).render())
         outcome = await action_layer(app).fire("hello")  # and the action layer refuses on its own
         assert outcome.status == "refused"
     assert victim.poll() is None
@@ -172,8 +172,8 @@ async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, work
         await pilot_until(pilot, lambda: any("stage boom failed rc=3" in a.text for a in app.state.alerts), 15)
         texts = [a.text for a in app.state.alerts]
         assert any("BAD_THING happened" in t for t in texts)
-        assert "BAD_THING" in str(app.query_one("#alerts").render())
-        assert "failed" in str(app.query_one("#stages").render())
+        assert "BAD_THING" in str(app.box_screen.query_one("#alerts").render())
+        assert "failed" in str(app.box_screen.query_one("#stages").render())
 
 
 async def test_stale_indicator_when_the_box_stops_answering(tmp_path, workspace):
@@ -188,9 +188,9 @@ async def test_stale_indicator_when_the_box_stops_answering(tmp_path, workspace)
         os.kill(app.state.snapshot.probe_pid, signal.SIGSTOP)  # ...and the running probe freezes
         await pilot_until(pilot, lambda: app.connection.stale, 10)
         assert app.screen.has_class("-stale")
-        assert "STALE" in str(app.query_one(StatusBar).render())
+        assert "STALE" in str(app.box_screen.query_one(StatusBar).render())
         await pilot.press("l")  # the screen keeps answering keys while the box is gone
-        assert app.query_one(LogView).border_title == "log · other"
+        assert app.box_screen.query_one(LogView).border_title == "log · other"
         await pilot_until(pilot, lambda: app.connection.state == "lost", 10)
         gate.unlink()
         await pilot_until(pilot, lambda: app.connection.state == "connected" and not app.connection.stale, 40)
@@ -216,13 +216,13 @@ async def test_keys_can_be_remapped_from_the_config(tmp_path, workspace):
                  '[ui]\nkeys = {{ "app.next_log" = "ctrl+n" }}\n'.replace("{{", "{").replace("}}", "}"))
     app = SamaiApp(config.load(f))
     async with app.run_test(size=SIZE) as pilot:
-        assert app.query_one(LogView).border_title == "log · a"
+        assert app.box_screen.query_one(LogView).border_title == "log · a"
         await pilot.press("l")
         await pilot.pause(0.1)
-        assert app.query_one(LogView).border_title == "log · a"
+        assert app.box_screen.query_one(LogView).border_title == "log · a"
         await pilot.press("ctrl+n")
         await pilot.pause(0.1)
-        assert app.query_one(LogView).border_title == "log · b"
+        assert app.box_screen.query_one(LogView).border_title == "log · b"
 
 
 @pytest.mark.parametrize("theme", ["samai-dark", "samai-light", "samai-contrast"])
@@ -238,7 +238,8 @@ async def test_help_lists_every_binding(tmp_path, workspace, theme):
         assert {"log.filter", "log.follow", "log.next_marker", "log.save", "processes.filter",
                 "processes.sort", "processes.all", "disk.largest"} <= ids  # the panes' keys too
         groups = [r[0] for r in rows if r[0]]  # each group named once, at its first row
-        assert groups == ["console", "stages", "log pane", "processes pane", "disk pane"]
+        assert groups == ["console", "stages", "log pane", "processes pane", "disk pane", "GGUF screen"]
+        assert {"gguf.edit", "gguf.add", "gguf.filter", "gguf.close"} <= ids  # a screen of its own, listed too
         assert ["h", "Fire hello", "stage.hello"] in [r[1:] for r in rows]
 
 
@@ -278,7 +279,7 @@ async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixe
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: any(a.code == "hidden_nan" for a in app.state.alerts))
-        assert "hidden" in str(app.query_one("#alerts").render()).lower()
+        assert "hidden" in str(app.box_screen.query_one("#alerts").render()).lower()
         nan = next(a for a in app.state.alerts if a.code == "hidden_nan")
         assert nan.action == FixAction.restart("train") and "x restart" in nan.hint
         await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, ConfirmDialog))
@@ -311,4 +312,4 @@ async def test_readonly_alerts_offer_no_key_that_changes_the_box(tmp_path, works
                 (a for a in app.state.alerts if a.code == "stale_server"), None))
             assert stale.hint == "x fix"
             await pilot.pause(0.3)
-            assert ("[x fix]" in str(app.query_one("#alerts").render())) is hinted
+            assert ("[x fix]" in str(app.box_screen.query_one("#alerts").render())) is hinted

@@ -214,7 +214,7 @@ def test_secrets_in_a_command_never_reach_the_audit_log(tmp_path: Path, workspac
 
 async def test_alerts_and_saved_logs_keep_no_secrets(tmp_path: Path, workspace: Path, isolated_dirs) -> None:
     from samai.console.app import SamaiApp
-    from samai.widgets.dialogs import ConfirmDialog
+    from samai.console.screens.dialogs import ConfirmDialog
     from samai.widgets.logview import LogView
 
     secret = "hf_SecretSecretSecret0123456789"
@@ -232,9 +232,9 @@ async def test_alerts_and_saved_logs_keep_no_secrets(tmp_path: Path, workspace: 
         alert = next(a for a in app.state.alerts if "BAD_THING" in a.text)
         assert "HF_TOKEN=***" in alert.text and "--password ***" in alert.text
         assert not any(secret in a.text or "hunter2pass" in a.text for a in app.state.alerts)
-        assert secret not in str(app.query_one("#alerts").render())
+        assert secret not in str(app.box_screen.query_one("#alerts").render())
 
-        log = app.query_one(LogView)
+        log = app.box_screen.query_one(LogView)
         # shown as it is, on the operator's screen
         await pilot_until(pilot, lambda: any(secret in line for line in log.lines))
         await pilot_until(pilot, lambda: not app.busy)

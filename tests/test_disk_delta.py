@@ -67,7 +67,7 @@ async def test_the_disk_pane_shows_the_last_stages_delta(tmp_path: Path, workspa
     app = SamaiApp(config.load(f))
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot)
-        pane = app.query_one(DiskPane)
+        pane = app.box_screen.query_one(DiskPane)
         assert "blob:" not in str(pane.render())
         # Garbage disk lines first: ignored, the chain's own lines still count.
         garbage = 'echo "SAMAI_DISK end used=5 avail=9 size=1"; echo "SAMAI_DISK start used=[b]x"; '

@@ -24,8 +24,8 @@ from samai.console.core import config, units
 from samai.console.core.budget import disk_budget
 from samai.console.core.detectors import detect
 from samai.console.core.preflight import poison_artifacts, preflight
+from samai.console.screens.dialogs import ConfirmDialog
 from samai.widgets.alerts import AlertsPane
-from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.disk import DiskPane
 from tests.box_tools import stage_argv, stage_env
 from tests.helpers import pilot_until, start_time_of
@@ -276,7 +276,7 @@ async def test_a_failed_fire_stays_in_the_alerts_pane(tmp_path, workspace, port)
         alert = await pilot_until(
             pilot, lambda: next((a for a in app.state.alerts if "cannot reach the server" in a.text), None))
         assert alert.severity == "error" and alert.stage == "eval" and "stage eval failed" in alert.text
-        await pilot_until(pilot, lambda: "cannot reach the server" in str(app.query_one(AlertsPane).render()))
+        await pilot_until(pilot, lambda: "cannot reach the server" in str(app.box_screen.query_one(AlertsPane).render()))
         # It belongs to that run: polls that see the run do not resolve it (the next run will).
         pid = _record(workspace, "eval")["pid"]
         seen = await pilot_until(pilot, lambda: getattr(app.state.snapshot.state("eval"), "pid", None) == pid
@@ -309,7 +309,7 @@ async def test_a_reserve_above_the_free_space_is_an_alert_and_holds_back_only_wr
     async with app.run_test(size=SIZE) as pilot:
         alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "disk_reserve"), None))
         assert alert.severity == "error" and "below the reserve" in alert.text
-        await pilot_until(pilot, lambda: "below the reserve" in str(app.query_one(AlertsPane).render()))
+        await pilot_until(pilot, lambda: "below the reserve" in str(app.box_screen.query_one(AlertsPane).render()))
 
 
 async def test_the_clean_dialog_lists_each_paths_size(tmp_path, workspace, port):
@@ -342,7 +342,7 @@ async def test_the_disk_pane_toggles_the_largest_users(tmp_path, workspace, port
     (workspace / "link").symlink_to("/usr")  # a link is a link: /usr is not walked
     app = SamaiApp(_config(tmp_path, workspace, port))
     async with app.run_test(size=(160, 50)) as pilot:
-        pane = app.query_one(DiskPane)
+        pane = app.box_screen.query_one(DiskPane)
         await pilot_until(pilot, lambda: "out.gguf" not in str(pane.render()) and "gguf" in str(pane.render())
                      and "7.0 KB" in str(pane.render()))
         assert "largest users" not in str(pane.render())

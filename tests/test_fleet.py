@@ -21,10 +21,10 @@ from samai.console.app import SamaiApp
 from samai.console.connect import open_box
 from samai.console.core import config
 from samai.console.core.fleet import DEFAULT_BOX, Fleet, fleet_configs, gather_boxes
-from samai.console.fleet_screen import FleetScreen
+from samai.console.screens.dialogs import HelpScreen
+from samai.console.screens.fleet import FleetScreen
 from samai.remote.model import Snapshot
 from samai.widgets.alerts import AlertsPane
-from samai.widgets.dialogs import HelpScreen
 from samai.widgets.fleet import FleetTable
 from samai.widgets.footer import KeysFooter
 from tests import sshd
@@ -248,7 +248,7 @@ async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: di
         await pilot_until(pilot, lambda: not isinstance(app.screen, FleetScreen) and app.state.snapshot
                           and app.state.snapshot.state("slow"))
         assert app.box_name == "b" and app.config.workspace == str(spaces["b"])
-        assert "b: local" in str(app.query_one("#status").render())
+        assert "b: local" in str(app.box_screen.query_one("#status").render())
         b_box = app.box
 
         # F: back to the fleet, whose rows kept polling meanwhile.
@@ -285,7 +285,7 @@ async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: di
         assert bad.returncode in (0, 1), bad.stderr
         await pilot_until(pilot, lambda: any(a.active and a.stage == "bad" and a.severity == "error"
                                              for a in app.state.alerts))
-        assert "c: stage bad failed rc=3" in str(app.query_one(AlertsPane).render())
+        assert "c: stage bad failed rc=3" in str(app.box_screen.query_one(AlertsPane).render())
         await pilot_until(pilot, lambda: "bad failed" in _cell(table, "c", "alert"))
         assert "connected" not in _cell(table, "hung", "connection")
 
@@ -297,7 +297,7 @@ async def test_one_box_has_no_fleet_key(tmp_path: Path, workspace: Path) -> None
     async with app.run_test(size=(170, 45)) as pilot:
         await pilot.press("F")
         await pilot.pause(0.2)
-        assert not isinstance(app.screen, FleetScreen) and "Fleet" not in str(app.query_one(KeysFooter).render())
+        assert not isinstance(app.screen, FleetScreen) and "Fleet" not in str(app.box_screen.query_one(KeysFooter).render())
         await pilot.press("question_mark")
         help_screen = await pilot_until(pilot, lambda: isinstance(app.screen, HelpScreen) and app.screen)
         table = help_screen.query_one(DataTable)
@@ -342,4 +342,4 @@ async def test_a_poll_that_ends_after_the_screens_are_gone_is_no_crash(tmp_path:
         await pilot.pause()
     assert not app.screen_stack
     app.state.received_at = app.clock() - 3600  # stale: the tick would mark the screen
-    app._tick()
+    app.box_screen.tick()

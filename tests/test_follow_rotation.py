@@ -547,8 +547,8 @@ async def test_the_log_pane_follows_a_rotation_through_the_same_reader(tmp_path:
     log.write_text("a 0\n")
     app = SamaiApp(config.load(f))
     async with app.run_test(size=(140, 45)) as pilot:
-        app.open_stage_log("hello")
-        view = app.query_one(LogView)
+        app.box_screen.open_stage_log("hello")
+        view = app.box_screen.query_one(LogView)
 
         def shown() -> list[str]:
             view.flush_now()

@@ -17,12 +17,12 @@ from textual.widgets import Button, DataTable, Input
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
+from samai.console.screens.dialogs import ConfirmDialog, PathDialog
+from samai.console.screens.gguf import MAX_ROWS, GgufScreen
+from samai.console.screens.gguf_dialogs import AddTensorsDialog, KvEdit, SetKvDialog, editable
 from samai.remote.box.gguf_check import check_file
 from samai.remote.model import GgufHeader, GgufKv, GgufProblem, GgufTensorInfo
 from samai.remote.visible import visible
-from samai.widgets.dialogs import ConfirmDialog, PathDialog
-from samai.widgets.gguf_dialogs import AddTensorsDialog, KvEdit, SetKvDialog, editable
-from samai.widgets.gguf_view import MAX_ROWS, GgufScreen
 from tests.gguf_artifacts import llama_vocab_files
 from tests.helpers import action_layer, collect_toasts, pilot_until
 from tests.httpfiles import FileServer
@@ -482,5 +482,5 @@ async def test_o_on_a_gguf_screen_opens_another_file_where_it_is_seen(tmp_path, 
         dialog = await _shown(pilot, PathDialog, "Input")
         dialog.query_one(Input).value = "notes.log"
         await pilot.press("enter")
-        await pilot_until(pilot, lambda: app.screen is app.default_screen)
-        assert "notes.log" in str(app.query_one("#log").border_title)
+        await pilot_until(pilot, lambda: app.screen is app.box_screen)
+        assert "notes.log" in str(app.box_screen.query_one("#log").border_title)

@@ -365,21 +365,21 @@ async def test_the_console_shows_the_gpus_the_column_the_line_and_the_alerts() -
     now = recording["probe"]["time"]
     app = SamaiApp(replay.recorded_config(recording), poll=False, clock=lambda: now)
     async with app.run_test(size=(160, 48)) as pilot:
-        assert not app.query_one(GpuPane).display  # nothing read yet: no pane
+        assert not app.box_screen.query_one(GpuPane).display  # nothing read yet: no pane
         gpus = reading(recorded("dual_a5000", {A5000_PID: 4250}, utilization=[91, 40]))
         for at in (0, 2):
             followers = app.state.followers()
             snap = replace(replay.recorded_snapshot(recording, followers), time=now + at, gpus=gpus)
             app.show_snapshot(snap, followers)
         await pilot.pause()
-        pane = app.query_one(GpuPane)
+        pane = app.box_screen.query_one(GpuPane)
         assert pane.display and "RTX A5000" in pane.render().plain and "91%" in pane.render().plain
-        table = app.query_one(ProcessPane).table
+        table = app.box_screen.query_one(ProcessPane).table
         assert "gpu" in table.labels
         row = next(cells for key, cells in table.rows if key.startswith("4250:"))
         assert row[0] == "train" and row[table.labels.index("gpu")] == "42G"
-        assert "train 42G GPU" in str(app.query_one(ProcessPane).border_subtitle)
-        line = app.query_one(GpuUtilLine)
+        assert "train 42G GPU" in str(app.box_screen.query_one(ProcessPane).border_subtitle)
+        line = app.box_screen.query_one(GpuUtilLine)
         assert line.display and line.series == [91, 91]
         assert not [a for a in app.state.alerts if a.code.startswith("gpu_")]  # the train stage's own
 

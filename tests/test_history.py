@@ -13,8 +13,8 @@ from rich.text import Text
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.history import MAX_RUNS, RunHistory
+from samai.console.screens.dialogs import ConfirmDialog, RunsScreen
 from samai.remote.model import Marker
-from samai.widgets.dialogs import ConfirmDialog, RunsScreen
 from tests.helpers import pilot_until
 
 MARKERS = (Marker("DONE", "DONE"), Marker("BAD", "^BAD", "error"), Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+"))

@@ -19,8 +19,8 @@ from textual.widgets import Button, DataTable, OptionList
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
+from samai.console.screens.dialogs import ConfirmDialog, HelpScreen, PathDialog
 from samai.remote.visible import visible
-from samai.widgets.dialogs import ConfirmDialog, HelpScreen, PathDialog
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessDetail, ProcessPane
 from tests.helpers import pilot_until
@@ -87,8 +87,8 @@ async def test_shared_writer_alert_on_a_markup_file_name_is_shown_literally(tmp_
         alert = await _until(pilot, lambda: next((a for a in app.state.alerts if a.code == "shared_writer"), None))
         shown_path = visible(str(target))
         assert str(target) in alert.text
-        pane = await _until(pilot, lambda: shown_path in _plain(app.query_one("#alerts"))
-                            and _plain(app.query_one("#alerts")))
+        pane = await _until(pilot, lambda: shown_path in _plain(app.box_screen.query_one("#alerts"))
+                            and _plain(app.box_screen.query_one("#alerts")))
         _assert_inert(pane)
         toast = await _until(pilot, lambda: next((t for t in _toasts(app) if shown_path in t), None))
         _assert_inert(toast)
@@ -175,7 +175,7 @@ async def test_a_process_with_markup_and_escapes_in_its_argv_is_shown_literally(
     victim = spawn(sys.executable, "-c", "import time; time.sleep(60)", MARKUP, OSC)
     app = SamaiApp(_config(tmp_path, workspace))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        pane = app.query_one(ProcessPane)
+        pane = app.box_screen.query_one(ProcessPane)
         key = await _until(pilot, lambda: next((k for k, _ in pane.table.rows if k.startswith(f"{victim.pid}:")),
                                                None))
         pane.table.focus()
@@ -213,14 +213,14 @@ async def test_log_lines_markers_and_a_markup_file_name_are_shown_literally(tmp_
     opened.write_text(f"first {HOSTILE}\nsecond [/x]\n")
     app = SamaiApp(_config(tmp_path, workspace, stages))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        view = app.query_one(LogView)
+        view = app.box_screen.query_one(LogView)
         # The stage log's marker: the stages bar, the alerts pane and an error toast.
         await _until(pilot, lambda: any(a.text.startswith("hello: BAD") for a in app.state.alerts))
-        stages_bar = await _until(pilot, lambda: "BAD" in _plain(app.query_one("#stages"))
-                                  and _plain(app.query_one("#stages")))
+        stages_bar = await _until(pilot, lambda: "BAD" in _plain(app.box_screen.query_one("#stages"))
+                                  and _plain(app.box_screen.query_one("#stages")))
         assert visible(f"BAD {HOSTILE}")[:32] in stages_bar
         _assert_inert(stages_bar)
-        alerts = _plain(app.query_one("#alerts"))
+        alerts = _plain(app.box_screen.query_one("#alerts"))
         assert f"BAD {SHOWN}" in alerts
         _assert_inert(alerts)
         toast = await _until(pilot, lambda: next((t for t in _toasts(app) if "BAD" in t), None))
@@ -246,7 +246,7 @@ async def test_an_eval_run_named_with_markup_is_shown_literally(tmp_path, worksp
     (run / "summary.json").write_text(json.dumps({"n": 10, "accuracy": 0.5}))
     app = SamaiApp(_config(tmp_path, workspace))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        table = app.query_one("#evals", DataTable)
+        table = app.box_screen.query_one("#evals", DataTable)
         await _until(pilot, lambda: table.row_count)
         await pilot.pause(0.3)
         name = str(table.get_cell_at((0, 0)))
@@ -260,8 +260,8 @@ async def test_a_probe_error_with_markup_is_shown_literally_in_the_status_bar(tm
     broken.chmod(0o755)
     app = SamaiApp(_config(tmp_path, workspace, python=str(broken)))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        status = await _until(pilot, lambda: app.connection.error and "[/x]" in _plain(app.query_one("#status"))
-                              and _plain(app.query_one("#status")))
+        status = await _until(pilot, lambda: app.connection.error and "[/x]" in _plain(app.box_screen.query_one("#status"))
+                              and _plain(app.box_screen.query_one("#status")))
         assert MARKUP[:40] in status
         _assert_inert(status)
         assert app.is_running

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
+from samai.console.screens.gguf import kv_cells, tensor_cells
 from samai.remote.model import GgufKv, GgufTensorInfo, Gpu
 from samai.remote.visible import visible
-from samai.widgets.gguf_view import kv_cells, tensor_cells
 from samai.widgets.gpus import gpu_row
 from samai.widgets.logview.buffer import clean_line
 from tests.helpers import pilot_until

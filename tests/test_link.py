@@ -127,7 +127,7 @@ def test_the_cli_tail_follow_rides_out_a_blackhole_and_a_reset_over_a_slow_link(
 
 
 def _numbered(app: SamaiApp) -> list[str]:
-    return [line for line in app.query_one(LogView).lines if line.startswith("line ")]
+    return [line for line in app.box_screen.query_one(LogView).lines if line.startswith("line ")]
 
 
 async def test_the_tui_log_pane_loses_and_repeats_no_line_through_an_outage(server, ssh_home, link,

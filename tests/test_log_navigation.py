@@ -13,9 +13,9 @@ from textual.widgets import Input, OptionList, Static
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
+from samai.console.screens.dialogs import LogPicker, PathDialog
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import Listing
-from samai.widgets.dialogs import LogPicker, PathDialog
 from samai.widgets.logview import LogView
 from samai.widgets.logview.history import LogHistory, ShownLog
 from samai.widgets.path_completion import complete
@@ -53,7 +53,7 @@ def _rows(view: LogView) -> list[str]:
 
 
 def _title(app: SamaiApp) -> str:
-    return str(app.query_one(LogView).border_title)
+    return str(app.box_screen.query_one(LogView).border_title)
 
 
 async def test_the_log_pane_has_focus_at_start_so_slash_filters_the_log(tmp_path, workspace):
@@ -61,7 +61,7 @@ async def test_the_log_pane_has_focus_at_start_so_slash_filters_the_log(tmp_path
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: isinstance(app.focused, LogView))
         await pilot.press("slash")
-        view = app.query_one(LogView)
+        view = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: isinstance(app.focused, Input) and app.focused.parent is view)
 
 
@@ -69,7 +69,7 @@ async def test_the_log_pane_has_focus_at_start_so_slash_filters_the_log(tmp_path
 async def test_a_stage_log_not_written_yet_says_which_key_writes_it_whole(tmp_path, workspace, readonly):
     app = _app(tmp_path, workspace, readonly=readonly)
     async with app.run_test(size=(60, 45)) as pilot:  # narrow: the notice is longer than the pane
-        view = app.query_one(LogView)
+        view = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: len(view.lines))
         notice = view.lines[0]
         if readonly:
@@ -87,7 +87,7 @@ async def test_a_missing_file_opened_by_path_is_said_as_such(tmp_path, workspace
         await pilot.press("o")
         await pilot_until(pilot, lambda: isinstance(app.screen, PathDialog))
         await pilot.press(*"nope.log", "enter")
-        view = app.query_one(LogView)
+        view = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: len(view.lines))
         assert view.lines[0] == f"No such file on the box: {workspace}/nope.log"
 
@@ -101,7 +101,7 @@ async def test_any_file_opened_by_path_marks_its_alarms_and_n_reaches_them(tmp_p
         await pilot.press("o")
         await pilot_until(pilot, lambda: isinstance(app.screen, PathDialog))
         await pilot.press(*"any.log", "enter")
-        view = app.query_one(LogView)
+        view = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: len(view.lines) == 6)
         assert view.marker_lines == [1, 3, 4]
         await pilot.press("g", "n")
@@ -149,7 +149,7 @@ async def test_brackets_go_back_and_forward_between_the_logs_shown(tmp_path, wor
         await pilot_until(pilot, lambda: app.state.shown_stage == "hello")
         await pilot.press("right_square_bracket", "right_square_bracket")
         await pilot_until(pilot, lambda: "a.log" in _title(app) and app.state.shown_stage is None)
-        view = app.query_one(LogView)
+        view = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: list(view.lines) == ["from a"])
 
 
@@ -161,7 +161,7 @@ async def test_Y_copies_the_current_line_as_text(tmp_path, workspace):
         await pilot.press("o")
         await pilot_until(pilot, lambda: isinstance(app.screen, PathDialog))
         await pilot.press(*"c.log", "enter")
-        view = app.query_one(LogView)
+        view = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: len(view.lines) == 3)
         await pilot.press("Y")  # following: the newest line
         assert app.clipboard == "last"

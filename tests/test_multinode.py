@@ -385,7 +385,7 @@ async def test_a_node_relaunched_by_someone_else_is_not_this_run(tmp_path: Path)
 
 async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialog(tmp_path: Path) -> None:
     from samai.console.app import SamaiApp
-    from samai.widgets.dialogs import ConfirmDialog
+    from samai.console.screens.dialogs import ConfirmDialog
     from tests.helpers import collect_toasts, pilot_until
 
     cfg = _local_fleet(tmp_path, sshd.free_port())
@@ -404,15 +404,15 @@ async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialo
 
         alert = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None), "the alert")
         assert alert.text.startswith("rank 1 on box b died at step 140 (failed); ranks on a will hang")
-        assert str(app.query_one("#curves").border_title) == "training · train: a alive · b down"
+        assert str(app.box_screen.query_one("#curves").border_title) == "training · train: a alive · b down"
         await pilot.pause(1.0)  # (a few more readings of the nodes)
         assert [a.code for a in app.state.alerts].count("rank_died") == 1  # raised once
 
         app.open_box_screen("b")  # the dead node's own screen says it as well
         await until(lambda: app.box_name == "b" and app.state.snapshot is not None, "b's screen")
         again = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None), "b's alert")
-        assert again.text == alert.text and "b: rank 1 on box b died" in str(app.query_one("#alerts").render())
-        curves = app.query_one("#curves")
+        assert again.text == alert.text and "b: rank 1 on box b died" in str(app.box_screen.query_one("#alerts").render())
+        curves = app.box_screen.query_one("#curves")
         await pilot.press("x")
         dialog = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the dialog")
         assert dialog.plan.subject == "stage train on every node (a, b)" and dialog.plan.action == "stop"
@@ -507,14 +507,14 @@ async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tm
     try:
         async with app.run_test(size=(170, 45)) as pilot:
             def losses() -> list[float | None]:
-                return [p.loss for p in app.query_one(CurvesPane).points]
+                return [p.loss for p in app.box_screen.query_one(CurvesPane).points]
 
             await pilot_until(pilot, lambda: losses() == TRAINER_LOSSES, timeout=60)
             (tmp_path / "a" / "more").touch()
             await pilot_until(pilot, lambda: app.state.trainlog.parser.points)  # a's own point was read...
             await pilot.pause(1.0)  # (a few more polls)
             assert losses() == TRAINER_LOSSES  # ...and is not on show
-            assert str(app.query_one(CurvesPane).border_title) == "training · train: a alive · b alive · rank 0 on b"
+            assert str(app.box_screen.query_one(CurvesPane).border_title) == "training · train: a alive · b alive · rank 0 on b"
 
             # Rank 0's loss goes NaN: an alert on a's screen too, whose fix stops every node.
             with (tmp_path / "b" / "logs" / "train.log").open("a") as log:
@@ -755,9 +755,9 @@ async def test_torchrun_across_two_ssh_boxes_from_the_command_line_then_one_rank
 async def test_torchrun_across_two_ssh_boxes_from_the_stage_key_with_rank_zeros_curve_then_x_stops_all(
         two_servers, trained_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from samai.console.app import SamaiApp
+    from samai.console.screens.dialogs import ConfirmDialog
     from samai.widgets.alerts import AlertsPane
     from samai.widgets.curves import CurvesPane
-    from samai.widgets.dialogs import ConfirmDialog
     from tests.helpers import collect_toasts, pilot_until
 
     cfg = config.load(_ssh_fleet(two_servers, tmp_path, trained_inputs, monkeypatch))
@@ -788,7 +788,7 @@ async def test_torchrun_across_two_ssh_boxes_from_the_stage_key_with_rank_zeros_
             run = await until(lambda: load_run(cfg, "train"), "the run's record", 120)
 
             # Rank 0's curve on a's screen, read from whichever node the rendezvous made rank 0.
-            curves = app.query_one(CurvesPane)
+            curves = app.box_screen.query_one(CurvesPane)
             await until(lambda: len(curves.points) >= 3, "rank 0's points")
             both = "training · train: a alive · b alive · rank 0 on "  # waited for: under load a node may read
             title = await until(lambda: str(curves.border_title).startswith(both) and str(curves.border_title),
@@ -800,7 +800,7 @@ async def test_torchrun_across_two_ssh_boxes_from_the_stage_key_with_rank_zeros_
             alert = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died" and a.active),
                                              None), "the dead-rank alert", 120)
             assert alert.text.startswith(f"rank {rank_in_log(_log(ws_b))} on box b died at step "), alert.text
-            assert "a: rank " in str(app.query_one(AlertsPane).render())  # the alert names the box it is shown on
+            assert "a: rank " in str(app.box_screen.query_one(AlertsPane).render())  # the alert names the box it is shown on
             await pilot.press("x")
             stop = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the stop dialog", 60)
             assert stop.plan.action == "stop" and stop.plan.subject == "stage train on every node (a, b)"

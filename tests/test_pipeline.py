@@ -483,7 +483,7 @@ async def _until_listening(port: int, timeout: float = 10) -> None:
 
 
 def _bar(app) -> str:
-    return str(app.query_one("#stages").render())
+    return str(app.box_screen.query_one("#stages").render())
 
 
 def _ended(app, stage: str):
@@ -494,7 +494,7 @@ def _ended(app, stage: str):
 
 async def _dialog(pilot, app, key: str):
     """Press a key and wait for the confirmation dialog it opens (Cancel focused)."""
-    from samai.widgets.dialogs import ConfirmDialog
+    from samai.console.screens.dialogs import ConfirmDialog
     from tests.helpers import pilot_until
 
     await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, ConfirmDialog))
@@ -552,7 +552,7 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.active
                                                         and a.code == "hidden_nan"), None))
         assert alert.action == FixAction.restart("train") and "l log" in alert.hint
-        assert "TRAIN_NAN" in str(app.query_one("#alerts").render())
+        assert "TRAIN_NAN" in str(app.box_screen.query_one("#alerts").render())
         assert not (pipeline_ws / "runs" / "train" / "final").exists()
 
         # 2. Merge is refused: the dialog names the training log's finding; the operator cancels.
@@ -567,7 +567,7 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         # that clears the diverged run's TRAIN_NAN before it fires again.
         flags.write_text("\n")
         await pilot.press("l")
-        assert app.state.shown_stage == "train" and "log · train" in str(app.query_one(LogView).border_title)
+        assert app.state.shown_stage == "train" and "log · train" in str(app.box_screen.query_one(LogView).border_title)
         restart = await _dialog(pilot, app, "r")
         assert restart.plan.action == "restart" and "runs/train/TRAIN_NAN" in restart.plan.paths
         diverged = app.state.runs["train"]
@@ -575,12 +575,12 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         await pilot_until(pilot, lambda: app.state.runs.get("train") != diverged)
         # The new run starts clean: no marker, curve or log line of the diverged run on screen.
         await pilot_until(pilot, lambda: "train ● running" in _bar(app))
-        log = app.query_one(LogView)
+        log = app.box_screen.query_one(LogView)
         assert "TRAIN_NAN" not in _bar(app), _bar(app)
         assert not any("TRAIN_NAN" in line for line in log.lines), list(log.lines)[-20:]
         rec = await pilot_until(pilot, lambda: _ended(app, "train"), timeout=600)
         assert rec.rc == 0, _log_of(app, "train")[-3000:]
-        curve = app.query_one(CurvesPane).points  # the healthy run's steps alone, none of the diverged one's
+        curve = app.box_screen.query_one(CurvesPane).points  # the healthy run's steps alone, none of the diverged one's
         assert curve and not any(p.hidden_nan or not math.isfinite(p.grad_norm or 0.0) for p in curve)
         assert [p.step for p in curve] == sorted({p.step for p in curve})
         assert (pipeline_ws / "runs" / "train" / "TRAIN_DONE").exists()
@@ -622,7 +622,7 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
         assert json.loads(summary.read_text())["accuracy"] >= 0.9
         await pilot_until(pilot, lambda: app.state.eval_checked and app.state.eval_checked[1] is not None)
         assert app.state.eval_checked[1].problems == ()  # check eval on its items, as the console did
-        evals = app.query_one(EvalTable)  # the eval pane shows the run
+        evals = app.box_screen.query_one(EvalTable)  # the eval pane shows the run
         await pilot_until(pilot, lambda: evals.row_count == 1)
         assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]
 

@@ -118,7 +118,7 @@ def test_the_train_stage_judges_how_a_run_ended() -> None:
 
 
 def _bar_of(app) -> str:
-    return str(app.query_one("#stages").render())
+    return str(app.box_screen.query_one("#stages").render())
 
 
 async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_holds_the_last_run_only(workspace):
@@ -133,7 +133,7 @@ async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_ho
     log = workspace / cfg.stage("train").log
     app = SamaiApp(cfg)
     async with app.run_test(size=(160, 45)) as pilot:
-        curve = app.query_one(CurvesPane)
+        curve = app.box_screen.query_one(CurvesPane)
         await pilot_until(pilot, lambda: len(curve.points) == 40 and "merge" in _bar_of(app))
         await pilot.pause(0.6)
         assert len(curve.points) == 40 and curve.points[0].loss == 3.5  # the healthy run, from its first step

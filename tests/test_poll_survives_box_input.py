@@ -226,7 +226,7 @@ async def test_the_tui_shows_the_box_whatever_its_files_hold(tiny, workspace) ->
     said: list[str] = []
     async with app.run_test(size=(160, 50)) as pilot:
         app.notify = lambda message, **kw: said.append(message)  # type: ignore[method-assign]
-        table = app.query_one(EvalTable)
+        table = app.box_screen.query_one(EvalTable)
         await pilot_until(pilot, lambda: table.row_count == 1, 60)  # the readable run, from the first poll on
         assert app.connection.state == "connected"
         unreadable = await pilot_until(pilot, lambda: [a for a in app.state.alerts if a.code == "unreadable_summary"])
@@ -236,11 +236,11 @@ async def test_the_tui_shows_the_box_whatever_its_files_hold(tiny, workspace) ->
         # and the panes go on updating: a new run, and new lines of the log on show
         (workspace / "runs" / "eval" / "later").mkdir()
         (workspace / "runs" / "eval" / "later" / "summary.json").write_text('{"n": 8, "accuracy": 1.0}')
-        app.open_stage_log("train")
+        app.box_screen.open_stage_log("train")
         with (workspace / "logs" / "train.log").open("a") as f:
             f.write("the line after the hostile ones\n")
         await pilot_until(pilot, lambda: table.row_count == 2, 60)
-        log = app.query_one(LogView)
+        log = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: any("the line after the hostile ones" in line for line in log.lines), 60)
         assert app.is_running and app.connection.state == "connected"
         assert not [m for m in said if "internal error" in m or "failed" in m], said
@@ -265,7 +265,7 @@ async def test_the_panes_show_any_snapshot_and_the_next_real_one(tiny) -> None:
         followers = app.state.followers()
         app.show_snapshot(await box.snapshot(**app.state.request(followers)), followers)
         await pilot.pause()
-        assert app.query_one(EvalTable).row_count == 1
+        assert app.box_screen.query_one(EvalTable).row_count == 1
         assert not [m for m in errors if "internal error" in m], errors
     await box.close()
 

@@ -16,9 +16,9 @@ from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_PATTERN, Progress, latest, parse_line
 from samai.console.core.state import StageView
+from samai.console.screens.dialogs import ConfirmDialog
 from samai.remote.box.markers import Markers, marker_hits
 from samai.remote.visible import visible
-from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.logview import LogView
 from samai.widgets.stages import stage_item
 from tests.helpers import pilot_until
@@ -144,7 +144,7 @@ echo 'FETCH_DONE'
 
 
 def _bar(app: SamaiApp) -> str:
-    return str(app.query_one("#stages").render())
+    return str(app.box_screen.query_one("#stages").render())
 
 
 async def test_the_stages_bar_shows_a_running_stages_progress_and_drops_it_when_done(tmp_path: Path,
@@ -162,7 +162,7 @@ async def test_the_stages_bar_shows_a_running_stages_progress_and_drops_it_when_
         (workspace / "next").touch()
         await pilot_until(pilot, lambda: "12/80 15% · 17s left" in _bar(app))
         assert "base.bin" not in _bar(app)  # the newest reading only
-        log = app.query_one(LogView)  # the shown stage's log pane says it too
+        log = app.box_screen.query_one(LogView)  # the shown stage's log pane says it too
         await pilot_until(pilot, lambda: str(log.border_title).startswith("log · fetch · 12/80 15%"))
         assert not any("12/80" in a.text for a in app.state.alerts)  # progress is neither an alert
         (workspace / "last").touch()

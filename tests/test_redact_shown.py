@@ -12,8 +12,8 @@ from textual.widgets import Static
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
-from samai.console.fleet_screen import FleetScreen
-from samai.widgets.dialogs import ConfirmDialog, KillDialog
+from samai.console.screens.dialogs import ConfirmDialog, KillDialog
+from samai.console.screens.fleet import FleetScreen
 from samai.widgets.processes import ProcessDetail, ProcessPane
 from tests.helpers import pilot_until, run_cli
 from tests.test_redact_shapes import SECRET_COMMANDS, SECRETS, secret_stage_toml
@@ -57,13 +57,13 @@ async def test_a_process_whose_command_line_holds_secrets_is_shown_without_them(
     app = _app(tmp_path, workspace)
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
-        pane = app.query_one(ProcessPane)
+        pane = app.box_screen.query_one(ProcessPane)
         pane.table.focus()
         await pilot.press("slash")
         await pilot.press(*"sleep\\(60\\.75", "enter")
         await pilot_until(pilot, lambda: pane.selected() and pane.selected().pid == victim.pid)
         (row,) = [cells for key, cells in pane.table.rows]
-        detail = str(app.query_one(ProcessDetail).render())
+        detail = str(app.box_screen.query_one(ProcessDetail).render())
         assert "--token ***" in row[-1] and "--token ***" in detail
         assert _leaked(" ".join(row) + detail) == [] and "Pr0cT0kenSecret" not in " ".join(row) + detail
 

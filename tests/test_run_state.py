@@ -15,8 +15,8 @@ import psutil
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
+from samai.console.screens.dialogs import ConfirmDialog
 from samai.widgets.curves import CurvesPane
-from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.logview import LogView
 from tests.helpers import collect_toasts, pilot_until, run_cli, wait_for
 
@@ -50,7 +50,7 @@ def _plain(widget) -> str:
 
 
 def _bar(app: SamaiApp) -> str:
-    return _plain(app.query_one("#stages"))
+    return _plain(app.box_screen.query_one("#stages"))
 
 
 async def _fire_in_tui(pilot, app: SamaiApp, key: str) -> None:
@@ -83,21 +83,21 @@ markers = [{ name = "FIRST_DONE" }]
         await pilot_until(pilot, lambda: app.state.snapshot)
         await _fire_in_tui(pilot, app, "t")
         await pilot_until(pilot, lambda: "done" in _bar(app) and "CHAIN_DONE rc=0" in _bar(app))
-        await pilot_until(pilot, lambda: len(app.query_one(CurvesPane).points) == 3)
+        await pilot_until(pilot, lambda: len(app.box_screen.query_one(CurvesPane).points) == 3)
         first = json.loads((workspace / ".samai" / "state" / "train.json").read_text())["fired_at"]
 
         # The second run: one step far above the first run's losses, then it runs on without a marker.
         script.write_text(f'echo "{STEP.format(loss=500.0)}"\nsleep 30\n')
         await _fire_in_tui(pilot, app, "t")
         await pilot_until(pilot, lambda: app.state.runs.get("train", (first,))[0] != first)
-        curve = app.query_one(CurvesPane)
+        curve = app.box_screen.query_one(CurvesPane)
         await pilot_until(pilot, lambda: [p.loss for p in curve.points] == [500.0])
         await pilot_until(pilot, lambda: "running" in _bar(app))
         await pilot.pause(1.0)  # a few polls: nothing of the first run comes back
         bar = _bar(app)
         assert "running" in bar and "CHAIN_DONE" not in bar and "FIRST_DONE" not in bar
         assert [p.loss for p in curve.points] == [500.0]
-        shown = "\n".join(app.query_one(LogView).lines)  # the log pane starts again with the new run's file
+        shown = "\n".join(app.box_screen.query_one(LogView).lines)  # the log pane starts again with the new run's file
         assert "FIRST_DONE" not in shown and "a new run of train started" in shown and "train.log.1" in shown
         assert not [a.text for a in app.state.alerts if "jump" in a.text or "spike" in a.code]
         previous = app.state.previous["train"]  # the earlier run is kept as history
@@ -122,7 +122,7 @@ command = "echo serve line one; echo serve line two; sleep 30"
     assert run_cli("--config", str(tmp_path / "run-state.toml"), "fire", "serve", "--yes").returncode == 0
     app = SamaiApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
-        log = app.query_one(LogView)
+        log = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: app.state.shown_stage == "serve" and "serve line two" in "\n".join(log.lines))
         await pilot.pause(0.6)  # a few more polls
         assert "log · serve" in str(log.border_title)
@@ -146,7 +146,7 @@ ports = [{port}]
 """))
     async with app.run_test(size=SIZE) as pilot:
         notes = collect_toasts(app)
-        pane = app.query_one("#alerts")
+        pane = app.box_screen.query_one("#alerts")
         alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "stale_server"), None))
         assert alert.active and "1 warning" in str(pane.border_subtitle)
 
@@ -198,7 +198,7 @@ async def test_no_poison_alert_after_a_good_train_and_restart_says_in_red_what_i
         await pilot_until(pilot, sized)
         await pilot.pause(0.6)
         assert not [a for a in app.state.alerts if a.code == "poison_files"]
-        assert "earlier run" not in _plain(app.query_one("#alerts"))
+        assert "earlier run" not in _plain(app.box_screen.query_one("#alerts"))
 
         await pilot.press("r")  # restart train: its preflight clears final/, which merge needs
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
@@ -266,10 +266,10 @@ markers = [{{ name = "SERVING" }}]
         died = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if "died" in a.text), None))
         assert died.text.startswith("stage serve: pid ") and "died (rc=137): SERVING on" in died.text
         assert died.stage == "serve" and "l log" in died.hint
-        assert "died (rc=137)" in _plain(app.query_one("#alerts"))
+        assert "died (rc=137)" in _plain(app.box_screen.query_one("#alerts"))
 
         await pilot.press("l")  # the alert's log: serve's, not the next stage's (provision)
-        log = app.query_one(LogView)
+        log = app.box_screen.query_one(LogView)
         assert app.state.shown_stage == "serve" and "log · serve" in str(log.border_title)
         await pilot_until(pilot, lambda: "SERVING on" in "\n".join(log.lines))
         await pilot.press("l")  # after that, `l` goes on to the next stage's log as before

@@ -64,7 +64,7 @@ async def test_the_command_takes_the_rest_of_the_processes_pane(size) -> None:
     async with app.run_test(size=size) as pilot:
         replay.show(app, RECORDING)
         await pilot.pause()
-        pane = app.query_one(ProcessPane)
+        pane = app.box_screen.query_one(ProcessPane)
         lines = _pane_lines(screen_text(app, size[0]), "processes & ports")
         header = lines[0]
         assert header.split() == (["stage", "pid", "user", "cpu%", "rss", "age", "ports", "command"]
@@ -89,7 +89,7 @@ async def test_the_narrowest_layout_scrolls_sideways_and_keeps_the_command_its_m
     async with app.run_test(size=(80, 40)) as pilot:
         replay.show(app, RECORDING)
         await pilot.pause()
-        table = app.query_one(ProcessPane).table
+        table = app.box_screen.query_one(ProcessPane).table
         shown, command = table.columns(table.scrollable_content_region.width)
         assert "user" not in [table.labels[i] for i in shown] and command >= 12
 
@@ -104,11 +104,11 @@ async def test_no_stage_is_cut_across_two_lines_and_the_running_one_stands_out(s
         replay.show(app, RECORDING)
         await pilot.pause()
         lines = screen_text(app, size[0])
-        bar = "\n".join(lines[3:3 + app.query_one(StagesBar).size.height])
+        bar = "\n".join(lines[3:3 + app.box_screen.query_one(StagesBar).size.height])
         for stage in app.config.stages:
             status = RECORDING_STATUS.get(stage.name, "blocked")
             assert f"[{stage.key}] {stage.name} {STATUS_STYLE[status][0]} {status}" in bar, (stage.name, bar)
-        rendered = app.query_one(StagesBar).render()
+        rendered = app.box_screen.query_one(StagesBar).render()
         running = rendered.plain.index("[3] train")
         backgrounds = {span.style for span in rendered.spans if span.start <= running < span.end}
         assert any("on $primary" in str(style) for style in backgrounds)
@@ -122,7 +122,7 @@ async def test_the_stages_bar_flows_again_when_the_terminal_is_resized() -> None
     async with app.run_test(size=(160, 48)) as pilot:
         replay.show(app, RECORDING)
         await pilot.pause()
-        bar = app.query_one(StagesBar)
+        bar = app.box_screen.query_one(StagesBar)
         assert bar.size.height == 2
         await pilot.resize_terminal(90, 40)
         await pilot_until(pilot, lambda: bar.size.height == 3)
@@ -176,7 +176,7 @@ async def test_the_stages_bar_repaints_only_on_change_and_lays_out_only_when_its
     async with app.run_test(size=(160, 48)) as pilot:
         replay.show(app, RECORDING)
         await pilot.pause()
-        bar = app.query_one(StagesBar)
+        bar = app.box_screen.query_one(StagesBar)
         views = [StageView(s.name, s.key, "idle", None, None, None, None) for s in app.config.stages]
         bar.show(views, NOW)
         await pilot.pause()
@@ -201,7 +201,7 @@ async def test_at_120x40_the_processes_pane_keeps_rows_for_processes() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         replay.show(app, recording)
         await pilot.pause()
-        table = app.query_one(ProcessTable)
+        table = app.box_screen.query_one(ProcessTable)
         assert len(table.rows) == 6
         assert table.size.height >= 1 + 6, table.size  # the header line and every row
 
@@ -232,7 +232,7 @@ async def test_the_first_snapshot_after_connecting_says_connect_time_not_rtt(tmp
     f.write_text(f'[target]\npoll_interval = 0.2\n[workspace]\npath = "{workspace}"\n')
     app = SamaiApp(config.load(f))
     async with app.run_test(size=(160, 45)) as pilot:
-        bar = app.query_one(StatusBar)
+        bar = app.box_screen.query_one(StatusBar)
         await pilot_until(pilot, lambda: app.state.snapshot)
         first = app.connection
         assert first.rtt is None and first.connect_s is not None

@@ -8,7 +8,8 @@ from samai.console import replay
 from samai.console.app import SamaiApp
 from samai.console.core.actions import ActionPlan, kill_plans
 from samai.console.core.preflight import preflight
-from samai.widgets.dialogs import ConfirmDialog, KillDialog
+from samai.console.screens.dialogs import ConfirmDialog, KillDialog
+from tests.helpers import pilot_until
 
 RECORDING = replay.load(Path(__file__).parent / "data" / "recorded_box.json")
 NOW = RECORDING["probe"]["time"]
@@ -20,6 +21,8 @@ def _app(theme: str = "samai-dark") -> SamaiApp:
 
 
 async def _replay(pilot) -> None:
+    await pilot_until(pilot, lambda: pilot.app.screen is pilot.app.box_screen)  # pushed
+    await pilot.pause()  # and its panes mounted
     replay.show(pilot.app, RECORDING)
     await pilot.pause()
 

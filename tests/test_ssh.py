@@ -238,7 +238,7 @@ async def test_the_tui_over_ssh(server, ssh_home, workspace, spawn) -> None:
             await pilot.pause(0.1)
         assert app.state.snapshot.process(victim.pid)
         assert app.connection.state == "connected"
-        assert server.url() in str(app.query_one("#status").render())
+        assert server.url() in str(app.box_screen.query_one("#status").render())
 
 
 def test_the_cli_over_ssh(server, ssh_home, workspace) -> None:

@@ -25,7 +25,7 @@ SamaiApp(cfg, poll=False)
 print(json.dumps(sorted(sys.modules)))
 """
 NOT_BEFORE_FIRST_PAINT = ("asyncssh", "httpx", "psutil", "samai.remote.ssh", "samai.remote.envelope",
-                          "samai.console.core.actions", "samai.console.core.checks", "samai.widgets.dialogs",
+                          "samai.console.core.actions", "samai.console.core.checks", "samai.console.screens.dialogs",
                           "textual_plotext", "plotext")
 
 

@@ -310,7 +310,7 @@ async def test_the_tui_raises_it_and_x_uninstalls_through_the_confirmation(tmp_p
     """At connect the console reads the training environments; torchao beside peft is an alert whose
     fix (x) shows the exact pip command, removes torchao once confirmed, and the alert resolves."""
     from samai.console.app import SamaiApp
-    from samai.widgets.dialogs import ConfirmDialog
+    from samai.console.screens.dialogs import ConfirmDialog
     from tests.helpers import pilot_until
 
     venv = _venv(workspace, pip=True)

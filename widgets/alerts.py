@@ -4,11 +4,12 @@ condition has gone, dimmed with when they resolved, each with the key that deals
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from textual.content import Content
 from textual.widgets import Static
 
-from samai.console.core.state import Alert
+from samai.console.core.state import Alert, StateUpdate
 from samai.remote.visible import visible
 
 STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}
@@ -26,15 +27,23 @@ class AlertsPane(Static):
 
     DEFAULT_CSS = "AlertsPane { height: 1fr; padding: 0 1; overflow-y: auto; }"
 
-    def __init__(self, *, readonly: bool = False, id: str | None = None) -> None:
+    def __init__(self, *, readonly: bool = False, box_name: str | None = None, id: str | None = None) -> None:
+        """box_name: with several boxes, each alert says whose box it is about."""
         super().__init__(id=id)
         self.readonly = readonly
+        self.box_name = box_name
+
+    def show_update(self, update: StateUpdate) -> None:
+        if update.alerts_changed:
+            self.show(update.alerts)
 
     def _hint(self, alert: Alert) -> str:
         parts = alert.hint.split(" · ") if alert.hint else []
         return " · ".join(p for p in parts if not self.readonly or p.startswith(READONLY_HINTS))
 
     def show(self, alerts: list[Alert]) -> None:
+        if self.box_name:
+            alerts = [replace(a, text=f"{self.box_name}: {a.text}") for a in alerts]
         active = [a for a in alerts if a.active]
         resolved = [a for a in alerts if not a.active]
         self.border_subtitle = _count(active, resolved)

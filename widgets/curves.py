@@ -13,6 +13,7 @@ from textual.containers import Container
 from textual.content import Content
 from textual.widget import Widget
 
+from samai.console.core.state import StateUpdate
 from samai.console.core.trainlog import TrainPoint
 
 if TYPE_CHECKING:
@@ -73,6 +74,12 @@ class CurvesPane(Container):
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._mount_plot)
+
+    def show_update(self, update: StateUpdate) -> None:
+        if update.curve_reset:
+            self.reset()  # a new training run: its curve alone
+        self.add(update.new_points)
+        self.show_gpu_util(update.gpu_utilization)
 
     def show_gpu_util(self, series: list[float | None]) -> None:
         """The GPUs' mean utilization by poll, oldest first (empty: no GPU, the line is hidden)."""

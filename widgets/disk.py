@@ -11,6 +11,7 @@ from textual.message import Message
 from samai.console.core import units
 from samai.console.core.budget import DiskBudget, Projection
 from samai.console.core.diskdelta import DiskDelta
+from samai.console.core.state import StateUpdate
 from samai.remote.model import DiskUsers
 from samai.remote.visible import visible
 from samai.widgets.pane import Pane
@@ -51,6 +52,9 @@ class DiskPane(Pane):
 
     def on_click(self) -> None:
         self.toggle_largest()
+
+    def show_update(self, update: StateUpdate) -> None:
+        self.show(update.budget, update.projection, update.disk_delta)
 
     def show_users(self, users: DiskUsers | str, measured_at: float) -> None:
         """A measure of the workspace's largest users (or why it failed), shown while `largest`."""

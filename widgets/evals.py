@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from samai.console.core.evalruns import EvalRun
+from samai.console.core.state import StateUpdate
 from samai.remote.visible import visible
 from samai.widgets.pane import set_subtitle
 
@@ -18,6 +19,9 @@ class EvalTable(DataTable):
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.add_columns("run", "n", "accuracy", "empty", "truncated")
+
+    def show_update(self, update: StateUpdate) -> None:
+        self.show(update.evals)
 
     def show(self, runs: list[EvalRun]) -> None:
         if runs == self._runs:

@@ -6,12 +6,12 @@ literal rich Text with its control characters as stand-ins."""
 from __future__ import annotations
 
 from rich.text import Text
-from textual.binding import Binding
 from textual.widgets import DataTable
 
 from samai.console.core import units
 from samai.console.core.fleet import BoxRow
 from samai.remote.visible import visible
+from samai.widgets.keys import bindings
 
 COLUMNS = (("box", "box"), ("connection", "connection"), ("rtt", "rtt"), ("running", "running"),
            ("disk", "disk used / peak"), ("gpu", "GPU util · memory"), ("alert", "newest alert"))
@@ -50,7 +50,7 @@ class FleetTable(DataTable):
     """Rows keyed by box name; Enter (DataTable's RowSelected) is the screen's to handle."""
 
     DEFAULT_CSS = "FleetTable { height: 1fr; }"
-    BINDINGS = [Binding("enter", "select_cursor", "Open box", id="fleet.open")]  # DataTable's, shown and named
+    BINDINGS = bindings("fleet-rows")  # DataTable's enter, shown and named
 
     def on_mount(self) -> None:
         self.cursor_type = "row"

@@ -58,7 +58,8 @@ class KeysFooter(Static):
             seen.add(binding.action)
             shown = self.app.get_key_display(replace(binding, key=key))
             keys.append(((shown, binding.description, binding.action, active.enabled), active.node))
-        return keys
+        # The focused pane's keys, then the console's, then the screen's (q and ? before a screen's many).
+        return sorted(keys, key=lambda k: 2 if k[1] is self.screen else 1 if k[1] is self.app else 0)
 
     async def on_click(self, event: Click) -> None:
         """A click on a key does what the key does."""

@@ -8,6 +8,7 @@ import math
 
 from textual.content import Content
 
+from samai.console.core.state import StateUpdate
 from samai.remote.model import Gpu, GpuReading
 from samai.remote.visible import visible
 from samai.widgets.pane import Pane, set_subtitle
@@ -96,6 +97,9 @@ class GpuPane(Pane):
     }
     """
     _reading: GpuReading | None = None
+
+    def show_update(self, update: StateUpdate) -> None:
+        self.show(update.snapshot.gpus)
 
     def show(self, reading: GpuReading) -> None:
         """A reply without a GPU section (an older probe, a recording) hides the pane."""

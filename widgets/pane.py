@@ -12,11 +12,24 @@ takes nothing but markup (the command palette's hits), escaped (`literal_markup`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
 from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
 from samai.remote.visible import visible
+
+if TYPE_CHECKING:
+    from samai.console.core.state import StateUpdate
+
+
+@runtime_checkable
+class ShowsUpdates(Protocol):
+    """A pane of the box screen: it is handed each poll's StateUpdate and shows its part of it
+    (adding a pane is the widget, one `yield` in the screen and one style rule)."""
+
+    def show_update(self, update: StateUpdate) -> None: ...
 
 
 def inert(text: str) -> Content:

@@ -20,7 +20,6 @@ from rich.segment import Segment
 from rich.style import Style
 from textual import events, on
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.containers import Vertical
 from textual.content import Content
@@ -32,9 +31,10 @@ from textual.widgets import Input
 
 from samai.console.core import units
 from samai.console.core.redact import redact
-from samai.console.core.state import ProcessRow
+from samai.console.core.state import ProcessRow, StateUpdate
 from samai.remote.model import GpuReading, Process
 from samai.remote.visible import visible
+from samai.widgets.keys import bindings
 from samai.widgets.pane import Pane, set_subtitle
 
 COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "age", "ports", "command")
@@ -62,14 +62,7 @@ class ProcessTable(ScrollView, can_focus=True):
     DataTable with zebra stripes and a row cursor (the same theme variables)."""
 
     ALLOW_SELECT = False
-    BINDINGS = [
-        Binding("up", "cursor_by(-1)", "Cursor up", show=False),
-        Binding("down", "cursor_by(1)", "Cursor down", show=False),
-        Binding("pageup", "page(-1)", "Page up", show=False),
-        Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home,ctrl+home", "cursor_to(0)", "First row", show=False),
-        Binding("end,ctrl+end", "cursor_to(-1)", "Last row", show=False),
-    ]
+    BINDINGS = bindings("process-rows")
     COMPONENT_CLASSES = {
         "process-table--header",
         "process-table--even-row",
@@ -340,11 +333,7 @@ class ProcessPane(Vertical):
     ProcessPane Input { display: none; height: 3; }
     ProcessPane.-filtering Input { display: block; }
     """
-    BINDINGS = [
-        Binding("slash", "filter", "Filter", id="processes.filter"),
-        Binding("S", "cycle_sort", "Sort", id="processes.sort"),
-        Binding("a", "toggle_all", "All/kernel", id="processes.all"),
-    ]
+    BINDINGS = bindings("processes")
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
@@ -363,6 +352,9 @@ class ProcessPane(Vertical):
     @property
     def table(self) -> ProcessTable:
         return self.query_one(ProcessTable)
+
+    def show_update(self, update: StateUpdate) -> None:
+        self.show(update.processes, update.snapshot.time, update.snapshot.gpus)
 
     def show(self, rows: list[ProcessRow], now: float, gpus: GpuReading | None = None) -> None:
         """gpus: the box's GPU reading; with GPUs, each process's GPU memory is a column."""

@@ -14,7 +14,7 @@ from textual.geometry import Size
 from textual.widget import Widget
 
 from samai.console.core import units
-from samai.console.core.state import StageView
+from samai.console.core.state import StageView, StateUpdate
 from samai.remote.visible import visible
 
 STATUS_STYLE = {
@@ -77,6 +77,9 @@ class StagesBar(Widget):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.items: list[Content] = []
+
+    def show_update(self, update: StateUpdate) -> None:
+        self.show(update.stages, update.now)
 
     def show(self, views: list[StageView], now: float | None = None) -> None:
         now = now or time.time()

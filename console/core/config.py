@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from samai.console.core import paths
+from samai.console.core.commands import RESERVED_KEYS
 from samai.remote.model import Marker
 
-# Keys the console binds itself; a stage may not take them.
-RESERVED_KEYS = frozenset("q ? / k s r o c x l f n N w g G a S u H L Y [ ] F".split())
 SEVERITIES = ("info", "warning", "error")
 CHAIN_DONE = Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+", "info")
 BUILTIN_PIPELINES = ("tiny", "samai-8b", "vlm-tiny", "samai-vl")

@@ -14,18 +14,13 @@ from typing import Any, TypeVar
 from samai.console.core.budget import project
 from samai.console.core.config import Config
 from samai.console.core.redact import redact
+from samai.console.core.session import BoxSession, OpenBox, PollFailed, error_text
 from samai.console.core.state import Alert, ConsoleState, StateUpdate
-from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import GpuReading
-from samai.remote.targets import TargetError
-from samai.remote.transport import TransportError
 
 DEFAULT_BOX = "default"  # the one box of a config without [boxes]
-MAX_BACKOFF_S = 8.0  # as the box screen's poll: a box that comes back is seen within seconds
-BOX_ERRORS = (BoxError, TransportError, TargetError, OSError, TimeoutError)
 
 T = TypeVar("T")
-OpenBox = Callable[[Config], Box]
 
 
 def fleet_configs(cfg: Config) -> list[tuple[str, Config]]:
@@ -42,14 +37,6 @@ def deadline_of(cfg: Config) -> float:
 
 def unreachable(error: str) -> dict[str, str]:
     return {"error": error, "state": "unreachable"}
-
-
-def error_text(e: BaseException) -> str:
-    """Why a box could not be read, in one line. Anything but the box errors is a bug below
-    (a reply no layer turned into a BoxError): named by its type, and it ends no poll."""
-    if isinstance(e, BOX_ERRORS):
-        return str(e) or type(e).__name__
-    return f"internal error reading the box: {type(e).__name__}: {e}"
 
 
 async def gather_boxes(configs: list[tuple[str, Config]],
@@ -123,55 +110,53 @@ def row_of(row: BoxRow, cfg: Config, u: StateUpdate, alerts: list[Alert], now: f
 
 
 class BoxWatch:
-    """One box of the fleet: its own Box (opened on the first poll), state and row."""
+    """One box of the fleet: its session (the same poll as the box screen's) and its row."""
 
     def __init__(self, name: str, config: Config, open_box: OpenBox, clock: Callable[[], float] = time.time) -> None:
         self.name, self.config = name, config
-        self.state = ConsoleState(config)
+        self.session = BoxSession(config, open_box, clock=clock)
         self.row = BoxRow(name, redact(config.target.url))  # shown: a password in it masked
-        self.box: Box | None = None
-        self._open_box, self._clock = open_box, clock
+        self._clock = clock
+
+    @property
+    def state(self) -> ConsoleState:
+        return self.session.state
 
     async def poll_once(self) -> BoxRow:
         """One snapshot folded in; a failure is said on the row (unreachable, or lost once it had answered)."""
         try:
-            if self.box is None:
-                self.box = self._open_box(self.config)
-            followers = self.state.followers()
-            snap = await self.box.snapshot(**self.state.request(followers))  # the Box's own deadline
-            now = self._clock()
-            update = self.state.apply(snap, followers, now)
-        except Exception as e:  # nothing read from the box ends the watch: the row says why
-            return self._failed(error_text(e))
-        self.row = row_of(self.row, self.config, update, self.state.alerts, now)
+            self._fold(await self.session.poll_once())
+        except Exception as e:  # a bug folding it in: the row says so, and the next poll may be fine
+            self._bug(e)
         return self.row
 
-    def _failed(self, error: str) -> BoxRow:
-        if self.row.state == "connected":  # as the box screen does: an outage is an alert
-            self.state.failed_poll(error, self._clock())
-        state = "unreachable" if self.row.state in ("connecting", "unreachable") else "lost"
-        alert = next((a for a in self.state.alerts if a.active), None)
-        self.row = replace(self.row, state=state, error=error, alert=alert)
-        return self.row
+    def _fold(self, result: StateUpdate | PollFailed) -> None:
+        if isinstance(result, PollFailed):
+            state = "unreachable" if result.link_was in ("connecting", "unreachable") else "lost"
+            alert = next((a for a in self.state.alerts if a.active), None)
+            self.row = replace(self.row, state=state, error=result.error, alert=alert)
+        else:
+            self.row = row_of(self.row, self.config, result, self.state.alerts, self._clock())
+
+    def _bug(self, e: Exception) -> None:
+        self.row = replace(self.row, state="unreachable" if self.row.state != "connected" else "lost",
+                           error=error_text(e))
 
     async def run(self, report: Callable[[BoxRow], None]) -> None:
         """Poll until cancelled, the next poll scheduled when the last is done; report each row."""
-        interval = self.config.target.poll_interval
-        backoff = interval
-        while True:
-            row = await self.poll_once()
-            report(row)
-            if row.state == "connected":
-                backoff = interval
-                await asyncio.sleep(interval)
-            else:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+        def folded(result: StateUpdate | PollFailed) -> None:
+            self._fold(result)
+            report(self.row)
+
+        def bug(e: Exception) -> None:
+            self._bug(e)
+            report(self.row)
+
+        await self.session.run(folded, bug)
 
     async def close(self) -> None:
-        box, self.box = self.box, None
-        if box is not None:
-            await box.close()
+        await self.session.close()
 
 
 class Fleet:

@@ -10,7 +10,7 @@ import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from samai.console.core.budget import DiskBudget, disk_budget, workspace_disk
+from samai.console.core.budget import DiskBudget, Projection, disk_budget, project, workspace_disk
 from samai.console.core.config import CHAIN_DONE, Config, Stage
 from samai.console.core.detectors import Finding, declared_binaries, detect, eval_findings, torchao_beside_peft
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
@@ -112,6 +112,13 @@ class StateUpdate:
     log_restarted: str | None = None  # the shown stage's new run: the log pane starts again with its file
     alerts_changed: bool = False  # an alert was raised or resolved
     disk_delta: DiskDelta | None = None  # what the last fired stage did to the disk, from its SAMAI_DISK lines
+    projection: Projection | None = None  # the next stage to run: what it would do to the disk
+    gpu_utilization: list[float | None] = field(default_factory=list)  # each recent poll's mean, oldest first
+    shown_stage: str | None = None  # whose log the log pane shows (None: a file)
+    shown_path: str | None = None  # the log pane's file, and the markers it highlights
+    shown_markers: tuple[Marker, ...] = ()
+    alerts: list[Alert] = field(default_factory=list)  # every alert as it now stands, newest first
+    now: float = 0.0  # when it was folded in (the console's clock)
 
 
 def _marker_of(stage: Stage, name: str) -> Marker | None:
@@ -208,7 +215,7 @@ class ConsoleState:
             if follower is not self.shown and follower is not self.train_log and id(follower) not in watched:
                 continue  # replaced while this snapshot was in flight (another log shown, a new run)
             tail = follower.consume(chunk)
-            if follower is self.shown:
+            if follower is self.shown:  # (a log shown since the request is not this follower)
                 update.log_lines, update.log_notice, update.log_source = tail.lines, tail.notice, follower
             elif follower is self.train_log:
                 update.new_points = self._train_lines(tail.lines, update)
@@ -222,7 +229,15 @@ class ConsoleState:
         resolved += self._resolve_gone(snap, now)
         self.raise_alerts(update.new_alerts)
         update.alerts_changed = bool(update.new_alerts or resolved)
+        update.projection, update.gpu_utilization = self._next_projection(update), self.gpu.utilization()
+        update.shown_stage, update.alerts, update.now = self.shown_stage, self.alerts, now
+        update.shown_path = self.shown.path if self.shown else None
+        update.shown_markers = self.shown_markers()
         return update
+
+    def _next_projection(self, update: StateUpdate) -> Projection | None:
+        upcoming = next((self.config.stage(v.name) for v in update.stages if v.status in ("idle", "blocked")), None)
+        return project(self.config, update.budget, upcoming) if upcoming else None
 
     def _train_lines(self, lines: list[str], update: StateUpdate) -> list[TrainPoint]:
         """The training curve's new points: of the log's last run only."""
@@ -454,4 +469,21 @@ class ConsoleState:
     def raise_alerts(self, alerts: list[Alert]) -> None:
         """Newest first; only the latest MAX_ALERTS are kept."""
         self.alerts = (list(reversed(alerts)) + self.alerts)[:MAX_ALERTS]
+
+    # ------------------------------------------------------------ what is read beside the poll
+
+    def read_environments(self, environments: tuple[PythonPackages, ...]) -> None:
+        """The training environments' packages, as read at a connect: judged with the next poll."""
+        self.environments = environments
+
+    def read_eval_items(self, run: EvalRun, result: EvalResult) -> None:
+        """`check eval` on a finished run's items: its findings come with the next poll, unless a
+        newer run came meanwhile (then this one's result is stale)."""
+        if self.eval_checked and self.eval_checked[0] == run:
+            self.eval_checked = (run, result)
+
+    def nodes_ended(self, stages: list[str], now: float) -> bool:
+        """A multi-node run ended on every node: its rank alerts are resolved. Whether any was."""
+        return self._resolve(lambda a: a.code == "rank_died" and a.action is not None
+                             and getattr(a.action, "stage", None) in stages, now) > 0
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.content import Content
 from textual.message import Message
 from textual.widgets import Input
 
 from samai.remote.visible import visible
+from samai.widgets.keys import bindings
 from samai.widgets.logview.buffer import LineFilter
 
 PROMPT_ROWS = 3  # its height; the view scrolls that much further while it is open
@@ -20,9 +21,7 @@ TITLE = "filter: regex · !inverts · Enter applies (empty clears) · Esc cancel
 class LogFilterInput(Input):
     """A regex as typed; it says at once when the pattern is invalid."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "cancel", "Cancel", show=False, id="log.filter_cancel"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = bindings("log-filter")
 
     class Cancelled(Message):
         """Escape in the prompt: close it, keep the filter as it was."""

@@ -10,12 +10,13 @@ LineStyler (styles.py) into an LRU cache of strips; a line's text is never parse
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from time import monotonic
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.cache import LRUCache
 from textual.content import Content
 from textual.geometry import Size
@@ -27,11 +28,16 @@ from textual.widgets import Input
 
 from samai.remote.model import Marker
 from samai.remote.visible import visible
+from samai.widgets.keys import bindings
 from samai.widgets.logview.buffer import LineBuffer, LineFilter, LinesView, Notice
 from samai.widgets.logview.filter_input import PROMPT_ROWS, LogFilterInput
 from samai.widgets.logview.layout import RowLayout
 from samai.widgets.logview.markers import with_alarms
 from samai.widgets.logview.styles import COMPONENT_CLASSES, LineStyler
+from samai.widgets.pane import inert
+
+if TYPE_CHECKING:
+    from samai.console.core.state import StateUpdate
 
 FLUSH_INTERVAL = 0.1  # seconds: the most often buffered lines reach the screen
 DEFAULT_MAX_LINES = 20_000
@@ -45,18 +51,7 @@ class LogView(ScrollView, can_focus=True):
 
     ALLOW_SELECT = False  # rows carry no selection offsets; ctrl+s and Y hand the lines out instead
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("f", "follow", "Follow", id="log.follow"),
-        Binding("slash", "open_filter", "Filter", id="log.filter"),
-        Binding("escape", "clear_filter", "Clear filter", id="log.clear_filter", show=False),
-        Binding("n", "next_marker", "Next marker", id="log.next_marker"),
-        Binding("N", "prev_marker", "Previous marker", id="log.prev_marker"),
-        Binding("w", "toggle_wrap", "Wrap", id="log.wrap"),
-        Binding("Y", "copy_line", "Copy line", id="log.copy", show=False),
-        Binding("ctrl+s", "save", "Save shown lines", id="log.save"),
-        Binding("g,home", "top", "Top", id="log.top", show=False),
-        Binding("G,end", "bottom", "Bottom (follow)", id="log.bottom", show=False),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = bindings("log")
 
     COMPONENT_CLASSES: ClassVar[set[str]] = COMPONENT_CLASSES
 
@@ -205,6 +200,24 @@ class LogView(ScrollView, can_focus=True):
         """The virtual row where lines[index] starts, or None if it is not shown."""
         k = self._buffer.index_of(self._buffer.base + index)
         return None if k is None else self._rows.row_of(k)
+
+    def show_update(self, update: StateUpdate) -> None:
+        """A poll's lines of the shown log; a new run of its stage starts the pane again; the
+        title says how far the shown stage is while it runs."""
+        if update.log_restarted and update.shown_path:
+            self.reset(update.shown_path, update.shown_markers)
+            when = time.strftime("%H:%M:%S", time.localtime(update.now))
+            self.notice(f"a new run of {update.log_restarted} started at {when}: its log from the start "
+                        f"(the last run's is {update.shown_path}.1; H lists the runs)")
+        if update.log_notice:
+            self.notice(update.log_notice)
+        if update.log_lines:
+            self.append(update.log_lines)
+        view = next((v for v in update.stages if v.name == update.shown_stage), None)
+        if view is not None:
+            title = inert(f"log · {view.name}" + (f" · {view.progress.text}" if view.progress else ""))
+            if str(self.border_title) != str(title):
+                self.border_title = title
 
     def reset(self, title: str, markers: Sequence[Marker] = ()) -> None:
         """Start a new log: forget the lines, set the title and markers (the alarms of any log

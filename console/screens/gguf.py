@@ -23,6 +23,7 @@ from textual.widgets import DataTable, Input, Static
 
 from samai.console.core import units
 from samai.remote.visible import visible
+from samai.widgets.keys import bindings
 from samai.widgets.pane import inert
 
 if TYPE_CHECKING:
@@ -119,12 +120,7 @@ class GgufScreen(Screen[None]):
     GgufScreen FilterInput.-open { display: block; }
     GgufScreen #gguf-keys { dock: bottom; height: 1; color: $text-muted; }
     """
-    BINDINGS = [
-        Binding("escape", "close", "Back", id="gguf.close"),
-        Binding("slash", "open_filter", "Filter", id="gguf.filter"),
-        Binding("e", "gguf_edit", "Set KV", id="gguf.edit"),
-        Binding("a", "gguf_add", "Add tensors", id="gguf.add"),
-    ]
+    BINDINGS = bindings("gguf")
 
     class EditRequested(Message):
         """`e` on a KV row: the app opens the form and runs the action."""

@@ -7,7 +7,6 @@ no I/O beyond the pollers' and never touches the box screen's Box."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
@@ -15,12 +14,11 @@ from textual.widgets import DataTable, Static
 from samai.console.core.fleet import BoxRow, Fleet
 from samai.widgets.fleet import FleetTable
 from samai.widgets.footer import KeysFooter
+from samai.widgets.keys import bindings
 
 
 class FleetScreen(Screen[None]):
-    BINDINGS = [
-        Binding("escape", "back", "Back to the box", id="fleet.back"),
-    ]
+    BINDINGS = bindings("fleet")
 
     class BoxChosen(Message):
         """The operator picked a box (None: the one the box screen showed): the app points its box screen at it."""

@@ -1,0 +1,1 @@
+"""The built-in pipelines (samai.toml files), read with importlib.resources."""

@@ -1,0 +1,161 @@
+"""The box screen: one box's live panes, its keys and its workers.
+
+Its session (samai.console.core.session) polls the box in a worker of this screen; each poll's
+StateUpdate goes to every pane through one protocol (ShowsUpdates.show_update), each pane drawn
+on its own so a bug in one costs only that pane. Switching box or target replaces the screen:
+its workers end with it, and nothing of the old box is left on show."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
+
+from samai.console.core.commands import CHANGES_BOX
+from samai.console.core.redact import redact
+from samai.console.core.session import PollFailed
+from samai.console.core.state import StateUpdate
+from samai.console.screens.box_actions import ActionKeys
+from samai.console.screens.box_base import BoxScreenContext
+from samai.widgets.alerts import AlertsPane
+from samai.widgets.curves import CurvesPane
+from samai.widgets.disk import DiskPane
+from samai.widgets.evals import EvalTable
+from samai.widgets.footer import KeysFooter
+from samai.widgets.gpus import GpuPane
+from samai.widgets.keys import bindings
+from samai.widgets.logview import LogView
+from samai.widgets.pane import ShowsUpdates
+from samai.widgets.processes import ProcessPane
+from samai.widgets.stages import StagesBar
+from samai.widgets.status import Connection, StatusBar
+
+STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
+PANE_TITLES = {"#stages": "stages", "#disk": "disk budget", "#gpus": "GPUs", "#processes": "processes & ports",
+               "#curves": "training", "#evals": "eval runs", "#alerts": "alerts"}
+
+
+class BoxScreen(ActionKeys):
+    BINDINGS = bindings("box") + bindings("disk")
+
+    def __init__(self, context: BoxScreenContext) -> None:
+        super().__init__(context)
+        self.connection = Connection(self.target_label(), readonly=self.readonly)
+
+    def target_label(self) -> str:
+        """The status bar's target: with [boxes], the box's name before its url (a password in it masked)."""
+        url, name = redact(self.config.target.url), self.context.box_name
+        return f"{name}: {url}" if self.context.fleet_config.boxes and name else url
+
+    def compose(self) -> ComposeResult:
+        name = self.context.box_name if self.context.fleet_config.boxes else None
+        yield StatusBar(id="status")
+        yield StagesBar(id="stages")
+        with Horizontal(id="middle"):
+            with Vertical(id="left"):
+                yield DiskPane(id="disk")
+                yield GpuPane(id="gpus")
+                yield ProcessPane(id="processes")
+            yield LogView(id="log", max_lines=self.config.ui.max_log_lines)
+        with Horizontal(id="bottom"):
+            yield CurvesPane(id="curves")
+            yield EvalTable(id="evals")
+            yield AlertsPane(id="alerts", readonly=self.readonly, box_name=name)
+        yield KeysFooter()
+
+    def on_mount(self) -> None:
+        for selector, title in PANE_TITLES.items():
+            self.query_one(selector).border_title = title
+        self.query_one(StatusBar).show(self.connection)
+        self.query_one(AlertsPane).show([])
+        if self.config.stages:
+            self._show_stage_log(self.config.stages[0].name)
+        self.query_one(LogView).focus()  # `/` filters the log, where an operator expects it
+        self.set_interval(1.0, self.tick)
+        if self.context.polling:
+            self.call_after_refresh(self.poll)  # the screen first: the box's first answer is painted after it
+            if any(s.nodes for s in self.context.fleet_config.stages):
+                self.call_after_refresh(self.follow_nodes)
+
+    async def on_unmount(self) -> None:
+        await self.session.close()  # the SSH connection and the probe on the box end with the screen
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Read-only: the keys that change the box are shown greyed and do nothing (the app says why)."""
+        return None if self.readonly and action in CHANGES_BOX else True
+
+    # ------------------------------------------------------------ polling
+
+    def poll(self) -> None:
+        self.run_worker(self.session.run(self._polled, lambda e: self.internal_error("reading the snapshot", e)),
+                        name="poll", group="poll", exclusive=True, exit_on_error=False)
+
+    def _polled(self, result: StateUpdate | PollFailed) -> None:
+        if isinstance(result, PollFailed):
+            self._poll_failed(result)
+        else:
+            self.show_update(result)
+
+    def _poll_failed(self, failed: PollFailed) -> None:
+        if failed.bug:
+            self.log.error("poll failed", failed.exception)
+        was = self.connection.state
+        self.connection = replace(self.connection, state="connecting" if was == "connecting" else "lost",
+                                  error=failed.error)
+        if was == "connected":  # the session raised the outage alert
+            self.show_alerts()
+        self.tick()
+
+    def show_snapshot(self, snap, followers: list) -> None:
+        """Fold in and render one snapshot taken with these followers' cursors (a recorded box)."""
+        self.show_update(self.state.apply(snap, followers, self.clock()))
+
+    def show_update(self, u: StateUpdate) -> None:
+        if self.connection.state == "lost":
+            self.notify("the box answers again", title="reconnected", markup=False)
+        # The first snapshot after a (re)connect timed the handshake too: said as such, not as a round trip.
+        first = self.connection.state != "connected"
+        if first:
+            self.read_environments()
+        run = self.state.eval_to_check(u.evals)
+        if run is not None:
+            self.check_eval_run(run)
+        snap = u.snapshot
+        self.connection = Connection(self.target_label(), snap.host, "connected", 0.0, None if first else snap.rtt,
+                                     False, self.readonly, connect_s=snap.rtt if first else self.connection.connect_s)
+        self._follow_busiest_stage(u.stages)
+        self._stage_views = u.stages
+        self._show_panes(self._for_panes(u))
+        if self.disk_users_due():
+            self.measure_disk_users()
+        for a in u.new_alerts:
+            if a.severity == "error":
+                self.notify(self.named(a).text, severity="error", timeout=8, markup=False)  # never markup
+        self.tick()
+
+    def _for_panes(self, u: StateUpdate) -> StateUpdate:
+        """The update as the panes take it: the log pane's notices said for this screen, and on
+        several nodes no curve points from this box (rank 0's curve comes from follow_nodes)."""
+        u = replace(u, log_notice=self.log_notice(u.log_notice) if u.log_notice else u.log_notice)
+        if self.multi_node("train"):
+            u = replace(u, new_points=[], curve_reset=False)
+        return u
+
+    def _show_panes(self, u: StateUpdate) -> None:
+        for pane in self.query("*"):
+            if isinstance(pane, ShowsUpdates) and isinstance(pane, Widget):
+                try:
+                    pane.show_update(u)
+                except Exception as e:  # a bug in one pane costs that pane, never the others or the poll
+                    self.internal_error(f"showing {pane.id or type(pane).__name__}", e)
+
+    def tick(self) -> None:
+        received = self.state.received_at
+        age = max(self.clock() - received, 0.0) if received else None
+        stale = age is not None and age > STALE_POLLS * self.config.target.poll_interval
+        self.connection = replace(self.connection, age=age, stale=stale)
+        self.set_class(stale, "-stale")
+        for bar in self.query(StatusBar):  # none once the screen is being taken down
+            bar.show(self.connection)

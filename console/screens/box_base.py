@@ -1,0 +1,127 @@
+"""What every part of the box screen shares: the box's session, its config, and the one way an
+action is run and reported. The screen itself (box.py) is assembled from its parts: the log
+keys (box_logs.py) and the action keys (box_actions.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from textual.notifications import SeverityLevel
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from samai.console.connect import open_box
+from samai.console.core.audit import AuditLog
+from samai.console.core.config import Config
+from samai.console.core.session import BoxSession
+from samai.console.core.state import Alert, ConsoleState
+from samai.remote.boxapi import Box
+from samai.widgets.alerts import AlertsPane
+
+if TYPE_CHECKING:
+    from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
+    from samai.console.multinode_session import MultiNodeSession
+
+FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
+
+
+@dataclass(frozen=True)
+class BoxScreenContext:
+    """What the app hands each box screen it opens: the fleet's config, which box, and the console's settings."""
+
+    fleet_config: Config  # every box; the screen's own config is this as seen on its box
+    box_name: str | None  # the [boxes.NAME] shown; None: the config's one target
+    audit: AuditLog
+    readonly: bool
+    clock: Callable[[], float]
+    polling: bool  # off only to render recorded snapshots (screenshots, snapshot tests)
+    nodes: Callable[[], MultiNodeSession]  # the app's connections to the nodes of multi-node stages
+
+    @property
+    def config(self) -> Config:
+        return self.fleet_config.on_box(self.box_name) if self.box_name else self.fleet_config
+
+
+class BoxScreenBase(Screen[None]):
+    def __init__(self, context: BoxScreenContext) -> None:
+        super().__init__()
+        self.context = context
+        self.config = context.config
+        self.readonly = context.readonly
+        self.clock = context.clock
+        self.session = BoxSession(self.config, lambda cfg: open_box(cfg, readonly=self.readonly), clock=self.clock)
+        self._action_running = False
+        self._errors_said: set[tuple[str, str, str]] = set()  # internal errors already shown (each once)
+
+    @property
+    def state(self) -> ConsoleState:
+        return self.session.state
+
+    @property
+    def box(self) -> Box | None:
+        return self.session.box
+
+    @property
+    def busy(self) -> bool:
+        """Whether an action (fire, stop, kill, clean, fix) is in flight: a second one is refused meanwhile."""
+        return self._action_running
+
+    def multi_node(self, stage: str) -> bool:
+        found = self.context.fleet_config.stage(stage)
+        return found is not None and bool(found.nodes)
+
+    # ------------------------------------------------------------ the action layer
+
+    def _actions(self) -> Actions:
+        from samai.console.core.actions import Actions  # with psutil: needed only once an action runs, not to start
+
+        return Actions(self.session.connected_box(), self.config, self.context.audit, readonly=self.readonly,
+                       confirm=self.confirm)
+
+    async def confirm(self, plan: ActionPlan) -> Decision:
+        from samai.console.core.actions import Decision  # see _actions
+        from samai.console.screens.dialogs import ConfirmDialog  # each dialog's module is imported when one opens
+
+        if not await self.app.push_screen_wait(ConfirmDialog(plan, plan.checks)):
+            return Decision.declined(plan, "cancelled in the dialog")
+        # The dialog showed this plan's checks; for a blocked plan its button is the override ("… anyway").
+        return Decision.override(plan, "dialog") if plan.blocked else Decision.confirmed(plan, "dialog")
+
+    def _report(self, outcome: ActionOutcome) -> None:
+        self.state.sizer.refresh_all()  # whatever the action made or removed is sized in the next poll
+        severity: SeverityLevel = "information" if outcome.ok else "warning" if outcome.status == "cancelled" \
+            else "error"
+        tail = getattr(outcome.result, "stage_tail", ()) if not outcome.ok else ()
+        message = "\n".join([outcome.message, *(line[:100] for line in tail[-FAILED_TAIL_LINES:])])
+        # Box text (stage output, commands): never markup (notify redacts its secrets).
+        self.notify(message, severity=severity, timeout=6 if outcome.ok else 15, markup=False)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place a failed worker of this screen is reported: nothing fails silently."""
+        if event.state == WorkerState.ERROR:
+            self.notify(f"{event.worker.name} failed: {event.worker.error!r}", severity="error", timeout=15,
+                        markup=False)
+
+    # ------------------------------------------------------------ alerts
+
+    def named(self, alert: Alert) -> Alert:
+        """With [boxes], an alert says whose box it is about."""
+        name = self.context.box_name
+        if not self.context.fleet_config.boxes or not name:
+            return alert
+        return replace(alert, text=f"{name}: {alert.text}")
+
+    def show_alerts(self) -> None:
+        """After an alert is raised or resolved outside a poll (a failed fire, a node's rank)."""
+        for pane in self.query(AlertsPane):
+            pane.show([self.named(a) for a in self.state.alerts])
+
+    def internal_error(self, doing: str, e: Exception) -> None:
+        """A bug met while showing the box: logged each time, said once per kind (not every second)."""
+        self.log.error(f"internal error {doing}", e)
+        said = (doing, type(e).__name__, str(e)[:200])
+        if said not in self._errors_said:
+            self._errors_said.add(said)
+            self.notify(f"internal error {doing}: {type(e).__name__}: {e}"[:300], severity="error", markup=False)
