@@ -34,8 +34,8 @@ import sys
 import time
 
 from .confine import Escape, open_append, open_folder, open_parent, open_root, unlink, write_file
+from .identity import same_start, started_before
 from .procfs import (
-    TICK_S,
     ChainMarkers,
     ancestors,
     boot_time,
@@ -48,7 +48,6 @@ from .procfs import (
     read_regular_file,
     read_stat,
     record_btime,
-    same_start,
     serve,
     start_epoch,
 )
@@ -233,7 +232,7 @@ def kill(req):
 
 def born_before(pid, start_time, btime):
     st = read_stat(pid)
-    return bool(st) and start_epoch(st["starttime"], btime) < float(start_time) - TICK_S
+    return bool(st) and started_before(start_epoch(st["starttime"], btime), start_time)
 
 
 def kill_process(req, pid, pgid, start_time, btime, name, grace):

@@ -6,6 +6,8 @@ import os
 import stat
 import sys
 
+from .identity import same_start, started_before
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 BOOT_ID = []  # type: list  # boot_id(), once read
@@ -130,14 +132,6 @@ def read_stat(pid):
         return None
 
 
-TICK_S = 0.011  # start times are in clock ticks (1/100 s): two reads of one process agree within one
-
-
-def same_start(a, b):
-    """Start times from one box agree to the tick; anything else is another process."""
-    return a is not None and b is not None and abs(float(a) - float(b)) < TICK_S
-
-
 def alive(pid, start_time, btime):
     """True while pid is the very process that started at start_time and is not a zombie."""
     st = read_stat(pid)
@@ -220,7 +214,7 @@ def chain_pids(table, rec, offset, marker_of):
         return set()
 
     def born_since(pid):
-        return table[pid]["start_time"] + offset >= float(start) - TICK_S
+        return not started_before(table[pid]["start_time"] + offset, start)
 
     found = set()
     leader = table.get(rec.get("pid"))
