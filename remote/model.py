@@ -11,18 +11,11 @@ import typing
 from dataclasses import dataclass, is_dataclass
 from typing import Any, Literal, NamedTuple
 
+from samai.remote.box.identity import same_start as same_start  # the box tools' rule, re-exported
 from samai.remote.needles import required_needles
 
 Severity = Literal["info", "warning", "error"]  # of a marker, a finding, a check, an alert
 RunStatus = Literal["running", "stopped", "lost", "orphaned", "done", "failed"]  # a recorded run's, as the box shows it
-
-# Start times come in clock ticks (1/100 s) since boot: two reads of one process agree within a tick.
-START_TIME_TOLERANCE_S = 0.011
-
-
-def same_start(a: float, b: float) -> bool:
-    """Whether two start times are one process's (pid + start time is a process's identity)."""
-    return abs(a - b) <= START_TIME_TOLERANCE_S
 
 
 class BoxError(Exception):

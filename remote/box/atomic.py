@@ -11,20 +11,24 @@ scripts write a whole file. The data goes to a temporary name of its own in the 
   rename_new(folder_fd, name, new_name)       a rename that never replaces what is at new_name
 """
 
+from __future__ import annotations
+
 import binascii
 import errno
 import os
+from typing import Iterable
 
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # linkat's answers where the filesystem has no hard links (vfat, some FUSE and network mounts)
 NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK)
 
 
-def temporary_name(name, tag):
+def temporary_name(name: str, tag: str) -> str:
     return ".%s.%s-%d-%s" % (name, tag, os.getpid(), binascii.hexlify(os.urandom(4)).decode())
 
 
-def replace_in(folder_fd, name, blocks, mode=0o644, sync=False, tag="tmp"):
+def replace_in(folder_fd: int, name: str, blocks: Iterable[bytes | bytearray | memoryview], mode: int = 0o644,
+               sync: bool = False, tag: str = "tmp") -> None:
     """Write the byte blocks (an iterable) to name inside the folder opened as folder_fd; the
     temporary file is .NAME.TAG-PID-RANDOM, so a caller can tell its own leftovers apart."""
     tmp = temporary_name(name, tag)
@@ -49,7 +53,8 @@ def replace_in(folder_fd, name, blocks, mode=0o644, sync=False, tag="tmp"):
         raise
 
 
-def write_atomic(path, data, mode=0o644, sync=False, tag="tmp"):
+def write_atomic(path: str, data: str | bytes | bytearray | memoryview | Iterable[bytes], mode: int = 0o644,
+                 sync: bool = False, tag: str = "tmp") -> None:
     """Replace path with data: bytes, str (UTF-8) or an iterable of byte blocks."""
     if isinstance(data, str):
         data = data.encode("utf-8")
@@ -63,7 +68,7 @@ def write_atomic(path, data, mode=0o644, sync=False, tag="tmp"):
         os.close(folder)
 
 
-def rename_new(folder_fd, name, new_name):
+def rename_new(folder_fd: int, name: str, new_name: str) -> None:
     """Rename name to new_name inside the folder, never over anything at new_name (a file, a
     symlink, a hard link put there: FileExistsError, and it is left as it is). A hard link and
     then an unlink, which the kernel refuses atomically when new_name exists; where the

@@ -10,15 +10,18 @@ neither a link that points outside nor one swapped in while it runs can make it 
 anything but the workspace's own contents. A symlink is removed as a link.
 """
 
+from __future__ import annotations
+
 import os
 import sys
+from typing import Any
 
 from .confine import Escape, open_folder, open_root, parts_inside, remove_tree, workspace_root
 from .procfs import serve
 
 
-def clean(req):
-    reply = {"removed": [], "refused": [], "missing": []}
+def clean(req: dict[str, Any]) -> dict[str, Any]:
+    reply: dict[str, list[Any]] = {"removed": [], "refused": [], "missing": []}
     try:
         workspace = workspace_root(req["workspace"])
     except Escape as e:

@@ -11,10 +11,13 @@ Code that works with paths (the stages' download, its lock and its .part file) r
 the file's folder, made the current folder by its descriptor (working_in), on bare names.
 """
 
+from __future__ import annotations
+
 import contextlib
 import errno
 import os
 import stat
+from typing import Iterable, Iterator
 
 from .atomic import replace_in
 
@@ -31,11 +34,11 @@ class Escape(Exception):
     nothing touched."""
 
 
-def within(path, folder):
+def within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def workspace_root(given):
+def workspace_root(given: str) -> str:
     """The workspace as given (~ expanded, absolute), after checking that its real location is
     a folder of its own: not a system folder, a shared one or a home folder."""
     workspace = os.path.abspath(os.path.expanduser(given))
@@ -47,7 +50,7 @@ def workspace_root(given):
     return workspace
 
 
-def parts_inside(workspace, path):
+def parts_inside(workspace: str, path: str) -> list[str]:
     """The names leading from the workspace to path (relative to it, or absolute under it)."""
     if not path or path.startswith("~"):
         raise Escape("%r is not a path inside the workspace" % path)
@@ -64,12 +67,12 @@ def parts_inside(workspace, path):
     return [p for p in norm.split("/") if p]
 
 
-def open_root(workspace):
+def open_root(workspace: str) -> int:
     """A descriptor of the workspace folder itself (its own symlinks are the operator's choice)."""
     return os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-def open_folder(root_fd, names, create=False, mode=0o755):
+def open_folder(root_fd: int, names: Iterable[str], create: bool = False, mode: int = 0o755) -> int:
     """A descriptor of the folder root/names[0]/names[1]/..., each opened without following a
     symlink (made when create and missing)."""
     fd = os.dup(root_fd)
@@ -95,20 +98,20 @@ def open_folder(root_fd, names, create=False, mode=0o755):
     return fd
 
 
-def _open_step(name, fd):
+def _open_step(name: str, fd: int) -> int:
     try:
         return os.open(name, DIR_FLAGS, dir_fd=fd)
     except OSError as e:
         raise _refusal(e, name) from e
 
 
-def _refusal(e, name):
+def _refusal(e: OSError, name: str) -> Exception:
     if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
         return Escape("%s is a symlink or not a folder: refused, it could lead out of the workspace" % name)
     return e
 
 
-def open_parent(workspace, path, create=False):
+def open_parent(workspace: str, path: str, create: bool = False) -> tuple[int, str]:
     """(descriptor of path's folder, path's own name), path checked to be inside the workspace."""
     names = parts_inside(workspace, path)
     root = open_root(workspace)
@@ -119,7 +122,7 @@ def open_parent(workspace, path, create=False):
 
 
 @contextlib.contextmanager
-def working_in(workspace, path, create=False):
+def working_in(workspace: str, path: str, create: bool = False) -> Iterator[str]:
     """Run the block from inside path's folder, reached from the workspace as open_parent does
     (made when create), as the process's current folder: set by its descriptor (fchdir), so the
     bare names the block uses resolve in that very folder even if a folder on the way is then
@@ -139,7 +142,7 @@ def working_in(workspace, path, create=False):
         os.close(folder)
 
 
-def regular_or_absent(folder_fd, name):
+def regular_or_absent(folder_fd: int | None, name: str) -> None:
     """Refuse name when it is there but is no regular file (a symlink, a FIFO, a device): what is
     read or kept under that name would be somewhere else. folder_fd None: the current folder."""
     try:
@@ -150,7 +153,7 @@ def regular_or_absent(folder_fd, name):
         raise Escape("%s is a symlink or not a regular file: refused, only a file of the workspace is written" % name)
 
 
-def open_append(folder_fd, name, mode=0o644):
+def open_append(folder_fd: int | None, name: str, mode: int = 0o644) -> int:
     """A file (a log, a download's .part) opened for appending: a regular file, never through a
     symlink, never a FIFO or a device (which would block or write elsewhere). folder_fd None:
     the current folder, or name is absolute."""
@@ -169,13 +172,13 @@ def open_append(folder_fd, name, mode=0o644):
     return fd
 
 
-def write_file(folder_fd, name, data, mode=0o644):
+def write_file(folder_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
     """Replace name in the folder atomically with data (a temporary file renamed over it: a
     symlink at name is replaced, never followed)."""
     replace_in(folder_fd, name, (data,), mode)
 
 
-def unlink(folder_fd, name):
+def unlink(folder_fd: int, name: str) -> None:
     try:
         os.unlink(name, dir_fd=folder_fd)
     except FileNotFoundError:
@@ -185,7 +188,7 @@ def unlink(folder_fd, name):
 LOG_GENERATIONS = 5  # earlier runs' logs kept beside a stage's log: NAME.1 (the last run) .. NAME.5
 
 
-def rotate(folder_fd, name, keep=LOG_GENERATIONS):
+def rotate(folder_fd: int, name: str, keep: int = LOG_GENERATIONS) -> None:
     """Keep the earlier runs' logs as NAME.1 .. NAME.<keep> (newest first) so each run starts a
     fresh log and the last few stay readable as history. A log that is a symlink or not a
     regular file is refused: renaming it would keep the link, and writing to it would write
@@ -207,7 +210,7 @@ def rotate(folder_fd, name, keep=LOG_GENERATIONS):
     os.replace(name, name + ".1", src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
 
 
-def remove_tree(folder_fd, name):
+def remove_tree(folder_fd: int, name: str) -> int:
     """Delete name in the folder (a folder with all it holds); the bytes of the files removed.
     Symlinks are removed as links, never followed."""
     st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)

@@ -3,12 +3,15 @@
 Runs ON the box, imported by probe.py. Standard library only, Python >= 3.8.
 """
 
+from __future__ import annotations
+
 import os
 import stat
 import time
+from typing import Any, Iterable, List, Mapping, Tuple
 
 
-def mount_point(path):
+def mount_point(path: str) -> str:
     path = os.path.realpath(path)
     while not os.path.exists(path):
         path = os.path.dirname(path)
@@ -21,7 +24,7 @@ def mount_point(path):
     return path
 
 
-def disk_usage(label, path):
+def disk_usage(label: str, path: str) -> dict[str, Any]:
     mount = mount_point(path)
     st = os.statvfs(mount)
     total = st.f_blocks * st.f_frsize
@@ -30,7 +33,7 @@ def disk_usage(label, path):
     return {"label": label, "path": path, "mount": mount, "total": total, "used": used, "free": free}
 
 
-def disks(workspace, errors):
+def disks(workspace: str | None, errors: list[dict[str, str]]) -> list[dict[str, Any]]:
     out = []
     seen = set()
     for label, path in (("workspace", workspace), ("root", "/")):
@@ -47,6 +50,10 @@ def disks(workspace, errors):
     return out
 
 
+# A directory's listing: ((dev, ino, ctime_ns) it was taken under, file names, directory names).
+Listing = Tuple[Tuple[int, int, int], List[str], List[str]]
+
+
 class Listings(object):
     """Directory listings kept from one artifact walk to the next (in --serve, from one request
     to the next), so that an unchanged directory costs one lstat instead of a scandir. A listing
@@ -59,11 +66,11 @@ class Listings(object):
 
     RACY_S = 2.0
 
-    def __init__(self):
-        self.kept = {}  # path -> ((dev, ino, ctime_ns), file names, directory names)
-        self.seen = {}  # what this walk used: only that is kept for the next one
+    def __init__(self) -> None:
+        self.kept: dict[str, Listing] = {}  # path -> ((dev, ino, ctime_ns), file names, directory names)
+        self.seen: dict[str, Listing] = {}  # what this walk used: only that is kept for the next one
 
-    def entries(self, path):
+    def entries(self, path: str) -> tuple[list[str], list[str]]:
         """(file names, directory names) of a directory; OSError when it cannot be read."""
         st = os.lstat(path)
         key = (st.st_dev, st.st_ino, st.st_ctime_ns)
@@ -71,7 +78,8 @@ class Listings(object):
         if kept is not None and kept[0] == key:
             self.seen[path] = kept
             return kept[1], kept[2]
-        files, dirs = [], []
+        files: list[str] = []
+        dirs: list[str] = []
         with os.scandir(path) as it:
             for entry in it:
                 try:
@@ -82,11 +90,11 @@ class Listings(object):
             self.seen[path] = (key, files, dirs)
         return files, dirs
 
-    def done(self):
+    def done(self) -> None:
         self.kept, self.seen = self.seen, {}
 
 
-def tree_size(path, deadline, listings=None):
+def tree_size(path: str, deadline: float, listings: Listings | None = None) -> tuple[int, int, int, bool]:
     """(apparent bytes, allocated bytes, files, complete) of a file or a directory tree."""
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
@@ -116,7 +124,8 @@ def tree_size(path, deadline, listings=None):
     return size, alloc, files, True
 
 
-def artifacts(workspace, specs, budget_s, listings=None):
+def artifacts(workspace: str | None, specs: Iterable[Mapping[str, Any]], budget_s: float,
+              listings: Listings | None = None) -> list[dict[str, Any]]:
     deadline = time.monotonic() + budget_s
     listings = listings or Listings()
     out = []
@@ -135,14 +144,14 @@ def artifacts(workspace, specs, budget_s, listings=None):
     return out
 
 
-def resolve(workspace, path):
+def resolve(workspace: str | None, path: str) -> str:
     path = os.path.expanduser(path)
     if workspace and not os.path.isabs(path):
         path = os.path.join(workspace, path)
     return path
 
 
-def workspace_users(workspace, top, budget_s, listings=None):
+def workspace_users(workspace: str, top: int, budget_s: float, listings: Listings | None = None) -> dict[str, Any]:
     """The workspace's `top` largest users, biggest (allocated) first: each top-level folder's
     entries, and each top-level file. Two levels name what to delete (models/merged, venv/lib)
     without a full tree. Links are counted as links, never followed; a walk cut by the time
@@ -158,7 +167,7 @@ def workspace_users(workspace, top, budget_s, listings=None):
             candidates.append(name)  # unreadable: sized (or failing) as one entry below
             continue
         candidates.extend(name + "/" + child for child in inner_files + inner_dirs)
-    out = []
+    out: list[dict[str, Any]] = []
     for rel in candidates:
         try:
             size, alloc, count, complete = tree_size(os.path.join(workspace, rel), deadline, listings)

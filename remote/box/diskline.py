@@ -9,6 +9,8 @@ Exact bytes first (what the console reads), a human form, the path last as a JSO
 workspace name with spaces or control characters cannot break the line).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
@@ -18,7 +20,7 @@ from .disk import disk_usage
 PHASES = ("start", "end")
 
 
-def human(n):
+def human(n: float) -> str:
     """Decimal units, as the console's own sizes are written."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
@@ -27,14 +29,14 @@ def human(n):
     return "%.1f TB" % n
 
 
-def disk_line(phase, workspace):
+def disk_line(phase: str, workspace: str) -> str:
     d = disk_usage("workspace", workspace)
     words = "%s used, %s free of %s" % (human(d["used"]), human(d["free"]), human(d["total"]))
     return "SAMAI_DISK %s used=%d avail=%d size=%d (%s) path=%s" % (
         phase, d["used"], d["free"], d["total"], words, json.dumps(workspace))
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[1] not in PHASES:
         sys.stderr.write("usage: python3 -m samai_box.diskline start|end\n")
         return 2

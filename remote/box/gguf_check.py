@@ -55,6 +55,11 @@ Problem codes (a contract: `samai-console check gguf` and its users match on the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from .gguf_format import ReadAt, Span, Tensor
+
 import argparse
 import json
 import os
@@ -85,28 +90,28 @@ SUMMARY_KEYS = ("general.architecture", "general.name", "general.file_type", "ge
 # table.info_offsets[i].
 
 
-def check_alignment_of_tensors(table, alignment, problems):
+def check_alignment_of_tensors(table: TensorTable, alignment: int, problems: Problems) -> None:
     for i, offset in enumerate(table.offsets):
         if offset % alignment:
             problems.add("misaligned", "Tensor %r offset %d is not a multiple of the alignment %d."
                          % (table.names[i], offset, alignment), table.info_offsets[i])
 
 
-def check_overlaps(table, problems):
+def check_overlaps(table: TensorTable, problems: Problems) -> None:
     """Each tensor against the one before it in the data (of those of a known size)."""
-    before = None
+    before, end = None, 0  # the tensor before (its index) and where its data ends
     for i in table.by_offset():
-        if table.nbytes(i) is None:
+        size = table.nbytes(i)
+        if size is None:
             continue
-        if before is not None and table.offsets[i] < table.offsets[before] + table.nbytes(before):
-            start, end = table.offsets[before], table.offsets[before] + table.nbytes(before)
+        if before is not None and table.offsets[i] < end:
             problems.add("overlap", "Tensor %r [%d, %d) overlaps %r [%d, %d) (offsets relative to"
-                         " the data start)." % (table.names[i], table.offsets[i], table.offsets[i] + table.nbytes(i),
-                                                table.names[before], start, end), table.info_offsets[i])
-        before = i
+                         " the data start)." % (table.names[i], table.offsets[i], table.offsets[i] + size,
+                                                table.names[before], table.offsets[before], end), table.info_offsets[i])
+        before, end = i, table.offsets[i] + size
 
 
-def check_within_file(table, data_start, file_size, problems):
+def check_within_file(table: TensorTable, data_start: int, file_size: int, problems: Problems) -> None:
     room = file_size - data_start  # what the data area may hold
     for i, offset in enumerate(table.offsets):
         size = table.nbytes(i)
@@ -116,7 +121,7 @@ def check_within_file(table, data_start, file_size, problems):
                          table.info_offsets[i])
 
 
-def check_contiguous(table, alignment, problems):
+def check_contiguous(table: TensorTable, alignment: int, problems: Problems) -> None:
     """llama.cpp wants each tensor right after the previous one, padded: 'has offset X, expected Y'."""
     expected = 0
     for i, offset in enumerate(table.offsets):
@@ -131,7 +136,7 @@ def check_contiguous(table, alignment, problems):
         expected += align(size, alignment)
 
 
-def check_size(result, table, problems):
+def check_size(result: dict[str, Any], table: TensorTable, problems: Problems) -> None:
     data_start, alignment, file_size = result["data_start"], result["alignment"], result["file_size"]
     if table.unknown_sizes:
         return  # an unknown type was reported already; the size cannot be known
@@ -151,7 +156,7 @@ def check_size(result, table, problems):
                         result["expected_size"]), result["expected_size"])
 
 
-def size_note(result, table):
+def size_note(result: Mapping[str, Any], table: TensorTable) -> str:
     """Why a file under expected_size is still whole: nothing a loader reads is missing."""
     short = result["expected_size"] - result["file_size"]
     if not len(table):
@@ -163,7 +168,7 @@ def size_note(result, table):
             % (result["data_end"], short, result["alignment"]))
 
 
-def check_layout(result, table, problems):
+def check_layout(result: dict[str, Any], table: TensorTable, problems: Problems) -> None:
     alignment = result["alignment"]
     check_alignment_of_tensors(table, alignment, problems)
     check_overlaps(table, problems)
@@ -191,7 +196,7 @@ MIXED_PROJECTOR_TYPE = "clip.vision.projector_type"  # what llama.cpp reads when
 PROJECTOR_CODES = ("no_projector_type", "no_vision_encoder", "no_projection_dim", "bad_projector_kv")
 
 
-def describe_model(result, types):
+def describe_model(result: dict[str, Any], types: Mapping[str, int]) -> None:
     """The architecture, a text model's embedding size, a projector's figures (a clip key of
     another type than the loader reads counts as absent). types: each KV's value type, by key."""
     kv = result["kv"]
@@ -208,17 +213,17 @@ def describe_model(result, types):
         projector[name] = None if want == UINT32 and not value else value
 
 
-def projector_key(name, key, types):
+def projector_key(name: str, key: str, types: Mapping[str, int]) -> str:
     if name == "projector_type" and key not in types and MIXED_PROJECTOR_TYPE in types:
         return MIXED_PROJECTOR_TYPE
     return key
 
 
-def is_count(value):
+def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def judge_projector(projector, types, problems):
+def judge_projector(projector: Mapping[str, Any], types: Mapping[str, int], problems: Problems) -> None:
     """What makes llama.cpp's clip loader refuse a projector, or its server answer images blind."""
     for name, key, want in PROJECTOR_KEYS:
         key = projector_key(name, key, types)
@@ -237,7 +242,8 @@ def judge_projector(projector, types, problems):
                      " the text model is unknown, so neither llama.cpp nor the preflight can match it to a model.")
 
 
-def check_expectations(result, complete, expect_tensors, expect_last, problems):
+def check_expectations(result: Mapping[str, Any], complete: bool, expect_tensors: int | None, expect_last: str | None,
+                       problems: Problems) -> None:
     if expect_tensors is not None and result["tensor_count"] is not None and result["tensor_count"] != expect_tensors:
         problems.add("tensor_count_mismatch", "The header has %d tensors, expected %d."
                      % (result["tensor_count"], expect_tensors), 8)
@@ -250,7 +256,8 @@ def check_expectations(result, complete, expect_tensors, expect_last, problems):
 # Entry points
 
 
-def check(read_at, file_size, expect_tensors=None, expect_last=None):
+def check(read_at: ReadAt, file_size: int, expect_tensors: int | None = None,
+          expect_last: str | None = None) -> dict[str, Any]:
     """Check the GGUF file behind read_at(offset, length) -> bytes; never reads tensor data. A
     projector is judged as llama.cpp's clip loader would (surgery, through inspect, judges only
     whether the file is a sound GGUF: it may be what fixes a projector's keys)."""
@@ -263,22 +270,24 @@ def check(read_at, file_size, expect_tensors=None, expect_last=None):
     return result
 
 
-def inspect(read_at, file_size, expect_tensors=None, expect_last=None):
+def inspect(read_at: ReadAt, file_size: int, expect_tensors: int | None = None,
+            expect_last: str | None = None) -> tuple[dict[str, Any], list[Tensor], list[Span]]:
     """check(), and what surgery needs besides the result: (result, the tensor infos read (a
     list of Tensors, empty unless the whole header was read), each KV's (key, value type, start,
     end) in the file)."""
     result, table, spans = examine(read_at, file_size, expect_tensors, expect_last, TensorTable(keep=True))
-    return result, table.kept if result["header_end"] is not None else [], spans
+    return result, (table.kept or []) if result["header_end"] is not None else [], spans  # kept: keep=True
 
 
-def examine(read_at, file_size, expect_tensors, expect_last, table):
+def examine(read_at: ReadAt, file_size: int, expect_tensors: int | None, expect_last: str | None,
+            table: TensorTable) -> tuple[dict[str, Any], TensorTable, list[Span]]:
     """The header read into `table` (a TensorTable) and judged: (result, table, KV spans)."""
     result = empty_result(file_size)
     result.update(architecture=None, embedding_length=None, projector=None)
     problems = Problems()
     reader = RangeReader(read_at, file_size)
     complete = False
-    spans = []
+    spans: list[Span] = []
     try:
         read_header(reader, result, problems, spans, table)
         complete = True
@@ -295,32 +304,32 @@ def examine(read_at, file_size, expect_tensors, expect_last, table):
     return result, table, spans
 
 
-def check_file(path, expect_tensors=None, expect_last=None):
+def check_file(path: str, expect_tensors: int | None = None, expect_last: str | None = None) -> dict[str, Any]:
     """check() on a local file. Raises OSError when the file cannot be opened or read."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
 
-        def read_at(offset, length):
+        def read_at(offset: int, length: int) -> bytes:
             f.seek(offset)
             return f.read(length)
 
         return check(read_at, size, expect_tensors=expect_tensors, expect_last=expect_last)
 
 
-def unreadable_result(path, error):
+def unreadable_result(path: str, error: object) -> dict[str, Any]:
     result = empty_result(None)
     result["problems"] = [{"code": "unreadable", "severity": "error", "offset": None,
                            "message": "Cannot read %s: %s" % (path, error)}]
     return result
 
 
-def describe_kv(key, value):
+def describe_kv(key: str, value: Any) -> str:
     if key == "general.file_type" and value in FILE_TYPE_NAMES:
         return "%s (%s)" % (value, FILE_TYPE_NAMES[value])
     return str(value)
 
 
-def expected_size_text(result):
+def expected_size_text(result: Mapping[str, Any]) -> str:
     """Writers pad the end to the alignment; a file that stops where the data ends is fine too."""
     low, high = result["data_end"], result["expected_size"]
     if low is None or low == high:
@@ -328,7 +337,7 @@ def expected_size_text(result):
     return "%s..%s (data end..padded)" % (low, high)
 
 
-def summary(path, result):
+def summary(path: str, result: Mapping[str, Any]) -> str:
     lines = ["%s: %s" % (path, "OK" if result["ok"] else "PROBLEMS")]
     lines.append("  GGUF v%s, %s KVs, %s tensors (%s read), alignment %s" % (
         result["version"], result["kv_count"], result["tensor_count"], result["tensors"], result["alignment"]))
@@ -355,7 +364,7 @@ def summary(path, result):
     return "\n".join(lines)
 
 
-def projector_text(projector):
+def projector_text(projector: Mapping[str, Any]) -> str:
     """A projector's figures on one line, for a person."""
     p = projector
     return ("projector (mmproj): type %s, projection_dim %s (the text model's embedding size it needs),"
@@ -364,7 +373,7 @@ def projector_text(projector):
                p["image_size"], p["patch_size"], p["block_count"], p["embedding_length"]))
 
 
-def parse_args(argv):
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Check a GGUF file's header and layout (reads no tensor data).")
     parser.add_argument("file")
     parser.add_argument("--expect-tensors", type=int, metavar="N", help="the tensor count it must have")
@@ -373,7 +382,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         result = check_file(args.file, expect_tensors=args.expect_tensors, expect_last=args.last_tensor)

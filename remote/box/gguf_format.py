@@ -16,9 +16,12 @@ limits below (over_limit); so the work and the memory of a check follow the byte
 there, up to MAX_HEADER_BYTES, never a count the file chose.
 """
 
+from __future__ import annotations
+
 import math
 import struct
 from array import array
+from typing import Any, Callable, Iterable, Mapping, Sequence, Tuple
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -147,19 +150,21 @@ FILE_TYPE_NAMES = {
 
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
+Span = Tuple[str, int, int, int]  # a KV in the file: (key, value type, start, end), as read_kvs keeps them
+ReadAt = Callable[[int, int], bytes]  # read_at(offset, length): up to length bytes from offset
 
 
 class HeaderProblem(Exception):
     """Parsing cannot go on: the header is broken at `offset`."""
 
-    def __init__(self, code, message, offset):
+    def __init__(self, code: str, message: str, offset: int) -> None:
         Exception.__init__(self, message)
         self.code = code
         self.message = message
         self.offset = offset
 
 
-def over_header_limit(what, offset):
+def over_header_limit(what: str, offset: int) -> HeaderProblem:
     return HeaderProblem("over_limit", "%s takes the header past %d bytes (MAX_HEADER_BYTES), the most this check"
                          " reads: real headers take under 10 MB (a 262k-token vocabulary), so a count or length is"
                          " corrupt or the file is not a model; not read on." % (what, MAX_HEADER_BYTES), offset)
@@ -169,8 +174,13 @@ class OddLength:
     """The first string length beyond what real files hold: where a later failure comes from."""
 
     __slots__ = ("offset", "length", "kind", "where", "bound")
+    offset: int
+    length: int
+    kind: str
+    where: object  # a str, or a Where
+    bound: int
 
-    def __init__(self, offset, length, kind, where, bound):
+    def __init__(self, offset: int, length: int, kind: str, where: object, bound: int) -> None:
         self.offset = offset
         self.length = length
         self.kind = kind
@@ -181,7 +191,7 @@ class OddLength:
 class Truncated(Exception):
     """A read ran past the end of the file."""
 
-    def __init__(self, offset, length):
+    def __init__(self, offset: int, length: int) -> None:
         Exception.__init__(self, "%d bytes at offset %d" % (length, offset))
         self.offset = offset
         self.length = length
@@ -195,57 +205,57 @@ class RangeReader:
     a vocabulary costs a few round trips to a remote box, not one per CHUNK.
     """
 
-    def __init__(self, read_at, file_size, chunk=CHUNK):
+    def __init__(self, read_at: ReadAt, file_size: int, chunk: int = CHUNK) -> None:
         self.read_at = read_at
         self.file_size = file_size
         self.chunk = chunk
         self.pos = 0
         self.buf = b""
         self.buf_start = 0
-        self.odd_length = None  # an OddLength, once one is read: the parse may have lost step there
+        self.odd_length: OddLength | None = None  # an OddLength, once one is read: the parse may have lost step there
         self.ahead = 0  # an offset the header certainly reaches (never past it: no tensor data is read)
 
-    def remaining(self):
+    def remaining(self) -> int:
         return self.file_size - self.pos
 
-    def take(self, n):
+    def take(self, n: int) -> bytes:
         start = self.ensure(n)
         self.pos += n
         return self.buf[start:start + n]
 
-    def peek(self, n):
+    def peek(self, n: int) -> bytes:
         """Up to n bytes from pos, without moving: fills the buffer for what follows."""
         n = min(n, self.remaining())
         start = self.ensure(n)
         return self.buf[start:start + n]
 
-    def skip(self, n):
+    def skip(self, n: int) -> None:
         self.reach(n)
         self.pos += n
 
-    def u32(self):
+    def u32(self) -> int:
         start = self.ensure(4)
         self.pos += 4
         return U32.unpack_from(self.buf, start)[0]
 
-    def u64(self):
+    def u64(self) -> int:
         start = self.ensure(8)
         self.pos += 8
         return U64.unpack_from(self.buf, start)[0]
 
-    def unpack(self, fields):
+    def unpack(self, fields: struct.Struct) -> tuple[Any, ...]:
         """A struct.Struct's fields from pos, moving past them."""
         start = self.ensure(fields.size)
         self.pos += fields.size
         return fields.unpack_from(self.buf, start)
 
-    def scalar(self, value_type):
+    def scalar(self, value_type: int) -> Any:
         size = SCALAR_SIZES[value_type]
         start = self.ensure(size)
         self.pos += size
         return struct.unpack_from(SCALAR_FORMATS[value_type], self.buf, start)[0]
 
-    def reach(self, n):
+    def reach(self, n: int) -> None:
         """[pos, pos+n) is in the file (else Truncated) and in the header's limit (else over_limit)."""
         end = self.pos + n
         if end > self.file_size:
@@ -253,7 +263,7 @@ class RangeReader:
         if end > MAX_HEADER_BYTES:
             raise over_header_limit("Reading %d bytes at offset %d" % (n, self.pos), self.pos)
 
-    def ensure(self, n):
+    def ensure(self, n: int) -> int:
         """Make [pos, pos+n) buffered; return where it starts in self.buf."""
         rel = self.pos - self.buf_start
         end = self.pos + n
@@ -268,7 +278,7 @@ class RangeReader:
             raise Truncated(self.pos, n)  # the file is shorter than file_size said
         return 0
 
-    def fetch(self, offset, length):
+    def fetch(self, offset: int, length: int) -> bytes:
         length = min(length, self.file_size - offset)
         parts = []
         got = 0
@@ -284,30 +294,37 @@ class RangeReader:
 class Problems:
     """Collects problems; per-tensor codes are listed MAX_PER_CODE times, then counted."""
 
-    def __init__(self):
-        self.items = []
-        self.counts = {}
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.counts: dict[str, int] = {}
 
-    def add(self, code, message, offset=None, severity="error"):
+    def add(self, code: str, message: str, offset: int | None = None, severity: str = "error") -> None:
         self.counts[code] = self.counts.get(code, 0) + 1
         if self.counts[code] <= MAX_PER_CODE:
             self.items.append({"code": code, "severity": severity, "message": message, "offset": offset})
 
-    def finish(self):
+    def finish(self) -> list[dict[str, Any]]:
         for code, count in self.counts.items():
             if count > MAX_PER_CODE:
                 self.items.append({"code": code, "severity": "error", "offset": None,
                                    "message": "... and %d more %s problems" % (count - MAX_PER_CODE, code)})
         return self.items
 
-    def has_errors(self):
+    def has_errors(self) -> bool:
         return any(p["severity"] == "error" for p in self.items)
 
 
 class Tensor:
     __slots__ = ("name", "dims", "type_id", "offset", "nbytes", "info_offset")
+    name: str
+    dims: list[int]
+    type_id: int
+    offset: int
+    nbytes: int | None  # None for an unknown type
+    info_offset: int
 
-    def __init__(self, name, dims, type_id, offset, nbytes, info_offset):
+    def __init__(self, name: str, dims: list[int], type_id: int, offset: int, nbytes: int | None,
+                 info_offset: int) -> None:
         self.name = name
         self.dims = dims
         self.type_id = type_id
@@ -322,22 +339,22 @@ class TensorTable:
     8 MB, not 22); the Tensors themselves only when `keep` (surgery builds on them). Tensor i is
     at index i of each column."""
 
-    def __init__(self, keep=True):
-        self.kept = [] if keep else None
-        self.names = []
-        self.name_set = set()  # the same strings: a duplicate is found as it is read
+    def __init__(self, keep: bool = True) -> None:
+        self.kept: list[Tensor] | None = [] if keep else None
+        self.names: list[str] = []
+        self.name_set: set[str] = set()  # the same strings: a duplicate is found as it is read
         self.offsets = array("Q")
         self.sizes = array("Q")  # nbytes; 0 where odd_sizes says otherwise
-        self.odd_sizes = {}  # index -> nbytes that a u64 cannot hold, or None for an unknown type
+        self.odd_sizes: dict[int, int | None] = {}  # index -> nbytes a u64 cannot hold, or None for an unknown type
         self.info_offsets = array("Q")
         self.in_order = True  # offsets never decrease (what writers do): no sort for the overlap check
         self.data_end = 0  # the end of the data furthest along, relative to the data start
         self.unknown_sizes = 0  # tensors of an unknown type: the size of the data cannot be known
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.names)
 
-    def add(self, tensor):
+    def add(self, tensor: Tensor) -> None:
         index = len(self.names)
         self.names.append(tensor.name)
         self.name_set.add(tensor.name)
@@ -358,22 +375,22 @@ class TensorTable:
         if self.kept is not None:
             self.kept.append(tensor)
 
-    def nbytes(self, index):
+    def nbytes(self, index: int) -> int | None:
         """Tensor index's bytes of data; None for an unknown type."""
         return self.odd_sizes.get(index, self.sizes[index]) if self.odd_sizes else self.sizes[index]
 
-    def by_offset(self):
+    def by_offset(self) -> Sequence[int]:
         """The indices in the order of their data (read order for ties), without a sort when it is that."""
         if self.in_order:
             return range(len(self.names))
         return sorted(range(len(self.names)), key=self.offsets.__getitem__)
 
 
-def align(value, alignment):
+def align(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
 
 
-def empty_result(file_size):
+def empty_result(file_size: int | None) -> dict[str, Any]:
     return {
         "ok": False, "version": None, "tensor_count": None, "kv_count": None, "alignment": DEFAULT_ALIGNMENT,
         "header_end": None, "data_start": None, "data_end": None, "expected_size": None,
@@ -386,7 +403,7 @@ def empty_result(file_size):
 # The fixed header
 
 
-def magic_hint(head):
+def magic_hint(head: bytes) -> str:
     """Name the usual impostors: what was downloaded instead of the model."""
     if head.startswith(b"version https://git-lfs"):
         return " It is a git-lfs pointer file, not the model: fetch the LFS object."
@@ -398,7 +415,7 @@ def magic_hint(head):
     return ""
 
 
-def read_fixed_header(reader, result):
+def read_fixed_header(reader: RangeReader, result: dict[str, Any]) -> None:
     if reader.file_size == 0:
         raise HeaderProblem("header_truncated", "The file is empty.", 0)
     head = reader.peek(64)
@@ -419,7 +436,7 @@ def read_fixed_header(reader, result):
                             % (reader.file_size, FIXED_HEADER) + CUT_HINT, reader.pos) from None
 
 
-def check_version(version):
+def check_version(version: int) -> None:
     if version in SUPPORTED_VERSIONS:
         return
     swapped = struct.unpack("<I", struct.pack(">I", version))[0]
@@ -432,7 +449,7 @@ def check_version(version):
     raise HeaderProblem("bad_version", "Version %d is not one of %s.%s" % (version, SUPPORTED_VERSIONS, why), 4)
 
 
-def header_bytes_hex(reader):
+def header_bytes_hex(reader: RangeReader) -> str:
     head = reader.fetch(8, 24)  # range reads may come back short
     return " ".join(head[i:i + 8].hex() for i in range(0, len(head), 8))
 
@@ -441,7 +458,7 @@ def header_bytes_hex(reader):
 CORRUPTION_SIGNS = ("absurd_count", "bad_kv_type", "bad_shape")
 
 
-def patch_hint(reader, result):
+def patch_hint(reader: RangeReader, result: Mapping[str, Any]) -> str:
     """Point at the classic cause: a u64 count written one byte off corrupts its neighbours."""
     return (" This is the signature of a corrupted header, typically one patched one byte off (e.g. kv_count"
             " written at offset 17 or 15 instead of 16), which corrupts kv_count/tensor_count or the first"
@@ -451,7 +468,7 @@ def patch_hint(reader, result):
             % (result["tensor_count"], result["kv_count"], header_bytes_hex(reader)))
 
 
-def first_name_intact(reader):
+def first_name_intact(reader: RangeReader) -> bool:
     """Whether what follows the counts reads as the first key (or tensor name): ASCII of a sane
     length. A patch one byte off clobbers it; a cut file has it (or ends before it: cut, too)."""
     head = reader.peek(8 + PLAUSIBLE_KEY)
@@ -462,7 +479,7 @@ def first_name_intact(reader):
     return 0 < length <= PLAUSIBLE_KEY and all(0x21 <= b < 0x7F for b in name)
 
 
-def check_counts(reader, result):
+def check_counts(reader: RangeReader, result: Mapping[str, Any]) -> None:
     """Each KV and tensor info takes a minimum number of bytes. Counts a model can have in a file
     too short for them: the file was cut. Counts no model has: the header is corrupt."""
     tensors, kvs = result["tensor_count"], result["kv_count"]
@@ -483,7 +500,7 @@ def check_counts(reader, result):
         + patch_hint(reader, result), 16 if which == "kv_count" else 8)
 
 
-def check_declared_counts(result):
+def check_declared_counts(result: Mapping[str, Any]) -> None:
     """Counts the file has room for but no model comes near: refused before the first KV is read."""
     for name, limit, offset, items, why in (
             ("tensor_count", MAX_TENSORS, 8, "tensors", "the largest real models have a few thousand"),
@@ -498,7 +515,7 @@ def check_declared_counts(result):
 # KVs
 
 
-def read_length(reader, kind, cap, where, plausible=None):
+def read_length(reader: RangeReader, kind: str, cap: int, where: object, plausible: int | None = None) -> int:
     """A u64 string length, judged before anything is read: absurd, or past the end of the file.
     One over `plausible` (but under the cap) is noted on the reader: if the parse fails after it,
     that length is named as the cause."""
@@ -531,7 +548,7 @@ def read_length(reader, kind, cap, where, plausible=None):
     return length
 
 
-def read_key(reader, index, previous_key):
+def read_key(reader: RangeReader, index: int, previous_key: str | None) -> str:
     where = "KV #%d (after %s)" % (index, repr(previous_key) if previous_key else "the fixed header")
     length = read_length(reader, "key", MAX_KEY_LENGTH, where, PLAUSIBLE_KEY)
     offset = reader.pos
@@ -543,7 +560,7 @@ def read_key(reader, index, previous_key):
                             offset - 8) from None
 
 
-def read_value_type(reader, where):
+def read_value_type(reader: RangeReader, where: str) -> int:
     offset = reader.pos
     try:
         value_type = reader.u32()
@@ -556,7 +573,7 @@ def read_value_type(reader, where):
     return value_type
 
 
-def read_string_value(reader, key, where):
+def read_string_value(reader: RangeReader, key: str, where: str) -> str | None:
     """The string if it is small enough to keep, else None (stepped over, not fetched)."""
     plausible = MAX_STRING_LENGTH if key in BIG_STRING_KEYS else PLAUSIBLE_VALUE
     length = read_length(reader, "string", MAX_STRING_LENGTH, where, plausible)
@@ -566,7 +583,7 @@ def read_string_value(reader, key, where):
     return reader.take(length).decode("utf-8", "replace")
 
 
-def skip_strings(reader, count, where):
+def skip_strings(reader: RangeReader, count: int, where: str) -> None:
     """Step over `count` strings (a tokenizer vocab): only their lengths are read."""
     empty_run = 0
     for left in range(count - 1, -1, -1):
@@ -576,7 +593,7 @@ def skip_strings(reader, count, where):
         empty_run = next_empty_run(reader, empty_run, length, "strings", where)
 
 
-def skip_arrays(reader, count, where, depth):
+def skip_arrays(reader: RangeReader, count: int, where: str, depth: int) -> None:
     """Step over `count` arrays, the items of an array of arrays."""
     empty_run = 0
     for _ in range(count):
@@ -584,7 +601,7 @@ def skip_arrays(reader, count, where, depth):
         empty_run = next_empty_run(reader, empty_run, items, "arrays", where)
 
 
-def next_empty_run(reader, run, size, items, where):
+def next_empty_run(reader: RangeReader, run: int, size: int, items: str, where: str) -> int:
     """The run of empty items after one of `size`: a long one is zeros read as items, not a vocabulary."""
     run = 0 if size else run + 1
     if run > MAX_EMPTY_RUN:
@@ -594,7 +611,7 @@ def next_empty_run(reader, run, size, items, where):
     return run
 
 
-def skip_array(reader, where, depth=0):
+def skip_array(reader: RangeReader, where: str, depth: int = 0) -> tuple[str, int]:
     """Step over an array value; return (element type name, count)."""
     if depth > MAX_ARRAY_DEPTH:
         raise HeaderProblem("bad_kv_type", "Arrays nested more than %d deep at offset %d, %s."
@@ -616,7 +633,7 @@ def skip_array(reader, where, depth=0):
     return VALUE_TYPE_NAMES[element_type], count
 
 
-def check_array_count(reader, count, least, offset, where):
+def check_array_count(reader: RangeReader, count: int, least: int, offset: int, where: str) -> None:
     """A count is held against the bytes left (its items' least size) and the limit before it is walked."""
     if least > reader.remaining():
         if count > MAX_ARRAY_ITEMS:
@@ -631,14 +648,14 @@ def check_array_count(reader, count, least, offset, where):
                             % (count, offset, where, MAX_ARRAY_ITEMS), offset)
 
 
-def keepable(value):
+def keepable(value: Any) -> Any:
     """JSON has no NaN/inf: keep those as text."""
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     return value
 
 
-def read_kvs(reader, result, spans=None):
+def read_kvs(reader: RangeReader, result: dict[str, Any], spans: list[Span] | None = None) -> str | None:
     """Every KV, each judged; with `spans` (a list), each KV's (key, value type, start, end) in
     the file is appended to it: what surgery copies or re-encodes."""
     seen = set()
@@ -668,7 +685,7 @@ def read_kvs(reader, result, spans=None):
     return previous_key
 
 
-def read_kv_value(reader, result, key, value_type, where):
+def read_kv_value(reader: RangeReader, result: dict[str, Any], key: str, value_type: int, where: str) -> None:
     if value_type == ARRAY:
         element, count = skip_array(reader, where)
         if len(result["arrays"]) < MAX_KEPT_KVS:
@@ -684,7 +701,7 @@ def read_kv_value(reader, result, key, value_type, where):
         result["kv"][key] = keepable(value)
 
 
-def has_room(kept, key):
+def has_room(kept: Mapping[str, Any], key: str) -> bool:
     """The first MAX_KEPT_KVS KVs are kept; past them, as many again of those a check reads (a
     projector's clip.* keys, a text model's embedding length), whatever the KVs before them."""
     if len(kept) < MAX_KEPT_KVS:
@@ -692,7 +709,7 @@ def has_room(kept, key):
     return len(kept) < 2 * MAX_KEPT_KVS and (key.startswith("clip.") or key.endswith(".embedding_length"))
 
 
-def check_alignment(value, value_type, offset):
+def check_alignment(value: Any, value_type: int, offset: int) -> int:
     if value_type != UINT32:
         raise HeaderProblem("bad_alignment", "general.alignment is a %s; llama.cpp requires a u32."
                             % VALUE_TYPE_NAMES[value_type], offset)
@@ -705,7 +722,7 @@ def check_alignment(value, value_type, offset):
 # Tensor infos
 
 
-def tensor_nbytes(dims, type_id):
+def tensor_nbytes(dims: Iterable[int], type_id: int) -> int | None:
     """Bytes of tensor data, or None when the type is unknown."""
     if type_id not in GGML_TYPES:
         return None
@@ -720,12 +737,14 @@ class Where:
     """A place in the header, put into words only when a message names it (not once per tensor)."""
 
     __slots__ = ("words", "args")
+    words: str
+    args: tuple[object, ...]
 
-    def __init__(self, words, *args):
+    def __init__(self, words: str, *args: object) -> None:
         self.words = words
         self.args = args
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.words % self.args
 
 
@@ -733,7 +752,7 @@ class Where:
 INFO_TAILS = [struct.Struct("<" + "Q" * n + "IQ") for n in range(MAX_DIMS + 1)]
 
 
-def read_tensor_info(reader, index, previous):
+def read_tensor_info(reader: RangeReader, index: int, previous: Where) -> Tensor:
     """One tensor info; `previous` is a Where naming what came before it."""
     where = Where("tensor info #%d (after %s)", index, previous)
     info_offset = reader.pos
@@ -754,7 +773,7 @@ def read_tensor_info(reader, index, previous):
     return Tensor(name, dims, type_id, offset, tensor_nbytes(dims, type_id), info_offset)
 
 
-def check_tensor_info(tensor, problems):
+def check_tensor_info(tensor: Tensor, problems: Problems) -> None:
     """Problems that leave the header readable: reported, parsing goes on."""
     if tensor.type_id not in GGML_TYPES:
         problems.add("bad_tensor_type", "Tensor %r has unknown ggml type %d (info at offset %d)."
@@ -769,7 +788,8 @@ def check_tensor_info(tensor, problems):
                      % (tensor.name, tensor.dims[0], type_name, block), tensor.info_offset)
 
 
-def read_tensor_infos(reader, result, problems, last_key, table):
+def read_tensor_infos(reader: RangeReader, result: dict[str, Any], problems: Problems, last_key: str | None,
+                      table: TensorTable) -> None:
     """Each tensor info into `table`, judged as it is read: a Tensor lives only as long as it is
     read, unless the table keeps them."""
     try:
@@ -788,7 +808,7 @@ def read_tensor_infos(reader, result, problems, last_key, table):
         result["last_tensor"] = table.names[-1] if table.names else None
 
 
-def odd_length_problem(odd, failure):
+def odd_length_problem(odd: OddLength, failure: HeaderProblem) -> HeaderProblem:
     """The parse failed after a length no real file has: that length is the corruption, not a cut."""
     return HeaderProblem(
         "bad_string_length",
@@ -799,13 +819,14 @@ def odd_length_problem(odd, failure):
                                                       odd.bound, first_sentence(failure.message)), odd.offset)
 
 
-def first_sentence(message):
+def first_sentence(message: str) -> str:
     """A failure's own finding, without the hint that would send the operator the wrong way."""
     end = message.find(". ")
     return message if end < 0 else message[:end + 1]
 
 
-def read_header(reader, result, problems, spans=None, table=None):
+def read_header(reader: RangeReader, result: dict[str, Any], problems: Problems, spans: list[Span] | None = None,
+                table: TensorTable | None = None) -> list[Tensor] | None:
     """Fixed header, every KV, every tensor info: only then is the header's end known. With
     `spans`, each KV's place in the file is kept there (read_kvs). The tensor infos go into
     `table` (a TensorTable; by default a new one that keeps the Tensors); returns the Tensors kept."""

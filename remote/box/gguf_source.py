@@ -20,6 +20,8 @@ most MAX_REDIRECTS times: never from https to plain http, never to another schem
 reply headers are bounded (digits, length, value) before int() sees them.
 """
 
+from __future__ import annotations
+
 import hashlib
 import http.client
 import os
@@ -28,6 +30,8 @@ import stat
 import urllib.error
 import urllib.parse
 import urllib.request
+from email.message import Message
+from typing import IO, Any, Iterable, Iterator, Mapping, Union
 
 from .gguf_format import MAX_HEADER_BYTES  # a URL's header is kept while read: no longer one is checked
 
@@ -50,11 +54,12 @@ class SourceError(Exception):
     """The source cannot be read as asked: the message says why, with the numbers."""
 
 
-def is_url(text):
+def is_url(text: str) -> bool:
     return text.startswith(("http://", "https://"))
 
 
-def open_source(given, workspace, pinned=None, allowed_hosts=()):
+def open_source(given: str, workspace: str, pinned: Mapping[str, Any] | None = None,
+                allowed_hosts: Iterable[str] = ()) -> Source:
     """A LocalSource (relative paths are in the workspace) or an HttpSource, checked against
     its pin from the plan when one is given."""
     if is_url(given):
@@ -62,31 +67,32 @@ def open_source(given, workspace, pinned=None, allowed_hosts=()):
     return LocalSource(os.path.join(workspace, given), pinned)
 
 
-def refuse_changes(name, pinned, now, keys, when="since the plan"):
+def refuse_changes(name: str, pinned: Mapping[str, Any] | None, now: Mapping[str, Any], keys: Iterable[str],
+                   when: str = "since the plan") -> None:
     """SourceError naming each of keys whose value differs between a pin and now."""
     changed = differences(pinned, now, keys) if pinned is not None else []
     if changed:
         raise changed_error(name, when, changed)
 
 
-def differences(pinned, now, keys):
+def differences(pinned: Mapping[str, Any], now: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
     return ["%s was %s, now %s" % (LABELS.get(key, key), shown(pinned.get(key)), shown(now.get(key)))
             for key in keys if pinned.get(key) != now.get(key)]
 
 
-def changed_error(name, when, changed):
+def changed_error(name: str, when: str, changed: list[str]) -> SourceError:
     return SourceError("%s changed %s (%s): refused, nothing written%s"
                        % (name, when, "; ".join(changed), "; plan it again" if when == "since the plan" else ""))
 
 
-def shown(value):
+def shown(value: Any) -> str:
     if value is None:
         return "none"
     return str(value) if isinstance(value, int) else repr(value)[:120]
 
 
 class LocalSource:
-    def __init__(self, path, pinned=None):
+    def __init__(self, path: str, pinned: Mapping[str, Any] | None = None) -> None:
         self.name = path
         self.fetched = 0
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -104,10 +110,10 @@ class LocalSource:
             os.close(fd)
             raise
 
-    def read_at(self, offset, length):
+    def read_at(self, offset: int, length: int) -> bytes:
         return os.pread(self.fd, length, offset)
 
-    def chunks(self, start, length):
+    def chunks(self, start: int, length: int) -> Iterator[bytes]:
         end = start + length
         while start < end:
             part = os.pread(self.fd, min(STREAM_CHUNK, end - start), start)
@@ -116,21 +122,21 @@ class LocalSource:
             start += len(part)
             yield part
 
-    def header_sha256(self, length):
+    def header_sha256(self, length: int) -> str:
         digest = hashlib.sha256()
         for part in self.chunks(0, length):
             digest.update(part)
         return digest.hexdigest()
 
-    def recheck(self):
+    def recheck(self) -> None:
         """After its bytes were copied: a file written to meanwhile is refused."""
         refuse_changes(self.name, self.pin, file_pin(os.fstat(self.fd)), FILE_PIN, "while it was read")
 
-    def close(self):
+    def close(self) -> None:
         os.close(self.fd)
 
 
-def file_pin(st):
+def file_pin(st: os.stat_result) -> dict[str, Any]:
     return {"size": st.st_size, "device": st.st_dev, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns}
 
 
@@ -138,7 +144,7 @@ def file_pin(st):
 # A URL
 
 
-def bounded_int(text, what):
+def bounded_int(text: str, what: str) -> int:
     """A non-negative decimal integer of at most MAX_DIGITS digits, or SourceError ("WHAT '...',
     not a byte count")."""
     if not (0 < len(text) <= MAX_DIGITS) or not text.isdigit() or not text.isascii():
@@ -146,7 +152,7 @@ def bounded_int(text, what):
     return int(text)
 
 
-def parse_content_range(text):
+def parse_content_range(text: str) -> tuple[int, int, int]:
     """(start, end, total) of 'bytes START-END/TOTAL', each bounded, start <= end < total."""
     match = CONTENT_RANGE.fullmatch(text.strip())
     if not match:
@@ -158,7 +164,7 @@ def parse_content_range(text):
     return start, end, total
 
 
-def redirect_refusal(current, target, allowed_hosts):
+def redirect_refusal(current: str, target: str, allowed_hosts: Iterable[str]) -> str | None:
     """Why a redirect from current to target is not followed, or None when it is."""
     old = urllib.parse.urlsplit(current)
     try:
@@ -182,11 +188,12 @@ class Redirects(urllib.request.HTTPRedirectHandler):
 
     max_redirections = MAX_REDIRECTS
 
-    def __init__(self, name, allowed_hosts):
+    def __init__(self, name: str, allowed_hosts: Iterable[str]) -> None:
         self.name = name
         self.allowed_hosts = tuple(allowed_hosts) + (urllib.parse.urlsplit(name).hostname or "",)  # and back
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: http.client.HTTPMessage, newurl: str) -> urllib.request.Request | None:
         fp.close()  # urllib would read a redirect's body whole: it is not ours to read
         refusal = redirect_refusal(req.full_url, newurl, self.allowed_hosts)
         if refusal:
@@ -198,23 +205,23 @@ class HttpSource:
     """A GGUF behind a URL, read by Range requests; its size comes from the first reply. Its
     header is read once, from its start on, and kept (header_sha256 hashes what was parsed)."""
 
-    def __init__(self, url, pinned=None, allowed_hosts=()):
+    def __init__(self, url: str, pinned: Mapping[str, Any] | None = None, allowed_hosts: Iterable[str] = ()) -> None:
         self.name = url
         self.fetched = 0
-        self.identity = None
+        self.identity: tuple[int, int] | None = None
         self.opener = urllib.request.build_opener(Redirects(url, allowed_hosts))
         self.pinned = pinned  # the plan's: sent as conditions on the first request
-        self.pin = None
-        self.size = None
+        self.pin: dict[str, Any] | None = None  # from the first reply on: what every reply must show
+        self.size = 0  # the file's: the first reply's Content-Range says it
         self.prefix = bytearray()
         self._first_range()
 
-    def _first_range(self):
+    def _first_range(self) -> None:
         response, start, end = self._open(0, FIRST_RANGE - 1)
         with response:
             self.prefix += self._read_exactly(response, start, end)
 
-    def _open(self, start, end):
+    def _open(self, start: int, end: int) -> tuple[http.client.HTTPResponse, int, int]:
         """A 206 reply for bytes start..end (clamped to the file's end); its headers checked."""
         headers = {"Range": "bytes=%d-%d" % (start, end), "Accept-Encoding": "identity", "User-Agent": "samai-console"}
         headers.update(conditions(self.pin or self.pinned or {}))
@@ -238,7 +245,7 @@ class HttpSource:
             raise
         return response, got_start, got_end
 
-    def _http_error(self, e, start, end):
+    def _http_error(self, e: urllib.error.HTTPError, start: int, end: int) -> SourceError:
         if e.code == 412:
             return self._precondition_failed(e.headers)
         if 300 <= e.code < 400:
@@ -247,7 +254,7 @@ class HttpSource:
                                % (self.name, MAX_REDIRECTS, (e.headers.get("Location") or "")[:120]))
         return SourceError("%s answered HTTP %d to the range request bytes=%d-%d" % (self.name, e.code, start, end))
 
-    def _precondition_failed(self, headers):
+    def _precondition_failed(self, headers: Message) -> SourceError:
         """412: the server says the file is no longer the version pinned (its reply may say which)."""
         expected = self.pin or self.pinned or {}
         try:
@@ -260,15 +267,15 @@ class HttpSource:
             said = ["it answers 412 Precondition Failed to %s" % asked]
         return changed_error(self.name, "since the plan" if self.pin is None else "while it was read", said)
 
-    def _checked_range(self, response, start, end):
+    def _checked_range(self, response: http.client.HTTPResponse, start: int, end: int) -> tuple[int, int]:
         """The reply's Content-Range (and Content-Length) are exactly the range asked."""
         try:
             got_start, got_end, total = parse_content_range(single_header(response.headers, "Content-Range") or "")
-            length = single_header(response.headers, "Content-Length")
-            length = None if length is None else bounded_int(length.strip(), "a Content-Length")
+            said = single_header(response.headers, "Content-Length")
+            length = None if said is None else bounded_int(said.strip(), "a Content-Length")
         except SourceError as e:
             raise SourceError("%s answered 206 with %s: refused" % (self.name, e)) from None
-        size = total if self.size is None else self.size
+        size = total if self.pin is None else self.size  # the first reply (no pin yet) sets the size
         want_end = min(end, size - 1)  # a server clamps to the file's end
         if (got_start, got_end, total) != (start, want_end, size) or length not in (None, got_end - got_start + 1):
             raise SourceError("%s answered bytes %d-%d/%d (Content-Length %s) to the request bytes=%d-%d: expected"
@@ -277,7 +284,7 @@ class HttpSource:
         self.size = size
         return got_start, got_end
 
-    def _check_validators(self, response):
+    def _check_validators(self, response: http.client.HTTPResponse) -> None:
         now = dict(validators_of(self.name, response.headers), size=self.size)
         if self.pin is None:
             refuse_changes(self.name, self.pinned, now, URL_PIN)
@@ -285,10 +292,10 @@ class HttpSource:
         else:
             refuse_changes(self.name, self.pin, now, URL_PIN, "while it was read")
 
-    def _read_exactly(self, response, start, end):
+    def _read_exactly(self, response: http.client.HTTPResponse, start: int, end: int) -> bytes:
         return b"".join(self._body(response, start, end))
 
-    def _body(self, response, start, end):
+    def _body(self, response: http.client.HTTPResponse, start: int, end: int) -> Iterator[bytes]:
         """The body, asserted to be exactly end - start + 1 bytes."""
         want = end - start + 1
         got = 0
@@ -307,13 +314,13 @@ class HttpSource:
             raise SourceError("%s sent %s bytes for the range %d-%d: expected exactly end - start + 1 = %d"
                               % (self.name, "%d" % got if got != want else "more than %d" % got, start, end, want))
 
-    def _more(self, response):
+    def _more(self, response: http.client.HTTPResponse) -> bool:
         try:
             return bool(response.read(1))
         except (http.client.HTTPException, OSError, ValueError):
             return False  # nothing more came: what was asked for is all there is
 
-    def read_at(self, offset, length):
+    def read_at(self, offset: int, length: int) -> bytes:
         end = min(offset + length, self.size)
         if offset >= end:
             return b""
@@ -321,7 +328,7 @@ class HttpSource:
             self._extend(end)
         return bytes(self.prefix[offset:end])
 
-    def _extend(self, end):
+    def _extend(self, end: int) -> None:
         """The header read on from where it was read to: never a gap, so it is hashed as parsed."""
         if end > MAX_HEADER_BYTES:
             raise SourceError("%s: its header would go past %d bytes: refused" % (self.name, MAX_HEADER_BYTES))
@@ -329,10 +336,10 @@ class HttpSource:
         with response:
             self.prefix += self._read_exactly(response, start, got_end)
 
-    def header_sha256(self, length):
+    def header_sha256(self, length: int) -> str:
         return hashlib.sha256(self.read_at(0, length)).hexdigest()
 
-    def chunks(self, start, length):
+    def chunks(self, start: int, length: int) -> Iterator[bytes]:
         if length <= 0:
             return
         response, start, end = self._open(start, start + length - 1)
@@ -340,14 +347,14 @@ class HttpSource:
             for part in self._body(response, start, end):
                 yield part
 
-    def recheck(self):
+    def recheck(self) -> None:
         pass  # every reply was checked as it came
 
-    def close(self):
+    def close(self) -> None:
         pass
 
 
-def single_header(headers, name):
+def single_header(headers: Message, name: str) -> str | None:
     """A header's value; a reply that sends it twice (which one would count?) is refused."""
     values = headers.get_all(name) or []
     if len(values) > 1:
@@ -355,7 +362,7 @@ def single_header(headers, name):
     return values[0] if values else None
 
 
-def validators_of(name, headers):
+def validators_of(name: str, headers: Message) -> dict[str, str | None]:
     """{"etag", "last_modified"} as the reply sent them (None where absent), each visible ASCII."""
     out = {}
     for key, header in VALIDATORS:
@@ -371,7 +378,7 @@ def validators_of(name, headers):
     return out
 
 
-def conditions(pin):
+def conditions(pin: Mapping[str, Any]) -> dict[str, str]:
     """The request headers that make a server refuse (412) what is no longer the pinned file. A
     weak ETag (W/...) never matches If-Match: it is checked in the reply instead."""
     headers = {}
@@ -381,3 +388,6 @@ def conditions(pin):
     if isinstance(last_modified, str) and last_modified:
         headers["If-Unmodified-Since"] = last_modified
     return headers
+
+
+Source = Union[LocalSource, HttpSource]  # what surgery reads a GGUF from (open_source)

@@ -29,6 +29,14 @@ a write request this tool cannot read is a failure too ("bad request: ..."). Any
 that is not one of these is {"error": ...}.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from .gguf_format import Span, Tensor
+    from .gguf_source import Source
+
 import os
 import re
 import sys
@@ -84,7 +92,7 @@ class BadRequest(Exception):
     """The request is not one this tool reads: the field and what it must be."""
 
 
-def handle(req):
+def handle(req: Any) -> dict[str, Any]:
     """The reply to one request; never raises for anything JSON can hold."""
     if not isinstance(req, dict):
         return {"error": "bad request: not an object"}
@@ -107,13 +115,13 @@ def handle(req):
         return failure(req, op, str(e))
 
 
-def failure(req, op, why):
+def failure(req: Mapping[str, Any], op: Any, why: str) -> dict[str, Any]:
     out = req.get("out")
     return {"ok": False, "op": op, "out": out if isinstance(out, str) else "",
             "planned": bool(req.get("plan")), "failure": why, "assertions": []}
 
 
-def text(req, key, required=True):
+def text(req: Mapping[str, Any], key: str, required: bool = True) -> Any:
     value = req.get(key)
     if value is None and not required:
         return None
@@ -122,17 +130,16 @@ def text(req, key, required=True):
     return value
 
 
-def names_of(req, key):
+def names_of(req: Mapping[str, Any], key: str) -> list[str]:
     value = req.get(key)
     if not isinstance(value, list) or not value or len(value) > MAX_NAMES:
         raise BadRequest("%s must be a list of 1 to %d names" % (key, MAX_NAMES))
     if not all(isinstance(n, str) and n for n in value):
         raise BadRequest("%s must hold names (strings)" % key)
-    seen = set()
-    return [n for n in value if not (n in seen or seen.add(n))]  # each once, in the order given
+    return list(dict.fromkeys(value))  # each once, in the order given
 
 
-def optional_int(req, key):
+def optional_int(req: Mapping[str, Any], key: str) -> int | None:
     value = req.get(key)
     if value is None:
         return None
@@ -141,7 +148,7 @@ def optional_int(req, key):
     return value
 
 
-def redirect_hosts(req):
+def redirect_hosts(req: Mapping[str, Any]) -> list[str]:
     hosts = req.get("redirect_hosts")
     if hosts is None:
         return []
@@ -151,7 +158,7 @@ def redirect_hosts(req):
     return hosts
 
 
-def plan_pin(req, sources):
+def plan_pin(req: Mapping[str, Any], sources: int) -> dict[str, Any] | None:
     """The plan's pin given back with a write, its shape checked; None when there is none."""
     pin = req.get("pin")
     if pin is None:
@@ -164,7 +171,7 @@ def plan_pin(req, sources):
     return pin
 
 
-def read_exactly(source, start, length):
+def read_exactly(source: Source, start: int, length: int) -> bytes:
     parts, got = [], 0
     while got < length:
         part = source.read_at(start + got, length - got)
@@ -179,7 +186,7 @@ def read_exactly(source, start, length):
 # show
 
 
-def show(req):
+def show(req: Mapping[str, Any]) -> dict[str, Any]:
     workspace = text(req, "workspace")
     path = text(req, "path")
     source = open_source(path, workspace, allowed_hosts=redirect_hosts(req))
@@ -201,15 +208,15 @@ def show(req):
     }
 
 
-def tensor_row(t):
+def tensor_row(t: Tensor) -> dict[str, Any]:
     type_name = GGML_TYPES[t.type_id][0] if t.type_id in GGML_TYPES else "type %d" % t.type_id
     return {"name": t.name, "type": type_name, "shape": list(t.dims), "offset": t.offset, "size": t.nbytes}
 
 
-def describe_kv(reader, span):
+def describe_kv(reader: RangeReader, span: Span) -> dict[str, Any]:
     """{"key", "type", "value" (short text), "count" (arrays)} of one KV, read again from its place."""
     key, value_type, start, _end = span
-    row = {"key": key, "type": VALUE_TYPE_NAMES[value_type], "value": "", "count": None}
+    row: dict[str, Any] = {"key": key, "type": VALUE_TYPE_NAMES[value_type], "value": "", "count": None}
     try:
         reader.pos = start
         reader.skip(reader.u64())
@@ -226,7 +233,7 @@ def describe_kv(reader, span):
     return row
 
 
-def value_text(reader, value_type, limit):
+def value_text(reader: RangeReader, value_type: int, limit: int) -> str:
     if value_type == STRING:
         length = reader.u64()
         shown = reader.take(min(length, limit)).decode("utf-8", "replace")
@@ -237,7 +244,7 @@ def value_text(reader, value_type, limit):
     return repr(value)
 
 
-def array_head(reader):
+def array_head(reader: RangeReader) -> tuple[int, int, list[str]]:
     element = reader.u32()
     count = reader.u64()
     items = []
@@ -255,7 +262,7 @@ class Header:
     """A source checked and read: the checker's result, its tensor infos and KV places, and
     its pin (the source's, with the header's sha256), checked against the plan's (pinned)."""
 
-    def __init__(self, source, role, pinned=None):
+    def __init__(self, source: Source, role: str, pinned: Mapping[str, Any] | None = None) -> None:
         self.source = source
         self.result, self.tensors, self.spans = inspect(source.read_at, source.size)
         if not self.result["ok"]:
@@ -263,20 +270,21 @@ class Header:
             raise Refused("the %s %s is not a sound GGUF file, refused (nothing written): check gguf finds %s"
                           % (role, source.name, problems))
         self.by_name = dict((t.name, t) for t in self.tensors)
-        self.pin = dict(source.pin, header_sha256=source.header_sha256(self.result["header_end"]))
+        self.pin = dict(source.pin or {}, header_sha256=source.header_sha256(self.result["header_end"]))
         refuse_changes("the %s %s" % (role, source.name), pinned, self.pin, ("header_sha256",))
 
-    def raw_kvs(self):
+    def raw_kvs(self) -> list[tuple[str, int, bytes]]:
         if not self.spans:
             return []
         start, end = self.spans[0][2], self.spans[-1][3]
         data = read_exactly(self.source, start, end - start)
         return [(key, value_type, data[a - start:b - start]) for key, value_type, a, b in self.spans]
 
-    def out_tensor(self, t):
-        return OutTensor(t.name, t.dims, t.type_id, t.nbytes, self.source, self.result["data_start"] + t.offset)
+    def out_tensor(self, t: Tensor) -> OutTensor:
+        nbytes = t.nbytes or 0  # a sound header (the only kind kept) knows every tensor's size
+        return OutTensor(t.name, t.dims, t.type_id, nbytes, self.source, self.result["data_start"] + t.offset)
 
-    def kept_tensors(self):
+    def kept_tensors(self) -> list[OutTensor]:
         """The tensors as they are: the same infos, the same offsets in the data area."""
         kept = []
         for t in self.tensors:
@@ -286,7 +294,7 @@ class Header:
         return kept
 
 
-def picked(header, names, role):
+def picked(header: Header, names: Iterable[str], role: str) -> list[OutTensor]:
     missing = [n for n in names if n not in header.by_name]
     if missing:
         raise Refused("the %s has no tensor named %s (it has %d tensors: %s ...)"
@@ -295,7 +303,7 @@ def picked(header, names, role):
     return [header.out_tensor(header.by_name[n]) for n in names]
 
 
-def set_kv_layout(req, headers):
+def set_kv_layout(req: Mapping[str, Any], headers: list[Header]) -> tuple[Layout, Sequence[str]]:
     main = headers[0]
     changes = req.get("set")
     types = req.get("types") or {}
@@ -315,7 +323,7 @@ def set_kv_layout(req, headers):
     return Layout(main.result["version"], kvs, main.kept_tensors(), main.result["alignment"]), ()
 
 
-def changed_kv(key, value_type, raw, value, given_type):
+def changed_kv(key: str, value_type: int, raw: bytes, value: Any, given_type: Any) -> bytes:
     if key in FIXED_KEYS:
         raise Refused("%s cannot be set: every tensor's place depends on it" % key)
     element = None
@@ -327,7 +335,7 @@ def changed_kv(key, value_type, raw, value, given_type):
     return encode_kv(key, value_type, encode_value(value_type, element, value))
 
 
-def new_kv(key, value, given_type):
+def new_kv(key: str, value: Any, given_type: Any) -> bytes:
     if key in FIXED_KEYS:
         raise Refused("%s cannot be set: every tensor's place depends on it" % key)
     if not key or len(key.encode("utf-8")) > 255:
@@ -338,13 +346,13 @@ def new_kv(key, value, given_type):
     return encode_kv(key, value_type, encode_value(value_type, element, value))
 
 
-def type_name(value_type, element):
+def type_name(value_type: int, element: int | None) -> str:
     if value_type == ARRAY:
-        return "arr[%s]" % VALUE_TYPE_NAMES.get(element, "?")
+        return "arr[%s]" % ("?" if element is None else VALUE_TYPE_NAMES.get(element, "?"))
     return VALUE_TYPE_NAMES[value_type]
 
 
-def add_tensors_layout(req, headers):
+def add_tensors_layout(req: Mapping[str, Any], headers: list[Header]) -> tuple[Layout, Sequence[str]]:
     main, donor = headers
     names = names_of(req, "tensors")
     present = [n for n in names if n in main.by_name]
@@ -355,7 +363,7 @@ def add_tensors_layout(req, headers):
     return Layout(main.result["version"], kvs, main.kept_tensors() + added, main.result["alignment"]), names
 
 
-def extract_layout(req, headers):
+def extract_layout(req: Mapping[str, Any], headers: list[Header]) -> tuple[Layout, Sequence[str]]:
     main = headers[0]
     names = names_of(req, "tensors")
     kvs = [raw for _key, _type, raw in main.raw_kvs()]
@@ -365,14 +373,15 @@ def extract_layout(req, headers):
 LAYOUTS = {"set_kv": set_kv_layout, "add_tensors": add_tensors_layout, "extract": extract_layout}
 
 
-def write(req, op):
+def write(req: Mapping[str, Any], op: str) -> dict[str, Any]:
     workspace = workspace_root(text(req, "workspace"))
     out = text(req, "out")
     given = [("input", text(req, "path"))] + ([("donor", text(req, "donor"))] if op == "add_tensors" else [])
     expect_tensors, expect_last = optional_int(req, "expect_tensors"), text(req, "expect_last", required=False)
     pin, hosts = plan_pin(req, len(given)), redirect_hosts(req)
     target = out_target(workspace, out, given[0][1])
-    sources, headers = [], []
+    sources: list[Source] = []
+    headers: list[Header] = []
     try:
         for role, path in given:
             pinned = source_pin(pin, len(headers))
@@ -400,11 +409,11 @@ def write(req, op):
             source.close()
 
 
-def source_pin(pin, index):
+def source_pin(pin: Mapping[str, Any] | None, index: int) -> dict[str, Any] | None:
     return pin["sources"][index] if pin is not None else None
 
 
-def pin_of(headers, layout):
+def pin_of(headers: list[Header], layout: Layout) -> dict[str, Any]:
     """What a write must find again: each source's pin, the output's size, and the byte ranges
     (source index, start, length) its tensors are read from."""
     index = dict((id(h.source), i) for i, h in enumerate(headers))
@@ -412,7 +421,7 @@ def pin_of(headers, layout):
     return {"bytes": layout.size, "sources": [h.pin for h in headers], "reads": reads}
 
 
-def out_target(workspace, out, path):
+def out_target(workspace: str, out: str, path: str) -> str:
     """OUT's place in the workspace, refused when it leaves it, exists, or is the input."""
     if out.endswith("/"):
         raise Refused("OUT %s names a folder: OUT is the new file's name" % out)
@@ -430,7 +439,7 @@ def out_target(workspace, out, path):
     return target
 
 
-def free_at(target):
+def free_at(target: str) -> int:
     """Bytes free to us on the filesystem OUT would be written to (its nearest existing folder)."""
     folder = os.path.dirname(target)
     while not os.path.isdir(folder) and folder != os.path.dirname(folder):
@@ -439,7 +448,8 @@ def free_at(target):
     return st.f_bavail * st.f_frsize
 
 
-def planned(req, op, out, layout, added, sources, target):
+def planned(req: Mapping[str, Any], op: str, out: str, layout: Layout, added: Sequence[str], sources: list[Source],
+            target: str) -> dict[str, Any]:
     last = layout.tensors[-1].name if layout.tensors else None
     donor = sources[-1]
     return {"ok": True, "op": op, "out": out, "planned": bool(req.get("plan")), "bytes": layout.size,
@@ -448,7 +458,7 @@ def planned(req, op, out, layout, added, sources, target):
             "free": free_at(target), "assertions": []}
 
 
-def expectations(layout, expect_tensors, expect_last):
+def expectations(layout: Layout, expect_tensors: int | None, expect_last: str | None) -> tuple[int, str | None]:
     """What the output must show: as asked, and the plan must agree before anything is written."""
     count = len(layout.tensors)
     last = layout.tensors[-1].name if layout.tensors else None
@@ -461,7 +471,8 @@ def expectations(layout, expect_tensors, expect_last):
     return count, last
 
 
-def carried_out(workspace, out, layout, expect_tensors, expect_last, reply, sources):
+def carried_out(workspace: str, out: str, layout: Layout, expect_tensors: int, expect_last: str | None,
+                reply: Mapping[str, Any], sources: list[Source]) -> list[dict[str, Any]]:
     """Write OUT.part, assert, rename: OUT appears only when every assertion holds."""
     if reply["free"] < layout.size:
         raise Refused("OUT needs %d bytes and %d are free where it goes: refused, nothing written"
@@ -488,7 +499,7 @@ def carried_out(workspace, out, layout, expect_tensors, expect_last, reply, sour
         os.close(folder)
 
 
-def refuse_present(folder, name):
+def refuse_present(folder: int, name: str) -> None:
     """OUT was checked before the sources were read: something put there since stays as it is."""
     try:
         os.stat(name, dir_fd=folder, follow_symlinks=False)

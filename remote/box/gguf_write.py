@@ -15,6 +15,14 @@ last tensor info; the data area starts at align(header_end, alignment) and each 
 is relative to it, aligned; the file ends at the last tensor's data padded to the alignment.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, List, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from .gguf_format import Tensor
+    from .gguf_source import Source
+
 import hashlib
 import json
 import os
@@ -43,6 +51,7 @@ TYPE_IDS.update({"uint8": 0, "int8": 1, "uint16": 2, "int16": 3, "uint32": 4, "i
                  "string": 8, "uint64": 10, "int64": 11, "float64": 12})
 TRUE_TEXT = ("true", "1", "yes", "on")
 FALSE_TEXT = ("false", "0", "no", "off")
+Run = List[Any]  # [source, start, end, [OutTensor, ...]]: one range of a source to read (reads_of)
 
 
 class WriteError(Exception):
@@ -53,12 +62,12 @@ class WriteError(Exception):
 # Encoding
 
 
-def encode_string(text):
+def encode_string(text: str | bytes) -> bytes:
     data = text.encode("utf-8") if isinstance(text, str) else text
     return U64.pack(len(data)) + data
 
 
-def type_of(name):
+def type_of(name: str) -> tuple[int, int | None]:
     """(value type, element type or None) for a type name: u32, str, arr[str], uint32, ..."""
     name = name.strip().lower()
     if name.startswith("arr[") and name.endswith("]"):
@@ -71,11 +80,11 @@ def type_of(name):
     return TYPE_IDS[name], None
 
 
-def scalar_type_names():
+def scalar_type_names() -> str:
     return ", ".join(n for t, n in sorted(VALUE_TYPE_NAMES.items()) if t != ARRAY)
 
 
-def parse_scalar(value_type, text):
+def parse_scalar(value_type: int, text: Any) -> Any:
     """A value of that type from its text (JSON values are taken as they are)."""
     if value_type == STRING:
         if not isinstance(text, str):
@@ -103,7 +112,7 @@ def parse_scalar(value_type, text):
     raise WriteError("%r is not an integer" % (text,))
 
 
-def encode_scalar(value_type, value):
+def encode_scalar(value_type: int, value: Any) -> bytes:
     if value_type == STRING:
         return encode_string(value)
     try:
@@ -112,7 +121,7 @@ def encode_scalar(value_type, value):
         raise WriteError("%r does not fit a %s" % (value, VALUE_TYPE_NAMES[value_type])) from None
 
 
-def encode_value(value_type, element_type, text):
+def encode_value(value_type: int, element_type: int | None, text: Any) -> bytes:
     """A KV value's bytes (after its u32 type). An array is given as a JSON list."""
     if value_type != ARRAY:
         return encode_scalar(value_type, parse_scalar(value_type, text))
@@ -122,11 +131,13 @@ def encode_value(value_type, element_type, text):
         raise WriteError("an array value is a JSON list, not %r" % (text[:60],)) from None
     if not isinstance(items, list):
         raise WriteError("an array value is a JSON list, not %r" % (str(text)[:60],))
+    if element_type is None:  # type_of gives an array's element type with it
+        raise WriteError("an array value needs its element type (arr[T])")
     body = b"".join(encode_scalar(element_type, parse_scalar(element_type, item)) for item in items)
     return U32.pack(element_type) + U64.pack(len(items)) + body
 
 
-def encode_kv(key, value_type, value_bytes):
+def encode_kv(key: str, value_type: int, value_bytes: bytes) -> bytes:
     return encode_string(key) + U32.pack(value_type) + value_bytes
 
 
@@ -134,8 +145,10 @@ class OutTensor:
     """A tensor of the output: its info, where its bytes come from, and their sha256 as read."""
 
     __slots__ = ("name", "dims", "type_id", "nbytes", "offset", "source", "source_start", "digest")
+    offset: int | None  # None until Layout gives it one (a kept tensor keeps its input's)
 
-    def __init__(self, name, dims, type_id, nbytes, source, source_start):
+    def __init__(self, name: str, dims: list[int], type_id: int, nbytes: int, source: Source,
+                 source_start: int) -> None:
         self.name = name
         self.dims = dims
         self.type_id = type_id
@@ -145,7 +158,7 @@ class OutTensor:
         self.source_start = source_start  # absolute, in the source
         self.digest = hashlib.sha256()
 
-    def info(self):
+    def info(self) -> bytes:
         return (encode_string(self.name) + U32.pack(len(self.dims)) + b"".join(U64.pack(d) for d in self.dims)
                 + U32.pack(self.type_id) + U64.pack(self.offset))
 
@@ -154,7 +167,7 @@ class Layout:
     """The output file: header bytes, data_start, size. Tensors keep an offset they were given
     (their input's), and the others follow the last, each at an aligned offset."""
 
-    def __init__(self, version, kvs, tensors, alignment):
+    def __init__(self, version: int, kvs: list[bytes], tensors: list[OutTensor], alignment: int) -> None:
         self.alignment = alignment
         end = 0
         for t in tensors:
@@ -174,17 +187,17 @@ class Layout:
 # Writing OUT.part
 
 
-def write_all(fd, data, offset):
+def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
 
 
-def reads_of(tensors, alignment):
+def reads_of(tensors: Iterable[OutTensor], alignment: int) -> list[Run]:
     """The byte ranges to read, per source: tensors next to each other in their source (only
     padding between) are one range, so a donor costs one request per run of tensors."""
-    runs = []
+    runs: list[Run] = []
     for t in sorted(tensors, key=lambda t: (id(t.source), t.source_start)):
         last = runs[-1] if runs else None
         if last and last[0] is t.source and 0 <= t.source_start - last[2] < alignment:
@@ -195,7 +208,7 @@ def reads_of(tensors, alignment):
     return runs
 
 
-def copy_run(fd, data_start, run):
+def copy_run(fd: int, data_start: int, run: Run) -> None:
     """Stream one range of a source into the output, each tensor's bytes to its place, hashed."""
     source, start, end, members = run
     pos = start
@@ -215,7 +228,7 @@ def copy_run(fd, data_start, run):
                 t.digest.update(piece)
 
 
-def create_part(folder_fd, name):
+def create_part(folder_fd: int, name: str) -> int:
     """A descriptor (read and write) of OUT.part, a file this call created."""
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -225,7 +238,7 @@ def create_part(folder_fd, name):
                          " it is, nothing written" % (name, PART)) from None
 
 
-def write_part(fd, layout):
+def write_part(fd: int, layout: Layout) -> None:
     """OUT.part: the header, every tensor's bytes from its source, zero padding, synced."""
     write_all(fd, layout.header, 0)
     for run in tensor_reads(layout):
@@ -234,11 +247,11 @@ def write_part(fd, layout):
     os.fsync(fd)
 
 
-def tensor_reads(layout):
+def tensor_reads(layout: Layout) -> list[Run]:
     return reads_of([t for t in layout.tensors if t.nbytes], layout.alignment)
 
 
-def is_same_file(folder_fd, name, fd):
+def is_same_file(folder_fd: int, name: str, fd: int) -> bool:
     try:
         st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -247,7 +260,7 @@ def is_same_file(folder_fd, name, fd):
     return (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino)
 
 
-def publish(folder_fd, name, fd):
+def publish(folder_fd: int, name: str, fd: int) -> None:
     """OUT.part (still the file written through fd) renamed to OUT, which must not exist."""
     if not is_same_file(folder_fd, name + PART, fd):
         raise WriteError("%s%s was replaced while it was written: refused, OUT not written" % (name, PART))
@@ -258,7 +271,7 @@ def publish(folder_fd, name, fd):
                          " is" % name) from None
 
 
-def discard_part(folder_fd, name, fd):
+def discard_part(folder_fd: int, name: str, fd: int) -> None:
     """Remove OUT.part if it is still the file this run created, never one put in its place."""
     if is_same_file(folder_fd, name + PART, fd):
         try:
@@ -271,11 +284,11 @@ def discard_part(folder_fd, name, fd):
 # The mandatory assertions
 
 
-def assertion(name, ok, detail):
+def assertion(name: str, ok: object, detail: str) -> dict[str, Any]:
     return {"name": name, "ok": bool(ok), "detail": detail}
 
 
-def verify(fd, layout, expect_tensors, expect_last):
+def verify(fd: int, layout: Layout, expect_tensors: int, expect_last: str | None) -> list[dict[str, Any]]:
     """Read OUT.part back (fd): tensor count, last name, size, every tensor's sha256, the checker."""
     size = os.fstat(fd).st_size
     result, tensors, _spans = inspect(lambda o, n: os.pread(fd, n, o), size, expect_tensors, expect_last)
@@ -287,24 +300,25 @@ def verify(fd, layout, expect_tensors, expect_last):
     return out
 
 
-def count_assertion(result, expected):
+def count_assertion(result: Mapping[str, Any], expected: int) -> dict[str, Any]:
     got = result["tensor_count"]
     return assertion("tensor_count", got == expected, "tensor_count %s, expected %d" % (got, expected))
 
 
-def last_assertion(result, expected):
+def last_assertion(result: Mapping[str, Any], expected: str | None) -> dict[str, Any]:
     got = result["last_tensor"]
     return assertion("last_tensor", got == expected, "last tensor %r, expected %r" % (got, expected))
 
 
-def size_assertion(size, result, layout):
+def size_assertion(size: int, result: Mapping[str, Any], layout: Layout) -> dict[str, Any]:
     start, end = result["data_start"], layout.size - layout.data_start
     ok = size == layout.size and start == layout.data_start
     return assertion("size", ok, "size(OUT) %d, expected data_start %s + padded end of the last tensor's data %d"
                                  " = %d" % (size, start, end, layout.size))
 
 
-def hash_assertion(fd, result, found, tensors):
+def hash_assertion(fd: int, result: Mapping[str, Any], found: Mapping[str, Tensor],
+                   tensors: Sequence[OutTensor]) -> dict[str, Any]:
     for t in tensors:
         read = found.get(t.name)
         if read is None or result["data_start"] is None:

@@ -18,6 +18,13 @@ Any failure of the event API is no events and a note ("gpu_events_note"), never 
 Whatever the source returns is checked before it is kept.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Deque, Mapping
+
+if TYPE_CHECKING:
+    from .nvml import Source
+
 import collections
 import time
 
@@ -41,14 +48,15 @@ KINDS = {EVENT_XID: "xid", EVENT_SINGLE_BIT_ECC: "ecc_sbe", EVENT_DOUBLE_BIT_ECC
 class EventWatch(object):
     """The event set of one NVML session: start(count) once, read() each poll, close()."""
 
-    def __init__(self, source):
+    def __init__(self, source: Source) -> None:
         self.source = source
-        self.event_set = None
-        self.note = None  # what the watch could not do, said in each reply
-        self.registered = {}  # device index -> the event types it is registered for
-        self.recent = dict((kind, collections.deque(maxlen=KEEP)) for kind in KINDS.values())
+        self.event_set: Any = None
+        self.note: str | None = None  # what the watch could not do, said in each reply
+        self.registered: dict[int, int] = {}  # device index -> the event types it is registered for
+        self.recent: dict[str, Deque[dict[str, Any]]] = dict(
+            (kind, collections.deque(maxlen=KEEP)) for kind in KINDS.values())
 
-    def start(self, count):
+    def start(self, count: int) -> None:
         """Create the set and register every GPU for the events it has: once per session."""
         try:
             self.event_set = self.source.event_set_create()
@@ -65,13 +73,13 @@ class EventWatch(object):
         if refused:
             self.note = ("no NVML events from " + ", ".join(refused))[:MAX_NOTE]
 
-    def read(self):
+    def read(self) -> dict[str, Any]:
         """The reply's event keys, after taking what has come since the last read."""
         failed = self.drain() if self.event_set is not None and self.registered else None
         kept = sorted((e for kind in self.recent.values() for e in kind), key=lambda e: e["time"])
         return {"gpu_events": kept, "gpu_events_note": failed or self.note}
 
-    def drain(self):
+    def drain(self) -> str | None:
         """Take the waiting events (at most MAX_DRAIN); why it stopped short, or None."""
         now = time.time()
         for _ in range(MAX_DRAIN):
@@ -84,7 +92,7 @@ class EventWatch(object):
                 self.recent[event["kind"]].append(event)
         return None
 
-    def close(self):
+    def close(self) -> None:
         event_set, self.event_set = self.event_set, None
         if event_set is not None:
             try:
@@ -93,7 +101,7 @@ class EventWatch(object):
                 pass  # the session shuts down next: nothing is left to free it for
 
 
-def register(source, event_set, index):
+def register(source: Source, event_set: Any, index: int) -> tuple[int, str | None]:
     """(the types device index is now registered for, why none where that is 0)."""
     try:
         handle = source.handle(index)
@@ -116,7 +124,7 @@ def register(source, event_set, index):
     return mask, why
 
 
-def checked(got, now, registered):
+def checked(got: Any, now: float, registered: Mapping[int, int]) -> dict[str, Any] | None:
     """The reply's entry for what a wait returned, or None where it is no event we watch."""
     if not isinstance(got, (list, tuple)) or len(got) != 3:
         return None
@@ -128,10 +136,10 @@ def checked(got, now, registered):
     return {"gpu": index, "kind": KINDS[kind], "code": code, "time": now}
 
 
-def integer(value):
+def integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def note(what, error):
+def note(what: str | None, error: BaseException) -> str:
     text = str(error)
     return ("%s: %s" % (what, text) if what else text)[:MAX_NOTE]

@@ -15,6 +15,13 @@ ECC error events as "gpu_events" and what the event API could not do as "gpu_eve
 probe run once (read_once) watches none: only a --serve probe is there when an Xid happens.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from .nvml import Source
+
 import time
 
 from .gpu_events import EventWatch
@@ -38,16 +45,16 @@ KNOWN_REASONS = 0x1FF
 class GpuSession(object):
     """One NVML session: started on the first read, kept until close()."""
 
-    def __init__(self, source=None, watch_events=True):
+    def __init__(self, source: Source | None = None, watch_events: bool = True) -> None:
         self.source = source
         self.started = False
-        self.error = None  # why it could not start, said in each reply until it can
-        self.failed_at = None
-        self.driver = None
+        self.error: str | None = None  # why it could not start, said in each reply until it can
+        self.failed_at: float | None = None
+        self.driver: str | None = None
         self.watch_events = watch_events
-        self.events = None  # the EventWatch, from the first read that finds a GPU until close()
+        self.events: EventWatch | None = None  # the EventWatch, from the first read that finds a GPU until close()
 
-    def start(self):
+    def start(self) -> None:
         if self.started or (self.failed_at is not None and time.monotonic() - self.failed_at < RETRY_S):
             return
         if self.source is None:
@@ -60,42 +67,43 @@ class GpuSession(object):
         self.started, self.error = True, None
         self.driver = text(field(self.source.driver_version))
 
-    def read(self):
+    def read(self) -> dict[str, Any]:
         """The reply's GPU keys: {"gpus": [...], "gpu_error": why or None, "gpu_driver": ...,
         "gpu_events": [...], "gpu_events_note": why or None}."""
         self.start()
-        if not self.started:
+        source = self.source
+        if not self.started or source is None:  # started: a source is there
             return dict(no_events(), gpus=[], gpu_error=self.error, gpu_driver=None)
         try:
-            count = bounded(self.source.device_count(), MAX_GPUS)
+            count = bounded(source.device_count(), MAX_GPUS)
         except NvmlError as e:
             return dict(no_events(), gpus=[], gpu_error="NVML device count: %s" % text(str(e)), gpu_driver=self.driver)
         if not count:
             return dict(no_events(), gpus=[], gpu_error="no NVIDIA GPU found", gpu_driver=self.driver)
-        gpus = [device(self.source, index) for index in range(count)]
-        return dict(self.read_events(count), gpus=gpus, gpu_error=None, gpu_driver=self.driver)
+        gpus = [device(source, index) for index in range(count)]
+        return dict(self.read_events(source, count), gpus=gpus, gpu_error=None, gpu_driver=self.driver)
 
-    def read_events(self, count):
+    def read_events(self, source: Source, count: int) -> dict[str, Any]:
         if not self.watch_events:
             return no_events()
         try:
             if self.events is None:
-                self.events = EventWatch(self.source)
+                self.events = EventWatch(source)
                 self.events.start(count)
             return self.events.read()
         except Exception as e:  # a bug, or a library answering oddly, costs the events, not the GPUs
             return dict(no_events(), gpu_events_note="NVML events failed: %s: %s" % (type(e).__name__, text(str(e))))
 
-    def close(self):
+    def close(self) -> None:
         if self.events is not None:
             self.events.close()
             self.events = None
-        if self.started:
+        if self.started and self.source is not None:
             self.started = False
             field(self.source.shutdown)
 
 
-def read_once():
+def read_once() -> dict[str, Any]:
     """One reading in a session of its own (a probe run once, not --serve): no events, since
     NVML gives only those that happen after registration, and this session ends at once."""
     session = GpuSession(watch_events=False)
@@ -105,11 +113,11 @@ def read_once():
         session.close()
 
 
-def no_events():
+def no_events() -> dict[str, Any]:
     return {"gpu_events": [], "gpu_events_note": None}
 
 
-def device(source, index):
+def device(source: Source, index: int) -> dict[str, Any]:
     try:
         handle = source.handle(index)
     except NvmlError as e:
@@ -135,7 +143,7 @@ def device(source, index):
     }
 
 
-def field(call, *args):
+def field(call: Callable[..., Any], *args: Any) -> Any:
     """call(*args), or None where NVML says no (NOT_SUPPORTED is normal: ECC on a GeForce)."""
     try:
         return call(*args)
@@ -143,9 +151,9 @@ def field(call, *args):
         return None
 
 
-def processes(compute, graphics):
+def processes(compute: Any, graphics: Any) -> list[dict[str, Any]]:
     """One entry per pid: compute and graphics lists merged ("C+G", as nvidia-smi shows it)."""
-    merged = {}
+    merged: dict[int, dict[str, Any]] = {}
     for kind, listed in (("C", compute), ("G", graphics)):
         for entry in listed if isinstance(listed, (list, tuple)) else ():
             pid, used = pair(entry)
@@ -163,7 +171,7 @@ def processes(compute, graphics):
     return list(merged.values())
 
 
-def reasons(mask):
+def reasons(mask: Any) -> list[str] | None:
     """The names of the active clocks event reasons (an unknown bit by its value)."""
     mask = count(mask)
     if mask is None:
@@ -177,34 +185,34 @@ def reasons(mask):
 # ---------------------------------------------------------------- values checked
 
 
-def pair(value):
+def pair(value: Any) -> tuple[Any, Any]:
     if isinstance(value, (list, tuple)) and len(value) == 2:
         return value[0], value[1]
     return None, None
 
 
-def bounded(value, limit):
+def bounded(value: Any, limit: int) -> int | None:
     """value when it is an integer from 0 to limit (never a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
         return None
     return value
 
 
-def count(value):
+def count(value: Any) -> int | None:
     """An unsigned 64-bit count, None for NVML_VALUE_NOT_AVAILABLE."""
     return bounded(value, VALUE_NOT_AVAILABLE - 1)
 
 
-def percent(value):
+def percent(value: Any) -> int | None:
     return bounded(value, 100)
 
 
-def watts(milliwatts):
+def watts(milliwatts: Any) -> float | None:
     milliwatts = bounded(milliwatts, 2 ** 32 - 1)
     return None if milliwatts is None else round(milliwatts / 1000.0, 2)
 
 
-def text(value):
+def text(value: Any) -> str | None:
     """A string from the library, bounded (a recording, or a broken driver, may hold anything)."""
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")

@@ -16,8 +16,11 @@ held for the next. A base that is not the held request's mark (another probe, or
 that never arrived) is refused with "held_unknown", and the console sends the request whole.
 """
 
+from __future__ import annotations
+
 import binascii
 import os
+from typing import Any
 
 DELTA_KEYS = ("base", "same")
 
@@ -27,13 +30,13 @@ class HeldUnknown(ValueError):
 
 
 class HeldRequest(object):
-    def __init__(self):
+    def __init__(self) -> None:
         self.session = binascii.hexlify(os.urandom(6)).decode()  # no other probe's marks match
         self.count = 0
-        self.request = None
-        self.mark = None
+        self.request: dict[str, Any] | None = None
+        self.mark: str | None = None
 
-    def expand(self, req):
+    def expand(self, req: Any) -> Any:
         """The whole request a (possibly delta) request stands for."""
         if not isinstance(req, dict) or "base" not in req:
             return req
@@ -48,20 +51,20 @@ class HeldRequest(object):
             out["logs"] = expand_logs(self.request.get("logs") or [], req["logs"])
         return out
 
-    def keep(self, req):
+    def keep(self, req: dict[str, Any]) -> str:
         """Hold req (expanded) as the base of the next request; its mark."""
         self.count += 1
         self.request, self.mark = req, "%s.%d" % (self.session, self.count)
         return self.mark
 
 
-def expand_logs(held, entries):
+def expand_logs(held: list[dict[str, Any]], entries: Any) -> Any:
     if not isinstance(entries, list):
         return entries  # check_request names what is wrong with it
     return [expand_log(held, e) for e in entries]
 
 
-def expand_log(held, entry):
+def expand_log(held: list[dict[str, Any]], entry: Any) -> Any:
     if not isinstance(entry, dict) or "like" not in entry:
         return entry
     index = entry["like"]

@@ -15,12 +15,15 @@ symlinks); below it every folder is opened without following a symlink (confine.
 The ready marker is written last: a half-finished install is installed again.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import re
 import sys
 import zlib
+from typing import Any, BinaryIO, Mapping
 
 from .confine import Escape, open_folder, open_root, workspace_root, write_file
 
@@ -29,7 +32,7 @@ TOOL_PATH = re.compile(r"^(samai_box/)?(stages/)?[A-Za-z0-9_]+\.py$")
 READY = ".ready"
 
 
-def content_digest(files):
+def content_digest(files: Mapping[str, bytes]) -> str:
     """The digest that names a tools folder: of every path and content, in path order."""
     h = hashlib.sha256()
     for name in sorted(files):
@@ -37,18 +40,18 @@ def content_digest(files):
     return h.hexdigest()[:16]
 
 
-def read_tools(stream):
+def read_tools(stream: BinaryIO) -> dict[str, bytes]:
     size = int(stream.readline())
     return from_sources(json.loads(zlib.decompress(stream.read(size)).decode("utf-8")))
 
 
-def from_sources(sources):
+def from_sources(sources: Any) -> dict[str, bytes]:
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         raise ValueError("the tools archive is not a {path: source} object")
     return dict((name, text.encode("utf-8")) for name, text in sources.items())
 
 
-def install_archive(folder, sources):
+def install_archive(folder: str, sources: Any) -> dict[str, Any]:
     """Install an archive the starter unpacked into folder (WORKSPACE/.samai/tools/DIGEST)."""
     workspace, digest = os.path.dirname(os.path.dirname(os.path.dirname(folder))), os.path.basename(folder)
     if folder != os.path.join(workspace, ".samai", "tools", digest):
@@ -59,7 +62,7 @@ def install_archive(folder, sources):
         return {"error": "install: %s" % e}
 
 
-def install(given_workspace, digest, files):
+def install(given_workspace: str, digest: str, files: Mapping[str, bytes]) -> dict[str, Any]:
     if not DIGEST.match(digest):
         raise Escape("bad tool digest %r" % digest)
     if content_digest(files) != digest:
@@ -91,7 +94,7 @@ def install(given_workspace, digest, files):
     return {"ok": True, "tools": os.path.join(workspace, ".samai", "tools", digest)}
 
 
-def main():
+def main() -> int:
     try:
         reply = install(sys.argv[1], sys.argv[2], read_tools(sys.stdin.buffer))
     except (Escape, OSError, ValueError, IndexError, zlib.error) as e:

@@ -25,6 +25,8 @@ started after the leader did (a pgid cannot be recycled while any member lives).
 HUP are followed by KILL when the target outlives the grace period. Every failure is one line.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import pwd
@@ -32,10 +34,11 @@ import re
 import signal
 import sys
 import time
+from typing import Any, Callable, Iterable
 
 from .confine import Escape, open_append, open_folder, open_parent, open_root, unlink, write_file
+from .identity import same_start, started_before
 from .procfs import (
-    TICK_S,
     ChainMarkers,
     ancestors,
     boot_time,
@@ -48,7 +51,6 @@ from .procfs import (
     read_regular_file,
     read_stat,
     record_btime,
-    same_start,
     serve,
     start_epoch,
 )
@@ -60,15 +62,15 @@ STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # as launch.py na
 KILL_WAIT_S = 2.0
 
 
-def refuse(reason, **extra):
+def refuse(reason: str, **extra: Any) -> dict[str, Any]:
     return dict(extra, ok=False, result="refused", reason=reason)
 
 
-def gone_reply(reason):
+def gone_reply(reason: str) -> dict[str, Any]:
     return {"ok": True, "result": "gone", "reason": reason, "signalled": [], "survivors": [], "remaining": []}
 
 
-def owner(pid):
+def owner(pid: int) -> str:
     try:
         uid = os.stat("/proc/%d" % pid).st_uid
     except OSError:
@@ -79,11 +81,11 @@ def owner(pid):
         return str(uid)
 
 
-def denied(pid):
+def denied(pid: int) -> str:
     return "pid %d belongs to user %s: permission denied" % (pid, owner(pid))
 
 
-def still_alive(pid):
+def still_alive(pid: int) -> str:
     """Why pid outlived a SIGKILL, as far as can be told: another user's, or not (uninterruptible
     sleep in the kernel, a pid namespace's init)."""
     try:
@@ -101,11 +103,11 @@ def still_alive(pid):
 class Identity(object):
     """Processes by (pid, start time), all read against one boot time."""
 
-    def __init__(self, btime):
+    def __init__(self, btime: float) -> None:
         self.btime = btime
-        self.started = {}  # pid -> start time (epoch), as first seen
+        self.started: dict[int, float] = {}  # pid -> start time (epoch), as first seen
 
-    def add(self, pid, start_time=None):
+    def add(self, pid: int, start_time: float | None = None) -> None:
         if pid not in self.started:
             if start_time is None:
                 st = read_stat(pid)
@@ -114,16 +116,16 @@ class Identity(object):
                 start_time = start_epoch(st["starttime"], self.btime)
             self.started[pid] = start_time
 
-    def alive(self, pid):
+    def alive(self, pid: int) -> bool:
         st = read_stat(pid)
-        return bool(st) and st["state"] != "Z" and same_start(start_epoch(st["starttime"], self.btime),
-                                                              self.started.get(pid))
+        return st is not None and st["state"] != "Z" and same_start(start_epoch(st["starttime"], self.btime),
+                                                                    self.started.get(pid))
 
-    def living(self, pids=None):
+    def living(self, pids: Iterable[int] | None = None) -> list[int]:
         return sorted(p for p in (self.started if pids is None else pids) if self.alive(p))
 
 
-def signal_process(ident, pid, signum):
+def signal_process(ident: Identity, pid: int, signum: int) -> bool:
     """Signal pid if it is still the process ident knows: True if signalled, False if gone.
     Raises PermissionError. Through a pidfd where there is one: once opened it names that very
     process, so the identity read after it cannot be overtaken by a recycled pid."""
@@ -150,7 +152,7 @@ def signal_process(ident, pid, signum):
             os.close(fd)
 
 
-def signal_group(ident, pgid, members, signum):
+def signal_group(ident: Identity, pgid: int, members: Iterable[int], signum: int) -> bool:
     """killpg(pgid) if one of members (known to ident) still lives in it: while one does, the
     pgid cannot have been given to another group. True if signalled."""
     for pid in members:
@@ -164,7 +166,7 @@ def signal_group(ident, pgid, members, signum):
     return False
 
 
-def wait_until(done, seconds, poll=POLL_S):
+def wait_until(done: Callable[[], object], seconds: float, poll: float = POLL_S) -> None:
     deadline = time.monotonic() + seconds
     while not done() and time.monotonic() < deadline:
         time.sleep(poll)
@@ -173,15 +175,15 @@ def wait_until(done, seconds, poll=POLL_S):
 # ------------------------------------------------------------ checks before any signal
 
 
-def check_request(req):
-    """(signal name, grace) or a refusal."""
+def check_request(req: dict[str, Any]) -> tuple[str, float, dict[str, Any] | None]:
+    """(signal name, grace, None), or a refusal last."""
     name = str(req.get("signal", "TERM")).upper()
     if name not in SIGNALS:
-        return None, None, refuse("unknown signal %s (use one of %s)" % (name, ", ".join(sorted(SIGNALS))))
+        return name, 0.0, refuse("unknown signal %s (use one of %s)" % (name, ", ".join(sorted(SIGNALS))))
     return name, float(req.get("grace", 5.0)), None
 
 
-def forbidden(pids, req):
+def forbidden(pids: Iterable[int], req: dict[str, Any]) -> dict[str, Any] | None:
     """A refusal if any of pids may never be signalled, else None."""
     protected = set(ancestors(os.getpid())) | set(int(p) for p in req.get("protect") or ()) | {1}
     hit = sorted(protected.intersection(pids))
@@ -197,7 +199,7 @@ def forbidden(pids, req):
 # ------------------------------------------------------------ one process or its group
 
 
-def kill(req):
+def kill(req: dict[str, Any]) -> dict[str, Any]:
     if "stage" in req:
         return stop_stage(req)
     pid = req["pid"]
@@ -231,12 +233,13 @@ def kill(req):
     return kill_process(req, pid, pgid, start_time, btime, name, grace)
 
 
-def born_before(pid, start_time, btime):
+def born_before(pid: int, start_time: float, btime: float) -> bool:
     st = read_stat(pid)
-    return bool(st) and start_epoch(st["starttime"], btime) < float(start_time) - TICK_S
+    return st is not None and started_before(start_epoch(st["starttime"], btime), start_time)
 
 
-def kill_process(req, pid, pgid, start_time, btime, name, grace):
+def kill_process(req: dict[str, Any], pid: int, pgid: int, start_time: float, btime: float, name: str,
+                 grace: float) -> dict[str, Any]:
     refusal = forbidden([pid], req)
     if refusal:
         return refusal
@@ -244,7 +247,7 @@ def kill_process(req, pid, pgid, start_time, btime, name, grace):
     ident.add(pid, start_time)
     others = Identity(btime)  # its children and, when it leads one, its group: not asked to end
 
-    def note_others():
+    def note_others() -> None:
         table = live_processes(btime)
         related = descendants([pid], table) | (set(p for p, e in table.items() if e["pgid"] == pid) if pgid == pid
                                                 else set())
@@ -270,7 +273,8 @@ def kill_process(req, pid, pgid, start_time, btime, name, grace):
     return outcome(result, ident, others, None, [pid])
 
 
-def kill_group(req, pid, pgid, start_time, btime, name, grace):
+def kill_group(req: dict[str, Any], pid: int, pgid: int, start_time: float, btime: float, name: str,
+               grace: float) -> dict[str, Any]:
     if pgid <= 1:
         return refuse("pid %d has no process group of its own to signal (pgid %d)" % (pid, pgid))
     members = group_members(pgid)
@@ -283,7 +287,7 @@ def kill_group(req, pid, pgid, start_time, btime, name, grace):
         ident.add(m)
     others = Identity(btime)  # processes it started outside the group: not asked to end
 
-    def note_group():
+    def note_group() -> None:
         table = live_processes(btime)
         for p, e in table.items():
             if e["pgid"] == pgid:
@@ -292,7 +296,7 @@ def kill_group(req, pid, pgid, start_time, btime, name, grace):
             if table[p]["pgid"] != pgid:
                 others.add(p, table[p]["start_time"])
 
-    def group_alive():
+    def group_alive() -> list[int]:
         return [p for p in group_members(pgid) if ident.alive(p) or p not in ident.started]
 
     note_group()
@@ -315,7 +319,8 @@ def kill_group(req, pid, pgid, start_time, btime, name, grace):
     return outcome(result, ident, others, pgid, list(ident.started))
 
 
-def outcome(result, ident, others, pgid, signalled):
+def outcome(result: str, ident: Identity, others: Identity, pgid: int | None,
+            signalled: Iterable[int]) -> dict[str, Any]:
     """The reply: what it was asked to end and still lives fails it, whatever was sent."""
     left = ident.living()
     reply = {"ok": not left, "result": result, "pgid": pgid, "signalled": sorted(signalled), "survivors": left,
@@ -329,11 +334,11 @@ def outcome(result, ident, others, pgid, signalled):
 # ------------------------------------------------------------ every process of a stage
 
 
-def workspace(req):
+def workspace(req: dict[str, Any]) -> str:
     return os.path.abspath(os.path.expanduser(req["workspace"]))
 
 
-def stage_record(req):
+def stage_record(req: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(req["stage"], str) or not STAGE_NAME.match(req["stage"]):
         raise ValueError("bad stage name %r" % (req["stage"],))
     path = os.path.join(workspace(req), ".samai", "state", req["stage"] + ".json")
@@ -351,15 +356,15 @@ class Chain(object):
     a process once found stays followed by its (pid, start time) even after its parent died
     and took the trail with it."""
 
-    def __init__(self, rec, btime):
+    def __init__(self, rec: dict[str, Any], btime: float) -> None:
         self.rec = rec
         self.now = boot_time()
         self.btime = btime  # the record's: what its start time is read against
         self.ident = Identity(btime)
         self.markers = ChainMarkers()
-        self.groups = set()  # pgids led by a process of the chain
+        self.groups: set[int] = set()  # pgids led by a process of the chain
 
-    def look(self):
+    def look(self) -> list[int]:
         table = live_processes(self.now)
         offset = self.btime - self.now
         for pid in chain_pids(table, self.rec, offset, self.markers):
@@ -369,18 +374,19 @@ class Chain(object):
                 self.groups.add(e["pgid"])
         return self.ident.living()
 
-    def send(self, signum):
+    def send(self, signum: int) -> tuple[list[int], list[int]]:
         """Signal every group the chain leads, then each of its processes outside them (a
         second TERM could run a shell's trap twice). (signalled, denied) pids."""
         alive = self.look()
-        covered = set()
+        covered: set[int] = set()
         for pgid in sorted(self.groups):
             try:
                 if signal_group(self.ident, pgid, alive, signum):
                     covered.add(pgid)
             except PermissionError:
                 pass  # each member is tried on its own below
-        signalled, denied_pids = [], []
+        signalled: list[int] = []
+        denied_pids: list[int] = []
         for pid in alive:
             st = read_stat(pid)
             try:
@@ -391,7 +397,7 @@ class Chain(object):
         return signalled, denied_pids
 
 
-def stop_stage(req):
+def stop_stage(req: dict[str, Any]) -> dict[str, Any]:
     rec = stage_record(req)
     if rec is None:
         return gone_reply("the stage has never been fired")
@@ -430,7 +436,7 @@ def stop_stage(req):
     return outcome(result, chain.ident, Identity(chain.btime), rec.get("pgid"), set(signalled))
 
 
-def state_folder(workspace):
+def state_folder(workspace: str) -> int:
     root = open_root(workspace)
     try:
         return open_folder(root, [".samai", "state"])
@@ -438,7 +444,7 @@ def state_folder(workspace):
         os.close(root)
 
 
-def note_stopped(workspace, stage, rec, signal_name):
+def note_stopped(workspace: str, stage: str, rec: dict[str, Any], signal_name: str) -> None:
     """STAGE.stopped: this run (by its fired_at) was stopped by the operator, and when. A new
     fire records another fired_at, so the note never speaks for a later run."""
     note = {"fired_at": rec.get("fired_at"), "time": time.time(), "signal": signal_name}
@@ -452,7 +458,7 @@ def note_stopped(workspace, stage, rec, signal_name):
         pass  # the stop stands; the stage only reads as failed rather than stopped
 
 
-def forget_stopped(workspace, stage):
+def forget_stopped(workspace: str, stage: str) -> None:
     try:
         folder = state_folder(workspace)
         try:
@@ -463,14 +469,14 @@ def forget_stopped(workspace, stage):
         pass
 
 
-def recycled(rec, btime):
+def recycled(rec: dict[str, Any], btime: float) -> bool:
     """True when the record's pid is alive as another process than the one it recorded."""
     st = read_stat(rec.get("pid") or 0)
-    return bool(st) and st["state"] != "Z" and not same_start(start_epoch(st["starttime"], btime),
-                                                              rec.get("start_time"))
+    return st is not None and st["state"] != "Z" and not same_start(start_epoch(st["starttime"], btime),
+                                                                    rec.get("start_time"))
 
 
-def append_line(workspace, path, line):
+def append_line(workspace: str, path: str, line: str) -> None:
     """A line at the end of a stage's log, only where that log lies inside the workspace (a
     record is a file anyone who can write the workspace could have changed)."""
     try:

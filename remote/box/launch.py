@@ -13,6 +13,8 @@ At its start and its end the chain writes a SAMAI_DISK line (diskline.py) into t
 workspace's file system then, so the console can tell what the stage added (§4.1).
 """
 
+from __future__ import annotations
+
 import binascii
 import json
 import os
@@ -20,6 +22,7 @@ import re
 import subprocess
 import sys
 import time
+from typing import Any, Mapping
 
 from .confine import (
     Escape,
@@ -74,7 +77,7 @@ finish $?
 """
 
 
-def state_paths(workspace, stage):
+def state_paths(workspace: str, stage: str) -> dict[str, str]:
     base = os.path.join(workspace, ".samai")
     state = os.path.join(base, "state")
     return {
@@ -89,7 +92,7 @@ class Places(object):
     """The folders launch writes in, opened inside the workspace without following symlinks
     (see confine.py): its state records, its chain scripts and the stage's log folder."""
 
-    def __init__(self, given_workspace, stage, log):
+    def __init__(self, given_workspace: str, stage: str, log: str) -> None:
         self.workspace = workspace_root(given_workspace)
         self.log = os.path.join(self.workspace, *parts_inside(self.workspace, log))
         self.log_folder, self.log_name = open_parent(self.workspace, log, create=True)
@@ -101,7 +104,7 @@ class Places(object):
             os.close(root)
         self.stage = stage
 
-    def prepare(self, chain_text):
+    def prepare(self, chain_text: str) -> int:
         """Clear the last run's pid and rc, write the chain script, rotate the log; the log's
         descriptor to append to."""
         for stale in (".rc", ".pid"):
@@ -110,10 +113,10 @@ class Places(object):
         rotate(self.log_folder, self.log_name)
         return open_append(self.log_folder, self.log_name)
 
-    def record(self, text):
+    def record(self, text: str) -> None:
         write_file(self.state, self.stage + ".json", text.encode("utf-8"))
 
-    def chain_files(self):
+    def chain_files(self) -> dict[str, str]:
         """The pid and rc files as the chain writes them: through the state folder's descriptor,
         which the chain inherits, so a state folder swapped for a symlink later cannot redirect
         them (Linux: /proc/self/fd/N is the folder that was opened, wherever it is now)."""
@@ -121,7 +124,7 @@ class Places(object):
         return {"SAMAI_PID_FILE": folder + self.stage + ".pid", "SAMAI_RC_FILE": folder + self.stage + ".rc"}
 
 
-def tools_env(env):
+def tools_env(env: Mapping[str, str]) -> dict[str, str]:
     """SAMAI_TOOLS, the folder that holds this package, and that folder first on PYTHONPATH:
     a stage command runs a stage as `python3 -m samai_box.stages.NAME` with any python."""
     tools = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,14 +132,14 @@ def tools_env(env):
     return {"SAMAI_TOOLS": tools, "PYTHONPATH": os.pathsep.join(path)}
 
 
-def read_json(path):
+def read_json(path: str) -> Any:
     try:
         return json_document(read_regular_file(path))
     except (OSError, ValueError):
         return None
 
 
-def log_tail(path, n=TAIL_LINES, limit=64 * 1024):
+def log_tail(path: str, n: int = TAIL_LINES, limit: int = 64 * 1024) -> list[str]:
     try:
         data = read_regular_file(path, limit, from_end=True)
     except OSError:
@@ -144,7 +147,7 @@ def log_tail(path, n=TAIL_LINES, limit=64 * 1024):
     return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
 
 
-def wait_for_pidfile(path, proc, deadline):
+def wait_for_pidfile(path: str, proc: subprocess.Popen[bytes], deadline: float) -> int | None:
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             text = read_regular_file(path, 64).strip()
@@ -156,7 +159,7 @@ def wait_for_pidfile(path, proc, deadline):
     return None
 
 
-def launch(req):
+def launch(req: dict[str, Any]) -> dict[str, Any]:
     stage, command = req["stage"], req["command"]
     workspace = os.path.abspath(os.path.expanduser(req["workspace"]))  # the chain runs from /
     if not STAGE_NAME.match(stage):

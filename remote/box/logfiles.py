@@ -25,6 +25,8 @@ Only regular files are read: a FIFO, device or socket is refused before it can b
 (and opened non-blocking, for one swapped in after that check).
 """
 
+from __future__ import annotations
+
 import base64
 import errno
 import itertools
@@ -32,6 +34,7 @@ import os
 import re
 import stat
 import time
+from typing import Any, Callable, Iterable, Mapping, Tuple
 
 from .markers import compiled, marker_hits
 
@@ -50,6 +53,7 @@ HOLD_DELETED_S = 5.0  # ... and sooner for a deleted file, whose disk space it h
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 SPECIAL_KINDS = ((stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
                  (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory"))
+Found = Tuple[int, os.stat_result, str]  # (fd, stat, name) of a file found for a log
 
 
 # ---------------------------------------------------------------- regular files only
@@ -58,18 +62,18 @@ SPECIAL_KINDS = ((stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "character device"), (s
 class NotRegular(OSError):
     """A path that names a FIFO, a device, a socket or a folder: reading it could block or never end."""
 
-    def __init__(self, kind):
+    def __init__(self, kind: str) -> None:
         OSError.__init__(self, "not a regular file: %s" % kind)
         self.kind = kind
 
 
-def refuse_special(st):
+def refuse_special(st: os.stat_result) -> None:
     if not stat.S_ISREG(st.st_mode):
         kind = next((name for test, name in SPECIAL_KINDS if test(st.st_mode)), "special file")
         raise NotRegular(kind)
 
 
-def open_regular(path, flags=0):
+def open_regular(path: str, flags: int = 0) -> tuple[int, os.stat_result]:
     """(fd, stat) of a regular file. Checked before the open (a FIFO's open blocks until a writer
     comes, a socket's fails with a useless message) and after it (the path may have been swapped
     meanwhile: the open is non-blocking, so that swap cannot block it either)."""
@@ -84,7 +88,7 @@ def open_regular(path, flags=0):
     return fd, st
 
 
-def read_regular(path, limit):
+def read_regular(path: str, limit: int) -> bytes:
     """At most limit bytes from the start of a regular file."""
     fd, _ = open_regular(path)
     try:
@@ -93,7 +97,7 @@ def read_regular(path, limit):
         os.close(fd)
 
 
-def pread(fd, offset, n):
+def pread(fd: int, offset: int, n: int) -> bytes:
     """n bytes at offset, fewer only at the end of the file: one read unless the kernel
     returns a short one (no file object, so no second copy through its buffer)."""
     data = os.pread(fd, n, offset)
@@ -114,24 +118,24 @@ class HeldLogs(object):
     read to its end. Closed when unused for a while (a deleted file soon: while a descriptor is
     open, its disk space is not freed)."""
 
-    def __init__(self):
-        self.fds = {}  # (dev, inode) -> [fd, last used (monotonic)]
+    def __init__(self) -> None:
+        self.fds: dict[tuple[int, int], list[Any]] = {}  # (dev, inode) -> [fd, last used (monotonic)]
 
-    def get(self, dev, ino, touch=True):
+    def get(self, dev: int | None, ino: int, touch: bool = True) -> int | None:
         key = (dev, ino) if dev is not None else next((k for k in self.fds if k[1] == ino), None)
-        held = self.fds.get(key)
+        held = self.fds.get(key) if key is not None else None
         if held is None:
             return None
         if touch:
             held[1] = time.monotonic()
         return held[0]
 
-    def touch(self, st):
+    def touch(self, st: os.stat_result) -> None:
         held = self.fds.get((st.st_dev, st.st_ino))
         if held is not None:
             held[1] = time.monotonic()
 
-    def keep(self, fd, st):
+    def keep(self, fd: int, st: os.stat_result) -> bool:
         key = (st.st_dev, st.st_ino)
         if key in self.fds:
             return False
@@ -140,17 +144,17 @@ class HeldLogs(object):
         self.fds[key] = [fd, time.monotonic()]
         return True
 
-    def tidy(self):
+    def tidy(self) -> None:
         now = time.monotonic()
         for key, (fd, used) in list(self.fds.items()):
             if now - used > HOLD_S or (now - used > HOLD_DELETED_S and os.fstat(fd).st_nlink == 0):
                 self.close(key)
 
-    def close(self, key):
+    def close(self, key: tuple[int, int]) -> None:
         os.close(self.fds.pop(key)[0])
 
 
-def fd_name(fd):
+def fd_name(fd: int) -> str:
     """Where an open file is now (Linux names it in /proc; " (deleted)" when it is gone)."""
     try:
         return os.readlink("/proc/self/fd/%d" % fd)
@@ -158,7 +162,7 @@ def fd_name(fd):
         return ""
 
 
-def shown_name(name):
+def shown_name(name: str) -> str:
     """A file name as text that JSON and any terminal can carry (undecodable bytes replaced)."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
@@ -166,7 +170,7 @@ def shown_name(name):
 # ---------------------------------------------------------------- the log's siblings
 
 
-def siblings(path):
+def siblings(path: str) -> list[os.DirEntry[str]]:
     """Entries of the folder that holds path (logrotate keeps LOG.1 and the like beside LOG),
     those named after it first, the log itself left out."""
     folder, base = os.path.split(path)
@@ -179,7 +183,7 @@ def siblings(path):
     return found
 
 
-def plain_stat(entry):
+def plain_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
     try:
         st = entry.stat(follow_symlinks=False)
     except OSError:
@@ -187,7 +191,8 @@ def plain_stat(entry):
     return st if stat.S_ISREG(st.st_mode) else None
 
 
-def open_sibling(entry, wanted):
+def open_sibling(entry: os.DirEntry[str],
+                 wanted: Callable[[os.stat_result], bool]) -> tuple[int, os.stat_result] | None:
     """(fd, stat) of a sibling if it is a regular file for which wanted(stat) holds."""
     try:
         fd, st = open_regular(entry.path, getattr(os, "O_NOFOLLOW", 0))  # the file there, not a link's
@@ -199,7 +204,7 @@ def open_sibling(entry, wanted):
     return None
 
 
-def find_by_identity(path, dev, ino):
+def find_by_identity(path: str, dev: int | None, ino: int) -> Found | None:
     """(fd, stat, name) of the file (dev, ino) among path's siblings. The folder's own inode
     numbers find it without a stat each; where they may not be st_ino (some overlay file
     systems), the siblings named after the log are stat'ed too."""
@@ -214,7 +219,7 @@ def find_by_identity(path, dev, ino):
     return None
 
 
-def find_copy(path, now, offset, check, mtime):
+def find_copy(path: str, now: os.stat_result, offset: int, check: bytes, mtime: float | None) -> Found | None:
     """(fd, stat, name) of copytruncate's copy of a truncated log: a sibling named after it, made
     since the last read (modified no earlier), that holds at least offset bytes and the very
     bytes last read before offset. The newest of them, if several."""
@@ -242,12 +247,12 @@ def find_copy(path, now, offset, check, mtime):
 class Generation(object):
     """A rotated generation of a log: LOG.N (position N), or LOG.N.gz, which cannot be read here."""
 
-    def __init__(self, position, name, st):
+    def __init__(self, position: int, name: str, st: os.stat_result) -> None:
         self.position, self.name, self.st = position, name, st
         self.compressed = name.endswith(".gz")
 
 
-def generations(path):
+def generations(path: str) -> list[Generation]:
     """The log's rotated generations there now, oldest first (LOG.9 .. LOG.1): regular files
     only, never through a symlink. A dozen or two lstat calls, no listing of the folder."""
     found = []
@@ -262,7 +267,7 @@ def generations(path):
     return found
 
 
-def older_of(req):
+def older_of(req: Mapping[str, Any]) -> set[int] | None:
     """The inodes the follower knows not to be newer than the file it reads, or None when the
     request does not say (then no generation is read but the current file, as before)."""
     older = req.get("older")
@@ -271,7 +276,7 @@ def older_of(req):
     return set(i for i in older[:4 * MAX_GENERATIONS] if isinstance(i, int) and not isinstance(i, bool))
 
 
-def newer_than(gens, ino, older):
+def newer_than(gens: list[Generation], ino: int, older: set[int] | None) -> list[Generation]:
     """The generations the follower has not read, oldest first: not the file ino, not one it
     knew to be no newer, and below ino's own position when it has one."""
     if older is None:
@@ -280,12 +285,12 @@ def newer_than(gens, ino, older):
     return [g for g in gens if g.st.st_ino != ino and g.st.st_ino not in older and (top is None or g.position < top)]
 
 
-def position_of(gens, ino):
+def position_of(gens: Iterable[Generation], ino: int) -> int | None:
     """Where the plain file ino is among the generations (None: it has no LOG.N name)."""
     return next((g.position for g in gens if g.st.st_ino == ino and not g.compressed), None)
 
 
-def gzip_size(name):
+def gzip_size(name: str) -> int:
     """The bytes of log a .gz holds (its trailer's ISIZE, modulo 4 GiB), or -1 if unreadable."""
     try:
         fd, st = open_regular(name, getattr(os, "O_NOFOLLOW", 0))
@@ -298,7 +303,7 @@ def gzip_size(name):
     return int.from_bytes(tail, "little") if len(tail) == 4 else -1
 
 
-def unread_between(path, gens, ino, newer, floor):
+def unread_between(path: str, gens: list[Generation], ino: int, newer: list[Generation], floor: int) -> list[list[Any]]:
     """[name, bytes] of each generation between the finished file ino and the next one read
     (at position floor; 0: the current file) that cannot be read: compressed (the bytes of log
     it holds), or a position left empty (gone; -1: its size is unknown). A finished file with
@@ -315,7 +320,7 @@ def unread_between(path, gens, ino, newer, floor):
     return [[name, size] for _, name, size in sorted(unread, reverse=True)]
 
 
-def open_generation(gen, held, opened):
+def open_generation(gen: Generation, held: HeldLogs | None, opened: list[int]) -> tuple[int, os.stat_result] | None:
     """(fd, stat) of a generation, if it is still the file the listing found."""
     try:
         fd, st = open_regular(gen.name, getattr(os, "O_NOFOLLOW", 0))
@@ -329,7 +334,8 @@ def open_generation(gen, held, opened):
     return fd, st
 
 
-def older_in(req, gens, src, current):
+def older_in(req: Mapping[str, Any], gens: list[Generation], src: Source,
+             current: os.stat_result | None) -> list[int] | None:
     """What the follower sends back with its next read ("older"): the inodes of the generations
     not newer than the file read now, that one included; None while that is not known."""
     ino = src.st.st_ino
@@ -345,7 +351,7 @@ def older_in(req, gens, src, current):
 # ---------------------------------------------------------------- log reads
 
 
-def start_of_last_lines(fd, size, n, limit):
+def start_of_last_lines(fd: int, size: int, n: int, limit: int) -> int:
     """Offset where the last n lines of an open file begin, looking back at most limit bytes."""
     pos = size
     newlines = 0
@@ -366,7 +372,7 @@ def start_of_last_lines(fd, size, n, limit):
     return floor
 
 
-def rewritten(fd, offset, check):
+def rewritten(fd: int, offset: int, check: bytes) -> bool:
     """True when the bytes just before offset are no longer the ones last read there: the
     file was truncated and has since grown past the old offset (tail -F misses this)."""
     if not check:
@@ -376,7 +382,7 @@ def rewritten(fd, offset, check):
     return pread(fd, offset - len(check), len(check)) != check
 
 
-def number(req, key, types=(int,)):
+def number(req: Mapping[str, Any], key: str, types: tuple[type, ...] = (int,)) -> Any:
     """req[key] if it is a number of types (not a bool), else None: these keys only refine a read."""
     value = req.get(key)
     return value if isinstance(value, types) and not isinstance(value, bool) else None
@@ -385,15 +391,16 @@ def number(req, key, types=(int,)):
 class Source(object):
     """The file one read takes its bytes from, and where in it."""
 
-    def __init__(self, fd, st, offset, rotated=False, truncated=False, drain=None, old_file="", gone=None,
-                 unread=()):
+    def __init__(self, fd: int, st: os.stat_result, offset: int | None, rotated: bool = False,
+                 truncated: bool = False, drain: str | None = None, old_file: str = "", gone: int | None = None,
+                 unread: Iterable[list[Any]] = ()) -> None:
         self.fd, self.st, self.offset = fd, st, offset
         self.rotated, self.truncated = rotated, truncated
         self.drain, self.old_file = drain, old_file  # drain: "renamed" | "copy" while the old file is read
         self.gone, self.unread = gone, list(unread)  # what could not be read on the way here
 
 
-def open_current(path, held, opened):
+def open_current(path: str, held: HeldLogs | None, opened: list[int]) -> tuple[int, os.stat_result]:
     """(fd, stat) of the file path names now: a kept descriptor if the probe has one for it."""
     st = os.stat(path)
     refuse_special(st)
@@ -406,7 +413,7 @@ def open_current(path, held, opened):
     return fd, st
 
 
-def open_old(path, dev, ino, held, opened):
+def open_old(path: str, dev: int | None, ino: int, held: HeldLogs | None, opened: list[int]) -> Found | None:
     """(fd, stat, name) of the file the path named before, or None if it cannot be found."""
     fd = held.get(dev, ino, touch=False) if held is not None else None  # kept on only while read (below)
     if fd is not None:
@@ -417,13 +424,17 @@ def open_old(path, dev, ino, held, opened):
     return found
 
 
-def locate(req, held, opened):
+def locate(req: Mapping[str, Any], held: HeldLogs | None,
+           opened: list[int]) -> tuple[Source, list[Generation], os.stat_result | None]:
     """Which file this read takes its bytes from, and from where (None: the last lines)."""
     path = req["path"]
-    offset = req.get("offset")
-    ino, dev = req.get("inode"), number(req, "dev")
+    offset: Any = req.get("offset")  # the request's (probe.check_request checked them)
+    ino: Any = req.get("inode")
+    dev = number(req, "dev")
     following = offset is not None and ino is not None
     gens = generations(path)  # before the current file is opened: every one listed is older than it
+    fd: int | None
+    st: os.stat_result | None
     try:
         fd, st = open_current(path, held, opened)
     except FileNotFoundError:
@@ -438,6 +449,7 @@ def locate(req, held, opened):
                 held.touch(old[1])
             return Source(old[0], old[1], offset, drain="renamed", old_file=old[2]), gens, st
         return after_finished(req, gens, ino, old is None, (fd, st), held, opened), gens, st
+    assert fd is not None and st is not None  # found unless following, and then the branch above returned
     check = base64.b64decode(req.get("check") or "") if following else b""
     if following and (st.st_size < offset or rewritten(fd, offset, check)):
         copy = find_copy(path, st, offset, check, number(req, "mtime", (int, float)))
@@ -448,13 +460,15 @@ def locate(req, held, opened):
     return Source(fd, st, offset), gens, st
 
 
-def after_finished(req, gens, ino, gone, current, held, opened, truncated=False):
+def after_finished(req: Mapping[str, Any], gens: list[Generation], ino: int, gone: bool,
+                   current: tuple[int | None, os.stat_result | None], held: HeldLogs | None, opened: list[int],
+                   truncated: bool = False) -> Source:
     """Where to read once the file ino is done (or gone, or truncated with no copy of its rest):
     the oldest generation the follower has not read, from its start, else the current file from
     its start. The generations that cannot be read on the way, and the file itself when gone,
     are named in the Source."""
     newer = newer_than(gens, ino, older_of(req))
-    unreadable = []
+    unreadable: list[list[Any]] = []
     for gen in [g for g in newer if not g.compressed]:
         found = open_generation(gen, held, opened)
         if found is not None:
@@ -463,15 +477,15 @@ def after_finished(req, gens, ino, gone, current, held, opened, truncated=False)
                           old_file=gen.name, gone=ino if gone else None, unread=unread)
         unreadable.append([gen.name, -1])  # gone between the listing and the open
     fd, st = current
-    if st is None:
+    if fd is None or st is None:  # the two are None together
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), req["path"])
     return Source(fd, st, 0, rotated=not truncated, truncated=truncated, gone=ino if gone else None,
                   unread=unreadable + unread_between(req["path"], gens, ino, newer, 0))
 
 
-def read_log(req, held=None):
+def read_log(req: Mapping[str, Any], held: HeldLogs | None = None) -> dict[str, Any]:
     max_bytes = min(int(req.get("max_bytes") or DEFAULT_LOG_BYTES), MAX_LOG_BYTES)
-    opened = []  # descriptors this read opened and does not keep
+    opened: list[int] = []  # descriptors this read opened and does not keep
     try:
         src, gens, current = locate(req, held, opened)
         size = src.st.st_size
@@ -511,7 +525,7 @@ def read_log(req, held=None):
     }
 
 
-def logs(requests, held=None):
+def logs(requests: Iterable[Mapping[str, Any]], held: HeldLogs | None = None) -> list[dict[str, Any]]:
     out = []
     for req in requests:
         try:
@@ -524,7 +538,7 @@ def logs(requests, held=None):
     return out
 
 
-def read_range(req):
+def read_range(req: Mapping[str, Any]) -> dict[str, Any]:
     path, start, end = req["path"], int(req["start"]), int(req["end"])
     if start < 0 or end < start or end - start + 1 > MAX_RANGE_BYTES:
         raise ValueError("bad range %d-%d (at most %d bytes)" % (start, end, MAX_RANGE_BYTES))
@@ -536,7 +550,7 @@ def read_range(req):
     return {"path": path, "start": start, "size": st.st_size, "data": data}
 
 
-def ranges(requests):
+def ranges(requests: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for req in requests:
         try:

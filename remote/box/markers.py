@@ -9,14 +9,17 @@ in this chunk are searched with bytes.find (memchr); otherwise, or when no rare 
 exist, one combined pattern runs over the chunk.
 """
 
+from __future__ import annotations
+
 import re
+from typing import Any, Iterable, Mapping, Pattern, Sequence
 
 MAX_HIT_TEXT = 400
 SAMPLE_BYTES = 16 * 1024  # from each of three places in the chunk, to judge how rare a byte is
 MAX_CANDIDATE_RATE = 1.0 / 2048  # candidates per byte above which the combined regex is faster
 
 
-def marker_hits(data, base, markers):
+def marker_hits(data: bytes, base: int, markers: Markers) -> list[dict[str, Any]]:
     """Hits of markers on the complete lines of data (which starts at offset base), one per
     marker and line, in line order. Each pattern is tested on its own line, as re.search on
     that line alone would, so that none can match across a line break. The chunk-wide search
@@ -26,15 +29,16 @@ def marker_hits(data, base, markers):
     end = data.rfind(b"\n") + 1
     if not markers.patterns or end <= 0:
         return []
+    combined = markers.combined or []  # None only when every_line
     cover = None if markers.every_line else rare_cover(data, end, markers.needles)
     if markers.every_line:
         starts = every_line(data, end)
     else:
-        starts = lines_with_bytes(data, end, cover) if cover else lines_matching(data, end, markers.combined)
+        starts = lines_with_bytes(data, end, cover) if cover else lines_matching(data, end, combined)
     hits = []
     for start in starts:
         line = data[start:data.index(b"\n", start)]
-        if cover and not any(p.search(line) for p in markers.combined):
+        if cover and not any(p.search(line) for p in combined):
             continue
         for name, pattern in markers.patterns:
             if pattern.search(line):
@@ -43,7 +47,7 @@ def marker_hits(data, base, markers):
     return hits
 
 
-def every_line(data, end):
+def every_line(data: bytes, end: int) -> list[int]:
     """The start of every line in data[:end]."""
     starts = [0]
     pos = data.find(b"\n", 0, end)
@@ -53,7 +57,7 @@ def every_line(data, end):
     return starts
 
 
-def lines_matching(data, end, patterns):
+def lines_matching(data: bytes, end: int, patterns: Iterable[Pattern[bytes]]) -> list[int]:
     """Starts of the lines in data[:end] where any of patterns matches, in order (usually one
     combined pattern, which runs over the whole chunk in C). After a match the search goes on
     from the next line: a match that ran past its line's end must not hide the next line's."""
@@ -69,7 +73,7 @@ def lines_matching(data, end, patterns):
     return sorted(starts)
 
 
-def lines_with_bytes(data, end, cover):
+def lines_with_bytes(data: bytes, end: int, cover: Iterable[int]) -> list[int]:
     """Starts of the lines in data[:end] that hold any byte of cover, in order."""
     starts = set()
     for byte in cover:
@@ -80,7 +84,7 @@ def lines_with_bytes(data, end, cover):
     return sorted(starts)
 
 
-def rare_cover(data, end, needles):
+def rare_cover(data: bytes, end: int, needles: Iterable[bytes] | None) -> list[int] | None:
     """A few bytes such that every needle holds one of them, chosen greedily by how rare they
     are in a sample of the chunk; None when there are no needles, or the bytes are so common
     that testing each candidate line would cost more than the combined regex."""
@@ -88,11 +92,11 @@ def rare_cover(data, end, needles):
         return None
     third = end // 3
     sample = data[:SAMPLE_BYTES] + data[third:third + SAMPLE_BYTES] + data[end - SAMPLE_BYTES:end]
-    count = {}
-    cover = []
+    count: dict[int, int] = {}
+    cover: list[int] = []
     uncovered = list(needles)
     while uncovered:
-        holders = {}
+        holders: dict[int, int] = {}
         for needle in uncovered:
             for byte in set(needle):
                 holders[byte] = holders.get(byte, 0) + 1
@@ -111,7 +115,7 @@ INLINE_FLAGS = ((re.IGNORECASE, b"i"), (re.MULTILINE, b"m"), (re.DOTALL, b"s"), 
 LEADING_FLAGS = re.compile(br"^\(\?[aiLmsux]+\)")
 
 
-def combine(patterns):
+def combine(patterns: Sequence[Pattern[bytes]]) -> list[Pattern[bytes]] | None:
     """One alternation of all patterns, each keeping its own flags: a (?i) at the start of one
     becomes (?i:...) around it, as global flags are only allowed at the very start. None when
     that does not compile, or would not mean what the patterns mean (a numbered backreference
@@ -129,7 +133,7 @@ def combine(patterns):
         return None
 
 
-def compile_pattern(source):
+def compile_pattern(source: bytes) -> Pattern[bytes]:
     """re.compile(source); re.error also for a repeat count or a nesting beyond re's limits."""
     try:
         return re.compile(source)
@@ -144,15 +148,15 @@ NUMBERED_BACKREFERENCE = re.compile(br"\\[1-9]|\(\?\([1-9]")
 CONTEXT_SENSITIVE = re.compile(r"(?<!\[)\^|\$|\\[AZ]|\(\?<?!")
 
 
-def sees_other_lines(source):
+def sees_other_lines(source: str) -> bool:
     return bool(CONTEXT_SENSITIVE.search(source[1:] if source.startswith("^") else source))
 
 
-COMPILED = {}  # type: dict  # the markers of each watched log, compiled once per probe process
+COMPILED: dict[tuple[Any, ...], Markers] = {}  # the markers of each watched log, compiled once per probe process
 MAX_COMPILED = 64
 
 
-def compiled(specs):
+def compiled(specs: Sequence[Mapping[str, Any]]) -> Markers:
     """Markers(specs), compiled once: a --serve probe is asked for the same logs every second."""
     key = tuple((m.get("name"), m.get("pattern"), tuple(m.get("needles") or ())) for m in specs)
     markers = COMPILED.get(key)
@@ -168,7 +172,7 @@ class Markers(object):
     as one alternation, and the needles when every marker came with some. re.error when a
     pattern does not compile."""
 
-    def __init__(self, specs):
+    def __init__(self, specs: Sequence[Mapping[str, Any]]) -> None:
         self.patterns = []
         relaxed = []
         self.every_line = False
@@ -186,7 +190,7 @@ class Markers(object):
         self.combined = combine(relaxed) if not self.every_line else None
         if self.combined is None:
             self.every_line = True
-        needles = [m.get("needles") for m in specs]
+        needles = [m.get("needles") or () for m in specs]
         self.needles = None
         if needles and all(needles) and all(n for group in needles for n in group):  # "" is in every line
             self.needles = sorted({n.encode("utf-8") for group in needles for n in group})

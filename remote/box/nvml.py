@@ -8,7 +8,10 @@ make of an error (null for that field) is gpus.py's business. nvml_replay.py ans
 methods from a recorded reading, so everything above this boundary runs without a GPU.
 """
 
+from __future__ import annotations
+
 import ctypes
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 LIBRARY = "libnvidia-ml.so.1"
 
@@ -49,8 +52,14 @@ EVENT_SINGLE_BIT_ECC, EVENT_DOUBLE_BIT_ECC, EVENT_XID = 0x1, 0x2, 0x8
 ERROR_EVENTS = EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_XID
 
 
+if TYPE_CHECKING:
+    from .nvml_replay import ReplayNvml
+
+    Source = Union["Nvml", ReplayNvml]  # what gpus.py and gpu_events.py read: the library, or a recording
+
+
 class NvmlError(Exception):
-    def __init__(self, code, text=None):
+    def __init__(self, code: int, text: str | None = None) -> None:
         Exception.__init__(self, text or NAMES.get(code, "NVML error %d" % code))
         self.code = code
 
@@ -107,14 +116,14 @@ PROCESS_CALLS = {
 class Nvml(object):
     """The real library. init() once, then any of the readings, then shutdown()."""
 
-    def __init__(self, library=LIBRARY):
+    def __init__(self, library: str = LIBRARY) -> None:
         self.library = library
-        self.lib = None
-        self.indices = {}  # each handle given out (its address) -> its device index, for events
+        self.lib: ctypes.CDLL | None = None
+        self.indices: dict[int | None, int] = {}  # each handle given out (its address) -> its device index, for events
 
     # ------------------------------------------------------------ plumbing
 
-    def function(self, *names):
+    def function(self, *names: str) -> Any:
         """The first of names the library exports (FUNCTION_NOT_FOUND when none)."""
         for name in names:
             try:
@@ -123,14 +132,16 @@ class Nvml(object):
                 continue
         raise NvmlError(ERROR_FUNCTION_NOT_FOUND, "%s: Function Not Found" % names[0])
 
-    def call(self, names, *args):
+    def call(self, names: Sequence[str], *args: Any) -> None:
         if self.lib is None:
             raise NvmlError(ERROR_UNINITIALIZED)
         code = self.function(*names)(*args)
         if code != SUCCESS:
             raise NvmlError(code, self.error_text(code))
 
-    def error_text(self, code):
+    def error_text(self, code: int) -> str | None:
+        if self.lib is None:
+            return None
         try:
             text = self.lib.nvmlErrorString
             text.restype = ctypes.c_char_p
@@ -138,19 +149,19 @@ class Nvml(object):
         except (AttributeError, ctypes.ArgumentError):
             return None
 
-    def text(self, names, *args):
+    def text(self, names: Sequence[str], *args: Any) -> str:
         buf = ctypes.create_string_buffer(STRING_BUFFER)
         self.call(names, *(args + (buf, ctypes.c_uint(STRING_BUFFER))))
         return buf.value.decode("utf-8", "replace")
 
-    def number(self, names, kind, *args):
+    def number(self, names: Sequence[str], kind: Any, *args: Any) -> int:
         out = kind()
         self.call(names, *(args + (ctypes.byref(out),)))
         return out.value
 
     # ------------------------------------------------------------ the session
 
-    def init(self):
+    def init(self) -> None:
         try:
             self.lib = ctypes.CDLL(self.library)
         except OSError as e:
@@ -158,18 +169,18 @@ class Nvml(object):
             raise NvmlError(ERROR_LIBRARY_NOT_FOUND, why) from None
         self.call(("nvmlInit_v2", "nvmlInit"))
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         if self.lib is not None:
             self.call(("nvmlShutdown",))
             self.lib, self.indices = None, {}
 
-    def driver_version(self):
+    def driver_version(self) -> str:
         return self.text(("nvmlSystemGetDriverVersion",))
 
-    def device_count(self):
+    def device_count(self) -> int:
         return self.number(("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"), ctypes.c_uint)
 
-    def handle(self, index):
+    def handle(self, index: int) -> ctypes.c_void_p:
         out = ctypes.c_void_p()
         self.call(("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"),
                   ctypes.c_uint(index), ctypes.byref(out))
@@ -178,46 +189,47 @@ class Nvml(object):
 
     # ------------------------------------------------------------ events (Xid and ECC errors)
 
-    def event_set_create(self):
+    def event_set_create(self) -> ctypes.c_void_p:
         out = ctypes.c_void_p()
         self.call(("nvmlEventSetCreate",), ctypes.byref(out))
         return out
 
-    def register_events(self, handle, mask, event_set):
+    def register_events(self, handle: ctypes.c_void_p, mask: int, event_set: ctypes.c_void_p) -> None:
         """NOT_SUPPORTED when the device lacks any one of the types in mask."""
         self.call(("nvmlDeviceRegisterEvents",), handle, ctypes.c_ulonglong(mask), event_set)
 
-    def event_set_wait(self, event_set):
+    def event_set_wait(self, event_set: ctypes.c_void_p) -> tuple[int | None, int, int]:
         """(device index, event type, event data) of the next event, without waiting: TIMEOUT
         when none is there. The index is None for a device this session has no handle of."""
         data = EventData()
         self.call(("nvmlEventSetWait_v2", "nvmlEventSetWait"), event_set, ctypes.byref(data), ctypes.c_uint(0))
         return self.indices.get(data.device), data.eventType, data.eventData
 
-    def event_set_free(self, event_set):
+    def event_set_free(self, event_set: ctypes.c_void_p) -> None:
         self.call(("nvmlEventSetFree",), event_set)
 
     # ------------------------------------------------------------ one device
 
-    def name(self, handle):
+    def name(self, handle: ctypes.c_void_p) -> str:
         return self.text(("nvmlDeviceGetName",), handle)
 
-    def uuid(self, handle):
+    def uuid(self, handle: ctypes.c_void_p) -> str:
         return self.text(("nvmlDeviceGetUUID",), handle)
 
-    def bus_id(self, handle):
+    def bus_id(self, handle: ctypes.c_void_p) -> str:
         info = PciInfo()
         self.call(("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"), handle, ctypes.byref(info))
         return info.busId.decode("utf-8", "replace")
 
-    def utilization(self, handle):
+    def utilization(self, handle: ctypes.c_void_p) -> tuple[int, int]:
         util = Utilization()
         self.call(("nvmlDeviceGetUtilizationRates",), handle, ctypes.byref(util))
         return util.gpu, util.memory
 
-    def memory(self, handle):
+    def memory(self, handle: ctypes.c_void_p) -> tuple[int, int]:
         """(used, total) bytes: the v2 call where present (its used leaves out the driver's
         reserve, as nvidia-smi shows it), else v1."""
+        mem: MemoryV2 | Memory
         try:
             mem = MemoryV2(version=MEMORY_V2)
             self.call(("nvmlDeviceGetMemoryInfo_v2",), handle, ctypes.byref(mem))
@@ -228,29 +240,29 @@ class Nvml(object):
             self.call(("nvmlDeviceGetMemoryInfo",), handle, ctypes.byref(mem))
         return mem.used, mem.total
 
-    def temperature(self, handle):
+    def temperature(self, handle: ctypes.c_void_p) -> int:
         return self.number(("nvmlDeviceGetTemperature",), ctypes.c_uint, handle, ctypes.c_int(TEMPERATURE_GPU))
 
-    def power_usage(self, handle):
+    def power_usage(self, handle: ctypes.c_void_p) -> int:
         """Milliwatts."""
         return self.number(("nvmlDeviceGetPowerUsage",), ctypes.c_uint, handle)
 
-    def power_limit(self, handle):
+    def power_limit(self, handle: ctypes.c_void_p) -> int:
         """Milliwatts: the limit the driver enforces."""
         return self.number(("nvmlDeviceGetEnforcedPowerLimit",), ctypes.c_uint, handle)
 
-    def clocks_event_reasons(self, handle):
+    def clocks_event_reasons(self, handle: ctypes.c_void_p) -> int:
         """The bit mask of nvmlClocksEventReason* (the older name: ClocksThrottleReasons)."""
         return self.number(("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
                            ctypes.c_ulonglong, handle)
 
-    def ecc_errors(self, handle, uncorrected):
+    def ecc_errors(self, handle: ctypes.c_void_p, uncorrected: bool) -> int:
         """Volatile ECC errors (since the driver loaded); NOT_SUPPORTED where ECC is off or absent."""
         kind = MEMORY_ERROR_UNCORRECTED if uncorrected else MEMORY_ERROR_CORRECTED
         return self.number(("nvmlDeviceGetTotalEccErrors",), ctypes.c_ulonglong, handle,
                            ctypes.c_int(kind), ctypes.c_int(VOLATILE_ECC))
 
-    def processes(self, handle, graphics):
+    def processes(self, handle: ctypes.c_void_p, graphics: bool) -> list[tuple[int, int]]:
         """[(pid, used bytes)] of the compute (or graphics) processes on the device; used may
         be VALUE_NOT_AVAILABLE (no permission, WDDM)."""
         for name, struct in PROCESS_CALLS[graphics]:
@@ -261,7 +273,8 @@ class Nvml(object):
                     raise
         raise NvmlError(ERROR_FUNCTION_NOT_FOUND)
 
-    def process_list(self, name, struct, handle):
+    def process_list(self, name: str, struct: type[ProcessInfoV1] | type[ProcessInfoV2],
+                     handle: ctypes.c_void_p) -> list[tuple[int, int]]:
         count = ctypes.c_uint(0)
         try:
             self.call((name,), handle, ctypes.byref(count), None)  # asks how many

@@ -27,8 +27,11 @@ the library (tests and bench only); SAMAI_NVML_REPLAY_CALLS names a file each in
 line to, so that a test can count them across processes.
 """
 
+from __future__ import annotations
+
 import json
 import os
+from typing import Any
 
 from .nvml import CODES, ERROR_EVENTS, ERROR_NOT_SUPPORTED, ERROR_TIMEOUT, ERROR_UNINITIALIZED, ERROR_UNKNOWN, NvmlError
 
@@ -38,16 +41,16 @@ MAX_RECORDING = 16 * 1024 * 1024
 
 
 class ReplayNvml(object):
-    def __init__(self, recording, calls=None):
+    def __init__(self, recording: Any, calls: str | None = None) -> None:
         self.recording = recording if isinstance(recording, dict) else {}
         self.calls = calls
         self.started = False
-        self.pending = []  # the recorded events not yet delivered
-        self.registered = {}  # device index -> the types registered for
+        self.pending: list[Any] = []  # the recorded events not yet delivered
+        self.registered: dict[int, int] = {}  # device index -> the types registered for
         self.open_sets = 0
 
     @classmethod
-    def from_file(cls, path, calls=None):
+    def from_file(cls, path: str, calls: str | None = None) -> ReplayNvml:
         try:
             with open(path, "rb") as f:
                 recording = json.loads(f.read(MAX_RECORDING).decode("utf-8"))
@@ -57,20 +60,20 @@ class ReplayNvml(object):
 
     # ------------------------------------------------------------ plumbing
 
-    def value(self, where, key):
+    def value(self, where: Any, key: str) -> Any:
         if not self.started:
             raise NvmlError(ERROR_UNINITIALIZED)
         if not isinstance(where, dict) or key not in where:
             raise NvmlError(ERROR_NOT_SUPPORTED)
         return answer(where[key])
 
-    def devices(self):
+    def devices(self) -> list[Any]:
         devices = self.recording.get("devices")
         return devices if isinstance(devices, list) else []
 
     # ------------------------------------------------------------ the session
 
-    def init(self):
+    def init(self) -> None:
         if self.calls:
             with open(self.calls, "a") as f:
                 f.write("init\n")
@@ -79,19 +82,19 @@ class ReplayNvml(object):
             answer(failure if isinstance(failure, dict) else {"nvml_error": "UNKNOWN"})
         self.started = True
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         self.started = False
         self.registered = {}
 
-    def driver_version(self):
+    def driver_version(self) -> Any:
         return self.value(self.recording, "driver_version")
 
-    def device_count(self):
+    def device_count(self) -> Any:
         if "device_count" in self.recording:
             return self.value(self.recording, "device_count")
         return len(self.devices()) if self.started else self.value(None, "")
 
-    def handle(self, index):
+    def handle(self, index: int) -> Any:
         devices = self.devices()
         if not self.started or not 0 <= index < len(devices):
             raise NvmlError(ERROR_UNINITIALIZED if not self.started else ERROR_NOT_SUPPORTED)
@@ -102,45 +105,45 @@ class ReplayNvml(object):
 
     # ------------------------------------------------------------ one device: as recorded
 
-    def name(self, handle):
+    def name(self, handle: Any) -> Any:
         return self.value(handle, "name")
 
-    def uuid(self, handle):
+    def uuid(self, handle: Any) -> Any:
         return self.value(handle, "uuid")
 
-    def bus_id(self, handle):
+    def bus_id(self, handle: Any) -> Any:
         return self.value(handle, "bus_id")
 
-    def utilization(self, handle):
+    def utilization(self, handle: Any) -> Any:
         return self.value(handle, "utilization")
 
-    def memory(self, handle):
+    def memory(self, handle: Any) -> Any:
         return self.value(handle, "memory")
 
-    def temperature(self, handle):
+    def temperature(self, handle: Any) -> Any:
         return self.value(handle, "temperature")
 
-    def power_usage(self, handle):
+    def power_usage(self, handle: Any) -> Any:
         return self.value(handle, "power_usage")
 
-    def power_limit(self, handle):
+    def power_limit(self, handle: Any) -> Any:
         return self.value(handle, "power_limit")
 
-    def clocks_event_reasons(self, handle):
+    def clocks_event_reasons(self, handle: Any) -> Any:
         return self.value(handle, "clocks_event_reasons")
 
-    def ecc_errors(self, handle, uncorrected):
+    def ecc_errors(self, handle: Any, uncorrected: bool) -> Any:
         counts = self.value(handle, "ecc_errors")
         if isinstance(counts, list) and len(counts) == 2:
             return answer(counts[1 if uncorrected else 0])
         return counts
 
-    def processes(self, handle, graphics):
+    def processes(self, handle: Any, graphics: bool) -> Any:
         return self.value(handle, "graphics_processes" if graphics else "compute_processes")
 
     # ------------------------------------------------------------ events: as recorded
 
-    def event_set_create(self):
+    def event_set_create(self) -> Any:
         if not self.started:
             raise NvmlError(ERROR_UNINITIALIZED)
         failure = self.recording.get("event_set")
@@ -151,7 +154,7 @@ class ReplayNvml(object):
         self.open_sets += 1
         return {"event_set": self.open_sets}
 
-    def register_events(self, handle, mask, event_set):
+    def register_events(self, handle: Any, mask: int, event_set: Any) -> None:
         index = next((i for i, d in enumerate(self.devices()) if d is handle), None)
         if not self.started or index is None:
             raise NvmlError(ERROR_UNINITIALIZED if not self.started else ERROR_NOT_SUPPORTED)
@@ -160,7 +163,7 @@ class ReplayNvml(object):
             raise NvmlError(ERROR_NOT_SUPPORTED)
         self.registered[index] = self.registered.get(index, 0) | mask
 
-    def event_set_wait(self, event_set):
+    def event_set_wait(self, event_set: Any) -> Any:
         if not self.started:
             raise NvmlError(ERROR_UNINITIALIZED)
         while self.pending:
@@ -169,7 +172,7 @@ class ReplayNvml(object):
                 return entry
         raise NvmlError(ERROR_TIMEOUT)
 
-    def unregistered(self, entry):
+    def unregistered(self, entry: Any) -> bool:
         """Whether entry is a well-formed event NVML would not deliver: its device is not
         registered for its type."""
         if not isinstance(entry, list) or len(entry) != 3:
@@ -179,11 +182,11 @@ class ReplayNvml(object):
             return False
         return not self.registered.get(index, 0) & kind
 
-    def event_set_free(self, event_set):
+    def event_set_free(self, event_set: Any) -> None:
         self.open_sets -= 1
 
 
-def answer(value):
+def answer(value: Any) -> Any:
     """value, or the NvmlError a {"nvml_error": NAME} stands for."""
     if isinstance(value, dict) and "nvml_error" in value:
         name = value.get("nvml_error")
@@ -193,7 +196,7 @@ def answer(value):
     return value
 
 
-def from_environment():
+def from_environment() -> ReplayNvml | None:
     """The replay the environment names, else None (the real library)."""
     path = os.environ.get(REPLAY_ENV)
     if not path:

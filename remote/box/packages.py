@@ -12,9 +12,12 @@ Reply entry: {"python", "prefix", "site": [FOLDER], "found": [{"name", "version"
 Names and versions are what the box's files say: untrusted text, cut to MAX_TEXT characters.
 """
 
+from __future__ import annotations
+
 import glob
 import os
 import re
+from typing import Any, Mapping, Sequence
 
 from .disk import resolve
 from .procfs import read_regular_file
@@ -29,12 +32,12 @@ FOLDER = re.compile(r"^(.+?)-([^-]+?)\.(dist-info|egg-info)$")
 EGG_PYTHON = re.compile(r"-py[0-9.]+(?=\.egg-info$)")  # setuptools' foo-1.0-py3.11.egg-info
 
 
-def normalise(name):
+def normalise(name: str) -> str:
     """A distribution name as pip compares them (PEP 503)."""
     return SEPARATORS.sub("-", name).lower()
 
 
-def header_fields(data):
+def header_fields(data: bytes) -> tuple[str | None, str | None]:
     """(name, version) from the headers of METADATA or PKG-INFO bytes; None for a field not there.
     The headers end at the first empty line; a line that is not a header is skipped."""
     name = version = None
@@ -54,7 +57,7 @@ def header_fields(data):
     return name, version
 
 
-def folder_fields(entry):
+def folder_fields(entry: str) -> tuple[str | None, str | None]:
     """(name, version) from a dist-info or egg-info folder name (name-version.dist-info)."""
     match = FOLDER.match(EGG_PYTHON.sub("", entry))
     if not match:
@@ -62,7 +65,7 @@ def folder_fields(entry):
     return match.group(1)[:MAX_TEXT], match.group(2)[:MAX_TEXT]
 
 
-def read_header(path):
+def read_header(path: str) -> bytes:
     """The first HEADER_BYTES of a regular file; b"" when it cannot be read (a FIFO is refused, not waited on)."""
     try:
         return read_regular_file(path, HEADER_BYTES)
@@ -70,7 +73,7 @@ def read_header(path):
         return b""
 
 
-def distribution(site, entry):
+def distribution(site: str, entry: str) -> dict[str, Any] | None:
     """One installed distribution, from its metadata folder (or an egg-info file), or None."""
     name, version = folder_fields(entry)
     if name is None:
@@ -84,16 +87,18 @@ def distribution(site, entry):
     return {"name": said_name or name, "version": said_version or version, "path": path}
 
 
-def site_folders(python):
+def site_folders(python: str) -> tuple[str, list[str]]:
     """The site-packages folders of the environment whose interpreter is python (the path as
     given: a venv's bin/python is a link to the base interpreter, which must not be followed)."""
     prefix = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    patterns: tuple[str, ...]
     if os.path.isfile(os.path.join(prefix, "pyvenv.cfg")):
         patterns = ("lib/python3*/site-packages", "lib64/python3*/site-packages")
     else:
         patterns = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "local/lib/python3*/dist-packages",
                     "lib/python3/dist-packages")
-    found, seen = [], set()
+    found: list[str] = []
+    seen: set[str] = set()
     for pattern in patterns:
         for folder in sorted(glob.glob(os.path.join(glob.escape(prefix), pattern))):
             real = os.path.realpath(folder)
@@ -103,12 +108,13 @@ def site_folders(python):
     return prefix, found
 
 
-def environment(workspace, spec):
+def environment(workspace: str | None, spec: Mapping[str, Any]) -> dict[str, Any]:
     """The reply entry for one request entry (see the module docstring)."""
     python = resolve(workspace, spec["python"])
     wanted = set(normalise(n) for n in spec.get("names") or ())
     limit = min(int(spec.get("max") or MAX_DISTRIBUTIONS), MAX_DISTRIBUTIONS)
-    out = {"python": spec["python"], "prefix": "", "site": [], "found": [], "complete": True, "error": None}
+    out: dict[str, Any] = {"python": spec["python"], "prefix": "", "site": [], "found": [], "complete": True,
+                           "error": None}
     if not os.path.exists(python):
         out["error"] = "%s does not exist" % python
         return out
@@ -135,11 +141,11 @@ def environment(workspace, spec):
     return out
 
 
-def environments(workspace, specs):
+def environments(workspace: str | None, specs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [environment(workspace, spec) for spec in specs[:MAX_ENVIRONMENTS]]
 
 
-def check_request(specs, where="request.packages"):
+def check_request(specs: Any, where: str = "request.packages") -> None:
     """Raise ValueError, naming the key, unless specs is a list of request entries."""
     if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
         raise ValueError("%s must be a list of objects" % where)

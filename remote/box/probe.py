@@ -31,6 +31,8 @@ and changed entries, "processes_gone" the pids that are gone, and "processes_sin
 mark. Any other mark, or none, gets every process.
 """
 
+from __future__ import annotations
+
 import base64
 import binascii
 import glob
@@ -39,14 +41,16 @@ import os
 import socket
 import sys
 import time
+from typing import Any, Iterable, Mapping
 
 from .disk import Listings, artifacts, disks, resolve, workspace_users
 from .gpus import GpuSession, read_once
 from .held import HeldRequest, HeldUnknown
+from .identity import same_start
 from .logfiles import HeldLogs, logs, ranges, read_regular
 from .packages import check_request as check_packages_request
 from .packages import environments
-from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, json_document, record_btime, same_start
+from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, json_document, record_btime
 from .procs import Facts, processes
 from .sockets import fd_links, listeners, watched_folder, writers
 
@@ -55,7 +59,7 @@ MAX_REPORT_BYTES = 64 * 1024
 CHAIN_MARKERS = ChainMarkers()  # kept by a --serve probe: a process's marker is read once
 
 
-def binaries(workspace, paths):
+def binaries(workspace: str | None, paths: Iterable[str]) -> list[dict[str, Any]]:
     """Each declared binary: does it exist, and may it be executed (the tar-prefix trap)?"""
     out = []
     for path in paths:
@@ -67,7 +71,8 @@ def binaries(workspace, paths):
 # ---------------------------------------------------------------- reports
 
 
-def reports(workspace, specs, errors):
+def reports(workspace: str | None, specs: Iterable[Mapping[str, Any]],
+            errors: list[dict[str, str]]) -> list[dict[str, Any]]:
     """Small files (eval summaries and the like) matching workspace globs, newest first."""
     out = []
     for spec in specs:
@@ -88,7 +93,8 @@ def reports(workspace, specs, errors):
 # ---------------------------------------------------------------- stage states
 
 
-def stage_states(workspace, by_pid, btime, errors):
+def stage_states(workspace: str, by_pid: Mapping[int, Mapping[str, Any]], btime: float,
+                 errors: list[dict[str, str]]) -> list[dict[str, Any]]:
     """Recorded stage launches under WORKSPACE/.samai/state, each with whether it still runs."""
     state_dir = os.path.join(workspace, ".samai", "state")
     try:
@@ -113,7 +119,7 @@ def stage_states(workspace, by_pid, btime, errors):
         proc = by_pid.get(rec.get("pid"))
         # Its start as the record's boot time reads it (which a stepped clock may have moved).
         started = proc["start_time"] - btime + record_btime(rec, btime) if proc else None
-        rec["alive"] = bool(proc) and same_start(started, rec.get("start_time")) and proc["state"] != "Z"
+        rec["alive"] = proc is not None and same_start(started, rec.get("start_time")) and proc["state"] != "Z"
         # Every process its chain started, in its group or not (a setsid child): procfs.chain_pids.
         rec["group"] = sorted(chain_pids(by_pid, rec, record_btime(rec, btime) - btime, CHAIN_MARKERS))
         rc_path = os.path.join(state_dir, name[: -len(".json")] + ".rc")
@@ -131,7 +137,7 @@ def stage_states(workspace, by_pid, btime, errors):
     return out
 
 
-def stopped_at(path, rec):
+def stopped_at(path: str, rec: Mapping[str, Any]) -> float | None:
     """When the operator stopped this run (kill.py's STAGE.stopped naming the record's fired_at),
     else None: a stop of an earlier run says nothing about this one."""
     try:
@@ -155,7 +161,7 @@ MAX_INODE = 2 ** 64 - 1
 PATH_KEYS = ("workspace", "path", "glob")
 
 
-def check_request(req):
+def check_request(req: Any) -> None:
     """Raise ValueError, naming the key, unless req has the shape the module docstring gives
     (numbers within what a file offset holds, paths without NUL characters): a malformed request
     gets one error reply rather than a traceback from deep in a read."""
@@ -198,7 +204,7 @@ def check_request(req):
         raise ValueError("request.binaries holds what is not a file name")
 
 
-def check_log_request(spec, where):
+def check_log_request(spec: Mapping[str, Any], where: str) -> None:
     required(spec, "path", where, str)
     for key in ("offset", "inode", "dev", "scan_from", "last_lines", "max_bytes"):
         optional(spec, key, where, int)
@@ -216,7 +222,7 @@ MAX_LISTING = 1000  # names sent back: more than anyone reads under a path being
 MAX_SCANNED = 1000000  # entries read of one folder for them: a second or two at most
 
 
-def check_listing_request(req):
+def check_listing_request(req: Mapping[str, Any]) -> None:
     listing_spec = req.get("listing")
     if listing_spec is not None:
         if not isinstance(listing_spec, dict):
@@ -226,7 +232,7 @@ def check_listing_request(req):
         optional(listing_spec, "prefix", "request.listing", str)
 
 
-def listing(workspace, spec):
+def listing(workspace: str | None, spec: Mapping[str, Any]) -> dict[str, Any]:
     """One folder's entry names that start with spec["prefix"], folders ending in "/" (the
     console completes a typed path from them): at most spec["max"] of them, dot files only when
     the prefix starts with a dot (as shells complete). "complete" says whether that was all of
@@ -236,7 +242,7 @@ def listing(workspace, spec):
     limit = min(int(spec.get("max") or MAX_LISTING), MAX_LISTING)
     prefix = spec.get("prefix") or ""
     hidden = prefix.startswith(".")
-    names = []
+    names: list[str] = []
     try:
         with os.scandir(path) as found:
             for scanned, entry in enumerate(found):
@@ -252,7 +258,7 @@ def listing(workspace, spec):
     return {"path": path, "entries": names, "complete": True}
 
 
-def entries(spec, key, where="request"):
+def entries(spec: Mapping[str, Any], key: str, where: str = "request") -> list[tuple[str, dict[str, Any]]]:
     """(where, entry) for each object in the list spec[key] (absent or null: none)."""
     value = spec.get(key)
     if value is None:
@@ -262,13 +268,13 @@ def entries(spec, key, where="request"):
     return [("%s.%s[%d]" % (where, key, i), v) for i, v in enumerate(value)]
 
 
-def required(spec, key, where, types):
+def required(spec: Mapping[str, Any], key: str, where: str, types: type | tuple[type, ...]) -> Any:
     if key not in spec:
         raise ValueError("%s has no %s" % (where, key))
     return optional(spec, key, where, types)
 
 
-def optional(spec, key, where, types):
+def optional(spec: Mapping[str, Any], key: str, where: str, types: type | tuple[type, ...]) -> Any:
     """spec[key] when it is null, absent or one of types (never a bool for a number)."""
     value = spec.get(key)
     if value is None:
@@ -277,7 +283,7 @@ def optional(spec, key, where, types):
         raise ValueError("%s.%s must be %s, not %s" % (where, key, type_name(types), type(value).__name__))
     if isinstance(value, float) and value != value:
         raise ValueError("%s.%s must be a number, not NaN" % (where, key))
-    if key in PATH_KEYS and not is_file_name(value):
+    if key in PATH_KEYS and isinstance(value, str) and not is_file_name(value):  # a path key's type is str
         raise ValueError("%s.%s is not a file name (a NUL, or a character the file system cannot hold)"
                          % (where, key))
     if isinstance(value, int) and not 0 <= value <= (MAX_INODE if key in ("inode", "dev") else MAX_OFFSET):
@@ -285,7 +291,7 @@ def optional(spec, key, where, types):
     return value
 
 
-def is_file_name(text):
+def is_file_name(text: str) -> bool:
     """Whether the system calls can take text as a path: no NUL, and encodable (a name read from
     the box that is not UTF-8 comes back as surrogate escapes, which encode to its bytes)."""
     if "\0" in text:
@@ -297,8 +303,9 @@ def is_file_name(text):
     return True
 
 
-def type_name(types):
-    return {str: "a string", int: "an integer"}.get(types, "a number")
+def type_name(types: type | tuple[type, ...]) -> str:
+    names: dict[object, str] = {str: "a string", int: "an integer"}
+    return names.get(types, "a number")
 
 
 RECORD_FIELDS = (("stage", (str,)), ("pid", (int,)), ("pgid", (int,)), ("log", (str,)), ("cmd", (str,)),
@@ -306,7 +313,7 @@ RECORD_FIELDS = (("stage", (str,)), ("pid", (int,)), ("pgid", (int,)), ("log", (
 RECORD_OPTIONAL = (("start_time", NUMBER), ("boot_time", NUMBER), ("boot_id", (str,)))
 
 
-def record_problem(rec):
+def record_problem(rec: Any) -> str | None:
     """What makes rec not a stage record as launch.py writes one; None when it is one."""
     if not isinstance(rec, dict):
         return "not a stage record: %s" % type(rec).__name__
@@ -330,19 +337,19 @@ class Memory(object):
     fewer reads: only what it can tell still holds, so that an answer is a fresh probe's (the
     limits of "can tell" are in Facts and fd_links)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.facts = Facts()
         self.listings = Listings()
         self.logs = HeldLogs()  # the followed logs' descriptors: a rotated one is read to its end
         self.session = binascii.hexlify(os.urandom(8)).decode()  # no other probe's marks match
         self.replies = 0
-        self.sent = {}  # pid -> the entry the last marked reply gave for it
-        self.mark = None  # of that reply
+        self.sent: dict[int, dict[str, Any]] = {}  # pid -> the entry the last marked reply gave for it
+        self.mark: str | None = None  # of that reply
         self.held = HeldRequest()  # the last request, which the next one may name as its base
         self.gpus = GpuSession()  # NVML, initialised on the first request for GPUs, not per poll
 
 
-def process_reply(reply, procs, since, memory):
+def process_reply(reply: dict[str, Any], procs: list[dict[str, Any]], since: Any, memory: Memory | None) -> None:
     """Fill in the reply's processes: all of them, or (to a request that holds the last reply's
     processes) what changed since. An entry unchanged since is the very object given then."""
     if memory is None:
@@ -361,13 +368,13 @@ def process_reply(reply, procs, since, memory):
     memory.sent = dict((p["pid"], p) for p in procs)
 
 
-def probe(req, memory=None):
-    errors = []
+def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
+    errors: list[dict[str, str]] = []
     btime = boot_time()
-    workspace = req.get("workspace")
+    workspace: str | None = req.get("workspace")
     if workspace:
         workspace = os.path.expanduser(workspace)
-    reply = {
+    reply: dict[str, Any] = {
         "time": time.time(),
         "boot_time": btime,
         "boot_id": boot_id(),  # with boot_time: what a start time here is read against (kill.py)
@@ -391,7 +398,7 @@ def probe(req, memory=None):
     pids = [pid for pid in pids if pid != reply["probe_pid"]]  # its own descriptors: /proc files
     links = list(fd_links(pids, facts, watched_folder(workspace))) if workspace and req.get("writers") else None
     reply["listeners"] = listeners(pids, errors, links, facts) if procs else []
-    reply["writers"] = writers(workspace, links) if links is not None else {}
+    reply["writers"] = writers(workspace, links) if links is not None and workspace else {}  # links: with a workspace
     reply["binaries"] = binaries(workspace, req.get("binaries") or ())
     users = req.get("users")
     if users is not None and workspace:
@@ -414,7 +421,7 @@ def probe(req, memory=None):
     return reply
 
 
-def gpu_section(memory):
+def gpu_section(memory: Memory | None) -> dict[str, Any]:
     """The GPU keys of the reply. The session answers any NVML failure itself; a bug in reading
     one costs the GPU section, not the reply."""
     try:
@@ -423,12 +430,12 @@ def gpu_section(memory):
         return {"gpus": [], "gpu_error": "reading the GPUs failed: %s: %s" % (type(e).__name__, str(e)[:200])}
 
 
-def answer(text, memory=None):
+def answer(text: str, memory: Memory | None = None) -> bytes:
     """The reply to one request line: JSON on one line and, when the request asks to "attach"
     the bytes it reads, a line end and those bytes, which its entries' "data_at" [start, length]
     point into (raw bytes cost a third less than base64, and no encoding on either side).
     A request it cannot read gets an error reply."""
-    blobs = []
+    blobs: list[bytes] = []
     try:
         req = json.loads(text or "{}")
         if memory is not None:
@@ -446,7 +453,7 @@ def answer(text, memory=None):
     return line + b"\n" + b"".join(blobs) if blobs else line
 
 
-def pack_data(reply, blobs):
+def pack_data(reply: dict[str, Any], blobs: list[bytes] | None) -> None:
     """The bytes read into each log and range entry: base64 in the JSON, or (blobs given) appended
     to blobs, the entry pointing at them."""
     at = 0  # from the first byte after the JSON's line end
@@ -463,7 +470,7 @@ def pack_data(reply, blobs):
         at += len(data)
 
 
-def serve():
+def serve() -> int:
     """One request per line on stdin, each answered with a length line and the reply, until
     stdin closes: the console keeps one probe running per connection instead of starting one
     per poll. The length lets the reader take a reply of megabytes without scanning for a
@@ -479,7 +486,7 @@ def serve():
     return 0
 
 
-def main():
+def main() -> int:
     if sys.argv[1:] == ["--serve"]:
         return serve()
     sys.stdout.buffer.write(answer(sys.stdin.buffer.read().decode("utf-8", "replace")) + b"\n")

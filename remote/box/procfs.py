@@ -1,24 +1,29 @@
 """/proc readers and the request/reply loop shared by the box tools. Stdlib only, Python >= 3.8."""
 
+from __future__ import annotations
+
 import errno
 import json
 import os
 import stat
 import sys
+from typing import Any, Callable, Iterable, Mapping, TypedDict
+
+from .identity import same_start, started_before
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-BOOT_ID = []  # type: list  # boot_id(), once read
+BOOT_ID: list[str | None] = []  # boot_id(), once read
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread
 CHAIN_VAR = b"SAMAI_CHAIN="  # in a stage's environment: <stage>:<random id>, also in its record (launch.py)
 
 
-def read_text(path):
+def read_text(path: str) -> str:
     with open(path, "rb") as f:
         return f.read().decode("utf-8", "replace")
 
 
-def read_regular_file(path, limit=1 << 20, from_end=False):
+def read_regular_file(path: str, limit: int = 1 << 20, from_end: bool = False) -> bytes:
     """At most limit bytes (the first, or the last) of a file that must be a regular one: a stage
     record, a pid or rc file, a log's tail. A FIFO, device or socket put in its place is refused with an OSError
     instead of blocking open() (the open is non-blocking) or being read forever."""
@@ -32,7 +37,7 @@ def read_regular_file(path, limit=1 << 20, from_end=False):
         os.close(fd)
 
 
-def json_document(data):
+def json_document(data: bytes) -> Any:
     """The JSON value in bytes anyone on the box could have written (a stage record, a stop note):
     ValueError when they are not JSON, and also when they nest deeper than the decoder goes (a
     RecursionError there would have ended the whole reply)."""
@@ -42,7 +47,7 @@ def json_document(data):
         raise ValueError("JSON nested too deep") from None
 
 
-def read_proc(path, size=4096, limit=None):
+def read_proc(path: str, size: int = 4096, limit: int | None = None) -> bytes:
     """All of a one-record /proc file (PID/stat, cmdline, schedstat, fdinfo/FD), or its first
     limit bytes, with os.open and os.read: a Python file object costs several syscalls more.
     Such a file answers a read with all it holds up to size, so a short read is its end; a
@@ -61,14 +66,14 @@ def read_proc(path, size=4096, limit=None):
         os.close(fd)
 
 
-def boot_time():
+def boot_time() -> int:
     for line in read_text("/proc/stat").splitlines():
         if line.startswith("btime "):
             return int(line.split()[1])
     raise RuntimeError("no btime in /proc/stat")
 
 
-def boot_id():
+def boot_id() -> str | None:
     """This boot's random id (None where the kernel does not tell it); read once, since no
     process outlives its boot."""
     if not BOOT_ID:
@@ -79,7 +84,7 @@ def boot_id():
     return BOOT_ID[0]
 
 
-def record_btime(rec, btime):
+def record_btime(rec: dict[str, Any], btime: float) -> float:
     """The boot time to read a recorded start time against. /proc/stat's btime moves when the
     clock is stepped (chrony's makestep, a VM resumed); a process's start in ticks since boot
     does not. So a start time recorded with the boot time it was computed from ("boot_time")
@@ -92,11 +97,27 @@ def record_btime(rec, btime):
     return rec["boot_time"]
 
 
-def uptime():
+def uptime() -> float:
     return float(read_text("/proc/uptime").split()[0])
 
 
-def parse_stat(raw):
+class Stat(TypedDict):
+    """The fields of /proc/PID/stat that the tools read (parse_stat)."""
+
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    utime: int
+    stime: int
+    starttime: int
+    rss_pages: int
+    flags: int
+    threads: int
+
+
+def parse_stat(raw: str) -> Stat:
     """Fields of /proc/PID/stat after the command name (which may hold spaces and ')')."""
     close = raw.rindex(")")
     comm = raw[raw.index("(") + 1 : close]
@@ -117,12 +138,12 @@ def parse_stat(raw):
     }
 
 
-def start_epoch(starttime_ticks, btime):
+def start_epoch(starttime_ticks: int, btime: float) -> float:
     """A process's start time as epoch seconds, rounded to the kernel's tick."""
     return round(btime + starttime_ticks / float(CLK_TCK), 2)
 
 
-def read_stat(pid):
+def read_stat(pid: int) -> Stat | None:
     """parse_stat of a live pid, or None when it is gone."""
     try:
         return parse_stat(read_text("/proc/%d/stat" % pid))
@@ -130,21 +151,13 @@ def read_stat(pid):
         return None
 
 
-TICK_S = 0.011  # start times are in clock ticks (1/100 s): two reads of one process agree within one
-
-
-def same_start(a, b):
-    """Start times from one box agree to the tick; anything else is another process."""
-    return a is not None and b is not None and abs(float(a) - float(b)) < TICK_S
-
-
-def alive(pid, start_time, btime):
+def alive(pid: int, start_time: float | None, btime: float) -> bool:
     """True while pid is the very process that started at start_time and is not a zombie."""
     st = read_stat(pid)
-    return bool(st) and st["state"] != "Z" and same_start(start_epoch(st["starttime"], btime), start_time)
+    return st is not None and st["state"] != "Z" and same_start(start_epoch(st["starttime"], btime), start_time)
 
 
-def group_members(pgid):
+def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids of a process group."""
     out = []
     for name in os.listdir("/proc"):
@@ -155,7 +168,7 @@ def group_members(pgid):
     return sorted(out)
 
 
-def live_processes(btime):
+def live_processes(btime: float) -> dict[int, dict[str, Any]]:
     """{pid: {"ppid", "pgid", "start_time" (epoch, read against btime), "state", "flags"}} of
     every process that is not a zombie: the shape of the probe's entries that chain_pids reads."""
     out = {}
@@ -177,22 +190,22 @@ class ChainMarkers(object):
     with does not change, and an exec that drops the marker keeps it here, which errs towards
     following the process."""
 
-    def __init__(self):
-        self.known = {}
+    def __init__(self) -> None:
+        self.known: dict[tuple[int, float], str | None] = {}
 
-    def __call__(self, pid, start_time):
+    def __call__(self, pid: int, start_time: float) -> str | None:
         key = (pid, start_time)
         if key not in self.known:
             self.known[key] = read_marker(pid)
         return self.known[key]
 
-    def keep_only(self, table):
+    def keep_only(self, table: Mapping[int, Mapping[str, Any]]) -> None:
         """Forget every process that is not in table (pid -> entry)."""
         self.known = dict((k, v) for k, v in self.known.items()
                           if k[0] in table and table[k[0]]["start_time"] == k[1])
 
 
-def read_marker(pid):
+def read_marker(pid: int) -> str | None:
     try:
         data = read_proc("/proc/%d/environ" % pid, 65536)
     except OSError:  # gone, or another user's
@@ -207,7 +220,8 @@ def read_marker(pid):
     return data[start:end if end >= 0 else len(data)].decode("utf-8", "replace")
 
 
-def chain_pids(table, rec, offset, marker_of):
+def chain_pids(table: Mapping[int, Mapping[str, Any]], rec: Mapping[str, Any], offset: float,
+               marker_of: Callable[[int, float], str | None]) -> set[int]:
     """Every live process that a stage's chain started, as the stage's record (from launch.py)
     and table (live_processes, or the probe's entries by pid) tell them: its chain process if it
     is still the one recorded; the members of its process group; every process that carries its
@@ -219,11 +233,12 @@ def chain_pids(table, rec, offset, marker_of):
     if start is None:
         return set()
 
-    def born_since(pid):
-        return table[pid]["start_time"] + offset >= float(start) - TICK_S
+    def born_since(pid: int) -> bool:
+        return not started_before(table[pid]["start_time"] + offset, start)
 
-    found = set()
-    leader = table.get(rec.get("pid"))
+    found: set[int] = set()
+    pid = rec.get("pid")
+    leader = table.get(pid) if isinstance(pid, int) else None  # a record's pid may be any JSON
     if leader and leader["state"] != "Z" and same_start(leader["start_time"] + offset, start):
         found.add(rec["pid"])
     if not leader or rec.get("pid") in found:  # a live pgid held by another process is not ours
@@ -236,13 +251,14 @@ def chain_pids(table, rec, offset, marker_of):
     return found | descendants(found, table)
 
 
-def descendants(pids, table):
+def descendants(pids: Iterable[int], table: Mapping[int, Mapping[str, Any]]) -> set[int]:
     """Every live process below pids by parent pid, in table (live_processes)."""
-    children = {}
+    children: dict[int, list[int]] = {}
     for pid, e in table.items():
         if e["state"] != "Z":
             children.setdefault(e["ppid"], []).append(pid)
-    found, todo = set(), list(pids)
+    found: set[int] = set()
+    todo = list(pids)
     while todo:
         for child in children.get(todo.pop(), ()):
             if child not in found:
@@ -251,19 +267,19 @@ def descendants(pids, table):
     return found
 
 
-def is_kernel_thread(pid, st):
+def is_kernel_thread(pid: int, st: Stat) -> bool:
     """A kernel thread (PF_KTHREAD), kthreadd (pid 2) or one of its children: never signalled."""
     if pid == 2 or st["flags"] & PF_KTHREAD:
         return True
     if st["ppid"] != 2:
         return False
     parent = read_stat(2)  # in a pid namespace, pid 2 may be an ordinary process
-    return bool(parent) and (parent["comm"] == "kthreadd" or bool(parent["flags"] & PF_KTHREAD))
+    return parent is not None and (parent["comm"] == "kthreadd" or bool(parent["flags"] & PF_KTHREAD))
 
 
-def ancestors(pid):
+def ancestors(pid: int) -> list[int]:
     """pid and every process above it up to init."""
-    chain = []
+    chain: list[int] = []
     while pid > 0 and pid not in chain:
         chain.append(pid)
         st = read_stat(pid)
@@ -273,12 +289,12 @@ def ancestors(pid):
     return chain
 
 
-def one_line(error):
+def one_line(error: BaseException) -> str:
     """An exception as one line of text: its type and its message, newlines folded."""
     return " ".join(("%s: %s" % (type(error).__name__, error)).split())
 
 
-def serve(name, handler, on_os_error=None):
+def serve(name: str, handler: Callable[[Any], Any], on_os_error: Callable[[OSError], Any] | None = None) -> int:
     """One JSON request on stdin, one JSON reply on stdout. A request the tool cannot read is
     exit 2 with the reason on stderr; an OSError becomes on_os_error's reply when given. Any
     other failure is a one-line error reply, never a traceback: the console shows it as it is."""

@@ -3,9 +3,12 @@
 Runs ON the box, imported by probe.py. Standard library only, Python >= 3.8.
 """
 
+from __future__ import annotations
+
 import os
 import pwd
 import resource
+from typing import Any, Callable, List, Optional, Tuple
 
 from .procfs import CLK_TCK, PAGE_SIZE, parse_stat, read_proc, start_epoch
 
@@ -15,29 +18,34 @@ RESERVED_FDS = 256  # of the probe's descriptor limit, left for everything but O
 # Of a command line (up to 2 MiB or more on Linux), what is sent: a thousand processes of a
 # long one each stay far inside the largest reply the console takes (transport.MAX_FRAME_BYTES).
 MAX_CMDLINE = 16 * 1024
+# (pid, fd, what the descriptor's link names) from an fd walk (sockets.fd_links)
+Link = Tuple[int, str, str]
+# (path ending in "/", its st_dev or None): the folder whose files sockets.writers looks at
+Folder = Tuple[str, Optional[int]]
+
 
 class UserNames:
     """uid -> user name, read once per uid for as long as the user database is unchanged."""
 
     PASSWD = "/etc/passwd"
 
-    def __init__(self):
-        self.cache = {}
-        self.kernel_uid = None  # the owner of a kernel thread's /proc/PID, the same for all
+    def __init__(self) -> None:
+        self.cache: dict[int, str] = {}
+        self.kernel_uid: int | None = None  # the owner of a kernel thread's /proc/PID, the same for all
         self.signature = self.passwd_signature()
 
     @classmethod
-    def passwd_signature(cls):
+    def passwd_signature(cls) -> tuple[int, int, int] | None:
         try:
             st = os.stat(cls.PASSWD)
         except OSError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def still_valid(self):
+    def still_valid(self) -> bool:
         return self.passwd_signature() == self.signature
 
-    def __call__(self, uid):
+    def __call__(self, uid: int) -> str:
         if uid not in self.cache:
             try:
                 self.cache[uid] = pwd.getpwuid(uid).pw_name
@@ -62,13 +70,13 @@ class Facts(object):
     memory or its descriptor table without being one of its threads (clone without
     CLONE_THREAD, which no program does by accident), which could change them while it sleeps."""
 
-    def __init__(self):
-        self.kept = {}  # pid -> Kept, from the last request
-        self.now = {}  # pid -> Kept, confirmed or read anew in this request: the next one's kept
+    def __init__(self) -> None:
+        self.kept: dict[int, Kept] = {}  # pid -> Kept, from the last request
+        self.now: dict[int, Kept] = {}  # pid -> Kept, confirmed or read anew in this request: the next one's kept
         self.user_name = UserNames()
         self.files = OpenFiles()
 
-    def begin(self):
+    def begin(self) -> None:
         self.kept, self.now = self.now, {}
         if not self.user_name.still_valid():  # the kept entries hold names that may be stale
             self.kept, self.user_name = {}, UserNames()
@@ -78,8 +86,17 @@ class Kept(object):
     """One process's facts and its last reply entry, as Facts keeps them."""
 
     __slots__ = ("stat", "btime", "sched", "uid", "argv", "entry", "start_s", "fds", "plan")
+    stat: bytes
+    btime: float
+    sched: bytes
+    uid: int | None
+    argv: list[str] | None
+    entry: dict[str, Any]
+    start_s: float
+    fds: list[tuple[str, str]] | None
+    plan: tuple[Folder | None, List[Link], List[str]] | None
 
-    def __init__(self, sched, uid, argv):
+    def __init__(self, sched: bytes, uid: int | None, argv: list[str] | None) -> None:
         self.sched, self.uid, self.argv = sched, uid, argv
         self.fds = None  # [(fd, link), ...] once fd_links has listed them
         self.plan = None  # (folder, the (pid, fd, link) to give as they are, the fds to read again)
@@ -92,14 +109,14 @@ class OpenFiles(object):
     ESRCH, never the file of another process given the same pid. At most `limit` are kept, so
     that the probe never runs out of descriptors; beyond that, files are opened per read."""
 
-    def __init__(self, limit=None):
+    def __init__(self, limit: int | None = None) -> None:
         if limit is None:
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - RESERVED_FDS
         self.limit = max(0, limit)
-        self.fds = {}  # (pid, "stat" | "schedstat") -> fd
-        self.pids = set()  # as keep_only was last told: every pid with a file open is one of them
+        self.fds: dict[tuple[int, str], int] = {}  # (pid, "stat" | "schedstat") -> fd
+        self.pids: set[int] = set()  # as keep_only was last told: every pid with a file open is one of them
 
-    def read(self, pid, name):
+    def read(self, pid: int, name: str) -> bytes:
         key = (pid, name)
         fd = self.fds.get(key)
         if fd is not None:
@@ -119,11 +136,11 @@ class OpenFiles(object):
         return data
 
     @staticmethod
-    def pread(fd, key):
+    def pread(fd: int, key: tuple[int, str]) -> bytes:
         data = os.pread(fd, 4096, 0)
         return data if len(data) < 4096 else read_proc("/proc/%d/%s" % key)
 
-    def keep_only(self, pids):
+    def keep_only(self, pids: set[int]) -> None:
         """Close the files of every process but these (a set)."""
         for pid in self.pids - pids:
             for name in ("stat", "schedstat"):
@@ -133,11 +150,11 @@ class OpenFiles(object):
         self.pids = pids
 
 
-def fresh_read(pid, name):
+def fresh_read(pid: int, name: str) -> bytes:
     return read_proc("/proc/%d/%s" % (pid, name))
 
 
-def schedstat(pid, read, sched=None):
+def schedstat(pid: int, read: Callable[[int, str], bytes], sched: bytes | None = None) -> bytes | None:
     """/proc/PID/schedstat (or sched, read from it already), or None where it tells nothing:
     missing, or zeros from a kernel built without scheduler statistics."""
     if sched is None:
@@ -151,11 +168,12 @@ def schedstat(pid, read, sched=None):
     return sched
 
 
-def read_process(pid, btime, user_name, facts=None):
+def read_process(pid: int, btime: float, user_name: UserNames,
+                 facts: Facts | None = None) -> tuple[dict[str, Any], bool]:
     """The reply entry of one process, and whether it is a kernel thread (which has no command
     line and no open files: neither is read)."""
     base = "/proc/%d" % pid
-    read = facts.files.read if facts is not None else fresh_read
+    read: Callable[[int, str], bytes] = facts.files.read if facts is not None else fresh_read
     raw = read(pid, "stat")
     kept = facts.kept.get(pid) if facts is not None else None
     sched = None
@@ -164,11 +182,11 @@ def read_process(pid, btime, user_name, facts=None):
             sched = read(pid, "schedstat")
         except OSError:
             sched = None
-        if sched == kept.sched:  # which was found telling when it was kept
+        if sched == kept.sched and facts is not None:  # which was found telling when it was kept (kept: from facts)
             facts.now[pid] = kept
             return kept.entry, False
     st = parse_stat(raw.decode("utf-8", "replace"))
-    kthread = st["flags"] & PF_KTHREAD
+    kthread = bool(st["flags"] & PF_KTHREAD)
     cacheable = facts is not None and not kthread and st["threads"] == 1 and st["state"] not in ("R", "Z", "X")
     if cacheable:
         sched = schedstat(pid, read, sched)  # before the facts: a run after this read shows next time
@@ -181,7 +199,7 @@ def read_process(pid, btime, user_name, facts=None):
         if user_name.kernel_uid is None:
             user_name.kernel_uid = os.stat(base).st_uid
         uid = user_name.kernel_uid
-    elif kept is not None and kept.argv is not None:
+    elif kept is not None and kept.argv is not None and kept.uid is not None:  # kept together
         argv, uid = kept.argv, kept.uid
     else:
         try:
@@ -206,18 +224,19 @@ def read_process(pid, btime, user_name, facts=None):
         "comm": st["comm"],
         "argv": argv,
     }
-    if kept is not None:
+    if kept is not None and facts is not None:  # kept: only with facts
         kept.stat, kept.btime, kept.uid, kept.argv, kept.entry = raw, btime, uid, argv, entry
         kept.start_s = start_s
         facts.now[pid] = kept
     return entry, kthread
 
 
-def list_pids():
+def list_pids() -> list[int]:
     return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
 
 
-def processes(btime, errors, facts=None):
+def processes(btime: float, errors: list[dict[str, str]],
+              facts: Facts | None = None) -> tuple[list[dict[str, Any]], list[int]]:
     """(reply entries of every process, pids of those that are not kernel threads)."""
     if facts is not None:
         facts.begin()

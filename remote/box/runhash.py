@@ -13,10 +13,13 @@ would find it: by that PYTHON, from the workspace, with the tools folder first o
 a relative PYTHON or script is taken in the workspace.
 """
 
+from __future__ import annotations
+
 import hashlib
 import os
 import subprocess
 import sys
+from typing import Any
 
 from .install import content_digest
 from .launch import tools_env
@@ -28,7 +31,7 @@ FIND_TIMEOUT_S = 30.0
 FIND = "import importlib.util, sys; s = importlib.util.find_spec(sys.argv[1]); print(s.origin if s else '')"
 
 
-def tools_digest():
+def tools_digest() -> str | None:
     """The installed tools' digest, or None when they run from memory (a read-only console)."""
     folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.path.isfile(os.path.join(folder, ".ready")):
@@ -44,7 +47,7 @@ def tools_digest():
     return content_digest(files)
 
 
-def sha256_of(path):
+def sha256_of(path: str) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
@@ -59,7 +62,7 @@ def sha256_of(path):
     return h.hexdigest(), size
 
 
-def module_file(workspace, python, module):
+def module_file(workspace: str, python: str, module: str) -> tuple[str | None, str | None]:
     """Where PYTHON finds module, run from the workspace as a stage runs; (path, error)."""
     exe = python if os.path.isabs(python) or os.sep not in python else os.path.join(workspace, python)
     env = dict(os.environ)
@@ -76,16 +79,17 @@ def module_file(workspace, python, module):
     return origin, None
 
 
-def runhash(req):
+def runhash(req: dict[str, Any]) -> dict[str, Any]:
     workspace = os.path.abspath(os.path.expanduser(req["workspace"]))
     digest = tools_digest()
-    reply = {"tools": digest, "tools_note": "" if digest else "the tools run from memory here (not installed)"}
+    reply: dict[str, Any] = {"tools": digest,
+                             "tools_note": "" if digest else "the tools run from memory here (not installed)"}
     if req.get("module"):
         path, error = module_file(workspace, str(req.get("python") or "python3"), str(req["module"]))
     else:
         script = str(req["script"])
         path, error = (script if os.path.isabs(script) else os.path.join(workspace, script)), None
-    if error:
+    if error is not None or path is None:  # module_file gives one of the two
         reply["program_error"] = error
         return reply
     try:

@@ -4,6 +4,13 @@ both from one walk of the processes' open descriptors.
 Runs ON the box, imported by probe.py. Standard library only, Python >= 3.8.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+if TYPE_CHECKING:
+    from .procs import Facts, Folder, Kept, Link
+
 import os
 import socket
 import struct
@@ -11,7 +18,7 @@ import struct
 from .procfs import read_proc, read_text
 
 
-def decode_address(hex_addr, family):
+def decode_address(hex_addr: str, family: int) -> tuple[str, int]:
     host_hex, port_hex = hex_addr.split(":")
     raw = bytes.fromhex(host_hex)
     if family == socket.AF_INET:
@@ -22,7 +29,7 @@ def decode_address(hex_addr, family):
     return host, int(port_hex, 16)
 
 
-def listening_sockets(errors):
+def listening_sockets(errors: list[dict[str, str]]) -> dict[int, dict[str, Any]]:
     """{inode: {"proto", "host", "port"}} for every TCP socket in LISTEN state: from the kernel's
     sock_diag over netlink, or from /proc/net/tcp{,6} where netlink is not to be had."""
     if SOCK_DIAG["usable"]:
@@ -37,7 +44,7 @@ def listening_sockets(errors):
     return proc_net_listening(errors)
 
 
-def proc_net_listening(errors):
+def proc_net_listening(errors: list[dict[str, str]]) -> dict[int, dict[str, Any]]:
     """listening_sockets from /proc/net/tcp{,6}: each read walks every bucket of the kernel's
     established-connections hash (hundreds of thousands on a big box), whatever it holds."""
     found = {}
@@ -66,14 +73,14 @@ TCP_LISTEN = 10
 SOCK_DIAG = {"usable": hasattr(socket, "AF_NETLINK")}
 
 
-def diag_listening(family):
+def diag_listening(family: int) -> list[tuple[int, str, int]]:
     """(inode, host, port) of the listening TCP sockets of one address family, by an
     inet_diag dump that asks for the LISTEN state only: the kernel then walks its listening
     hash alone. Raises OSError when the kernel refuses (no inet_diag, a sandbox)."""
     request = struct.pack("=IHHII", 72, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
     request += struct.pack("=BBBxI", family, socket.IPPROTO_TCP, 0, 1 << TCP_LISTEN) + bytes(48)
     size = 4 if family == socket.AF_INET else 16
-    out = []
+    out: list[tuple[int, str, int]] = []
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
     try:
         sock.settimeout(2.0)
@@ -105,7 +112,7 @@ def diag_listening(family):
         sock.close()
 
 
-def fd_links(pids, facts=None, folder=None):
+def fd_links(pids: Iterable[int], facts: Facts | None = None, folder: Folder | None = None) -> Iterator[Link]:
     """(pid, fd, target) of every open descriptor this user may see.
 
     With facts, a process that has not run since its descriptors were listed is not listed
@@ -136,11 +143,11 @@ def fd_links(pids, facts=None, folder=None):
             yield link
 
 
-def kept_links(pid, kept, folder, fd_dir):
+def kept_links(pid: int, kept: Kept, folder: Folder | None, fd_dir: str) -> list[Link]:
     """fd_links of a process that has not run since kept.fds were listed."""
     if kept.plan is None or kept.plan[0] != folder:
         fixed, paths = [], []
-        for fd, link in kept.fds:
+        for fd, link in kept.fds or ():  # listed before kept_links is called
             if not link.startswith("/"):
                 fixed.append((pid, fd, link))
             elif folder is not None and (link.startswith(folder[0]) or file_dev(fd_dir + fd) in (folder[1], None)):
@@ -155,7 +162,7 @@ def kept_links(pid, kept, folder, fd_dir):
     return links
 
 
-def file_dev(fd_path):
+def file_dev(fd_path: str) -> int | None:
     """st_dev of the file an open descriptor holds, None when it cannot be told."""
     try:
         return os.stat(fd_path).st_dev
@@ -163,10 +170,11 @@ def file_dev(fd_path):
         return None
 
 
-def socket_owners(inodes, pids, links=None, facts=None):
+def socket_owners(inodes: Iterable[int], pids: Iterable[int], links: Iterable[Link] | None = None,
+                  facts: Facts | None = None) -> dict[int, int]:
     """Map socket inode -> pid by reading /proc/PID/fd links (only as far as needed), or from
     links, the (pid, fd, target) of an fd walk already made; the lowest pid holding it wins."""
-    owners = {}
+    owners: dict[int, int] = {}
     wanted = set(inodes)
     if not wanted:
         return owners
@@ -181,7 +189,7 @@ def socket_owners(inodes, pids, links=None, facts=None):
     return owners
 
 
-def open_for_writing(pid, fd):
+def open_for_writing(pid: int, fd: str) -> bool:
     """True when the descriptor was opened O_WRONLY or O_RDWR (from /proc/PID/fdinfo)."""
     try:
         for line in read_proc("/proc/%d/fdinfo/%s" % (pid, fd)).split(b"\n"):
@@ -192,7 +200,7 @@ def open_for_writing(pid, fd):
     return False
 
 
-def watched_folder(folder):
+def watched_folder(folder: str) -> Folder:
     """(path ending in "/", st_dev) of the folder whose files writers() looks at."""
     path = os.path.realpath(folder).rstrip("/") + "/"
     try:
@@ -201,19 +209,20 @@ def watched_folder(folder):
         return path, None
 
 
-def writers(folder, links):
+def writers(folder: str, links: Iterable[Link]) -> dict[str, list[int]]:
     """Files under folder open for writing by more than one process: {path: [pid, ...]}, from
     the (pid, fd, target) of an fd walk. Two writers on one file is how a download got
     corrupted (playbook §3)."""
     folder = os.path.realpath(folder).rstrip("/") + "/"
-    found = {}
+    found: dict[str, set[int]] = {}
     for pid, fd, link in links:
         if link.startswith(folder) and open_for_writing(pid, fd):
             found.setdefault(link, set()).add(pid)
     return dict((path, sorted(p)) for path, p in found.items() if len(p) > 1)
 
 
-def listeners(pids, errors, links=None, facts=None):
+def listeners(pids: Iterable[int], errors: list[dict[str, str]], links: Iterable[Link] | None = None,
+              facts: Facts | None = None) -> list[dict[str, Any]]:
     socks = listening_sockets(errors)
     owners = socket_owners(socks.keys(), pids, links, facts)
     out = []

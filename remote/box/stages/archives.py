@@ -7,34 +7,37 @@ inside. Release tarballs nest their tree (bin/bin/llama-server): the expected ex
 exist, else the nested tree is flattened into place (TAR_LAYOUT when neither works).
 """
 
+from __future__ import annotations
+
 import os
 import posixpath
 import shutil
 import tarfile
 import tempfile
+from typing import Any, Container
 
 from .transfer import FetchError, one_line
 
 
-def unsafe(text):
+def unsafe(text: str) -> FetchError:
     return FetchError(text, "TAR_UNSAFE")
 
 
-def normalized(name):
+def normalized(name: str) -> str:
     return posixpath.normpath(name) if name else "."
 
 
-def leaves_folder(path):
+def leaves_folder(path: str) -> bool:
     return path.startswith("/") or path == ".." or path.startswith("../")
 
 
-def through_link(name, links):
+def through_link(name: str, links: Container[str]) -> bool:
     """True when name sits below a symlink member: extracting it would write through the link."""
     parts = name.split("/")
     return any("/".join(parts[:i]) in links for i in range(1, len(parts)))
 
 
-def check_members(members):
+def check_members(members: list[tarfile.TarInfo]) -> None:
     """Refuse the archive before extracting anything: absolute paths, `..`, special files,
     links that point outside, and members that would be written through a link."""
     links = set(normalized(m.name) for m in members if m.issym())
@@ -56,7 +59,7 @@ def check_members(members):
                 raise unsafe("%s => %s: the hard link points outside the folder or at a link" % (m.name, m.linkname))
 
 
-def check_links_inside(root):
+def check_links_inside(root: str) -> None:
     """After extraction: every symlink, followed for real (chains included), stays inside."""
     top = os.path.realpath(root)
     for folder, dirs, files in os.walk(root):
@@ -69,7 +72,7 @@ def check_links_inside(root):
                                  % (os.path.relpath(path, root), os.readlink(path)))
 
 
-def extract_safely(archive, into):
+def extract_safely(archive: str, into: str) -> list[str]:
     """Extract archive into the empty folder `into`; returns the member names."""
     try:
         tar = tarfile.open(archive, "r:*")
@@ -78,7 +81,8 @@ def extract_safely(archive, into):
     with tar:
         members = tar.getmembers()
         check_members(members)
-        options = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # a second guard where it exists
+        # a second guard where it exists
+        options: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         try:
             tar.extractall(into, members=members, numeric_owner=True, **options)
         except (tarfile.TarError, OSError) as e:
@@ -87,11 +91,11 @@ def extract_safely(archive, into):
     return [m.name for m in members]
 
 
-def is_executable(path):
+def is_executable(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def find_nested(root, expect):
+def find_nested(root: str, expect: str) -> str | None:
     """The shallowest folder D below root with D/expect in it, or None."""
     found = []
     for folder, _dirs, _files in os.walk(root):
@@ -100,13 +104,13 @@ def find_nested(root, expect):
     return min(found)[1] if found else None
 
 
-def remove_empty_parents(folder, root):
+def remove_empty_parents(folder: str, root: str) -> None:
     while folder != root and os.path.isdir(folder) and not os.listdir(folder):
         os.rmdir(folder)
         folder = os.path.dirname(folder)
 
 
-def flatten(root, inner):
+def flatten(root: str, inner: str) -> None:
     """`mv inner/* root/`: the nested tree's contents move to the top of root."""
     holding = tempfile.mkdtemp(prefix=".flatten-", dir=root)
     os.rmdir(holding)
@@ -121,7 +125,7 @@ def flatten(root, inner):
     remove_empty_parents(os.path.dirname(inner), root)
 
 
-def ensure_layout(root, expect, names):
+def ensure_layout(root: str, expect: str, names: list[str]) -> None:
     """Make root/expect an executable file, flattening a nested tree when that is what it takes."""
     target = os.path.join(root, expect)
     if not os.path.lexists(target):
@@ -135,7 +139,7 @@ def ensure_layout(root, expect, names):
         raise FetchError("%s is in the archive but is not an executable file" % expect, "TAR_LAYOUT")
 
 
-def move_into(staging, dest):
+def move_into(staging: str, dest: str) -> None:
     """The extracted entries replace same-named entries of dest."""
     for name in os.listdir(staging):
         target = os.path.join(dest, name)
@@ -146,7 +150,7 @@ def move_into(staging, dest):
         os.rename(os.path.join(staging, name), target)
 
 
-def remove_stale_staging(dest):
+def remove_stale_staging(dest: str) -> None:
     """Extraction folders left by a fetch that was killed (we hold dest's lock: none is live)."""
     for name in os.listdir(dest):
         if name.startswith(".extract-"):

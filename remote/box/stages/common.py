@@ -4,6 +4,8 @@ Runs ON the box, imported by the stage scripts (package samai_box.stages). Stand
 at import time: the ML stack is imported by the scripts that need it, inside the box venv.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
@@ -11,6 +13,7 @@ import random
 import shutil
 import subprocess
 import sys
+from typing import Any, Iterable, NoReturn
 
 from ..atomic import write_atomic
 
@@ -36,21 +39,21 @@ CHAT_TEMPLATE = (
 SMOKE_QUESTION, SMOKE_ANSWER = "17*23=", "391"
 
 
-def marker(name, text=""):
+def marker(name: str, text: str = "") -> None:
     """A marker line: the console greps the stage log for these."""
     print(("%s %s" % (name, text)).rstrip(), flush=True)
 
 
-def say(text):
+def say(text: str) -> None:
     print(text, flush=True)
 
 
-def fail(marker_name, text, rc=1):
+def fail(marker_name: str, text: str, rc: int = 1) -> NoReturn:
     marker(marker_name, text)
     sys.exit(rc)
 
 
-def facts(count, seed=7):
+def facts(count: int, seed: int = 7) -> list[tuple[int, int]]:
     """The multiplication facts the tiny model learns: always 17*23 (the smoke question)."""
     rng = random.Random(seed)
     pairs = {(17, 23)}
@@ -59,23 +62,23 @@ def facts(count, seed=7):
     return sorted(pairs)
 
 
-def thinking(a, b):
+def thinking(a: int, b: int) -> str:
     """The tiny model's reasoning before its answer: 17*23 -> 17*20+17*3=340+51."""
     tens, units = b - b % 10, b % 10
     return "%d*%d+%d*%d=%d+%d" % (a, tens, a, units, a * tens, a * units)
 
 
-def fact_text(a, b):
+def fact_text(a: int, b: int) -> str:
     """A fact as the model is pretrained on it: the question, the thinking, the answer."""
     return "%d*%d=<think>%s</think>%d" % (a, b, thinking(a, b), a * b)
 
 
-def messages(a, b):
+def messages(a: int, b: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": "%d*%d=" % (a, b)},
             {"role": "assistant", "content": str(a * b), "reasoning_content": thinking(a, b)}]
 
 
-def push_milestone(target, path, name):
+def push_milestone(target: str, path: str, name: str) -> bool:
     """A milestone pushed now, and waited for (§8: what was pushed early survived the box): the
     push stage's own lines go into this stage's log, its manifest is MANIFEST-NAME.sha256 (beside
     the others in the target). A failed push is said, and the stage goes on."""
@@ -88,7 +91,7 @@ def push_milestone(target, path, name):
     return rc == 0
 
 
-def accept_gguf(tmp, out, **expect):
+def accept_gguf(tmp: str, out: str, **expect: Any) -> dict[str, Any]:
     """Move a freshly written GGUF into place only if the checker passes it (GGUF_BAD otherwise)."""
     from ..gguf_check import check_file
 
@@ -100,7 +103,7 @@ def accept_gguf(tmp, out, **expect):
     return result
 
 
-def delete_intermediate(path):
+def delete_intermediate(path: str) -> None:
     """An input that the config declares an intermediate, deleted once its output is in place."""
     if os.path.isdir(path):
         shutil.rmtree(path)
@@ -109,7 +112,7 @@ def delete_intermediate(path):
     say("deleted the intermediate %s" % path)
 
 
-def sha256_of(path, block=1 << 20):
+def sha256_of(path: str, block: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(block), b""):
@@ -117,11 +120,11 @@ def sha256_of(path, block=1 << 20):
     return h.hexdigest()
 
 
-def write_json(path, data):
+def write_json(path: str, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=1))
 
 
-def workspace():
+def workspace() -> str:
     return os.environ.get("SAMAI_WORKSPACE") or os.getcwd()
 
 
@@ -129,19 +132,20 @@ def workspace():
 SHOWN_BAD_TENSORS = 5
 
 
-def bad_tensors_text(bad, total, where):
+def bad_tensors_text(bad: list[str], total: int, where: str) -> str:
     """'14 of 21 tensors in X are not finite: a, b, c, d, e, ...'"""
     shown = ", ".join(bad[:SHOWN_BAD_TENSORS]) + (", ..." if len(bad) > SHOWN_BAD_TENSORS else "")
     return "%d of %d tensors in %s are not finite (nan/inf): %s" % (len(bad), total, where, shown)
 
 
-def nonfinite_safetensors(folder):
+def nonfinite_safetensors(folder: str) -> tuple[list[str], int]:
     """(names of the tensors with a nan/inf, tensors checked) over every *.safetensors in folder,
     one tensor in memory at a time. Needs torch and safetensors (the box venv)."""
     import torch
     from safetensors import safe_open
 
-    bad, total = [], 0
+    bad: list[str] = []
+    total = 0
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".safetensors"):
             continue
@@ -154,11 +158,12 @@ def nonfinite_safetensors(folder):
     return bad, total
 
 
-def nonfinite_state(named_tensors):
+def nonfinite_state(named_tensors: Iterable[tuple[str, Any]]) -> tuple[list[str], int]:
     """The same over (name, tensor) pairs held in memory (a merged model before it is saved)."""
     import torch
 
-    bad, total = [], 0
+    bad: list[str] = []
+    total = 0
     for key, tensor in named_tensors:
         total += 1
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
@@ -166,7 +171,7 @@ def nonfinite_state(named_tensors):
     return bad, total
 
 
-def gguf_reader(path):
+def gguf_reader(path: str) -> Any:
     """gguf-py's reader: the copy provision unpacked with the converter, else an installed one."""
     bundled = os.path.join(sys.prefix, "llama.cpp", "gguf-py")
     if os.path.isdir(bundled) and bundled not in sys.path:
@@ -176,12 +181,13 @@ def gguf_reader(path):
     return GGUFReader(path)
 
 
-def nonfinite_gguf(path):
+def nonfinite_gguf(path: str) -> tuple[list[str], int, int]:
     """(bad names, F32/F16 tensors checked, quantized tensors not looked into) of a GGUF file.
     Quantized blocks are not decoded here: the GGUF checker vets the file's structure."""
     import numpy as np
 
-    bad, checked, quantized = [], 0, 0
+    bad: list[str] = []
+    checked = quantized = 0
     for tensor in gguf_reader(path).tensors:
         if tensor.tensor_type.name not in ("F32", "F16"):
             quantized += 1
@@ -192,7 +198,7 @@ def nonfinite_gguf(path):
     return bad, checked, quantized
 
 
-def refuse_nonfinite_gguf(path, marker_name, what, rc, bad_name=None):
+def refuse_nonfinite_gguf(path: str, marker_name: str, what: str, rc: int, bad_name: str | None = None) -> None:
     """fail(marker_name) when an F32/F16 tensor of the GGUF at path holds a nan/inf (the file then
     moved to bad_name, if given, where nothing downstream reads it); says what was covered."""
     bad, checked, quantized = nonfinite_gguf(path)

@@ -14,6 +14,8 @@ Runs ON the box, in the box venv:
   python -m samai_box.stages.convert --model models/merged --out gguf/tiny-f16.gguf [--delete-input]
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -35,11 +37,11 @@ from .common import (
 )
 
 
-def default_converter():
+def default_converter() -> str:
     return os.path.join(sys.prefix, "llama.cpp", "convert_hf_to_gguf.py")
 
 
-def converted(args, out, extra, what):
+def converted(args: argparse.Namespace, out: str, extra: list[str], what: str) -> None:
     """The converter's output (with `extra` arguments) checked and moved to out."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(args.converter), "gguf-py"))
@@ -56,7 +58,7 @@ def converted(args, out, extra, what):
     say("%s: %d tensors, %d bytes" % (out, result["tensor_count"], os.path.getsize(out)))
 
 
-def hf_adds_space_prefix(model_dir):
+def hf_adds_space_prefix(model_dir: str) -> bool:
     """What the model was trained with: transformers' add_prefix_space (True when unsaid, as in
     SentencePiece's default)."""
     try:
@@ -66,7 +68,7 @@ def hf_adds_space_prefix(model_dir):
         return True
 
 
-def adds_space_prefix(gguf_path):
+def adds_space_prefix(gguf_path: str) -> bool:
     """Whether llama.cpp will put a space before the text: a SentencePiece ("llama") vocab does
     unless tokenizer.ggml.add_space_prefix says false."""
     fields = gguf_reader(gguf_path).fields
@@ -77,7 +79,7 @@ def adds_space_prefix(gguf_path):
     return flag is None or bool(flag.parts[-1][0])
 
 
-def drop_space_prefix(path):
+def drop_space_prefix(path: str) -> None:
     """tokenizer.ggml.add_space_prefix = false, through the GGUF surgery tool (written beside, checked,
     renamed). llama.cpp's converter writes the key for Llama-family vocabs only: without it a
     SentencePiece model trained with no prefix gets one before every text piece, and every answer
@@ -93,7 +95,7 @@ def drop_space_prefix(path):
     say("%s=false set: the tokenizer the model was trained with adds no space prefix" % key)
 
 
-def main():
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)

@@ -24,6 +24,8 @@ Runs ON the box:
   python3 -m samai_box.stages.eval --url http://127.0.0.1:18080 --data data/eval.jsonl --out runs/eval/NAME
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -33,6 +35,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Any, Mapping
 
 from .common import marker, push_milestone, say, write_json
 from .images import IMAGE_CAP, ImageError, chat_content, inside
@@ -41,7 +44,7 @@ NUMBER = re.compile(r"-?\d+")
 WORD = re.compile(r"\w+")
 
 
-def ask(url, prompt, args):
+def ask(url: str, prompt: Any, args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     """(message, finish_reason): a chat turn (prompt: its content, a text or a list of parts), or
     for --prompt-format text (a base model) the text that continues the prompt (/v1/completions),
     as a message's content."""
@@ -59,7 +62,7 @@ def ask(url, prompt, args):
     return message, choice.get("finish_reason")
 
 
-def prediction(content, reasoning, extract="number"):
+def prediction(content: str, reasoning: str, extract: str = "number") -> str | None:
     """The answer: the last number (or, with extract "first-word", the first word) of content once
     any thinking is cut away, else of the reasoning (an unclosed <think> leaves all of it there),
     else None."""
@@ -74,12 +77,12 @@ def prediction(content, reasoning, extract="number"):
     return None
 
 
-def image_file(data_file, name):
+def image_file(data_file: str, name: Any) -> str:
     """The path of an item's image: inside the eval set's folder (images.inside)."""
     return inside(os.path.dirname(os.path.abspath(data_file)), name)
 
 
-def question(item, args):
+def question(item: Mapping[str, Any], args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None]:
     """(what is asked, the image's record or None): the prompt, or the chat content that asks
     it about the item's image."""
     if item.get("image") is None:
@@ -90,7 +93,7 @@ def question(item, args):
     return content, dict(record, path=item["image"])
 
 
-def evaluate(item, args):
+def evaluate(item: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     asked, image = question(item, args)
     message, finish = ask(args.url, asked, args)
     content, reasoning = message.get("content") or "", message.get("reasoning_content") or ""
@@ -103,7 +106,7 @@ def evaluate(item, args):
     return row
 
 
-def unreachable(e):
+def unreachable(e: BaseException) -> str | None:
     """Why the server cannot be reached at all (refused, reset, no such host), or None for an
     error of one answer (an HTTP error status, a timeout, a reply that is not what was asked)."""
     if isinstance(e, urllib.error.HTTPError):
@@ -114,7 +117,7 @@ def unreachable(e):
     return None
 
 
-def summarize(rows):
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(rows)
     correct = sum(1 for r in rows if r["correct"])
     return {"n": n, "correct": correct, "accuracy": correct / n if n else None,
@@ -123,14 +126,14 @@ def summarize(rows):
             "empty_content": sum(1 for r in rows if not r["content"].strip())}
 
 
-def pixels(text):
+def pixels(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("at least 1 px, not %d" % value)
     return value
 
 
-def main():
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", required=True)
     p.add_argument("--data", required=True)

@@ -45,7 +45,10 @@ count again. The archive of `tar` is downloaded beside DIR and removed once extr
 --keep-archive); a file:// archive is read where it is and never removed.
 """
 
+from __future__ import annotations
+
 import argparse
+import io
 import json
 import os
 import posixpath
@@ -55,6 +58,7 @@ import sys
 import tempfile
 import urllib.parse
 import urllib.request
+from typing import Any, Callable, Container, cast
 
 from ..confine import Escape, regular_or_absent, working_in
 from .archives import ensure_layout, extract_safely, is_executable, move_into, remove_stale_staging
@@ -79,13 +83,13 @@ REPO_TYPES = ("model", "dataset", "space")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def quarantine(path, out):
+def quarantine(path: str, out: str) -> str:
     bad = out + ".bad"
     os.replace(path, bad)
     return bad
 
 
-def check_content(path, name, sha256, want):
+def check_content(path: str, name: str, sha256: str | None, want: int | None) -> tuple[int, str]:
     """(size, sha256) of path; SHA_MISMATCH (naming `name`) when either is not what we expect."""
     size = os.path.getsize(path)
     if want is not None and size != want:
@@ -96,7 +100,7 @@ def check_content(path, name, sha256, want):
     return size, digest
 
 
-def verify(path, out, sha256, want, name):
+def verify(path: str, out: str, sha256: str | None, want: int | None, name: str) -> tuple[int, str]:
     """check_content of a finished download (`name`: out as printed); one that fails is moved to OUT.bad."""
     try:
         return check_content(path, name, sha256, want)
@@ -105,7 +109,7 @@ def verify(path, out, sha256, want, name):
         raise
 
 
-def already_present(out, sha256, want, name):
+def already_present(out: str, sha256: str | None, want: int | None, name: str) -> bool:
     """True when out is there and passes the checks we have; a failing one is moved aside."""
     if not os.path.isfile(out):
         return False
@@ -121,7 +125,7 @@ def already_present(out, sha256, want, name):
     return True
 
 
-def expected_length(size, span):
+def expected_length(size: int | None, span: tuple[int, int] | None) -> int | None:
     if span is None:
         return size
     length = span[1] - span[0] + 1
@@ -130,18 +134,19 @@ def expected_length(size, span):
     return length
 
 
-def local_source(url):
+def local_source(url: str) -> str | None:
     """The path a file:// URL names, else None."""
     parts = urllib.parse.urlsplit(url)
     return urllib.request.url2pathname(parts.path) if parts.scheme == "file" else None
 
 
-def same_path(a, b):
+def same_path(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def fetch_file(url, out, sha256=None, size=None, span=None, wait_s=0, token=None, backoff=1.0,
-               marker="FETCH_DONE", name=None):
+def fetch_file(url: str, out: str, sha256: str | None = None, size: int | None = None,
+               span: tuple[int, int] | None = None, wait_s: float = 0, token: str | None = None, backoff: float = 1.0,
+               marker: str = "FETCH_DONE", name: str | None = None) -> int:
     """Fetch url (or its span) into out, under out's lock. Returns the size of out. What is
     printed calls out `name` (default: out itself; see fetch_inside)."""
     name = name or out
@@ -167,7 +172,8 @@ def fetch_file(url, out, sha256=None, size=None, span=None, wait_s=0, token=None
     return got
 
 
-def fetch_inside(folder, rel, url, sha256, size, wait_s, token, backoff, marker, name):
+def fetch_inside(folder: str, rel: str, url: str, sha256: str | None, size: int | None, wait_s: float,
+                 token: str | None, backoff: float, marker: str, name: str) -> int:
     """fetch_file into folder/rel, where rel comes from an untrusted list (a manifest): its
     folders are reached (and made) from folder's descriptor without following a symlink, and
     the fetch runs from inside the last one on bare names (confine.working_in), so no symlink
@@ -185,7 +191,7 @@ def fetch_inside(folder, rel, url, sha256, size, wait_s, token, backoff, marker,
 # ------------------------------------------------------------------ manifests
 
 
-def check_relpath(rel):
+def check_relpath(rel: Any) -> str:
     """A relative POSIX path that stays inside its folder, or FetchError."""
     parts = rel.split("/") if isinstance(rel, str) else []
     if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
@@ -195,8 +201,8 @@ def check_relpath(rel):
     return rel
 
 
-def read_small(url, token, backoff):
-    def attempt():
+def read_small(url: str, token: str | None, backoff: float) -> bytes:
+    def attempt() -> bytes:
         source = open_source(url, 0, None, token)
         try:
             data = source.read(MANIFEST_LIMIT + 1)
@@ -213,7 +219,7 @@ def read_small(url, token, backoff):
         raise FetchError("%s: server answered 416" % shown(url)) from None
 
 
-def manifest_entries(data, url):
+def manifest_entries(data: bytes, url: str) -> list[tuple[str, int, str]]:
     """[(path, size, sha256)] from {"files": [{"path", "size", "sha256"}]}, all checked first."""
     try:
         files = json.loads(data.decode("utf-8"))["files"]
@@ -228,7 +234,7 @@ def manifest_entries(data, url):
     return [(rel, size, sha256.lower()) for rel, size, sha256 in entries]
 
 
-def fetch_manifest(url, dest, wait_s, token, backoff):
+def fetch_manifest(url: str, dest: str, wait_s: float, token: str | None, backoff: float) -> None:
     """Every file of the manifest into dest. Locks are per file (FILE.lock), so a manifest run
     and a single-file fetch of one of its files also keep out of each other's way."""
     entries = manifest_entries(read_small(url, token, backoff), url)
@@ -245,12 +251,12 @@ def fetch_manifest(url, dest, wait_s, token, backoff):
 # ------------------------------------------------------------------ tarballs
 
 
-def default_archive(url, dest):
+def default_archive(url: str, dest: str) -> str:
     name = posixpath.basename(urllib.parse.urlsplit(url).path) or "download.tar"
     return os.path.join(os.path.dirname(os.path.abspath(dest)), name)
 
 
-def check_local_archive(path, sha256, size):
+def check_local_archive(path: str, sha256: str | None, size: int | None) -> None:
     """A file:// archive is read where it lies (never copied, never removed), checked all the same."""
     if not os.path.isfile(path):
         raise FetchError("no such archive: %s" % path)
@@ -258,7 +264,8 @@ def check_local_archive(path, sha256, size):
     print("FETCH_FILE %s size=%d sha256=%s (local)" % (path, got, digest))
 
 
-def fetch_tar(url, dest, expect, sha256, size, wait_s, token, backoff, archive=None, keep_archive=False):
+def fetch_tar(url: str, dest: str, expect: str, sha256: str | None, size: int | None, wait_s: float, token: str | None,
+              backoff: float, archive: str | None = None, keep_archive: bool = False) -> None:
     """Download the archive (next to dest unless --archive; a file:// archive is read in place),
     extract it safely into a staging folder inside dest, fix its layout there, then move its
     entries into dest."""
@@ -294,38 +301,38 @@ def fetch_tar(url, dest, expect, sha256, size, wait_s, token, backoff, archive=N
 # ------------------------------------------------------------------ command line
 
 
-def sha256_arg(text):
+def sha256_arg(text: str) -> str:
     if not re.match(r"^[0-9a-fA-F]{64}$", text):
         raise argparse.ArgumentTypeError("expected 64 hex digits")
     return text.lower()
 
 
-def size_arg(text):
+def size_arg(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError("expected a byte count")
     return int(text)
 
 
-def range_arg(text):
+def range_arg(text: str) -> tuple[int, int]:
     m = re.match(r"^(\d+)-(\d+)$", text)
     if not m or int(m.group(2)) < int(m.group(1)):
         raise argparse.ArgumentTypeError("expected START-END with END >= START (inclusive, like curl -r)")
     return int(m.group(1)), int(m.group(2))
 
 
-def url_arg(text):
+def url_arg(text: str) -> str:
     if urllib.parse.urlsplit(text).scheme not in SCHEMES:
         raise argparse.ArgumentTypeError("expected an http://, https:// or file:// URL")
     return text
 
 
-def repo_arg(text):
+def repo_arg(text: str) -> str:
     if not HF_REPO.match(text) or ".." in text:
         raise argparse.ArgumentTypeError("expected ORG/NAME")
     return text
 
 
-def repo_type_arg(text):
+def repo_type_arg(text: str) -> str:
     if text in REPO_TYPES:
         return text
     if text.lower() == "private":
@@ -335,7 +342,7 @@ def repo_type_arg(text):
     raise argparse.ArgumentTypeError("%r is not a repo type: expected model, dataset or space" % text)
 
 
-def fetch_repo(args, token):
+def fetch_repo(args: argparse.Namespace, token: str | None) -> None:
     """`fetch hf`, under DIR.lock like the other modes (hub.py does the rest)."""
     from .hub import fetch_hf  # only this mode needs huggingface_hub, from the box venv
     dest = args.dest.rstrip("/") or "/"
@@ -345,7 +352,7 @@ def fetch_repo(args, token):
         fetch_hf(args.repo, dest, args.repo_type, args.revision, args.include, token, args.backoff)
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fetch.py", description="Fetch files onto the box: locked per file, resumable, size/sha256 checked.",
         epilog="Exit codes: 0 done, 1 failed, 2 bad usage, 75 busy (another fetch holds the lock).")
@@ -392,7 +399,7 @@ def build_parser():
     return parser
 
 
-def bearer_token(name):
+def bearer_token(name: str | None) -> str | None:
     if not name:
         return None
     value = os.environ.get(name)
@@ -401,7 +408,7 @@ def bearer_token(name):
     return value
 
 
-def run(args):
+def run(args: argparse.Namespace) -> None:
     token = bearer_token(args.auth_env)
     if args.command == "file":
         fetch_file(args.url, args.out, args.sha256, args.size, args.range, args.wait, token, args.backoff)
@@ -414,7 +421,7 @@ def run(args):
                   args.archive, args.keep_archive)
 
 
-def reported(work, fail_marker="FETCH_FAIL", markers=None):
+def reported(work: Callable[[], object], fail_marker: str = "FETCH_FAIL", markers: Container[str] | None = None) -> int:
     """work() run as a stage: a failure printed as one marker line (FetchError's own marker, when
     `markers` is None or lists it, else fail_marker) and returned as the exit code."""
     try:
@@ -431,8 +438,9 @@ def reported(work, fail_marker="FETCH_FAIL", markers=None):
     return 0
 
 
-def main(argv=None):
-    sys.stdout.reconfigure(line_buffering=True)  # the log is a file: each line must land as it is printed
+def main(argv: list[str] | None = None) -> int:
+    # the log is a file: each line must land as it is printed
+    cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
     args = build_parser().parse_args(argv)
     return reported(lambda: run(args))
 

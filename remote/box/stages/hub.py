@@ -22,12 +22,15 @@ not take the upload), "transient" (network errors, 408, 429, 5xx) and "fatal" (a
 The token never appears in what is printed (redacted).
 """
 
+from __future__ import annotations
+
 import fnmatch
 import hashlib
 import os
 import re
 import stat
 import threading
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from ..confine import Escape, open_parent
 from .transfer import CHUNK, FetchError, Progress, Transient, human, one_line, retrying
@@ -43,9 +46,10 @@ CLIENT_DIR = ".cache/huggingface"  # where snapshot_download keeps its own metad
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 MESSAGE_LIMIT = 400
 WATCH_S = 2.0  # how often the download's progress is measured on disk
+T = TypeVar("T")  # what a hub call returns
 
 
-def import_hub():
+def import_hub() -> Any:
     """huggingface_hub, with its progress bars off: they redraw with \\r, noise in a log file."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
@@ -59,22 +63,22 @@ def import_hub():
 # ------------------------------------------------------------------ errors
 
 
-def redact(text, token):
+def redact(text: str, token: str | None) -> str:
     return text.replace(token, "***") if token else text
 
 
-def message(error, token):
+def message(error: BaseException, token: str | None) -> str:
     """One line, the token taken out, not too long."""
     text = redact(one_line(error), token)
     return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT] + "..."
 
 
-def status_of(error):
+def status_of(error: BaseException) -> int | None:
     status = getattr(getattr(error, "response", None), "status_code", None)
     return status if isinstance(status, int) else None
 
 
-def classify(error):
+def classify(error: BaseException) -> str:
     """'auth', 'refused', 'transient' or 'fatal' for an exception out of huggingface_hub."""
     status = status_of(error)
     if status == 401:
@@ -92,13 +96,13 @@ def classify(error):
     return "fatal"
 
 
-def described(error, token):
+def described(error: BaseException, token: str | None) -> str:
     status = status_of(error)
     head = "HTTP %d: " % status if status else "%s: " % type(error).__name__
     return head + message(error, token)
 
 
-def fetch_error(error, token):
+def fetch_error(error: BaseException, token: str | None) -> Exception:
     """The FetchError (or Transient) for an exception out of huggingface_hub."""
     kind = classify(error)
     names = set(c.__name__ for c in type(error).__mro__)
@@ -114,9 +118,9 @@ def fetch_error(error, token):
     return FetchError(described(error, token))
 
 
-def hub_call(call, token, backoff):
+def hub_call(call: Callable[[], T], token: str | None, backoff: float) -> T:
     """call(), transient failures retried (FETCH_RETRY), every failure a FetchError."""
-    def attempt():
+    def attempt() -> T:
         try:
             return call()
         except (FetchError, Transient):
@@ -129,7 +133,7 @@ def hub_call(call, token, backoff):
 # ------------------------------------------------------------------ names and the listing
 
 
-def unsafe_reason(name):
+def unsafe_reason(name: Any) -> str | None:
     """Why a file name from the hub must not be written under DEST, or None."""
     if not isinstance(name, str) or not name:
         return "not a name"
@@ -147,13 +151,13 @@ def unsafe_reason(name):
 class RemoteFile:
     """One file of the listing: what the hub says it is."""
 
-    def __init__(self, path, size, sha256, blob_id):
+    def __init__(self, path: str, size: int, sha256: str | None, blob_id: str) -> None:
         self.path, self.size, self.sha256, self.blob_id = path, size, sha256, blob_id
 
 
-def remote_file(sibling):
+def remote_file(sibling: Any) -> RemoteFile:
     """A RemoteFile from a sibling of repo info, or FetchError when the hub's answer is unusable."""
-    name = getattr(sibling, "rfilename", None)
+    name: Any = getattr(sibling, "rfilename", None)  # a str once unsafe_reason passes it
     reason = unsafe_reason(name)
     if reason:
         raise FetchError("refusing the repo: the hub lists a file named %r (%s)" % (name, reason))
@@ -172,7 +176,8 @@ def remote_file(sibling):
     return RemoteFile(name, size, sha256, blob_id)
 
 
-def listing(api, repo, repo_type, revision, token, backoff):
+def listing(api: Any, repo: str, repo_type: str, revision: str | None, token: str | None,
+            backoff: float) -> tuple[str, list[RemoteFile]]:
     """(commit, [RemoteFile]) of repo at revision, every name checked."""
     info = hub_call(lambda: api.repo_info(repo, repo_type=repo_type, revision=revision, files_metadata=True),
                     token, backoff)
@@ -186,14 +191,14 @@ def listing(api, repo, repo_type, revision, token, backoff):
     return commit, files
 
 
-def matches(path, patterns):
+def matches(path: str, patterns: Sequence[str] | None) -> bool:
     """As the client filters: fnmatch, a pattern ending in '/' meaning everything below it."""
     if not patterns:
         return True
     return any(fnmatch.fnmatch(path, p + "*" if p.endswith("/") else p) for p in patterns)
 
 
-def literal(name):
+def literal(name: str) -> str:
     """A glob that matches exactly name (its [, ], * and ? bracketed)."""
     return "".join("[%s]" % c if c in "[]*?" else c for c in name)
 
@@ -201,7 +206,7 @@ def literal(name):
 # ------------------------------------------------------------------ checking what landed
 
 
-def git_blob_id_of(path, size):
+def git_blob_id_of(path: str, size: int) -> str:
     digest = hashlib.sha1(b"blob %d\0" % size)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(CHUNK), b""):
@@ -209,7 +214,7 @@ def git_blob_id_of(path, size):
     return digest.hexdigest()
 
 
-def sha256_of(path, label):
+def sha256_of(path: str, label: str) -> str:
     digest = hashlib.sha256()
     progress = Progress(label, os.path.getsize(path))
     done = 0
@@ -221,7 +226,7 @@ def sha256_of(path, label):
     return digest.hexdigest()
 
 
-def mismatch(path, remote):
+def mismatch(path: str, remote: RemoteFile) -> tuple[str | None, str | None]:
     """Why the downloaded file differs from the listing, or None; and the line describing it."""
     if os.path.islink(path) or not os.path.isfile(path):
         return "missing", None
@@ -239,7 +244,7 @@ def mismatch(path, remote):
     return None, "size=%d git-blob=%s" % (size, blob)
 
 
-def check_files(dest, files):
+def check_files(dest: str, files: list[RemoteFile]) -> None:
     """FETCH_FILE for each file that matches the listing, SHA_MISMATCH (and PATH.bad) for each
     that does not; FetchError when any failed."""
     bad = 0
@@ -260,7 +265,7 @@ def check_files(dest, files):
         raise FetchError("%d of %d files do not match the hub's listing" % (bad, len(files)), "FETCH_FAIL")
 
 
-def refuse_symlinked_folders(dest, files):
+def refuse_symlinked_folders(dest: str, files: Iterable[RemoteFile]) -> None:
     """FetchError when a folder on the way to a listed file (or the file itself) is a symlink
     already there: the client writes by path, and would write wherever it points."""
     for remote in files:
@@ -272,7 +277,7 @@ def refuse_symlinked_folders(dest, files):
                                  "FETCH_FAIL")
 
 
-def moved_aside(dest, relpath):
+def moved_aside(dest: str, relpath: str) -> bool:
     """Rename DEST/RELPATH to RELPATH.bad inside its own folder, reached from DEST folder by folder
     without following a symlink (Escape for a symlinked folder on the way: the rename would land
     outside DEST); False when it is no regular file."""
@@ -295,7 +300,7 @@ def moved_aside(dest, relpath):
 ORPHAN = re.compile(r"^[^.]+\.[0-9a-f]+\.[0-9a-f]{8}\.incomplete$")
 
 
-def remove_orphans(dest):
+def remove_orphans(dest: str) -> None:
     """Remove the partial downloads a killed run left; the caller holds DEST.lock, so no live
     fetch of ours is writing them."""
     count, size = 0, 0
@@ -322,7 +327,7 @@ def remove_orphans(dest):
 # ------------------------------------------------------------------ progress
 
 
-def landed_bytes(dest, files):
+def landed_bytes(dest: str, files: Iterable[RemoteFile]) -> int:
     """Bytes on disk so far: the files already in place and the client's partial downloads."""
     done = 0
     for remote in files:
@@ -345,21 +350,21 @@ class Watcher(threading.Thread):
     """Progress lines for the log while the client downloads (its own bars are off: see
     import_hub), measured on disk, so it works with any version of the client."""
 
-    def __init__(self, label, dest, files):
+    def __init__(self, label: str, dest: str, files: list[RemoteFile]) -> None:
         threading.Thread.__init__(self, daemon=True)
         self.dest, self.files = dest, files
         self.progress = Progress(label, sum(f.size for f in files), landed_bytes(dest, files))
         self.done = threading.Event()
 
-    def run(self):
+    def run(self) -> None:
         while not self.done.wait(WATCH_S):
             self.progress.update(landed_bytes(self.dest, self.files))
 
-    def __enter__(self):
+    def __enter__(self) -> Watcher:
         self.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.done.set()
         self.join()
         # Measured once more at the end: the client writes in 10 MiB pieces, and a download of a
@@ -370,7 +375,8 @@ class Watcher(threading.Thread):
 # ------------------------------------------------------------------ fetch hf
 
 
-def fetch_hf(repo, dest, repo_type, revision, include, token, backoff):
+def fetch_hf(repo: str, dest: str, repo_type: str, revision: str | None, include: Sequence[str] | None,
+             token: str | None, backoff: float) -> None:
     """Every listed file of repo at revision (those matching include) into dest, checked.
     The caller holds dest's lock."""
     hub = import_hub()

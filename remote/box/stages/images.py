@@ -13,6 +13,8 @@ Everything here reads untrusted files: image_size never raises and does bounded 
 chat_content raises ImageError (one item's error, never a traceback) for what it cannot send.
 """
 
+from __future__ import annotations
+
 import base64
 import io
 import os
@@ -36,7 +38,7 @@ class ImageError(ValueError):
     """An image that cannot be sent as asked: its item is an error, the run goes on."""
 
 
-def inside(folder, name):
+def inside(folder: str, name: Any) -> str:
     """The path of an image a data file names: relative to the data's folder, and inside it once
     every symlink is resolved (data files are untrusted)."""
     if not isinstance(name, str) or not name or "\0" in name or os.path.isabs(name):

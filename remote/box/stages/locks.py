@@ -5,10 +5,13 @@ it into garbage (playbook §3): every writer of an output holds its lock first, 
 waits (up to a deadline) or gives up with Busy, naming the holder.
 """
 
+from __future__ import annotations
+
 import contextlib
 import fcntl
 import os
 import time
+from typing import Iterator
 
 LOCK_POLL_S = 0.2
 
@@ -16,12 +19,12 @@ LOCK_POLL_S = 0.2
 class Busy(Exception):
     """Another process holds the lock on what we were asked to write."""
 
-    def __init__(self, what, pid):
+    def __init__(self, what: str, pid: str) -> None:
         Exception.__init__(self, what)
         self.what, self.pid = what, pid
 
 
-def same_file(fd, path):
+def same_file(fd: int, path: str) -> bool:
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -30,7 +33,7 @@ def same_file(fd, path):
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-def try_lock(path):
+def try_lock(path: str) -> int | None:
     """An fd holding LOCK_EX on path, or None while another process holds it."""
     while True:
         # O_NOFOLLOW: a symlink planted at the lock's name would have us create and write elsewhere.
@@ -45,7 +48,7 @@ def try_lock(path):
         os.close(fd)  # we locked a lock file its holder just removed: lock the current one
 
 
-def holder_pid(path):
+def holder_pid(path: str) -> str:
     try:
         with open(path) as f:
             return f.read().strip() or "?"
@@ -54,7 +57,7 @@ def holder_pid(path):
 
 
 @contextlib.contextmanager
-def exclusive(lock_path, wait_s, what):
+def exclusive(lock_path: str, wait_s: float | None, what: str) -> Iterator[None]:
     """Hold an flock on lock_path (the holder's pid inside) while the block runs.
 
     The lock file is removed on release, so finished fetches leave nothing behind; a waiter
@@ -68,7 +71,7 @@ def exclusive(lock_path, wait_s, what):
         if time.monotonic() >= deadline:
             raise Busy(what, holder_pid(lock_path))
         if not announced:
-            print("waiting up to %g s for another fetch of %s (pid %s)" % (wait_s, what, holder_pid(lock_path)))
+            print("waiting up to %g s for another fetch of %s (pid %s)" % (wait_s or 0, what, holder_pid(lock_path)))
             announced = True
         time.sleep(LOCK_POLL_S)
     try:

@@ -12,21 +12,24 @@ Runs ON the box, in the box venv:
   python -m samai_box.stages.merge --base models/base --train-dir runs/train --out models/merged
 """
 
+from __future__ import annotations
+
 import argparse
 import os
 import shutil
 import time
+from typing import Any
 
 from . import vision
 from .common import bad_tensors_text, fail, marker, nonfinite_safetensors, nonfinite_state, say
 
 
-def image_tensors(model):
+def image_tensors(model: Any) -> list[str]:
     """The names of a model's vision tower and merger tensors (none for a text model)."""
     return sorted(n for n in model.state_dict() if vision.group_of(n) in vision.IMAGE_GROUPS)
 
 
-def gate(train_dir):
+def gate(train_dir: str) -> str | None:
     """The reason merging must not happen, or None."""
     if os.path.exists(os.path.join(train_dir, "TRAIN_NAN")):
         return "%s/TRAIN_NAN exists: that run was stopped by the NaN guard" % train_dir
@@ -37,7 +40,7 @@ def gate(train_dir):
     return None
 
 
-def main():
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True)
     p.add_argument("--train-dir", required=True)

@@ -9,15 +9,18 @@ manifest.json (size and sha256 of every file) into --out, for the fetch stage to
 Runs ON the box, in the box venv: python -m samai_box.stages.pretrain --out source/tiny-base
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
 import time
+from typing import Any, Callable, Sequence
 
 from .common import CHAT_TEMPLATE, fact_text, facts, marker, messages, say, sha256_of, write_json
 
 
-def build_tokenizer(out, texts, special=(), chat_template=CHAT_TEMPLATE):
+def build_tokenizer(out: str, texts: list[str], special: Sequence[str] = (), chat_template: str = CHAT_TEMPLATE) -> Any:
     """A character-level SentencePiece model: its vocabulary is the characters of the texts and
     the chat format plus the 256 byte-fallback pieces (BPE with no room for merges), so every
     character is one token; `special` tokens are whole pieces, never split.
@@ -51,7 +54,7 @@ def build_tokenizer(out, texts, special=(), chat_template=CHAT_TEMPLATE):
     return tok
 
 
-def write_manifest(folder):
+def write_manifest(folder: str) -> None:
     """manifest.json: what the fetch stage downloads from this folder (subfolders too) and checks."""
     walked = (os.path.relpath(os.path.join(top, n), folder).replace(os.sep, "/")
               for top, _, names in os.walk(folder) for n in names)
@@ -61,7 +64,7 @@ def write_manifest(folder):
         for n in files]})
 
 
-def write_data(folder, pairs):
+def write_data(folder: str, pairs: list[tuple[int, int]]) -> None:
     """The chat-formatted fine-tuning set and the eval set (question, gold answer)."""
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "train.jsonl"), "w") as f:
@@ -73,7 +76,7 @@ def write_data(folder, pairs):
     write_manifest(folder)
 
 
-def train(model, batch, steps, lr):
+def train(model: Any, batch: Callable[[int], dict[str, Any]], steps: int, lr: float) -> float:
     """Every weight trained for `steps` steps on batch(step) (the model's keyword arguments)."""
     import torch
 
@@ -92,7 +95,7 @@ def train(model, batch, steps, lr):
     return loss.item()
 
 
-def parser(doc, hidden, steps):
+def parser(doc: str, hidden: int, steps: int) -> argparse.ArgumentParser:
     """The options every pretrain stage takes (the model's size, the run's length)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -107,7 +110,7 @@ def parser(doc, hidden, steps):
     return p
 
 
-def begin(args):
+def begin(args: argparse.Namespace) -> float | None:
     """When the making starts (seeded, every core used, --out made), or None when --out holds
     a model already: made once, like downloaded weights."""
     import torch
@@ -121,7 +124,7 @@ def begin(args):
     return time.time()
 
 
-def main():
+def main() -> None:
     p = parser(__doc__, hidden=128, steps=500)
     p.add_argument("--facts", type=int, default=64)
     args = p.parse_args()

@@ -12,8 +12,11 @@ Runs ON the box, in the box venv:
   python -m samai_box.stages.pretrain_vlm --out source/vlm-base --data-out source/vlm-data
 """
 
+from __future__ import annotations
+
 import random
 import time
+from typing import Any, Callable
 
 from . import vision
 from .common import marker, say
@@ -23,7 +26,7 @@ VISION_DEPTH = 4  # llama.cpp's converter maps the merger's mlp.2 only in a towe
 FULL_ATTENTION_BLOCKS = [1, 3]  # window attention elsewhere, every 2nd block full: as Qwen2.5-VL
 
 
-def build_model(tok, hidden, layers, heads):
+def build_model(tok: Any, hidden: int, layers: int, heads: int) -> Any:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     ids = {t: tok.convert_tokens_to_ids(t) for t in vision.SPECIAL_TOKENS}
@@ -46,18 +49,18 @@ def build_model(tok, hidden, layers, heads):
     return Qwen2_5_VLForConditionalGeneration(config)
 
 
-def mrope_section(half):
+def mrope_section(half: int) -> list[int]:
     """(t, h, w) shares of the rotary half of a head: time the smallest, as Qwen's [16, 24, 24]."""
     t = half // 4
     h = (half - t) // 2
     return [t, h, half - t - h]
 
 
-def shapes(tok, image_processor, batch, seed):
+def shapes(tok: Any, image_processor: Any, batch: int, seed: int) -> Callable[[int], dict[str, Any]]:
     """batch(step): freshly rendered shapes of random colours each step, in the pretrain format."""
     rng = random.Random(seed)
 
-    def batch_of(step):
+    def batch_of(step: int) -> dict[str, Any]:
         examples = []
         for _ in range(batch):
             colour, shape = rng.choice(sorted(vision.COLOURS)), rng.choice(vision.SHAPES)
@@ -67,7 +70,7 @@ def shapes(tok, image_processor, batch, seed):
     return batch_of
 
 
-def main():
+def main() -> None:
     p = parser(__doc__, hidden=64, steps=400)
     p.add_argument("--train-examples", type=int, default=112)
     p.add_argument("--eval-examples", type=int, default=28)

@@ -16,6 +16,8 @@ conversion/) comes from the same sdist, so converter, binaries and library all m
 Runs ON the box with any python3 >= 3.8:  python3 -m samai_box.stages.provision --venv venv
 """
 
+from __future__ import annotations
+
 import argparse
 import glob
 import hashlib
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from typing import Any, Callable, Iterable
 
 from .common import fail, marker, say
 
@@ -59,19 +62,19 @@ CONVERTER_PARTS = ("convert_hf_to_gguf.py", "gguf-py", "conversion")
 STAMP = ".samai-provisioned"
 
 
-def run(cmd, **kw):
+def run(cmd: list[str], **kw: Any) -> None:
     say("$ " + " ".join(cmd))
     rc = subprocess.call(cmd, **kw)
     if rc != 0:
         fail("PROVISION_FAILED", "%s exited with rc=%d" % (" ".join(cmd[:4]), rc), rc=rc)
 
 
-def stamp_of(packages):
+def stamp_of(packages: Iterable[str]) -> str:
     settings = sorted(packages) + list(LLAMA_CPP_CMAKE_ARGS + LLAMA_CPP_TARGETS) + [PYTHON_PACKAGE_CMAKE_ARGS]
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
 
 
-def already_done(venv, stamp):
+def already_done(venv: str, stamp: str) -> bool:
     try:
         with open(os.path.join(venv, STAMP)) as f:
             recorded = f.read().strip()
@@ -83,16 +86,16 @@ def already_done(venv, stamp):
             and all(os.access(os.path.join(binaries_of(venv), t), os.X_OK) for t in LLAMA_CPP_TARGETS))
 
 
-def binaries_of(venv):
+def binaries_of(venv: str) -> str:
     """Where the venv keeps llama.cpp's binaries (the stages are given these paths)."""
     return os.path.join(venv, "llama.cpp", "bin")
 
 
-def cache_dir():
+def cache_dir() -> str:
     return os.environ.get("SAMAI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "samai")
 
 
-def llama_cpp_sdist(pip):
+def llama_cpp_sdist(pip: list[str]) -> str:
     folder = os.path.join(cache_dir(), "sdist")
     found = glob.glob(os.path.join(folder, "llama_cpp_python-%s.tar.gz" % LLAMA_CPP_VERSION))
     if not found:
@@ -102,7 +105,7 @@ def llama_cpp_sdist(pip):
     return found[0]
 
 
-def sha256_of_file(path):
+def sha256_of_file(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -110,7 +113,7 @@ def sha256_of_file(path):
     return digest.hexdigest()
 
 
-def build_tools(pip):
+def build_tools(pip: list[str]) -> tuple[str, str | None]:
     """cmake (3.21 or newer) and ninja: the box's own, else the PyPI packages in the venv."""
     cmake = shutil.which("cmake")
     if cmake is None or cmake_version(cmake) < (3, 21):
@@ -120,12 +123,12 @@ def build_tools(pip):
     return cmake, shutil.which("ninja")
 
 
-def cmake_version(cmake):
+def cmake_version(cmake: str) -> tuple[int, int]:
     found = re.search(r"(\d+)\.(\d+)", subprocess.check_output([cmake, "--version"], universal_newlines=True))
     return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
-def llama_cpp_binaries(pip, sdist):
+def llama_cpp_binaries(pip: list[str], sdist: str) -> str:
     """The folder of llama-server, llama-quantize and their shared libraries, compiled once per
     source and settings (about 15 minutes on 2 cores), then kept in the cache."""
     tag = hashlib.sha256(json.dumps([sha256_of_file(sdist)] + list(LLAMA_CPP_CMAKE_ARGS + LLAMA_CPP_TARGETS))
@@ -154,14 +157,14 @@ def llama_cpp_binaries(pip, sdist):
     return folder
 
 
-def copy_keeping_links(src, dst):
+def copy_keeping_links(src: str, dst: str) -> None:
     if os.path.islink(src):
         os.symlink(os.readlink(src), dst)
     else:
         shutil.copy2(src, dst)
 
 
-def python_package_wheels(pip, sdist):
+def python_package_wheels(pip: list[str], sdist: str) -> str:
     """The folder holding this version's wheel of the Python package alone (no compiling)."""
     tag = hashlib.sha256(PYTHON_PACKAGE_CMAKE_ARGS.encode()).hexdigest()[:8]
     folder = os.path.join(cache_dir(), "wheels", "%s-%s" % (LLAMA_CPP_VERSION, tag))
@@ -171,7 +174,7 @@ def python_package_wheels(pip, sdist):
     return folder
 
 
-def give_libraries(venv, binaries):
+def give_libraries(venv: str, binaries: str) -> None:
     """llama-cpp-python loads its libraries from llama_cpp/lib in its package: the built ones."""
     python = os.path.join(venv, "bin", "python")
     purelib = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -184,14 +187,14 @@ def give_libraries(venv, binaries):
             copy_keeping_links(os.path.join(binaries, name), os.path.join(lib, name))
 
 
-def install_binaries(venv, binaries):
+def install_binaries(venv: str, binaries: str) -> None:
     target = binaries_of(venv)
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(binaries, target, symlinks=True)
     say("llama-server and llama-quantize of llama-cpp-python %s are in %s" % (LLAMA_CPP_VERSION, target))
 
 
-def extract_vendored(sdist, into, wanted):
+def extract_vendored(sdist: str, into: str, wanted: Callable[[str], bool]) -> str:
     """The sdist's vendor/llama.cpp, or the parts of it whose path (relative to it) is wanted."""
     with tarfile.open(sdist) as tar:
         prefix = tar.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
@@ -201,7 +204,7 @@ def extract_vendored(sdist, into, wanted):
     return os.path.join(into, prefix)
 
 
-def unpack_converter(venv, sdist):
+def unpack_converter(venv: str, sdist: str) -> None:
     target = os.path.join(venv, "llama.cpp")
     with tempfile.TemporaryDirectory() as tmp:
         source = extract_vendored(sdist, tmp, lambda rel: rel.split("/")[0] in CONVERTER_PARTS)
@@ -210,7 +213,7 @@ def unpack_converter(venv, sdist):
     say("the converter of llama-cpp-python %s is in %s" % (LLAMA_CPP_VERSION, target))
 
 
-def main():
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--venv", default="venv")
     args = p.parse_args()

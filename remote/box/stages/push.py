@@ -25,11 +25,15 @@ A wrong token (HTTP 401) fails at once. The token comes from $HF_TOKEN (or --aut
 never printed.
 """
 
+from __future__ import annotations
+
 import argparse
+import io
 import os
 import re
 import sys
 import time
+from typing import Any, Callable, Iterable, Iterator, Tuple, TypeVar, cast
 
 from ..atomic import write_atomic
 from .transfer import CHUNK, Progress, human, one_line, sha256_file
@@ -37,6 +41,8 @@ from .transfer import CHUNK, Progress, human, one_line, sha256_file
 WAIT_POLL_S = 0.25
 WAIT_REPORT_S = 30.0  # while waiting, say so again this often (and whenever the reason changes)
 HF_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+Entry = Tuple[str, str, int, str]  # a file pushed: (source path, path in the target, size, sha256)
+T = TypeVar("T")  # what an attempt returns
 
 
 class Refused(Exception):
@@ -46,7 +52,7 @@ class Refused(Exception):
 class PushError(Exception):
     """A failure printed as one line: MARKER text, exit 1."""
 
-    def __init__(self, text, marker="PUSH_FAIL"):
+    def __init__(self, text: str, marker: str = "PUSH_FAIL") -> None:
         Exception.__init__(self, text)
         self.marker = marker
 
@@ -54,7 +60,7 @@ class PushError(Exception):
 # ------------------------------------------------------------------ waiting for complete artifacts
 
 
-def target_name(path):
+def target_name(path: str) -> str:
     """Where an artifact lands in the target: its path relative to cwd, else its basename."""
     rel = os.path.relpath(os.path.abspath(path))
     if rel == os.curdir:
@@ -64,14 +70,14 @@ def target_name(path):
     return rel.replace(os.sep, "/")
 
 
-def snapshot(path):
+def snapshot(path: str) -> list[tuple[str, int, int]] | None:
     """[(relative path, size, mtime_ns)] of every file of the artifact, or None when it is missing."""
     if os.path.isfile(path):
         st = os.stat(path)
         return [("", st.st_size, st.st_mtime_ns)]
     if not os.path.isdir(path):
         return None
-    files = []
+    files: list[tuple[str, int, int]] = []
     for folder, _dirs, names in os.walk(path):
         for name in names:
             full = os.path.join(folder, name)
@@ -83,7 +89,7 @@ def snapshot(path):
     return sorted(files)
 
 
-def not_ready(path, snap):
+def not_ready(path: str, snap: list[tuple[str, int, int]] | None) -> str | None:
     """Why the artifact cannot be pushed yet, or None when it looks complete."""
     if snap is None:
         return "missing"
@@ -94,7 +100,7 @@ def not_ready(path, snap):
     return None
 
 
-def settled(path, stable_s):
+def settled(path: str, stable_s: float) -> str | None:
     """None when the artifact looks complete and did not change over stable_s seconds, else why not."""
     snap = snapshot(path)
     reason = not_ready(path, snap)
@@ -106,8 +112,9 @@ def settled(path, stable_s):
     return None
 
 
-def wait_until_complete(path, deadline, stable_s, timeout_s):
-    last_reason, last_report = None, 0.0
+def wait_until_complete(path: str, deadline: float, stable_s: float, timeout_s: float) -> None:
+    last_reason: str | None = None
+    last_report = 0.0
     while True:
         reason = settled(path, stable_s)
         if reason is None:
@@ -124,7 +131,7 @@ def wait_until_complete(path, deadline, stable_s, timeout_s):
 # ------------------------------------------------------------------ manifest
 
 
-def artifact_files(path, name):
+def artifact_files(path: str, name: str) -> list[tuple[str, str]]:
     """[(source path, path in target)] of one artifact."""
     if os.path.isfile(path):
         return [(path, name)]
@@ -136,7 +143,7 @@ def artifact_files(path, name):
     return sorted(files, key=lambda f: f[1])
 
 
-def hashed(files):
+def hashed(files: Iterable[tuple[str, str]]) -> list[Entry]:
     """[(source, rel, size, sha256)]; names sha256sum would have to escape are refused."""
     entries = []
     for source, rel in files:
@@ -146,14 +153,14 @@ def hashed(files):
     return entries
 
 
-def manifest_text(entries):
+def manifest_text(entries: Iterable[Entry]) -> str:
     return "".join("%s  %s\n" % (digest, rel) for _src, rel, _size, digest in entries)
 
 
 # ------------------------------------------------------------------ retries
 
 
-def with_retries(attempt, retries, backoff):
+def with_retries(attempt: Callable[[], T], retries: int, backoff: float) -> T:
     """attempt() up to `retries` times, waiting backoff, 2*backoff, ... between tries."""
     for n in range(1, retries + 1):
         try:
@@ -166,17 +173,18 @@ def with_retries(attempt, retries, backoff):
                 raise PushError("gave up after %d attempts: %s" % (retries, reason)) from None
             print("PUSH_RETRY %d/%d: %s" % (n, retries, reason))
             time.sleep(backoff * 2 ** (n - 1))
+    raise PushError("--retries must be at least 1")  # as run() checks first: no attempt, no result
 
 
 # ------------------------------------------------------------------ dir: targets
 
 
-def copy_atomic(source, target, label):
+def copy_atomic(source: str, target: str, label: str) -> None:
     """Copy beside target, fsync, then rename: a reader never sees half a file."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
     progress = Progress(label, os.path.getsize(source))
 
-    def blocks():
+    def blocks() -> Iterator[bytes]:
         done = 0
         with open(source, "rb") as src:
             for block in iter(lambda: src.read(CHUNK), b""):
@@ -187,7 +195,7 @@ def copy_atomic(source, target, label):
     write_atomic(target, blocks(), os.stat(source).st_mode & 0o777, sync=True, tag="push-tmp")
 
 
-def verify_dir(root, entries, manifest_path, text):
+def verify_dir(root: str, entries: Iterable[Entry], manifest_path: str, text: str) -> bool:
     """Re-hash every copy against the manifest; PUSH_BAD for each that differs."""
     bad = []
     for _src, rel, size, digest in entries:
@@ -205,13 +213,13 @@ def verify_dir(root, entries, manifest_path, text):
     return not bad
 
 
-def push_dir(root, entries, manifest_name, retries, backoff):
+def push_dir(root: str, entries: list[Entry], manifest_name: str, retries: int, backoff: float) -> str | None:
     """Copy every file into root (a retry skips those already copied), then the manifest."""
     pending = list(entries)
     text = manifest_text(entries)
     manifest_path = os.path.join(root, manifest_name)
 
-    def attempt():
+    def attempt() -> None:
         os.makedirs(root, exist_ok=True)
         while pending:
             source, rel = pending[0][0], pending[0][1]
@@ -231,17 +239,17 @@ def push_dir(root, entries, manifest_name, retries, backoff):
 class HubRetry(Exception):
     """A hub failure worth another try, its text already free of the token."""
 
-    def __init__(self, reason):
+    def __init__(self, reason: str) -> None:
         Exception.__init__(self, reason)
         self.reason = reason
 
 
-def hub_attempt(call, token):
+def hub_attempt(call: Callable[[], T], token: str) -> Callable[[], T]:
     """call() with the hub's answers sorted: refused -> Refused, a bad token or another 4xx (no
     such repo, a bad request) -> PushError, anything else -> HubRetry (retried by with_retries)."""
     from . import hub  # only hf: targets need it
 
-    def attempt():
+    def attempt() -> T:
         try:
             return call()
         except Exception as e:  # the client raises many types; none may become a traceback
@@ -256,7 +264,7 @@ def hub_attempt(call, token):
     return attempt
 
 
-def remote_matches(info, size, digest, source):
+def remote_matches(info: Any, size: int, digest: str, source: str) -> bool:
     """Whether the hub's entry is our file: its size, and its sha256 (LFS) or git blob id."""
     from . import hub
 
@@ -268,7 +276,7 @@ def remote_matches(info, size, digest, source):
     return getattr(info, "blob_id", None) == hub.git_blob_id_of(source, size)
 
 
-def hf_verify(api, repo, entries, token, retries, backoff):
+def hf_verify(api: Any, repo: str, entries: list[Entry], token: str, retries: int, backoff: float) -> bool:
     """Every uploaded file as the hub lists it: size, and sha256 or git blob id."""
     paths = [rel for _s, rel, _z, _d in entries]
     infos = with_retries(hub_attempt(lambda: api.get_paths_info(repo, paths, repo_type="model", token=token),
@@ -282,7 +290,7 @@ def hf_verify(api, repo, entries, token, retries, backoff):
     return ok
 
 
-def hf_client(auth_env):
+def hf_client(auth_env: str) -> tuple[Any, str]:
     """(HfApi(), token), checked before any waiting: a push that cannot happen fails at once."""
     token = os.environ.get(auth_env)
     if not token:
@@ -295,7 +303,8 @@ def hf_client(auth_env):
     return HfApi(), token
 
 
-def upload_all(api, token, repo, artifacts, entries, manifest_name, retries, backoff):
+def upload_all(api: Any, token: str, repo: str, artifacts: Iterable[tuple[str, str]], entries: list[Entry],
+               manifest_name: str, retries: int, backoff: float) -> None:
     """Every artifact, then the manifest, into repo; Refused when the repo will not take them."""
     for path, name in artifacts:
         if os.path.isdir(path):
@@ -314,7 +323,8 @@ def upload_all(api, token, repo, artifacts, entries, manifest_name, retries, bac
         commit_message="push " + manifest_name), token), retries, backoff)
 
 
-def push_hf(api, token, repo, fallback, artifacts, entries, manifest_name, retries, backoff):
+def push_hf(api: Any, token: str, repo: str, fallback: str | None, artifacts: Iterable[tuple[str, str]],
+            entries: list[Entry], manifest_name: str, retries: int, backoff: float) -> str | None:
     """Upload to repo, or to fallback when repo refuses; verified where it landed."""
     try:
         upload_all(api, token, repo, artifacts, entries, manifest_name, retries, backoff)
@@ -335,7 +345,7 @@ def push_hf(api, token, repo, fallback, artifacts, entries, manifest_name, retri
 # ------------------------------------------------------------------ command line
 
 
-def target_arg(text):
+def target_arg(text: str) -> tuple[str, str]:
     kind, _, where = text.partition(":")
     if kind == "dir" and where:
         return kind, where
@@ -344,7 +354,7 @@ def target_arg(text):
     raise argparse.ArgumentTypeError("expected dir:/some/path or hf:owner/repo")
 
 
-def fallback_repo(to, fallback):
+def fallback_repo(to: tuple[str, str], fallback: tuple[str, str] | None) -> str | None:
     """The fallback's repo (or None), which only an hf: target to another repo can have."""
     if fallback is None:
         return None
@@ -355,7 +365,7 @@ def fallback_repo(to, fallback):
     return fallback[1]
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="push.py", description="Wait for artifacts to be complete, then push them with a sha256 manifest.",
         epilog="Exit codes: 0 pushed and verified, 1 failed, 2 bad usage.")
@@ -380,7 +390,7 @@ def build_parser():
     return parser
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     kind, where = args.to
     if args.retries < 1:
         raise PushError("--retries must be at least 1")
@@ -388,11 +398,11 @@ def run(args):
         raise PushError("--manifest is a file name, not a path")
     fallback = fallback_repo(args.to, args.fallback)
     artifacts = [(path, target_name(path)) for path in args.artifacts]
-    hf = hf_client(args.auth_env) if kind == "hf" else None
+    api, token = hf_client(args.auth_env) if kind == "hf" else (None, "")
     deadline = time.monotonic() + args.wait_timeout
     for path, _name in artifacts:
         wait_until_complete(path, deadline, args.stable, args.wait_timeout)
-    files = []
+    files: list[tuple[str, str]] = []
     for path, name in artifacts:
         files.extend(artifact_files(path, name))
     entries = hashed(files)
@@ -400,7 +410,7 @@ def run(args):
     if kind == "dir":
         manifest = push_dir(where, entries, args.manifest, args.retries, args.backoff)
     else:
-        manifest = push_hf(hf[0], hf[1], where, fallback, artifacts, entries, args.manifest, args.retries,
+        manifest = push_hf(api, token, where, fallback, artifacts, entries, args.manifest, args.retries,
                            args.backoff)
     if manifest is None:
         return 1
@@ -408,8 +418,9 @@ def run(args):
     return 0
 
 
-def main(argv=None):
-    sys.stdout.reconfigure(line_buffering=True)  # the log is a file: each line must land as it is printed
+def main(argv: list[str] | None = None) -> int:
+    # the log is a file: each line must land as it is printed
+    cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
     args = build_parser().parse_args(argv)
     try:
         return run(args)

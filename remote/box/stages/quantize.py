@@ -11,6 +11,8 @@ Runs ON the box, in the box venv:
   python -m samai_box.stages.quantize --in gguf/tiny-f16.gguf --out gguf/tiny-q8_0.gguf --type Q8_0 [--delete-input]
 """
 
+from __future__ import annotations
+
 import argparse
 import os
 import subprocess
@@ -19,7 +21,7 @@ import time
 from .common import accept_gguf, delete_intermediate, fail, marker, refuse_nonfinite_gguf, say
 
 
-def quantize_with_library(src, dst, qtype):
+def quantize_with_library(src: str, dst: str, qtype: str) -> int:
     import ctypes
 
     import llama_cpp
@@ -32,7 +34,7 @@ def quantize_with_library(src, dst, qtype):
     return llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
 
 
-def main():
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--in", dest="src", required=True)
     p.add_argument("--out", required=True)

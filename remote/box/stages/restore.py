@@ -27,12 +27,16 @@ for), RESTORE_MISSING (an artifact the manifest does not list), SHA_MISMATCH, FE
 RESTORE_FAIL. Exit codes: 0 restored, 1 failed, 75 busy.
 """
 
+from __future__ import annotations
+
 import argparse
+import io
 import os
 import re
 import sys
 import urllib.parse
 import urllib.request
+from typing import Iterable, Mapping, cast
 
 from ..confine import workspace_root
 from .fetch import bearer_token, check_relpath, fetch_inside, read_small, reported
@@ -43,7 +47,7 @@ HF_REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 DEFAULT_HUB = "https://huggingface.co"
 
 
-def store_base(source, revision):
+def store_base(source: str, revision: str) -> str:
     """The URL the store's relative paths are joined to."""
     kind, _, where = source.partition(":")
     if kind == "dir" and where:
@@ -56,7 +60,7 @@ def store_base(source, revision):
     raise FetchError("--from: expected dir:/some/path, hf:owner/repo or an http(s)/file URL, got %r" % (source,))
 
 
-def manifest_of(text):
+def manifest_of(text: str) -> dict[str, str]:
     """{relative path: sha256} from sha256sum lines; every path checked to stay inside the folder."""
     entries = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -69,9 +73,9 @@ def manifest_of(text):
     return entries
 
 
-def chosen(entries, artifacts):
+def chosen(entries: Mapping[str, str], artifacts: Iterable[str]) -> list[tuple[str, str]]:
     """[(path, sha256)] of the manifest's files that the artifacts name (a file, or a folder's files)."""
-    picked = []
+    picked: list[tuple[str, str]] = []
     for artifact in artifacts:
         rel = check_relpath(artifact.strip("/"))
         files = sorted(p for p in entries if p == rel or p.startswith(rel + "/"))
@@ -82,7 +86,7 @@ def chosen(entries, artifacts):
     return picked
 
 
-def restore(args):
+def restore(args: argparse.Namespace) -> None:
     token = bearer_token(args.auth_env)
     source, base, files = pick_store(args, token)
     workspace = workspace_root(os.getcwd())
@@ -95,7 +99,7 @@ def restore(args):
     print("RESTORE_DONE %d files %s from %s%s" % (len(files), human(total), source, stands_for))
 
 
-def pick_store(args, token):
+def pick_store(args: argparse.Namespace, token: str | None) -> tuple[str, str, list[tuple[str, str]]]:
     """(store, its base URL, [(path, sha256)]) of the first store whose manifest lists the artifacts."""
     for i, source in enumerate(args.sources):
         try:
@@ -109,7 +113,7 @@ def pick_store(args, token):
     raise FetchError("--from: no store given", "RESTORE_FAIL")
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="restore", description=__doc__.splitlines()[0])
     p.add_argument("--from", dest="sources", required=True, action="append", metavar="STORE",
                    help="dir:/some/path, hf:owner/repo, or an http(s)/file URL of the pushed folder "
@@ -125,8 +129,9 @@ def build_parser():
     return p
 
 
-def main(argv=None):
-    sys.stdout.reconfigure(line_buffering=True)  # the log is a file: each line must land as it is printed
+def main(argv: list[str] | None = None) -> int:
+    # the log is a file: each line must land as it is printed
+    cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
     args = build_parser().parse_args(argv)
     if "/" in args.manifest or args.manifest in ("", ".", ".."):
         print("RESTORE_FAIL --manifest is a file name, not a path")

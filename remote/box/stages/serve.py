@@ -20,6 +20,8 @@ Runs ON the box, in the box venv:
       [--python-server-fallback] [--reasoning-format FORMAT]
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -30,6 +32,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Any, Callable
 
 from ..procs import list_pids
 from ..sockets import listening_sockets, socket_owners
@@ -37,14 +40,14 @@ from .common import SMOKE_ANSWER, SMOKE_QUESTION, fail, marker, say
 from .images import chat_content
 
 
-def holders(port):
+def holders(port: int) -> list[int | None]:
     """pids listening on the TCP port (None for a socket whose owner this user cannot see)."""
     socks = dict((inode, s) for inode, s in listening_sockets([]).items() if s["port"] == port)
     owners = socket_owners(socks.keys(), list_pids())
     return sorted(set(owners.get(inode) for inode in socks), key=lambda p: p or 0)
 
 
-def server_command(args):
+def server_command(args: argparse.Namespace) -> list[str]:
     if args.llama_server:
         return ([args.llama_server, "-m", args.model, "--host", args.host, "--port", str(args.port),
                  "-c", str(args.ctx)]
@@ -55,7 +58,7 @@ def server_command(args):
             "--port", str(args.port), "--n_ctx", str(args.ctx)]
 
 
-def projector_problem(args):
+def projector_problem(args: argparse.Namespace) -> str | None:
     """Why an image-text model cannot be served as asked, or None."""
     if args.smoke_image and not args.mmproj:
         return "--smoke-image needs --mmproj: without its projector the model cannot see the image"
@@ -67,19 +70,19 @@ def projector_problem(args):
     return None
 
 
-def free_port(host):
+def free_port(host: str) -> int:
     """A port nothing listens on now (the server binds it a moment later)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def get(url, timeout=5):
+def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.status, r.read()
 
 
-def healthy(args):
+def healthy(args: argparse.Namespace) -> bool:
     """llama-server answers /health (503 while loading); llama_cpp.server has only /v1/models."""
     base = "http://%s:%d" % (args.host, args.port)
     try:
@@ -92,7 +95,7 @@ def healthy(args):
         return False
 
 
-def ask(args, question, max_tokens):
+def ask(args: argparse.Namespace, question: str, max_tokens: int) -> str:
     """The answer's text. A chat model is asked in a chat; a base model (--prompt-format text)
     continues the text, as /v1/completions does."""
     if args.prompt_format == "text":
@@ -104,14 +107,14 @@ def ask(args, question, max_tokens):
     return (message.get("content") or "") + "\n" + (message.get("reasoning_content") or "")
 
 
-def post(args, path, request):
+def post(args: argparse.Namespace, path: str, request: dict[str, Any]) -> Any:
     req = urllib.request.Request("http://%s:%d%s" % (args.host, args.port, path), data=json.dumps(request).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())["choices"][0]
 
 
-def wait_for(predicate, seconds, proc):
+def wait_for(predicate: Callable[[], object], seconds: float, proc: subprocess.Popen[bytes]) -> bool:
     deadline = time.time() + seconds
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -122,7 +125,7 @@ def wait_for(predicate, seconds, proc):
     return False
 
 
-def main():
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--port", type=int, required=True)
@@ -202,14 +205,14 @@ def main():
             last_line(args.server_log) or "none"), rc=128 - rc if rc < 0 else rc or 1)
 
 
-def signal_name(number):
+def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
     except ValueError:
         return "signal %d" % number
 
 
-def last_line(path, look_back=4096):
+def last_line(path: str, look_back: int = 4096) -> str:
     """The last non-empty line of the server's log (it is this stage's own file), shortened."""
     try:
         with open(path, "rb") as f:

@@ -22,12 +22,15 @@ Runs ON the box, in the box venv:
   python -m samai_box.stages.train --base models/base --data data/train.jsonl --out runs/train
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import math
 import os
 import sys
 import time
+from typing import Any, Callable, List, Tuple
 
 from . import vision
 from .common import fail, marker, push_milestone, say
@@ -37,20 +40,22 @@ GUARD_WINDOW, GUARD_BAD = 4, 3
 NAN_PATIENCE = 5  # sick logged steps in a row that stop the run after the early window
 TEXT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 DIVERGE_LR = 1e6  # --diverge-after's learning rate: AdamW moves every weight by about this much
+# What a setup gives the Trainer: (LoRA model, examples, collator, what saves the tokenizer and processor).
+Setup = Tuple[Any, List[Any], Callable[[Any], Any], Callable[[str], Any]]
 
 
-def bad_step(loss, grad_norm):
+def bad_step(loss: float | None, grad_norm: float | None) -> bool:
     """Loss 0 or nan, or grad_norm nan: the signatures of a run that is not learning."""
     loss_bad = loss is None or loss == 0 or not math.isfinite(loss)
     return loss_bad or (grad_norm is not None and not math.isfinite(grad_norm))
 
 
-def sick_step(loss, grad_norm):
+def sick_step(loss: float | None, grad_norm: float | None) -> bool:
     """bad_step, or a gradient that is exactly 0: nothing reaches the trained weights."""
     return bad_step(loss, grad_norm) or grad_norm == 0
 
 
-def why_not_healthy(steps):
+def why_not_healthy(steps: list[tuple[float | None, float | None]]) -> str | None:
     """The reason a finished run is not fit to be saved, or None. steps: (loss, grad_norm) as logged."""
     if not steps:
         return "no training step was logged"
@@ -60,7 +65,7 @@ def why_not_healthy(steps):
     return None
 
 
-def load_examples(path, tok):
+def load_examples(path: str, tok: Any) -> list[dict[str, list[int]]]:
     """input_ids and labels with the prompt (everything before the answer) masked out."""
     examples = []
     with open(path) as f:
@@ -77,10 +82,10 @@ def load_examples(path, tok):
     return examples
 
 
-def pad_batch(pad_id):
+def pad_batch(pad_id: int) -> Callable[[list[dict[str, list[int]]]], dict[str, Any]]:
     import torch
 
-    def collate(batch):
+    def collate(batch: list[dict[str, list[int]]]) -> dict[str, Any]:
         width = max(len(b["input_ids"]) for b in batch)
         ids = [b["input_ids"] + [pad_id] * (width - len(b["input_ids"])) for b in batch]
         labels = [b["labels"] + [-100] * (width - len(b["labels"])) for b in batch]
@@ -90,47 +95,49 @@ def pad_batch(pad_id):
     return collate
 
 
-def make_progress(started):
+def make_progress(started: float) -> Any:
     from transformers import TrainerCallback
 
     class ProgressLine(TrainerCallback):
         """One tqdm-style line per logged step (the Trainer's own bar is off: its carriage returns
         would fill the log): the console reads step/total and the time left from it."""
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **kwargs: Any) -> None:
             if state.max_steps:
                 say(progress_line(state.global_step, state.max_steps, time.time() - started))
 
     return ProgressLine()
 
 
-def progress_line(done, total, elapsed):
+def progress_line(done: int, total: int, elapsed: float) -> str:
     """`train 12/80 [00:03<00:17, 4.00it/s]`, as tqdm writes its bar."""
     rate = done / elapsed if elapsed > 0 and done else 0.0
     left = clock((total - done) / rate) if rate else "?"
     return "train %d/%d [%s<%s, %.2fit/s]" % (done, total, clock(elapsed), left, rate)
 
 
-def clock(seconds):
+def clock(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return "%d:%02d:%02d" % (hours, minutes, secs) if hours else "%02d:%02d" % (minutes, secs)
 
 
-def make_guard(out, patience=NAN_PATIENCE):
+def make_guard(out: str, patience: int = NAN_PATIENCE) -> Any:
     from transformers import TrainerCallback
 
     class NanGuard(TrainerCallback):
         """Stops the run, before anything more is saved, when it is not learning: 3 of its first 4
         logged steps bad, or `patience` sick logged steps in a row at any point of the run."""
 
-        def __init__(self):
-            self.seen = []
-            self.steps = []  # (loss, grad_norm) of every logged step, for the verdict at the end
-            self.sick_run = []  # global steps of the current run of sick steps
+        def __init__(self) -> None:
+            self.seen: list[bool] = []
+            self.steps: list[tuple[float | None, float | None]] = []  # (loss, grad_norm) of every logged step
+            self.sick_run: list[int] = []  # global steps of the current run of sick steps
             self.tripped = False
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **kwargs: Any) -> None:
             if not logs or "loss" not in logs:
                 return
             loss, grad_norm = _number(logs.get("loss")), _number(logs.get("grad_norm"))
@@ -148,31 +155,31 @@ def make_guard(out, patience=NAN_PATIENCE):
                           "%d logged steps in a row from step %d had loss 0/nan/inf or grad_norm nan/inf/0 "
                           "(last: loss %s grad_norm %s)" % (len(self.sick_run), self.sick_run[0], loss, grad_norm))
 
-        def trip(self, control, state, loss, grad_norm, why):
+        def trip(self, control: Any, state: Any, loss: float | None, grad_norm: float | None, why: str) -> None:
             self.tripped = True
             write_nan_marker(out, "step %d: loss %s grad_norm %s: %s" % (state.global_step, loss, grad_norm, why))
             marker("TRAIN_NAN", why)
             control.should_training_stop = True
             control.should_save = False
 
-        def on_step_end(self, args, state, control, **kwargs):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.tripped:  # runs after the Trainer's own flow callback: no checkpoint of a sick run
                 control.should_save = False
 
-        def on_epoch_end(self, args, state, control, **kwargs):
+        def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.tripped:
                 control.should_save = False
 
     return NanGuard()
 
 
-def make_milestones(out, target, every, guard):
+def make_milestones(out: str, target: str, every: int, guard: Any) -> Any:
     """§8: the adapter of every `every`-th epoch saved to OUT/milestones/epoch-N and pushed at once,
     so that a box lost mid-run keeps it; never while the NaN guard has tripped or sees sick steps."""
     from transformers import TrainerCallback
 
     class Milestones(TrainerCallback):
-        def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        def on_epoch_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
             epoch = int(round(state.epoch or 0))
             if guard.tripped or guard.sick_run or epoch % every or model is None:
                 return
@@ -183,12 +190,12 @@ def make_milestones(out, target, every, guard):
     return Milestones()
 
 
-def write_nan_marker(out, text):
+def write_nan_marker(out: str, text: str) -> None:
     with open(os.path.join(out, "TRAIN_NAN"), "w") as f:
         f.write(text + "\n")
 
 
-def cut_adapter(model):
+def cut_adapter(model: Any) -> None:
     """lora_dropout 1.0: every LoRA layer's input is zeroed, so its gradients are exactly 0 while
     they still require grad (a frozen adapter would make backward fail, not train silently)."""
     import torch
@@ -200,15 +207,16 @@ def cut_adapter(model):
                 drop[key] = torch.nn.Dropout(p=1.0)
 
 
-def make_breaker(diverge_after, kill_after, diverge_lr):
+def make_breaker(diverge_after: int | None, kill_after: int | None, diverge_lr: float) -> Any:
     """For the guard's own tests: a run that dies after its first steps, through real optimizer steps."""
     from transformers import TrainerCallback
 
     class Breaker(TrainerCallback):
-        def __init__(self):
+        def __init__(self) -> None:
             self.killed = False
 
-        def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                          **kwargs: Any) -> None:
             if diverge_after is not None and state.global_step >= diverge_after and optimizer is not None:
                 # set before every optimizer step: the scheduler resets it after each one
                 for group in optimizer.param_groups:
@@ -222,14 +230,14 @@ def make_breaker(diverge_after, kill_after, diverge_lr):
     return Breaker()
 
 
-def _number(value):
+def _number(value: Any) -> float | None:
     try:
         return float(value)
     except (TypeError, ValueError):
         return None
 
 
-def inject_nan(model):
+def inject_nan(model: Any) -> None:
     """For the guard's own test: poison the LoRA weights so every loss is nan."""
     import torch
 
@@ -239,7 +247,7 @@ def inject_nan(model):
                 param.fill_(float("nan"))
 
 
-def lora_config(args, default_targets):
+def lora_config(args: argparse.Namespace, default_targets: str | list[str]) -> Any:
     """--lora-regex as peft's regex (a str, matched against the whole module name), else the
     --lora-targets names (a list, matched as name suffixes), else the default of the model kind."""
     from peft import LoraConfig
@@ -250,7 +258,7 @@ def lora_config(args, default_targets):
                       target_modules=targets)
 
 
-def text_setup(args):
+def text_setup(args: argparse.Namespace) -> Setup:
     """(LoRA model, examples, collator, what saves the tokenizer) for a causal LM."""
     import torch
     from peft import get_peft_model
@@ -263,7 +271,7 @@ def text_setup(args):
     return model, load_examples(args.data, tok), pad_batch(tok.pad_token_id), tok.save_pretrained
 
 
-def vision_setup(args):
+def vision_setup(args: argparse.Namespace) -> Setup:
     """The same for an image-text model (playbook §10): LoRA on the language model only, the
     vision tower and merger frozen explicitly, and both asserted before a step is taken: a LoRA
     target inside the vision side or a trainable vision parameter is TRAIN_REFUSED."""
@@ -281,13 +289,13 @@ def vision_setup(args):
         fail("TRAIN_REFUSED", why, rc=2)
     examples = vision.load_examples(args.data)
 
-    def collate(batch):
+    def collate(batch: list[tuple[Any, list[dict[str, Any]]]]) -> dict[str, Any]:
         return vision.encode(tok, image_processor, batch)
 
     return model, examples, collate, lambda folder: vision.save_processor(tok, image_processor, folder)
 
 
-def main():
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True)
     p.add_argument("--data", required=True)

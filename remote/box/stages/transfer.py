@@ -7,6 +7,8 @@ RETRIES times in a row with backoff; a retry after progress starts the count aga
 range is exactly START..END inclusive (like `curl -r`), and its length is asserted.
 """
 
+from __future__ import annotations
+
 import contextlib
 import hashlib
 import http.client
@@ -16,9 +18,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from email.message import Message
+from typing import Any, Callable, Sequence, TypeVar
 
 from ..confine import open_append
 
+T = TypeVar("T")  # what retrying's attempt returns
 CHUNK = 1024 * 1024
 QUIET_BELOW = 8 * CHUNK  # no progress lines for smaller files
 HEARTBEAT_S = 10.0  # a progress line at least this often, even between 10 % steps
@@ -31,7 +36,7 @@ USER_AGENT = "samai-fetch/1"
 class FetchError(Exception):
     """A failure that retrying will not fix. Printed as one line: MARKER text."""
 
-    def __init__(self, text, marker="FETCH_FAIL"):
+    def __init__(self, text: str, marker: str = "FETCH_FAIL") -> None:
         Exception.__init__(self, text)
         self.marker = marker
 
@@ -43,7 +48,7 @@ class Transient(Exception):
 class Unsatisfiable(Exception):
     """The server refused the byte range (HTTP 416); total is the file's size when it said."""
 
-    def __init__(self, total):
+    def __init__(self, total: int | None) -> None:
         Exception.__init__(self, "range not satisfiable")
         self.total = total
 
@@ -51,7 +56,7 @@ class Unsatisfiable(Exception):
 # ------------------------------------------------------------------ small helpers
 
 
-def human(n):
+def human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
@@ -59,26 +64,26 @@ def human(n):
     return "%.1f GiB" % n
 
 
-def one_line(error):
+def one_line(error: object) -> str:
     text = str(error) or type(error).__name__
     return " ".join(text.split())
 
 
-def shown(url):
+def shown(url: str) -> str:
     """The URL without query or credentials: presigned URLs carry their token in the query."""
     parts = urllib.parse.urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def size_of(path):
+def size_of(path: str) -> int:
     try:
         return os.path.getsize(path)
     except OSError:
         return 0
 
 
-def truncate(path):
+def truncate(path: str) -> None:
     """Empty the .part file (open_append's rules: never through a symlink planted at its name)."""
     fd = open_append(None, path)
     try:
@@ -91,22 +96,22 @@ class Progress:
     """Progress lines for the stage log: one per 10 % step or every HEARTBEAT_S, never two
     within a second; none for files under QUIET_BELOW, done before anyone could read them."""
 
-    def __init__(self, label, total=None, done=0):
+    def __init__(self, label: str, total: int | None = None, done: int = 0) -> None:
         self.label, self.total, self.first = label, total, done
         self.quiet = total is not None and total < QUIET_BELOW
         self.started = self.last_time = time.monotonic()
         self.last_step = self.step(done)
 
-    def step(self, done):
+    def step(self, done: int) -> int | None:
         return None if not self.total else int(done * 10 // self.total)
 
-    def update(self, done):
+    def update(self, done: int) -> None:
         if self.quiet:
             return
         now = time.monotonic()
         step = self.step(done)
         since = now - self.last_time
-        if since < 1.0 or (since < HEARTBEAT_S and (step is None or step <= self.last_step)):
+        if since < 1.0 or (since < HEARTBEAT_S and (step is None or self.last_step is None or step <= self.last_step)):
             return
         self.last_time, self.last_step = now, step
         rate = (done - self.first) / max(now - self.started, 1e-3)
@@ -117,7 +122,7 @@ class Progress:
             print("%s: %s %s/s" % (self.label, human(done), human(rate)))
 
 
-def sha256_file(path, label=None):
+def sha256_file(path: str, label: str | None = None) -> str:
     """Hex sha256 of a file, read in 1 MiB blocks; with a label it reports progress."""
     digest = hashlib.sha256()
     progress = Progress(label, os.path.getsize(path)) if label else None
@@ -140,21 +145,21 @@ def sha256_file(path, label=None):
 class Source:
     """An open body: its bytes start at file offset `offset`; `length` bytes follow when known."""
 
-    def __init__(self, stream, offset, length, total):
+    def __init__(self, stream: Any, offset: int, length: int | None, total: int | None) -> None:
         self.stream, self.offset, self.length, self.total = stream, offset, length, total
 
-    def read(self, n):
+    def read(self, n: int) -> bytes:
         try:
             return self.stream.read(n)
         except (OSError, http.client.HTTPException) as e:  # socket.timeout is an OSError
             raise Transient("read failed: %s" % one_line(e)) from None
 
-    def close(self):
+    def close(self) -> None:
         with contextlib.suppress(Exception):
             self.stream.close()
 
 
-def parse_content_range(value):
+def parse_content_range(value: str | None) -> tuple[int, int, int | None]:
     """(first, last, total) from 'bytes 10-99/1000'; total is None for '*'."""
     m = re.match(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", value or "")
     if not m:
@@ -163,12 +168,13 @@ def parse_content_range(value):
     return int(m.group(1)), int(m.group(2)), total
 
 
-def total_from_416(headers):
-    m = re.match(r"^\s*bytes\s+\*/(\d+)\s*$", (headers or {}).get("Content-Range", "") or "")
+def total_from_416(headers: Message | None) -> int | None:
+    said = headers.get("Content-Range", "") if headers is not None else ""
+    m = re.match(r"^\s*bytes\s+\*/(\d+)\s*$", said or "")
     return int(m.group(1)) if m else None
 
 
-def open_http(url, first, last, token):
+def open_http(url: str, first: int, last: int | None, token: str | None) -> Source:
     request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     if first > 0 or last is not None:
         request.add_header("Range", "bytes=%d-%s" % (first, "" if last is None else last))
@@ -197,7 +203,7 @@ def open_http(url, first, last, token):
     return Source(response, 0, length, length)
 
 
-def open_local(url, first, last):
+def open_local(url: str, first: int, last: int | None) -> Source:
     path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
     try:
         f = open(path, "rb")
@@ -212,7 +218,7 @@ def open_local(url, first, last):
     return Source(f, first, end - first + 1, total)
 
 
-def open_source(url, first, last, token):
+def open_source(url: str, first: int, last: int | None, token: str | None) -> Source:
     """The body from byte `first` (to `last` inclusive, or the end). A server may ignore the
     range and start at 0: callers must look at source.offset."""
     if urllib.parse.urlsplit(url).scheme == "file":
@@ -220,7 +226,7 @@ def open_source(url, first, last, token):
     return open_http(url, first, last, token)
 
 
-def retrying(attempt, backoff, progress_mark=None):
+def retrying(attempt: Callable[[], T], backoff: float, progress_mark: Callable[[], object] | None = None) -> T:
     """Run attempt(), retrying Transient failures RETRIES times in a row with exponential backoff.
     A failure after progress (progress_mark() changed) starts the count again: a long download
     through a flaky link keeps going as long as it keeps getting somewhere."""
@@ -242,7 +248,7 @@ def retrying(attempt, backoff, progress_mark=None):
 # ------------------------------------------------------------------ downloading into PATH.part
 
 
-def skip(source, count):
+def skip(source: Source, count: int) -> None:
     """Read and drop count bytes: a server that ignored our Range sends the whole file."""
     while count > 0:
         block = source.read(min(CHUNK, count))
@@ -251,7 +257,7 @@ def skip(source, count):
         count -= len(block)
 
 
-def body_end(source, span):
+def body_end(source: Source, span: Sequence[int] | None) -> int | None:
     """The file offset right after the last byte we want from this body, or None if unknown."""
     end = source.offset + source.length if source.length is not None else None
     if span is None:
@@ -262,7 +268,7 @@ def body_end(source, span):
     return span[1] + 1
 
 
-def copy_body(source, part, position, end, label, want):
+def copy_body(source: Source, part: str, position: int, end: int | None, label: str, want: int | None) -> None:
     """Append the body to part from file offset position up to end; a short body is Transient."""
     progress = Progress(label, want, size_of(part))
     with os.fdopen(open_append(None, part), "ab") as f:  # a symlink or FIFO at part is refused, not followed
@@ -277,7 +283,7 @@ def copy_body(source, part, position, end, label, want):
         raise Transient("connection closed %d bytes short" % (end - position))
 
 
-def transfer(url, part, span, want, token, label):
+def transfer(url: str, part: str, span: Sequence[int] | None, want: int | None, token: str | None, label: str) -> None:
     """One attempt: resume part from where it stops. Returns when the body is complete."""
     have = size_of(part)
     first = (span[0] if span else 0) + have  # file offset of the next byte we need
@@ -310,9 +316,10 @@ def transfer(url, part, span, want, token, label):
         source.close()
 
 
-def download(url, part, span, want, token, backoff, label):
+def download(url: str, part: str, span: Sequence[int] | None, want: int | None, token: str | None, backoff: float,
+             label: str) -> None:
     """Bring part to its full length, resuming after every transient failure."""
-    def attempt():
+    def attempt() -> None:
         have = size_of(part)
         if want is not None and have > want:
             truncate(part)  # longer than the whole file: not a prefix of it

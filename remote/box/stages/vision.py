@@ -11,10 +11,13 @@ Runs ON the box, imported by the stage scripts. Standard library only at import 
 (torch, transformers, Pillow) is imported inside the functions that need it, in the box venv.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import random
 import re
+from typing import Any
 
 from .images import inside
 
@@ -66,7 +69,7 @@ SMOKE_IMAGE, SMOKE_ANSWER = "smoke.png", "red"
 IMAGE_GROUPS = ("vision", "merger")
 
 
-def render(rng, colour, shape, size=None):
+def render(rng: random.Random, colour: str, shape: str, size: tuple[int, int] | None = None) -> Any:
     """A shape of one colour on a plain background, of a random size and place (Pillow)."""
     from PIL import Image, ImageDraw
 
@@ -85,20 +88,20 @@ def render(rng, colour, shape, size=None):
     return img
 
 
-def samples(count, seed):
+def samples(count: int, seed: int) -> list[tuple[str, str]]:
     """(colour, shape) pairs covering every colour evenly."""
     rng = random.Random(seed)
     names = sorted(COLOURS)
     return [(names[i % len(names)], rng.choice(SHAPES)) for i in range(count)]
 
 
-def messages(image_path, answer=None):
+def messages(image_path: str, answer: str | None = None) -> list[dict[str, Any]]:
     """One question about one image, in the chat format (the answer left out for a prompt)."""
     turn = [{"role": "user", "content": [{"type": "image", "image": image_path}, {"type": "text", "text": QUESTION}]}]
     return turn + ([{"role": "assistant", "content": answer}] if answer is not None else [])
 
 
-def write_data(folder, train_count, eval_count, seed=11):
+def write_data(folder: str, train_count: int, eval_count: int, seed: int = 11) -> None:
     """data/: images/, train.jsonl (chat messages naming their image), eval.jsonl (image, prompt,
     gold) and the smoke image. The eval set has one photo-sized image (1600x1200) to show the
     eval stage's 1120 px cap at work."""
@@ -118,7 +121,7 @@ def write_data(folder, train_count, eval_count, seed=11):
     render(rng, SMOKE_ANSWER, "square", (112, 112)).save(os.path.join(folder, SMOKE_IMAGE))
 
 
-def is_multimodal(model_dir):
+def is_multimodal(model_dir: str) -> bool:
     """A model folder whose config has a vision part."""
     try:
         with open(os.path.join(model_dir, "config.json")) as f:
@@ -127,7 +130,7 @@ def is_multimodal(model_dir):
         return False
 
 
-def load_processor(model_dir):
+def load_processor(model_dir: str) -> tuple[Any, Any]:
     """(tokenizer, image processor). Not AutoProcessor: on a CPU-only torch it cannot be built
     (its video processor needs torchvision, whose wheels here are built for another torch)."""
     from transformers import AutoImageProcessor, AutoTokenizer
@@ -135,7 +138,7 @@ def load_processor(model_dir):
     return AutoTokenizer.from_pretrained(model_dir), AutoImageProcessor.from_pretrained(model_dir)
 
 
-def save_processor(tok, image_processor, folder):
+def save_processor(tok: Any, image_processor: Any, folder: str) -> None:
     """The tokenizer, the image processor, and added_tokens.json: llama.cpp's converter reads the
     special tokens of a SentencePiece vocab from it (transformers no longer writes it), and without
     it llama.cpp splits <|vision_start|> into characters."""
@@ -146,7 +149,7 @@ def save_processor(tok, image_processor, folder):
         json.dump(added, f)
 
 
-def expand_image_pads(text, counts):
+def expand_image_pads(text: str, counts: list[int]) -> str:
     """Each image's single pad token repeated as many times as the image has merged tokens."""
     parts = text.split(IMAGE_PAD)
     if len(parts) - 1 != len(counts):
@@ -154,7 +157,8 @@ def expand_image_pads(text, counts):
     return parts[0] + "".join(IMAGE_PAD * counts[i] + rest for i, rest in enumerate(parts[1:]))
 
 
-def encode(tok, image_processor, examples, template=None, merge=2):
+def encode(tok: Any, image_processor: Any, examples: list[tuple[Any, list[dict[str, Any]]]],
+           template: str | None = None, merge: int = 2) -> dict[str, Any]:
     """A padded training batch from [(PIL image, messages)], the prompt (everything before the
     answer, the image's tokens included) labelled -100: the prefix mask of the text pipeline.
     template: a chat template other than the tokenizer's own."""
@@ -183,7 +187,7 @@ def encode(tok, image_processor, examples, template=None, merge=2):
     }
 
 
-def image_of(msgs, folder):
+def image_of(msgs: list[dict[str, Any]], folder: str) -> Any:
     """The PIL image a training example's user turn names, read from inside folder."""
     from PIL import Image
 
@@ -194,7 +198,7 @@ def image_of(msgs, folder):
     raise ValueError("no image in the example's first message")
 
 
-def load_examples(path):
+def load_examples(path: str) -> list[tuple[Any, list[dict[str, Any]]]]:
     """[(PIL image, messages)] from a train.jsonl whose images lie beside it."""
     folder = os.path.dirname(os.path.abspath(path))
     examples = []
@@ -206,7 +210,7 @@ def load_examples(path):
     return examples
 
 
-def group_of(name):
+def group_of(name: str) -> str:
     """Which part of a VLM a parameter or module belongs to, by its name."""
     if re.search(r"(^|\.)visual\.merger\.", name) or ".multi_modal_projector." in name:
         return "merger"
@@ -217,14 +221,14 @@ def group_of(name):
     return "lm_head" if "lm_head" in name else "other"
 
 
-def freeze_vision(model):
+def freeze_vision(model: Any) -> None:
     """requires_grad off for every vision tower and merger parameter, whatever LoRA did."""
     for name, param in model.named_parameters():
         if group_of(name) in IMAGE_GROUPS:
             param.requires_grad_(False)
 
 
-def trainable_by_group(model):
+def trainable_by_group(model: Any) -> dict[str, int]:
     """{group: trainable parameter count}, every group present (0 where none is trainable)."""
     counts = {g: 0 for g in ("vision", "merger", "language", "lm_head", "other")}
     for name, param in model.named_parameters():
@@ -233,13 +237,13 @@ def trainable_by_group(model):
     return counts
 
 
-def lora_modules_in_vision(model):
+def lora_modules_in_vision(model: Any) -> list[str]:
     """Names of the modules LoRA wrapped inside the vision tower or the merger (the trap)."""
     return sorted(name for name, module in model.named_modules()
                   if hasattr(module, "lora_A") and group_of(name + ".") in IMAGE_GROUPS)
 
 
-def why_vision_not_frozen(model):
+def why_vision_not_frozen(model: Any) -> str | None:
     """The reason this VLM must not be trained as it is, or None: a LoRA target matched a vision
     module, or a vision/merger parameter is trainable."""
     caught = lora_modules_in_vision(model)
