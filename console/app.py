@@ -308,7 +308,7 @@ class SamaiApp(App[None]):
 
     def _show_curves(self, u: StateUpdate) -> None:
         curves = self.query_one(CurvesPane)
-        if not self._multi_node("train"):  # on several nodes, rank 0's curve (follow_nodes)
+        if not self._multi_node(self.fleet_config.role_name("train")):  # several nodes: rank 0's curve (follow_nodes)
             if u.curve_reset:
                 curves.reset()  # a new training run: its curve alone
             curves.add(u.new_points)
@@ -939,7 +939,7 @@ class SamaiApp(App[None]):
         curves = self.query_one(CurvesPane)
         marks = session.marks()  # which nodes of the training run are alive
         curves.border_title = inert(f"training · {marks}") if marks else "training"
-        if self._multi_node("train") and session.curve.version != self._curve_shown:
+        if self._multi_node(self.fleet_config.role_name("train")) and session.curve.version != self._curve_shown:
             curves.show(session.curve.points)  # rank 0's, from whichever box it runs on
             self._curve_shown = session.curve.version
 
