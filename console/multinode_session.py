@@ -1,6 +1,6 @@
 """The connections a front end needs for its multi-node stages: one Box per node, opened when
 first needed and closed together; the multi-node action layer over them; and the watch of each
-multi-node stage's recorded run, as alerts, and the train stage's rank 0 curve."""
+multi-node stage's recorded run, as alerts, and the training (role train) stage's rank 0 curve."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from samai.console.core.multinode import load_run
 from samai.console.core.multiwatch import NodeState, watch
 from samai.remote.boxapi import Box
 
-CURVE_STAGE = "train"  # the stage whose curve the training pane shows, on one box as on several
+CURVE_ROLE = "train"  # the role of the stage whose curve the training pane shows (its first), on one box as on several
 
 
 def multi_node_stage(cfg: Config, stage_name: str | None) -> bool:
@@ -67,7 +67,8 @@ class MultiNodeSession:
             boxes = {n.node: self.box(n.node) for n in run.nodes}
             states, findings = await watch(run, boxes, self._read)
             self.states[stage.name] = states
-            if stage.name == CURVE_STAGE:  # read after the states: a run just ended has its last lines read
+            # Read after the states: a run just ended has its last lines read.
+            if stage.name == self.config.role_name(CURVE_ROLE):
                 await self.curve.read(run, states, boxes)
                 standing += self._curve_findings(stage.name) if self.curve.node != shown_box else []
             standing += findings
@@ -88,7 +89,8 @@ class MultiNodeSession:
                          + self._curve_from(stage) for stage, states in self.states.items())
 
     def _curve_from(self, stage: str) -> str:
-        return f" · rank 0 on {self.curve.node}" if stage == CURVE_STAGE and self.curve.node else ""
+        curve_stage = self.config.role_name(CURVE_ROLE)
+        return f" · rank 0 on {self.curve.node}" if stage == curve_stage and self.curve.node else ""
 
     async def close(self) -> None:
         boxes, self.boxes = self.boxes, {}

@@ -80,6 +80,7 @@ def test_the_builtin_default_is_the_tiny_pipeline_on_this_machine() -> None:
         ("[stages.x]\nkey = 'q'\ncommand = 'a'", "stages.x.key", "one key, not one the console uses"),
         ("[stages.x]\nkey = 'z'\ncommand = 'a'\nneeds = ['nope']", "stages.x.needs", "declared [artifacts]"),
         ("[stages.x]\nkey = 'z'\ncommand = 'a'\nports = [70000]", "stages.x.ports", "TCP ports"),
+        ("[stages.x]\nkey = 'z'\ncommand = 'a'\nrole = 'trainer'", "stages.x.role", "one of provision, fetch, train"),
         ("[stages.x]\nkey = 'z'\ncommand = 'a'\nmarkers = [{ name = 'A', pattern = '(' }]",
          "stages.x.markers[0].pattern", "a valid regular expression"),
         ("[stages.x]\nkey = 'z'\ncommand = 'a'\n[stages.y]\nkey = 'z'\ncommand = 'b'", "stages.y.key",

@@ -27,13 +27,14 @@ KEYS = {
     "ui": ["theme", "max_log_lines", "tail_lines", "keys", "eval_reports"],
 }
 ARTIFACT_KEYS = ["path", "size_gb", "intermediate"]
-STAGE_KEYS = ["key", "command", "log", "description", "markers", "needs", "makes", "frees", "ports", "poison", "env"]
+STAGE_KEYS = ["key", "command", "log", "description", "role", "markers", "needs", "makes", "frees", "ports", "poison",
+              "env"]
 
 paths = st.sampled_from(["a", "logs/x.log", "../x", "/tmp/x.log", "/", "~", "~/x", "..", ".", "", "a/../../b",
                          "/etc/passwd", "a\x00b", "models/base", "runs/eval/*/summary.json", "/home", "/usr/x"])
 numbers = st.one_of(st.integers(), st.integers(min_value=-(10 ** 400), max_value=10 ** 400),
                     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e308, -0.0, 5e-324]))
-scalars = st.one_of(st.booleans(), numbers, st.text(max_size=20), paths)
+scalars = st.one_of(st.booleans(), numbers, st.text(max_size=20), paths, st.sampled_from([*config.ROLES, "Train"]))
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                        st.dictionaries(st.text(max_size=6), inner, max_size=3)),
                       max_leaves=8)
@@ -77,6 +78,7 @@ def holds_its_promises(cfg: config.Config) -> None:
     assert cfg.budget.capacity_gb is None or math.isfinite(cfg.budget.capacity_gb)
     inside = [a.path for a in cfg.artifacts] + [s.log for s in cfg.stages] + [p for s in cfg.stages for p in s.poison]
     assert all(config.escape_reason(p, cfg.workspace) is None for p in inside + [cfg.ui.eval_reports])
+    assert all(s.role in config.ROLES for s in cfg.stages)
     if cfg.target.is_local:
         assert config.local_workspace_reason(cfg.workspace) is None
     else:

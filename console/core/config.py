@@ -26,6 +26,8 @@ from samai.remote.model import Marker
 SEVERITIES = ("info", "warning", "error")
 CHAIN_DONE = Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+", "info")
 BUILTIN_PIPELINES = ("tiny", "samai-8b", "vlm-tiny", "samai-vl")
+# What a stage is for: the console's behaviour follows the role, never the stage's name.
+ROLES = ("provision", "fetch", "train", "merge", "convert", "quantize", "serve", "eval", "push", "restore", "other")
 LAUNCHERS = ("torchrun", "deepspeed")  # the distributed launchers a multi-node stage runs under
 TARGET_KEYS = {"url", "python", "poll_interval", "timeout", "keepalive_interval", "keepalive_count",
                "connect_timeout", "max_channels", "token_env"}
@@ -134,6 +136,7 @@ class Stage:
     command: str
     log: str
     description: str = ""
+    role: str = "other"  # one of ROLES; the config's default is the stage's name when it is one
     markers: tuple[Marker, ...] = ()
     needs: tuple[str, ...] = ()
     makes: tuple[str, ...] = ()
@@ -171,6 +174,18 @@ class Config:
 
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
+
+    def stages_with_role(self, role: str) -> tuple[Stage, ...]:
+        return tuple(s for s in self.stages if s.role == role)
+
+    def stage_by_role(self, role: str) -> Stage | None:
+        """The first stage of that role (the one followed where the console follows one: the curve)."""
+        return next((s for s in self.stages if s.role == role), None)
+
+    def role_name(self, role: str) -> str:
+        """The name of stage_by_role(role); "" when no stage has it (no stage is named "")."""
+        stage = self.stage_by_role(role)
+        return stage.name if stage else ""
 
     def artifact(self, name: str) -> Artifact | None:
         return next((a for a in self.artifacts if a.name == name), None)
@@ -523,7 +538,7 @@ class _Reader:
         where = f"stages.{name}"
         if not NAME.match(name):
             raise self.fail(where, "a stage name of letters, digits, '_', '.', '-'", name)
-        s = self.table(raw, where, {"key", "command", "log", "description", "markers", "needs", "makes",
+        s = self.table(raw, where, {"key", "command", "log", "description", "role", "markers", "needs", "makes",
                                     "frees", "ports", "poison", "env", "nodes", "launcher", "rdzv_port",
                                     "max_restarts"})
         key = self.value(s, "key", where, "one key, not one the console uses itself ("
@@ -554,6 +569,8 @@ class _Reader:
         return Stage(name=name, key=key, command=command,
                      log=self.path_inside(s, "log", where, workspace, f"logs/{name}.log"),
                      description=self.text(s, "description", where),
+                     role=self.value(s, "role", where, "one of " + ", ".join(ROLES), lambda v: v in ROLES,
+                                     name if name in ROLES else "other"),
                      markers=self.markers(s.get("markers"), f"{where}.markers"),
                      needs=refs["needs"], makes=refs["makes"], frees=refs["frees"],
                      ports=tuple(ports), poison=poison, env=tuple(env.items()))

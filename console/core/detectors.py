@@ -22,8 +22,10 @@ from samai.remote.model import Process, PythonPackages, Severity, Snapshot
 
 # The [model] settings that name binaries the pipeline runs (checked for the tar-prefix trap).
 BINARY_SETTINGS = ("llama_server", "llama_quantize")
-# The box's stage modules that import peft, and the distributions their environment is checked for (§9).
-PEFT_STAGES = ("train", "merge")
+# The box's stage modules that import peft, the stage roles that run peft whatever module they run,
+# and the distributions their environment is checked for (§9).
+PEFT_MODULES = ("train", "merge")
+PEFT_ROLES = ("train", "merge")
 WATCHED_PACKAGES = ("peft", "torchao")
 PYTHON = re.compile(r"^python(3(\.[0-9]+)?)?$")
 
@@ -142,8 +144,13 @@ REBUILT_WITHOUT = ("base", "adapter")
 def _restore_instead(cfg: Config, snap: Snapshot, budget: DiskBudget):
     """§4.5: the base and the adapter gone, what the restore stage pulls back pushed and there:
     restore (minutes) instead of rebuilding (downloads and hours of training)."""
-    restore, record = cfg.stage("restore"), snap.state("restore")
-    if restore is None or not restore.needs or (record is not None and record.alive):
+    for restore in cfg.stages_with_role("restore"):
+        yield from _restore_one(restore, snap, budget)
+
+
+def _restore_one(restore: Stage, snap: Snapshot, budget: DiskBudget):
+    record = snap.state(restore.name)
+    if not restore.needs or (record is not None and record.alive):
         return
 
     def present(name: str) -> bool:
@@ -228,17 +235,17 @@ def _lost_stages(cfg: Config, snap: Snapshot, budget: DiskBudget):
 
 def peft_pythons(cfg: Config) -> dict[str, tuple[str, ...]]:
     """The interpreter of each stage that runs peft (the train and merge modules, or a stage of
-    that name), as its command names it, with those stages: the environments §9 is about."""
+    that role), as its command names it, with those stages: the environments §9 is about."""
     found: dict[str, tuple[str, ...]] = {}
     for stage in cfg.stages:
-        for python in _peft_runners(stage.name, stage.command):
+        for python in _peft_runners(stage.role, stage.command):
             found[python] = found.get(python, ()) + (stage.name,)
     return found
 
 
-def _peft_runners(name: str, command: str) -> list[str]:
+def _peft_runners(role: str, command: str) -> list[str]:
     """The pythons in a command that run a peft stage: `venv/bin/python -m samai_box.stages.train`
-    (or the old `venv/bin/python "$SAMAI_TOOLS/stages/train.py"`) and any python of a train stage."""
+    (or the old `venv/bin/python "$SAMAI_TOOLS/stages/train.py"`) and any python of a train-role stage."""
     try:
         words = shlex.split(command)
     except ValueError:  # unbalanced quotes: the stage cannot run either
@@ -249,7 +256,7 @@ def _peft_runners(name: str, command: str) -> list[str]:
             continue
         script = words[i + 2] if words[i + 1] == "-m" and i + 2 < len(words) else words[i + 1]
         module = script.rsplit(".", 1)[-1] if words[i + 1] == "-m" else posixpath.basename(script).removesuffix(".py")
-        if name in PEFT_STAGES or module in PEFT_STAGES:
+        if role in PEFT_ROLES or module in PEFT_MODULES:
             found.append(word)
     return found
 

@@ -19,15 +19,15 @@ from samai.remote.transport import TransportError
 if TYPE_CHECKING:
     from samai.console.core.trainlog import TrainLogResult
 
-TRAINING_MARKERS = frozenset({"TRAIN_DONE", "TRAIN_NAN"})  # what declares a stage a training stage
+TRAINING_MARKERS = frozenset({"TRAIN_DONE", "TRAIN_NAN"})  # a stage of another role that has them trains too
 SHOWN_FINDINGS = 3
 
 
 def training_sources(cfg: Config, stage: Stage) -> list[Stage]:
-    """The training stages that make an artifact this stage needs."""
+    """The training stages (role train, or a training run's markers) that make an artifact this stage needs."""
     return [s for s in cfg.stages
             if s.name != stage.name and set(s.makes) & set(stage.needs)
-            and TRAINING_MARKERS & {m.name for m in s.markers}]
+            and (s.role == "train" or TRAINING_MARKERS & {m.name for m in s.markers})]
 
 
 async def training_evidence(box: Box, cfg: Config, stage: Stage) -> tuple[Check, ...]:

@@ -27,10 +27,10 @@ class SmokeResult:
 
 
 def smoke_config(cfg: Config, model: str) -> Config:
-    """cfg with one more stage: its serve stage's command on MODEL, port 0 (a free one), --smoke-only."""
-    serve = cfg.stage("serve")
+    """cfg with one more stage: its (first) serve-role stage's command on MODEL, port 0 (a free one), --smoke-only."""
+    serve = cfg.stage_by_role("serve")
     if serve is None:
-        raise ValueError("the pipeline has no serve stage to smoke-test the GGUF with")
+        raise ValueError("the pipeline has no serve stage (role serve) to smoke-test the GGUF with")
     argv = shlex.split(serve.command)
     for flag, value in (("--model", model), ("--port", "0")):
         if flag not in argv or argv.index(flag) + 1 >= len(argv):

@@ -130,7 +130,8 @@ class ConsoleState:
         self.config = config
         self.watches = {s.name: self._watch(s) for s in config.stages}
         self._stages = {s.name: s for s in config.stages}
-        train = config.stage("train")
+        train = config.stage_by_role("train")  # the stage whose log the curve and its alerts come from
+        self.train_stage = train.name if train else None
         self.train_log = piece_follower(self.path_of(train.log), offset=0) if train else None
         self.trainlog = TrainLogCheck()  # the same reader as `check trainlog`
         self.runs: dict[str, tuple] = {}  # each stage's current run: (fired_at, pid, start_time)
@@ -219,7 +220,8 @@ class ConsoleState:
                 update.log_lines, update.log_notice, update.log_source = tail.lines, tail.notice, follower
             elif follower is self.train_log:
                 update.new_points = self._train_lines(tail.lines, update)
-                update.new_alerts += [self._run_alert("train", a.severity, f"train: {a.message}", a.code)
+                name = self.train_stage or ""  # set with train_log
+                update.new_alerts += [self._run_alert(name, a.severity, f"{name}: {a.message}", a.code)
                                       for a in self.trainlog.drain_anomalies()]
             else:
                 self._hits(self._stages[watched[id(follower)]], tail.hits, update)
@@ -259,7 +261,7 @@ class ConsoleState:
     def unproven(self, stage: Stage) -> bool:
         """Whether a stage consumes the followed training run while that run's log has an
         error-level finding (the bar's `blocked`; the fire's preflight reads the log itself)."""
-        train = self.config.stage("train")
+        train = self._stages.get(self.train_stage) if self.train_stage else None
         return (train is not None and train in training_sources(self.config, stage)
                 and any(a.severity == "error" for a in self.trainlog.anomalies))
 
@@ -331,7 +333,7 @@ class ConsoleState:
                 # The shown log starts again with the new run's file (the last run's is NAME.1).
                 self.shown = LogFollower(self.shown.path, offset=0, catch_up_bytes=SHOWN_CATCH_UP)
                 update.log_restarted = stage.name
-            if stage.name == "train" and self.train_log is not None:
+            if stage.name == self.train_stage and self.train_log is not None:
                 self.train_log = piece_follower(self.train_log.path, offset=0)
                 self.trainlog = TrainLogCheck()
                 update.curve_reset = True

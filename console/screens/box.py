@@ -139,7 +139,7 @@ class BoxScreen(ActionKeys):
         """The update as the panes take it: the log pane's notices said for this screen, and on
         several nodes no curve points from this box (rank 0's curve comes from follow_nodes)."""
         u = replace(u, log_notice=self.log_notice(u.log_notice) if u.log_notice else u.log_notice)
-        if self.multi_node("train"):
+        if self.multi_node(self.context.fleet_config.role_name("train")):
             u = replace(u, new_points=[], curve_reset=False)
         return u
 

@@ -333,6 +333,6 @@ class ActionKeys(LogKeys):
         curves = self.query_one(CurvesPane)
         marks = session.marks()  # which nodes of the training run are alive
         curves.border_title = inert(f"training · {marks}") if marks else "training"
-        if self.multi_node("train") and session.curve.version != self._curve_shown:
+        if self.multi_node(self.context.fleet_config.role_name("train")) and session.curve.version != self._curve_shown:
             curves.show(session.curve.points)  # rank 0's, from whichever box it runs on
             self._curve_shown = session.curve.version
