@@ -699,26 +699,18 @@ class SamaiApp(App[None]):
             else:
                 self.notify("no alert with a suggested action", severity="information", markup=False)
             return
-        fix = alert.action
-        if fix is None:
+        if alert.action is not None:
+            method, args = alert.action.call  # its kind's app method (fixes.FIXES)
+            getattr(self, method)(*args)
+
+    def action_kill_pid(self, pid: int, start_time: float) -> None:
+        """An alert's process, killed only while it is that process (its pid not taken by another since)."""
+        snap = self.state.snapshot
+        proc = snap.same_process(pid, start_time) if snap else None
+        if proc is None:
+            self.notify(f"pid {pid} is gone or is another process now", severity="warning", markup=False)
             return
-        if fix.kind == "kill":
-            snap = self.state.snapshot
-            proc = snap.same_process(fix.pid, fix.start_time) if snap else None
-            if proc is None:
-                self.notify(f"pid {fix.pid} is gone or is another process now", severity="warning", markup=False)
-                return
-            self.action_kill(proc)
-        elif fix.kind == "stop":
-            self.action_stop(fix.stage)
-        elif fix.kind == "restart":
-            self.action_restart(fix.stage)
-        elif fix.kind == "uninstall":
-            self.action_uninstall(fix.python, fix.package)
-        elif fix.kind == "clean":
-            self.action_clean()
-        else:
-            self.notify(f"no fix of kind {fix.kind} here", severity="warning", markup=False)
+        self.action_kill(proc)
 
     @_one_action_at_a_time
     async def action_uninstall(self, python: str, package: str) -> None:
