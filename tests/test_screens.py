@@ -6,7 +6,7 @@ from pathlib import Path
 
 from samai.console import replay
 from samai.console.app import SamaiApp
-from samai.console.core.actions import ActionPlan, kill_plans
+from samai.console.core.actions import FirePlan, kill_plans
 from samai.console.core.preflight import preflight
 from samai.console.screens.dialogs import ConfirmDialog, KillDialog
 from tests.helpers import pilot_until
@@ -40,7 +40,7 @@ def test_fire_dialog(snap_compare) -> None:
         await _replay(pilot)
         app = pilot.app
         stage = app.config.stage("merge")
-        plan = ActionPlan("fire", "local", "stage merge", stage.command, (f"log {stage.log}",))
+        plan = FirePlan("local", "stage merge", stage.command, (f"log {stage.log}",))
         pre = preflight(app.config, app.state.snapshot, stage)
         app.push_screen(ConfirmDialog(plan, pre.checks))
         await pilot.pause()

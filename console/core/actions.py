@@ -2,9 +2,10 @@
 
 Planning and running are separate steps, and what runs is exactly the plan that was confirmed:
 
-1. plan_*() reads the box and builds an ActionPlan: the exact command and target, the preflight
-   of a fire, and every process the action will signal (a fire of a stage with declared ports
-   lists the listeners it will stop on them first, by pid and start time).
+1. plan_KIND() reads the box and builds that kind's plan (FirePlan, StopPlan, KillPlan...: one
+   frozen dataclass per ActionKind, registered in PLANS, each running itself): the exact command
+   and target, the preflight of a fire, and every process the action will signal (a fire of a
+   stage with declared ports lists the listeners it will stop on them first, by pid and start time).
 2. The front end shows that plan and answers with a Decision (confirm(plan) -> Decision):
    confirmed, override (only for a plan that shows it is blocked) or declined.
 3. run(plan, decision) carries out that plan: refused in read-only mode, refused when the
@@ -22,9 +23,10 @@ import posixpath
 import re
 import shlex
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 import psutil
 
@@ -33,6 +35,7 @@ from samai.console.core.audit import AuditError, AuditLog
 from samai.console.core.budget import GB, disk_budget
 from samai.console.core.config import Config, Stage, UnknownStage  # noqa: F401 (its callers import it here too)
 from samai.console.core.evidence import training_evidence
+from samai.console.core.kinds import ActionKind
 from samai.console.core.mmproj_match import projector_evidence
 from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
 from samai.console.core.redact import redact, redact_assignment
@@ -45,6 +48,7 @@ from samai.remote.model import (
     GgufWriteResult,
     SignalResult,
     Snapshot,
+    StageRecord,
     same_start,
 )
 from samai.remote.transport import TransportError
@@ -67,31 +71,37 @@ class PortHolder:
     command: str
 
 
+Result = FireResult | SignalResult | CleanResult | GgufWriteResult
+PLANS: dict[ActionKind, type[ActionPlan]] = {}  # each kind's plan type: the one way to plan that kind
+
+
 @dataclass(frozen=True)
-class ActionPlan:
-    action: str  # fire | stop | kill | restart | clean | uninstall | gguf
+class ActionPlan(ABC):
+    """What every plan shows and audits: the front ends show these fields (and blocked), the audit
+    log keeps them. Each kind is a subclass, registered in PLANS by its kind, that carries exactly
+    what runs and runs it (execute); this class is no plan of its own."""
+
+    kind: ClassVar[ActionKind]
     target: str
     subject: str
     command: str  # the exact command, or the signal and what receives it
     details: tuple[str, ...] = ()
-    pid: int | None = None
-    start_time: float | None = None
-    checks: tuple[Check, ...] = ()  # the preflight of a fire or restart
-    # What runs, exactly as shown:
-    stage: str | None = None
-    chain: str = ""  # the stage command that a fire or restart launches
-    log: str = ""
-    env: tuple[tuple[str, str], ...] = ()
-    signal: str = "TERM"
-    grace: float = 0.0
-    group: bool = False  # kill: the process's whole process group, not just the process
-    boot: Boot | None = None  # the boot the start times were read on
-    paths: tuple[str, ...] = ()  # clean: what is deleted; restart: the poison files cleared
-    holders: tuple[PortHolder, ...] = ()  # fire, restart: stopped first, each audited
-    gguf_request: str = ""  # gguf: the box tool's exact request (JSON), as planned
-    gguf_bytes: int = 0  # gguf: the size of the output
+    checks: tuple[Check, ...] = ()  # the preflight of a fire or restart; what blocks an uninstall, a surgery
+    stage: str | None = None  # the stage it acts on, where it acts on one
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        kind = cls.__dict__.get("kind")
+        if kind is None:
+            return  # a part that kinds share (LaunchPlan): registers nothing, plans nothing
+        if not isinstance(kind, ActionKind) or kind in PLANS:
+            raise TypeError(f"{cls.__name__}: kind {kind!r} is not an ActionKind, or has its plan already")
+        PLANS[kind] = cls
 
     def __post_init__(self) -> None:
+        kind = getattr(type(self), "kind", None)
+        if kind is None or PLANS.get(kind) is not type(self):
+            raise TypeError(f"{type(self).__name__} is not the plan of a registered kind")
         # What is shown (the CLI's prompt, the TUI's dialogs) and audited carries no secret; what
         # runs (chain, env, paths, gguf_request, the pid) is kept exactly as it is.
         for name in ("target", "subject", "command"):
@@ -100,9 +110,173 @@ class ActionPlan:
         object.__setattr__(self, "checks", tuple(replace(c, text=redact(c.text)) for c in self.checks))
 
     @property
+    def action(self) -> str:
+        """The kind's name, as the dialogs, the prompt and the audit log say it."""
+        return self.kind.value
+
+    @property
     def blocked(self) -> bool:
         """The preflight found an error: only an explicit override may go ahead."""
         return any(c.severity == "error" for c in self.checks)
+
+    def audited_process(self) -> tuple[int | None, float | None]:
+        """The process its audit entry names by pid and start time (a kill's), or none."""
+        return None, None
+
+    def intent_fields(self) -> dict:
+        """What its intent line holds beside the entry: the details, and the checks that block it."""
+        fields: dict = {"details": list(self.details)}
+        if self.checks:
+            fields["blocked_by"] = [c.text for c in self.checks if c.severity == "error"]
+        return fields
+
+    @abstractmethod
+    async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> Result:
+        """Carry it out on actions' box: only Actions.run calls this, once decided and audited."""
+
+    def what_happened(self, snap: Snapshot, started: float) -> str:
+        """After a call that broke half-way: what the box, read again (snap), shows of it."""
+        rec = snap.state(self.stage or "")
+        if rec is None or rec.fired_at < started - 1:
+            return self._not_launched(rec)
+        return f"the box shows it was fired: pid {rec.pid}, {rec.status}"
+
+    def _not_launched(self, rec: StageRecord | None) -> str:
+        return f"the stage is {rec.status if rec else 'idle'}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan(ActionPlan):
+    """What a fire and a restart share: the stage's chain as launched, and the port holders stopped first."""
+
+    chain: str = ""  # the stage command it launches
+    log: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    boot: Boot | None = None  # the boot the holders' start times were read on
+    holders: tuple[PortHolder, ...] = ()  # stopped first, each audited
+
+    def intent_fields(self) -> dict:
+        fields = super().intent_fields()
+        if self.holders:
+            fields["holders"] = [{"pid": h.pid, "start_time": h.start_time, "port": h.port, "command": h.command}
+                                 for h in self.holders]
+        return fields
+
+    async def launch(self, actions: Actions) -> FireResult:
+        return await actions._launch(self.stage, self.chain, self.log, self.env)
+
+    def _not_launched(self, rec: StageRecord | None) -> str:
+        return "the box shows no new launch of it"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirePlan(LaunchPlan):
+    """Fire a stage (detached, verified), its ports' other listeners stopped first."""
+
+    kind: ClassVar[ActionKind] = ActionKind.FIRE
+
+    async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> FireResult:
+        return await actions._clear_ports(self, decision, audit_id) or await self.launch(actions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartPlan(LaunchPlan):
+    """Stop the stage if it runs, delete the poison files, stop the port's other listeners, fire it again."""
+
+    kind: ClassVar[ActionKind] = ActionKind.RESTART
+    grace: float = 10.0  # the stop's: SIGKILL after this long
+    paths: tuple[str, ...] = ()  # the poison files cleared
+
+    async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> FireResult:
+        stage = self.stage or ""
+        stopped = await actions.box.stop(stage, grace=self.grace, protect=actions._protect())
+        if not stopped.ok:
+            return FireResult(False, "refused", stage, f"stop failed: {stopped.reason}")
+        if self.paths:
+            cleaned = await actions.box.remove(self.paths)
+            if not cleaned.ok:
+                return FireResult(False, "refused", stage, f"clean refused: {cleaned.refused}")
+        return await actions._clear_ports(self, decision, audit_id) or await self.launch(actions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopPlan(ActionPlan):
+    """A stage's process group: SIGTERM, SIGKILL after grace."""
+
+    kind: ClassVar[ActionKind] = ActionKind.STOP
+    grace: float = 10.0
+
+    async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> SignalResult:
+        return await actions.box.stop(self.stage or "", grace=self.grace, protect=actions._protect())
+
+
+@dataclass(frozen=True, kw_only=True)
+class KillPlan(ActionPlan):
+    """One process (or its group), named by pid and start time: re-checked on the box before the signal."""
+
+    kind: ClassVar[ActionKind] = ActionKind.KILL
+    pid: int
+    start_time: float
+    signal: str = "TERM"
+    grace: float = 5.0
+    group: bool = False  # the process's whole process group, not just the process
+    boot: Boot | None = None  # the boot the start time was read on
+
+    def audited_process(self) -> tuple[int | None, float | None]:
+        return self.pid, self.start_time
+
+    def intent_fields(self) -> dict:
+        fields = super().intent_fields()
+        return {"details": fields.pop("details"), "signal": self.signal, "group": self.group, "grace": self.grace,
+                **fields}
+
+    async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> SignalResult:
+        return await actions.box.kill(self.pid, self.start_time, boot=self.boot, signal=self.signal,
+                                      grace=self.grace, protect=actions._protect(), group=self.group)
+
+    def what_happened(self, snap: Snapshot, started: float) -> str:
+        proc = snap.process(self.pid)
+        alive = proc is not None and same_start(proc.start_time, self.start_time)
+        return f"pid {self.pid} is {'still running' if alive else 'gone'}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CleanPlan(ActionPlan):
+    """Paths deleted inside the workspace (anything resolving outside it is refused by the box)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.CLEAN
+    paths: tuple[str, ...] = ()
+
+    async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> CleanResult:
+        return await actions.box.remove(self.paths)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UninstallPlan(ActionPlan):
+    """`PYTHON -m pip uninstall -y PACKAGE`, run like a stage: detached, its own log, verified."""
+
+    kind: ClassVar[ActionKind] = ActionKind.UNINSTALL
+    chain: str = ""  # the command, as it runs
+    log: str = ""
+    boot: Boot | None = None
+
+    async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> FireResult:
+        return await actions._launch(self.stage, self.chain, self.log)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GgufPlan(ActionPlan):
+    """GGUF surgery: the box writes exactly what it planned (its pin), or refuses."""
+
+    kind: ClassVar[ActionKind] = ActionKind.GGUF
+    gguf_request: str = ""  # the box tool's exact request (JSON), as planned
+    gguf_bytes: int = 0  # the size of the output
+
+    async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> GgufWriteResult:
+        return await actions._gguf_write(self)
+
+    def what_happened(self, snap: Snapshot, started: float) -> str:
+        return "OUT is renamed into place only after every assertion held: look whether it exists"
 
 
 @dataclass(frozen=True)
@@ -145,7 +319,7 @@ class ActionOutcome:
     status: OutcomeStatus
     message: str
     plan: ActionPlan
-    result: FireResult | SignalResult | CleanResult | GgufWriteResult | None = None
+    result: Result | None = None
     audit_id: str | None = None
 
 
@@ -180,7 +354,7 @@ class Actions:
 
     # ------------------------------------------------------------ plans
 
-    async def plan_fire(self, stage_name: str) -> ActionPlan:
+    async def plan_fire(self, stage_name: str) -> FirePlan:
         stage = self._stage(stage_name)
         snap = await self._stage_snapshot()
         checks = preflight(self.config, snap, stage).checks if snap else ()
@@ -188,15 +362,15 @@ class Actions:
         checks += await projector_evidence(self.box, self.config, stage, snap)
         checks += multi_node_checks(stage)
         holders = _port_holders(stage, snap) if snap else ()
-        return ActionPlan(
-            action="fire", target=self.config.target.url, subject=f"stage {stage.name}", command=stage.command,
+        return FirePlan(
+            target=self.config.target.url, subject=f"stage {stage.name}", command=stage.command,
             details=(*_holder_lines(holders), f"workspace {self.config.workspace}", f"log {stage.log}",
                      *(f"env {redact_assignment(k, v)}" for k, v in stage.env)),
             checks=checks, stage=stage.name, chain=stage.command, log=stage.log, env=stage.env,
             boot=snap.boot if snap else None, holders=holders,
         )
 
-    async def plan_restart(self, stage_name: str, *, clear: Sequence[str] = (), grace: float = 10.0) -> ActionPlan:
+    async def plan_restart(self, stage_name: str, *, clear: Sequence[str] = (), grace: float = 10.0) -> RestartPlan:
         """Stop the stage if it runs, delete the given poison files, stop the port's other
         listeners, fire it again: one plan, one confirmation."""
         stage = self._stage(stage_name)
@@ -216,46 +390,46 @@ class Actions:
         checks += await projector_evidence(self.box, self.config, stage, snap)
         checks += needed_artifact_checks(self.config, clear, stage.name)
         checks += multi_node_checks(stage)
-        return ActionPlan(
-            action="restart", target=self.config.target.url, subject=f"stage {stage.name}",
+        return RestartPlan(
+            target=self.config.target.url, subject=f"stage {stage.name}",
             command="; ".join(steps), details=(*_holder_lines(holders), f"workspace {self.config.workspace}"),
             checks=checks, stage=stage.name, chain=stage.command, log=stage.log, env=stage.env, grace=grace,
             boot=snap.boot if snap else None, paths=tuple(clear), holders=holders,
         )
 
-    def plan_stop(self, stage_name: str, *, grace: float = 10.0) -> ActionPlan:
+    def plan_stop(self, stage_name: str, *, grace: float = 10.0) -> StopPlan:
         stage = self._stage(stage_name)
-        return ActionPlan(
-            action="stop", target=self.config.target.url, subject=f"stage {stage.name}",
+        return StopPlan(
+            target=self.config.target.url, subject=f"stage {stage.name}",
             command=f"SIGTERM to the process group of stage {stage.name}, SIGKILL after {grace:g} s",
             stage=stage.name, grace=grace,
         )
 
     async def plan_kill(self, pid: int, start_time: float, *, boot: Boot | None = None, signal: str = "TERM",
-                        grace: float = 5.0, group: bool = False) -> ActionPlan:
+                        grace: float = 5.0, group: bool = False) -> KillPlan:
         return _kill_plan(self.config.target.url, await self._snapshot(), pid, start_time, boot, signal.upper(),
                           grace, group)
 
     async def kill_choices(self, pid: int, start_time: float, *, boot: Boot | None = None,
-                           grace: float = 5.0) -> tuple[ActionPlan, ...]:
+                           grace: float = 5.0) -> tuple[KillPlan, ...]:
         """The four kill plans of one process, from one reading of the box: this process or its
         whole group, each with TERM or KILL (in that order)."""
         return kill_plans(self.config.target.url, await self._snapshot(), pid, start_time, boot, grace)
 
-    def plan_clean(self, paths: Sequence[str], *, why: str = "", sizes: Mapping[str, int] | None = None) -> ActionPlan:
+    def plan_clean(self, paths: Sequence[str], *, why: str = "", sizes: Mapping[str, int] | None = None) -> CleanPlan:
         """sizes: each path's bytes as last measured, shown per path with their total."""
         known = {p: sizes[p] for p in paths if p in sizes} if sizes else {}
         sized = [f"{p}: {units.size(n)}" for p, n in known.items()]
         if sized:
             sized.append(f"in all {units.size(sum(known.values()))}")
-        return ActionPlan(
-            action="clean", target=self.config.target.url, subject=why or f"{len(paths)} path(s) in the workspace",
+        return CleanPlan(
+            target=self.config.target.url, subject=why or f"{len(paths)} path(s) in the workspace",
             command="rm -rf -- " + " ".join(shlex.quote(p) for p in paths),
             details=(*sized, f"inside {self.config.workspace} only; anything resolving outside it is refused"),
             paths=tuple(paths), checks=needed_artifact_checks(self.config, paths),
         )
 
-    async def plan_uninstall(self, python: str, package: str) -> ActionPlan:
+    async def plan_uninstall(self, python: str, package: str) -> UninstallPlan:
         """`PYTHON -m pip uninstall -y PACKAGE`, run like a stage (detached, its own log, verified):
         blocked while a stage that runs from that environment is running."""
         if not PACKAGE_NAME.match(package):
@@ -268,8 +442,8 @@ class Actions:
         running = [s.name for s in users if snap and _alive(snap, s.name)]
         checks = tuple(Check("error", f"stage {n} is running from {python}: stop it first") for n in running)
         used = [f"used by stage {', '.join(s.name for s in users)}"] if users else []
-        return ActionPlan(
-            action="uninstall", target=self.config.target.url, subject=f"{package} from {python}", command=command,
+        return UninstallPlan(
+            target=self.config.target.url, subject=f"{package} from {python}", command=command,
             details=(*used, f"workspace {self.config.workspace}", f"log {log}"), checks=checks, stage=name,
             chain=command, log=log, boot=snap.boot if snap else None,
         )
@@ -277,7 +451,7 @@ class Actions:
     async def uninstall(self, python: str, package: str) -> ActionOutcome:
         return await self.confirm_and_run(await self.plan_uninstall(python, package))
 
-    async def plan_gguf(self, request: Mapping) -> ActionPlan:
+    async def plan_gguf(self, request: Mapping) -> GgufPlan:
         """GGUF surgery (set_kv, add_tensors, extract: box/gguf_surgery.py): the box plans it
         first (nothing written, the donor's header read), which gives the bytes the output needs:
         checked against the disk budget. A plan the box refuses is blocked with its reason. The
@@ -298,10 +472,10 @@ class Actions:
         exact = {k: v for k, v in request.items() if k not in ("workspace", "plan", "pin")}
         if planned.pin is not None:
             exact["pin"] = planned.pin
-        return ActionPlan(
-            action="gguf", target=self.config.target.url, subject=f"{op} -> {request.get('out')}",
+        return GgufPlan(
+            target=self.config.target.url, subject=f"{op} -> {request.get('out')}",
             command=gguf_command(request), details=_gguf_details(request, planned, self.config.workspace),
-            checks=checks, paths=(str(request.get("out")),), gguf_request=json.dumps(exact, sort_keys=True),
+            checks=checks, gguf_request=json.dumps(exact, sort_keys=True),
             gguf_bytes=planned.bytes,
         )
 
@@ -381,12 +555,12 @@ class Actions:
             reason = f": {decision.how}" if decision.how else ""
             return ActionOutcome(False, "cancelled", f"{plan.action} {plan.subject}: not run{reason}", plan)
         try:
-            audit_id = self.audit.intent(**self._entry(plan, decision), **_intent_fields(plan))
+            audit_id = self.audit.intent(**self._entry(plan, decision), **plan.intent_fields())
         except AuditError as e:
             return ActionOutcome(False, "refused", f"{plan.action} refused: {e}", plan)
         started = time.time()
         try:
-            result = await self._execute(plan, decision, audit_id)
+            result = await plan.execute(self, decision, audit_id)
         except (BoxError, TransportError) as e:
             # Never run it again blindly: look at the box and say what actually happened.
             seen = await self._what_happened(plan, started)
@@ -398,35 +572,7 @@ class Actions:
                                    ActionOutcome(outcome.ok, outcome.status, outcome.message, plan, result, audit_id),
                                    outcome.status)
 
-    async def _execute(self, plan: ActionPlan, decision: Decision,
-                       audit_id: str) -> FireResult | SignalResult | CleanResult | GgufWriteResult:
-        stage = plan.stage or ""  # every plan but a kill's or a clean's names its stage
-        if plan.action == "fire":
-            return await self._clear_ports(plan, decision, audit_id) or await self._launch(plan)
-        if plan.action == "restart":
-            stopped = await self.box.stop(stage, grace=plan.grace, protect=self._protect())
-            if not stopped.ok:
-                return FireResult(False, "refused", stage, f"stop failed: {stopped.reason}")
-            if plan.paths:
-                cleaned = await self.box.remove(plan.paths)
-                if not cleaned.ok:
-                    return FireResult(False, "refused", stage, f"clean refused: {cleaned.refused}")
-            return await self._clear_ports(plan, decision, audit_id) or await self._launch(plan)
-        if plan.action == "stop":
-            return await self.box.stop(stage, grace=plan.grace, protect=self._protect())
-        if plan.action == "kill":
-            assert plan.pid is not None and plan.start_time is not None  # a kill plan names its process
-            return await self.box.kill(plan.pid, plan.start_time, boot=plan.boot, signal=plan.signal,
-                                       grace=plan.grace, protect=self._protect(), group=plan.group)
-        if plan.action == "clean":
-            return await self.box.remove(plan.paths)
-        if plan.action == "uninstall":
-            return await self._launch(plan)
-        if plan.action == "gguf":
-            return await self._gguf_write(plan)
-        raise ValueError(f"unknown action {plan.action!r}")
-
-    async def _gguf_write(self, plan: ActionPlan) -> GgufWriteResult:
+    async def _gguf_write(self, plan: GgufPlan) -> GgufWriteResult:
         """The box writes and asserts; on a local target gguf-py's reader reads OUT as well."""
         request = json.loads(plan.gguf_request)
         if "pin" not in request:  # an override passes the disk budget, never the box's own refusal
@@ -438,21 +584,21 @@ class Actions:
             return result  # a remote box has no gguf-py (its tools are stdlib only)
         return await _read_by_gguf_py(self.box, result, posixpath.join(self.config.workspace, result.out))
 
-    async def _launch(self, plan: ActionPlan) -> FireResult:
-        return await self.box.fire(plan.stage or "", plan.chain, plan.log, env=dict(plan.env))
+    async def _launch(self, stage: str | None, chain: str, log: str, env: Sequence[tuple[str, str]] = ()) -> FireResult:
+        return await self.box.fire(stage or "", chain, log, env=dict(env))
 
-    async def _clear_ports(self, plan: ActionPlan, decision: Decision, parent: str) -> FireResult | None:
+    async def _clear_ports(self, plan: LaunchPlan, decision: Decision, parent: str) -> FireResult | None:
         """Stop each listener the plan lists, identity-checked, one audited kill each.
         A failure (reported as the fire's result) means the stage is not fired."""
         stage = plan.stage or ""
         for h in plan.holders:
-            kill = ActionPlan(action="kill", target=plan.target, subject=f"pid {h.pid} (holds port {h.port})",
-                              command=f"SIGTERM to pid {h.pid}, SIGKILL after {PORT_GRACE_S:g} s",
-                              details=(f"command {h.command}",), pid=h.pid, start_time=h.start_time,
-                              signal="TERM", grace=PORT_GRACE_S, boot=plan.boot)
+            kill = KillPlan(target=plan.target, subject=f"pid {h.pid} (holds port {h.port})",
+                            command=f"SIGTERM to pid {h.pid}, SIGKILL after {PORT_GRACE_S:g} s",
+                            details=(f"command {h.command}",), pid=h.pid, start_time=h.start_time,
+                            signal="TERM", grace=PORT_GRACE_S, boot=plan.boot)
             entry = dict(self._entry(kill, decision), parent=parent)
             try:
-                kill_id = self.audit.intent(**entry, **_intent_fields(kill))
+                kill_id = self.audit.intent(**entry, **kill.intent_fields())
             except AuditError as e:
                 return FireResult(False, "refused", stage, f"port {h.port}: pid {h.pid} not stopped: {e}")
             result = await self.box.kill(h.pid, h.start_time, boot=plan.boot, signal="TERM", grace=PORT_GRACE_S,
@@ -494,21 +640,12 @@ class Actions:
             snap = await self.box.snapshot()
         except (BoxError, TransportError) as e:
             return f"the box cannot be read either ({e}): check it before trying again"
-        if plan.action == "gguf":
-            return "OUT is renamed into place only after every assertion held: look whether it exists"
-        if plan.action == "kill" and plan.pid is not None:
-            proc = snap.process(plan.pid)
-            alive = proc is not None and same_start(proc.start_time, plan.start_time or 0)
-            return f"pid {plan.pid} is {'still running' if alive else 'gone'}"
-        rec = snap.state(plan.stage or "")
-        if rec is None or rec.fired_at < started - 1:
-            return "the box shows no new launch of it" if plan.action in ("fire", "restart") else \
-                f"the stage is {rec.status if rec else 'idle'}"
-        return f"the box shows it was fired: pid {rec.pid}, {rec.status}"
+        return plan.what_happened(snap, started)
 
     def _entry(self, plan: ActionPlan, decision: Decision) -> dict:
+        pid, start_time = plan.audited_process()
         return dict(target=plan.target, action=plan.action, subject=plan.subject, command=plan.command,
-                    pid=plan.pid, start_time=plan.start_time, confirmation=decision.confirmation,
+                    pid=pid, start_time=start_time, confirmation=decision.confirmation,
                     via=decision.how, user=os.environ.get("USER") or str(os.getuid()))
 
 
@@ -524,18 +661,6 @@ def _mismatch(plan: ActionPlan, decision: Decision) -> str:
     if decision.verdict == "override" and not plan.blocked:
         return "an override was given for a plan that is not blocked"
     return ""
-
-
-def _intent_fields(plan: ActionPlan) -> dict:
-    fields: dict = {"details": list(plan.details)}
-    if plan.action == "kill":
-        fields.update(signal=plan.signal, group=plan.group, grace=plan.grace)
-    if plan.checks:
-        fields["blocked_by"] = [c.text for c in plan.checks if c.severity == "error"]
-    if plan.holders:
-        fields["holders"] = [{"pid": h.pid, "start_time": h.start_time, "port": h.port, "command": h.command}
-                             for h in plan.holders]
-    return fields
 
 
 def _signal_fields(result) -> dict:
@@ -618,14 +743,14 @@ def _when(start_time: float) -> str:
 
 
 def kill_plans(target: str, snap: Snapshot | None, pid: int, start_time: float, boot: Boot | None,
-               grace: float) -> tuple[ActionPlan, ...]:
+               grace: float) -> tuple[KillPlan, ...]:
     """This process alone, then its whole group; each with TERM, then KILL."""
     return tuple(_kill_plan(target, snap, pid, start_time, boot, signal, grace, group)
                  for group in (False, True) for signal in ("TERM", "KILL"))
 
 
 def _kill_plan(target: str, snap: Snapshot | None, pid: int, start_time: float, boot: Boot | None, signal: str,
-               grace: float, group: bool) -> ActionPlan:
+               grace: float, group: bool) -> KillPlan:
     then = f", SIGKILL after {grace:g} s" if signal != "KILL" else ""
     # Another process with that pid now: the box will refuse, the plan shows nothing of it.
     proc = snap.same_process(pid, start_time) if snap else None
@@ -635,9 +760,9 @@ def _kill_plan(target: str, snap: Snapshot | None, pid: int, start_time: float, 
     if not group:
         children = [p.pid for p in snap.processes if p.ppid == pid] if snap and proc else []
         details.append(f"children (not signalled) {children}" if children else "no children")
-        return ActionPlan(action="kill", target=target, subject=f"pid {pid}", command=f"SIG{signal} to pid {pid}{then}",
-                          details=tuple(details), pid=pid, start_time=start_time, signal=signal, grace=grace,
-                          boot=boot)
+        return KillPlan(target=target, subject=f"pid {pid}", command=f"SIG{signal} to pid {pid}{then}",
+                        details=tuple(details), pid=pid, start_time=start_time, signal=signal, grace=grace,
+                        boot=boot)
     if proc is None or snap is None:
         what, members = f"the process group of pid {pid}", []
     else:
@@ -646,10 +771,9 @@ def _kill_plan(target: str, snap: Snapshot | None, pid: int, start_time: float, 
     details += [f"  {m.pid} {m.user} {m.command[:120]}" for m in members[:SHOWN_MEMBERS]]
     if len(members) > SHOWN_MEMBERS:
         details.append(f"  … and {len(members) - SHOWN_MEMBERS} more")
-    return ActionPlan(action="kill", target=target, subject=f"pid {pid} and its group",
-                      command=f"SIG{signal} to {what}{then}", details=tuple(details), pid=pid,
-                      start_time=start_time, signal=signal, grace=grace, group=True,
-                      boot=boot)
+    return KillPlan(target=target, subject=f"pid {pid} and its group",
+                    command=f"SIG{signal} to {what}{then}", details=tuple(details), pid=pid,
+                    start_time=start_time, signal=signal, grace=grace, group=True, boot=boot)
 
 
 def gguf_command(request: Mapping) -> str:
@@ -743,7 +867,7 @@ def _gguf_outcome(plan: ActionPlan, result: GgufWriteResult) -> ActionOutcome:
     return ActionOutcome(False, status, f"gguf {result.op} -> {result.out} {status}: {result.error}", plan, result)
 
 
-def _outcome(plan: ActionPlan, result: FireResult | SignalResult | CleanResult | GgufWriteResult) -> ActionOutcome:
+def _outcome(plan: ActionPlan, result: Result) -> ActionOutcome:
     if isinstance(result, GgufWriteResult):
         return _gguf_outcome(plan, result)
     if isinstance(result, CleanResult):

@@ -4,46 +4,72 @@ so a pid reused by another process is never the one killed."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from types import MappingProxyType
 
+from samai.console.core.kinds import ActionKind
 from samai.remote.model import Process
 
-FixKind = Literal["kill", "stop", "restart", "clean", "uninstall"]
+
+@dataclass(frozen=True)
+class FixKind:
+    """How one kind is offered as a fix: what a FixAction of it carries and which app method runs it."""
+
+    shown: tuple[str, ...]  # its FixAction fields after the kind, as `doctor` prints them
+    method: str  # the app's method that runs it (through that action's own confirmation)
+    args: tuple[str, ...]  # its FixAction fields, in the order that method takes them
+
+
+FIXES: Mapping[ActionKind, FixKind] = MappingProxyType({
+    ActionKind.KILL: FixKind(("pid", "start_time"), "action_kill_pid", ("pid", "start_time")),
+    ActionKind.STOP: FixKind(("stage",), "action_stop", ("stage",)),
+    ActionKind.RESTART: FixKind(("stage",), "action_restart", ("stage",)),
+    ActionKind.CLEAN: FixKind((), "action_clean", ()),
+    ActionKind.UNINSTALL: FixKind(("package", "python"), "action_uninstall", ("python", "package")),
+})
 
 
 @dataclass(frozen=True)
 class FixAction:
-    kind: FixKind
+    kind: ActionKind  # one of FIXES (a name of one is taken too); any other is a ValueError
     stage: str = ""  # stop, restart: the stage
     pid: int = 0  # kill: the process, as it was when the alert was raised
     start_time: float = 0.0
     python: str = ""  # uninstall: the environment's interpreter, as the stages name it
     package: str = ""  # uninstall: the distribution to remove from it
 
+    def __post_init__(self) -> None:
+        kind = ActionKind(self.kind)
+        if kind not in FIXES:
+            raise ValueError(f"{kind} is not offered as a fix (one of {', '.join(FIXES)})")
+        object.__setattr__(self, "kind", kind)
+
     @classmethod
     def kill(cls, process: Process) -> FixAction:
-        return cls("kill", pid=process.pid, start_time=process.start_time)
+        return cls(ActionKind.KILL, pid=process.pid, start_time=process.start_time)
 
     @classmethod
     def stop(cls, stage: str) -> FixAction:
-        return cls("stop", stage=stage)
+        return cls(ActionKind.STOP, stage=stage)
 
     @classmethod
     def restart(cls, stage: str) -> FixAction:
-        return cls("restart", stage=stage)
+        return cls(ActionKind.RESTART, stage=stage)
 
     @classmethod
     def uninstall(cls, python: str, package: str) -> FixAction:
-        return cls("uninstall", python=python, package=package)
+        return cls(ActionKind.UNINSTALL, python=python, package=package)
+
+    @property
+    def call(self) -> tuple[str, tuple]:
+        """The app method that runs this fix, and its arguments."""
+        fix = FIXES[self.kind]
+        return fix.method, tuple(getattr(self, name) for name in fix.args)
 
     def __str__(self) -> str:
         """As `doctor` prints it: kill PID START, stop STAGE, restart STAGE, clean, uninstall PACKAGE PYTHON."""
-        if self.kind == "kill":
-            return f"kill {self.pid} {self.start_time}"
-        if self.kind == "uninstall":
-            return f"uninstall {self.package} {self.python}"
-        return f"{self.kind} {self.stage}".rstrip()
+        return " ".join([self.kind.value, *(str(getattr(self, name)) for name in FIXES[self.kind].shown)]).rstrip()
 
 
-CLEAN = FixAction("clean")
+CLEAN = FixAction(ActionKind.CLEAN)

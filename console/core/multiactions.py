@@ -16,7 +16,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Confirm, Decision, OutcomeStatus
+from samai.console.core.actions import (
+    ActionOutcome,
+    ActionPlan,
+    Actions,
+    Confirm,
+    Decision,
+    FirePlan,
+    OutcomeStatus,
+    StopPlan,
+)
 from samai.console.core.config import Config, Stage, UnknownStage
 from samai.console.core.multinode import (
     MultiNodeError,
@@ -43,7 +52,7 @@ class NodeStep:
 
 @dataclass(frozen=True)
 class MultiPlan:
-    summary: ActionPlan  # what the operator is shown and confirms
+    summary: FirePlan | StopPlan  # what the operator is shown and confirms; each node runs its own step
     steps: tuple[NodeStep, ...]
     run: MultiRun | None = None  # a fire's run, its pids not known yet
 
@@ -96,8 +105,8 @@ class MultiNodeActions:
         steps = tuple(replace(s, plan=replace(s.plan, checks=checks)) for s in planned)
         run = MultiRun(stage.name, stage.launcher, run_id, _master(self.config, stage), 0.0,
                        tuple(NodeRun(x.node, x.rank, x.target, x.workspace, stage.log, x.command) for x in found))
-        summary = ActionPlan(
-            action="fire", target=_targets(found), subject=f"stage {stage.name} on {len(found)} nodes "
+        summary = FirePlan(
+            target=_targets(found), subject=f"stage {stage.name} on {len(found)} nodes "
             f"({stage.launcher}, run {run_id})", command=" ; ".join(f"[box {x.node}] {x.command}" for x in found),
             details=tuple(f"box {x.node} ({x.target}): node rank {x.rank} of {len(found)}, workspace {x.workspace}, "
                           f"log {stage.log}" for x in found) + (f"master {run.master}",),
@@ -126,8 +135,8 @@ class MultiNodeActions:
             known = run.node(node) if run else None
             seen = f", last fired as pid {known.pid} (run {run.run_id})" if known and run and known.pid else ""
             steps.append(NodeStep(node, rank, replace(plan, subject=f"stage {stage.name} (box {node}{seen})")))
-        summary = ActionPlan(
-            action="stop", target=", ".join(f"{s.node}={s.plan.target}" for s in steps),
+        summary = StopPlan(
+            target=", ".join(f"{s.node}={s.plan.target}" for s in steps),
             subject=f"stage {stage.name} on every node ({', '.join(stage.nodes)})",
             command=f"on each of {', '.join(stage.nodes)}: SIGTERM to the process group of stage {stage.name}, "
                     f"SIGKILL after {grace:g} s",
@@ -164,7 +173,7 @@ class MultiNodeActions:
         refused = self._refusal(plan)
         if refused:
             return refused
-        if decision.verdict != "declined" and plan.summary.action == "fire":
+        if decision.verdict != "declined" and isinstance(plan.summary, FirePlan):
             return await self._fire(plan, decision)
         outcomes = await asyncio.gather(*(self._run_step(s, decision) for s in plan.steps))
         done = tuple((s.node, o) for s, o in zip(plan.steps, outcomes, strict=True))

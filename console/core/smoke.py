@@ -1,7 +1,8 @@
 """A GGUF smoke-tested by the pipeline's own server after surgery (§5: "health OK is not enough:
 one answer, checked"): the serve stage's command pointed at the new file on a free port, ending
 once its smoke answer is checked. It is fired through the action layer like any stage (planned,
-confirmed, audited, refused read-only) and waited for."""
+confirmed, audited, refused read-only) and waited for; one that does not answer in time is stopped
+through the action layer too, decided as part of the smoke the operator confirmed, and audited."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import shlex
 import time
 from dataclasses import dataclass, replace
 
-from samai.console.core.actions import Actions
+from samai.console.core.actions import Actions, Decision
 from samai.console.core.config import Config, Stage
 
 SMOKE_STAGE = "gguf-smoke"
 SMOKE_LOG = "logs/gguf-smoke.log"
+SMOKE_DECISION = "smoke check"  # how the stop of an unanswered smoke stage is decided (and audited)
 VERDICTS = ("SMOKE_OK", "SMOKE_FAIL", "SERVE_FAILED", "SERVE_REFUSED", "SERVER_DIED")
 
 
@@ -56,9 +58,16 @@ async def smoke(actions: Actions, model: str, *, timeout: float = 600.0) -> Smok
             break
         await asyncio.sleep(0.5)
     else:
-        await actions.box.stop(SMOKE_STAGE, grace=5)
-        return SmokeResult(False, f"no answer within {timeout:.0f} s: stopped", "")
+        return SmokeResult(False, f"no answer within {timeout:.0f} s: {await _stop(checked)}", "")
     log = await actions.box.tail(posixpath.join(actions.config.workspace, SMOKE_LOG), offset=0, max_bytes=1 << 20)
     text = log.data.decode("utf-8", "replace")
     said = next((line for line in reversed(text.splitlines()) if line.startswith(VERDICTS)), "no verdict in its log")
     return SmokeResult(said.startswith("SMOKE_OK"), said, text)
+
+
+async def _stop(checked: Actions) -> str:
+    """The unanswered smoke stage stopped: part of the smoke already confirmed, so not asked
+    again, but planned, refused read-only and audited like any stop."""
+    plan = checked.plan_stop(SMOKE_STAGE, grace=5)
+    outcome = await checked.run(plan, Decision.confirmed(plan, SMOKE_DECISION))
+    return "stopped" if outcome.ok else outcome.message

@@ -19,6 +19,7 @@ from samai.console.core.evalruns import EvalRun, read_eval_runs
 from samai.console.core.evidence import training_sources
 from samai.console.core.fixes import FixAction
 from samai.console.core.gpu_findings import GpuWatch, oom_context
+from samai.console.core.kinds import ActionKind
 from samai.console.core.longlines import piece_follower
 from samai.console.core.preflight import Preflight, poison_artifacts, preflight
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
@@ -347,7 +348,7 @@ class ConsoleState:
         def gone(a: Alert) -> bool:
             if a.finding is not None and a.finding not in self._standing:
                 return True
-            if a.action is not None and a.action.kind == "kill":
+            if a.action is not None and a.action.kind is ActionKind.KILL:
                 return snap.same_process(a.action.pid, a.action.start_time) is None
             return a.code == "box_unreachable"
         return self._resolve(gone, now)

@@ -121,24 +121,17 @@ class ActionKeys(LogKeys):
         if alert is None or alert.action is None:
             self._no_fix()
             return
-        fix = alert.action
-        if fix.kind == "kill":
-            snap = self.state.snapshot
-            proc = snap.same_process(fix.pid, fix.start_time) if snap else None
-            if proc is None:
-                self.notify(f"pid {fix.pid} is gone or is another process now", severity="warning", markup=False)
-                return
-            self.action_kill(proc)
-        elif fix.kind == "stop":
-            self.action_stop(fix.stage)
-        elif fix.kind == "restart":
-            self.action_restart(fix.stage)
-        elif fix.kind == "uninstall":
-            self.action_uninstall(fix.python, fix.package)
-        elif fix.kind == "clean":
-            self.action_clean()
-        else:
-            self.notify(f"no fix of kind {fix.kind} here", severity="warning", markup=False)
+        method, args = alert.action.call  # its kind's method here (fixes.FIXES)
+        getattr(self, method)(*args)
+
+    def action_kill_pid(self, pid: int, start_time: float) -> None:
+        """An alert's process, killed only while it is that process (its pid not taken by another since)."""
+        snap = self.state.snapshot
+        proc = snap.same_process(pid, start_time) if snap else None
+        if proc is None:
+            self.notify(f"pid {pid} is gone or is another process now", severity="warning", markup=False)
+            return
+        self.action_kill(proc)
 
     def _no_fix(self) -> None:
         resolved = next((a for a in self.state.alerts if a.action), None)
@@ -333,6 +326,7 @@ class ActionKeys(LogKeys):
         curves = self.query_one(CurvesPane)
         marks = session.marks()  # which nodes of the training run are alive
         curves.border_title = inert(f"training · {marks}") if marks else "training"
-        if self.multi_node(self.context.fleet_config.role_name("train")) and session.curve.version != self._curve_shown:
+        training = self.context.fleet_config.role_name("train")
+        if self.multi_node(training) and session.curve.version != self._curve_shown:
             curves.show(session.curve.points)  # rank 0's, from whichever box it runs on
             self._curve_shown = session.curve.version

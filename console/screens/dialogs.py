@@ -24,7 +24,7 @@ from samai.widgets.path_completion import MAX_SHOWN, complete, folder_of
 from samai.widgets.stages import stage_item
 
 if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not imported with the TUI
-    from samai.console.core.actions import ActionPlan
+    from samai.console.core.actions import ActionPlan, KillPlan
     from samai.console.core.history import RunRecord
     from samai.console.core.preflight import Check
     from samai.console.core.state import StageView
@@ -102,7 +102,7 @@ class ChoiceButton(RadioButton):
         super().watch_value()
 
 
-class KillDialog(ModalScreen["ActionPlan | None"]):
+class KillDialog(ModalScreen["KillPlan | None"]):
     """The kill plans the action layer built for one process: this process alone or its whole
     process group, each with TERM or KILL. The chosen scope's exact commands and target are
     shown; the button pressed returns that very plan (it is what runs). Cancel is focused."""
@@ -113,13 +113,13 @@ class KillDialog(ModalScreen["ActionPlan | None"]):
     """
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, process: Process, plans: Sequence[ActionPlan]) -> None:
+    def __init__(self, process: Process, plans: Sequence[KillPlan]) -> None:
         super().__init__()
         self.process = process
         self.plans = {(p.group, p.signal): p for p in plans}
         self.group = False
 
-    def selected(self, signal: str) -> ActionPlan:
+    def selected(self, signal: str) -> KillPlan:
         """The plan that the button for this signal runs, in the scope chosen now."""
         return self.plans[(self.group, signal)]
 
