@@ -36,6 +36,8 @@ from samai.remote.visible import visible
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions
+    from samai.console.core.evalcheck import EvalResult
+    from samai.console.core.evalruns import EvalRun
     from samai.console.core.problems import CheckResult
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
@@ -310,7 +312,7 @@ def _snapshot_json(snap: Snapshot) -> dict:
     from samai.console.core.gpu_findings import gpu_findings  # see _budget
 
     # what the GPUs show (the reading itself is the snapshot's "gpus")
-    found = [dict(asdict(f), action=str(f.action or "")) for f in gpu_findings(snap)]
+    found = [f.to_json() for f in gpu_findings(snap)]
     return dict(asdict(snap), gpu_findings=found)
 
 
@@ -369,20 +371,23 @@ async def _budget(args, cfg, box: Box) -> int:
 
 
 async def _doctor(args, cfg, box: Box) -> int:
+    """The TUI's detectors (the same registry) over one look at the box. With no history, the
+    GPU watch sees this snapshot as its first reading: what one reading shows, and no stall."""
     from samai.console.core import detectors  # see _budget
     from samai.console.core.preflight import poison_artifacts
 
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts] + poison_artifacts(cfg),
-                              writers=True, binaries=detectors.declared_binaries(cfg))
+                              writers=True, binaries=detectors.declared_binaries(cfg),
+                              reports=[cfg.ui.eval_reports])
     pythons = detectors.peft_pythons(cfg)  # the training environments: what is installed beside peft (§9)
     envs = await box.python_packages(list(pythons), detectors.WATCHED_PACKAGES) if pythons else ()
-    from samai.console.core.gpu_findings import gpu_findings
+    checked = await _newest_eval_checked(box, snap)  # the TUI checks the newest run's items once, too
     from samai.console.gpu_report import describe_gpus
 
-    findings = detectors.detect(cfg, snap) + detectors.torchao_beside_peft(cfg, envs) + gpu_findings(snap)
+    ctx = detectors.DetectorContext.of(cfg, snap, environments=tuple(envs), eval_checked=checked)
+    findings = detectors.DETECTORS.run(ctx)
     if args.json:
-        print(_json({"findings": [dict(asdict(f), action=str(f.action or "")) for f in findings],
-                     "gpus": asdict(snap.gpus)}))
+        print(_json({"findings": [f.to_json() for f in findings], "gpus": asdict(snap.gpus)}))
     else:
         print(describe_gpus(snap.gpus, snap))
         for f in findings:  # a finding quotes box text: file names, command lines
@@ -390,6 +395,21 @@ async def _doctor(args, cfg, box: Box) -> int:
         if not findings:
             print("no traps found")
     return EXIT_PROBLEM if any(f.severity == "error" for f in findings) else EXIT_OK
+
+
+async def _newest_eval_checked(box: Box, snap: Snapshot) -> tuple[EvalRun, EvalResult | None] | None:
+    """The newest eval run and `check eval` of its items, as the TUI checks it (None: no run)."""
+    from samai.console.core.evalruns import check_items, newest_run, read_eval_runs
+
+    run = newest_run(read_eval_runs(snap.reports)[0])
+    if run is None:
+        return None
+    try:
+        return run, await check_items(box, run)
+    except (BoxError, TransportError) as e:  # the rest of the box is still worth its report
+        print(f"samai-console: eval run {visible(run.name)}: its items were not read: {visible(str(e))}",
+              file=sys.stderr)
+        return run, None
 
 
 async def _check(args, cfg, box: Box) -> int:

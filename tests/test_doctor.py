@@ -149,6 +149,24 @@ def test_findings_quote_no_secret_from_a_command_line(tmp_path, workspace, spawn
         assert "stale_server" in r.stdout and secret not in r.stdout + r.stderr
 
 
+def test_doctor_checks_the_newest_eval_runs_items_as_the_tui_does(tmp_path, workspace) -> None:
+    """The eval findings the TUI raises (issue 30): the newest run's items through `check eval`,
+    and a summary that cannot be read, from a real snapshot of the workspace."""
+    item = {"prompt": "17*23=", "gold": "391", "pred": None, "correct": False, "finish_reason": "length",
+            "content": "", "reasoning_content": "<think>17*20 = 340"}
+    for name, summary, at in (("bad", '{"n": 1e400}', 1e9), ("split", '{"n": 8, "accuracy": 0.0}', 2e9)):
+        (workspace / "runs" / "eval" / name).mkdir(parents=True)
+        (workspace / "runs" / "eval" / name / "summary.json").write_text(summary)
+        os.utime(workspace / "runs" / "eval" / name / "summary.json", (at, at))  # split is the newer run
+    (workspace / "runs" / "eval" / "split" / "items.jsonl").write_text(
+        "".join(json.dumps(dict(item, id=i)) + "\n" for i in range(8)))
+    rc, findings = _doctor(_config(tmp_path, workspace, _free_port()))
+    codes = {f["code"]: f for f in findings}
+    assert rc == 1 and {"fake_zero", "truncation", "empty_content", "unreadable_summary"} <= set(codes)
+    assert codes["fake_zero"]["message"].startswith("eval split: accuracy 0 % is likely fake")
+    assert "runs/eval/bad/summary.json cannot be read" in codes["unreadable_summary"]["message"]
+
+
 @pytest.mark.parametrize(("argv", "value"), [
     (["llama-server", "-m", "m.gguf"], None),
     (["llama-server", "--reasoning-format", "none"], "none"),

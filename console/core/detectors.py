@@ -1,24 +1,30 @@
-"""Box-wide detectors: each trap of the playbook that a snapshot can show, as a finding with
-the action that deals with it. `samai-console doctor` prints them; the TUI raises them as alerts
-and binds their action (which then goes through its usual confirmation)."""
+"""Box-wide detectors: each trap of the playbook that the box shows, as a finding with the action
+that deals with it. One registry (DETECTORS) runs them all over one DetectorContext: `doctor`
+prints what it finds, the TUI's state raises it as alerts and binds their action (which then goes
+through its usual confirmation). The same context gives the same findings, whoever asks."""
 
 from __future__ import annotations
 
 import posixpath
 import re
 import shlex
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from samai.console.core import units
 from samai.console.core.budget import GB, DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
 from samai.console.core.evalcheck import EvalResult
+from samai.console.core.evalruns import EvalRun, read_eval_runs
 from samai.console.core.fixes import CLEAN, FixAction
+from samai.console.core.gpu_findings import GpuWatch
 from samai.console.core.mmproj import has_mmproj, mmproj_artifact
 from samai.console.core.preflight import present_poison
-from samai.console.core.redact import redact
-from samai.remote.model import Process, PythonPackages, Severity, Snapshot
+from samai.console.core.problems import Finding
+from samai.remote.model import Process, PythonPackages, Snapshot
+
+__all__ = ["DETECTORS", "DetectorContext", "DetectorRegistry", "Finding", "detect"]
 
 # The [model] settings that name binaries the pipeline runs (checked for the tar-prefix trap).
 BINARY_SETTINGS = ("llama_server", "llama_quantize")
@@ -28,22 +34,75 @@ PEFT_MODULES = ("train", "merge")
 PEFT_ROLES = ("train", "merge")
 WATCHED_PACKAGES = ("peft", "torchao")
 PYTHON = re.compile(r"^python(3(\.[0-9]+)?)?$")
+INTERNAL_ERROR = "internal_error"  # the code of a detector that raised
 
 
 @dataclass(frozen=True)
-class Finding:
-    code: str
-    severity: Severity
-    message: str
-    action: FixAction | None = None  # what `x` does about it; None: look, don't touch
+class DetectorContext:
+    """Everything a detector reads: the config, one snapshot and its disk budget, and what is read
+    apart from the poll (the training environments, the newest eval run's check) or kept across
+    polls (the GPU watch). `doctor` fills it from one look at the box, the TUI's state from its poll."""
 
-    def __post_init__(self) -> None:
-        # Findings quote command lines and paths from the box: `doctor` prints them, alerts show them.
-        object.__setattr__(self, "message", redact(self.message))
+    config: Config
+    snapshot: Snapshot
+    budget: DiskBudget
+    environments: tuple[PythonPackages, ...] = ()
+    # The newest eval run and its items' check (that None: not read yet, or unreadable); None: no run.
+    eval_checked: tuple[EvalRun, EvalResult | None] | None = None
+    # The recent GPU readings, fed this snapshot by the GPU detector: what only a sequence shows
+    # (a stall) needs the same watch poll after poll. None: a fresh watch, so this snapshot alone.
+    gpu: GpuWatch | None = None
+
+    @classmethod
+    def of(cls, config: Config, snapshot: Snapshot, budget: DiskBudget | None = None, *,
+           environments: tuple[PythonPackages, ...] = (),
+           eval_checked: tuple[EvalRun, EvalResult | None] | None = None,
+           gpu: GpuWatch | None = None) -> DetectorContext:
+        """A context on this snapshot, its budget computed unless the caller has it already."""
+        return cls(config, snapshot, budget or disk_budget(config, snapshot), environments, eval_checked, gpu)
+
+    @cached_property
+    def eval_reports(self) -> tuple[list[EvalRun], list[Finding]]:
+        """The eval runs whose summaries the snapshot brought back, and a finding for each that
+        cannot be read (read once per context: the evals pane shows the same runs)."""
+        return read_eval_runs(self.snapshot.reports)
+
+
+Detector = Callable[[DetectorContext], Iterable[Finding]]
+
+
+class DetectorRegistry:
+    """Named detectors, run in the order they were registered, each on its own: one that raises
+    is one internal_error finding (the others' findings stand, and the poll goes on)."""
+
+    def __init__(self) -> None:
+        self._detectors: dict[str, Detector] = {}
+
+    def register(self, name: str, detector: Detector) -> None:
+        if name in self._detectors:
+            raise ValueError(f"a detector named {name!r} is registered already")
+        self._detectors[name] = detector
 
     @property
-    def key(self) -> tuple[str, str]:
-        return self.code, self.message
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._detectors)
+
+    def run(self, ctx: DetectorContext, only: Iterable[str] | None = None) -> list[Finding]:
+        """Every detector's findings (only: those of these detectors)."""
+        chosen = self.names if only is None else tuple(only)
+        found: list[Finding] = []
+        for name in chosen:
+            try:
+                found.extend(list(self._detectors[name](ctx)))  # list(): a generator raises as it is read
+            except Exception as e:  # a detector's bug, or box input it did not expect: one finding, no lost poll
+                found.append(internal_error(name, e))
+        return found
+
+
+def internal_error(name: str, e: Exception) -> Finding:
+    # No live figure in the text beyond the error's own: the alert stands while the detector fails.
+    return Finding(INTERNAL_ERROR, "error", f"internal error in the {name} detector: {type(e).__name__}: "
+                   f"{str(e)[:200]} (what it looks for is not checked; please report it)")
 
 
 def declared_binaries(cfg: Config) -> list[str]:
@@ -52,18 +111,15 @@ def declared_binaries(cfg: Config) -> list[str]:
 
 
 def detect(cfg: Config, snap: Snapshot, budget: DiskBudget | None = None) -> list[Finding]:
-    """budget: this snapshot's, when the caller has it already (a poll computes it once)."""
-    budget = budget or disk_budget(cfg, snap)
-    found: list[Finding] = []
-    for check in (_shared_writers, _serve_ports, _reasoning_format, _serve_without_mmproj, _poison, _disk,
-                  _disk_reserve, _binaries, _lost_stages, _restore_instead):
-        found.extend(check(cfg, snap, budget))
-    return found
+    """The traps this snapshot shows by itself (SNAPSHOT_TRAPS), through the registry.
+    budget: this snapshot's, when the caller has it already."""
+    return DETECTORS.run(DetectorContext.of(cfg, snap, budget), only=SNAPSHOT_TRAPS)
 
 
-def _shared_writers(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _shared_writers(ctx: DetectorContext) -> Iterator[Finding]:
     """One file written by processes of different groups: two downloads into one file (§3).
     Processes of one group writing one file are a shell and its children sharing an output."""
+    snap = ctx.snapshot
     for path, pids in snap.writers:
         procs = [proc for proc in map(snap.process, pids) if proc]
         groups = {proc.pgid for proc in procs}
@@ -75,9 +131,10 @@ def _shared_writers(cfg: Config, snap: Snapshot, budget: DiskBudget):
                           FixAction.kill(newest))
 
 
-def _serve_ports(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _serve_ports(ctx: DetectorContext) -> Iterator[Finding]:
     """More than one listener on a serve port, or one the console did not start: a stale server
     answers the health check and takes the eval (§6)."""
+    cfg, snap = ctx.config, ctx.snapshot
     for stage in cfg.stages:
         rec = snap.state(stage.name)
         # Its chain's group and every process the chain started, setsid ones included (the box tracks them).
@@ -102,8 +159,9 @@ def llama_servers(snap: Snapshot) -> Iterator[Process]:
             yield p
 
 
-def _reasoning_format(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _reasoning_format(ctx: DetectorContext) -> Iterator[Finding]:
     """llama-server splitting <think> into reasoning_content: the fake 0 % (§6)."""
+    snap = ctx.snapshot
     for p in llama_servers(snap):
         value = reasoning_format(p.argv)
         if value != "none":
@@ -113,8 +171,9 @@ def _reasoning_format(cfg: Config, snap: Snapshot, budget: DiskBudget):
                           "empties content; it needs --reasoning-format none", _kill_action(snap, p.pid))
 
 
-def _serve_without_mmproj(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _serve_without_mmproj(ctx: DetectorContext) -> Iterator[Finding]:
     """A multimodal pipeline's llama-server without its projector: images fail or are answered blind (§10)."""
+    cfg, snap = ctx.config, ctx.snapshot
     artifact = mmproj_artifact(cfg)
     if artifact is None:
         return
@@ -141,14 +200,14 @@ def reasoning_format(argv: Sequence[str]) -> str | None:
 REBUILT_WITHOUT = ("base", "adapter")
 
 
-def _restore_instead(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _restore_instead(ctx: DetectorContext) -> Iterator[Finding]:
     """§4.5: the base and the adapter gone, what the restore stage pulls back pushed and there:
     restore (minutes) instead of rebuilding (downloads and hours of training)."""
-    for restore in cfg.stages_with_role("restore"):
-        yield from _restore_one(restore, snap, budget)
+    for restore in ctx.config.stages_with_role("restore"):
+        yield from _restore_one(restore, ctx.snapshot, ctx.budget)
 
 
-def _restore_one(restore: Stage, snap: Snapshot, budget: DiskBudget):
+def _restore_one(restore: Stage, snap: Snapshot, budget: DiskBudget) -> Iterator[Finding]:
     record = snap.state(restore.name)
     if not restore.needs or (record is not None and record.alive):
         return
@@ -165,10 +224,11 @@ def _restore_one(restore: Stage, snap: Snapshot, budget: DiskBudget):
                       f"(key {restore.key}) to serve in minutes instead of rebuilding", FixAction.restart(restore.name))
 
 
-def _poison(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _poison(ctx: DetectorContext) -> Iterator[Finding]:
     """What a failed run left that makes the next one refuse (TRAIN_NAN): restart clears it (§9).
     Only after a run that did not end well, and never a good run's outputs (final/, TRAIN_DONE):
     those are the preflight's matter when the stage is about to run again, not an alert."""
+    cfg, snap = ctx.config, ctx.snapshot
     for stage in cfg.stages:
         rec = snap.state(stage.name)
         if rec is None or rec.status not in ("failed", "lost", "orphaned"):
@@ -189,8 +249,9 @@ def path_is_poison(cfg: Config, stage: Stage, path: str) -> bool:
     return posixpath.basename(posixpath.normpath(path)) not in good
 
 
-def _disk(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _disk(ctx: DetectorContext) -> Iterator[Finding]:
     """The next stage's projected peak above the free space (§4)."""
+    cfg, snap, budget = ctx.config, ctx.snapshot, ctx.budget
     for stage in cfg.stages:
         rec = snap.state(stage.name)
         if rec is not None:
@@ -205,8 +266,9 @@ def _disk(cfg: Config, snap: Snapshot, budget: DiskBudget):
         return  # the next stage only
 
 
-def _disk_reserve(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _disk_reserve(ctx: DetectorContext) -> Iterator[Finding]:
     """Free space on the workspace's disk below the configured reserve, whatever runs next."""
+    cfg, budget = ctx.config, ctx.budget
     reserve = int(cfg.budget.reserve_gb * GB)
     if budget.capacity and budget.free < reserve:
         can_clean = budget.reclaimable > 0
@@ -216,16 +278,18 @@ def _disk_reserve(cfg: Config, snap: Snapshot, budget: DiskBudget):
                       CLEAN if can_clean else None)
 
 
-def _binaries(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _binaries(ctx: DetectorContext) -> Iterator[Finding]:
     """A declared binary missing or not executable: often a tarball unpacked as bin/bin/ (§3)."""
+    snap = ctx.snapshot
     for path, exists, executable in snap.binaries:
         if not executable:
             what = "is not executable" if exists else "does not exist"
             yield Finding("binary_missing", "error", f"{path} {what} (a tarball with a nested prefix?)")
 
 
-def _lost_stages(cfg: Config, snap: Snapshot, budget: DiskBudget):
+def _lost_stages(ctx: DetectorContext) -> Iterator[Finding]:
     """A stage whose process died without CHAIN_DONE: killed -9, OOM-killed, or the box rebooted."""
+    snap = ctx.snapshot
     for rec in snap.states:
         if rec.status in ("lost", "orphaned"):
             action = FixAction.stop(rec.stage) if rec.status == "orphaned" else FixAction.restart(rec.stage)
@@ -291,3 +355,41 @@ def eval_findings(run: str, result: EvalResult | None) -> list[Finding]:
 def _kill_action(snap: Snapshot, pid: int) -> FixAction | None:
     proc = snap.process(pid)
     return FixAction.kill(proc) if proc else None
+
+
+def _torchao(ctx: DetectorContext) -> list[Finding]:
+    return torchao_beside_peft(ctx.config, ctx.environments)
+
+
+def _gpus(ctx: DetectorContext) -> list[Finding]:
+    """What the GPUs show. With no watch of its own (doctor) a fresh one sees this snapshot as
+    its first reading: everything one reading shows, and no stall (that takes a sequence)."""
+    watch = ctx.gpu if ctx.gpu is not None else GpuWatch(ctx.config)
+    return watch.findings(ctx.snapshot)
+
+
+def _unreadable_summaries(ctx: DetectorContext) -> list[Finding]:
+    return ctx.eval_reports[1]
+
+
+def _eval(ctx: DetectorContext) -> list[Finding]:
+    return eval_findings(ctx.eval_checked[0].name, ctx.eval_checked[1]) if ctx.eval_checked else []
+
+
+# What one snapshot shows by itself (`detect`): the first detectors run, in this order.
+SNAPSHOT_TRAPS: dict[str, Detector] = {
+    "shared_writers": _shared_writers, "serve_ports": _serve_ports, "reasoning_format": _reasoning_format,
+    "serve_without_mmproj": _serve_without_mmproj, "poison": _poison, "disk": _disk, "disk_reserve": _disk_reserve,
+    "binaries": _binaries, "lost_stages": _lost_stages, "restore_instead": _restore_instead,
+}
+
+
+def _registry() -> DetectorRegistry:
+    registry = DetectorRegistry()
+    for name, detector in {**SNAPSHOT_TRAPS, "torchao_beside_peft": _torchao, "gpus": _gpus,
+                           "unreadable_summaries": _unreadable_summaries, "eval": _eval}.items():
+        registry.register(name, detector)
+    return registry
+
+
+DETECTORS = _registry()  # what `doctor` and the TUI's state run

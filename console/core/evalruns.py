@@ -7,16 +7,22 @@ and costs nothing else: the other runs, and the rest of the snapshot, are shown 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import posixpath
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from samai.console.core.detectors import Finding
+from samai.console.core.evalcheck import EvalResult, check_eval
+from samai.console.core.problems import Finding
 from samai.remote.model import Report
 from samai.remote.visible import visible
 
+if TYPE_CHECKING:
+    from samai.remote.boxapi import Box
+
+EVAL_ITEMS_READ = 4 << 20  # of a finished eval's items.jsonl, checked once: thousands of items
 MAX_COUNT = 10**12  # items in one eval run: far more than any eval set, far less than a float's integer range
 
 
@@ -94,3 +100,18 @@ def _shown(value: Any) -> str:
         return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
     text = json.dumps(value) if not isinstance(value, int) or abs(value) < 10**40 else "a number of over 40 digits"
     return text if len(text) <= 40 else text[:40] + "…"
+
+
+def newest_run(runs: list[EvalRun]) -> EvalRun | None:
+    """The run whose items are checked (the TUI's once per run, doctor's each time): the newest."""
+    return max(runs, key=lambda run: run.mtime, default=None)
+
+
+async def check_items(box: Box, run: EvalRun, max_bytes: int = EVAL_ITEMS_READ) -> EvalResult | None:
+    """`check eval` on a run's items, its first max_bytes read from the box (whole lines only);
+    None where the box has no such file to read. The box's errors are the caller's."""
+    chunk = await box.tail(run.items, offset=0, max_bytes=max_bytes)
+    if chunk.error or chunk.missing:
+        return None
+    whole = chunk.data if not chunk.more or chunk.line_end is None else chunk.data[:chunk.line_end]
+    return await asyncio.to_thread(check_eval, whole.decode("utf-8", "replace").splitlines())

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from samai.console.core import units
 from samai.console.core.config import Config, Stage
-from samai.console.core.detectors import Finding
 from samai.console.core.fixes import FixAction
+from samai.console.core.problems import Finding
 from samai.remote.model import Gpu, GpuReading, Severity, Snapshot
 
 # Less than this is not a leftover worth an alert: a desktop's Xorg, a monitoring agent's context.

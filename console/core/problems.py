@@ -1,34 +1,61 @@
-"""What every checker's result shares: its findings as `Problem`s, and the one reading of them
-(`has_errors`) that `check gguf|trainlog|eval` and the preflight's evidence use. Each checker's
-own result type (TrainLogResult, EvalResult, GgufResult) adds its figures and a `to_json()`
-that is the CLI's JSON contract."""
+"""The one finding type: what a detector sees on the box (`doctor`, the TUI's alerts) and what a
+checker finds in a file (`check gguf|trainlog|eval`, the preflight's evidence), and the one
+reading of a checker's findings (`has_errors`). Each checker's own result type (TrainLogResult,
+EvalResult, GgufResult) adds its figures and a `to_json()` that is the CLI's JSON contract.
+
+Two finding-like types stay apart, being other things: `preflight.Check` is one line of a
+stage's go/no-go list (severity ok|warning|error, no code: an `ok` is no finding) and
+`remote.model.GgufProblem` is the box checker's reply as it comes off the wire (remote/ imports
+nothing of console/; checks.py turns each into a Finding)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from samai.console.core.fixes import FixAction
+from samai.console.core.redact import redact
 from samai.remote.model import Severity
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One finding. Where it is, when the checker knows: the training step (a log anomaly), the
-    1-based line numbers (an eval's malformed lines, the first few), how many items it covers."""
+class Finding:
+    """One finding, and what `x` does about it (None: look, don't touch). Where it is, when the
+    checker knows: the training step (a log anomaly), the 1-based line numbers (an eval's
+    malformed lines, the first few), how many items it covers."""
 
     code: str
     severity: Severity
     message: str
+    action: FixAction | None = None
     step: int | None = None
     lines: tuple[int, ...] = ()
     count: int | None = None
+
+    def __post_init__(self) -> None:
+        # Findings quote command lines, paths and file contents from the box: never a secret shown.
+        object.__setattr__(self, "message", redact(self.message))
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What makes it the same finding from poll to poll (an alert stands while it does)."""
+        return self.code, self.message
+
+    def to_json(self) -> dict[str, Any]:
+        """As `doctor --json` and `snapshot --json` print a finding (its keys and their order are
+        a contract; the checkers print theirs in their own result's to_json)."""
+        return {"code": self.code, "severity": self.severity, "message": self.message,
+                "action": str(self.action or "")}
+
+
+Problem = Finding  # the checkers' name for it
 
 
 class CheckResult(Protocol):
     """A checker's result: its problems, and its JSON for the CLI."""
 
     @property
-    def problems(self) -> tuple[Problem, ...]: ...
+    def problems(self) -> tuple[Finding, ...]: ...
 
     def to_json(self) -> dict[str, Any]: ...
 

@@ -10,12 +10,12 @@ import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from samai.console.core.budget import DiskBudget, Projection, disk_budget, project, workspace_disk
+from samai.console.core.budget import DiskBudget, Projection, project, workspace_disk
 from samai.console.core.config import CHAIN_DONE, Config, Stage
-from samai.console.core.detectors import Finding, declared_binaries, detect, eval_findings, torchao_beside_peft
+from samai.console.core.detectors import DETECTORS, DetectorContext, DetectorRegistry, declared_binaries
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
 from samai.console.core.evalcheck import EvalResult
-from samai.console.core.evalruns import EvalRun, read_eval_runs
+from samai.console.core.evalruns import EvalRun, newest_run
 from samai.console.core.evidence import training_sources
 from samai.console.core.fixes import FixAction
 from samai.console.core.gpu_findings import GpuWatch, oom_context
@@ -127,8 +127,9 @@ def _marker_of(stage: Stage, name: str) -> Marker | None:
 
 
 class ConsoleState:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, detectors: DetectorRegistry = DETECTORS) -> None:
         self.config = config
+        self.detectors = detectors  # the same registry as `doctor`'s: the same box, the same findings
         self.watches = {s.name: self._watch(s) for s in config.stages}
         self._stages = {s.name: s for s in config.stages}
         train = config.stage_by_role("train")  # the stage whose log the curve and its alerts come from
@@ -159,7 +160,6 @@ class ConsoleState:
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
         self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
         self.gpu = GpuWatch(config)  # the recent GPU readings: a stall shows only over time
-        self._unreadable: list[Finding] = []  # the last poll's files that could not be read: each its own finding
 
     def _watch(self, stage: Stage) -> LogFollower:
         # Progress and disk lines come back as hits of more markers: the watch still moves no log bytes.
@@ -209,8 +209,8 @@ class ConsoleState:
         states = self._confirm_lost(self._keep_rc_while_relaunched(snap.states))
         snap = replace(snap, artifacts=self.sizer.merge(snap.artifacts, now), states=states)
         self.snapshot, self.received_at = snap, now
-        evals, self._unreadable = read_eval_runs(snap.reports)
-        update = StateUpdate(snap, [], disk_budget(self.config, snap), self._process_rows(snap), evals)
+        ctx = self.detector_context(snap)
+        update = StateUpdate(snap, [], ctx.budget, self._process_rows(snap), ctx.eval_reports[0])
         resolved = self._new_runs(snap, update, now)  # before the logs: a new run's lines start it clean
         watched = {id(f): name for name, f in self.watches.items()}
         for follower, chunk in zip(followers, snap.logs, strict=True):
@@ -228,7 +228,7 @@ class ConsoleState:
                 self._hits(self._stages[watched[id(follower)]], tail.hits, update)
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
         update.disk_delta = self._disk_delta(snap, update.stages)
-        update.new_alerts += self._findings(snap, update.budget)
+        update.new_alerts += self._findings(ctx)
         resolved += self._resolve_gone(snap, now)
         self.raise_alerts(update.new_alerts)
         update.alerts_changed = bool(update.new_alerts or resolved)
@@ -288,18 +288,23 @@ class ConsoleState:
     def eval_to_check(self, evals: list[EvalRun]) -> EvalRun | None:
         """The newest eval run when it is not the one checked last (then taken as checked: its
         items are read once, by the caller, and handed to eval_checked)."""
-        newest = max(evals, key=lambda run: run.mtime, default=None)
+        newest = newest_run(evals)
         checked = self.eval_checked[0] if self.eval_checked else None
         if newest is None or (checked and (checked.folder, checked.mtime) == (newest.folder, newest.mtime)):
             return None
         self.eval_checked = (newest, None)
         return newest
 
-    def _findings(self, snap: Snapshot, budget: DiskBudget) -> list[Alert]:
-        """Detector findings as alerts: once when they appear, again only if they go and come back."""
-        findings = (detect(self.config, snap, budget) + torchao_beside_peft(self.config, self.environments)
-                    + self.gpu.findings(snap) + self._unreadable
-                    + (eval_findings(self.eval_checked[0].name, self.eval_checked[1]) if self.eval_checked else []))
+    def detector_context(self, snap: Snapshot) -> DetectorContext:
+        """What the detectors read this poll: the snapshot, and what was read apart from the poll
+        (environments, the newest eval's check) or kept across polls (the GPU watch)."""
+        return DetectorContext.of(self.config, snap, environments=self.environments,
+                                  eval_checked=self.eval_checked, gpu=self.gpu)
+
+    def _findings(self, ctx: DetectorContext) -> list[Alert]:
+        """Detector findings as alerts: once when they appear, again only if they go and come back.
+        A detector that raises is its own internal_error finding: the poll goes on."""
+        findings = self.detectors.run(ctx)
         new = [f for f in findings if f.key not in self._standing]
         self._standing = {f.key for f in findings}
         return [Alert(self._at(), f.severity, f.message, code=f.code, action=f.action,

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 
 from samai.console.core.budget import disk_budget
-from samai.console.core.evalcheck import check_eval
-from samai.console.core.evalruns import EvalRun
+from samai.console.core.evalruns import EvalRun, check_items
 from samai.console.core.state import Alert
 from samai.console.screens.box_logs import LogKeys
 from samai.remote.boxapi import BoxError
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 KILL_GRACE_S = 5.0
 STOP_GRACE_S = 10.0
 USERS_SHOWN = 12  # the largest users of the workspace the disk pane lists
-EVAL_ITEMS_READ = 4 << 20  # of a finished eval's items.jsonl, checked once: thousands of items
 USERS_EVERY_S = 30.0  # while it lists them: a walk of the whole workspace, so not every poll
 USERS_BUDGET_S = 3.0  # the box stops a walk after this long (and says the sizes are partial)
 
@@ -268,20 +266,17 @@ class ActionKeys(LogKeys):
 
     @work(group="eval-check", exclusive=True, exit_on_error=False)
     async def check_eval_run(self, run: EvalRun) -> None:
-        """`check eval` on a finished eval run's items, read once from the box (the first
-        EVAL_ITEMS_READ bytes); its problems come as alerts with the next poll's."""
+        """`check eval` on a finished eval run's items, read once from the box (as doctor reads
+        them); its problems come as alerts with the next poll's."""
         if self.box is None:
             return
         try:
-            chunk = await self.box.tail(run.items, offset=0, max_bytes=EVAL_ITEMS_READ)
+            result = await check_items(self.box, run)
         except (BoxError, TransportError) as e:
             self.log.warning("eval items not read", e)
             return
-        if chunk.error or chunk.missing:
-            return
-        whole = chunk.data if not chunk.more or chunk.line_end is None else chunk.data[:chunk.line_end]
-        result = await asyncio.to_thread(check_eval, whole.decode("utf-8", "replace").splitlines())
-        self.state.read_eval_items(run, result)
+        if result is not None:
+            self.state.read_eval_items(run, result)
 
     # ------------------------------------------------------------ multi-node stages: every node at once
 
