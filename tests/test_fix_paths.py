@@ -276,7 +276,8 @@ async def test_a_failed_fire_stays_in_the_alerts_pane(tmp_path, workspace, port)
         alert = await pilot_until(
             pilot, lambda: next((a for a in app.state.alerts if "cannot reach the server" in a.text), None))
         assert alert.severity == "error" and alert.stage == "eval" and "stage eval failed" in alert.text
-        await pilot_until(pilot, lambda: "cannot reach the server" in str(app.box_screen.query_one(AlertsPane).render()))
+        box = app.box_screen
+        await pilot_until(pilot, lambda: "cannot reach the server" in str(box.query_one(AlertsPane).render()))
         # It belongs to that run: polls that see the run do not resolve it (the next run will).
         pid = _record(workspace, "eval")["pid"]
         seen = await pilot_until(pilot, lambda: getattr(app.state.snapshot.state("eval"), "pid", None) == pid

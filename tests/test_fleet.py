@@ -297,7 +297,8 @@ async def test_one_box_has_no_fleet_key(tmp_path: Path, workspace: Path) -> None
     async with app.run_test(size=(170, 45)) as pilot:
         await pilot.press("F")
         await pilot.pause(0.2)
-        assert not isinstance(app.screen, FleetScreen) and "Fleet" not in str(app.box_screen.query_one(KeysFooter).render())
+        box = app.box_screen
+        assert not isinstance(app.screen, FleetScreen) and "Fleet" not in str(box.query_one(KeysFooter).render())
         await pilot.press("question_mark")
         help_screen = await pilot_until(pilot, lambda: isinstance(app.screen, HelpScreen) and app.screen)
         table = help_screen.query_one(DataTable)

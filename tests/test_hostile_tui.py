@@ -260,7 +260,8 @@ async def test_a_probe_error_with_markup_is_shown_literally_in_the_status_bar(tm
     broken.chmod(0o755)
     app = SamaiApp(_config(tmp_path, workspace, python=str(broken)))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        status = await _until(pilot, lambda: app.connection.error and "[/x]" in _plain(app.box_screen.query_one("#status"))
+        box = app.box_screen
+        status = await _until(pilot, lambda: app.connection.error and "[/x]" in _plain(box.query_one("#status"))
                               and _plain(app.box_screen.query_one("#status")))
         assert MARKUP[:40] in status
         _assert_inert(status)

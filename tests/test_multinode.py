@@ -411,7 +411,8 @@ async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialo
         app.open_box_screen("b")  # the dead node's own screen says it as well
         await until(lambda: app.box_name == "b" and app.state.snapshot is not None, "b's screen")
         again = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None), "b's alert")
-        assert again.text == alert.text and "b: rank 1 on box b died" in str(app.box_screen.query_one("#alerts").render())
+        box = app.box_screen
+        assert again.text == alert.text and "b: rank 1 on box b died" in str(box.query_one("#alerts").render())
         curves = app.box_screen.query_one("#curves")
         await pilot.press("x")
         dialog = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the dialog")
@@ -514,7 +515,8 @@ async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tm
             await pilot_until(pilot, lambda: app.state.trainlog.parser.points)  # a's own point was read...
             await pilot.pause(1.0)  # (a few more polls)
             assert losses() == TRAINER_LOSSES  # ...and is not on show
-            assert str(app.box_screen.query_one(CurvesPane).border_title) == "training · train: a alive · b alive · rank 0 on b"
+            shown = str(app.box_screen.query_one(CurvesPane).border_title)
+            assert shown == "training · train: a alive · b alive · rank 0 on b"
 
             # Rank 0's loss goes NaN: an alert on a's screen too, whose fix stops every node.
             with (tmp_path / "b" / "logs" / "train.log").open("a") as log:
@@ -800,7 +802,8 @@ async def test_torchrun_across_two_ssh_boxes_from_the_stage_key_with_rank_zeros_
             alert = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died" and a.active),
                                              None), "the dead-rank alert", 120)
             assert alert.text.startswith(f"rank {rank_in_log(_log(ws_b))} on box b died at step "), alert.text
-            assert "a: rank " in str(app.box_screen.query_one(AlertsPane).render())  # the alert names the box it is shown on
+            shown = str(app.box_screen.query_one(AlertsPane).render())
+            assert "a: rank " in shown  # the alert names the box it is shown on
             await pilot.press("x")
             stop = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the stop dialog", 60)
             assert stop.plan.action == "stop" and stop.plan.subject == "stage train on every node (a, b)"
