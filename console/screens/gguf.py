@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
 from textual.message import Message
@@ -95,7 +94,7 @@ def header_content(header: GgufHeader) -> Content:
 class FilterInput(Input):
     """`/`: the focused table's filter, applied as it is typed; Esc clears it, Enter keeps it."""
 
-    BINDINGS = [Binding("escape", "cancel", "Clear the filter", show=False)]
+    BINDINGS = bindings("gguf-filter")
 
     class Cancelled(Message):
         pass

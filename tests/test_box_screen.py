@@ -1,0 +1,58 @@
+"""The box screen: each box or target gets a screen of its own, so switching leaves nothing of
+the old one on show and none of its workers running."""
+
+from __future__ import annotations
+
+from textual.widgets import Input
+
+from samai.console.core.trainlog import TrainPoint
+from samai.console.screens.box import BoxScreen
+from samai.console.screens.dialogs import PathDialog
+from samai.widgets.curves import CurvesPane
+from samai.widgets.disk import DiskPane
+from samai.widgets.logview import LogView
+from tests.helpers import pilot_until
+from tests.test_log_navigation import SIZE, _app
+
+UNREACHABLE = "ssh://nobody@127.0.0.1:1"  # refused at once: the new screen is up, its box is not
+
+
+async def test_switching_target_leaves_nothing_of_the_old_target_on_show(tmp_path, workspace):
+    (workspace / "any.log").write_text("a line of the old target\n")
+    app = _app(tmp_path, workspace)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot_until(pilot, lambda: app.state.snapshot)
+        old = app.box_screen
+        await pilot.press("o")  # a file of the old target: the log history holds it
+        await pilot_until(pilot, lambda: isinstance(app.screen, PathDialog))
+        await pilot.press(*"any.log", "enter")
+        await pilot_until(pilot, lambda: "a line of the old target" in old.query_one(LogView).lines)
+        await pilot.press("u")  # the largest users: a walk of the workspace, in flight or done
+        old.query_one(CurvesPane).add([TrainPoint(step=s, loss=1.0 / s, grad_norm=1.0) for s in range(1, 4)])
+        assert old.query_one(DiskPane).largest and old._logs.recent_files
+
+        app.switch_target()
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, PathDialog) and app.screen)
+        dialog.query_one(Input).value = UNREACHABLE
+        await pilot.press("enter")
+        new = await pilot_until(pilot, lambda: app.screen is not old and isinstance(app.screen, BoxScreen)
+                                and app.screen)
+
+        assert new is app.box_screen and not old.is_attached
+        assert not [w for w in app.workers if w.node is old and not w.is_finished]  # its walk and poll ended
+        assert app.config.target.url == UNREACHABLE and UNREACHABLE in app.connection.target
+        assert new.state.shown_stage == "hello" and str(new.query_one(LogView).border_title) == "log · hello"
+        assert "a line of the old target" not in new.query_one(LogView).lines
+        assert new._logs.recent_files == () and new._logs.current is not None  # the history starts again
+        assert new.query_one(CurvesPane).points == [] and not new.query_one(DiskPane).largest
+        await pilot_until(pilot, lambda: app.connection.state != "connected" and app.connection.error)
+
+
+async def test_every_pane_of_the_box_screen_takes_the_poll_through_one_protocol(tmp_path, workspace):
+    from samai.widgets.pane import ShowsUpdates
+
+    app = _app(tmp_path, workspace, poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot_until(pilot, lambda: app.screen is app.box_screen)
+        taking = {w.id for w in app.box_screen.query("*") if isinstance(w, ShowsUpdates)}
+        assert taking == {"stages", "disk", "gpus", "processes", "log", "curves", "evals", "alerts"}
