@@ -83,8 +83,8 @@ def fleet_toml(folder: Path, count: int) -> Path:
 
 
 async def measure(count: int, seconds: float, settle: float) -> dict:
-    from samai.console.connect import open_box
     from samai.console.core import config
+    from samai.console.core.connect import open_box
     from samai.console.core.fleet import Fleet
 
     folder = Path(tempfile.mkdtemp(prefix="samai-bench-fleet-"))

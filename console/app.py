@@ -19,25 +19,25 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from samai.console import prefs
-from samai.console.connect import open_box
 from samai.console.core import paths
 from samai.console.core.audit import AuditLog
 from samai.console.core.commands import BY_ID, CHANGES_BOX, SCOPE_TITLES, Command
 from samai.console.core.config import Config
+from samai.console.core.connect import open_box
 from samai.console.core.redact import redact
 from samai.console.core.state import ConsoleState
 from samai.console.screens.box import BoxScreen
 from samai.console.screens.box_base import BoxScreenContext
 from samai.remote.boxapi import Box
+from samai.remote.safe_text import visible
 from samai.remote.targets import TargetError, open_transport
-from samai.remote.visible import visible
 from samai.themes import DEFAULT_THEME, THEMES, stylesheet
 from samai.widgets.keys import bindings
 from samai.widgets.pane import literal_markup
 from samai.widgets.status import Connection
 
 if TYPE_CHECKING:
-    from samai.console.multinode_session import MultiNodeSession
+    from samai.console.core.multinode.session import MultiNodeSession
     from samai.console.screens.dialogs import PathDialog
     from samai.console.screens.fleet import FleetScreen
     from samai.console.screens.gguf import GgufScreen
@@ -120,7 +120,7 @@ class SamaiApp(App[None]):
 
     def nodes(self) -> MultiNodeSession:
         """The connections to every node of the multi-node stages: one set for the console, opened when needed."""
-        from samai.console.multinode_session import MultiNodeSession  # connects only once a stage needs it
+        from samai.console.core.multinode.session import MultiNodeSession  # connects only once a stage needs it
 
         if self.multinode is None:
             self.multinode = MultiNodeSession(self.fleet_config, self.audit, readonly=self.readonly,

@@ -3,7 +3,7 @@
 process killed by SIGPIPE) when whatever reads stdout closed it early (`snapshot | head`).
 
 Text output shows every control character that comes from the box as a visible stand-in
-(samai.remote.visible): a process's command line or a log line cannot retitle, recolour or
+(samai.remote.safe_text): a process's command line or a log line cannot retitle, recolour or
 rewrite the operator's terminal. `--json` output is exact and pure ASCII (json.dumps escapes
 every control character, C1 and U+2028 included); `tail --raw` passes the log's bytes through."""
 
@@ -23,16 +23,16 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, NoReturn
 
 from samai.console import __version__
-from samai.console.connect import open_box
 from samai.console.core import config as config_mod
+from samai.console.core.connect import open_box
 from samai.console.core.redact import redact
 from samai.console.report import describe_check, describe_plan, describe_snapshot
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import CATCH_UP_READ, LogFollower
 from samai.remote.model import Snapshot
+from samai.remote.safe_text import visible
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
-from samai.remote.visible import visible
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions
@@ -579,19 +579,19 @@ def _report(outcome: ActionOutcome) -> int:
 
 
 async def _fire(args, cfg, box: Box) -> int:
-    from samai.console import multinode_cli  # a stage with nodes fires on every node at once
+    from samai.console import cli_multinode  # a stage with nodes fires on every node at once
 
-    if multinode_cli.is_multi_node(cfg, args.stage):
-        return await multinode_cli.fire(cfg, args.stage, readonly=args.readonly,
+    if cli_multinode.is_multi_node(cfg, args.stage):
+        return await cli_multinode.fire(cfg, args.stage, readonly=args.readonly,
                                         confirm=_confirmer(args.yes, getattr(args, "force", False)))
     return _report(await _actions(args, cfg, box).fire(args.stage))
 
 
 async def _stop(args, cfg, box: Box) -> int:
-    from samai.console import multinode_cli  # a stage with nodes stops on every node
+    from samai.console import cli_multinode  # a stage with nodes stops on every node
 
-    if multinode_cli.is_multi_node(cfg, args.stage):
-        return await multinode_cli.stop(cfg, args.stage, readonly=args.readonly, confirm=_confirmer(args.yes),
+    if cli_multinode.is_multi_node(cfg, args.stage):
+        return await cli_multinode.stop(cfg, args.stage, readonly=args.readonly, confirm=_confirmer(args.yes),
                                         grace=args.grace)
     return _report(await _actions(args, cfg, box).stop(args.stage, grace=args.grace))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from samai.console.core import units
 from samai.console.core.redact import redact
 from samai.remote.model import GpuReading, Snapshot
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 
 
 def describe_gpus(reading: GpuReading, snap: Snapshot | None = None) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from samai.console.core import units
 from samai.console.core.redact import redact
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 
 if TYPE_CHECKING:  # annotations only: a command that prints one report imports no more than it needs
     from samai.console.core.budget import DiskBudget, StagePeak

@@ -29,8 +29,8 @@ from samai.remote import model
 from samai.remote.boxtools import LOADER, STARTER, ToolSet, loader_input, module_of
 from samai.remote.boxtools import tool_names as tool_names  # re-exported: the Box's callers list the tools here
 from samai.remote.follow import LogCursor
-from samai.remote.held import HeldRequest
 from samai.remote.model import Boot, BoxError, CleanResult, FireResult, LogChunk, SignalResult, Snapshot
+from samai.remote.request_delta import HeldRequest
 from samai.remote.transport import Stream, Transport
 
 READY = ".ready"

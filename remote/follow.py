@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from samai.remote.decode import DEFAULT_MAX_LINE, LineDecoder
 from samai.remote.model import RUN_HEADER, LogChunk, Marker, MarkerHit
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 
 DEFAULT_READ = 256 * 1024
 CATCH_UP_READ = 8 * 1024 * 1024  # the most the box reads at once (logfiles.MAX_LOG_BYTES)

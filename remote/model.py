@@ -12,7 +12,7 @@ from dataclasses import dataclass, is_dataclass
 from typing import Any, Literal, NamedTuple
 
 from samai.remote.box.identity import same_start as same_start  # the box tools' rule, re-exported
-from samai.remote.needles import required_needles
+from samai.remote.marker_needles import required_needles
 
 Severity = Literal["info", "warning", "error"]  # of a marker, a finding, a check, an alert
 RunStatus = Literal["running", "stopped", "lost", "orphaned", "done", "failed"]  # a recorded run's, as the box shows it

@@ -154,9 +154,9 @@ async def test_a_hang_and_a_trickle_hit_the_overall_deadline(gateway, token) -> 
 @pytest.mark.parametrize("mode, ran", [("500", False), ("silent_spawn", False), ("close_mid_body", True)])
 async def test_a_fire_that_breaks_is_sent_once_and_reported_from_the_box(gateway, token, workspace, isolated_dirs,
                                                                          mode, ran) -> None:
-    from samai.console.connect import open_box
     from samai.console.core.actions import Actions, Decision
     from samai.console.core.audit import AuditLog
+    from samai.console.core.connect import open_box
 
     f = workspace.parent / "fire.toml"
     f.write_text(f'[target]\nurl = "{gateway["url"]}"\npython = "{sys.executable}"\n'

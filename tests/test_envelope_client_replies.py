@@ -348,7 +348,7 @@ def test_all_boxes_shows_the_good_box_and_the_bad_one_unreachable(garbage: Garba
 @pytest.mark.parametrize("shape", ["frame rc null", "frame nested past the parser", "length line a huge number"])
 async def test_the_fleet_row_says_why_the_box_does_not_answer(garbage: GarbageGateway, tmp_path: Path, shape: str,
                                                              monkeypatch) -> None:
-    from samai.console.connect import open_box
+    from samai.console.core.connect import open_box
 
     monkeypatch.setenv("SAMAI_ENVELOPE_TOKEN", TOKEN)
     garbage.answer = MALFORMED[shape]

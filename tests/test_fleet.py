@@ -18,8 +18,8 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import CellDoesNotExist
 
 from samai.console.app import SamaiApp
-from samai.console.connect import open_box
 from samai.console.core import config
+from samai.console.core.connect import open_box
 from samai.console.core.fleet import DEFAULT_BOX, Fleet, fleet_configs, gather_boxes
 from samai.console.screens.dialogs import HelpScreen
 from samai.console.screens.fleet import FleetScreen

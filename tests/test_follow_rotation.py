@@ -25,7 +25,7 @@ from samai.remote import model
 from samai.remote.box import logfiles
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.logview import LogView
 from tests.helpers import pilot_until, run_cli, unavailable_here, wait_for
 from tests.test_fuzz_box_input import JSON

@@ -29,8 +29,8 @@ from samai.remote import model
 from samai.remote.boxapi import BoxError, HeldProcesses, _reply
 from samai.remote.decode import LineDecoder
 from samai.remote.follow import LogFollower
+from samai.remote.marker_needles import required_needles
 from samai.remote.model import Marker
-from samai.remote.needles import required_needles
 from tests.box_tools import tool_argv
 
 FUZZ = settings(max_examples=100, deadline=None, database=None,

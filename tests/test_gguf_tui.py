@@ -22,7 +22,7 @@ from samai.console.screens.gguf import MAX_ROWS, GgufScreen
 from samai.console.screens.gguf_dialogs import AddTensorsDialog, KvEdit, SetKvDialog, editable
 from samai.remote.box.gguf_check import check_file
 from samai.remote.model import GgufHeader, GgufKv, GgufProblem, GgufTensorInfo
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from tests.gguf_artifacts import llama_vocab_files
 from tests.helpers import action_layer, collect_toasts, pilot_until
 from tests.httpfiles import FileServer

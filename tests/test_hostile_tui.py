@@ -20,7 +20,7 @@ from textual.widgets import Button, DataTable, OptionList
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.screens.dialogs import ConfirmDialog, HelpScreen, PathDialog
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessDetail, ProcessPane
 from tests.helpers import pilot_until

@@ -3,7 +3,7 @@
 A right-to-left override (U+202E) or an isolate (U+2066-2069) in a file name or a command line
 reorders what the operator reads; a zero-width space (U+200B), joiner or byte-order mark makes two
 different names look the same. Every place box text reaches the terminal goes through one rule
-(remote/visible.py): the CLI's text output, the log pane, the GGUF view, the GPU pane."""
+(remote/safe_text.py): the CLI's text output, the log pane, the GGUF view, the GPU pane."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.screens.gguf import kv_cells, tensor_cells
 from samai.remote.model import GgufKv, GgufTensorInfo, Gpu
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.gpus import gpu_row
 from samai.widgets.logview.buffer import clean_line
 from tests.helpers import pilot_until

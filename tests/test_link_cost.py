@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
-from samai.remote.box import held as box_held
 from samai.remote.box import install
+from samai.remote.box import request_cache as box_held
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.boxtools import ToolSet
 from samai.remote.follow import CATCH_UP_READ, DEFAULT_READ, LogFollower
-from samai.remote.held import HeldRequest
 from samai.remote.local import LocalTransport
+from samai.remote.request_delta import HeldRequest
 from samai.remote.transport import RunResult
 from tests.helpers import pilot_until
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from samai.remote.model import Marker
-from samai.remote.visible import HIDDEN_CATEGORIES
+from samai.remote.safe_text import HIDDEN_CATEGORIES
 from samai.widgets.logview.buffer import LineBuffer, LineFilter, Notice, clean_line
 from samai.widgets.logview.layout import RowLayout
 from samai.widgets.logview.markers import ALARMS, RANKS, Markers, with_alarms

@@ -10,8 +10,8 @@ import pytest
 
 from samai.console.core.config import load_builtin
 from samai.remote.box.markers import Markers, marker_hits, rare_cover
+from samai.remote.marker_needles import required_needles
 from samai.remote.model import Marker
-from samai.remote.needles import required_needles
 
 
 @pytest.mark.parametrize(("pattern", "needles"), [

@@ -24,12 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samai.console.connect import open_box
 from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import ConfigError
-from samai.console.core.multiactions import MultiNodeActions
+from samai.console.core.connect import open_box
 from samai.console.core.multinode import (
     MultiNodeError,
     MultiRun,
@@ -43,7 +42,8 @@ from samai.console.core.multinode import (
     save_run,
     world_size_in_log,
 )
-from samai.console.core.multiwatch import watch
+from samai.console.core.multinode.actions import MultiNodeActions
+from samai.console.core.multinode.watch import watch
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from tests import sshd
@@ -450,8 +450,8 @@ def _go(tmp_path: Path) -> None:
 
 
 async def test_rank_zeros_curve_comes_from_the_node_whose_log_says_rank_0(tmp_path: Path) -> None:
-    from samai.console.core.multicurve import RankZeroCurve
-    from samai.console.core.multiwatch import NodeState, node_states
+    from samai.console.core.multinode.curve import RankZeroCurve
+    from samai.console.core.multinode.watch import NodeState, node_states
 
     # Bytes that are no text and a 10 MB line before the Trainer's output: read through, never a crash.
     cfg = _ranked_fleet(tmp_path, garbage=b"\xff\xfe\x00\x1b]0;t\x07 [bold]x\n" + b"y" * 10_000_000 + b"\n")

@@ -18,7 +18,7 @@ from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_PATTERN, Progr
 from samai.console.core.state import StageView
 from samai.console.screens.dialogs import ConfirmDialog
 from samai.remote.box.markers import Markers, marker_hits
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.logview import LogView
 from samai.widgets.stages import stage_item
 from tests.helpers import pilot_until

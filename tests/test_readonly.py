@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from samai.console.app import SamaiApp
-from samai.console.connect import open_box
 from samai.console.core import config
+from samai.console.core.connect import open_box
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
 from tests import sshd

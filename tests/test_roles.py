@@ -18,8 +18,8 @@ from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.detectors import detect, peft_pythons
-from samai.console.core.evidence import training_sources
 from samai.console.core.gpu_findings import GpuWatch
+from samai.console.core.preflight.evidence import training_sources
 from samai.console.core.smoke import SMOKE_STAGE, smoke_config
 from samai.console.core.state import ConsoleState
 from samai.remote.boxapi import Box
@@ -217,8 +217,8 @@ async def test_restore_is_suggested_for_the_stage_of_role_restore(workspace: Pat
 
 
 def test_the_multi_node_curve_follows_the_stage_of_role_train() -> None:
-    from samai.console.core.multiwatch import NodeState
-    from samai.console.multinode_session import MultiNodeSession
+    from samai.console.core.multinode.session import MultiNodeSession
+    from samai.console.core.multinode.watch import NodeState
 
     fleet = re.sub(r"\[stages\.train\]", '[stages.sft]\nrole = "train"', '''
 [boxes.a]

@@ -13,10 +13,10 @@ import psutil
 import pytest
 
 from samai.console.app import SamaiApp
-from samai.console.connect import open_box
 from samai.console.core import config
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
+from samai.console.core.connect import open_box
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
 from samai.remote.model import CHAIN_LINES

@@ -8,8 +8,8 @@ import json
 import subprocess
 import sys
 
-from samai.console.connect import open_box
 from samai.console.core import config
+from samai.console.core.connect import open_box
 from samai.remote.targets import open_transport
 
 # What the TUI imports before its first paint (`samai-console` with no command, local target).
@@ -18,7 +18,7 @@ import json, sys
 from samai.console import cli
 from samai.console.core import config
 from samai.console.app import SamaiApp
-from samai.console.connect import open_box
+from samai.console.core.connect import open_box
 cfg = config.load()
 box = open_box(cfg)
 SamaiApp(cfg, poll=False)

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from samai.console.core import checks
+from samai.console.core.chunked_lines import PIECE, PieceDecoder
 from samai.console.core.config import load_builtin
-from samai.console.core.longlines import PIECE, PieceDecoder
 from samai.console.core.state import ConsoleState
 from samai.console.core.trainlog import (
     MAX_ENTRY,
@@ -286,7 +286,7 @@ def test_unscale_fp16_and_the_nan_guard_marker() -> None:
 def test_an_error_level_finding_blocks_the_merge_and_a_warning_does_not() -> None:
     """What the operator sees of a code's severity: every error-level code blocks the merge's
     preflight (and makes `check trainlog` exit 1); a warning is shown and blocks nothing."""
-    from samai.console.core.evidence import run_verdict
+    from samai.console.core.preflight.evidence import run_verdict
     from samai.console.core.problems import Problem, has_errors
     from samai.console.core.trainlog import TrainLogResult
 

@@ -10,7 +10,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 from samai.console.core.state import Alert, StateUpdate
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 
 STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}
 RESOLVED = "$foreground 50%"

@@ -13,7 +13,7 @@ from samai.console.core.budget import DiskBudget, Projection
 from samai.console.core.diskdelta import DiskDelta
 from samai.console.core.state import StateUpdate
 from samai.remote.model import DiskUsers
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.pane import Pane
 
 BAR_WIDTH = 16

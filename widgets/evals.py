@@ -7,7 +7,7 @@ from textual.widgets import DataTable
 
 from samai.console.core.evalruns import EvalRun
 from samai.console.core.state import StateUpdate
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.pane import set_subtitle
 
 

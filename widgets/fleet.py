@@ -10,7 +10,7 @@ from textual.widgets import DataTable
 
 from samai.console.core import units
 from samai.console.core.fleet import BoxRow
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
 
 COLUMNS = (("box", "box"), ("connection", "connection"), ("rtt", "rtt"), ("running", "running"),

@@ -10,7 +10,7 @@ from textual.content import Content
 
 from samai.console.core.state import StateUpdate
 from samai.remote.model import Gpu, GpuReading
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.pane import Pane, set_subtitle
 
 BAR_WIDTH = 8

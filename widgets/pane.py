@@ -18,7 +18,7 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 
 if TYPE_CHECKING:
     from samai.console.core.state import StateUpdate

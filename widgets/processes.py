@@ -33,7 +33,7 @@ from samai.console.core import units
 from samai.console.core.redact import redact
 from samai.console.core.state import ProcessRow, StateUpdate
 from samai.remote.model import GpuReading, Process
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
 from samai.widgets.pane import Pane, set_subtitle
 

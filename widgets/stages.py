@@ -15,7 +15,7 @@ from textual.widget import Widget
 
 from samai.console.core import units
 from samai.console.core.state import StageView, StateUpdate
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 
 STATUS_STYLE = {
     "idle": ("○", "$foreground 60%"),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from textual.content import Content
 
 from samai.console.core import units
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.pane import Pane
 
 

@@ -34,10 +34,11 @@ from samai.console.core import units
 from samai.console.core.audit import AuditError, AuditLog
 from samai.console.core.budget import GB, disk_budget
 from samai.console.core.config import Config, Stage, UnknownStage  # noqa: F401 (its callers import it here too)
-from samai.console.core.evidence import training_evidence
 from samai.console.core.kinds import ActionKind
-from samai.console.core.mmproj_match import projector_evidence
 from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
+from samai.console.core.preflight.evidence import training_evidence
+from samai.console.core.preflight.mmproj import projector_evidence
+from samai.console.core.preflight.nodes import multi_node_checks
 from samai.console.core.redact import redact, redact_assignment
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import (
@@ -703,15 +704,6 @@ def needed_artifact_checks(config: Config, paths: Sequence[str], by: str | None 
                 checks.append(Check("error", f"deletes {path}: the {art.name} artifact, which stage "
                                     f"{' and '.join(users)} needs"))
     return tuple(checks)
-
-
-def multi_node_checks(stage: Stage) -> tuple[Check, ...]:
-    """A multi-node stage fired on one box would wait alone for a rendezvous: it fires on every
-    node at once (multiactions.MultiNodeActions), never through one box's plan."""
-    if not stage.nodes:
-        return ()
-    return (Check("error", f"stage {stage.name} runs on the nodes {', '.join(stage.nodes)} under {stage.launcher}: "
-                           "it is fired on every node at once, not on one box"),)
 
 
 def _alive(snap: Snapshot, stage: str) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from samai.console.core.longlines import piece_follower
+from samai.console.core.chunked_lines import piece_follower
 from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
 from samai.remote.box import gguf_check
 from samai.remote.box.logfiles import open_regular

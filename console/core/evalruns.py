@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from samai.console.core.evalcheck import EvalResult, check_eval
 from samai.console.core.problems import Finding
 from samai.remote.model import Report
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 
 if TYPE_CHECKING:
     from samai.remote.boxapi import Box

@@ -11,17 +11,17 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from samai.console.core.budget import DiskBudget, Projection, project, workspace_disk
+from samai.console.core.chunked_lines import piece_follower
 from samai.console.core.config import CHAIN_DONE, Config, Stage
 from samai.console.core.detectors import DETECTORS, DetectorContext, DetectorRegistry, declared_binaries
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
 from samai.console.core.evalcheck import EvalResult
 from samai.console.core.evalruns import EvalRun, newest_run
-from samai.console.core.evidence import training_sources
 from samai.console.core.fixes import FixAction
 from samai.console.core.gpu_findings import GpuWatch, oom_context
 from samai.console.core.kinds import ActionKind
-from samai.console.core.longlines import piece_follower
 from samai.console.core.preflight import Preflight, poison_artifacts, preflight
+from samai.console.core.preflight.evidence import training_sources
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
 from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer

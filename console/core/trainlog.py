@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from samai.console.core.longlines import PieceDecoder
+from samai.console.core.chunked_lines import PieceDecoder
 from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
 from samai.remote.follow import last_run
 from samai.remote.model import Severity

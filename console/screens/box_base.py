@@ -12,9 +12,9 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from samai.console.connect import open_box
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import Config
+from samai.console.core.connect import open_box
 from samai.console.core.session import BoxSession
 from samai.console.core.state import Alert, ConsoleState
 from samai.remote.boxapi import Box
@@ -22,7 +22,7 @@ from samai.widgets.alerts import AlertsPane
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
-    from samai.console.multinode_session import MultiNodeSession
+    from samai.console.core.multinode.session import MultiNodeSession
 
 FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
 

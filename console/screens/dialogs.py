@@ -18,7 +18,7 @@ from textual.widgets.option_list import Option
 
 from samai.console.core.redact import redact
 from samai.remote.model import Listing
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.pane import inert, inert_lines
 from samai.widgets.path_completion import MAX_SHOWN, complete, folder_of
 from samai.widgets.stages import stage_item

@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static
 
 from samai.console.core import units
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
 from samai.widgets.pane import inert
 

@@ -18,7 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from samai.console.screens.dialogs import DIALOG_CSS
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.pane import inert
 
 SHOWN_VALUE = 400  # characters of a KV's current value in the form (a chat template runs to KBs)

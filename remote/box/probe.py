@@ -45,13 +45,13 @@ from typing import Any, Iterable, Mapping
 
 from .disk import Listings, artifacts, disks, resolve, workspace_users
 from .gpus import GpuSession, read_once
-from .held import HeldRequest, HeldUnknown
 from .identity import same_start
 from .logfiles import HeldLogs, logs, ranges, read_regular
 from .packages import check_request as check_packages_request
 from .packages import environments
 from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, json_document, record_btime
 from .procs import Facts, processes
+from .request_cache import HeldRequest, HeldUnknown
 from .sockets import fd_links, listeners, watched_folder, writers
 
 MAX_REPORTS = 50

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from rich.cells import cell_len
 
 from samai.remote.model import Marker
-from samai.remote.visible import CONTROL_PICTURES
+from samai.remote.safe_text import CONTROL_PICTURES
 from samai.widgets.logview.markers import Markers
 
 TAB_SIZE = 8

@@ -10,7 +10,7 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Input
 
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
 from samai.widgets.logview.buffer import LineFilter
 

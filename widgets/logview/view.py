@@ -27,7 +27,7 @@ from textual.timer import Timer
 from textual.widgets import Input
 
 from samai.remote.model import Marker
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
 from samai.widgets.logview.buffer import LineBuffer, LineFilter, LinesView, Notice
 from samai.widgets.logview.filter_input import PROMPT_ROWS, LogFilterInput

@@ -14,8 +14,8 @@ from samai.console.core.fixes import FixAction
 from samai.console.core.multinode import MultiRun, NodeRun, last_step_in_log, rank_in_log
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import same_start
+from samai.remote.safe_text import visible
 from samai.remote.transport import TransportError
-from samai.remote.visible import visible
 
 HEAD_BYTES = 256 * 1024  # where the rank line is, near the start of the log
 TAIL_LINES = 400  # where the last step is

@@ -9,12 +9,12 @@ import sys
 from samai.console.core.actions import Confirm
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import Config
-from samai.console.core.multiactions import MultiOutcome
 from samai.console.core.multinode import MultiNodeError
+from samai.console.core.multinode.actions import MultiOutcome
+from samai.console.core.multinode.session import MultiNodeSession, multi_node_stage
 from samai.console.core.paths import audit_log
 from samai.console.core.redact import redact
-from samai.console.multinode_session import MultiNodeSession, multi_node_stage
-from samai.remote.visible import visible
+from samai.remote.safe_text import visible
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import asyncio
 
-from samai.console.connect import open_box
 from samai.console.core.actions import Actions, Confirm
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import Config
+from samai.console.core.connect import open_box
 from samai.console.core.detectors import Finding
 from samai.console.core.fixes import FixAction
-from samai.console.core.multiactions import MultiNodeActions
-from samai.console.core.multicurve import RankZeroCurve
 from samai.console.core.multinode import load_run
-from samai.console.core.multiwatch import NodeState, watch
+from samai.console.core.multinode.actions import MultiNodeActions
+from samai.console.core.multinode.curve import RankZeroCurve
+from samai.console.core.multinode.watch import NodeState, watch
 from samai.remote.boxapi import Box
 
 CURVE_ROLE = "train"  # the role of the stage whose curve the training pane shows (its first), on one box as on several

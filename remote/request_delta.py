@@ -4,7 +4,7 @@ A poll repeats most of its request: the same workspace, artifacts, report globs 
 markers, each poll; only offsets and a few marks move. Sent whole, the TUI's request is several
 KB, which a lossy link pays for in extra round trips on every poll. Against the last request
 the probe answered (its "held" mark), the same poll is a few hundred bytes. The format is the
-box's (remote/box/held.py); this side writes it.
+box's (remote/box/request_cache.py); this side writes it.
 """
 
 from __future__ import annotations

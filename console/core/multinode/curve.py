@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
-from samai.console.core.longlines import piece_follower
+from samai.console.core.chunked_lines import piece_follower
 from samai.console.core.multinode import MultiRun, NodeRun, ranks_in_log
-from samai.console.core.multiwatch import HEAD_BYTES, READ_ERRORS, NodeState, log_head
+from samai.console.core.multinode.watch import HEAD_BYTES, READ_ERRORS, NodeState, log_head
 from samai.console.core.problems import Problem
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
 from samai.remote.boxapi import Box

@@ -39,7 +39,7 @@ from samai.console.core.multinode import (
     program_of,
     save_run,
 )
-from samai.console.core.nodechecks import cross_node_checks
+from samai.console.core.preflight.nodes import cross_node_checks
 from samai.remote.model import FireResult
 
 

@@ -14,8 +14,8 @@ from samai.console.core.multinode import Program, master_of
 from samai.console.core.preflight import Check, holder_text
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import Snapshot
+from samai.remote.safe_text import visible
 from samai.remote.transport import TransportError
-from samai.remote.visible import visible
 
 RUNHASH = "runhash.py"
 
@@ -86,3 +86,12 @@ def _port_check(cfg: Config, stage: Stage, snap: Snapshot) -> Check:
     if proc is None:
         return Check("error", f"{where} is held by a process this user cannot see")
     return Check("error", f"{where} is held: {holder_text(proc, snap.time)}")
+
+
+def multi_node_checks(stage: Stage) -> tuple[Check, ...]:
+    """A multi-node stage fired on one box would wait alone for a rendezvous: it fires on every
+    node at once (multinode.actions.MultiNodeActions), never through one box's plan."""
+    if not stage.nodes:
+        return ()
+    return (Check("error", f"stage {stage.name} runs on the nodes {', '.join(stage.nodes)} under {stage.launcher}: "
+                           "it is fired on every node at once, not on one box"),)
