@@ -122,8 +122,8 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
         assert str(victim.pid) in str(dialog.query_one(".title").render())
         await pilot.press("enter")
         await pilot_until(pilot, lambda: not isinstance(app.screen, KillDialog))
-        await pilot.pause(0.3)
-        assert victim.poll() is None
+        await pilot_until(pilot, lambda: _audit(isolated_dirs))  # the cancel's outcome: the action is over
+        assert victim.poll() is None and boots == []
 
         await pilot.press("k")
         await pilot_until(pilot, lambda: isinstance(app.screen, KillDialog))
@@ -144,9 +144,9 @@ async def test_readonly_dangerous_keys_do_nothing_and_say_why(tmp_path, workspac
         await pilot_until(pilot, lambda: app.state.snapshot and app.state.snapshot.process(victim.pid))
         enabled = {a.binding.action.split("(")[0] for a in app.active_bindings.values() if a.enabled}
         assert not enabled & {"fire", "kill", "stop", "restart", "clean", "fix"}
-        for key in ("h", "k", "s", "r", "c", "x"):
+        for n, key in enumerate(("h", "k", "s", "r", "c", "x"), 1):
             await pilot.press(key)
-            await pilot.pause(0.1)
+            await pilot_until(pilot, lambda n=n: len([t for t in said if t.startswith("read-only: ")]) == n)
             assert not isinstance(app.screen, (ConfirmDialog, KillDialog))
         assert len([t for t in said if t.startswith("read-only: ") and "without --readonly" in t]) == 6, said
         assert "READ-ONLY" in str(app.query_one(StatusBar).render())
@@ -217,12 +217,11 @@ async def test_keys_can_be_remapped_from_the_config(tmp_path, workspace):
     app = SamaiApp(config.load(f))
     async with app.run_test(size=SIZE) as pilot:
         assert app.query_one(LogView).border_title == "log · a"
-        await pilot.press("l")
-        await pilot.pause(0.1)
+        await pilot.press("l")  # taken by the time press returns: what it would do is done
         assert app.query_one(LogView).border_title == "log · a"
         await pilot.press("ctrl+n")
-        await pilot.pause(0.1)
-        assert app.query_one(LogView).border_title == "log · b"
+        # b, not a: had "l" gone to the next log as well, ctrl+n would have come back to a
+        await pilot_until(pilot, lambda: app.query_one(LogView).border_title == "log · b")
 
 
 @pytest.mark.parametrize("theme", ["samai-dark", "samai-light", "samai-contrast"])
@@ -310,5 +309,5 @@ async def test_readonly_alerts_offer_no_key_that_changes_the_box(tmp_path, works
             stale = await pilot_until(pilot, lambda app=app: next(
                 (a for a in app.state.alerts if a.code == "stale_server"), None))
             assert stale.hint == "x fix"
-            await pilot.pause(0.3)
+            await pilot_until(pilot, lambda app=app: f"port {port}" in str(app.query_one("#alerts").render()))
             assert ("[x fix]" in str(app.query_one("#alerts").render())) is hinted

@@ -8,9 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from samai.console.core.detectors import reasoning_format
@@ -66,8 +66,9 @@ def test_two_independent_writers_on_one_file(tmp_path, workspace, spawn) -> None
 def test_a_shell_and_its_child_sharing_an_output_is_not_flagged(tmp_path, workspace, spawn) -> None:
     log = workspace / "chain.log"
     with open(log, "a") as out:
-        spawn("sh", "-c", "sleep 30 & sleep 30; wait", stdout=out, start_new_session=True)
-    time.sleep(0.3)
+        shell = spawn("sh", "-c", "sleep 30 & sleep 30; wait", stdout=out, start_new_session=True)
+    # Both children started, each writing the log: what a shared_writer finding would be about.
+    wait_for(lambda: len(_writing(shell.pid, log)) == 3)
     _, findings = _doctor(_config(tmp_path, workspace, _free_port()))
     assert not [f for f in findings if f["code"] == "shared_writer"]
 
@@ -99,6 +100,12 @@ def test_poison_files_and_a_lost_stage(tmp_path, workspace) -> None:
     codes = {f["code"]: f for f in _doctor(cfg)[1]}
     assert codes["stage_lost"]["action"] == "restart train"
     assert codes["poison_files"]["action"] == "restart train" and "TRAIN_NAN" in codes["poison_files"]["message"]
+
+
+def _writing(pid: int, path: Path) -> list[int]:
+    """pid and its children that hold path open."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children()]
+    return [p.pid for p in procs if any(f.path == str(path) for f in p.open_files())]
 
 
 def _listening(port: int) -> bool:

@@ -171,7 +171,7 @@ async def test_hostile_kv_and_tensor_names_are_shown_literally(tmp_path, workspa
             painted = "\n".join(table.render_line(y).text for y in range(table.row_count + 2))
             assert literal in painted, painted
             _assert_inert(painted)
-        await pilot.pause(0.3)
+        await pilot.pause()  # until idle: every pending repaint of the hostile rows done
         assert app.is_running
 
 

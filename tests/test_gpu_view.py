@@ -30,10 +30,11 @@ from samai.console.gpu_report import describe_gpus
 from samai.remote import model
 from samai.remote.box.gpus import GpuSession
 from samai.remote.box.nvml_replay import ReplayNvml
-from samai.remote.model import GpuReading, Process, Snapshot, StageRecord
+from samai.remote.model import GpuReading, Process, Snapshot
 from samai.widgets.curves import GpuUtilLine, util_cells
 from samai.widgets.gpus import GpuPane, gpu_lines
 from samai.widgets.processes import ProcessPane
+from tests import factories
 from tests.helpers import run_cli, start_time_of, wait_for
 
 NVML = Path(__file__).parent / "data" / "nvml"
@@ -83,8 +84,7 @@ def sleeper(spawn):
 
 def _training(snap: Snapshot, proc: Process, fired_at: float = 1000.0) -> Snapshot:
     """The snapshot with a running train stage whose chain is `proc`'s process group."""
-    rec = StageRecord("train", proc.pid, proc.pgid, proc.start_time, "logs/train.log", "sleep 30", fired_at,
-                      alive=True, group=(proc.pid,))
+    rec = factories.running(proc, "train", cmd="sleep 30", fired_at=fired_at)
     return replace(snap, states=(rec,))
 
 
@@ -442,8 +442,9 @@ def test_any_gpu_reading_renders_and_is_checked_without_a_crash(gpus, error, wro
         gpus = [*gpus, {"index": 0, "util_gpu": "97"}]
     parsed = model.gpu_reading({"gpus": gpus, "gpu_error": error, "gpu_events": events})
     assert len(parsed.gpus) == (0 if wrong else len(gpus)) and (parsed.error is not None if wrong else True)
-    me = Process(os.getpid(), 1, 1, 1, "me", 1.0, "S", 0.0, 0.0, 0, "python", ("python", "[b]x[/b]"))
-    snap = Snapshot(1.0, "", 0, 0.0, (), (), (me,), (), (), (), gpus=parsed)
+    me = factories.process(os.getpid(), ppid=1, pgid=1, sid=1, user="me", start_time=1.0, cpu_time=0.0, rss=0,
+                           argv=("python", "[b]x[/b]"))
+    snap = factories.snapshot(time=1.0, host="", boot_time=0, rtt=0.0, disks=(), processes=(me,), gpus=parsed)
     text = gpu_lines(parsed).plain + describe_gpus(parsed, snap) + holders_text(parsed, snap)
     assert "\x1b" not in text
     gpu_findings(snap)

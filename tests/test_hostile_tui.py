@@ -23,7 +23,7 @@ from samai.remote.visible import visible
 from samai.widgets.dialogs import ConfirmDialog, HelpScreen, PathDialog
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessDetail, ProcessPane
-from tests.helpers import pilot_until
+from tests.helpers import pilot_until, polls_after
 
 SIZE = (160, 50)
 # Tags Textual and Rich would act on or choke on: a link, a closing tag with no opening, an
@@ -92,8 +92,8 @@ async def test_shared_writer_alert_on_a_markup_file_name_is_shown_literally(tmp_
         _assert_inert(pane)
         toast = await _until(pilot, lambda: next((t for t in _toasts(app) if shown_path in t), None))
         _assert_inert(toast)
-        await pilot.pause(0.5)  # more polls: the same finding, the app still up
-        assert app.is_running
+        await polls_after(pilot, 2)  # more polls: the same finding, the app still up
+        assert app.is_running and [a.code for a in app.state.alerts].count("shared_writer") == 1
 
 
 async def test_a_failed_fire_toast_shows_the_stage_output_literally(tmp_path, workspace):
@@ -179,7 +179,7 @@ async def test_a_process_with_markup_and_escapes_in_its_argv_is_shown_literally(
         key = await _until(pilot, lambda: next((k for k, _ in pane.table.rows if k.startswith(f"{victim.pid}:")),
                                                None))
         pane.table.focus()
-        await pilot.pause(0.1)
+        await _until(pilot, lambda: pane.table.has_focus)
         # In one go (a poll re-sorts the rows): the row as painted (its command cut to the pane's
         # width), and the whole command line under the table once the row is selected.
         row = pane.table.index(key)
@@ -248,7 +248,7 @@ async def test_an_eval_run_named_with_markup_is_shown_literally(tmp_path, worksp
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         table = app.query_one("#evals", DataTable)
         await _until(pilot, lambda: table.row_count)
-        await pilot.pause(0.3)
+        await polls_after(pilot, 2)  # the row as later polls leave it
         name = str(table.get_cell_at((0, 0)))
         assert name == visible(run.name)
         assert app.is_running

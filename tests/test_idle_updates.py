@@ -10,19 +10,19 @@ from textual.widgets import Static
 
 from samai.console.core.evalruns import EvalRun
 from samai.console.core.state import ProcessRow
-from samai.remote.model import Process
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter
 from samai.widgets.processes import COLUMNS, ProcessPane, ProcessTable
 from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
+from tests import factories
 from tests.helpers import pilot_until
 
 NOW = 1_000_000.0
 
 
 def _row(pid: int, cpu: float, command: str = "python train.py", started: float = NOW - 90) -> ProcessRow:
-    p = Process(pid, 1, pid, pid, "root", started, "S", 1.0, cpu, 50_000_000, "python", tuple(command.split()))
+    p = factories.process(pid, start_time=started, cpu_percent=cpu, argv=command.split())
     return ProcessRow(p, None, cpu, ())
 
 

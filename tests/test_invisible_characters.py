@@ -52,7 +52,7 @@ def test_every_format_character_has_a_stand_in() -> None:
 
 def test_the_tui_widgets_show_stand_ins() -> None:
     assert not hidden_in(clean_line(TRICK))  # the log pane's rows
-    assert not hidden_in(gpu_row(Gpu(0, name=f"NVIDIA {TRICK}")).plain)  # the GPU pane
+    assert not hidden_in(gpu_row(Gpu(index=0, name=f"NVIDIA {TRICK}")).plain)  # the GPU pane
     kv = GgufKv(f"general.{TRICK}", "str", TRICK)
     tensor = GgufTensorInfo(f"blk.{TRICK}", "F32", (2,), 0, 8)
     for cell in (*kv_cells(kv), *tensor_cells(tensor)):  # the GGUF view's tables

@@ -10,6 +10,7 @@ from textual.app import App, ComposeResult
 
 from samai.remote.model import Marker
 from samai.widgets.logview import LogFilterInput, LogView
+from tests.helpers import pilot_until
 
 SIZE = (100, 30)
 MARKERS = (Marker("oom", r"ERROR", "error"), Marker("slow", r"WARN", "warning"),
@@ -136,16 +137,15 @@ async def test_lines_arrive_through_the_flush_timer() -> None:
         for n in range(50):
             view.append([f"burst {n}"])
         assert len(view.lines) == 0  # append only buffers
-        await pilot.pause(0.3)
-        assert len(view.lines) == 50
+        await pilot_until(pilot, lambda: len(view.lines) == 50)
         assert rows(view)[-1] == "burst 49"
+        await pilot.pause(0.3)  # not a wait for anything: the quiet spell the next append comes after
         view.append(["after a quiet spell"])  # flushed on the next loop pass, not 100 ms later
         await pilot.pause()
         assert rows(view)[-1] == "after a quiet spell"
         view.append(["x"])
         view.append(["y"])  # within 100 ms of the last flush: the timer takes it
-        await pilot.pause(0.3)
-        assert rows(view)[-2:] == ["x", "y"]
+        await pilot_until(pilot, lambda: rows(view)[-2:] == ["x", "y"])
 
 
 # ------------------------------------------------------------ filter

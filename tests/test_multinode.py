@@ -405,7 +405,7 @@ async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialo
         alert = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None), "the alert")
         assert alert.text.startswith("rank 1 on box b died at step 140 (failed); ranks on a will hang")
         assert str(app.query_one("#curves").border_title) == "training · train: a alive · b down"
-        await pilot.pause(1.0)  # (a few more readings of the nodes)
+        await _node_readings(pilot, app, 2)
         assert [a.code for a in app.state.alerts].count("rank_died") == 1  # raised once
 
         app.open_box_screen("b")  # the dead node's own screen says it as well
@@ -435,6 +435,25 @@ RANK_1_ON_A = ("while [ ! -e go ]; do sleep 0.1; done; echo 'TRAIN_RANK rank=1 w
                "echo \"{'loss': '9.99', 'grad_norm': '1.0', 'learning_rate': '0', 'epoch': '0.1'}\"; sleep 300")
 RANK_0_ON_B = ("while [ ! -e go ]; do sleep 0.1; done; echo 'TRAIN_RANK rank=0 world_size=2 local_rank=0'; "
                "cat trainer.out; sleep 300")
+
+
+async def _node_readings(pilot, app, n: int) -> None:
+    """Wait for n readings of the nodes by the app's multi-node watch, each begun after this call."""
+    from tests.helpers import pilot_until
+
+    session, done = app.multinode, []
+    real = session.poll
+
+    async def counted(*args, **kw):
+        got = await real(*args, **kw)
+        done.append(True)
+        return got
+
+    session.poll = counted  # a reading already under way called the real one: it does not count
+    try:
+        await pilot_until(pilot, lambda: len(done) >= n)
+    finally:
+        del session.poll
 
 
 def _ranked_fleet(tmp_path: Path, garbage: bytes = b"") -> config.Config:
@@ -497,7 +516,7 @@ def _says(ws: Path, what: bytes) -> bool:
 async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tmp_path: Path) -> None:
     from samai.console.app import SamaiApp
     from samai.widgets.curves import CurvesPane
-    from tests.helpers import pilot_until
+    from tests.helpers import pilot_until, polls_after
 
     cfg = _ranked_fleet(tmp_path)
     nodes, run = await _record_by_hand(cfg, {"a": RANK_1_ON_A, "b": RANK_0_ON_B})
@@ -512,7 +531,8 @@ async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tm
             await pilot_until(pilot, lambda: losses() == TRAINER_LOSSES, timeout=60)
             (tmp_path / "a" / "more").touch()
             await pilot_until(pilot, lambda: app.state.trainlog.parser.points)  # a's own point was read...
-            await pilot.pause(1.0)  # (a few more polls)
+            await polls_after(pilot, 2)
+            await _node_readings(pilot, app, 2)
             assert losses() == TRAINER_LOSSES  # ...and is not on show
             assert str(app.query_one(CurvesPane).border_title) == "training · train: a alive · b alive · rank 0 on b"
 
@@ -530,7 +550,8 @@ async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tm
             await pilot_until(pilot, lambda: app.box_name == "b" and app.state.snapshot is not None, timeout=60)
             await pilot_until(pilot, lambda: len(app.state.trainlog.parser.points) == every, timeout=60)
             await pilot_until(pilot, lambda: len(losses()) == every)
-            await pilot.pause(1.0)  # a few more polls of b
+            await polls_after(pilot, 2)  # a few more polls of b
+            await _node_readings(pilot, app, 2)
             assert len(losses()) == every and losses()[:-1] == TRAINER_LOSSES
             # b's screen says the NaN once: its own reading of its log says it, the nodes' watch does not again.
             said = [a.text for a in app.state.alerts if a.code == "nan_loss"]

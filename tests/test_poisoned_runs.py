@@ -126,7 +126,7 @@ async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_ho
     run's; merge is marked blocked while that run's log has an error-level finding."""
     from samai.console.app import SamaiApp
     from samai.widgets.curves import CurvesPane
-    from tests.helpers import pilot_until
+    from tests.helpers import pilot_until, polls_after
 
     cfg = finished_run(workspace, HEADER.format(1) + dead_gradients_log() + HEADER.format(2) + healthy_log())
     cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.2, python=sys.executable))
@@ -135,7 +135,7 @@ async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_ho
     async with app.run_test(size=(160, 45)) as pilot:
         curve = app.query_one(CurvesPane)
         await pilot_until(pilot, lambda: len(curve.points) == 40 and "merge" in _bar_of(app))
-        await pilot.pause(0.6)
+        await polls_after(pilot, 2)
         assert len(curve.points) == 40 and curve.points[0].loss == 3.5  # the healthy run, from its first step
         assert not [a.text for a in app.state.alerts if a.stage == "train" and a.severity == "error"]
         assert "merge ○ idle" in _bar_of(app)

@@ -143,19 +143,19 @@ needs_sshd = pytest.mark.skipif(not sshd.available() and not os.environ.get("SAM
 
 
 @pytest.fixture(scope="module")
-def server():
+def sshd_server():
     srv = sshd.SshServer(sshd.new_root()).start()
     yield srv
     srv.stop()
 
 
 @needs_sshd
-async def test_readonly_over_ssh_writes_nothing(server, tmp_path, monkeypatch, spawn):
-    monkeypatch.setenv("HOME", str(server.client_home))
+async def test_readonly_over_ssh_writes_nothing(sshd_server, tmp_path, monkeypatch, spawn):
+    monkeypatch.setenv("HOME", str(sshd_server.client_home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     workspace = tmp_path / "remote-ws"
     victim = spawn("sleep", "47.75")
-    cfg = config.load(_config_file(tmp_path, workspace, server.url()))
+    cfg = config.load(_config_file(tmp_path, workspace, sshd_server.url()))
     box = open_box(cfg, readonly=True)
     try:
         assert (await box.snapshot()).process(victim.pid)
@@ -165,8 +165,8 @@ async def test_readonly_over_ssh_writes_nothing(server, tmp_path, monkeypatch, s
     finally:
         await box.close()
     assert not workspace.exists()
-    r = run_cli("--config", str(_config_file(tmp_path, workspace, server.url())), "--readonly", "snapshot",
-                "--json", env={"HOME": str(server.client_home)})
+    r = run_cli("--config", str(_config_file(tmp_path, workspace, sshd_server.url())), "--readonly", "snapshot",
+                "--json", env={"HOME": str(sshd_server.client_home)})
     assert r.returncode == 0 and f'"pid": {victim.pid}' in r.stdout, r.stderr
     assert not workspace.exists()
 
