@@ -21,11 +21,13 @@ from tests.replay_transport import ReplayConsole, ReplayTransport
 os.environ["TZ"] = "UTC"
 time.tzset()
 
-# Fixtures that make a test slow (minutes, not seconds): a provisioned box venv (which builds
-# llama.cpp on a fresh machine, and which training and serving need), a real sshd. Every test
-# that uses one is marked `slow`, left out of `make test-quick` (tests/test_suite_hygiene.py
-# checks that each fixture that starts sshd or provisions is named here).
-SLOW_FIXTURES = frozenset({"provisioned", "trained_inputs", "sshd_server", "two_servers"})
+# Fixtures that make a test slow: a provisioned box venv (which builds llama.cpp on a fresh
+# machine, and which training and serving need), a real sshd, the real Gemma model and every
+# llama.cpp vocab file (downloaded once, then read whole). Every test that uses one is marked
+# `slow`, left out of `make test-quick` (tests/test_suite_hygiene.py checks that each fixture that
+# starts sshd, provisions or takes the Gemma model is named here). Tests slow by themselves
+# (seconds of real processes, sockets or a Textual app, waited on) carry the mark in their module.
+SLOW_FIXTURES = frozenset({"provisioned", "trained_inputs", "sshd_server", "two_servers", "gemma", "vocab_files"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

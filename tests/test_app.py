@@ -64,6 +64,7 @@ def _log_text(app: SamaiApp) -> str:
     return "\n".join(app.query_one(LogView).lines)
 
 
+@pytest.mark.slow
 async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path, workspace, isolated_dirs):
     app = SamaiApp(_config(tmp_path, workspace))
     async with app.run_test(size=SIZE) as pilot:
@@ -97,6 +98,7 @@ async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path
     assert actions == [("fire", "declined", "cancelled"), ("fire", "dialog", "done"), ("stop", "dialog", "done")]
 
 
+@pytest.mark.slow
 async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace, spawn, isolated_dirs,
                                                              monkeypatch):
     victim = spawn("sleep", "31.25")
@@ -136,6 +138,7 @@ async def test_kill_dialog_defaults_to_cancel_and_term_kills(tmp_path, workspace
     assert boots == [app.state.snapshot.boot] and boots[0].id  # the start time's boot went with it
 
 
+@pytest.mark.slow
 async def test_readonly_dangerous_keys_do_nothing_and_say_why(tmp_path, workspace, spawn, isolated_dirs):
     victim = spawn("sleep", "32.5")
     app = SamaiApp(_config(tmp_path, workspace), readonly=True)
@@ -157,6 +160,7 @@ async def test_readonly_dangerous_keys_do_nothing_and_say_why(tmp_path, workspac
     assert _audit(isolated_dirs) == []
 
 
+@pytest.mark.slow
 async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, workspace):
     cfg_file = tmp_path / "f.toml"
     cfg_file.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n'
@@ -176,6 +180,7 @@ async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, work
         assert "failed" in str(app.query_one("#stages").render())
 
 
+@pytest.mark.slow
 async def test_stale_indicator_when_the_box_stops_answering(tmp_path, workspace):
     gate = tmp_path / "hang"
     wrapper = tmp_path / "box-python"
@@ -198,6 +203,7 @@ async def test_stale_indicator_when_the_box_stops_answering(tmp_path, workspace)
         assert any("not answering" in a.text for a in app.state.alerts)
 
 
+@pytest.mark.slow
 async def test_theme_switch_persists(tmp_path, workspace):
     app = SamaiApp(_config(tmp_path, workspace))
     async with app.run_test(size=SIZE) as pilot:
@@ -224,6 +230,7 @@ async def test_keys_can_be_remapped_from_the_config(tmp_path, workspace):
         await pilot_until(pilot, lambda: app.query_one(LogView).border_title == "log · b")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("theme", ["samai-dark", "samai-light", "samai-contrast"])
 async def test_help_lists_every_binding(tmp_path, workspace, theme):
     app = SamaiApp(_config(tmp_path, workspace), theme=theme)
@@ -241,6 +248,7 @@ async def test_help_lists_every_binding(tmp_path, workspace, theme):
         assert ["h", "Fire hello", "stage.hello"] in [r[1:] for r in rows]
 
 
+@pytest.mark.slow
 async def test_help_shows_remapped_keys_and_readonly_marks_what_is_off(tmp_path, workspace):
     f = tmp_path / "k.toml"
     f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
@@ -255,6 +263,7 @@ async def test_help_shows_remapped_keys_and_readonly_marks_what_is_off(tmp_path,
         assert not rows["app.help"][2].endswith("(read-only: off)")
 
 
+@pytest.mark.slow
 async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixes(tmp_path, workspace, spawn):
     port = _free_port()
     f = tmp_path / "alerts.toml"
@@ -296,6 +305,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 async def test_readonly_alerts_offer_no_key_that_changes_the_box(tmp_path, workspace, spawn):
     port = _free_port()
     f = tmp_path / "ro.toml"

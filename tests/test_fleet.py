@@ -77,6 +77,7 @@ def write_config(tmp_path: Path, tables: str, stages: str = STAGE) -> Path:
 # ------------------------------------------------------------------ the command line
 
 
+@pytest.mark.slow
 def test_box_selects_the_box_each_command_works_on(tmp_path: Path) -> None:
     tables, spaces = local_boxes(tmp_path)
     cfg = write_config(tmp_path, tables)
@@ -121,6 +122,7 @@ def test_all_boxes_one_hung_box_hides_none_of_the_others(tmp_path: Path, sshd_se
     run_cli("--config", str(cfg), "--box", "b", "stop", "slow", "--yes", "--grace", "1")
 
 
+@pytest.mark.slow
 def test_all_boxes_of_a_config_without_boxes_is_one_named_default(tmp_path: Path, workspace: Path) -> None:
     f = tmp_path / "one.toml"
     f.write_text(f'[workspace]\npath = "{workspace}"\n' + STAGE)
@@ -162,6 +164,7 @@ async def test_the_others_answer_while_a_hung_box_still_waits(tmp_path: Path, si
         await task
 
 
+@pytest.mark.slow
 async def test_the_fleet_model_polls_each_box_on_its_own(tmp_path: Path, silent_port: int) -> None:
     tables, spaces = local_boxes(tmp_path)
     tables += box_table("hung", f"ssh://root@127.0.0.1:{silent_port}", "samai/hung", connect_timeout=1)
@@ -290,6 +293,7 @@ async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: di
         assert "connected" not in _cell(table, "hung", "connection")
 
 
+@pytest.mark.slow
 async def test_one_box_has_no_fleet_key(tmp_path: Path, workspace: Path) -> None:
     f = tmp_path / "one.toml"
     f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n' + STAGE)
@@ -305,6 +309,7 @@ async def test_one_box_has_no_fleet_key(tmp_path: Path, workspace: Path) -> None
         assert "app.fleet" not in {str(table.get_row_at(i)[3]) for i in range(table.row_count)}
 
 
+@pytest.mark.slow
 async def test_escape_from_the_fleet_at_start_opens_the_first_box_and_box_opens_one_at_once(tmp_path: Path) -> None:
     tables, spaces = local_boxes(tmp_path, ("a", "b"))
     cfg = config.load(write_config(tmp_path, tables))
@@ -334,6 +339,7 @@ def test_a_row_shows_gpus_and_quotes_the_box_literally() -> None:
     assert shown["running"] == "[bold]t" and shown["alert"].startswith("error [@click=app.quit]x[/] ")
 
 
+@pytest.mark.slow
 async def test_a_poll_that_ends_after_the_screens_are_gone_is_no_crash(tmp_path: Path) -> None:
     """With many boxes a poll may end while the app closes: its last tick finds no screen to mark
     stale, and says nothing (it raised ScreenStackError and failed the run)."""

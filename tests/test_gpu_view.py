@@ -392,6 +392,7 @@ def test_the_utilization_line_shows_a_stalled_step_as_a_dip() -> None:
 # ---------------------------------------------------------------- doctor
 
 
+@pytest.mark.slow
 def test_doctor_and_snapshot_carry_the_gpus_and_their_findings(tmp_path, workspace, sleeper) -> None:
     recording = recorded("tesla_t4", {T4_PIDS[0]: sleeper.pid, T4_PIDS[1]: os.getpid()}, ecc_errors=[0, 1])
     (tmp_path / "nvml.json").write_text(json.dumps(recording))
@@ -433,6 +434,7 @@ EVENTS = st.lists(st.fixed_dictionaries({"gpu": st.integers(0, 2**31), "kind": s
                                           "code": st.integers(0, 2**64 - 1), "time": st.floats(0, 1e11)}), max_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, database=None)
 @given(st.lists(GPU, max_size=3), TEXT, st.sampled_from([None, "a GPU field of the wrong type"]), EVENTS)
 def test_any_gpu_reading_renders_and_is_checked_without_a_crash(gpus, error, wrong, events) -> None:

@@ -238,6 +238,7 @@ KEYS = ("name", "uuid", "bus_id", "utilization", "memory", "temperature", "power
         "clocks_event_reasons", "ecc_errors", "compute_processes", "graphics_processes", "handle")
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(base=st.sampled_from(["tesla_t4", "rtx_3080", "dual_a5000", "a100_sxm4_mig"]),
        changes=st.lists(st.tuples(st.sampled_from(KEYS), ODD), max_size=8),
@@ -443,6 +444,7 @@ EVENT = st.one_of(EVENT_FIELD, st.dictionaries(st.sampled_from(["gpu", "kind", "
                                          "code": st.integers(-3, 2**64 + 3), "time": st.floats(allow_nan=True)}))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None)
 @given(events=st.one_of(EVENT_FIELD, st.lists(EVENT, max_size=80)), note=EVENT_FIELD)
 def test_fuzzed_gpu_events_are_parsed_or_left_out_never_a_crash(events: Any, note: Any) -> None:
@@ -457,6 +459,7 @@ def test_fuzzed_gpu_events_are_parsed_or_left_out_never_a_crash(events: Any, not
     assert reading.events_note is None or (type(reading.events_note) is str and len(reading.events_note) <= 300)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=st.lists(st.one_of(ODD, st.tuples(st.integers(-2, 3), st.integers(-1, 20), ODD).map(list)), max_size=20),
        event_set=st.one_of(st.none(), ODD), event_types=st.one_of(st.none(), ODD))

@@ -3,6 +3,7 @@ table repaints only the lines that changed. What is shown must still follow the 
 
 from __future__ import annotations
 
+import pytest
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.geometry import Region
@@ -172,6 +173,7 @@ async def test_a_changed_cell_repaints_its_line_only(monkeypatch) -> None:
         assert " 3.0 " in table.render_line(2).text
 
 
+@pytest.mark.slow
 async def test_the_cursor_follows_keys_and_clicks_and_shows() -> None:
     async with Panes().run_test(size=(120, 40)) as pilot:
         pane = pilot.app.query_one("#patched", ProcessPane)
@@ -201,6 +203,7 @@ async def test_the_cursor_follows_keys_and_clicks_and_shows() -> None:
         assert blurred != focused and blurred != _styles(table, 4) and blurred != _styles(table, 1)
 
 
+@pytest.mark.slow
 async def test_a_scrolled_table_keeps_its_header_and_its_cursor_in_view() -> None:
     async with Panes().run_test(size=(120, 40)) as pilot:
         pane = pilot.app.query_one("#patched", ProcessPane)

@@ -205,6 +205,7 @@ def _texts(plan, severity: str) -> list[str]:
     return [c.text for c in plan.summary.checks if c.severity == severity]
 
 
+@pytest.mark.slow
 async def test_the_preflight_compares_the_program_on_every_node_and_the_masters_port(tmp_path: Path, spawn) -> None:
     port = sshd.free_port()
     cfg = _local_fleet(tmp_path, port, script_b="print('something else')\n")
@@ -262,6 +263,7 @@ async def test_an_unreachable_node_blocks_the_fire(tmp_path: Path) -> None:
     assert plan.blocked and any(e.startswith("box b is unreachable: ") for e in _texts(plan, "error"))
 
 
+@pytest.mark.slow
 async def test_read_only_refuses_before_asking_and_a_declined_fire_is_audited_per_node(tmp_path: Path) -> None:
     cfg = _local_fleet(tmp_path, sshd.free_port())
     asked: list[ActionPlan] = []
@@ -302,6 +304,7 @@ async def test_one_box_alone_never_fires_a_multi_node_stage(tmp_path: Path) -> N
     assert restart.blocked and said in [c.text for c in restart.checks if c.severity == "error"]
 
 
+@pytest.mark.slow
 def test_the_command_line_fires_and_stops_a_multi_node_stage_on_every_node(tmp_path: Path) -> None:
     cfg_file = tmp_path / "samai.toml"
     cfg_file.write_text(fleet_toml(tmp_path / "a", tmp_path / "b", command=f"{sys.executable} train.py",
@@ -339,6 +342,7 @@ DIES = ("echo 'TRAIN_RANK rank=1 world_size=2 local_rank=0'; echo 'train 139/800
         "echo 'train 140/800 [01:41<08:00, 1.39it/s]'; echo '[rank1]: RuntimeError: boom'; sleep 1; exit 1")
 
 
+@pytest.mark.slow
 async def test_a_node_that_died_while_another_runs_is_an_alert_whose_fix_stops_all(tmp_path: Path) -> None:
     cfg = _local_fleet(tmp_path, sshd.free_port())
     nodes, run = await _record_by_hand(cfg, {"a": "echo 'TRAIN_RANK rank=0 world_size=2'; sleep 300", "b": DIES})
@@ -367,6 +371,7 @@ async def test_a_node_that_died_while_another_runs_is_an_alert_whose_fix_stops_a
         await _close(nodes)
 
 
+@pytest.mark.slow
 async def test_a_node_relaunched_by_someone_else_is_not_this_run(tmp_path: Path) -> None:
     cfg = _local_fleet(tmp_path, sshd.free_port())
     nodes, run = await _record_by_hand(cfg, {"a": "sleep 300", "b": "sleep 300"})
@@ -383,6 +388,7 @@ async def test_a_node_relaunched_by_someone_else_is_not_this_run(tmp_path: Path)
         await _close(nodes)
 
 
+@pytest.mark.slow
 async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialog(tmp_path: Path) -> None:
     from samai.console.app import SamaiApp
     from samai.widgets.dialogs import ConfirmDialog
@@ -467,6 +473,7 @@ def _go(tmp_path: Path) -> None:
         (tmp_path / node / "go").touch()
 
 
+@pytest.mark.slow
 async def test_rank_zeros_curve_comes_from_the_node_whose_log_says_rank_0(tmp_path: Path) -> None:
     from samai.console.core.multicurve import RankZeroCurve
     from samai.console.core.multiwatch import NodeState, node_states
@@ -513,6 +520,7 @@ def _says(ws: Path, what: bytes) -> bool:
     return what in _log(ws)
 
 
+@pytest.mark.slow
 async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tmp_path: Path) -> None:
     from samai.console.app import SamaiApp
     from samai.widgets.curves import CurvesPane

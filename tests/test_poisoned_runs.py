@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
@@ -121,6 +123,7 @@ def _bar_of(app) -> str:
     return str(app.query_one("#stages").render())
 
 
+@pytest.mark.slow
 async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_holds_the_last_run_only(workspace):
     """The console started on a log that holds two runs: the curve and the alerts are the last
     run's; merge is marked blocked while that run's log has an error-level finding."""

@@ -162,6 +162,7 @@ async def polled(tiny) -> tuple[config.Config, Snapshot]:
     return tiny, snap
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_any_snapshot_is_folded_in_and_the_next_one_too(polled, data) -> None:
@@ -221,6 +222,7 @@ def hostile_workspace(workspace: Path) -> None:
             f.write("\n".join(HOSTILE_LINES).encode("utf-8") + b"\n")
 
 
+@pytest.mark.slow
 async def test_the_tui_shows_the_box_whatever_its_files_hold(tiny, workspace) -> None:
     hostile_workspace(workspace)
     app = SamaiApp(tiny)
@@ -250,6 +252,7 @@ async def test_the_tui_shows_the_box_whatever_its_files_hold(tiny, workspace) ->
 # ---------------------------------------------------------------- the panes, shown any snapshot
 
 
+@pytest.mark.slow
 async def test_the_panes_show_any_snapshot_and_the_next_real_one(tiny) -> None:
     app = SamaiApp(tiny, poll=False)
     rng = random.Random(29)

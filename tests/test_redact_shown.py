@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from textual.command import CommandList
 from textual.widgets import Static
 
@@ -18,6 +19,8 @@ from samai.widgets.dialogs import ConfirmDialog, KillDialog
 from samai.widgets.processes import ProcessDetail, ProcessPane
 from tests.helpers import pilot_until, run_cli
 from tests.test_redact_shapes import SECRET_COMMANDS, SECRETS, secret_stage_toml
+
+pytestmark = pytest.mark.slow  # every test here takes seconds: real processes, sockets or an app, waited on
 
 SIZE = (150, 45)
 

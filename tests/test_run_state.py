@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
@@ -19,6 +20,8 @@ from samai.widgets.curves import CurvesPane
 from samai.widgets.dialogs import ConfirmDialog
 from samai.widgets.logview import LogView
 from tests.helpers import collect_toasts, pilot_until, polls_after, run_cli, wait_for
+
+pytestmark = pytest.mark.slow  # every test here takes seconds: real processes, sockets or an app, waited on
 
 SIZE = (140, 45)
 

@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from samai.remote.box.procfs import boot_time, read_stat, same_start, start_epoch
 from tests.conftest import SLOW_FIXTURES
+
+pytestmark = pytest.mark.slow  # each runs pytest, or reads every test file
 
 CASES = Path(__file__).with_name("cases") / "left_running.py"
 
@@ -36,8 +40,8 @@ def test_a_failed_or_timed_out_test_leaves_nothing_running(tmp_path: Path) -> No
 # ---------------------------------------------------------------- the fast tier (make test-quick)
 
 TESTS = Path(__file__).parent
-# What makes a fixture slow, as its code says it: a real sshd, a box venv provisioned.
-SLOW_CALLS = ("SshServer(", 'stage("provision")', "run_stage(box, cfg, \"provision\"")
+# What makes a fixture slow, as its code says it: a real sshd, a box venv provisioned, the Gemma model.
+SLOW_CALLS = ("SshServer(", 'stage("provision")', "run_stage(box, cfg, \"provision\"", "gemma_q4_k_m(")
 
 
 def _fixtures() -> dict[str, str]:
@@ -62,7 +66,8 @@ def test_every_fixture_that_starts_sshd_or_provisions_is_a_slow_fixture() -> Non
 def test_the_fast_tier_leaves_out_every_test_of_a_slow_fixture() -> None:
     files = ["tests/test_pipeline.py", "tests/test_ssh.py", "tests/test_multinode.py", "tests/test_state_fast.py"]
     run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "-m", "not slow", *files], cwd=TESTS.parent, capture_output=True, text=True, timeout=120)
+                          "--strict-markers", "-m", "not slow", *files],  # strict: `slow` is registered
+                         cwd=TESTS.parent, capture_output=True, text=True, timeout=120)
     collected = [line for line in run.stdout.splitlines() if "::" in line]
     assert any("test_state_fast.py::" in t for t in collected), run.stdout[-2000:] + run.stderr[-2000:]
     assert any("test_multinode.py::test_the_multi_node_keys" in t for t in collected)  # no slow fixture
