@@ -16,12 +16,15 @@ Every probe request is checked by the probe's own request check and kept (`reque
 counts the snapshots answered, so that a test can wait for a poll that came after what it did
 before it asserts that something did not happen. `down` makes every request fail as a lost
 connection does. Tools run by `Box.call` (launch, kill, clean) are answered by `tools`, a
-handler per module; `kill` ends the processes it names in the recording.
+handler per module; `kill` ends the processes it names in the recording. With `clock` set, each
+reply is timed by it (an app polling the replay box reads it as a live box).
+
+A Textual app polls it when its `_open_box` is patched to return a Box on it (SamaiApp opens its
+box from the config's target, which names no replay box).
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import posixpath
@@ -53,7 +56,7 @@ class ReplayTransport:
         self.tools: dict[str, Tool] = {"kill": self._kill}
         self.down: str | None = None  # set: every request fails with this, as over a lost connection
         self.streams = 0  # probes opened
-        self.answered = asyncio.Event()  # set at each reply (cleared by whoever waits on it)
+        self.clock: Callable[[], float] | None = None  # set: each reply's time is its reading (a live box)
 
     @classmethod
     def recorded(cls, workspace: Path, recording: Path = RECORDING) -> ReplayTransport:
@@ -133,6 +136,8 @@ class ReplayTransport:
 
     def reply(self, req: dict[str, Any], logs: logfiles.HeldLogs) -> dict[str, Any]:
         reply = copy.deepcopy(self.probe)
+        if self.clock is not None:
+            reply["time"] = self.probe["time"] = self.clock()
         reply["errors"] = list(reply.get("errors") or [])
         reply["logs"] = logfiles.logs(req.get("logs") or (), logs)
         reply["ranges"] = logfiles.ranges(req.get("ranges") or ())
@@ -227,7 +232,6 @@ class ReplayProbe:
         reply["held"] = self.held.keep(req)
         blobs: list[bytes] = []
         box_probe.pack_data(reply, blobs if req.get("attach") else None)
-        self.box.answered.set()
         return json.dumps(reply, separators=(",", ":")).encode() + b"\n" + b"".join(blobs)
 
     async def close(self) -> None:
