@@ -1,4 +1,5 @@
-# `make run` sets up and starts the console; `make test` sets up and runs the full test suite.
+# `make run` sets up and starts the console; `make test` sets up and runs the full test suite
+# (`make test-quick`: the fast tier, for iteration).
 # Both create their own virtual environment in .venv (Python >= 3.11 as python3).
 
 PYTHON ?= python3
@@ -6,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test test-fast lint screenshot clean
+.PHONY: run test test-fast test-quick lint screenshot clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "samai-console needs Python >= 3.11")'
@@ -25,6 +26,10 @@ test: $(STAMP)
 # For iteration: quiet, stop at the first failure.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -x -q $(PYTEST_ARGS)
+
+# For iteration: the fast tier, without the slow tests (pyproject.toml's markers); `make test` runs all.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
 
 # The README's screenshot, rendered from the recorded box in tests/data.
 screenshot: $(STAMP)

@@ -19,12 +19,12 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from samai.console import prefs
-from samai.console.core import paths
+from samai.console.core import connect, paths
 from samai.console.core.audit import AuditLog
 from samai.console.core.commands import BY_ID, CHANGES_BOX, SCOPE_TITLES, Command
 from samai.console.core.config import Config
-from samai.console.core.connect import open_box
 from samai.console.core.redact import redact
+from samai.console.core.session import OpenBox
 from samai.console.core.state import ConsoleState
 from samai.console.screens.box import BoxScreen
 from samai.console.screens.box_base import BoxScreenContext
@@ -52,8 +52,9 @@ class SamaiApp(App[None]):
 
     def __init__(self, config: Config, *, readonly: bool = False, theme: str | None = None,
                  audit: AuditLog | None = None, poll: bool = True, clock: Callable[[], float] = time.time,
-                 box: str | None = None) -> None:
-        """box: the [boxes.NAME] box to open at once; None: with 2+ boxes the fleet screen comes first."""
+                 box: str | None = None, open_box: OpenBox | None = None) -> None:
+        """box: the [boxes.NAME] box to open at once; None: with 2+ boxes the fleet screen comes first.
+        open_box: a config to its Box (by default on the config's target; tests hand in a recorded box)."""
         super().__init__()
         self.fleet_config = config  # every box; the box screen's config is this as seen on its box
         self._first_box = box or (config.boxes[0].name if config.boxes else None)
@@ -63,6 +64,7 @@ class SamaiApp(App[None]):
         self.readonly = readonly
         self.audit = audit or AuditLog(paths.audit_log())
         self.multinode: MultiNodeSession | None = None  # the nodes of multi-node stages, connected when needed
+        self.open_box: OpenBox = open_box or (lambda cfg: connect.open_box(cfg, readonly=readonly))
         self.box_screen = self._new_box_screen(self._first_box, self.fleet_config)
         self._bind_stage_keys()
         self.set_keymap(dict(self.box_screen.config.ui.keys))
@@ -105,7 +107,7 @@ class SamaiApp(App[None]):
     def _new_box_screen(self, box_name: str | None, fleet_config: Config) -> BoxScreen:
         polling = self.polling and not self._fleet_first  # the fleet first: the box chosen there is polled
         return BoxScreen(BoxScreenContext(fleet_config, box_name, self.audit, self.readonly, self.clock, polling,
-                                          self.nodes))
+                                          self.nodes, self.open_box))
 
     async def on_mount(self) -> None:
         # Above Textual's own (empty) base screen, so that replacing it never leaves the stack empty.
@@ -149,7 +151,7 @@ class SamaiApp(App[None]):
             self.notify("an action is still running on this box; switch once it is done", severity="warning")
             return
         self.box_screen = screen = BoxScreen(BoxScreenContext(fleet_config, name, self.audit, self.readonly,
-                                                              self.clock, self.polling, self.nodes))
+                                                              self.clock, self.polling, self.nodes, self.open_box))
         await self._pop_to_box_screen()
         await self.switch_screen(screen)
 
@@ -176,7 +178,7 @@ class SamaiApp(App[None]):
         if not self.fleet_config.boxes or isinstance(self.screen, FleetScreen):
             return
         if not self.is_screen_installed(FLEET_SCREEN):
-            fleet = Fleet(self.fleet_config, lambda cfg: open_box(cfg, readonly=True), clock=self.clock)
+            fleet = Fleet(self.fleet_config, lambda cfg: connect.open_box(cfg, readonly=True), clock=self.clock)
             self.install_screen(FleetScreen(fleet), FLEET_SCREEN)
         self.push_screen(FLEET_SCREEN)
 

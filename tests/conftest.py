@@ -6,17 +6,34 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from samai.console.core import config
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from tests.helpers import stop_stages_under
+from tests.replay_transport import ReplayConsole, ReplayTransport
 
 # Rendered times (alerts, dialogs) must not depend on where the tests run: snapshots compare them.
 os.environ["TZ"] = "UTC"
 time.tzset()
+
+# Fixtures that make a test slow: a provisioned box venv (which builds llama.cpp on a fresh
+# machine, and which training and serving need), a real sshd, the real Gemma model and every
+# llama.cpp vocab file (downloaded once, then read whole). Every test that uses one is marked
+# `slow`, left out of `make test-quick` (tests/test_suite_hygiene.py checks that each fixture that
+# starts sshd, provisions or takes the Gemma model is named here). Tests slow by themselves
+# (seconds of real processes, sockets or a Textual app, waited on) carry the mark in their module.
+SLOW_FIXTURES = frozenset({"provisioned", "trained_inputs", "sshd_server", "two_servers", "gemma", "vocab_files"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +64,20 @@ async def box(workspace: Path):
     b = Box(LocalTransport(), str(workspace), python=sys.executable)
     yield b
     await b.close()
+
+
+@pytest.fixture
+def recorded_box(tmp_path: Path) -> ReplayTransport:
+    """The recorded box (tests/data/recorded_box.json), its workspace and logs under tmp_path: no process."""
+    return ReplayTransport.recorded(tmp_path / "recorded-ws")
+
+
+@pytest.fixture
+async def recorded_console(recorded_box: ReplayTransport):
+    """The tiny pipeline's ConsoleState polled through a Box on the recorded box."""
+    console = ReplayConsole(recorded_box, replace(config.load_builtin("tiny"), workspace=recorded_box.workspace))
+    yield console
+    await console.close()
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -27,6 +28,17 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
         if value:
             return value
         time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+async def until(predicate, timeout: float = 10.0, interval: float = 0.02):
+    """predicate's first true value, awaited between looks (wait_for, for a test's event loop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
 
 
@@ -58,6 +70,23 @@ async def pilot_until(pilot, predicate, timeout: float = 30.0):
         assert pilot.app.is_running, "the app exited"
         await pilot.pause(0.05)
     raise AssertionError("condition not met in time")
+
+
+async def polls_after(pilot, n: int = 2, timeout: float = 30.0) -> None:
+    """Wait until the app has folded in n snapshots that the box took after this call (by its
+    clock: a box on this machine reads this machine's). An absence check after it has seen polls
+    that could have shown what it checks is not there; a fixed pause proves nothing on a slow day."""
+    since = time.time()
+    seen, count = None, 0
+    deadline = time.monotonic() + timeout
+    while count < n:
+        snap = pilot.app.state.snapshot
+        if snap is not None and snap is not seen and snap.time >= since:
+            seen, count = snap, count + 1
+            continue
+        assert pilot.app.is_running, "the app exited"
+        assert time.monotonic() < deadline, f"{count} of {n} polls in {timeout} s"
+        await pilot.pause(0.02)
 
 
 def unavailable_here(reason: str) -> None:

@@ -96,6 +96,7 @@ def _stop_stages(workspace: Path) -> None:
             pass
 
 
+@pytest.mark.slow
 def test_a_blocked_fire_needs_force_and_a_confirmation(cfg_file: Path, workspace: Path, isolated_dirs) -> None:
     record = workspace / ".samai" / "state" / "needy.json"
     try:
@@ -131,6 +132,7 @@ def _at_a_terminal(cfg_file: Path, answer: str, *args: str) -> subprocess.Comple
         os.close(master)
 
 
+@pytest.mark.slow
 def test_force_at_a_terminal_shows_the_blocked_plan_and_runs_it_only_on_yes(cfg_file: Path, workspace: Path,
                                                                            isolated_dirs) -> None:
     record = workspace / ".samai" / "state" / "needy.json"
@@ -147,6 +149,7 @@ def test_force_at_a_terminal_shows_the_blocked_plan_and_runs_it_only_on_yes(cfg_
         _stop_stages(workspace)
 
 
+@pytest.mark.slow
 def test_the_prompt_and_the_audit_log_show_no_secret_of_any_shape(tmp_path: Path, workspace: Path,
                                                                   isolated_dirs) -> None:
     f = tmp_path / "leaky.toml"
@@ -165,6 +168,7 @@ def test_the_prompt_and_the_audit_log_show_no_secret_of_any_shape(tmp_path: Path
     assert wait_for(lambda: ran.exists() and ran.read_text()) == f"{SECRET_ENV['HF_TOKEN']}|{SECRET_ENV['DB_PASSWORD']}"
 
 
+@pytest.mark.slow
 def test_a_stray_listener_is_stopped_by_the_fire_plan_and_audited_by_pid(cfg_file: Path, workspace: Path, port: int,
                                                                          spawn, isolated_dirs) -> None:
     stray = spawn(sys.executable, "-c", f"import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\n"
@@ -254,6 +258,7 @@ def _chosen(dialog: KillDialog) -> list[tuple[list[bool], list[str]]]:
             for choice in dialog.query(RadioSet)]
 
 
+@pytest.mark.slow
 async def test_the_kill_dialog_draws_only_the_chosen_scope_as_chosen(tmp_path: Path, workspace: Path, spawn) -> None:
     f = tmp_path / "scope.toml"
     f.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n')
@@ -279,6 +284,7 @@ async def test_the_kill_dialog_draws_only_the_chosen_scope_as_chosen(tmp_path: P
     assert victim.poll() is None
 
 
+@pytest.mark.slow
 async def test_the_kill_dialog_runs_the_plan_it_shows(tmp_path: Path, workspace: Path, spawn, isolated_dirs) -> None:
     f = tmp_path / "kill.toml"
     f.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
@@ -308,6 +314,7 @@ async def test_the_kill_dialog_runs_the_plan_it_shows(tmp_path: Path, workspace:
     assert f"process group {two.pid}" in whole.command
 
 
+@pytest.mark.slow
 async def test_a_restart_is_not_blocked_by_its_own_server_and_stops_a_stray_one(cfg_file: Path, box, workspace: Path,
                                                                                 port: int, spawn) -> None:
     from samai.console.core.actions import Actions, Decision

@@ -55,6 +55,7 @@ def _nothing_ran(workspace: Path) -> None:
     assert not [p for p in psutil.process_iter(["cmdline"]) if "39.625" in (p.info["cmdline"] or ())]
 
 
+@pytest.mark.slow
 def test_the_intent_is_on_disk_before_the_action_and_its_outcome_follows(cfg_file: Path, workspace: Path,
                                                                           isolated_dirs: Path) -> None:
     r = run_cli("--config", str(cfg_file), "fire", "look", "--yes")
@@ -85,6 +86,7 @@ def _size_limited(limit: int):
     return limit_file_size
 
 
+@pytest.mark.slow
 def test_an_audit_log_at_the_file_size_limit_runs_nothing(cfg_file: Path, workspace: Path,
                                                           isolated_dirs: Path) -> None:
     assert run_cli("--config", str(cfg_file), "snapshot").returncode == 0  # the box tools are in place
@@ -169,6 +171,7 @@ def test_a_token_known_by_its_prefix_is_redacted_wherever_it_stands(body: str, p
 
 # Long runs that a pattern starting at every position would take quadratic time over (the
 # suite's per-test timeout is what catches one that does).
+@pytest.mark.slow
 @example(text="_" * 200_000, value="v")
 @example(text="a." * 100_000, value="v")
 @example(text="-" * 200_000, value="v")
@@ -196,6 +199,7 @@ def test_any_text_redacts_without_error_and_stays_redacted(text: str, value: str
     assert out.endswith("\nAWS_SECRET_ACCESS_KEY=***\n") and redact(out) == out
 
 
+@pytest.mark.slow
 def test_secrets_in_a_command_never_reach_the_audit_log(tmp_path: Path, workspace: Path, isolated_dirs) -> None:
     secrets = ["hf_Abcdefghijklmnopqrstu12", "wandb0123456789", "AKIAsecretsecret", "hunter2pass", "tok3n-value",
                "k3y-value", "s3cr3tpass", "eyJbearer.token.value"]
@@ -212,6 +216,7 @@ def test_secrets_in_a_command_never_reach_the_audit_log(tmp_path: Path, workspac
     assert not [s for s in secrets if s in text]
 
 
+@pytest.mark.slow
 async def test_alerts_and_saved_logs_keep_no_secrets(tmp_path: Path, workspace: Path, isolated_dirs) -> None:
     from samai.console.app import SamaiApp
     from samai.console.screens.dialogs import ConfirmDialog

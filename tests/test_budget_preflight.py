@@ -8,6 +8,8 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
+
 from samai.console.core import config
 from samai.console.core.budget import GB, disk_budget, plan_run, project
 from samai.console.core.preflight import poison_artifacts, preflight
@@ -152,6 +154,7 @@ def test_the_playbook_budget_comes_out_of_the_samai_8b_config() -> None:
     assert [p.stage for p in peaks.values() if not p.fits] == ["convert"]
 
 
+@pytest.mark.slow
 def test_budget_on_the_command_line(tmp_path: Path) -> None:
     from tests.helpers import run_cli
 

@@ -57,6 +57,7 @@ def test_a_good_gguf(tmp_path: Path) -> None:
                             "projector"]  # the JSON contract's order
 
 
+@pytest.mark.slow
 def test_gguf_problems_have_their_codes(tmp_path: Path) -> None:
     good = write_gguf(tmp_path / "ok.gguf").read_bytes()
     (tmp_path / "cut.gguf").write_bytes(good[:-100])
@@ -92,6 +93,7 @@ def test_a_missing_file_is_exit_2(tmp_path: Path, kind: str) -> None:
     assert r.returncode == 2 and "No such file" in r.stderr
 
 
+@pytest.mark.slow
 def test_check_trainlog_on_a_real_trainer_log_and_a_hidden_nan(tmp_path: Path) -> None:
     real = Path(__file__).parent / "data" / "trainer_v5_tiny.log"
     rc, result = check("trainlog", str(real))
@@ -106,6 +108,7 @@ def test_check_trainlog_on_a_real_trainer_log_and_a_hidden_nan(tmp_path: Path) -
     assert list(result["anomalies"][0]) == ["code", "severity", "step", "message"]
 
 
+@pytest.mark.slow
 def test_check_eval_finds_the_fake_zero(tmp_path: Path) -> None:
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": i, "prompt": "17*23=", "gold": "391", "pred": None, "correct": False,

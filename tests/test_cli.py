@@ -64,6 +64,7 @@ def test_snapshot_text_lists_the_stages(cfg_file: Path) -> None:
     assert r.returncode == 0 and "[h] hello" in r.stdout and "idle" in r.stdout
 
 
+@pytest.mark.slow
 def test_fire_and_stop_a_stage_and_both_are_audited(cfg_file: Path, workspace: Path, isolated_dirs) -> None:
     r = run_cli("--config", str(cfg_file), "fire", "hello", "--yes")
     assert r.returncode == 0, r.stderr
@@ -81,12 +82,14 @@ def test_fire_and_stop_a_stage_and_both_are_audited(cfg_file: Path, workspace: P
     assert (stop["action"], stop["result"]) == ("stop", "done") and "SIGTERM" in stop["command"]
 
 
+@pytest.mark.slow
 def test_a_failing_stage_exits_1_with_its_log_tail(cfg_file: Path) -> None:
     r = run_cli("--config", str(cfg_file), "fire", "broken", "--yes")
     assert r.returncode == 1
     assert "rc=127" in r.stderr and "definitely-not-a-command" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_blocked_preflight_needs_force(cfg_file: Path, workspace: Path, isolated_dirs) -> None:
     r = run_cli("--config", str(cfg_file), "fire", "needy", "--yes")
     assert r.returncode == 1 and "needs base (models/base): missing" in r.stderr and "--force" in r.stderr
@@ -104,6 +107,7 @@ def test_unknown_stage_is_a_usage_error(cfg_file: Path, isolated_dirs) -> None:
     assert _audit(isolated_dirs) == []
 
 
+@pytest.mark.slow
 def test_usage_mistakes_are_one_line_exit_2() -> None:
     for argv in (["kill", "123"], ["kill", "abc", "--start-time", "1"], ["frobnicate"],
                  ["--target", "gopher://x", "snapshot"], ["tail", "x", "--grep", "("]):
@@ -112,6 +116,7 @@ def test_usage_mistakes_are_one_line_exit_2() -> None:
         assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, argv
 
 
+@pytest.mark.slow
 def test_kill_with_a_wrong_start_time_is_refused(spawn, isolated_dirs) -> None:
     proc = spawn("sleep", "30")
     real = start_time_of(proc.pid)
@@ -125,6 +130,7 @@ def test_kill_with_a_wrong_start_time_is_refused(spawn, isolated_dirs) -> None:
     assert proc.wait(5) != 0
 
 
+@pytest.mark.slow
 def test_actions_need_confirmation(cfg_file: Path, workspace: Path, isolated_dirs) -> None:
     r = run_cli("--config", str(cfg_file), "fire", "hello")  # stdin is not a terminal, no --yes
     assert r.returncode == 1 and "--yes" in r.stderr
@@ -133,6 +139,7 @@ def test_actions_need_confirmation(cfg_file: Path, workspace: Path, isolated_dir
     assert (entry["confirmation"], entry["result"]) == ("declined", "cancelled")
 
 
+@pytest.mark.slow
 def test_readonly_refuses_every_action(cfg_file: Path, workspace: Path, spawn) -> None:
     proc = spawn("sleep", "30")
     start = start_time_of(proc.pid)
@@ -152,6 +159,7 @@ def test_an_action_is_refused_when_the_audit_log_cannot_be_written(cfg_file: Pat
     assert not (workspace / ".samai" / "state" / "hello.json").exists()
 
 
+@pytest.mark.slow
 def test_secrets_never_reach_the_audit_log(tmp_path: Path, workspace: Path, isolated_dirs) -> None:
     f = tmp_path / "s.toml"
     f.write_text(f'[workspace]\npath = "{workspace}"\n[stages.push]\nkey = "p"\n'
@@ -161,6 +169,7 @@ def test_secrets_never_reach_the_audit_log(tmp_path: Path, workspace: Path, isol
     assert "hf_abcdefghijklmnopqrstuvwxyz" not in text and "--token=***" in text
 
 
+@pytest.mark.slow
 def test_tail_prints_last_lines_and_filters(workspace: Path, cfg_file: Path) -> None:
     log = workspace / "logs" / "t.log"
     log.parent.mkdir()
@@ -173,6 +182,7 @@ def test_tail_prints_last_lines_and_filters(workspace: Path, cfg_file: Path) -> 
     assert r.returncode == 1 and "No such file" in r.stderr
 
 
+@pytest.mark.slow
 def test_tail_follow_prints_appended_lines(workspace: Path, cfg_file: Path) -> None:
     import subprocess
     import sys
@@ -191,6 +201,7 @@ def test_tail_follow_prints_appended_lines(workspace: Path, cfg_file: Path) -> N
         proc.wait()
 
 
+@pytest.mark.slow
 def test_tail_follow_survives_the_probe_dying_and_resumes_at_its_byte_offset(workspace: Path, cfg_file: Path) -> None:
     """An outage during `tail --follow` (its probe killed, as a dropped SSH connection ends it):
     it says so on stderr, reconnects, and goes on from the same byte: numbered lines, none twice,

@@ -102,6 +102,7 @@ def test_mistakes_name_the_file_the_key_and_what_was_expected(tmp_path: Path, te
     assert expected in message
 
 
+@pytest.mark.slow
 def test_bad_config_on_the_command_line_is_one_line_and_exit_2(tmp_path: Path) -> None:
     f = tmp_path / "bad.toml"
     f.write_text("[stages.train]\nkey = 'tt'\ncommand = 'x'\n")

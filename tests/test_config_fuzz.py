@@ -85,6 +85,7 @@ def holds_its_promises(cfg: config.Config) -> None:
         assert config.remote_workspace_reason(cfg.workspace) is None
 
 
+@pytest.mark.slow
 @FUZZ
 @given(documents)
 def test_any_values_for_the_known_keys_give_a_config_or_a_config_error(doc):

@@ -7,6 +7,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +40,7 @@ async def test_a_stage_log_has_the_disk_line_at_its_start_and_end(box: Box, work
     assert end.used - start.used >= BLOB  # what the stage wrote, at least (blocks are allocated whole)
 
 
+@pytest.mark.slow
 async def test_a_stopped_stage_still_writes_its_end_line(box: Box, workspace: Path) -> None:
     fired = await box.fire("sleeper", "sleep 30", "logs/sleeper.log", verify_s=0.3)
     assert fired.ok
@@ -61,6 +63,7 @@ command = "true"
 """
 
 
+@pytest.mark.slow
 async def test_the_disk_pane_shows_the_last_stages_delta(tmp_path: Path, workspace: Path, isolated_dirs) -> None:
     f = tmp_path / "disk.toml"
     f.write_text(PIPE.format(ws=workspace, python=sys.executable))

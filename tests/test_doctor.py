@@ -8,9 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from samai.console.core.detectors import reasoning_format
@@ -40,6 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_quiet_box_has_nothing_but_the_missing_binary(tmp_path, workspace) -> None:
     rc, findings = _doctor(_config(tmp_path, workspace, _free_port()))
     assert [f["code"] for f in findings] == ["binary_missing"] and rc == 1
@@ -66,8 +67,9 @@ def test_two_independent_writers_on_one_file(tmp_path, workspace, spawn) -> None
 def test_a_shell_and_its_child_sharing_an_output_is_not_flagged(tmp_path, workspace, spawn) -> None:
     log = workspace / "chain.log"
     with open(log, "a") as out:
-        spawn("sh", "-c", "sleep 30 & sleep 30; wait", stdout=out, start_new_session=True)
-    time.sleep(0.3)
+        shell = spawn("sh", "-c", "sleep 30 & sleep 30; wait", stdout=out, start_new_session=True)
+    # Both children started, each writing the log: what a shared_writer finding would be about.
+    wait_for(lambda: len(_writing(shell.pid, log)) == 3)
     _, findings = _doctor(_config(tmp_path, workspace, _free_port()))
     assert not [f for f in findings if f["code"] == "shared_writer"]
 
@@ -87,6 +89,7 @@ def test_a_stale_server_and_a_split_reasoning_server(tmp_path, workspace, spawn)
     assert "reasoning_split" in codes and codes["reasoning_split"]["action"].startswith(f"kill {server.pid} ")
 
 
+@pytest.mark.slow
 def test_poison_files_and_a_lost_stage(tmp_path, workspace) -> None:
     (workspace / "TRAIN_NAN").write_text("")
     cfg = _config(tmp_path, workspace, _free_port())
@@ -101,6 +104,12 @@ def test_poison_files_and_a_lost_stage(tmp_path, workspace) -> None:
     assert codes["poison_files"]["action"] == "restart train" and "TRAIN_NAN" in codes["poison_files"]["message"]
 
 
+def _writing(pid: int, path: Path) -> list[int]:
+    """pid and its children that hold path open."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children()]
+    return [p.pid for p in procs if any(f.path == str(path) for f in p.open_files())]
+
+
 def _listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -111,6 +120,7 @@ def _listening(port: int) -> bool:
 
 
 
+@pytest.mark.slow
 def test_two_listeners_on_a_serve_port(tmp_path, workspace, spawn) -> None:
     port = _free_port()
     code = ("import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n"
@@ -122,6 +132,7 @@ def test_two_listeners_on_a_serve_port(tmp_path, workspace, spawn) -> None:
     contended = [f for f in findings if f["code"] == "port_contended"]
     assert rc == 1 and len(contended) == 1 and "2 listeners" in contended[0]["message"]
     assert {str(s.pid) for s in servers} <= set(contended[0]["message"].replace(",", " ").replace(")", " ").split())
+@pytest.mark.slow
 def test_a_server_the_stage_started_in_a_session_of_its_own_is_not_stale(tmp_path, workspace) -> None:
     port = _free_port()
     listen = workspace / "listen.py"
@@ -136,6 +147,7 @@ def test_a_server_the_stage_started_in_a_session_of_its_own_is_not_stale(tmp_pat
     assert "stale_server" not in {f["code"] for f in findings}, findings
 
 
+@pytest.mark.slow
 def test_findings_quote_no_secret_from_a_command_line(tmp_path, workspace, spawn) -> None:
     port = _free_port()
     listen = workspace / "l.py"  # short, so that the secret is inside what a finding quotes

@@ -227,6 +227,7 @@ async def snapshot_through(url: str) -> Exception | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", list(MALFORMED))
 async def test_every_malformed_reply_is_one_transport_error(garbage: GarbageGateway, shape: str, monkeypatch) -> None:
     monkeypatch.setenv("SAMAI_ENVELOPE_TOKEN", TOKEN)
@@ -300,6 +301,7 @@ def bodies() -> st.SearchStrategy[Answer]:
     return by_field | JSON.map(gateway_json) | st.binary(max_size=64).map(Answer)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(answer=st.one_of(bodies(), frames(), probe_replies()))
 def test_generated_replies_are_transport_or_box_errors(garbage: GarbageGateway, answer: Answer, monkeypatch) -> None:
@@ -313,6 +315,7 @@ def test_generated_replies_are_transport_or_box_errors(garbage: GarbageGateway, 
 # ------------------------------------------------------------------ end to end
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", CLASSES)
 def test_the_cli_says_one_line_and_exits_2(garbage: GarbageGateway, shape: str) -> None:
     garbage.answer = MALFORMED[shape]
@@ -332,6 +335,7 @@ def two_boxes(tmp_path: Path, bad_url: str) -> Path:
     return f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["frame a list", "length line longer than the body", "body past the cap"])
 def test_all_boxes_shows_the_good_box_and_the_bad_one_unreachable(garbage: GarbageGateway, tmp_path: Path,
                                                                  shape: str) -> None:
@@ -363,6 +367,7 @@ async def test_the_fleet_row_says_why_the_box_does_not_answer(garbage: GarbageGa
         await watch.close()
 
 
+@pytest.mark.slow
 async def test_the_tui_greys_the_box_and_polls_on_until_the_gateway_answers_again(
         garbage: GarbageGateway, workspace: Path, spawn, monkeypatch) -> None:
     from samai.console.app import SamaiApp
@@ -418,6 +423,7 @@ def gzip_bomb() -> bytes:
     return head + block * (HUGE // MIB - 1) + packer.flush()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["chunked", "gzip"])
 def test_a_huge_reply_is_refused_without_being_held(garbage: GarbageGateway, how: str) -> None:
     """Its peak memory grows by a fraction of the reply (generous: the cap and a chunk, not a
@@ -438,6 +444,7 @@ def test_a_huge_reply_is_refused_without_being_held(garbage: GarbageGateway, how
 # ------------------------------------------------------------------ the largest legitimate reply
 
 
+@pytest.mark.slow
 async def test_the_largest_range_the_probe_reads_passes_the_cap(workspace: Path, monkeypatch) -> None:
     """A 16 MiB range (the probe's own cap) through the reference gateway: base64 twice on the way."""
     from samai.remote.box.logfiles import MAX_RANGE_BYTES

@@ -134,6 +134,7 @@ def server_process(tmp_path):
         proc.stdout.close()
 
 
+@pytest.mark.slow
 def test_the_token_never_reaches_the_server_log(server_process):
     proc, url, stderr_path = server_process
     good, bad = {"Authorization": f"Bearer {TOKEN}"}, {"Authorization": f"Bearer {TOKEN}-wrong"}
@@ -258,6 +259,7 @@ def test_a_slow_payload_does_not_block_other_requests(server, tmp_path):
 # Timeouts
 
 
+@pytest.mark.slow
 def test_a_timeout_answers_504_and_kills_the_child_and_its_grandchild(server, tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     duration = f"300.{uuid.uuid4().int % 10**9}"  # a command line no other run shares
@@ -276,6 +278,7 @@ def test_a_timeout_answers_504_and_kills_the_child_and_its_grandchild(server, tm
     assert [p for p in leftovers if alive(p.pid)] == []
 
 
+@pytest.mark.slow
 def test_a_detached_process_outlives_the_request_and_does_not_hold_the_reply(server, tmp_path):
     pid_file = tmp_path / "fired.pid"
     code = ("import subprocess\n"
@@ -292,6 +295,7 @@ def test_a_detached_process_outlives_the_request_and_does_not_hold_the_reply(ser
         os.kill(fired, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_the_hard_cut_caps_a_larger_timeout(server):
     # The payload sleeps 30 s and the client waits 15: only the hard cut answers in time.
     response = execute(server, "import time\ntime.sleep(30)", timeout_s=100)
@@ -387,6 +391,7 @@ def test_503_carries_retry_after(server):
     assert execute(server, "print(1)").status_code == 200
 
 
+@pytest.mark.slow
 def test_hang_answers_nothing_until_the_hard_cut(server, tmp_path):
     arm(server, mode="hang")
     marker = tmp_path / "ran"
@@ -401,6 +406,7 @@ def test_hang_answers_nothing_until_the_hard_cut(server, tmp_path):
     assert execute(server, "print(1)").status_code == 200
 
 
+@pytest.mark.slow
 def test_trickle_sends_the_reply_one_byte_at_a_time(server):
     delay_s = 0.005
     arm(server, mode="trickle", delay_s=delay_s)

@@ -20,6 +20,8 @@ from samai.console.core import config
 from tests.box_tools import stage_argv, stage_env
 from tests.helpers import pilot_until
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: real processes, sockets or an app, waited on
+
 RECORDED = Path(__file__).parent / "data" / "eval" / "llama_server"
 PIPELINE = """
 [workspace]

@@ -64,6 +64,7 @@ MODES = ["RGB", "RGBA", "L", "P", "1"]
 SIZES = [(1, 1), (1600, 1200), (3000, 500), (7, 1600), (16383, 3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,options", WRITERS, ids=[f"{f}-{'-'.join(o) or 'plain'}" for f, o in WRITERS])
 def test_the_size_of_every_format_pillow_writes_in_every_mode(fmt: str, options: dict) -> None:
     checked = 0
@@ -136,6 +137,7 @@ def assert_a_size_or_none(data: bytes) -> None:
     assert size is None or (len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size))
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(SIGNATURES), st.binary(max_size=300))
 def test_random_bytes_behind_each_signature_never_raise(signature: bytes, rest: bytes) -> None:
@@ -293,6 +295,7 @@ def sent_images(server: ChatServer) -> dict[str, tuple[str, bytes]]:
     return images
 
 
+@pytest.mark.slow
 def test_the_eval_stage_sends_images_capped_and_records_them(chat_server: ChatServer, eval_set: Path,
                                                              tmp_path: Path) -> None:
     out = tmp_path / "runs" / "eval" / "images"
@@ -330,6 +333,7 @@ def test_the_eval_stage_sends_images_capped_and_records_them(chat_server: ChatSe
     assert "item corrupt: " in log and "is not a PNG, JPEG, GIF, WebP or BMP image" in log
 
 
+@pytest.mark.slow
 def test_the_cap_is_an_option(chat_server: ChatServer, eval_set: Path, tmp_path: Path) -> None:
     out = tmp_path / "capped"
     run_eval(chat_server, eval_set, out, "--image-cap", 100)
@@ -340,6 +344,7 @@ def test_the_cap_is_an_option(chat_server: ChatServer, eval_set: Path, tmp_path:
     assert refused.returncode == 2 and "--image-cap: at least 1 px" in refused.stderr
 
 
+@pytest.mark.slow
 def test_an_image_item_with_the_text_format_is_an_item_error(chat_server: ChatServer, eval_set: Path,
                                                              tmp_path: Path) -> None:
     out = tmp_path / "text"
@@ -350,6 +355,7 @@ def test_an_image_item_with_the_text_format_is_an_item_error(chat_server: ChatSe
     assert json.loads((out / "summary.json").read_text())["errors"] == 9
 
 
+@pytest.mark.slow
 def test_without_pillow_only_the_images_that_need_resizing_are_errors(chat_server: ChatServer, eval_set: Path,
                                                                       tmp_path: Path) -> None:
     """The stage run by a Python that has no Pillow (-S: no site-packages), as the system Python on a box."""

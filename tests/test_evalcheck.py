@@ -180,6 +180,7 @@ def run_eval_stage(server: ChatServer, tmp_path: Path, n: int = 4) -> Path:
     return out / "items.jsonl"
 
 
+@pytest.mark.slow
 def test_the_eval_stage_joins_reasoning_content_so_a_split_answer_is_no_fake_zero(
         chat_server: ChatServer, tmp_path: Path) -> None:
     chat_server.message = {"content": "", "reasoning_content": SERVER_THINK}
@@ -192,6 +193,7 @@ def test_the_eval_stage_joins_reasoning_content_so_a_split_answer_is_no_fake_zer
     assert "fake_zero" not in codes(result)
 
 
+@pytest.mark.slow
 def test_the_eval_stage_against_a_server_that_answers_nothing_is_a_fake_zero(
         chat_server: ChatServer, tmp_path: Path) -> None:
     chat_server.message = {"content": "", "reasoning_content": ""}
@@ -396,6 +398,7 @@ def test_a_cut_pretty_printed_response_is_read_line_by_line_as_malformed() -> No
     assert result.layout == "jsonl" and result.n == 0 and result.malformed == sum(1 for line in cut if line.strip())
 
 
+@pytest.mark.slow
 def test_the_cli_says_which_format_it_read(tmp_path: Path) -> None:
     array = tmp_path / "responses.json"
     array.write_text(json.dumps(recorded("no_template"), indent=2))
@@ -451,6 +454,7 @@ def figures(result: EvalResult) -> tuple:
             result.largest_over)  # one record a line: line numbers are element numbers
 
 
+@pytest.mark.slow
 @FUZZ
 @given(records=st.lists(RECORD, min_size=2, max_size=8), indent=st.sampled_from([None, 1, 2]))
 def test_any_records_read_the_same_as_jsonl_and_as_a_json_array(records: list[dict], indent: int | None) -> None:
@@ -463,6 +467,7 @@ def test_any_records_read_the_same_as_jsonl_and_as_a_json_array(records: list[di
     assert jsonl.n + jsonl.malformed == len(records)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(records=st.lists(RECORD, max_size=6), cut=st.integers(0, 400), junk=st.text(max_size=12))
 def test_any_cut_or_spliced_file_gives_a_result(records: list[dict], cut: int, junk: str) -> None:
@@ -472,6 +477,7 @@ def test_any_cut_or_spliced_file_gives_a_result(records: list[dict], cut: int, j
     assert_sound(check_eval(lines[: len(lines) // 2]))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(records=st.lists(RESPONSE | ITEM, min_size=1, max_size=6))
 def test_a_record_with_a_chatcmpl_id_is_never_read_as_an_item(records: list[dict]) -> None:

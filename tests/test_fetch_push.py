@@ -126,6 +126,7 @@ def test_server_ignoring_range_restarts_from_zero(served, blob, tmp_path):
     assert out.read_bytes() == blob  # not 50 000 bytes of prefix plus a whole file
 
 
+@pytest.mark.slow
 def test_second_fetch_of_the_same_file_is_busy(served, blob, tmp_path):
     out = tmp_path / "model.gguf"
     lock = Path(str(out) + ".lock")
@@ -282,6 +283,7 @@ def test_unsafe_tar_is_refused(served, tmp_path, evil):
 # ------------------------------------------------------------------ push
 
 
+@pytest.mark.slow
 def test_push_waits_for_a_growing_file_then_verifies(tmp_path):
     ws, target = tmp_path / "ws", tmp_path / "target"
     write_files(ws, {"adapter/adapter_model.safetensors": os.urandom(50_000),
@@ -345,6 +347,7 @@ def test_push_gives_up_when_the_target_stays_unwritable(tmp_path):
     assert lines_starting(r.stdout, "PUSH_FAIL gave up after 3 attempts")
 
 
+@pytest.mark.slow
 def test_push_times_out_for_an_artifact_that_never_appears(tmp_path):
     r = push("--to", f"dir:{tmp_path / 'target'}", "--wait-timeout", "1", "--stable", "0.1", "never.gguf",
              cwd=tmp_path)
@@ -354,6 +357,7 @@ def test_push_times_out_for_an_artifact_that_never_appears(tmp_path):
     assert not (tmp_path / "target").exists()
 
 
+@pytest.mark.slow
 def test_push_waits_while_part_files_are_inside(tmp_path):
     write_files(tmp_path, {"final/adapter.safetensors": b"x", "final/shard-2.safetensors.part": b"y"})
     r = push("--to", f"dir:{tmp_path / 'target'}", "--wait-timeout", "1", "--stable", "0.1", "final", cwd=tmp_path)

@@ -121,6 +121,7 @@ def _kill_group(pid: int) -> None:
 # ------------------------------------------------------------------ item 7: replacing a server
 
 
+@pytest.mark.slow
 async def test_the_key_of_a_running_stage_opens_its_restart(tmp_path, workspace, port, listener):
     cfg = _config(tmp_path, workspace, port, serve=f"{sys.executable} {listener}")
     app = SamaiApp(cfg)
@@ -151,6 +152,7 @@ async def test_the_key_of_a_running_stage_opens_its_restart(tmp_path, workspace,
         await pilot_until(pilot, lambda: not app.busy)
 
 
+@pytest.mark.slow
 async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart_replaces_it(tmp_path, workspace,
                                                                                              port, listener):
     # The previous run: its chain ended (CHAIN_DONE rc=0), its server (same group) still holds the port.
@@ -191,6 +193,7 @@ async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart
                      and any(s.port == port and s.pid not in (None, holder.pid) for s in app.state.snapshot.listeners))
 
 
+@pytest.mark.slow
 async def test_a_stray_holder_is_stopped_first_not_a_blocker_and_shown_whole(tmp_path, workspace, port, listener,
                                                                              spawn):
     stray = spawn(sys.executable, str(listener), LONG_TAG, stdout=subprocess.PIPE, text=True)
@@ -264,6 +267,7 @@ def test_eval_against_a_closed_port_says_so_once_and_fails(workspace):
     assert summary["errors"] == 64 and summary["n"] == 0 and summary["unreachable"] == f"http://127.0.0.1:{port}"
 
 
+@pytest.mark.slow
 async def test_a_failed_fire_stays_in_the_alerts_pane(tmp_path, workspace, port):
     _eval_data(workspace)
     app = SamaiApp(_config(tmp_path, workspace, port))
@@ -293,6 +297,7 @@ def _snapshot_args(cfg: config.Config) -> dict:
     return {"artifacts": [(a.name, a.path) for a in cfg.artifacts] + poison_artifacts(cfg)}
 
 
+@pytest.mark.slow
 async def test_a_reserve_above_the_free_space_is_an_alert_and_holds_back_only_writing_stages(tmp_path, workspace,
                                                                                              port, box):
     (workspace / "models" / "merged").mkdir(parents=True)
@@ -313,6 +318,7 @@ async def test_a_reserve_above_the_free_space_is_an_alert_and_holds_back_only_wr
         await pilot_until(pilot, lambda: "below the reserve" in str(app.box_screen.query_one(AlertsPane).render()))
 
 
+@pytest.mark.slow
 async def test_the_clean_dialog_lists_each_paths_size(tmp_path, workspace, port):
     (workspace / "models" / "merged").mkdir(parents=True)
     (workspace / "models" / "merged" / "w.bin").write_bytes(b"m" * 20_000)
@@ -331,6 +337,7 @@ async def test_the_clean_dialog_lists_each_paths_size(tmp_path, workspace, port)
     assert (workspace / "models" / "merged" / "w.bin").exists()
 
 
+@pytest.mark.slow
 async def test_the_disk_pane_toggles_the_largest_users(tmp_path, workspace, port):
     (workspace / "models" / "base").mkdir(parents=True)
     (workspace / "models" / "base" / "w.bin").write_bytes(b"b" * 3_000)

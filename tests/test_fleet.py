@@ -37,7 +37,7 @@ FAILING = '[stages.bad]\nkey = "y"\ncommand = "sleep 4; exit 3"\n'  # running at
 
 
 @pytest.fixture(scope="module")
-def server():
+def sshd_server():
     if not SSHD_HERE:
         yield None
         return
@@ -77,6 +77,7 @@ def write_config(tmp_path: Path, tables: str, stages: str = STAGE) -> Path:
 # ------------------------------------------------------------------ the command line
 
 
+@pytest.mark.slow
 def test_box_selects_the_box_each_command_works_on(tmp_path: Path) -> None:
     tables, spaces = local_boxes(tmp_path)
     cfg = write_config(tmp_path, tables)
@@ -99,15 +100,15 @@ def test_an_unknown_box_is_a_usage_error_naming_the_declared_ones(tmp_path: Path
 
 
 @needs_sshd
-def test_all_boxes_one_hung_box_hides_none_of_the_others(tmp_path: Path, server, silent_port: int) -> None:
+def test_all_boxes_one_hung_box_hides_none_of_the_others(tmp_path: Path, sshd_server, silent_port: int) -> None:
     tables, spaces = local_boxes(tmp_path)
     ssh_ws = tmp_path / "ws-ssh"
     ssh_ws.mkdir()
-    tables += box_table("remote", server.url(), ssh_ws, python=sys.executable)
+    tables += box_table("remote", sshd_server.url(), ssh_ws, python=sys.executable)
     tables += box_table("hung", f"ssh://root@127.0.0.1:{silent_port}", "samai/hung", connect_timeout=1.5)
     cfg = write_config(tmp_path, tables)
     assert run_cli("--config", str(cfg), "--box", "b", "fire", "slow", "--yes").returncode == 0
-    r = run_cli("--config", str(cfg), "snapshot", "--json", "--all-boxes", env={"HOME": str(server.client_home)})
+    r = run_cli("--config", str(cfg), "snapshot", "--json", "--all-boxes", env={"HOME": str(sshd_server.client_home)})
     assert r.returncode == 1, r.stderr  # some boxes answered, one did not
     assert r.stderr.count("\n") == 1 and "hung" in r.stderr
     boxes = json.loads(r.stdout)["boxes"]
@@ -121,6 +122,7 @@ def test_all_boxes_one_hung_box_hides_none_of_the_others(tmp_path: Path, server,
     run_cli("--config", str(cfg), "--box", "b", "stop", "slow", "--yes", "--grace", "1")
 
 
+@pytest.mark.slow
 def test_all_boxes_of_a_config_without_boxes_is_one_named_default(tmp_path: Path, workspace: Path) -> None:
     f = tmp_path / "one.toml"
     f.write_text(f'[workspace]\npath = "{workspace}"\n' + STAGE)
@@ -162,6 +164,7 @@ async def test_the_others_answer_while_a_hung_box_still_waits(tmp_path: Path, si
         await task
 
 
+@pytest.mark.slow
 async def test_the_fleet_model_polls_each_box_on_its_own(tmp_path: Path, silent_port: int) -> None:
     tables, spaces = local_boxes(tmp_path)
     tables += box_table("hung", f"ssh://root@127.0.0.1:{silent_port}", "samai/hung", connect_timeout=1)
@@ -200,21 +203,21 @@ def _cell(table: FleetTable, box: str, column: str) -> str:
         return ""
 
 
-async def test_the_fleet_screen_rows_enter_back_and_the_palette(tmp_path: Path, server, monkeypatch) -> None:
+async def test_the_fleet_screen_rows_enter_back_and_the_palette(tmp_path: Path, sshd_server, monkeypatch) -> None:
     tables, spaces = local_boxes(tmp_path)
     names = ["a", "b", "c"]
-    if server is not None:  # a real SSH box beside the local ones
-        monkeypatch.setenv("HOME", str(server.client_home))
+    if sshd_server is not None:  # a real SSH box beside the local ones
+        monkeypatch.setenv("HOME", str(sshd_server.client_home))
         monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
         (tmp_path / "ws-ssh").mkdir()
-        tables += box_table("remote", server.url(), tmp_path / "ws-ssh", python=sys.executable)
+        tables += box_table("remote", sshd_server.url(), tmp_path / "ws-ssh", python=sys.executable)
         names.append("remote")
     with socket.socket() as hung:  # a box that never answers: its row says so, and holds up no other
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)
         tables += box_table("hung", f"ssh://root@127.0.0.1:{hung.getsockname()[1]}", "samai/hung", connect_timeout=1)
         f = write_config(tmp_path, tables, STAGE + FAILING)
-        await _drive_the_fleet(tmp_path, f, names, spaces, server)
+        await _drive_the_fleet(tmp_path, f, names, spaces, sshd_server)
 
 
 def _palette_choice(app: SamaiApp) -> str:
@@ -224,7 +227,7 @@ def _palette_choice(app: SamaiApp) -> str:
     return str(option.prompt) if option is not None else ""
 
 
-async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: dict[str, Path], server) -> None:
+async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: dict[str, Path], sshd_server) -> None:
     app = SamaiApp(config.load(f))
     before = _live_probes()  # an earlier test's, left running: not this console's
     async with app.run_test(size=(170, 45)) as pilot:
@@ -290,21 +293,24 @@ async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: di
         assert "connected" not in _cell(table, "hung", "connection")
 
 
+@pytest.mark.slow
 async def test_one_box_has_no_fleet_key(tmp_path: Path, workspace: Path) -> None:
     f = tmp_path / "one.toml"
     f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n' + STAGE)
     app = SamaiApp(config.load(f), poll=False)
     async with app.run_test(size=(170, 45)) as pilot:
         await pilot.press("F")
-        await pilot.pause(0.2)
-        box = app.box_screen
-        assert not isinstance(app.screen, FleetScreen) and "Fleet" not in str(box.query_one(KeysFooter).render())
+        footer = app.box_screen.query_one(KeysFooter)
+        assert not isinstance(app.screen, FleetScreen) and "Fleet" not in str(footer.render())
         await pilot.press("question_mark")
         help_screen = await pilot_until(pilot, lambda: isinstance(app.screen, HelpScreen) and app.screen)
+        # the later key's screen came: F's would have come before it
+        assert not any(isinstance(s, FleetScreen) for s in app.screen_stack)
         table = help_screen.query_one(DataTable)
         assert "app.fleet" not in {str(table.get_row_at(i)[3]) for i in range(table.row_count)}
 
 
+@pytest.mark.slow
 async def test_escape_from_the_fleet_at_start_opens_the_first_box_and_box_opens_one_at_once(tmp_path: Path) -> None:
     tables, spaces = local_boxes(tmp_path, ("a", "b"))
     cfg = config.load(write_config(tmp_path, tables))
@@ -334,6 +340,7 @@ def test_a_row_shows_gpus_and_quotes_the_box_literally() -> None:
     assert shown["running"] == "[bold]t" and shown["alert"].startswith("error [@click=app.quit]x[/] ")
 
 
+@pytest.mark.slow
 async def test_a_poll_that_ends_after_the_screens_are_gone_is_no_crash(tmp_path: Path) -> None:
     """With many boxes a poll may end while the app closes: its last tick finds no screen to mark
     stale, and says nothing (it raised ScreenStackError and failed the run)."""

@@ -154,6 +154,7 @@ def _lost(numbers: list[int], total: int) -> int:
     return total - len(set(numbers))
 
 
+@pytest.mark.slow
 def test_rename_rotation_loses_no_line(tmp_path: Path, workspace: Path, followers, spawn) -> None:
     log = workspace / "train.log"
     ours, gnu = followers(log)
@@ -184,6 +185,7 @@ def test_rename_rotation_loses_no_line(tmp_path: Path, workspace: Path, follower
     assert ours_err.count("reading the new one from its start") == len(ways)
 
 
+@pytest.mark.slow
 def test_copytruncate_loses_no_more_than_gnu_tail(tmp_path: Path, workspace: Path, followers, spawn) -> None:
     log = workspace / "serve.log"
     ours, gnu = followers(log)
@@ -282,6 +284,7 @@ def _read_through(ours: Output, gen: Generations) -> str:
     return ours.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rotations", [2, 3])
 def test_several_renames_between_two_polls_read_every_generation_in_order(workspace: Path, tail_follow,
                                                                            rotations: int) -> None:
@@ -303,6 +306,7 @@ def test_several_renames_between_two_polls_read_every_generation_in_order(worksp
     assert "not read" not in err, err
 
 
+@pytest.mark.slow
 def test_copytruncates_between_two_polls_read_every_copy_in_order(workspace: Path, tail_follow) -> None:
     log = workspace / "serve.log"
     ours = tail_follow(log)
@@ -320,6 +324,7 @@ def test_copytruncates_between_two_polls_read_every_copy_in_order(workspace: Pat
     assert err.count("reading the generation after it") == 1, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["deleted", "compressed"])
 def test_a_generation_gone_before_its_first_read_is_named_with_what_it_held(workspace: Path, tail_follow,
                                                                              how: str) -> None:
@@ -352,6 +357,7 @@ def test_a_generation_gone_before_its_first_read_is_named_with_what_it_held(work
         assert f"{middle.name} (gone before it was read" in notice, notice
 
 
+@pytest.mark.slow
 def test_a_copy_gone_before_the_rest_in_it_is_read_says_from_which_byte(workspace: Path, tail_follow) -> None:
     """Two copytruncates between two polls, and the first copy (which alone holds the rest of
     what was being read) deleted: the notice names the file and the byte the loss starts at, and
@@ -400,6 +406,7 @@ async def test_a_generation_gone_before_its_end_is_read_says_which_bytes(box: Bo
     assert f"inode {inode}, bytes {read}-{size} ({size - read} bytes)" in notice, notice
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None)
 @given(older=JSON, gone=JSON, unread=JSON, drain=st.sampled_from([None, "renamed"]))
 def test_a_reply_naming_any_generations_is_a_chunk_or_a_box_error(older, gone, unread, drain) -> None:
@@ -458,6 +465,7 @@ async def _one_burst(box: Box, follower: LogFollower) -> tuple[list[str], list[s
     return update.lines, [update.notice] if update.notice else []
 
 
+@pytest.mark.slow
 async def test_a_one_shot_probe_finds_the_rotated_log_among_its_siblings(box: Box, workspace: Path) -> None:
     log = workspace / "a.log"
     log.write_text("one\n")
@@ -538,6 +546,7 @@ async def test_copytruncate_copy_is_read_first_and_an_older_look_alike_is_not(bo
     assert update.lines == ["new"]
 
 
+@pytest.mark.slow
 async def test_the_log_pane_follows_a_rotation_through_the_same_reader(tmp_path: Path, workspace: Path) -> None:
     f = tmp_path / "pane.toml"
     f.write_text(CONFIG.format(ws=workspace, python=sys.executable).replace("[target]\n",
@@ -584,6 +593,7 @@ def specials(workspace: Path):
     sock.close()
 
 
+@pytest.mark.slow
 def test_special_files_are_refused_at_once(cfg_file: Path, specials: dict[str, str]) -> None:
     for kind, path in specials.items():
         for argv in (["tail", path], ["tail", path, "--follow"], ["check", "trainlog", path],

@@ -155,6 +155,7 @@ def memory(box):
     return box.probe.Memory()
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_probe_answers_any_request_with_a_reply_or_an_error_reply(box, box_files, memory, data) -> None:
@@ -195,6 +196,7 @@ def well_formed_request(files: SimpleNamespace):
     })
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_a_well_formed_request_gets_a_whole_reply(box, box_files, memory, data) -> None:
@@ -259,6 +261,7 @@ def ask(probe: subprocess.Popen, line: bytes) -> bytes:
     return probe.stdout.read(length)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_a_serving_probe_answers_every_request_and_serves_on(serving_probe, box_files, data) -> None:
@@ -355,6 +358,7 @@ def test_a_mutated_probe_reply_is_a_snapshot_or_a_box_error(real_reply, data) ->
     converts_or_refuses(model.snapshot, reply, 0.01)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(reply=st.dictionaries(st.sampled_from(["time", "boot_time", "host", "disks", "processes", "logs", "states",
                                               "writers", "binaries", "errors", "listeners", "artifacts", "reports",
@@ -436,6 +440,7 @@ def test_any_reply_bytes_are_a_reply_object_or_a_box_error(raw) -> None:
     assert isinstance(reply, dict) and "error" not in reply
 
 
+@pytest.mark.slow
 @FUZZ
 @given(at=JSON | st.lists(st.integers(-2, 200), max_size=3), keep=st.integers(0, 200))
 def test_any_data_at_is_the_attached_bytes_or_a_box_error(box, box_files, at, keep) -> None:
@@ -608,6 +613,7 @@ def test_a_pattern_beyond_re_limits_is_a_log_error_not_a_crash(box, box_files) -
         assert "error" not in reply and reply["logs"][0]["error"]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data(), whole=LOG_TEXT, patterns=st.lists(PATTERNS.filter(compiles), min_size=1, max_size=2),
        max_bytes=st.integers(1, 40))

@@ -62,12 +62,14 @@ def assert_trainlog_result(result: TrainLogResult) -> None:
     assert result.points or result.summary is not None or result.problems  # never a silent "no problems"
 
 
+@pytest.mark.slow
 @FUZZ
 @given(lines=LOG_LINES)
 def test_any_training_log_gives_a_result(lines) -> None:
     assert_trainlog_result(check_trainlog(lines))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(lines=LOG_LINES, data=st.data())
 def test_a_training_log_fed_in_batches_gives_the_same_result(lines, data) -> None:
@@ -91,6 +93,7 @@ JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                                max_size=4), max_leaves=10)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(history=st.lists(JSON_VALUES, max_size=6) | JSON_VALUES)
 def test_any_trainer_state_gives_a_result_or_says_it_is_not_one(history) -> None:
@@ -118,6 +121,7 @@ EVAL_LINES = st.lists(st.one_of(ITEM.map(json.dumps), JSON_VALUES.map(json.dumps
                       max_size=20)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(lines=EVAL_LINES, threshold=st.floats(0, 1))
 def test_any_eval_items_give_a_result(lines, threshold) -> None:
@@ -225,6 +229,7 @@ def test_a_cut_real_gguf_is_always_a_truncation(real_vocab, data) -> None:
     assert [p["code"] for p in result["problems"]] == ["header_truncated"], (cut, result["problems"])
 
 
+@pytest.mark.slow
 @REAL_FILE
 @REAL_FUZZ
 @given(data=st.data())

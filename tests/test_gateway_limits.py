@@ -199,6 +199,7 @@ def trickle_headers(socks: list[socket.socket], stop: threading.Event) -> None:
             quietly_send(sock, b"a")
 
 
+@pytest.mark.slow
 def test_a_flood_of_half_open_connections_does_not_starve_the_token_holder(small_gateway, tmp_path):
     pid, url, stderr_path = small_gateway
     with flood(url):
@@ -235,12 +236,14 @@ def test_a_client_over_its_cap_loses_its_oldest_waiting_connection(server_log):
     assert "per client" in server_log.getvalue()
 
 
+@pytest.mark.slow
 def test_a_silent_connection_is_closed_at_the_header_deadline(server_log):
     with serve(TOKEN, limits=Limits(header_timeout_s=1), log_stream=server_log) as server:
         with connect(server.url) as silent:
             assert closed_by_server(silent)
 
 
+@pytest.mark.slow
 def test_a_slow_loris_is_closed_at_the_header_deadline_and_its_request_never_runs(server_log, tmp_path):
     marker = tmp_path / "ran"
     body = marker_payload(marker)
@@ -253,6 +256,7 @@ def test_a_slow_loris_is_closed_at_the_header_deadline_and_its_request_never_run
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_body_that_does_not_arrive_within_its_deadline_is_408_and_never_runs(server_log, tmp_path):
     marker = tmp_path / "ran"
     body = marker_payload(marker) + b"\n#" + b"x" * 300
@@ -268,6 +272,7 @@ def test_a_body_that_does_not_arrive_within_its_deadline_is_408_and_never_runs(s
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_the_body_deadline_grows_with_the_declared_length(server_log):
     body = b"print('whole')\n#" + b"x" * 1984  # 2000 bytes: 1 s + 2000 B at 200 B/s = 11 s
     with serve(TOKEN, limits=Limits(body_timeout_s=1, body_min_rate=200), log_stream=server_log) as server:

@@ -120,6 +120,7 @@ def patched(data: bytes, at: int, fmt: str, value) -> bytearray:
 # A good file
 
 
+@pytest.mark.slow
 def test_valid_file_passes(model: Model) -> None:
     r = check_file(model.path, expect_tensors=len(NAMES), expect_last=NAMES[-1])
     assert r["problems"] == []
@@ -475,6 +476,7 @@ def gemma_view(gemma: Path) -> ReaderView:
     return reader_view(gemma)  # ~750 MB and seconds for gguf-py: once per module
 
 
+@pytest.mark.slow
 @REAL_FILES
 def test_llama_cpp_vocab_files_pass_and_say_why_they_are_short(vocab_files: list[Path]) -> None:
     """Vocab-only files (no tensors) end where their header ends, a few bytes under expected_size."""
@@ -491,6 +493,7 @@ def test_llama_cpp_vocab_files_pass_and_say_why_they_are_short(vocab_files: list
     assert shown.returncode == 0 and "No tensors (a vocab-only file)" in shown.stdout
 
 
+@pytest.mark.slow
 @REAL_FILES
 def test_llama_cpp_vocab_files_agree_with_gguf_py(vocab_files: list[Path]) -> None:
     checked = [p for p in vocab_files if p.stem in READER_CHECKED_VOCABS]  # GGUFReader takes seconds each
@@ -499,6 +502,7 @@ def test_llama_cpp_vocab_files_agree_with_gguf_py(vocab_files: list[Path]) -> No
         assert_agrees(check_file(path), reader_view(path))
 
 
+@pytest.mark.slow
 @REAL_FILES
 def test_a_real_quantized_model_agrees_with_gguf_py(gemma: Path, gemma_view: ReaderView) -> None:
     r = check_file(gemma, expect_tensors=gemma_view.tensor_count, expect_last=gemma_view.last_tensor)
@@ -539,6 +543,7 @@ def assert_cut_is_named(r: dict, where: str) -> None:
     assert "fetch it again" in r["problems"][0]["message"] or code == "truncated", (where, r["problems"])
 
 
+@pytest.mark.slow
 @REAL_FILES
 def test_cut_real_files_are_truncations_never_corruption(vocab_files: list[Path], gemma: Path) -> None:
     for path in [*vocab_files, gemma]:
@@ -586,6 +591,7 @@ def token_length_at(data: bytes) -> int:
     return data.index(entry) + len(entry) + 4 + 4 + 8  # value type ARRAY, element type STRING, count
 
 
+@pytest.mark.slow
 @REAL_FILES
 @pytest.mark.parametrize("bit", [22, 14])
 def test_a_flipped_token_length_is_named_not_blamed_on_the_download(vocab_files: list[Path], gemma: Path,
@@ -644,6 +650,7 @@ def test_console_check_of_a_real_model_does_not_load_gguf_py_unless_deep(gemma: 
     assert result["bytes_read"] < 8 * 1024 * 1024  # the header, not the 253 MB
 
 
+@pytest.mark.slow
 @REAL_FILES
 def test_console_check_deep_runs_gguf_py_too(vocab_files: list[Path]) -> None:
     path = min(vocab_files, key=lambda p: p.stat().st_size)
@@ -651,6 +658,7 @@ def test_console_check_deep_runs_gguf_py_too(vocab_files: list[Path]) -> None:
     assert run == {"rc": 0, "gguf_loaded": True} and result["ok"] and result["deep"] is True
 
 
+@pytest.mark.slow
 @REAL_FILES
 def test_console_check_says_why_a_vocab_only_file_is_short(vocab_files: list[Path]) -> None:
     from tests.helpers import run_cli as console_cli

@@ -124,6 +124,7 @@ def assert_nothing_written(workspace: Path, out: str = "out.gguf") -> None:
 # Item 3: the write is of exactly what was planned
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["swapped, with validators", "swapped, no validators", "bytes changed in place"])
 async def test_a_url_donor_that_changed_since_the_plan_is_refused_with_the_difference(
         box: Box, tmp_path: Path, workspace: Path, base: str, served: Path, change: str) -> None:
@@ -153,6 +154,7 @@ async def test_a_url_donor_that_changed_since_the_plan_is_refused_with_the_diffe
     assert at_write and all(int(r.split("=")[1].split("-")[0]) < data_start(donor) for _, r, _ in at_write)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["donor swapped", "donor bytes changed in place", "input swapped"])
 async def test_a_file_that_changed_since_the_plan_is_refused_with_the_difference(
         box: Box, tmp_path: Path, workspace: Path, base: str, other_vocab: Path, change: str) -> None:
@@ -242,6 +244,7 @@ HEADER_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HEADER_CASES)
 async def test_a_donor_whose_reply_header_holds_an_absurd_integer_is_a_refused_donor(
         box: Box, tmp_path: Path, workspace: Path, base: str, served: Path, case: str) -> None:
@@ -283,6 +286,7 @@ def test_the_content_range_parser_bounds_every_number(text: str) -> None:
         assert 0 <= start <= end < total <= gguf_source.MAX_SOURCE_SIZE
 
 
+@pytest.mark.slow
 @FUZZ
 @given(header=st.sampled_from(["Content-Range", "Content-Length"]), value=st.one_of(CONTENT_RANGE, NUMBER))
 def test_fuzzed_range_headers_from_a_real_server_are_a_named_refusal(
@@ -307,6 +311,7 @@ def test_fuzzed_range_headers_from_a_real_server_are_a_named_refusal(
 # Item 8: redirects keep to the donor's host, and never leave https
 
 
+@pytest.mark.slow
 async def test_a_redirect_to_another_host_is_refused_unless_that_host_is_allowed(
         box: Box, workspace: Path, base: str, served: Path) -> None:
     with FileServer(served) as server:
@@ -335,6 +340,7 @@ async def test_a_redirect_to_another_host_is_refused_unless_that_host_is_allowed
     assert check_file(str(workspace / "b.gguf"))["ok"] and check_file(str(workspace / "c.gguf"))["ok"]
 
 
+@pytest.mark.slow
 async def test_an_https_donor_that_redirects_to_plain_http_is_refused(
         box: Box, tmp_path: Path, workspace: Path, base: str, served: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     certificate, key = self_signed(tmp_path)
@@ -424,6 +430,7 @@ BAD_ARGUMENTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_ARGUMENTS)
 def test_a_bad_gguf_argument_is_named_never_a_transport_error(tmp_path: Path, workspace: Path, base: str,
                                                               case: str) -> None:

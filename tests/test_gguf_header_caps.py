@@ -100,6 +100,7 @@ def test_the_writer_here_makes_files_gguf_py_reads(tmp_path: Path) -> None:
     assert result["ok"] and result["data_start"] == int(reader.data_offset) and result["tensors"] == 300
 
 
+@pytest.mark.slow
 def test_a_real_gguf_with_a_tensor_more_than_the_limit_is_refused_by_name(tmp_path: Path) -> None:
     """gguf-py writes it and llama.cpp would try to load it; check gguf names the count and the limit,
     exits 1 as for any finding, and does not read the tensor table (megabytes) to say so."""
@@ -114,6 +115,7 @@ def test_a_real_gguf_with_a_tensor_more_than_the_limit_is_refused_by_name(tmp_pa
     assert box.returncode == 1 and "over_limit @8" in box.stdout and f"tensor_count={MAX_TENSORS + 1}" in box.stdout
 
 
+@pytest.mark.slow
 def test_a_real_gguf_at_the_tensor_limit_passes(tmp_path: Path) -> None:
     path = write_tiny_tensors(tmp_path / "at-limit.gguf", MAX_TENSORS)
     rc, result = console_check(path)
@@ -122,6 +124,7 @@ def test_a_real_gguf_at_the_tensor_limit_passes(tmp_path: Path) -> None:
     assert result["data_end"] == result["size"]
 
 
+@pytest.mark.slow
 def test_the_tensor_table_is_checked_in_columns_not_objects(tmp_path: Path) -> None:
     """At the limit, the check keeps about 120 bytes a tensor (its name, its offsets), not a Python
     object each (with a Tensor per info it peaked at 22 MB); surgery's view still has them all."""
@@ -138,6 +141,7 @@ def test_the_tensor_table_is_checked_in_columns_not_objects(tmp_path: Path) -> N
     assert inspected == result and len(tensors) == MAX_TENSORS and tensors[-1].offset == MAX_TENSORS - 1
 
 
+@pytest.mark.slow
 def test_a_real_gguf_with_a_kv_more_than_the_limit_is_refused_by_name(tmp_path: Path) -> None:
     rc, result = console_check(write_many_kvs(tmp_path / "kvs.gguf", MAX_KVS + 1))
     assert rc == 1 and codes(result) == ["over_limit"], result["problems"]
@@ -317,6 +321,7 @@ def short_replies(read_at, step: int):
     return lambda offset, length: read_at(offset, min(length, step))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(head=declared_header(), room=st.sampled_from([0, 64, 1 << 20, 1 << 30, 1 << 40, 1 << 62]),
        step=st.sampled_from([None, 7, 4096]))

@@ -148,6 +148,7 @@ def confirming(shown: list):
 # show
 
 
+@pytest.mark.slow
 @REAL_FILES
 async def test_show_a_real_model_agrees_with_gguf_py_and_stays_bounded(box: Box, gemma: Path,
                                                                       gemma_reader: GGUFReader) -> None:
@@ -190,6 +191,7 @@ async def test_show_read_only_installs_nothing(workspace: Path, tmp_path: Path) 
 # set_kv
 
 
+@pytest.mark.slow
 @REAL_FILES
 async def test_set_kv_on_a_real_model_keeps_every_tensor(box: Box, gemma: Path, gemma_reader: GGUFReader,
                                                          gemma_digests: dict[str, str], workspace: Path) -> None:
@@ -213,6 +215,7 @@ async def test_set_kv_on_a_real_model_keeps_every_tensor(box: Box, gemma: Path, 
     assert not (workspace / "edited.gguf.part").exists()
 
 
+@pytest.mark.slow
 async def test_set_kv_types_new_keys_and_refuses_what_it_cannot_keep(box: Box, tmp_path: Path,
                                                                        workspace: Path) -> None:
     tiny = write_tiny(tmp_path / "tiny.gguf")
@@ -237,6 +240,7 @@ async def test_set_kv_types_new_keys_and_refuses_what_it_cannot_keep(box: Box, t
         assert not (workspace / f"r{n}.gguf").exists() and not (workspace / f"r{n}.gguf.part").exists()
 
 
+@pytest.mark.slow
 async def test_set_kv_on_a_vocab_only_file(box: Box, vocab: Path, workspace: Path) -> None:
     result = await write(box, op="set_kv", path=str(vocab), out="v.gguf", set={"general.name": "vocab edited"})
     assert result.ok, result.error
@@ -250,6 +254,7 @@ async def test_set_kv_on_a_vocab_only_file(box: Box, vocab: Path, workspace: Pat
 # add_tensors and extract, from a donor over HTTP
 
 
+@pytest.mark.slow
 @REAL_FILES
 async def test_transplant_from_a_real_model_over_http_fetches_only_its_header_and_tensors(
         box: Box, gemma: Path, gemma_reader: GGUFReader, gemma_digests: dict[str, str], workspace: Path) -> None:
@@ -288,6 +293,7 @@ async def test_a_server_that_ignores_range_is_refused_before_any_download(box: B
     assert not (workspace / "never.gguf").exists() and not (workspace / "never.gguf.part").exists()
 
 
+@pytest.mark.slow
 @REAL_FILES
 async def test_extract_from_a_url_makes_a_small_model_with_the_inputs_kvs(
         box: Box, gemma: Path, gemma_reader: GGUFReader, gemma_digests: dict[str, str], workspace: Path) -> None:
@@ -343,6 +349,7 @@ def header_end_taken_after_the_kvs(good: bytes) -> bytes:
     return good[:kvs_end] + b"\0" * (-kvs_end % 32) + good[result["data_start"]:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("incident", ["kv_count_one_byte_off", "header_end_after_the_kvs"])
 async def test_surgery_refuses_to_build_on_a_broken_header_and_names_it(box: Box, tmp_path: Path, workspace: Path,
                                                                         incident: str) -> None:
@@ -372,6 +379,7 @@ async def test_surgery_refuses_to_build_on_a_broken_header_and_names_it(box: Box
 # Where OUT may go
 
 
+@pytest.mark.slow
 async def test_out_must_be_a_new_file_inside_the_workspace(box: Box, tmp_path: Path, workspace: Path) -> None:
     tiny = write_tiny(workspace / "tiny.gguf")
     before = file_digest(tiny)
@@ -435,6 +443,7 @@ async def test_an_output_the_disk_budget_cannot_hold_is_blocked(box: Box, tmp_pa
     assert not (workspace / "big.gguf").exists()
 
 
+@pytest.mark.slow
 async def test_the_action_is_planned_confirmed_audited_and_refused_read_only(box: Box, tmp_path: Path,
                                                                                workspace: Path) -> None:
     write_tiny(workspace / "tiny.gguf")
@@ -467,6 +476,7 @@ async def test_the_action_is_planned_confirmed_audited_and_refused_read_only(box
     assert tensor_digests(workspace / "both.gguf")["donor.q.weight"] == tensor_digests(donor)["donor.q.weight"]
 
 
+@pytest.mark.slow
 def test_cli_show_set_kv_and_read_only(tmp_path: Path, workspace: Path) -> None:
     tiny = write_tiny(workspace / "tiny.gguf")
     cfg = tmp_path / "surgery.toml"
@@ -524,6 +534,7 @@ REQUEST = st.tuples(SENSIBLE, st.one_of(st.none(), st.tuples(st.sampled_from(FIE
     lambda pair: {**pair[0], **dict([pair[1]] if pair[1] else [])})
 
 
+@pytest.mark.slow
 @FUZZ
 @given(request=REQUEST)
 def test_fuzzed_requests_get_a_reply_never_a_crash(tmp_path_factory: pytest.TempPathFactory, request: dict) -> None:
@@ -544,6 +555,7 @@ def donor_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return write_tiny(tmp_path_factory.mktemp("donor") / "donor.gguf", prefix="donor").read_bytes()
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_donor_headers_over_http_are_refused_clearly(tmp_path_factory: pytest.TempPathFactory,

@@ -95,6 +95,7 @@ async def _loaded(pilot, screen: GgufScreen) -> str:
         screen.query_one("#gguf-header"))) and text, timeout=60)
 
 
+@pytest.mark.slow
 async def test_o_on_a_real_gguf_shows_its_header_and_tables_and_escape_returns(tmp_path, workspace) -> None:
     shutil.copy(_vocab(), workspace / "vocab.gguf")
     app = SamaiApp(_config(tmp_path, workspace))
@@ -130,6 +131,7 @@ async def test_o_on_a_real_gguf_shows_its_header_and_tables_and_escape_returns(t
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_the_tensor_table_of_a_model(tmp_path, workspace) -> None:
     _hostile_model(workspace / "model.gguf")
     reader = GGUFReader(str(workspace / "model.gguf"))
@@ -144,6 +146,7 @@ async def test_the_tensor_table_of_a_model(tmp_path, workspace) -> None:
         assert rows[-1] == f"output.weight | F32 | 32×4 | {offset} | 512 B", rows
 
 
+@pytest.mark.slow
 async def test_hostile_kv_and_tensor_names_are_shown_literally(tmp_path, workspace) -> None:
     _hostile_model(workspace / "model.gguf")
     app = SamaiApp(_config(tmp_path, workspace))
@@ -171,10 +174,11 @@ async def test_hostile_kv_and_tensor_names_are_shown_literally(tmp_path, workspa
             painted = "\n".join(table.render_line(y).text for y in range(table.row_count + 2))
             assert literal in painted, painted
             _assert_inert(painted)
-        await pilot.pause(0.3)
+        await pilot.pause()  # until idle: every pending repaint of the hostile rows done
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_a_cut_file_shows_the_problem_and_garbage_never_crashes(tmp_path, workspace) -> None:
     data = _vocab().read_bytes()
     (workspace / "cut.gguf").write_bytes(data[:len(data) // 2])
@@ -199,6 +203,7 @@ async def test_a_cut_file_shows_the_problem_and_garbage_never_crashes(tmp_path, 
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_a_huge_table_renders_a_bounded_number_of_rows(tmp_path, workspace) -> None:
     """A header of 150k KVs and tensors (the box bounds what it sends; the view caps what it renders)."""
     many = 150_000
@@ -219,6 +224,7 @@ async def test_a_huge_table_renders_a_bounded_number_of_rows(tmp_path, workspace
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_readonly_greys_the_surgery_keys_and_says_why(tmp_path, workspace) -> None:
     shutil.copy(_vocab(), workspace / "vocab.gguf")
     app = SamaiApp(_config(tmp_path, workspace), readonly=True)
@@ -261,6 +267,7 @@ async def _confirm(pilot, *, press: str = "confirm") -> str:
     return shown
 
 
+@pytest.mark.slow
 async def test_set_a_kv_through_the_dialog_writes_a_checked_copy(tmp_path, workspace) -> None:
     shutil.copy(_vocab(), workspace / "vocab.gguf")
     before = (workspace / "vocab.gguf").read_bytes()
@@ -290,6 +297,7 @@ async def test_set_a_kv_through_the_dialog_writes_a_checked_copy(tmp_path, works
     assert (workspace / "vocab.gguf").read_bytes() == before  # the input is never written
 
 
+@pytest.mark.slow
 async def test_a_cancelled_confirmation_writes_nothing(tmp_path, workspace) -> None:
     shutil.copy(_vocab(), workspace / "vocab.gguf")
     app = SamaiApp(_config(tmp_path, workspace))
@@ -318,6 +326,7 @@ def _model(path: Path, tensors: dict[str, np.ndarray]) -> None:
     w.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("by_url", [False, True], ids=["donor-on-the-box", "donor-by-url"])
 async def test_add_tensors_from_a_donor_through_the_dialog(tmp_path, workspace, by_url) -> None:
     _model(workspace / "base.gguf", {"token_embd.weight": np.ones((8, 32), dtype=np.float32)})
@@ -356,6 +365,7 @@ async def test_add_tensors_from_a_donor_through_the_dialog(tmp_path, workspace, 
     assert np.array_equal(np.asarray(reader.tensors[-1].data).reshape(2, 32), grafted)
 
 
+@pytest.mark.slow
 async def test_readonly_refuses_in_the_action_layer_too(tmp_path, workspace) -> None:
     """Whatever the keys let through, the action layer the app builds refuses read-only."""
     shutil.copy(_vocab(), workspace / "vocab.gguf")
@@ -384,6 +394,7 @@ async def test_odd_fields_in_a_reply_are_shown_as_text(tmp_path, workspace) -> N
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_a_plan_the_box_refuses_says_why_in_the_confirmation(tmp_path, workspace) -> None:
     shutil.copy(_vocab(), workspace / "vocab.gguf")
     (workspace / "vocab-edited.gguf").write_bytes(b"mine")  # the default OUT exists: never written over
@@ -425,6 +436,7 @@ def test_gguf_screen_snapshot(snap_compare, tmp_path, workspace) -> None:
     assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
 
 
+@pytest.mark.slow
 async def test_a_real_model_s_tensor_table(tmp_path, workspace) -> None:
     """Gemma 3 270M Q4_K_M (a real quantized model, opened where it lies): every tensor listed,
     in the file's order, and its vocabulary of 262k tokens summed up in one row."""
@@ -464,6 +476,7 @@ async def test_the_form_never_starts_from_a_value_the_box_cut(workspace, box) ->
     assert editable(name.type, name.value) and not editable(tokens.type, tokens.value)
 
 
+@pytest.mark.slow
 async def test_o_on_a_gguf_screen_opens_another_file_where_it_is_seen(tmp_path, workspace) -> None:
     """A second .gguf stacks its screen (Esc returns to the first, loaded); a log goes back to the log pane."""
     shutil.copy(_vocab(), workspace / "a.gguf")

@@ -30,10 +30,11 @@ from samai.console.gpu_report import describe_gpus
 from samai.remote import model
 from samai.remote.box.gpus import GpuSession
 from samai.remote.box.nvml_replay import ReplayNvml
-from samai.remote.model import GpuReading, Process, Snapshot, StageRecord
+from samai.remote.model import GpuReading, Process, Snapshot
 from samai.widgets.curves import GpuUtilLine, util_cells
 from samai.widgets.gpus import GpuPane, gpu_lines
 from samai.widgets.processes import ProcessPane
+from tests import factories
 from tests.helpers import run_cli, start_time_of, wait_for
 
 NVML = Path(__file__).parent / "data" / "nvml"
@@ -83,8 +84,7 @@ def sleeper(spawn):
 
 def _training(snap: Snapshot, proc: Process, fired_at: float = 1000.0) -> Snapshot:
     """The snapshot with a running train stage whose chain is `proc`'s process group."""
-    rec = StageRecord("train", proc.pid, proc.pgid, proc.start_time, "logs/train.log", "sleep 30", fired_at,
-                      alive=True, group=(proc.pid,))
+    rec = factories.running(proc, "train", cmd="sleep 30", fired_at=fired_at)
     return replace(snap, states=(rec,))
 
 
@@ -392,6 +392,7 @@ def test_the_utilization_line_shows_a_stalled_step_as_a_dip() -> None:
 # ---------------------------------------------------------------- doctor
 
 
+@pytest.mark.slow
 def test_doctor_and_snapshot_carry_the_gpus_and_their_findings(tmp_path, workspace, sleeper) -> None:
     recording = recorded("tesla_t4", {T4_PIDS[0]: sleeper.pid, T4_PIDS[1]: os.getpid()}, ecc_errors=[0, 1])
     (tmp_path / "nvml.json").write_text(json.dumps(recording))
@@ -433,6 +434,7 @@ EVENTS = st.lists(st.fixed_dictionaries({"gpu": st.integers(0, 2**31), "kind": s
                                           "code": st.integers(0, 2**64 - 1), "time": st.floats(0, 1e11)}), max_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, database=None)
 @given(st.lists(GPU, max_size=3), TEXT, st.sampled_from([None, "a GPU field of the wrong type"]), EVENTS)
 def test_any_gpu_reading_renders_and_is_checked_without_a_crash(gpus, error, wrong, events) -> None:
@@ -442,8 +444,9 @@ def test_any_gpu_reading_renders_and_is_checked_without_a_crash(gpus, error, wro
         gpus = [*gpus, {"index": 0, "util_gpu": "97"}]
     parsed = model.gpu_reading({"gpus": gpus, "gpu_error": error, "gpu_events": events})
     assert len(parsed.gpus) == (0 if wrong else len(gpus)) and (parsed.error is not None if wrong else True)
-    me = Process(os.getpid(), 1, 1, 1, "me", 1.0, "S", 0.0, 0.0, 0, "python", ("python", "[b]x[/b]"))
-    snap = Snapshot(1.0, "", 0, 0.0, (), (), (me,), (), (), (), gpus=parsed)
+    me = factories.process(os.getpid(), ppid=1, pgid=1, sid=1, user="me", start_time=1.0, cpu_time=0.0, rss=0,
+                           argv=("python", "[b]x[/b]"))
+    snap = factories.snapshot(time=1.0, host="", boot_time=0, rtt=0.0, disks=(), processes=(me,), gpus=parsed)
     text = gpu_lines(parsed).plain + describe_gpus(parsed, snap) + holders_text(parsed, snap)
     assert "\x1b" not in text
     gpu_findings(snap)

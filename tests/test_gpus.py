@@ -71,7 +71,8 @@ async def test_a_tesla_t4_with_ecc_and_a_training_process(box: Box, monkeypatch,
     assert (gpu.power_draw, gpu.power_limit) == (26.78, 70.0)
     assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (0, 0)
     assert gpu.throttle_reasons == () and gpu.slowdowns == ()
-    assert gpu.processes == (model.GpuProcess(5762, 1005 * MIB, "C"), model.GpuProcess(675, 22 * MIB, "G"))
+    assert gpu.processes == (model.GpuProcess(pid=5762, used_memory=1005 * MIB, kind="C"),
+                             model.GpuProcess(pid=675, used_memory=22 * MIB, kind="G"))
 
 
 async def test_an_a100_in_mig_mode_reads_without_utilization(box: Box, monkeypatch, tmp_path) -> None:
@@ -190,7 +191,7 @@ def test_failed_calls_are_null_fields_not_a_failed_reply() -> None:
     (gpu,) = in_process(rec).gpus.gpus
     assert (gpu.name, gpu.memory_used, gpu.temperature, gpu.power_draw, gpu.power_limit) == (None,) * 5
     assert gpu.throttle_reasons is None and gpu.uuid == "GPU-d37e67a5-91dd-3774-a5cb-99096249601a"
-    assert gpu.processes == (model.GpuProcess(675, 22 * MIB, "G"),)
+    assert gpu.processes == (model.GpuProcess(pid=675, used_memory=22 * MIB, kind="G"),)
 
 
 def test_ecc_errors_throttling_and_a_context_without_its_memory() -> None:
@@ -204,7 +205,8 @@ def test_ecc_errors_throttling_and_a_context_without_its_memory() -> None:
     assert (gpu.ecc_corrected, gpu.ecc_uncorrected) == (12, 2)
     assert gpu.throttle_reasons == ("sw_power_cap", "hw_thermal_slowdown", "0x400")
     assert gpu.slowdowns == gpu.throttle_reasons
-    assert gpu.processes == (model.GpuProcess(4242, 7 * MIB, "C+G"), model.GpuProcess(4243, 3 * MIB, "C"))
+    assert gpu.processes == (model.GpuProcess(pid=4242, used_memory=7 * MIB, kind="C+G"),
+                             model.GpuProcess(pid=4243, used_memory=3 * MIB, kind="C"))
 
 
 def test_every_known_reason_has_its_name() -> None:
@@ -236,6 +238,7 @@ KEYS = ("name", "uuid", "bus_id", "utilization", "memory", "temperature", "power
         "clocks_event_reasons", "ecc_errors", "compute_processes", "graphics_processes", "handle")
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(base=st.sampled_from(["tesla_t4", "rtx_3080", "dual_a5000", "a100_sxm4_mig"]),
        changes=st.lists(st.tuples(st.sampled_from(KEYS), ODD), max_size=8),
@@ -280,12 +283,17 @@ def build_fake(folder: Path, *defines: str) -> Path:
 
 def expected_gpus(used_mib: tuple[int, int]) -> tuple[model.Gpu, ...]:
     return (
-        model.Gpu(0, "NVIDIA GeForce RTX 4090", "GPU-aaaaaaaa-bbbb", "00000000:01:00.0", 3, 1, used_mib[0] * MIB,
-                  24564 * MIB, 38, 21.5, 450.0, ("gpu_idle",), None, None, ()),
-        model.Gpu(1, "NVIDIA H100 80GB HBM3", "GPU-11111111-2222-3333-4444-555555555555", "00000000:18:00.0",
-                  97, 41, used_mib[1] * MIB, 81559 * MIB, 71, 612.34, 700.0, ("sw_power_cap", "sw_thermal_slowdown"),
-                  5, 1, (model.GpuProcess(4100, 69000 * MIB, "C+G"), model.GpuProcess(4101, None, "C"))),
-        model.Gpu(2, error="GPU is lost"),
+        model.Gpu(index=0, name="NVIDIA GeForce RTX 4090", uuid="GPU-aaaaaaaa-bbbb", bus_id="00000000:01:00.0",
+                  util_gpu=3, util_memory=1, memory_used=used_mib[0] * MIB, memory_total=24564 * MIB, temperature=38,
+                  power_draw=21.5, power_limit=450.0, throttle_reasons=("gpu_idle",), ecc_corrected=None,
+                  ecc_uncorrected=None, processes=()),
+        model.Gpu(index=1, name="NVIDIA H100 80GB HBM3", uuid="GPU-11111111-2222-3333-4444-555555555555",
+                  bus_id="00000000:18:00.0", util_gpu=97, util_memory=41, memory_used=used_mib[1] * MIB,
+                  memory_total=81559 * MIB, temperature=71, power_draw=612.34, power_limit=700.0,
+                  throttle_reasons=("sw_power_cap", "sw_thermal_slowdown"), ecc_corrected=5, ecc_uncorrected=1,
+                  processes=(model.GpuProcess(pid=4100, used_memory=69000 * MIB, kind="C+G"),
+                             model.GpuProcess(pid=4101, used_memory=None, kind="C"))),
+        model.Gpu(index=2, error="GPU is lost"),
     )
 
 
@@ -436,6 +444,7 @@ EVENT = st.one_of(EVENT_FIELD, st.dictionaries(st.sampled_from(["gpu", "kind", "
                                          "code": st.integers(-3, 2**64 + 3), "time": st.floats(allow_nan=True)}))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None)
 @given(events=st.one_of(EVENT_FIELD, st.lists(EVENT, max_size=80)), note=EVENT_FIELD)
 def test_fuzzed_gpu_events_are_parsed_or_left_out_never_a_crash(events: Any, note: Any) -> None:
@@ -450,6 +459,7 @@ def test_fuzzed_gpu_events_are_parsed_or_left_out_never_a_crash(events: Any, not
     assert reading.events_note is None or (type(reading.events_note) is str and len(reading.events_note) <= 300)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=st.lists(st.one_of(ODD, st.tuples(st.integers(-2, 3), st.integers(-1, 20), ODD).map(list)), max_size=20),
        event_set=st.one_of(st.none(), ODD), event_types=st.one_of(st.none(), ODD))

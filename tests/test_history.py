@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.text import Text
@@ -49,6 +50,7 @@ def test_a_header_in_pieces_or_forged_still_splits_and_a_long_log_keeps_the_newe
     assert len(runs) == MAX_RUNS and runs[-1].pid == MAX_RUNS + 29 and runs[0].number == 31
 
 
+@pytest.mark.slow
 async def test_the_launcher_keeps_the_last_runs_logs_and_the_history_reads_them_all(box, workspace: Path) -> None:
     """Each fire rotates the stage's log; LOG_GENERATIONS earlier logs stay, the oldest drop off;
     a planted folder where a generation goes costs that generation only."""
@@ -97,6 +99,7 @@ def test_any_lines_give_runs_that_account_for_every_line_fed_whole_or_in_two(lin
     assert all(r.rc is None or 0 <= r.rc <= 999 for r in whole.runs())
 
 
+@pytest.mark.slow
 async def test_shift_h_lists_the_shown_stages_runs_newest_first(tmp_path: Path, workspace: Path) -> None:
     f = tmp_path / "runs.toml"
     f.write_text(f'[target]\npoll_interval = 0.2\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'

@@ -66,6 +66,7 @@ def hostile_listener(spawn) -> subprocess.Popen:
 # ------------------------------------------------------------------ escapes from the box
 
 
+@pytest.mark.slow
 def test_snapshot_shows_a_hostile_command_line_inert_and_json_keeps_it(cfg: Path, hostile_listener) -> None:
     r = cli("--config", str(cfg), "snapshot")
     assert r.returncode == 0, r.stderr
@@ -80,6 +81,7 @@ def test_snapshot_shows_a_hostile_command_line_inert_and_json_keeps_it(cfg: Path
     assert proc["argv"][0] == HOSTILE
 
 
+@pytest.mark.slow
 def test_tail_shows_hostile_log_lines_inert_and_raw_passes_the_bytes(cfg: Path, workspace: Path) -> None:
     data = (f"step 1 {OSC_TITLE}\n{CLEAR}cleared\nc1 {C1_CSI} red\n".encode()
             + b"lone byte \x9b[2J\nseparator \xe2\x80\xa8 del \x7f\npartial \x1b]2;x")
@@ -95,6 +97,7 @@ def test_tail_shows_hostile_log_lines_inert_and_raw_passes_the_bytes(cfg: Path, 
     assert grep.stdout == f"step 1 {OSC_TITLE}\nc1 {C1_CSI} red\n".encode()
 
 
+@pytest.mark.slow
 def test_doctor_quotes_a_hostile_file_name_inert_and_json_keeps_it(cfg: Path, workspace: Path, spawn) -> None:
     target = workspace / f"{OSC_TITLE}{C1_CSI}.gguf.part"
     for _ in range(2):  # two writers in two groups: the shared-writer finding names the file
@@ -111,6 +114,7 @@ def test_doctor_quotes_a_hostile_file_name_inert_and_json_keeps_it(cfg: Path, wo
     assert str(target) in shared[0]["message"]
 
 
+@pytest.mark.slow
 def test_check_trainlog_shows_box_text_of_a_finding_inert(cfg: Path, workspace: Path) -> None:
     detail = "loss \x9b2J\x07 at step 3 \x1bx"  # C1 CSI, BEL, a lone ESC: none of it an ANSI sequence to strip
     (workspace / "train.log").write_text("{'loss': 1.5, 'grad_norm': 1.0, 'learning_rate': 1e-4, 'epoch': 0.1}\n"
@@ -147,6 +151,7 @@ def test_deeply_nested_json_in_check_trainlog_is_one_line(cfg: Path, workspace: 
     assert "not a readable trainer_state.json" in assert_one_line(r.stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("url", ["envelope+http://[::1", "ssh://[::1", "ssh://h:0", "envelope+http://h/%zz",
                                  "ssh://u:secret@h", "ssh://[::1]junk", "envelope+http://u:secret@h", "ssh://h\nx",
                                  f"ssh://{OSC_TITLE}"])
@@ -157,6 +162,7 @@ def test_a_malformed_target_url_is_one_line_exit_2(url: str) -> None:
     assert "target" in text and "secret" not in text
 
 
+@pytest.mark.slow
 @given(st.one_of(st.text(max_size=60),
                  st.builds(str.__add__, st.sampled_from(["ssh://", "envelope+http://", "envelope+https://", "local"]),
                            st.text(alphabet="[]:@/%?#.-_az09 \x00\x1b\u00e9", max_size=30))))
@@ -200,6 +206,7 @@ def test_lint_payload_on_a_100k_deep_expression_is_a_syntax_error_line(tmp_path:
 # ------------------------------------------------------------------ nothing parseable, memory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content", [b"", os.urandom(64 * 1024)], ids=["empty", "random"])
 def test_check_trainlog_on_nothing_parseable_says_so(cfg: Path, workspace: Path, content: bytes) -> None:
     (workspace / "train.log").write_bytes(content)
@@ -224,6 +231,7 @@ print(json.dumps([code, peak_kb]), file=sys.stderr)
 """
 
 
+@pytest.mark.slow
 def test_check_trainlog_memory_does_not_grow_with_the_log(cfg: Path, workspace: Path) -> None:
     """60 MB of tqdm noise with a Trainer dict now and then: the command holds the points, not the log
     (it held every line before, well over 100 MB more than its own start-up)."""

@@ -23,7 +23,7 @@ from samai.console.screens.dialogs import ConfirmDialog, HelpScreen, PathDialog
 from samai.remote.safe_text import visible
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessDetail, ProcessPane
-from tests.helpers import pilot_until
+from tests.helpers import pilot_until, polls_after
 
 SIZE = (160, 50)
 # Tags Textual and Rich would act on or choke on: a link, a closing tag with no opening, an
@@ -73,6 +73,7 @@ def _writer(spawn, path: Path):
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("readonly", [False, True], ids=["readwrite", "readonly"])
 async def test_shared_writer_alert_on_a_markup_file_name_is_shown_literally(tmp_path, workspace, spawn,
                                                                            readonly):
@@ -92,10 +93,11 @@ async def test_shared_writer_alert_on_a_markup_file_name_is_shown_literally(tmp_
         _assert_inert(pane)
         toast = await _until(pilot, lambda: next((t for t in _toasts(app) if shown_path in t), None))
         _assert_inert(toast)
-        await pilot.pause(0.5)  # more polls: the same finding, the app still up
-        assert app.is_running
+        await polls_after(pilot, 2)  # more polls: the same finding, the app still up
+        assert app.is_running and [a.code for a in app.state.alerts].count("shared_writer") == 1
 
 
+@pytest.mark.slow
 async def test_a_failed_fire_toast_shows_the_stage_output_literally(tmp_path, workspace):
     command = f"printf '%s\\n' {shlex.quote(HOSTILE)}; echo [/x]; exit 3"
     stages = f'[stages.boom]\nkey = "b"\ncommand = {json.dumps(command)}\n'
@@ -113,6 +115,7 @@ async def test_a_failed_fire_toast_shows_the_stage_output_literally(tmp_path, wo
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_the_fire_dialog_shows_a_markup_command_literally(tmp_path, workspace):
     command = f"echo {shlex.quote(HOSTILE)} [/x]"
     stages = f'[stages.boom]\nkey = "b"\ncommand = {json.dumps(command)}\nlog = {json.dumps("logs/[/x].log")}\n'
@@ -131,6 +134,7 @@ async def test_the_fire_dialog_shows_a_markup_command_literally(tmp_path, worksp
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_the_path_and_help_dialogs_show_markup_literally(tmp_path, workspace):
     url = "local"
     app = SamaiApp(_config(tmp_path, workspace))
@@ -150,6 +154,7 @@ async def test_the_path_and_help_dialogs_show_markup_literally(tmp_path, workspa
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_the_command_palette_shows_a_markup_command_literally(tmp_path, workspace):
     command = f"[ -f x ] || echo {shlex.quote(HOSTILE)} [/x]"
     log = "logs/[b]run[/y].log"
@@ -171,6 +176,7 @@ async def test_the_command_palette_shows_a_markup_command_literally(tmp_path, wo
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_a_process_with_markup_and_escapes_in_its_argv_is_shown_literally(tmp_path, workspace, spawn):
     victim = spawn(sys.executable, "-c", "import time; time.sleep(60)", MARKUP, OSC)
     app = SamaiApp(_config(tmp_path, workspace))
@@ -179,7 +185,7 @@ async def test_a_process_with_markup_and_escapes_in_its_argv_is_shown_literally(
         key = await _until(pilot, lambda: next((k for k, _ in pane.table.rows if k.startswith(f"{victim.pid}:")),
                                                None))
         pane.table.focus()
-        await pilot.pause(0.1)
+        await _until(pilot, lambda: pane.table.has_focus)
         # In one go (a poll re-sorts the rows): the row as painted (its command cut to the pane's
         # width), and the whole command line under the table once the row is selected.
         row = pane.table.index(key)
@@ -204,6 +210,7 @@ async def test_a_process_with_markup_and_escapes_in_its_argv_is_shown_literally(
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_log_lines_markers_and_a_markup_file_name_are_shown_literally(tmp_path, workspace):
     stages = ('[stages.hello]\nkey = "h"\ncommand = "sleep 30"\n'
               'markers = [{ name = "BAD", severity = "error" }]\n')
@@ -240,6 +247,7 @@ async def test_log_lines_markers_and_a_markup_file_name_are_shown_literally(tmp_
         assert app.is_running
 
 
+@pytest.mark.slow
 async def test_an_eval_run_named_with_markup_is_shown_literally(tmp_path, workspace):
     run = workspace / "runs" / "eval" / NAME
     run.mkdir(parents=True)
@@ -248,7 +256,7 @@ async def test_an_eval_run_named_with_markup_is_shown_literally(tmp_path, worksp
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         table = app.box_screen.query_one("#evals", DataTable)
         await _until(pilot, lambda: table.row_count)
-        await pilot.pause(0.3)
+        await polls_after(pilot, 2)  # the row as later polls leave it
         name = str(table.get_cell_at((0, 0)))
         assert name == visible(run.name)
         assert app.is_running

@@ -145,6 +145,7 @@ def body_gets(hub: HubServer) -> list[tuple[str, str | None, int]]:
 # ------------------------------------------------------------------ fetch
 
 
+@pytest.mark.slow
 def test_fetch_lands_every_file_checked_against_the_hub(hub, env, repo, tmp_path):
     dest = tmp_path / "models" / "base"
     r = fetch(dest, env=env)
@@ -167,6 +168,7 @@ def test_fetch_lands_every_file_checked_against_the_hub(hub, env, repo, tmp_path
     assert again.stdout.splitlines()[-1] == r.stdout.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_include_and_revision_pick_what_is_fetched(hub, env, repo, tmp_path):
     first = hub.repo("samai/tiny").refs["main"]
     hub.tag("samai/tiny", "v1", first)
@@ -182,6 +184,7 @@ def test_include_and_revision_pick_what_is_fetched(hub, env, repo, tmp_path):
     assert tree(tmp_path / "latest") == {"config.json": b'{"changed": true}\n'}
 
 
+@pytest.mark.slow
 def test_a_dataset_repo(hub, env, tmp_path):
     data = sdist_texts()["config.json"].read_bytes()
     hub.add_repo("samai/sft-data", files={"train.jsonl": data, "eval/items.parquet": data}, repo_type="dataset")
@@ -193,6 +196,7 @@ def test_a_dataset_repo(hub, env, tmp_path):
     assert model.returncode == 1 and "no such repo" in model.stdout, model.stdout
 
 
+@pytest.mark.slow
 def test_a_hub_that_fails_for_a_while_is_retried(hub, env, repo, tmp_path):
     hub.fail_next = [503, 502]
     r = fetch(tmp_path / "dest", env=env)
@@ -202,6 +206,7 @@ def test_a_hub_that_fails_for_a_while_is_retried(hub, env, repo, tmp_path):
     assert "HTTP 503" in r.stdout and tree(tmp_path / "dest") == repo
 
 
+@pytest.mark.slow
 def test_a_long_download_reports_progress(hub, env, tmp_path):
     files = make_repo_folder(tmp_path / "made", big=True)
     hub.add_repo("samai/big", tmp_path / "made")
@@ -213,6 +218,7 @@ def test_a_long_download_reports_progress(hub, env, tmp_path):
     assert f"/ {sum(map(len, files.values())) / 1024 / 1024:.1f} MiB (" in progress[0]
 
 
+@pytest.mark.slow
 def test_a_download_that_falls_between_two_measures_still_says_how_much_landed(tmp_path, monkeypatch, capsys):
     """The client writes in 10 MiB pieces: a download of a few seconds can start and end between
     two of the watcher's measures. Its last measure, at the end, still reports it."""
@@ -226,6 +232,7 @@ def test_a_download_that_falls_between_two_measures_still_says_how_much_landed(t
     assert capsys.readouterr().out.startswith("fetch samai/big: 9.0 MiB / 9.0 MiB (100%) ")
 
 
+@pytest.mark.slow
 def test_a_body_cut_mid_way_resumes_with_a_range(hub, env, tmp_path):
     files = make_repo_folder(tmp_path / "made", big=True)
     hub.add_repo("samai/big", tmp_path / "made")
@@ -239,6 +246,7 @@ def test_a_body_cut_mid_way_resumes_with_a_range(hub, env, tmp_path):
     assert gets[1][1] == f"bytes={10 * 1024 * 1024}-", gets  # resumed where the kept bytes end
 
 
+@pytest.mark.slow
 def test_a_second_run_after_a_killed_fetch_finishes_it(hub, env, tmp_path):
     files = make_repo_folder(tmp_path / "made", big=True)
     small = [rel for rel in files if rel != BIG_VOCAB]
@@ -357,6 +365,7 @@ def manifest_of(files: dict[str, bytes]) -> bytes:
     return "".join(f"{sha(files[rel])}  {rel}\n" for rel in sorted(files)).encode()
 
 
+@pytest.mark.slow
 def test_push_uploads_and_verifies(hub, tmp_path, artifacts):
     hub.add_repo("samai/reports", files={"README.md": b"# reports\n"})
     env = hub_env(hub, tmp_path / "hf-home", HF_TOKEN=WRITE)
@@ -369,6 +378,7 @@ def test_push_uploads_and_verifies(hub, tmp_path, artifacts):
     assert files == {"README.md": b"# reports\n", **pushed(artifacts), "MANIFEST.sha256": manifest}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refusal", ["quota", "insufficient", "readonly"])
 def test_a_full_repo_falls_back_to_the_second_repo(hub, tmp_path, artifacts, refusal):
     hub.add_repo("samai/private-scripts", files={"train.sh": b"#!/bin/sh\n"}, private=True)
@@ -387,6 +397,7 @@ def test_a_full_repo_falls_back_to_the_second_repo(hub, tmp_path, artifacts, ref
     assert hub.files("samai/private-scripts") == {"train.sh": b"#!/bin/sh\n"}
 
 
+@pytest.mark.slow
 def test_a_full_repo_without_a_fallback_fails_at_once(hub, tmp_path, artifacts):
     hub.add_repo("samai/full")
     hub.refuse("samai/full", "quota")
@@ -397,6 +408,7 @@ def test_a_full_repo_without_a_fallback_fails_at_once(hub, tmp_path, artifacts):
     assert "storage limit reached" in r.stdout and not lines_starting(r.stdout, "PUSH_RETRY")
 
 
+@pytest.mark.slow
 def test_push_with_a_wrong_token_fails_clearly(hub, tmp_path, artifacts):
     hub.add_repo("samai/reports")
     env = hub_env(hub, tmp_path / "hf-home", HF_TOKEN="hf_wrongToken")
@@ -406,6 +418,7 @@ def test_push_with_a_wrong_token_fails_clearly(hub, tmp_path, artifacts):
     assert not lines_starting(r.stdout, "PUSH_RETRY") and not lines_starting(r.stdout, "PUSH_FALLBACK")
 
 
+@pytest.mark.slow
 def test_push_to_a_repo_that_does_not_exist_fails_without_retrying(hub, tmp_path, artifacts):
     env = hub_env(hub, tmp_path / "hf-home", HF_TOKEN=WRITE)
     r = push(artifacts, "--to", "hf:samai/nowhere", env=env)
@@ -459,6 +472,7 @@ def fuzz_hub(tmp_path_factory):
         yield server
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(names=NAMES, how=BROKEN, data=st.binary(max_size=64))
 def test_names_from_the_listing_never_leave_dest(fuzz_hub, tmp_path, names, how, data):

@@ -3,6 +3,7 @@ table repaints only the lines that changed. What is shown must still follow the 
 
 from __future__ import annotations
 
+import pytest
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.geometry import Region
@@ -10,19 +11,19 @@ from textual.widgets import Static
 
 from samai.console.core.evalruns import EvalRun
 from samai.console.core.state import ProcessRow
-from samai.remote.model import Process
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter
 from samai.widgets.processes import COLUMNS, ProcessPane, ProcessTable
 from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
+from tests import factories
 from tests.helpers import pilot_until
 
 NOW = 1_000_000.0
 
 
 def _row(pid: int, cpu: float, command: str = "python train.py", started: float = NOW - 90) -> ProcessRow:
-    p = Process(pid, 1, pid, pid, "root", started, "S", 1.0, cpu, 50_000_000, "python", tuple(command.split()))
+    p = factories.process(pid, start_time=started, cpu_percent=cpu, argv=command.split())
     return ProcessRow(p, None, cpu, ())
 
 
@@ -172,6 +173,7 @@ async def test_a_changed_cell_repaints_its_line_only(monkeypatch) -> None:
         assert " 3.0 " in table.render_line(2).text
 
 
+@pytest.mark.slow
 async def test_the_cursor_follows_keys_and_clicks_and_shows() -> None:
     async with Panes().run_test(size=(120, 40)) as pilot:
         pane = pilot.app.query_one("#patched", ProcessPane)
@@ -201,6 +203,7 @@ async def test_the_cursor_follows_keys_and_clicks_and_shows() -> None:
         assert blurred != focused and blurred != _styles(table, 4) and blurred != _styles(table, 1)
 
 
+@pytest.mark.slow
 async def test_a_scrolled_table_keeps_its_header_and_its_cursor_in_view() -> None:
     async with Panes().run_test(size=(120, 40)) as pilot:
         pane = pilot.app.query_one("#patched", ProcessPane)

@@ -12,6 +12,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -52,7 +53,7 @@ def test_every_format_character_has_a_stand_in() -> None:
 
 def test_the_tui_widgets_show_stand_ins() -> None:
     assert not hidden_in(clean_line(TRICK))  # the log pane's rows
-    assert not hidden_in(gpu_row(Gpu(0, name=f"NVIDIA {TRICK}")).plain)  # the GPU pane
+    assert not hidden_in(gpu_row(Gpu(index=0, name=f"NVIDIA {TRICK}")).plain)  # the GPU pane
     kv = GgufKv(f"general.{TRICK}", "str", TRICK)
     tensor = GgufTensorInfo(f"blk.{TRICK}", "F32", (2,), 0, 8)
     for cell in (*kv_cells(kv), *tensor_cells(tensor)):  # the GGUF view's tables
@@ -64,6 +65,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL, timeout=60)
 
 
+@pytest.mark.slow
 def test_the_cli_shows_stand_ins_in_a_log_and_a_command_line(tmp_path: Path, workspace: Path, spawn) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[workspace]\npath = "{workspace}"\n[stages.hello]\nkey = "h"\ncommand = "echo hi"\n')
@@ -80,6 +82,7 @@ def test_the_cli_shows_stand_ins_in_a_log_and_a_command_line(tmp_path: Path, wor
     assert not hidden_in(snap.stdout.decode("utf-8"))
 
 
+@pytest.mark.slow
 async def test_the_log_pane_on_screen_shows_stand_ins(tmp_path: Path, workspace: Path) -> None:
     cfg = tmp_path / "c.toml"
     (workspace / "logs").mkdir()

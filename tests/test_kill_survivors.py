@@ -87,6 +87,7 @@ async def test_killing_a_group_leader_alone_reports_its_children_still_running(b
     assert all(_alive(c) for c in children)
 
 
+@pytest.mark.slow
 async def test_killing_the_whole_group_ends_even_children_that_ignore_term(box: Box, leader) -> None:
     proc, children = leader
     started = start_time_of(proc.pid)
@@ -115,6 +116,7 @@ def _pids_in(folder: Path, *names: str) -> list[int]:
     return [int((folder / name).read_text()) for name in names]
 
 
+@pytest.mark.slow
 async def test_stop_follows_a_stages_processes_into_sessions_of_their_own(box: Box, workspace: Path) -> None:
     """One child leaves the group with setsid and is orphaned (only its chain marker tells it is
     the stage's); another leaves it with its environment cleared (its parent still leads to it)."""
@@ -137,6 +139,7 @@ async def test_stop_follows_a_stages_processes_into_sessions_of_their_own(box: B
         _kill_quietly(escaped)
 
 
+@pytest.mark.slow
 async def test_a_stage_whose_chain_finished_runs_while_its_setsid_child_lives(box: Box, workspace: Path) -> None:
     command = f"setsid sh -c '{sys.executable} {_stubborn_script(workspace)} daemon.pid &'; echo started"
     fired = await box.fire("daemon", command, "logs/daemon.log", verify_s=2.0)
@@ -227,6 +230,7 @@ async def test_a_failure_in_the_tool_is_one_line_not_a_traceback(box: Box, works
     assert "not a regular file" in message
 
 
+@pytest.mark.slow
 async def test_a_stage_killed_outright_gets_its_chain_done_only_in_a_log_inside_the_workspace(
         box: Box, workspace: Path, tmp_path: Path) -> None:
     inside = await box.fire("inside", "sleep 30", "logs/inside.log", verify_s=0.3)
@@ -245,6 +249,7 @@ async def test_a_stage_killed_outright_gets_its_chain_done_only_in_a_log_inside_
     assert elsewhere.read_text() == "not the console's\n"  # a record pointing out of the workspace wrote nothing
 
 
+@pytest.mark.slow
 async def test_a_fifo_in_place_of_a_stage_record_is_refused_not_waited_on(box: Box, workspace: Path) -> None:
     """A FIFO's open() blocks until a writer comes: neither stop nor fire may wait for one."""
     state = workspace / ".samai" / "state"

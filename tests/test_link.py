@@ -32,27 +32,27 @@ OUTAGE_S = 5.0  # longer than the keepalive's 1 s x 3: the console must notice i
 
 
 @pytest.fixture(scope="module")
-def server():
+def sshd_server():
     srv = sshd.SshServer(sshd.new_root()).start()
     yield srv
     srv.stop()
 
 
 @pytest.fixture
-def link(server) -> Iterator[Link]:
-    with Link("127.0.0.1", server.port, rtt=RTT) as lk:
+def link(sshd_server) -> Iterator[Link]:
+    with Link("127.0.0.1", sshd_server.port, rtt=RTT) as lk:
         # The server's own key, for the address the console dials: checked, never skipped.
-        kind, key = (server.root / "keys" / "host.pub").read_text().split()[:2]
-        with open(server.client_home / ".ssh" / "known_hosts", "a") as f:
+        kind, key = (sshd_server.root / "keys" / "host.pub").read_text().split()[:2]
+        with open(sshd_server.client_home / ".ssh" / "known_hosts", "a") as f:
             f.write(f"[127.0.0.1]:{lk.port} {kind} {key}\n")
         yield lk
 
 
 @pytest.fixture
-def ssh_home(server, monkeypatch) -> Path:
-    monkeypatch.setenv("HOME", str(server.client_home))
+def ssh_home(sshd_server, monkeypatch) -> Path:
+    monkeypatch.setenv("HOME", str(sshd_server.client_home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    return server.client_home
+    return sshd_server.client_home
 
 
 def _config_file(workspace: Path, link: Link) -> Path:
@@ -99,7 +99,7 @@ def _outage(link: Link, mode: Mode, log: Path, first: int, last: int) -> float:
     return started
 
 
-def test_the_cli_tail_follow_rides_out_a_blackhole_and_a_reset_over_a_slow_link(server, ssh_home, link,
+def test_the_cli_tail_follow_rides_out_a_blackhole_and_a_reset_over_a_slow_link(sshd_server, ssh_home, link,
                                                                                   workspace) -> None:
     log = workspace / "link.log"
     _append(log, 1, 10)
@@ -130,7 +130,7 @@ def _numbered(app: SamaiApp) -> list[str]:
     return [line for line in app.box_screen.query_one(LogView).lines if line.startswith("line ")]
 
 
-async def test_the_tui_log_pane_loses_and_repeats_no_line_through_an_outage(server, ssh_home, link,
+async def test_the_tui_log_pane_loses_and_repeats_no_line_through_an_outage(sshd_server, ssh_home, link,
                                                                              workspace) -> None:
     log = workspace / "logs" / "slow.log"  # the first stage's: the log pane shows it from the start
     log.parent.mkdir()

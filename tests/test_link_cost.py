@@ -140,6 +140,7 @@ def test_the_digest_is_the_one_the_console_names_the_folder_by() -> None:
 # ---------------------------------------------------------------- steady polls
 
 
+@pytest.mark.slow
 async def test_a_steady_tui_poll_fits_one_packet(workspace) -> None:
     """The samai-8b pipeline's real poll (nine stages, their markers, artifacts, binaries):
     whole it is several KB; once the probe holds it, a poll that changes nothing is under 1 KB."""
@@ -174,6 +175,7 @@ LOG = st.fixed_dictionaries({"path": st.sampled_from(["a.log", "b.log", "c.log"]
 REQUEST = st.fixed_dictionaries({}, optional={**{k: VALUES for k in REQUEST_KEYS}, "logs": st.lists(LOG, max_size=4)})
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, database=None)
 @given(first=REQUEST, then=st.lists(REQUEST, min_size=1, max_size=4))
 def test_the_probe_reads_each_compacted_request_as_the_request_it_stands_for(first, then) -> None:

@@ -16,6 +16,8 @@ import pytest
 
 from tests.linkem import Link
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: real processes, sockets or an app, waited on
+
 
 class _Echo(socketserver.BaseRequestHandler):
     def handle(self) -> None:

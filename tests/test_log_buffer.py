@@ -41,6 +41,7 @@ def test_appending_in_chunks_is_appending_whole(lines: list[str], cuts: list[int
     assert contents(chunked) == contents(whole)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(chunks=st.lists(lines_st, max_size=6), max_lines=st.integers(1, 25))
 def test_max_lines_keeps_the_newest_lines_and_numbers_them(chunks: list[list[str]], max_lines: int) -> None:

@@ -80,6 +80,7 @@ async def test_a_stage_log_not_written_yet_says_which_key_writes_it_whole(tmp_pa
         assert notice.replace(" ", "") in shown.replace(" ", "")  # wrapped over rows, nothing cut
 
 
+@pytest.mark.slow
 async def test_a_missing_file_opened_by_path_is_said_as_such(tmp_path, workspace):
     app = _app(tmp_path, workspace)
     async with app.run_test(size=SIZE) as pilot:
@@ -92,6 +93,7 @@ async def test_a_missing_file_opened_by_path_is_said_as_such(tmp_path, workspace
         assert view.lines[0] == f"No such file on the box: {workspace}/nope.log"
 
 
+@pytest.mark.slow
 async def test_any_file_opened_by_path_marks_its_alarms_and_n_reaches_them(tmp_path, workspace):
     (workspace / "any.log").write_text("starting\nTraceback (most recent call last):\nok\n"
                                        "RuntimeError: CUDA out of memory.\nstep 3 loss nan\nfine\n")
@@ -110,6 +112,7 @@ async def test_any_file_opened_by_path_marks_its_alarms_and_n_reaches_them(tmp_p
         assert view.cursor_line == 3
 
 
+@pytest.mark.slow
 async def test_picker_lists_stage_logs_and_recent_files_and_opens_one(tmp_path, workspace):
     (workspace / "a.log").write_text("from a\n")
     app = _app(tmp_path, workspace)
@@ -131,6 +134,7 @@ async def test_picker_lists_stage_logs_and_recent_files_and_opens_one(tmp_path, 
         assert not isinstance(app.screen, LogPicker)
 
 
+@pytest.mark.slow
 async def test_brackets_go_back_and_forward_between_the_logs_shown(tmp_path, workspace):
     (workspace / "a.log").write_text("from a\n")
     app = _app(tmp_path, workspace)
@@ -153,6 +157,7 @@ async def test_brackets_go_back_and_forward_between_the_logs_shown(tmp_path, wor
         await pilot_until(pilot, lambda: list(view.lines) == ["from a"])
 
 
+@pytest.mark.slow
 async def test_Y_copies_the_current_line_as_text(tmp_path, workspace):
     (workspace / "c.log").write_text("first\nERROR \x1b]0;pwned\x07 here\nlast\n")
     app = _app(tmp_path, workspace)
@@ -169,6 +174,7 @@ async def test_Y_copies_the_current_line_as_text(tmp_path, workspace):
         assert app.clipboard == "ERROR \u241b]0;pwned\u2407 here"
 
 
+@pytest.mark.slow
 async def test_tab_completes_a_path_from_the_box_listing(tmp_path, workspace):
     (workspace / "logs").mkdir()
     (workspace / "logs" / "train-run.log").write_text("x\n")
@@ -252,6 +258,7 @@ async def test_the_box_lists_what_starts_with_the_name_typed_in_a_folder_of_many
     assert len(cut.names) == 1000 and not cut.complete and all(n.startswith("ckpt-") for n in cut.names)
 
 
+@pytest.mark.slow
 async def test_tab_finds_a_file_in_a_folder_of_thousands_and_says_when_the_listing_was_cut(tmp_path, workspace):
     folder = workspace / "runs"
     folder.mkdir()

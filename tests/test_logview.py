@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from rich.cells import cell_len
 from textual import events
 from textual.app import App, ComposeResult
 
 from samai.remote.model import Marker
 from samai.widgets.logview import LogFilterInput, LogView
+from tests.helpers import pilot_until
 
 SIZE = (100, 30)
 MARKERS = (Marker("oom", r"ERROR", "error"), Marker("slow", r"WARN", "warning"),
@@ -99,6 +101,7 @@ async def test_follow_then_scroll_up_pauses_counts_and_f_resumes() -> None:
         assert app.follow_changes == [False, True]
 
 
+@pytest.mark.slow
 async def test_pageup_and_scroll_up_pause_and_reaching_the_bottom_resumes() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -129,6 +132,7 @@ async def test_pageup_and_scroll_up_pause_and_reaching_the_bottom_resumes() -> N
         assert rows(view)[-1] == "line 00304"
 
 
+@pytest.mark.slow
 async def test_lines_arrive_through_the_flush_timer() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -136,16 +140,15 @@ async def test_lines_arrive_through_the_flush_timer() -> None:
         for n in range(50):
             view.append([f"burst {n}"])
         assert len(view.lines) == 0  # append only buffers
-        await pilot.pause(0.3)
-        assert len(view.lines) == 50
+        await pilot_until(pilot, lambda: len(view.lines) == 50)
         assert rows(view)[-1] == "burst 49"
+        await pilot.pause(0.3)  # not a wait for anything: the quiet spell the next append comes after
         view.append(["after a quiet spell"])  # flushed on the next loop pass, not 100 ms later
         await pilot.pause()
         assert rows(view)[-1] == "after a quiet spell"
         view.append(["x"])
         view.append(["y"])  # within 100 ms of the last flush: the timer takes it
-        await pilot.pause(0.3)
-        assert rows(view)[-2:] == ["x", "y"]
+        await pilot_until(pilot, lambda: rows(view)[-2:] == ["x", "y"])
 
 
 # ------------------------------------------------------------ filter
@@ -155,6 +158,7 @@ def mixed(count: int) -> list[str]:
     return [f"step {i} loss=NaN" if i % 10 == 3 else f"step {i} loss=0.{i:03d}" for i in range(count)]
 
 
+@pytest.mark.slow
 async def test_filter_shows_only_matching_lines_and_highlights_them() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -181,6 +185,7 @@ async def test_filter_shows_only_matching_lines_and_highlights_them() -> None:
         assert shown(view) == []  # ...which cannot match "NaN" either
 
 
+@pytest.mark.slow
 async def test_leading_bang_inverts_the_filter() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -191,6 +196,7 @@ async def test_leading_bang_inverts_the_filter() -> None:
         assert shown(view) == [line for line in mixed(20) if "NaN" not in line]
 
 
+@pytest.mark.slow
 async def test_filter_survives_wrap_new_lines_and_reset() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -213,6 +219,7 @@ async def test_filter_survives_wrap_new_lines_and_reset() -> None:
         assert shown(view) == ["b nan"]
 
 
+@pytest.mark.slow
 async def test_invalid_regex_keeps_the_previous_filter_and_says_why() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -258,6 +265,7 @@ def cursor_row_text(view: LogView) -> str:
     return view.render_line(row - top).text.rstrip()
 
 
+@pytest.mark.slow
 async def test_n_and_N_land_on_marker_lines_and_pause_follow() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -296,6 +304,7 @@ async def test_n_and_N_land_on_marker_lines_and_pause_follow() -> None:
         assert view.cursor_line == 200
 
 
+@pytest.mark.slow
 async def test_max_lines_bounds_memory_and_markers_still_work() -> None:
     app = HostApp(max_lines=100)
     async with app.run_test(size=SIZE) as pilot:
@@ -349,6 +358,7 @@ async def test_max_lines_bounds_memory_and_markers_still_work() -> None:
 # ------------------------------------------------------------ text safety, wrap, save
 
 
+@pytest.mark.slow
 async def test_markup_and_control_characters_render_literally() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -379,6 +389,7 @@ async def test_markup_and_control_characters_render_literally() -> None:
         assert shown(view) == ["— file truncated; reading from its start —", "[red"]
 
 
+@pytest.mark.slow
 async def test_ctrl_s_posts_the_filtered_lines() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:
@@ -389,6 +400,7 @@ async def test_ctrl_s_posts_the_filtered_lines() -> None:
         assert app.saved == [tuple(line for line in mixed(40) if "NaN" in line) + ("tab\tnan",)]
 
 
+@pytest.mark.slow
 async def test_a_million_character_line_scrolls_and_wraps() -> None:
     app = HostApp()
     async with app.run_test(size=SIZE) as pilot:

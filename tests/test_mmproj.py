@@ -104,6 +104,7 @@ def codes(result: dict) -> list[str]:
 # check gguf
 
 
+@pytest.mark.slow
 def test_a_projector_is_reported_with_its_clip_figures(tmp_path: Path) -> None:
     path = write_mmproj(tmp_path / "vlm-mmproj-f16.gguf")
     r = check_file(path)
@@ -146,6 +147,7 @@ def test_the_embedding_size_is_read_after_many_other_keys(tmp_path: Path) -> Non
     assert r["ok"] and r["embedding_length"] == 96
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_real_text_ggufs_pass_as_before_with_their_embedding_size() -> None:
     from tests.gguf_artifacts import gemma_q4_k_m, llama_vocab_files
@@ -267,6 +269,7 @@ async def test_a_matching_projector_passes_the_preflight(box, tmp_path: Path, wo
     assert ("ok", f"mmproj {MMPROJ} (qwen2.5vl_merger) matches model {MODEL}: embedding size 64") in checks
 
 
+@pytest.mark.slow
 async def test_a_projector_of_another_width_blocks_the_serve_stage(box, tmp_path: Path, workspace: Path) -> None:
     place(workspace, model_width=64, mmproj_width=128)
     blocked, checks = await plan_checks(box, tmp_path, workspace)
@@ -359,6 +362,7 @@ def test_the_serve_options_are_read_from_the_command(command: str, model, mmproj
 # doctor
 
 
+@pytest.mark.slow
 def test_doctor_flags_a_multimodal_server_without_mmproj(tmp_path: Path, workspace: Path, spawn) -> None:
     fake = workspace / "bin" / "llama-server"
     fake.parent.mkdir()
@@ -459,6 +463,7 @@ def chat_url() -> Iterator[str]:
         yield server.url
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("cap", "over"), [(2000, 1), (None, 0)])
 def test_check_eval_reads_what_the_real_eval_stage_sent(chat_url: str, tmp_path: Path, cap, over: int) -> None:
     """The eval stage run with a cap over the playbook's sends a 1500 px image as it is: flagged;
@@ -513,6 +518,7 @@ def test_a_corrupt_projector_never_crashes_the_check(projector_bytes: bytes, edi
         assert result["architecture"] == "clip" and Projector.from_raw(result["projector"]) is not None
 
 
+@pytest.mark.slow
 def test_surgery_fixes_a_projector_that_check_gguf_refuses(tmp_path: Path, workspace: Path) -> None:
     """A projector without clip.projector_type is a sound GGUF: set-kv takes it as its input, and
     what it writes passes check gguf as a projector."""

@@ -205,6 +205,7 @@ def _texts(plan, severity: str) -> list[str]:
     return [c.text for c in plan.summary.checks if c.severity == severity]
 
 
+@pytest.mark.slow
 async def test_the_preflight_compares_the_program_on_every_node_and_the_masters_port(tmp_path: Path, spawn) -> None:
     port = sshd.free_port()
     cfg = _local_fleet(tmp_path, port, script_b="print('something else')\n")
@@ -262,6 +263,7 @@ async def test_an_unreachable_node_blocks_the_fire(tmp_path: Path) -> None:
     assert plan.blocked and any(e.startswith("box b is unreachable: ") for e in _texts(plan, "error"))
 
 
+@pytest.mark.slow
 async def test_read_only_refuses_before_asking_and_a_declined_fire_is_audited_per_node(tmp_path: Path) -> None:
     cfg = _local_fleet(tmp_path, sshd.free_port())
     asked: list[ActionPlan] = []
@@ -302,6 +304,7 @@ async def test_one_box_alone_never_fires_a_multi_node_stage(tmp_path: Path) -> N
     assert restart.blocked and said in [c.text for c in restart.checks if c.severity == "error"]
 
 
+@pytest.mark.slow
 def test_the_command_line_fires_and_stops_a_multi_node_stage_on_every_node(tmp_path: Path) -> None:
     cfg_file = tmp_path / "samai.toml"
     cfg_file.write_text(fleet_toml(tmp_path / "a", tmp_path / "b", command=f"{sys.executable} train.py",
@@ -339,6 +342,7 @@ DIES = ("echo 'TRAIN_RANK rank=1 world_size=2 local_rank=0'; echo 'train 139/800
         "echo 'train 140/800 [01:41<08:00, 1.39it/s]'; echo '[rank1]: RuntimeError: boom'; sleep 1; exit 1")
 
 
+@pytest.mark.slow
 async def test_a_node_that_died_while_another_runs_is_an_alert_whose_fix_stops_all(tmp_path: Path) -> None:
     cfg = _local_fleet(tmp_path, sshd.free_port())
     nodes, run = await _record_by_hand(cfg, {"a": "echo 'TRAIN_RANK rank=0 world_size=2'; sleep 300", "b": DIES})
@@ -367,6 +371,7 @@ async def test_a_node_that_died_while_another_runs_is_an_alert_whose_fix_stops_a
         await _close(nodes)
 
 
+@pytest.mark.slow
 async def test_a_node_relaunched_by_someone_else_is_not_this_run(tmp_path: Path) -> None:
     cfg = _local_fleet(tmp_path, sshd.free_port())
     nodes, run = await _record_by_hand(cfg, {"a": "sleep 300", "b": "sleep 300"})
@@ -383,6 +388,7 @@ async def test_a_node_relaunched_by_someone_else_is_not_this_run(tmp_path: Path)
         await _close(nodes)
 
 
+@pytest.mark.slow
 async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialog(tmp_path: Path) -> None:
     from samai.console.app import SamaiApp
     from samai.console.screens.dialogs import ConfirmDialog
@@ -405,7 +411,7 @@ async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialo
         alert = await until(lambda: next((a for a in app.state.alerts if a.code == "rank_died"), None), "the alert")
         assert alert.text.startswith("rank 1 on box b died at step 140 (failed); ranks on a will hang")
         assert str(app.box_screen.query_one("#curves").border_title) == "training · train: a alive · b down"
-        await pilot.pause(1.0)  # (a few more readings of the nodes)
+        await _node_readings(pilot, app, 2)
         assert [a.code for a in app.state.alerts].count("rank_died") == 1  # raised once
 
         app.open_box_screen("b")  # the dead node's own screen says it as well
@@ -438,6 +444,25 @@ RANK_0_ON_B = ("while [ ! -e go ]; do sleep 0.1; done; echo 'TRAIN_RANK rank=0 w
                "cat trainer.out; sleep 300")
 
 
+async def _node_readings(pilot, app, n: int) -> None:
+    """Wait for n readings of the nodes by the app's multi-node watch, each begun after this call."""
+    from tests.helpers import pilot_until
+
+    session, done = app.multinode, []
+    real = session.poll
+
+    async def counted(*args, **kw):
+        got = await real(*args, **kw)
+        done.append(True)
+        return got
+
+    session.poll = counted  # a reading already under way called the real one: it does not count
+    try:
+        await pilot_until(pilot, lambda: len(done) >= n)
+    finally:
+        del session.poll
+
+
 def _ranked_fleet(tmp_path: Path, garbage: bytes = b"") -> config.Config:
     cfg = _local_fleet(tmp_path, sshd.free_port())
     (tmp_path / "b" / "trainer.out").write_bytes(garbage + TRAINER_LOG.read_bytes())
@@ -449,6 +474,7 @@ def _go(tmp_path: Path) -> None:
         (tmp_path / node / "go").touch()
 
 
+@pytest.mark.slow
 async def test_rank_zeros_curve_comes_from_the_node_whose_log_says_rank_0(tmp_path: Path) -> None:
     from samai.console.core.multinode.curve import RankZeroCurve
     from samai.console.core.multinode.watch import NodeState, node_states
@@ -495,10 +521,11 @@ def _says(ws: Path, what: bytes) -> bool:
     return what in _log(ws)
 
 
+@pytest.mark.slow
 async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tmp_path: Path) -> None:
     from samai.console.app import SamaiApp
     from samai.widgets.curves import CurvesPane
-    from tests.helpers import pilot_until
+    from tests.helpers import pilot_until, polls_after
 
     cfg = _ranked_fleet(tmp_path)
     nodes, run = await _record_by_hand(cfg, {"a": RANK_1_ON_A, "b": RANK_0_ON_B})
@@ -513,7 +540,8 @@ async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tm
             await pilot_until(pilot, lambda: losses() == TRAINER_LOSSES, timeout=60)
             (tmp_path / "a" / "more").touch()
             await pilot_until(pilot, lambda: app.state.trainlog.parser.points)  # a's own point was read...
-            await pilot.pause(1.0)  # (a few more polls)
+            await polls_after(pilot, 2)
+            await _node_readings(pilot, app, 2)
             assert losses() == TRAINER_LOSSES  # ...and is not on show
             shown = str(app.box_screen.query_one(CurvesPane).border_title)
             assert shown == "training · train: a alive · b alive · rank 0 on b"
@@ -532,7 +560,8 @@ async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tm
             await pilot_until(pilot, lambda: app.box_name == "b" and app.state.snapshot is not None, timeout=60)
             await pilot_until(pilot, lambda: len(app.state.trainlog.parser.points) == every, timeout=60)
             await pilot_until(pilot, lambda: len(losses()) == every)
-            await pilot.pause(1.0)  # a few more polls of b
+            await polls_after(pilot, 2)  # a few more polls of b
+            await _node_readings(pilot, app, 2)
             assert len(losses()) == every and losses()[:-1] == TRAINER_LOSSES
             # b's screen says the NaN once: its own reading of its log says it, the nodes' watch does not again.
             said = [a.text for a in app.state.alerts if a.code == "nan_loss"]

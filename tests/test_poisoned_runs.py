@@ -8,6 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
@@ -121,12 +123,13 @@ def _bar_of(app) -> str:
     return str(app.box_screen.query_one("#stages").render())
 
 
+@pytest.mark.slow
 async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_holds_the_last_run_only(workspace):
     """The console started on a log that holds two runs: the curve and the alerts are the last
     run's; merge is marked blocked while that run's log has an error-level finding."""
     from samai.console.app import SamaiApp
     from samai.widgets.curves import CurvesPane
-    from tests.helpers import pilot_until
+    from tests.helpers import pilot_until, polls_after
 
     cfg = finished_run(workspace, HEADER.format(1) + dead_gradients_log() + HEADER.format(2) + healthy_log())
     cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.2, python=sys.executable))
@@ -135,7 +138,7 @@ async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_ho
     async with app.run_test(size=(160, 45)) as pilot:
         curve = app.box_screen.query_one(CurvesPane)
         await pilot_until(pilot, lambda: len(curve.points) == 40 and "merge" in _bar_of(app))
-        await pilot.pause(0.6)
+        await polls_after(pilot, 2)
         assert len(curve.points) == 40 and curve.points[0].loss == 3.5  # the healthy run, from its first step
         assert not [a.text for a in app.state.alerts if a.stage == "train" and a.severity == "error"]
         assert "merge ○ idle" in _bar_of(app)

@@ -26,9 +26,10 @@ from samai.console.core.evalruns import NotASummary, eval_run
 from samai.console.core.state import ConsoleState
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
-from samai.remote.model import LogChunk, MarkerHit, Report, Snapshot, checked_cursor
+from samai.remote.model import LogChunk, Snapshot, checked_cursor
 from samai.widgets.evals import EvalTable
 from samai.widgets.logview import LogView
+from tests import factories
 from tests.helpers import pilot_until
 
 FUZZ = settings(max_examples=60, deadline=None, database=None,
@@ -85,7 +86,7 @@ def hostile_snapshot(snap: Snapshot, choose: Choose) -> Snapshot:
     cursor the probe would refuse back is refused there), with marker hits of every kind the
     console reads (progress, disk, a stage's own) on hostile lines."""
     mutated = hostile(replace(snap, processes=snap.processes[:8]), choose)
-    logs = tuple(replace(_taken(bad, good), hits=tuple(MarkerHit(m, 0, choose(HOSTILE_LINES)) for m in MARKERS))
+    logs = tuple(replace(_taken(bad, good), hits=tuple(factories.marker_hit(m, choose(HOSTILE_LINES)) for m in MARKERS))
                  for bad, good in zip(mutated.logs, snap.logs, strict=True))
     return replace(mutated, logs=logs)
 
@@ -129,7 +130,7 @@ async def real_snapshot(cfg: config.Config, state: ConsoleState) -> tuple[Snapsh
     max_leaves=6).map(json.dumps))
 def test_any_summary_text_is_a_sound_run_or_not_a_summary(text: str) -> None:
     try:
-        run = eval_run(Report("runs/eval/*/summary.json", "/ws/runs/eval/r/summary.json", 1.0, text))
+        run = eval_run(factories.report("/ws/runs/eval/r/summary.json", text, mtime=1.0))
     except NotASummary as e:
         assert str(e) and len(str(e)) < 200  # said briefly, whatever the file held
         return
@@ -161,6 +162,7 @@ async def polled(tiny) -> tuple[config.Config, Snapshot]:
     return tiny, snap
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_any_snapshot_is_folded_in_and_the_next_one_too(polled, data) -> None:
@@ -220,6 +222,7 @@ def hostile_workspace(workspace: Path) -> None:
             f.write("\n".join(HOSTILE_LINES).encode("utf-8") + b"\n")
 
 
+@pytest.mark.slow
 async def test_the_tui_shows_the_box_whatever_its_files_hold(tiny, workspace) -> None:
     hostile_workspace(workspace)
     app = SamaiApp(tiny)
@@ -249,6 +252,7 @@ async def test_the_tui_shows_the_box_whatever_its_files_hold(tiny, workspace) ->
 # ---------------------------------------------------------------- the panes, shown any snapshot
 
 
+@pytest.mark.slow
 async def test_the_panes_show_any_snapshot_and_the_next_real_one(tiny) -> None:
     app = SamaiApp(tiny, poll=False)
     rng = random.Random(29)

@@ -160,6 +160,7 @@ async def test_writers_follow_a_rename_and_a_new_writer(box: Box, workspace: Pat
     assert dict(snap.writers) == {str(done): tuple(sorted((first.pid, second.pid, third.pid)))}
 
 
+@pytest.mark.slow
 async def test_serve_answers_as_a_fresh_probe_does(box: Box, workspace: Path, spawn) -> None:
     procs = [_sleeper(spawn, f"arg-{i}") for i in range(5)]
     port = int(_tell(procs[0], "listen"))
@@ -228,6 +229,7 @@ def test_remembered_listings_never_hide_a_change(tools, workspace: Path, monkeyp
     assert check() == (1757, 10)
 
 
+@pytest.mark.slow
 async def test_a_folder_changed_between_two_requests_is_seen(box: Box, workspace: Path) -> None:
     tree = workspace / "runs" / "checkpoints"
     (tree / "checkpoint-1").mkdir(parents=True)

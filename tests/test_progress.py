@@ -97,6 +97,7 @@ SHAPED = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.text(max_size=400), SHAPED, st.lists(SHAPED, max_size=4).map("\r".join)))
 def test_any_line_parses_without_a_crash_and_shows_literally(line: str) -> None:
@@ -147,6 +148,7 @@ def _bar(app: SamaiApp) -> str:
     return str(app.box_screen.query_one("#stages").render())
 
 
+@pytest.mark.slow
 async def test_the_stages_bar_shows_a_running_stages_progress_and_drops_it_when_done(tmp_path: Path,
                                                                                        workspace: Path) -> None:
     (workspace / "fetch.sh").write_text(SCRIPT)
@@ -191,6 +193,7 @@ markers = [{{ name = "SERVING" }}]
 """
 
 
+@pytest.mark.slow
 async def test_a_build_step_is_shown_but_a_servers_own_command_line_is_not(tmp_path: Path, workspace: Path) -> None:
     (workspace / "convert.sh").write_text("echo '$ venv/bin/python convert_hf_to_gguf.py merged --outfile f16.gguf'\n"
                                           "echo CONVERTING\nsleep 30\n")

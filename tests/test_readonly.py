@@ -61,6 +61,7 @@ def _contents(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else ["(missing)"]
 
 
+@pytest.mark.slow
 def test_snapshot_in_readonly_creates_no_workspace(tmp_path, missing_workspace, spawn):
     victim = spawn("sleep", "47.25")
     f = _config_file(tmp_path, missing_workspace)
@@ -73,6 +74,7 @@ def test_snapshot_in_readonly_creates_no_workspace(tmp_path, missing_workspace, 
     assert not missing_workspace.parent.exists()
 
 
+@pytest.mark.slow
 def test_snapshot_fire_and_tail_in_readonly_leave_a_readonly_workspace_untouched(tmp_path, readonly_workspace):
     f = _config_file(tmp_path, readonly_workspace)
     r = run_cli("--config", str(f), "--readonly", "snapshot")
@@ -85,6 +87,7 @@ def test_snapshot_fire_and_tail_in_readonly_leave_a_readonly_workspace_untouched
     assert stat.S_IMODE(readonly_workspace.stat().st_mode) == 0o555
 
 
+@pytest.mark.slow
 async def test_a_readonly_box_refuses_every_write_by_itself(missing_workspace, spawn):
     victim = spawn("sleep", "47.5")
     box = Box(LocalTransport(), str(missing_workspace), python=sys.executable, readonly=True)
@@ -120,6 +123,7 @@ async def test_the_readonly_probe_reads_logs_and_files_without_its_tools_install
     assert _contents(readonly_workspace) == []
 
 
+@pytest.mark.slow
 async def test_the_tui_in_readonly_polls_without_writing(tmp_path, missing_workspace):
     app = SamaiApp(config.load(_config_file(tmp_path, missing_workspace)), readonly=True)
     async with app.run_test(size=(140, 45)) as pilot:
@@ -143,19 +147,19 @@ needs_sshd = pytest.mark.skipif(not sshd.available() and not os.environ.get("SAM
 
 
 @pytest.fixture(scope="module")
-def server():
+def sshd_server():
     srv = sshd.SshServer(sshd.new_root()).start()
     yield srv
     srv.stop()
 
 
 @needs_sshd
-async def test_readonly_over_ssh_writes_nothing(server, tmp_path, monkeypatch, spawn):
-    monkeypatch.setenv("HOME", str(server.client_home))
+async def test_readonly_over_ssh_writes_nothing(sshd_server, tmp_path, monkeypatch, spawn):
+    monkeypatch.setenv("HOME", str(sshd_server.client_home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     workspace = tmp_path / "remote-ws"
     victim = spawn("sleep", "47.75")
-    cfg = config.load(_config_file(tmp_path, workspace, server.url()))
+    cfg = config.load(_config_file(tmp_path, workspace, sshd_server.url()))
     box = open_box(cfg, readonly=True)
     try:
         assert (await box.snapshot()).process(victim.pid)
@@ -165,8 +169,8 @@ async def test_readonly_over_ssh_writes_nothing(server, tmp_path, monkeypatch, s
     finally:
         await box.close()
     assert not workspace.exists()
-    r = run_cli("--config", str(_config_file(tmp_path, workspace, server.url())), "--readonly", "snapshot",
-                "--json", env={"HOME": str(server.client_home)})
+    r = run_cli("--config", str(_config_file(tmp_path, workspace, sshd_server.url())), "--readonly", "snapshot",
+                "--json", env={"HOME": str(sshd_server.client_home)})
     assert r.returncode == 0 and f'"pid": {victim.pid}' in r.stdout, r.stderr
     assert not workspace.exists()
 
@@ -192,6 +196,7 @@ def gateway(tmp_path, monkeypatch):
         proc.wait(10)
 
 
+@pytest.mark.slow
 async def test_readonly_through_the_gateway_sends_the_probe_with_every_request(tmp_path, gateway, spawn):
     workspace = tmp_path / "gw-ws"
     victim = spawn("sleep", "47.8")

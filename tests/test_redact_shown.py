@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from textual.command import CommandList
 from textual.widgets import Static
 
 from samai.console.app import SamaiApp
@@ -17,6 +19,8 @@ from samai.console.screens.fleet import FleetScreen
 from samai.widgets.processes import ProcessDetail, ProcessPane
 from tests.helpers import pilot_until, run_cli
 from tests.test_redact_shapes import SECRET_COMMANDS, SECRETS, secret_stage_toml
+
+pytestmark = pytest.mark.slow  # every test here takes seconds: real processes, sockets or an app, waited on
 
 SIZE = (150, 45)
 
@@ -86,8 +90,15 @@ async def test_every_toast_and_the_palette_show_no_secret(tmp_path: Path, worksp
         assert "***" in toasts and "gguf extract" in toasts and _leaked(toasts) == []
         await pilot.press("ctrl+p")
         await pilot.press(*"Fire leaky")
-        await pilot.pause(0.5)
+        await pilot_until(pilot, lambda: "leaky" in _palette_hits(app))  # the command it would leak on show
         assert _leaked(app.export_screenshot()) == []
+
+
+def _palette_hits(app) -> str:
+    """The command palette's hits, as text ("" while it shows none)."""
+    lists = app.screen.query(CommandList)
+    hits = lists.first() if lists else None
+    return "\n".join(str(hits.get_option_at_index(i).prompt) for i in range(hits.option_count)) if hits else ""
 
 
 def test_the_cli_text_shows_no_secret_and_json_keeps_the_box_exact(tmp_path: Path, workspace: Path, spawn) -> None:
@@ -124,7 +135,7 @@ async def test_a_target_url_with_a_password_is_shown_masked(tmp_path: Path) -> N
         assert "Hunter2Pa55" not in app.export_screenshot()
         await pilot.press("ctrl+p")
         await pilot.press(*"Switch to box")
-        await pilot.pause(0.5)
+        await pilot_until(pilot, lambda: "box a" in _palette_hits(app))  # the box whose URL it would leak
         assert "Hunter2Pa55" not in app.export_screenshot()
     text = run_cli("--config", str(f), "snapshot", "--all-boxes")
     assert "op:***@" in text.stdout and "Hunter2Pa55" not in text.stdout + text.stderr

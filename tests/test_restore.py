@@ -38,6 +38,7 @@ def pushed(tmp_path: Path) -> Path:
     return store
 
 
+@pytest.mark.slow
 def test_pushed_artifacts_come_back_verified_into_a_wiped_workspace(tmp_path, pushed) -> None:
     ws = tmp_path / "rebuilt"
     ws.mkdir()
@@ -129,6 +130,7 @@ def _restore_findings(cfg: Path) -> list[dict]:
     return [f for f in json.loads(done.stdout)["findings"] if f["code"] == "restore_available"]
 
 
+@pytest.mark.slow
 def test_doctor_suggests_restore_only_for_a_rebuilt_box_with_a_pushed_gguf(tmp_path, workspace) -> None:
     cfg = tmp_path / "restorable.toml"
     cfg.write_text(RESTORABLE.format(ws=workspace))
@@ -146,6 +148,7 @@ def test_doctor_suggests_restore_only_for_a_rebuilt_box_with_a_pushed_gguf(tmp_p
     assert _restore_findings(cfg) == []
 
 
+@pytest.mark.slow
 def test_what_push_shipped_to_the_hub_comes_back_from_it(tmp_path) -> None:
     """push --to hf: with the real huggingface_hub client, then restore --from hf: over the Hub's
     resolve URLs (the LFS file redirected to the hub's CDN), against the local hub."""

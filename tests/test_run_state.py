@@ -12,13 +12,16 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.screens.dialogs import ConfirmDialog
 from samai.widgets.curves import CurvesPane
 from samai.widgets.logview import LogView
-from tests.helpers import collect_toasts, pilot_until, run_cli, wait_for
+from tests.helpers import collect_toasts, pilot_until, polls_after, run_cli, wait_for
+
+pytestmark = pytest.mark.slow  # every test here takes seconds: real processes, sockets or an app, waited on
 
 SIZE = (140, 45)
 
@@ -93,7 +96,7 @@ markers = [{ name = "FIRST_DONE" }]
         curve = app.box_screen.query_one(CurvesPane)
         await pilot_until(pilot, lambda: [p.loss for p in curve.points] == [500.0])
         await pilot_until(pilot, lambda: "running" in _bar(app))
-        await pilot.pause(1.0)  # a few polls: nothing of the first run comes back
+        await polls_after(pilot, 3)  # a few polls: nothing of the first run comes back
         bar = _bar(app)
         assert "running" in bar and "CHAIN_DONE" not in bar and "FIRST_DONE" not in bar
         assert [p.loss for p in curve.points] == [500.0]
@@ -124,7 +127,7 @@ command = "echo serve line one; echo serve line two; sleep 30"
     async with app.run_test(size=SIZE) as pilot:
         log = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: app.state.shown_stage == "serve" and "serve line two" in "\n".join(log.lines))
-        await pilot.pause(0.6)  # a few more polls
+        await polls_after(pilot, 2)  # a few more polls
         assert "log · serve" in str(log.border_title)
         lines = "\n".join(log.lines)
         assert "provision line" not in lines and "serve line one" in lines
@@ -196,7 +199,7 @@ async def test_no_poison_alert_after_a_good_train_and_restart_says_in_red_what_i
                        for p in ("out/final", "out/TRAIN_DONE"))
 
         await pilot_until(pilot, sized)
-        await pilot.pause(0.6)
+        await polls_after(pilot, 2)
         assert not [a for a in app.state.alerts if a.code == "poison_files"]
         assert "earlier run" not in _plain(app.box_screen.query_one("#alerts"))
 
@@ -229,7 +232,7 @@ command = "echo serving; sleep 30"
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: "stopped by the operator" in _bar(app))
-        await pilot.pause(0.6)
+        await polls_after(pilot, 2)
         bar = _bar(app)
         assert "stopped by the operator" in bar and "failed" not in bar and "rc=143" not in bar
         assert not [a for a in app.state.alerts if a.severity == "error"]
@@ -285,10 +288,7 @@ async def test_a_chain_seen_gone_without_its_rc_is_lost_only_when_the_next_poll_
     state = ConsoleState(cfg)
     fired = await box.fire("serve", "sleep 30", "logs/serve.log", verify_s=0.2)
     os.killpg(fired.pid, signal.SIGKILL)
-    for _ in range(100):
-        if not psutil.pid_exists(fired.pid) or psutil.Process(fired.pid).status() == "zombie":
-            break
-        time.sleep(0.05)
+    wait_for(lambda: not psutil.pid_exists(fired.pid) or psutil.Process(fired.pid).status() == "zombie")
 
     async def poll(now: float):
         followers = state.followers()

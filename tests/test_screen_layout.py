@@ -84,6 +84,7 @@ async def test_the_command_takes_the_rest_of_the_processes_pane(size) -> None:
         assert pane.selected().command in shown and "pid 5100" in shown and "ports 18080" in shown
 
 
+@pytest.mark.slow
 async def test_the_narrowest_layout_scrolls_sideways_and_keeps_the_command_its_minimum() -> None:
     app = _recorded_app()
     async with app.run_test(size=(80, 40)) as pilot:
@@ -117,6 +118,7 @@ async def test_no_stage_is_cut_across_two_lines_and_the_running_one_stands_out(s
 RECORDING_STATUS = {"provision": "done", "fetch": "done", "train": "running", "eval": "idle"}
 
 
+@pytest.mark.slow
 async def test_the_stages_bar_flows_again_when_the_terminal_is_resized() -> None:
     app = _recorded_app()
     async with app.run_test(size=(160, 48)) as pilot:
@@ -224,6 +226,7 @@ async def test_an_outage_never_pushes_read_only_off_the_status_line() -> None:
         assert line.index("READ-ONLY") < line.index("STALE")  # what may be cut at the edge comes last
 
 
+@pytest.mark.slow
 async def test_the_first_snapshot_after_connecting_says_connect_time_not_rtt(tmp_path: Path, workspace: Path) -> None:
     from samai.console.core import config
     from samai.widgets.status import StatusBar

@@ -11,7 +11,7 @@ from samai.console.core.config import load_builtin
 from samai.console.core.sizing import REFRESH_S, REFRESH_S_PER_FILE, ArtifactSizer
 from samai.console.core.state import ConsoleState
 from samai.remote.boxapi import Box
-from samai.remote.model import ArtifactSize
+from tests import factories
 
 WANTED = [("venv", "venv"), ("gguf", "model.gguf")]
 
@@ -19,14 +19,14 @@ WANTED = [("venv", "venv"), ("gguf", "model.gguf")]
 def test_a_big_tree_waits_a_file_does_not() -> None:
     sizer = ArtifactSizer(WANTED)
     assert sizer.due(None, ()) == WANTED
-    merged = sizer.merge([ArtifactSize("venv", "venv", True, 10**9, files=40_000),
-                          ArtifactSize("gguf", "model.gguf", True, 10**8, files=1)], now=100.0)
+    merged = sizer.merge([factories.artifact("venv", "venv", bytes=10**9, allocated=0, files=40_000),
+                          factories.artifact("gguf", "model.gguf", bytes=10**8, allocated=0, files=1)], now=100.0)
     assert [a.name for a in merged] == ["venv", "gguf"]
     assert sizer.due(101.0, ()) == [("gguf", "model.gguf")]
     assert sizer.due(101.0, {"venv"}) == WANTED  # a running stage makes it: every poll
     assert sizer.due(100.0 + REFRESH_S, ()) == [("gguf", "model.gguf")]  # 40,000 files: walked less often
     assert sizer.due(100.0 + 40_000 * REFRESH_S_PER_FILE, ()) == WANTED
-    merged = sizer.merge([ArtifactSize("gguf", "model.gguf", False)], now=101.0)
+    merged = sizer.merge([factories.artifact("gguf", "model.gguf", exists=False)], now=101.0)
     assert [(a.name, a.exists) for a in merged] == [("venv", True), ("gguf", False)]
     sizer.refresh_all()
     assert sizer.due(102.0, ()) == WANTED

@@ -92,6 +92,7 @@ async def test_unreadable_things_become_error_entries(box: Box, workspace: Path)
     assert any("broken.json" in e["what"] for e in snap.errors)
 
 
+@pytest.mark.slow
 def test_box_tools_are_stdlib_python_3_8() -> None:
     """The tools run on whatever Python the box has: no syntax or imports newer than 3.8."""
     tools = [n for n in tool_names() if not n.startswith("stages/")]  # stages may use the box venv
@@ -109,6 +110,7 @@ def test_box_tools_are_stdlib_python_3_8() -> None:
             assert set(roots) <= stdlib, f"{name} imports {roots}"
 
 
+@pytest.mark.slow
 async def test_tools_are_uploaded_once_and_again_when_removed(workspace: Path) -> None:
     box = Box(LocalTransport(), str(workspace), python=sys.executable)
     await box.snapshot()

@@ -23,7 +23,7 @@ from samai.remote.model import CHAIN_LINES
 from samai.remote.ssh import SshOptions, SshTarget, SshTransport
 from samai.remote.transport import TransportError, TransportTimeout
 from tests import sshd
-from tests.helpers import run_cli
+from tests.helpers import run_cli, until
 
 # CI sets SAMAI_REQUIRE_SSHD=1, so that a missing server fails there instead of skipping quietly.
 pytestmark = pytest.mark.skipif(not sshd.available() and not os.environ.get("SAMAI_REQUIRE_SSHD"),
@@ -31,27 +31,27 @@ pytestmark = pytest.mark.skipif(not sshd.available() and not os.environ.get("SAM
 
 
 @pytest.fixture(scope="module")
-def server():
+def sshd_server():
     srv = sshd.SshServer(sshd.new_root()).start()
     yield srv
     srv.stop()
 
 
 @pytest.fixture
-def ssh_home(server, monkeypatch) -> Path:
+def ssh_home(sshd_server, monkeypatch) -> Path:
     """The operator's HOME: ~/.ssh/config with the alias, known_hosts, the key."""
-    monkeypatch.setenv("HOME", str(server.client_home))
+    monkeypatch.setenv("HOME", str(sshd_server.client_home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    return server.client_home
+    return sshd_server.client_home
 
 
-def _transport(server, user: str = "root", **options) -> SshTransport:
-    return SshTransport(SshTarget("127.0.0.1", user, server.port), SshOptions(**options))
+def _transport(sshd_server, user: str = "root", **options) -> SshTransport:
+    return SshTransport(SshTarget("127.0.0.1", user, sshd_server.port), SshOptions(**options))
 
 
 @pytest.fixture
-async def ssh_box(server, ssh_home, workspace):
-    box = Box(_transport(server), str(workspace), python=sys.executable)
+async def ssh_box(sshd_server, ssh_home, workspace):
+    box = Box(_transport(sshd_server), str(workspace), python=sys.executable)
     yield box
     await box.close()
 
@@ -72,14 +72,15 @@ async def test_one_connection_serves_every_call(ssh_box: Box) -> None:
     assert ssh_box.transport.generation == 0  # never lost
 
 
-async def test_channels_on_the_one_connection_are_bounded(server, ssh_home) -> None:
-    transport = _transport(server, max_channels=2)
-    before = set(server.session_processes())
+async def test_channels_on_the_one_connection_are_bounded(sshd_server, ssh_home) -> None:
+    transport = _transport(sshd_server, max_channels=2)
+    before = set(sshd_server.session_processes())
     try:
         started = time.monotonic()
         calls = asyncio.gather(*(transport.run(["sleep", "0.5"], timeout=20) for _ in range(6)))
-        await asyncio.sleep(0.6)
-        assert len(set(server.session_processes()) - before) == 1  # one connection carries them all
+        # Two calls under way at once: as many connections as they took are open now.
+        await until(lambda: sum(p.info["cmdline"] == ["sleep", "0.5"] for p in psutil.process_iter(["cmdline"])) >= 2)
+        assert len(set(sshd_server.session_processes()) - before) == 1  # one connection carries them all
         assert all(r.rc == 0 for r in await calls)
         assert time.monotonic() - started >= 1.4  # six half-second calls, two at a time
     finally:
@@ -103,8 +104,8 @@ async def test_fire_stop_kill_and_tail_over_ssh(ssh_box: Box, workspace: Path, s
     assert victim.wait(5) != 0
 
 
-async def test_a_non_root_user_with_a_workspace_in_its_home(server, ssh_home) -> None:
-    box = Box(_transport(server, user=sshd.TEST_USER), "samai/tiny")  # the box's own python3
+async def test_a_non_root_user_with_a_workspace_in_its_home(sshd_server, ssh_home) -> None:
+    box = Box(_transport(sshd_server, user=sshd.TEST_USER), "samai/tiny")  # the box's own python3
     try:
         fired = await box.fire("whoami", "id -un; sleep 30", "logs/whoami.log", verify_s=0.5)
         assert fired.ok
@@ -121,8 +122,8 @@ async def test_a_non_root_user_with_a_workspace_in_its_home(server, ssh_home) ->
         await box.close()
 
 
-async def test_an_alias_from_ssh_config(server, ssh_home, workspace) -> None:
-    cfg = config.load(_config_file(workspace, f"ssh://{server.alias}"))
+async def test_an_alias_from_ssh_config(sshd_server, ssh_home, workspace) -> None:
+    cfg = config.load(_config_file(workspace, f"ssh://{sshd_server.alias}"))
     box = open_box(cfg)
     try:
         snap = await box.snapshot()
@@ -131,10 +132,10 @@ async def test_an_alias_from_ssh_config(server, ssh_home, workspace) -> None:
         await box.close()
 
 
-async def test_a_changed_host_key_is_refused_before_anything_runs(server, ssh_home, workspace, tmp_path) -> None:
+async def test_a_changed_host_key_is_refused_before_anything_runs(sshd_server, ssh_home, workspace, tmp_path) -> None:
     other = tmp_path / "other"
-    server.write_known_hosts(sshd.keygen(other))  # known_hosts now holds a different key
-    box = Box(_transport(server), str(workspace), python=sys.executable)
+    sshd_server.write_known_hosts(sshd.keygen(other))  # known_hosts now holds a different key
+    box = Box(_transport(sshd_server), str(workspace), python=sys.executable)
     try:
         with pytest.raises(TransportError, match="host key .* is not trusted.*known_hosts"):
             await box.snapshot()
@@ -143,11 +144,11 @@ async def test_a_changed_host_key_is_refused_before_anything_runs(server, ssh_ho
         with pytest.raises(TransportError, match="not trusted"):
             await box.snapshot()
     finally:
-        server.write_known_hosts((server.root / "keys" / "host.pub").read_text())
+        sshd_server.write_known_hosts((sshd_server.root / "keys" / "host.pub").read_text())
         await box.close()
 
 
-async def test_a_cut_connection_resumes_the_tail_without_gaps_or_repeats(ssh_box: Box, server, workspace) -> None:
+async def test_a_cut_connection_resumes_the_tail_without_gaps_or_repeats(ssh_box: Box, sshd_server, workspace) -> None:
     log = workspace / "cut.log"
     follower = LogFollower(str(log), offset=0, max_bytes=4096)
     got: list[str] = []
@@ -158,7 +159,7 @@ async def test_a_cut_connection_resumes_the_tail_without_gaps_or_repeats(ssh_box
                 f.write(f"burst {burst} line {i} {'z' * (i % 40)}\n")
             f.flush()
             if burst % 3 == 1:
-                server.cut_connections()
+                sshd_server.cut_connections()
             while True:
                 try:
                     update = follower.consume(await ssh_box.read_log(follower.cursor()))
@@ -173,8 +174,8 @@ async def test_a_cut_connection_resumes_the_tail_without_gaps_or_repeats(ssh_box
     assert got == log.read_text().splitlines()
 
 
-async def test_a_hung_command_hits_its_deadline_and_is_killed_on_the_box(server, ssh_home) -> None:
-    transport = _transport(server)
+async def test_a_hung_command_hits_its_deadline_and_is_killed_on_the_box(sshd_server, ssh_home) -> None:
+    transport = _transport(sshd_server)
     try:
         with pytest.raises(TransportTimeout, match="deadline"):  # the 77 s sleep would have ended without it
             await transport.run(["sleep", "77.25"], timeout=1.0)
@@ -206,9 +207,9 @@ async def test_injection_strings_stay_literal(ssh_box: Box, workspace: Path, tmp
         assert not (cwd / "samai-pwned").exists()
 
 
-async def test_a_fire_whose_connection_breaks_reports_what_happened(server, ssh_home, workspace,
+async def test_a_fire_whose_connection_breaks_reports_what_happened(sshd_server, ssh_home, workspace,
                                                                     isolated_dirs) -> None:
-    cfg = config.load(_config_file(workspace, server.url()))
+    cfg = config.load(_config_file(workspace, sshd_server.url()))
     box = open_box(cfg)
 
     async def confirm(plan):
@@ -216,7 +217,7 @@ async def test_a_fire_whose_connection_breaks_reports_what_happened(server, ssh_
 
     actions = Actions(box, cfg, AuditLog(isolated_dirs / "audit.jsonl"), readonly=False, confirm=confirm)
     await box.snapshot()
-    cut = asyncio.get_running_loop().call_later(1.0, server.cut_connections)  # while launch verifies
+    cut = asyncio.get_running_loop().call_later(1.0, sshd_server.cut_connections)  # while launch verifies
     try:
         outcome = await actions.fire("slow")
     finally:
@@ -229,20 +230,20 @@ async def test_a_fire_whose_connection_breaks_reports_what_happened(server, ssh_
     await box.close()
 
 
-async def test_the_tui_over_ssh(server, ssh_home, workspace, spawn) -> None:
+async def test_the_tui_over_ssh(sshd_server, ssh_home, workspace, spawn) -> None:
     victim = spawn("sleep", "43.75")
-    app = SamaiApp(config.load(_config_file(workspace, server.url())))
+    app = SamaiApp(config.load(_config_file(workspace, sshd_server.url())))
     async with app.run_test(size=(140, 45)) as pilot:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not (app.state.snapshot and app.state.snapshot.process(victim.pid)):
             await pilot.pause(0.1)
         assert app.state.snapshot.process(victim.pid)
         assert app.connection.state == "connected"
-        assert server.url() in str(app.box_screen.query_one("#status").render())
+        assert sshd_server.url() in str(app.box_screen.query_one("#status").render())
 
 
-def test_the_cli_over_ssh(server, ssh_home, workspace) -> None:
-    r = run_cli("--config", str(_config_file(workspace, server.url())), "snapshot", "--json",
+def test_the_cli_over_ssh(sshd_server, ssh_home, workspace) -> None:
+    r = run_cli("--config", str(_config_file(workspace, sshd_server.url())), "snapshot", "--json",
                 env={"HOME": str(ssh_home)})
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["processes"]
@@ -258,7 +259,7 @@ def _config_file(workspace: Path, url: str) -> Path:
     return f
 
 
-def test_the_cli_tail_follow_over_ssh_resumes_after_its_connection_is_cut(server, ssh_home, workspace) -> None:
+def test_the_cli_tail_follow_over_ssh_resumes_after_its_connection_is_cut(sshd_server, ssh_home, workspace) -> None:
     """`tail --follow` over a real sshd whose connections are cut twice: it says so on stderr,
     reconnects, and prints every numbered line once."""
     import subprocess
@@ -269,14 +270,14 @@ def test_the_cli_tail_follow_over_ssh_resumes_after_its_connection_is_cut(server
     log = workspace / "cli-cut.log"
     log.write_text("".join(f"line {i}\n" for i in range(1, 11)))
     proc = subprocess.Popen([sys.executable, "-m", "samai.console", "--config", str(_config_file(workspace,
-                             server.url())), "tail", str(log), "-n", "10", "--follow"], stdout=subprocess.PIPE,
+                             sshd_server.url())), "tail", str(log), "-n", "10", "--follow"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, HOME=str(ssh_home)))
     stderr: list[str] = []
     threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True).start()
     try:
         seen = [proc.stdout.readline() for _ in range(10)]
         for cut in range(2):
-            server.cut_connections()
+            sshd_server.cut_connections()
             with open(log, "a") as f:
                 f.write("".join(f"line {i}\n" for i in range(11 + 20 * cut, 31 + 20 * cut)))
             seen += [proc.stdout.readline() for _ in range(20)]

@@ -8,6 +8,8 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
 from samai.remote.box.stages import provision
 from samai.remote.boxapi import tool_names
 from tests.box_tools import stage_argv, stage_env
@@ -50,6 +52,7 @@ def test_the_tools_are_uploaded_with_their_stages() -> None:
     assert not any(n.endswith("__init__.py") for n in names)
 
 
+@pytest.mark.slow
 def test_serve_never_signals_a_port_holder_itself(tmp_path: Path, spawn) -> None:
     """Only the console's confirmed, audited fire plan stops a listener: the stage refuses a held port."""
     import socket

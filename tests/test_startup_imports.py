@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from samai.console.core import config
 from samai.console.core.connect import open_box
 from samai.remote.targets import open_transport
@@ -29,6 +31,7 @@ NOT_BEFORE_FIRST_PAINT = ("asyncssh", "httpx", "psutil", "samai.remote.ssh", "sa
                           "textual_plotext", "plotext")
 
 
+@pytest.mark.slow
 def test_the_tui_path_imports_no_transport_and_nothing_only_actions_need(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-c", TUI_PATH], capture_output=True, text=True, timeout=60,
                           cwd=tmp_path)

@@ -101,6 +101,7 @@ def _guard(findings: list[dict]) -> list[dict]:
     return [f for f in findings if f["code"] == "torchao_beside_peft"]
 
 
+@pytest.mark.slow
 async def test_doctor_finds_torchao_beside_peft_and_the_fix_uninstalls_it(tmp_path, workspace) -> None:
     venv = _venv(workspace, pip=True)
     wheels = [_wheel(tmp_path, "peft", "0.19.1"), _wheel(tmp_path, "torchao", "0.10.0")]
@@ -157,6 +158,7 @@ async def test_doctor_finds_torchao_beside_peft_and_the_fix_uninstalls_it(tmp_pa
     assert _guard(_doctor(cfg_file)[1]) == []
 
 
+@pytest.mark.slow
 async def test_a_running_stage_of_that_environment_blocks_the_uninstall(tmp_path, workspace) -> None:
     _venv(workspace, pip=False)
     cfg_file = tmp_path / "running.toml"
@@ -241,6 +243,7 @@ NAME = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,30}", fullmatch=True)
 VERSION = st.from_regex(r"[0-9][0-9a-z.+!]{0,20}", fullmatch=True)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(NAME, VERSION, st.lists(st.sampled_from(["Summary: x", "Author: a:b", "no colon", "License: MIT"])),
        st.sampled_from(["\n", "\r\n"]), st.binary(max_size=200))
@@ -269,6 +272,7 @@ ENV = st.fixed_dictionaries({}, optional={"python": JSON | st.text(max_size=10),
                                           | JSON})
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.fixed_dictionaries({}, optional={"packages": st.lists(ENV | JSON, max_size=3) | JSON}))
 def test_any_packages_reply_converts_or_is_a_box_error(raw: dict) -> None:
@@ -305,6 +309,7 @@ def test_a_malformed_packages_request_is_an_error_reply_naming_it(workspace) -> 
     assert names["packages"][0]["error"].endswith("venv/bin/python does not exist")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # a venv with pip, two wheels installed, then the TUI
 async def test_the_tui_raises_it_and_x_uninstalls_through_the_confirmation(tmp_path, workspace) -> None:
     """At connect the console reads the training environments; torchao beside peft is an alert whose

@@ -382,6 +382,7 @@ MIXED = [
 ]
 
 
+@pytest.mark.slow
 def test_feeding_in_pieces_gives_the_one_shot_result_and_each_anomaly_once() -> None:
     whole = check_trainlog(MIXED)
     assert codes(whole) == ["overflow_skip", "loss_spike", "hidden_nan", "zero_loss_streak", "unscale_fp16",
@@ -413,6 +414,7 @@ def as_json(points) -> list[dict]:
     return [p.to_json() for p in points]  # NaN != NaN: points are compared as JSON
 
 
+@pytest.mark.slow
 def test_the_points_kept_are_bounded_and_the_anomalies_and_summary_stay_exact() -> None:
     """100,000 logged steps: a few thousand points kept, evenly, with the last one and those an
     anomaly was found at; every anomaly found over all of them, and counted past MAX_REPORTS."""
@@ -458,6 +460,7 @@ def test_a_trainer_state_beside_a_long_log_is_merged_over_every_step() -> None:
     assert 12_345 in [p.step for p in result.points]
 
 
+@pytest.mark.slow
 def test_streaks_as_long_as_the_run_hold_two_numbers() -> None:
     """100,000 zero losses in a row: reported once, from the step they began at; the streaks were
     lists of every step before."""
@@ -483,6 +486,7 @@ def big_state(n: int, nan_at: int) -> list[str]:
     return text.split("\n")
 
 
+@pytest.mark.slow
 def test_a_trainer_state_json_is_read_one_entry_at_a_time() -> None:
     """Its entries are decoded as their lines come (a point before the file ends) and its points
     are bounded like a log's: the file was held whole before."""
@@ -523,6 +527,7 @@ def test_a_broken_trainer_state_says_what_is_wrong_and_never_holds_it_whole(text
     assert why in str(e.value)
 
 
+@pytest.mark.slow
 async def test_a_line_of_megabytes_is_read_in_pieces_and_its_last_record_is_found(tmp_path: Path, box: Box) -> None:
     """tqdm's bar for a whole run on one line, the NaN loss at its end: the box's 64 KiB line cap
     dropped it (`check trainlog` said nothing), and the local read held the whole line."""
@@ -591,6 +596,7 @@ async def pane_reads(box: Box, workspace: Path, data: bytes) -> tuple[list[Train
     return points, alerts, str(log)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PANE_FORMATS)
 async def test_the_training_pane_reads_every_format_as_check_trainlog_does(name: str, box: Box,
                                                                            workspace: Path) -> None:
@@ -638,6 +644,7 @@ HISTORY_ENTRY = st.dictionaries(
     | st.lists(st.integers(), max_size=2), max_size=6)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(history=st.lists(HISTORY_ENTRY | st.integers() | st.text(max_size=4), max_size=12),
        indent=st.sampled_from([None, 0, 1, 2, 4]), data=st.data())

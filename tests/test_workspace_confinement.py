@@ -49,6 +49,7 @@ def outside(tmp_path: Path) -> Path:
 # ------------------------------------------------------------------ refused at load, exit 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, key", [
     (STAGE + 'log = "{outside}/precious.log"\n', "stages.s.log"),
     (STAGE + 'log = "../outside/precious.log"\n', "stages.s.log"),
@@ -71,6 +72,7 @@ def test_a_path_that_leaves_the_workspace_is_refused_at_load_and_nothing_runs(tm
     assert _tree(outside) == before and not (workspace / ".samai").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["/", "/home", "/usr", "/usr/local/samai", "/etc", "/etc/samai", "/var", "/tmp",
                                    "/proc", "/root", "~", "/home/someone"])
 def test_a_system_or_home_folder_is_no_workspace(tmp_path, where):
@@ -160,6 +162,7 @@ async def test_a_samai_folder_that_is_a_symlink_out_takes_neither_tools_nor_stat
     assert _tree(outside) == before
 
 
+@pytest.mark.slow
 def test_the_cli_fire_through_a_swapped_log_folder_is_refused_in_one_line(tmp_path, workspace, outside):
     f = _config_file(tmp_path, workspace, STAGE + 'log = "logs/s.log"\n')
     (workspace / "logs").symlink_to(outside)
@@ -193,6 +196,7 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_still_gets_the_write(tmp
     assert sorted(p.name for p in outside.iterdir()) == ["precious.log"]
 
 
+@pytest.mark.slow
 async def test_a_state_folder_swapped_while_the_stage_runs_keeps_its_pid_and_rc(box: Box, workspace, outside):
     fired = await box.fire("s", "sleep 1.5", "logs/s.log", verify_s=0.3)
     assert fired.state == "running", fired.reason

@@ -14,8 +14,7 @@ from textual.worker import Worker, WorkerState
 
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import Config
-from samai.console.core.connect import open_box
-from samai.console.core.session import BoxSession
+from samai.console.core.session import BoxSession, OpenBox
 from samai.console.core.state import Alert, ConsoleState
 from samai.remote.boxapi import Box
 from samai.widgets.alerts import AlertsPane
@@ -38,6 +37,7 @@ class BoxScreenContext:
     clock: Callable[[], float]
     polling: bool  # off only to render recorded snapshots (screenshots, snapshot tests)
     nodes: Callable[[], MultiNodeSession]  # the app's connections to the nodes of multi-node stages
+    open_box: OpenBox  # a config to its Box (tests hand in a recorded box)
 
     @property
     def config(self) -> Config:
@@ -51,7 +51,7 @@ class BoxScreenBase(Screen[None]):
         self.config = context.config
         self.readonly = context.readonly
         self.clock = context.clock
-        self.session = BoxSession(self.config, lambda cfg: open_box(cfg, readonly=self.readonly), clock=self.clock)
+        self.session = BoxSession(self.config, context.open_box, clock=self.clock)
         self._action_running = False
         self._errors_said: set[tuple[str, str, str]] = set()  # internal errors already shown (each once)
 

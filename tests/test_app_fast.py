@@ -1,0 +1,52 @@
+"""The box screen over the recorded box (tests/replay_transport.py): the panes as a poll fills
+them and as the box changes, in a fraction of a second, with no process started."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from samai.console.app import SamaiApp
+from samai.console.core import config
+from samai.remote.boxapi import Box
+from samai.widgets.alerts import AlertsPane
+from samai.widgets.processes import ProcessPane
+from samai.widgets.stages import StagesBar
+from tests.helpers import pilot_until, polls_after
+from tests.replay_transport import ReplayTransport
+
+SIZE = (150, 48)
+
+
+@pytest.fixture
+def app(recorded_box: ReplayTransport) -> SamaiApp:
+    """The console on the recorded box, polled every 50 ms by its own poll loop, as a live box."""
+    cfg = replace(config.load_builtin("tiny"), workspace=recorded_box.workspace)
+    cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.05))
+    recorded_box.clock = time.time
+    return SamaiApp(cfg, open_box=lambda _cfg: Box(recorded_box, recorded_box.workspace))
+
+
+def _plain(widget) -> str:
+    return str(widget.render())
+
+
+async def test_the_panes_show_the_recorded_box_and_a_stale_server_alert_resolves_when_it_is_gone(
+        app: SamaiApp, recorded_box: ReplayTransport) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        alerts = app.box_screen.query_one(AlertsPane)
+        await pilot_until(pilot, lambda: "port 18080 (stage serve) is held by pid 5100" in _plain(alerts))
+        assert "train ● running" in _plain(app.box_screen.query_one(StagesBar))
+        rows = {key.split(":")[0] for key, _ in app.box_screen.query_one(ProcessPane).table.rows}
+        assert {"4242", "4250", "5100"} <= rows and "9999" not in rows  # the probe itself is left out
+        assert "hidden_nan" in {a.code for a in app.state.active_alerts()}  # the train log's NaN step
+
+        recorded_box.remove("processes", pid=5100)  # someone stopped the old llama-server
+        recorded_box.remove("listeners", pid=5100)
+        await pilot_until(pilot, lambda: not [a for a in app.state.active_alerts() if a.code == "stale_server"])
+        await pilot_until(pilot, lambda: "(resolved " in _plain(alerts))
+        await polls_after(pilot, 2)
+        assert "5100" not in {key.split(":")[0] for key, _ in app.box_screen.query_one(ProcessPane).table.rows}
+        assert app.connection.state == "connected" and not recorded_box.runs
