@@ -56,3 +56,27 @@ async def test_every_pane_of_the_box_screen_takes_the_poll_through_one_protocol(
         await pilot_until(pilot, lambda: app.screen is app.box_screen)
         taking = {w.id for w in app.box_screen.query("*") if isinstance(w, ShowsUpdates)}
         assert taking == {"stages", "disk", "gpus", "processes", "log", "curves", "evals", "alerts"}
+
+
+async def test_lines_of_the_log_shown_when_a_poll_began_never_reach_the_log_it_switched_to(tmp_path, workspace):
+    """One poll brings the first stage's log lines and finds another stage running: the pane
+    follows the running stage, and the first log's lines are not appended under its title."""
+    from tests.helpers import run_cli
+    from tests.test_run_state import _config
+
+    (workspace / "logs").mkdir()
+    (workspace / "logs" / "provision.log").write_text("".join(f"provision line {i}\n" for i in range(20)))
+    cfg = _config(tmp_path, workspace, '[stages.provision]\nkey = "p"\ncommand = "echo provisioning"\n'
+                                       '[stages.serve]\nkey = "v"\ncommand = "echo serve line one; sleep 30"\n')
+    assert run_cli("--config", str(tmp_path / "run-state.toml"), "fire", "serve", "--yes").returncode == 0
+    app = type(_app(tmp_path, workspace))(cfg, poll=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot_until(pilot, lambda: app.screen is app.box_screen)
+        screen = app.box_screen
+        assert screen.state.shown_stage == "provision"
+        followers = screen.state.followers()
+        snap = await screen.session.connected_box().snapshot(**screen.state.request(followers))
+        screen.show_snapshot(snap, followers)  # provision's lines, and serve running: the pane follows serve
+        log = screen.query_one(LogView)
+        assert screen.state.shown_stage == "serve" and "log · serve" in str(log.border_title)
+        assert not any("provision line" in line for line in log.lines)

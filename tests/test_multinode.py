@@ -426,6 +426,7 @@ async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialo
         await pilot.click("#confirm")
         await until(lambda: all(not a.active for a in app.state.alerts if a.code == "rank_died"), "resolved")
         await until(lambda: str(curves.border_title) == "training · train: a down · b down", "both down")
+        await until(lambda: not app.busy, "the stop's result")  # its outcome lines are written as it ends
     assert not psutil.pid_exists(run.nodes[0].pid) or psutil.Process(run.nodes[0].pid).status() == "zombie"
     audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
     assert sorted((e["phase"], e["subject"].split(",")[0]) for e in audit if e["action"] == "stop") == sorted(

@@ -136,8 +136,17 @@ class BoxScreen(ActionKeys):
         self.tick()
 
     def _for_panes(self, u: StateUpdate) -> StateUpdate:
-        """The update as the panes take it: the log pane's notices said for this screen, and on
-        several nodes no curve points from this box (rank 0's curve comes from follow_nodes)."""
+        """The update as the panes take it: no lines of a log the pane no longer shows (this very
+        update may have switched it to the running stage's), the log pane's notices said for this
+        screen, and on several nodes no curve points from this box (rank 0's curve comes from
+        follow_nodes)."""
+        shown = self.state.shown
+        if u.log_source is not shown:
+            u = replace(u, log_lines=[], log_notice=None)
+        if u.log_restarted != self.state.shown_stage:
+            u = replace(u, log_restarted=None)
+        u = replace(u, shown_stage=self.state.shown_stage, shown_path=shown.path if shown else None,
+                    shown_markers=self.state.shown_markers())
         u = replace(u, log_notice=self.log_notice(u.log_notice) if u.log_notice else u.log_notice)
         if self.multi_node(self.context.fleet_config.role_name("train")):
             u = replace(u, new_points=[], curve_reset=False)
