@@ -87,18 +87,17 @@ class LogKeys(BoxScreenBase):
         return f"no log yet — press {stage.key} to fire {stage.name} ({stage.log})"
 
     def action_log_back(self) -> None:
-        log = self._logs.back()
-        if log is None:
-            self.app.bell()
-            return
-        self._show_logged(log, record=False)
+        self._step_to(self._logs.back())
 
     def action_log_forward(self) -> None:
-        log = self._logs.forward()
+        self._step_to(self._logs.forward())
+
+    def _step_to(self, log: ShownLog | None) -> None:
+        """[ or ]: the log before or after in the history (not recorded again); none there: a bell."""
         if log is None:
             self.app.bell()
-            return
-        self._show_logged(log, record=False)
+        else:
+            self._show_logged(log, record=False)
 
     @work(group="dialog", exclusive=True)
     async def action_pick_log(self) -> None:
