@@ -50,3 +50,26 @@ async def test_the_panes_show_the_recorded_box_and_a_stale_server_alert_resolves
         await polls_after(pilot, 2)
         assert "5100" not in {key.split(":")[0] for key, _ in app.box_screen.query_one(ProcessPane).table.rows}
         assert app.connection.state == "connected" and not recorded_box.runs
+
+
+async def test_the_box_going_quiet_is_one_alert_naming_its_box_once(recorded_box: ReplayTransport) -> None:
+    """The outage alert reaches the alerts pane through the panes' protocol, as a poll's alerts do,
+    and with [boxes] it says whose box it is once (the pane names it; the screen adds nothing)."""
+    from samai.console.core.config import BoxSpec
+
+    cfg = replace(config.load_builtin("tiny"), workspace=recorded_box.workspace)
+    cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.05))
+    cfg = replace(cfg, boxes=(BoxSpec("gpu1", cfg.target, recorded_box.workspace),))
+    recorded_box.clock = time.time
+    app = SamaiApp(cfg, box="gpu1", open_box=lambda _cfg: Box(recorded_box, recorded_box.workspace))
+    async with app.run_test(size=SIZE) as pilot:
+        alerts = app.box_screen.query_one(AlertsPane)
+        await pilot_until(pilot, lambda: "gpu1: port 18080" in _plain(alerts))
+        recorded_box.down = "connection lost"
+        await pilot_until(pilot, lambda: "box not answering" in _plain(alerts))
+        shown = _plain(alerts)
+        assert "gpu1: box not answering: " in shown and "gpu1: gpu1:" not in shown
+        assert app.connection.state == "lost"
+        recorded_box.down = None
+        await pilot_until(pilot, lambda: app.connection.state == "connected")
+        await pilot_until(pilot, lambda: "(resolved " in _plain(alerts) and "box not answering" in _plain(alerts))

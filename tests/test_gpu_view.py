@@ -1,7 +1,9 @@
 """GPUs on the screen and as alerts (issue 21, items 2-4): the findings, the GPU pane, the
 processes' GPU column, the utilization line and `doctor --json`, from NVML readings replayed at
 the NVML boundary (remote/box/nvml_replay.py) through the box's own reader (remote/box/gpus.py)
-and the model's parser, with real processes on this machine as the GPUs' holders."""
+and the model's parser. A finding that reads only the snapshot gets processes built as the box
+lists them (tests/factories.py); real processes of this machine hold the GPUs where the box's own
+reads or the kill are what is tested."""
 
 from __future__ import annotations
 
@@ -42,6 +44,9 @@ A5000_PID = 100477  # the training process of the two A5000s' recording, on both
 T4_PIDS = (5762, 675)  # the Tesla T4's: python (compute, 1005 MiB), Xorg (graphics, 22 MiB)
 SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(120)"
 HOSTILE = "[b]A100[/b] \x1b]0;pwned\x07 [@click=app.quit]x[/]"
+# The GPUs' holders where the finding reads only the snapshot: processes as the box would list them.
+HOLDER = factories.process(4242, argv=(sys.executable, "-c", SLEEPER))
+XORG = factories.process(675, argv=("/usr/lib/xorg/Xorg", "-core", ":0"))
 
 
 def recorded(recording_name: str, pids: dict[int, int] | None = None, **device: object) -> dict:
@@ -100,17 +105,16 @@ def _all_pids(name: str, pid: int) -> dict[int, int]:
 
 
 @pytest.mark.parametrize("name", RECORDINGS)
-async def test_a_healthy_reading_has_no_finding(box, sleeper, name) -> None:
+def test_a_healthy_reading_has_no_finding(name) -> None:
     """Each published reading as it is (idle boxes, no errors), its holders a running stage's."""
-    snap = await box.snapshot()
-    healthy = _training(replace(snap, gpus=reading(recorded(name, _all_pids(name, sleeper.pid)))),
-                        snap.process(sleeper.pid))
+    snap = factories.snapshot(processes=[HOLDER])
+    healthy = _training(replace(snap, gpus=reading(recorded(name, _all_pids(name, HOLDER.pid)))), HOLDER)
     assert healthy.gpus.gpus and not healthy.gpus.error
     assert gpu_findings(healthy) == []
 
 
-async def test_no_gpu_is_no_finding(box) -> None:
-    snap = await box.snapshot()
+def test_no_gpu_is_no_finding() -> None:
+    snap = factories.snapshot()
     assert gpu_findings(replace(snap, gpus=reading({"init": {"nvml_error": "LIBRARY_NOT_FOUND"}}))) == []
 
 
@@ -138,39 +142,35 @@ async def test_a_leftover_holder_is_named_and_killed_through_the_action_layer(bo
     assert sleeper.wait(10) is not None
 
 
-async def test_a_small_holder_and_a_stage_s_own_holder_are_not_leftovers(box, sleeper) -> None:
-    snap = await box.snapshot()
-    # the T4's python is the train stage's process; its Xorg (22 MiB) is this test's own process
-    t4 = reading(recorded("tesla_t4", {T4_PIDS[0]: sleeper.pid, T4_PIDS[1]: os.getpid()}))
-    assert gpu_findings(_training(replace(snap, gpus=t4), snap.process(sleeper.pid))) == []
+def test_a_small_holder_and_a_stage_s_own_holder_are_not_leftovers() -> None:
+    snap = factories.snapshot(processes=[HOLDER, XORG])
+    # the T4's python is the train stage's process; its Xorg holds 22 MiB
+    t4 = reading(recorded("tesla_t4", {T4_PIDS[0]: HOLDER.pid}))
+    assert gpu_findings(_training(replace(snap, gpus=t4), HOLDER)) == []
     [found] = gpu_findings(replace(snap, gpus=t4))  # no stage runs: the python is a leftover, Xorg is not
-    assert found.code == "gpu_leftover" and f"pid {sleeper.pid} holds 1.1 GB" in found.message
+    assert found.code == "gpu_leftover" and f"pid {HOLDER.pid} holds 1.1 GB" in found.message
 
 
-async def test_a_leftover_whose_memory_moves_stays_one_alert(box, sleeper, tmp_path, workspace) -> None:
+def test_a_leftover_whose_memory_moves_stays_one_alert(tmp_path, workspace) -> None:
     state = ConsoleState(_config(tmp_path, workspace))
-    snap = await box.snapshot()
+    snap = factories.snapshot(processes=[HOLDER])
     for at, used in enumerate((23519559680, 23519559680 + 3 * 2**30, 23519559680 - 2**30)):
-        gpus = reading(recorded("dual_a5000", {A5000_PID: sleeper.pid}, compute_processes=[[sleeper.pid, used]]))
+        gpus = reading(recorded("dual_a5000", {A5000_PID: HOLDER.pid}, compute_processes=[[HOLDER.pid, used]]))
         state.apply(replace(snap, time=snap.time + at, gpus=gpus), [], snap.time + at)
     [alert] = [a for a in state.alerts if a.code == "gpu_leftover"]
     assert alert.active and "holds 47.0 GB" in alert.text  # both GPUs as first seen
-    assert alert.action.pid == sleeper.pid
+    assert alert.action.pid == HOLDER.pid
 
 
-async def test_memory_held_by_a_pid_that_is_gone_is_a_zombie_context(box, spawn) -> None:
-    gone = spawn(sys.executable, "-c", "pass")
-    gone.wait()
-    snap = await box.snapshot()
-    assert snap.process(gone.pid) is None
-    t4 = reading(recorded("tesla_t4", {T4_PIDS[0]: gone.pid, T4_PIDS[1]: os.getpid()}))
-    [found] = gpu_findings(replace(snap, gpus=t4))
-    assert found.code == "gpu_zombie" and f"pid {gone.pid} holds 1.1 GB" in found.message and found.action is None
+def test_memory_held_by_a_pid_that_is_gone_is_a_zombie_context() -> None:
+    snap = factories.snapshot(processes=[XORG])  # the T4's python (pid 5762) is not on the box
+    [found] = gpu_findings(replace(snap, gpus=reading(recorded("tesla_t4"))))
+    assert found.code == "gpu_zombie" and f"pid {T4_PIDS[0]} holds 1.1 GB" in found.message and found.action is None
     assert "parent" in found.message and "GPU reset" in found.message  # what clears it
 
 
-async def test_ecc_thermal_power_and_an_unreadable_gpu(box) -> None:
-    snap = await box.snapshot()
+def test_ecc_thermal_power_and_an_unreadable_gpu() -> None:
+    snap = factories.snapshot()
     none = {"compute_processes": [], "graphics_processes": []}
     cases = {
         "gpu_ecc": recorded("tesla_t4", ecc_errors=[3, 2], **none),
@@ -199,8 +199,8 @@ def with_events(recording_name: str, *events: tuple[int, int, int]) -> dict:
 XID, SBE, DBE = 0x8, 0x1, 0x2  # nvmlEventType* (nvml.h)
 
 
-async def test_a_recent_xid_is_an_alert_saying_what_it_means_and_what_to_do(box) -> None:
-    snap = await box.snapshot()
+def test_a_recent_xid_is_an_alert_saying_what_it_means_and_what_to_do() -> None:
+    snap = factories.snapshot()
     gpus = reading(with_events("dual_a5000", (1, XID, 79), (0, XID, 13), (0, XID, 13), (1, XID, 555), (0, DBE, 0)))
     at = gpus.events[0].time
     clock = time.strftime("%H:%M:%S UTC", time.gmtime(at))
@@ -219,8 +219,8 @@ async def test_a_recent_xid_is_an_alert_saying_what_it_means_and_what_to_do(box)
     assert gpu_findings(replace(snap, gpus=reading(with_events("tesla_t4", (0, DBE, 0))))) == []
 
 
-async def test_an_xid_needing_a_reset_is_an_error_and_the_application_s_a_warning(box) -> None:
-    snap = await box.snapshot()
+def test_an_xid_needing_a_reset_is_an_error_and_the_application_s_a_warning() -> None:
+    snap = factories.snapshot()
     codes = (13, 31, 43, 45, 48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
     gpus = reading(with_events("a10g", *[(0, XID, code) for code in codes]))
     found = gpu_findings(replace(snap, time=gpus.events[-1].time, gpus=gpus))
@@ -229,9 +229,9 @@ async def test_an_xid_needing_a_reset_is_an_error_and_the_application_s_a_warnin
     assert {code for code, level in severity.items() if level == "warning"} == {13, 31, 43, 45, 63, 92, 94}
 
 
-async def test_an_xid_alert_stays_one_alert_while_recent_then_resolves(box, tmp_path, workspace) -> None:
+def test_an_xid_alert_stays_one_alert_while_recent_then_resolves(tmp_path, workspace) -> None:
     state = ConsoleState(_config(tmp_path, workspace))
-    base = await box.snapshot()
+    base = factories.snapshot()
     gpus = reading(with_events("tesla_t4", (0, XID, 95)))  # the probe sends it in every reply from now on
     t0 = gpus.events[0].time
 
@@ -249,16 +249,14 @@ async def test_an_xid_alert_stays_one_alert_while_recent_then_resolves(box, tmp_
 # ---------------------------------------------------------------- what only a sequence shows
 
 
-async def test_a_training_stage_on_idle_gpus_is_a_stall_alert_until_they_work_again(box, sleeper, tmp_path,
-                                                                                   workspace) -> None:
+def test_a_training_stage_on_idle_gpus_is_a_stall_alert_until_they_work_again(tmp_path, workspace) -> None:
     state = ConsoleState(_config(tmp_path, workspace))
-    base = await box.snapshot()
-    base = _training(base, base.process(sleeper.pid))
+    base = _training(factories.snapshot(processes=[HOLDER]), HOLDER)
     t0 = base.time
 
     def poll(at: float, util: int):
         # the two A5000s' training run, as the train stage's process, at `util` % on both GPUs
-        gpus = reading(recorded("dual_a5000", {A5000_PID: sleeper.pid}, utilization=[util, 10]))
+        gpus = reading(recorded("dual_a5000", {A5000_PID: HOLDER.pid}, utilization=[util, 10]))
         snap = replace(base, time=t0 + at, gpus=gpus)
         state.apply(snap, [], t0 + at)
         return [a for a in state.active_alerts() if a.code == "gpu_stall"]
@@ -274,12 +272,10 @@ async def test_a_training_stage_on_idle_gpus_is_a_stall_alert_until_they_work_ag
     assert state.gpu.utilization() == [95, 93, 0, 1, 0, 0, 88]
 
 
-async def test_a_run_that_never_used_its_gpu_gets_the_longer_startup_limit(box, sleeper, tmp_path,
-                                                                          workspace) -> None:
+def test_a_run_that_never_used_its_gpu_gets_the_longer_startup_limit(tmp_path, workspace) -> None:
     watch = GpuWatch(_config(tmp_path, workspace), stall_s=60, startup_stall_s=300)
-    base = await box.snapshot()
-    base = _training(base, base.process(sleeper.pid))
-    idle = reading(recorded("dual_a5000", {A5000_PID: sleeper.pid}))  # as recorded: 0 % on both
+    base = _training(factories.snapshot(processes=[HOLDER]), HOLDER)
+    idle = reading(recorded("dual_a5000", {A5000_PID: HOLDER.pid}))  # as recorded: 0 % on both
     assert [f for f in watch.findings(replace(base, time=base.time, gpus=idle)) if f.code == "gpu_stall"] == []
     assert [f for f in watch.findings(replace(base, time=base.time + 120, gpus=idle)) if f.code == "gpu_stall"] == []
     assert [f.code for f in watch.findings(replace(base, time=base.time + 300, gpus=idle))] == ["gpu_stall"]
@@ -324,13 +320,11 @@ class _Panes(App):
         yield ProcessPane()
 
 
-async def test_the_gpu_pane_and_column_show_a_reading_and_hostile_names_literally(box, spawn) -> None:
-    hostile = spawn(sys.executable, "-c", SLEEPER, HOSTILE, stdout=subprocess.PIPE, text=True)
-    assert hostile.stdout.readline() == "up\n"
+async def test_the_gpu_pane_and_column_show_a_reading_and_hostile_names_literally() -> None:
+    hostile = factories.process(4300, argv=(sys.executable, "-c", SLEEPER, HOSTILE))
     recording = recorded("rtx_3080", {835: hostile.pid}, name=HOSTILE, clocks_event_reasons=0x40)
     recording["devices"] += recorded("a100_sxm4_mig")["devices"]  # MIG: utilization not supported
-    snap = await box.snapshot()
-    snap = replace(snap, gpus=reading(recording))
+    snap = factories.snapshot(processes=[hostile], gpus=reading(recording))
 
     rtx, mig = gpu_lines(snap.gpus).plain.split("\n")
     assert "1.1/10G" in rtx and "  0%" in rtx and "31°C" in rtx and "23/336W" in rtx

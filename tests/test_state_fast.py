@@ -172,8 +172,10 @@ async def test_a_box_that_stops_answering_is_one_alert_resolved_by_its_next_answ
         await recorded_console.poll()
         raise AssertionError("a poll of a box that does not answer returned")
     except TransportError as e:
-        alert = recorded_console.state.failed_poll(str(e), recorded_box.probe["time"])
-    assert alert.code == "box_unreachable" and "connection lost" in alert.text
+        shown = recorded_console.state.failed_poll(str(e), recorded_box.probe["time"])
+    assert shown is not None and shown.alerts_changed and not shown.log_lines and not shown.new_points
+    [alert] = shown.new_alerts
+    assert alert.code == "box_unreachable" and "connection lost" in alert.text and shown.alerts[0] == alert
     assert _codes(recorded_console.active("box_unreachable")) == ["box_unreachable"]
     recorded_box.down = None
     back = await recorded_console.poll()

@@ -384,10 +384,15 @@ SNAPSHOT_TRAPS: dict[str, Detector] = {
 }
 
 
+# The detectors of what is read apart from the poll: judged again when it has been read.
+ENVIRONMENT_DETECTORS = ("torchao_beside_peft",)
+EVAL_DETECTORS = ("eval",)
+
+
 def _registry() -> DetectorRegistry:
     registry = DetectorRegistry()
-    for name, detector in {**SNAPSHOT_TRAPS, "torchao_beside_peft": _torchao, "gpus": _gpus,
-                           "unreadable_summaries": _unreadable_summaries, "eval": _eval}.items():
+    for name, detector in {**SNAPSHOT_TRAPS, ENVIRONMENT_DETECTORS[0]: _torchao, "gpus": _gpus,
+                           "unreadable_summaries": _unreadable_summaries, EVAL_DETECTORS[0]: _eval}.items():
         registry.register(name, detector)
     return registry
 

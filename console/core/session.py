@@ -42,6 +42,7 @@ class PollFailed:
     error: str
     exception: BaseException
     link_was: Link
+    update: StateUpdate | None = None  # the outage alert, as the panes show it (when the box had been answering)
 
     @property
     def bug(self) -> bool:
@@ -74,9 +75,9 @@ class BoxSession:
         return self.state.apply(snap, followers, self._clock())
 
     def _failed(self, e: BaseException) -> PollFailed:
-        failed = PollFailed(error_text(e), e, self.link)
-        if self.link == "connected":
-            self.state.failed_poll(failed.error, self._clock())
+        error = error_text(e)
+        update = self.state.failed_poll(error, self._clock()) if self.link == "connected" else None
+        failed = PollFailed(error, e, self.link, update)
         self.link = "unreachable" if self.link in ("connecting", "unreachable") else "lost"
         return failed
 

@@ -13,7 +13,15 @@ from typing import Literal
 from samai.console.core.budget import DiskBudget, Projection, project, workspace_disk
 from samai.console.core.chunked_lines import piece_follower
 from samai.console.core.config import CHAIN_DONE, Config, Stage
-from samai.console.core.detectors import DETECTORS, DetectorContext, DetectorRegistry, declared_binaries
+from samai.console.core.detectors import (
+    DETECTORS,
+    ENVIRONMENT_DETECTORS,
+    EVAL_DETECTORS,
+    DetectorContext,
+    DetectorRegistry,
+    Finding,
+    declared_binaries,
+)
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
 from samai.console.core.evalcheck import EvalResult
 from samai.console.core.evalruns import EvalRun, newest_run
@@ -160,6 +168,7 @@ class ConsoleState:
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
         self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
         self.gpu = GpuWatch(config)  # the recent GPU readings: a stall shows only over time
+        self.last_update: StateUpdate | None = None  # the last poll's: what a read beside the poll amends
 
     def _watch(self, stage: Stage) -> LogFollower:
         # Progress and disk lines come back as hits of more markers: the watch still moves no log bytes.
@@ -231,11 +240,13 @@ class ConsoleState:
         update.new_alerts += self._findings(ctx)
         resolved += self._resolve_gone(snap, now)
         self.raise_alerts(update.new_alerts)
-        update.alerts_changed = bool(update.new_alerts or resolved)
+        # The first poll shows the alerts whatever came before it (one raised beside the poll waits for it).
+        update.alerts_changed = bool(update.new_alerts or resolved) or self.last_update is None
         update.projection, update.gpu_utilization = self._next_projection(update), self.gpu.utilization()
         update.shown_stage, update.alerts, update.now = self.shown_stage, self.alerts, now
         update.shown_path = self.shown.path if self.shown else None
         update.shown_markers = self.shown_markers()
+        self.last_update = update
         return update
 
     def _next_projection(self, update: StateUpdate) -> Projection | None:
@@ -301,12 +312,13 @@ class ConsoleState:
         return DetectorContext.of(self.config, snap, environments=self.environments,
                                   eval_checked=self.eval_checked, gpu=self.gpu)
 
-    def _findings(self, ctx: DetectorContext) -> list[Alert]:
+    def _findings(self, ctx: DetectorContext, only: tuple[str, ...] | None = None) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back.
-        A detector that raises is its own internal_error finding: the poll goes on."""
-        findings = self.detectors.run(ctx)
+        A detector that raises is its own internal_error finding: the poll goes on. only: these
+        detectors alone (a read beside the poll); what the others found stands until the next poll."""
+        findings = self.detectors.run(ctx, only)
         new = [f for f in findings if f.key not in self._standing]
-        self._standing = {f.key for f in findings}
+        self._standing = {f.key for f in findings} | (self._standing if only else set())
         return [Alert(self._at(), f.severity, f.message, code=f.code, action=f.action,
                       hint="x fix" if f.action else "", finding=f.key) for f in new]
 
@@ -373,10 +385,9 @@ class ConsoleState:
         stage = self.config.stage(name)
         return preflight(self.config, self.snapshot, stage) if stage and self.snapshot else None
 
-    def failed_poll(self, error: str, now: float) -> Alert:
-        alert = Alert(now, "error", f"box not answering: {error}", code="box_unreachable")
-        self.raise_alerts([alert])
-        return alert
+    def failed_poll(self, error: str, now: float) -> StateUpdate | None:
+        """The box stopped answering: the outage alert (resolved by the next snapshot)."""
+        return self.raise_alert(Alert(now, "error", f"box not answering: {error}", code="box_unreachable"), now)
 
     # ------------------------------------------------------------ helpers
 
@@ -479,19 +490,50 @@ class ConsoleState:
         self.alerts = (list(reversed(alerts)) + self.alerts)[:MAX_ALERTS]
 
     # ------------------------------------------------------------ what is read beside the poll
+    # Each returns what the panes show of it (None: nothing to show now), like apply does for a poll.
 
-    def read_environments(self, environments: tuple[PythonPackages, ...]) -> None:
-        """The training environments' packages, as read at a connect: judged with the next poll."""
+    def raise_alert(self, alert: Alert, now: float) -> StateUpdate | None:
+        """An alert raised outside a poll (a failed fire, the box gone quiet)."""
+        self.raise_alerts([alert])
+        return self._beside_poll([alert], now)
+
+    def read_environments(self, environments: tuple[PythonPackages, ...], now: float) -> StateUpdate | None:
+        """The training environments' packages, as read at a connect, judged at once."""
         self.environments = environments
+        return self._judge(ENVIRONMENT_DETECTORS, now)
 
-    def read_eval_items(self, run: EvalRun, result: EvalResult) -> None:
-        """`check eval` on a finished run's items: its findings come with the next poll, unless a
-        newer run came meanwhile (then this one's result is stale)."""
-        if self.eval_checked and self.eval_checked[0] == run:
-            self.eval_checked = (run, result)
+    def read_eval_items(self, run: EvalRun, result: EvalResult, now: float) -> StateUpdate | None:
+        """`check eval` on a finished run's items, judged at once, unless a newer run came
+        meanwhile (then this one's result is stale)."""
+        if not (self.eval_checked and self.eval_checked[0] == run):
+            return None
+        self.eval_checked = (run, result)
+        return self._judge(EVAL_DETECTORS, now)
 
-    def nodes_ended(self, stages: list[str], now: float) -> bool:
-        """A multi-node run ended on every node: its rank alerts are resolved. Whether any was."""
-        return self._resolve(lambda a: a.code == "rank_died" and a.action is not None
-                             and getattr(a.action, "stage", None) in stages, now) > 0
+    def read_nodes(self, findings: list[Finding], ended: list[str], now: float) -> StateUpdate | None:
+        """A reading of the multi-node runs on their nodes: a rank that died is an alert (once: every
+        node's box screen is handed the same findings); a run ended on every node resolves its."""
+        resolved = self._resolve(lambda a: a.code == "rank_died" and a.action is not None
+                                 and getattr(a.action, "stage", None) in ended, now)
+        shown = {(a.code, a.text) for a in self.alerts}
+        new = [Alert(now, f.severity, f.message, code=f.code, action=f.action, hint="x stop all" if f.action else "")
+               for f in findings if (f.code, f.message) not in shown]
+        self.raise_alerts(new)
+        return self._beside_poll(new, now) if new or resolved else None
 
+    def _judge(self, detectors: tuple[str, ...], now: float) -> StateUpdate | None:
+        """These detectors on the last snapshot (before the first, the first poll judges everything)."""
+        if self.snapshot is None:
+            return None
+        new = self._findings(self.detector_context(self.snapshot), detectors)
+        self.raise_alerts(new)
+        return self._beside_poll(new, now) if new else None
+
+    def _beside_poll(self, new_alerts: list[Alert], now: float) -> StateUpdate | None:
+        """The last poll's update with the alerts as they now stand and nothing new to append (no
+        lines, points or restarts). None before the first poll: its update shows every alert."""
+        if self.last_update is None:
+            return None
+        return replace(self.last_update, log_lines=[], log_notice=None, log_source=None, new_points=[],
+                       curve_reset=False, log_restarted=None, new_alerts=new_alerts, alerts_changed=True,
+                       alerts=list(self.alerts), now=now)

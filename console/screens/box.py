@@ -11,7 +11,6 @@ from dataclasses import replace
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widget import Widget
 
 from samai.console.core.commands import CHANGES_BOX
 from samai.console.core.redact import redact
@@ -27,7 +26,6 @@ from samai.widgets.footer import KeysFooter
 from samai.widgets.gpus import GpuPane
 from samai.widgets.keys import bindings
 from samai.widgets.logview import LogView
-from samai.widgets.pane import ShowsUpdates
 from samai.widgets.processes import ProcessPane
 from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
@@ -104,8 +102,7 @@ class BoxScreen(ActionKeys):
         was = self.connection.state
         self.connection = replace(self.connection, state="connecting" if was == "connecting" else "lost",
                                   error=failed.error)
-        if was == "connected":  # the session raised the outage alert
-            self.show_alerts()
+        self.show_beside_poll(failed.update)  # the outage alert, when the box had been answering
         self.tick()
 
     def show_snapshot(self, snap, followers: list) -> None:
@@ -127,38 +124,13 @@ class BoxScreen(ActionKeys):
                                      False, self.readonly, connect_s=snap.rtt if first else self.connection.connect_s)
         self._follow_busiest_stage(u.stages)
         self._stage_views = u.stages
-        self._show_panes(self._for_panes(u))
+        self.show_panes(u)
         if self.disk_users_due():
             self.measure_disk_users()
         for a in u.new_alerts:
             if a.severity == "error":
                 self.notify(self.named(a).text, severity="error", timeout=8, markup=False)  # never markup
         self.tick()
-
-    def _for_panes(self, u: StateUpdate) -> StateUpdate:
-        """The update as the panes take it: no lines of a log the pane no longer shows (this very
-        update may have switched it to the running stage's), the log pane's notices said for this
-        screen, and on several nodes no curve points from this box (rank 0's curve comes from
-        follow_nodes)."""
-        shown = self.state.shown
-        if u.log_source is not shown:
-            u = replace(u, log_lines=[], log_notice=None)
-        if u.log_restarted != self.state.shown_stage:
-            u = replace(u, log_restarted=None)
-        u = replace(u, shown_stage=self.state.shown_stage, shown_path=shown.path if shown else None,
-                    shown_markers=self.state.shown_markers())
-        u = replace(u, log_notice=self.log_notice(u.log_notice) if u.log_notice else u.log_notice)
-        if self.multi_node(self.context.fleet_config.role_name("train")):
-            u = replace(u, new_points=[], curve_reset=False)
-        return u
-
-    def _show_panes(self, u: StateUpdate) -> None:
-        for pane in self.query("*"):
-            if isinstance(pane, ShowsUpdates) and isinstance(pane, Widget):
-                try:
-                    pane.show_update(u)
-                except Exception as e:  # a bug in one pane costs that pane, never the others or the poll
-                    self.internal_error(f"showing {pane.id or type(pane).__name__}", e)
 
     def tick(self) -> None:
         received = self.state.received_at

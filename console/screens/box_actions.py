@@ -15,7 +15,6 @@ from textual import work
 
 from samai.console.core.budget import disk_budget
 from samai.console.core.evalruns import EvalRun, check_items
-from samai.console.core.state import Alert
 from samai.console.screens.box_logs import LogKeys
 from samai.remote.boxapi import BoxError
 from samai.remote.model import DiskUsers, GgufKv, Process
@@ -86,8 +85,8 @@ class ActionKeys(LogKeys):
         tail = [line[:200] for line in getattr(outcome.result, "stage_tail", ())]
         text = " · ".join([outcome.message, *tail[-2:]])
         stage = outcome.plan.stage or ""
-        self.state.raise_alerts([run_error(self.clock(), text, stage, await self._run_fired(outcome))])
-        self.show_alerts()
+        alert = run_error(self.clock(), text, stage, await self._run_fired(outcome))
+        self.show_beside_poll(self.state.raise_alert(alert, self.clock()))
 
     async def _run_fired(self, outcome: ActionOutcome) -> float | None:
         """The run (fired_at) a fire launched: its alert belongs to it and resolves with the next run."""
@@ -253,21 +252,23 @@ class ActionKeys(LogKeys):
     @work(group="environments", exclusive=True, exit_on_error=False)
     async def read_environments(self) -> None:
         """What is installed beside peft in the training environments (§9), read from their
-        site-packages on the box; its finding comes with the next poll's."""
+        site-packages on the box; judged as soon as they are read."""
         from samai.console.core.detectors import WATCHED_PACKAGES, peft_pythons
 
         pythons = peft_pythons(self.config)
         if not pythons or self.box is None:
             return
         try:
-            self.state.read_environments(await self.box.python_packages(list(pythons), WATCHED_PACKAGES))
+            environments = await self.box.python_packages(list(pythons), WATCHED_PACKAGES)
         except (BoxError, TransportError) as e:
             self.log.warning("training environments not read", e)
+            return
+        self.show_beside_poll(self.state.read_environments(environments, self.clock()))
 
     @work(group="eval-check", exclusive=True, exit_on_error=False)
     async def check_eval_run(self, run: EvalRun) -> None:
         """`check eval` on a finished eval run's items, read once from the box (as doctor reads
-        them); its problems come as alerts with the next poll's."""
+        them); its problems are alerts as soon as they are read."""
         if self.box is None:
             return
         try:
@@ -276,7 +277,7 @@ class ActionKeys(LogKeys):
             self.log.warning("eval items not read", e)
             return
         if result is not None:
-            self.state.read_eval_items(run, result)
+            self.show_beside_poll(self.state.read_eval_items(run, result, self.clock()))
 
     # ------------------------------------------------------------ multi-node stages: every node at once
 
@@ -310,14 +311,7 @@ class ActionKeys(LogKeys):
         except (BoxError, TransportError, TargetError, OSError) as e:
             self.log.warning("multi-node watch", e)
             findings, ended = [], []
-        now = self.clock()
-        resolved = self.state.nodes_ended(ended, now)
-        shown = {(a.code, a.text) for a in self.state.alerts}  # this box screen's: another box's shows them again
-        new = [f for f in findings if (f.code, f.message) not in shown]
-        self.state.raise_alerts([Alert(now, f.severity, f.message, code=f.code, action=f.action,
-                                       hint="x stop all" if f.action else "") for f in new])
-        if new or resolved:
-            self.show_alerts()
+        self.show_beside_poll(self.state.read_nodes(findings, ended, self.clock()))
         curves = self.query_one(CurvesPane)
         marks = session.marks()  # which nodes of the training run are alive
         curves.border_title = inert(f"training · {marks}") if marks else "training"

@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING
 
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import Config
 from samai.console.core.session import BoxSession, OpenBox
-from samai.console.core.state import Alert, ConsoleState
+from samai.console.core.state import Alert, ConsoleState, StateUpdate
 from samai.remote.boxapi import Box
-from samai.widgets.alerts import AlertsPane
+from samai.remote.follow import missing_notice
+from samai.widgets.pane import ShowsUpdates
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
@@ -113,10 +115,50 @@ class BoxScreenBase(Screen[None]):
             return alert
         return replace(alert, text=f"{name}: {alert.text}")
 
-    def show_alerts(self) -> None:
-        """After an alert is raised or resolved outside a poll (a failed fire, a node's rank)."""
-        for pane in self.query(AlertsPane):
-            pane.show([self.named(a) for a in self.state.alerts])
+    # ------------------------------------------------------------ the panes
+
+    def show_panes(self, u: StateUpdate) -> None:
+        """Every pane is handed the update (as the panes take it), each on its own."""
+        u = self._for_panes(u)
+        for pane in self.query("*"):
+            if isinstance(pane, ShowsUpdates) and isinstance(pane, Widget):
+                try:
+                    pane.show_update(u)
+                except Exception as e:  # a bug in one pane costs that pane, never the others or the poll
+                    self.internal_error(f"showing {pane.id or type(pane).__name__}", e)
+
+    def show_beside_poll(self, u: StateUpdate | None) -> None:
+        """What the state made of a read outside the poll (a failed fire, a rank that died, the
+        box gone quiet): the panes are handed it as they are a poll's. None: nothing to show now."""
+        if u is not None:
+            self.show_panes(u)
+
+    def _for_panes(self, u: StateUpdate) -> StateUpdate:
+        """The update as the panes take it: no lines of a log the pane no longer shows (this very
+        update may have switched it to the running stage's), the log pane's notices said for this
+        screen, and on several nodes no curve points from this box (rank 0's curve comes from
+        follow_nodes)."""
+        shown = self.state.shown
+        if u.log_source is not shown:
+            u = replace(u, log_lines=[], log_notice=None)
+        if u.log_restarted != self.state.shown_stage:
+            u = replace(u, log_restarted=None)
+        u = replace(u, shown_stage=self.state.shown_stage, shown_path=shown.path if shown else None,
+                    shown_markers=self.state.shown_markers())
+        u = replace(u, log_notice=self.log_notice(u.log_notice) if u.log_notice else u.log_notice)
+        if self.multi_node(self.context.fleet_config.role_name("train")):
+            u = replace(u, new_points=[], curve_reset=False)
+        return u
+
+    def log_notice(self, notice: str) -> str:
+        """The follower's notice, said for this pane: a stage log that is not there yet is one
+        its stage has not written, and its key writes it."""
+        stage = self.config.stage(self.state.shown_stage or "")
+        if stage is None or self.state.shown is None or notice != missing_notice(self.state.shown.path):
+            return notice
+        if self.readonly:
+            return f"no log yet: {stage.name} has not run here ({stage.log})"
+        return f"no log yet — press {stage.key} to fire {stage.name} ({stage.log})"
 
     def internal_error(self, doing: str, e: Exception) -> None:
         """A bug met while showing the box: logged each time, said once per kind (not every second)."""

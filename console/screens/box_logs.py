@@ -14,7 +14,6 @@ from samai.console.core.redact import redact
 from samai.console.core.state import Alert, StageView
 from samai.console.screens.box_base import BoxScreenBase, BoxScreenContext
 from samai.remote.boxapi import BoxError
-from samai.remote.follow import missing_notice
 from samai.remote.model import Listing
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
@@ -75,16 +74,6 @@ class LogKeys(BoxScreenBase):
             self._show_stage_log(log.stage, record=record)
         else:
             self._show_file(log.path, record=record)
-
-    def log_notice(self, notice: str) -> str:
-        """The follower's notice, said for this pane: a stage log that is not there yet is one
-        its stage has not written, and its key writes it."""
-        stage = self.config.stage(self.state.shown_stage or "")
-        if stage is None or self.state.shown is None or notice != missing_notice(self.state.shown.path):
-            return notice
-        if self.readonly:
-            return f"no log yet: {stage.name} has not run here ({stage.log})"
-        return f"no log yet — press {stage.key} to fire {stage.name} ({stage.log})"
 
     def action_log_back(self) -> None:
         self._step_to(self._logs.back())
