@@ -25,6 +25,7 @@ from samai.console.core.state import ConsoleState
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from samai.remote.model import Snapshot, StageRecord
+from tests import factories
 from tests.test_gpu_view import A5000_PID, reading, recorded
 from tests.test_poisoned_runs import dead_gradients_log, healthy_log
 
@@ -110,9 +111,9 @@ async def test_the_renamed_train_stage_keeps_its_curve_and_its_nan_alerts(worksp
     assert update.curve_reset
 
 
-async def test_the_renamed_train_stage_gets_the_gpu_stall_finding(workspace: Path, box) -> None:
+def test_the_renamed_train_stage_gets_the_gpu_stall_finding(workspace: Path) -> None:
     cfg = sft(workspace)
-    base = running(await box.snapshot(), "sft", 1000.0)
+    base = running(factories.snapshot(), "sft", 1000.0)
     watch = GpuWatch(cfg, stall_s=60, startup_stall_s=60)
     idle = reading(recorded("dual_a5000", {A5000_PID: 4242}))  # as recorded: 0 % on both, held by sft's chain
     assert [f for f in watch.findings(replace(base, time=base.time, gpus=idle)) if f.code == "gpu_stall"] == []
@@ -165,13 +166,13 @@ needs = ["adapter"]
 ''', "own.toml")
 
 
-async def test_the_role_alone_decides_what_a_stage_gets(workspace: Path, box) -> None:
+def test_the_role_alone_decides_what_a_stage_gets(workspace: Path) -> None:
     trains, other = own_trainer(workspace, "train"), own_trainer(workspace, "other")
     assert training_sources(trains, trains.stage("fold")) == [trains.stage("train")]
     assert training_sources(other, other.stage("fold")) == []
     assert peft_pythons(trains) == {"venv/bin/python": ("train", "fold")}
     assert peft_pythons(other) == {"venv/bin/python": ("fold",)}
-    base = running(await box.snapshot(), "train", 1000.0)
+    base = running(factories.snapshot(), "train", 1000.0)
     idle = reading(recorded("dual_a5000", {A5000_PID: 4242}))
     for cfg, stalls in ((trains, 1), (other, 0)):
         watch = GpuWatch(cfg, stall_s=60, startup_stall_s=60)
