@@ -309,11 +309,21 @@ async def _snapshot(args, cfg, box: Box) -> int:
 
 
 def _snapshot_json(snap: Snapshot) -> dict:
+    from samai.console.core.death import cause_of_death, death_json
     from samai.console.core.gpu_findings import gpu_findings  # see _budget
 
     # what the GPUs show (the reading itself is the snapshot's "gpus")
     found = [f.to_json() for f in gpu_findings(snap)]
-    return dict(asdict(snap), gpu_findings=found)
+    out = dict(asdict(snap), gpu_findings=found)
+    # each ended run's cause as the console judges it (absent for rc=0 and for a run still alive)
+    out["states"] = [_with_death(raw, death_json(cause_of_death(rec, snap))) for raw, rec in
+                     zip(out["states"], snap.states, strict=True)]
+    return out
+
+
+def _with_death(raw: dict, death: dict | None) -> dict:
+    raw = {k: v for k, v in raw.items() if k != "death"}
+    return raw if death is None else dict(raw, death=death)
 
 
 def _snapshot_text(snap: Snapshot, cfg: config_mod.Config) -> str:
@@ -386,15 +396,31 @@ async def _doctor(args, cfg, box: Box) -> int:
 
     ctx = detectors.DetectorContext.of(cfg, snap, environments=tuple(envs), eval_checked=checked)
     findings = detectors.DETECTORS.run(ctx)
+    deaths = _deaths(cfg, snap)
     if args.json:
-        print(_json({"findings": [f.to_json() for f in findings], "gpus": asdict(snap.gpus)}))
+        print(_json({"findings": [f.to_json() for f in findings], "gpus": asdict(snap.gpus), "deaths": deaths}))
     else:
         print(describe_gpus(snap.gpus, snap))
+        for d in deaths:  # the box's words: plain text, control characters as stand-ins
+            print(visible(f"died    {d['stage']} (rc={d['rc']}): {d['cause']}: {d['detail']}"))
         for f in findings:  # a finding quotes box text: file names, command lines
             print(visible(f"{f.severity:<7} {f.code}: {f.message}" + (f"  [fix: {f.action}]" if f.action else "")))
         if not findings:
             print("no traps found")
     return EXIT_PROBLEM if any(f.severity == "error" for f in findings) else EXIT_OK
+
+
+def _deaths(cfg: config_mod.Config, snap: Snapshot) -> list[dict]:
+    """Each stage's last run that did not end well (a stop aside), with why."""
+    from samai.console.core.death import cause_of_death, death_json
+
+    found = []
+    for stage in cfg.stages:
+        rec = snap.state(stage.name)
+        death = cause_of_death(rec, snap) if rec else None
+        if rec is not None and death is not None and death.cause != "stopped":
+            found.append(dict(stage=stage.name, rc=rec.rc, fired_at=rec.fired_at, **(death_json(death) or {})))
+    return found
 
 
 async def _newest_eval_checked(box: Box, snap: Snapshot) -> tuple[EvalRun, EvalResult | None] | None:

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from samai.console.core import units
+from samai.console.core.death import cause_of_death, death_line
 from samai.console.core.redact import redact
 from samai.remote.safe_text import visible
 
@@ -38,6 +39,9 @@ def describe_snapshot(snap: Snapshot, cfg: Config) -> str:
             if rec.rc is not None:
                 extra += f"  rc={rec.rc}"
         lines.append(f"  [{stage.key}] {stage.name:<10} {state:<8} {extra}")
+        death = cause_of_death(rec, snap) if rec else None
+        if death is not None:
+            lines.append(f"      {death_line(death)}")
     present = [a for a in snap.artifacts if a.exists]
     if present:
         lines.append("artifacts")

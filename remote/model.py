@@ -169,6 +169,24 @@ class Report:
     text: str
 
 
+# Why a run ended badly, most specific first (remote/box/death.py; console/core/death.py).
+DEATH_CAUSES = ("stopped", "oom_killed", "disk_full", "cuda_oom", "collective_timeout", "gpu_xid", "exception",
+                "signal", "reboot", "exit")
+
+
+@dataclass(frozen=True)
+class Death:
+    """Why a run ended badly: one of DEATH_CAUSES, a line of detail and the lines it was read from."""
+
+    cause: str
+    detail: str
+    evidence: tuple[str, ...] = ()
+
+    @property
+    def line(self) -> str:
+        return f"{self.cause}: {self.detail}"
+
+
 @dataclass(frozen=True)
 class StageRecord:
     """A stage launch as recorded on the box, with what the probe saw of it just now."""
@@ -184,6 +202,8 @@ class StageRecord:
     rc: int | None = None
     group: tuple[int, ...] = ()
     stopped_at: float | None = None  # when the operator stopped this run (kill.py's note)
+    death: Death | None = None  # why it died, as its chain said (rc other than 0)
+    boot_id: str | None = None  # the boot it was fired on
 
     @property
     def status(self) -> RunStatus:
@@ -574,7 +594,7 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         processes=tuple(process(p, raw["time"]) for p in _items(raw, "processes")),
         listeners=tuple(_pick(Listener, s) for s in _items(raw, "listeners")),
         logs=tuple(log_chunk(c) for c in _items(raw, "logs")),
-        states=tuple(_pick(StageRecord, s, group=tuple(_items(s, "group"))) for s in _items(raw, "states")),
+        states=tuple(_stage_record(s) for s in _items(raw, "states")),
         reports=tuple(_pick(Report, r) for r in _items(raw, "reports")),
         writers=tuple(_shared_file(path, _items(raw["writers"], path)) for path in _items(raw, "writers", dict)),
         binaries=tuple(_binary(b) for b in _items(raw, "binaries")),
@@ -583,6 +603,20 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         boot_id=raw.get("boot_id"),
         gpus=gpu_reading(raw),
     )
+
+
+def _stage_record(raw: dict[str, Any]) -> StageRecord:
+    return _pick(StageRecord, raw, group=tuple(_items(raw, "group")), death=_death(raw.get("death")))
+
+
+def _death(raw: Any) -> Death | None:
+    """The chain's verdict; one that is not of the documented shape (an older or a tampered
+    file) is no verdict: the console judges from what it sees."""
+    if not isinstance(raw, dict) or raw.get("cause") not in DEATH_CAUSES or not isinstance(raw.get("detail"), str):
+        return None
+    evidence = raw.get("evidence")
+    lines = tuple(e[:400] for e in evidence[:8] if isinstance(e, str)) if isinstance(evidence, list) else ()
+    return Death(raw["cause"], raw["detail"][:400], lines)
 
 
 def gpu_reading(raw: dict[str, Any]) -> GpuReading:

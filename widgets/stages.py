@@ -44,6 +44,8 @@ def stage_item(v: StageView, now: float) -> Content:
             parts += [" · ", (visible(v.progress.text), "bold")]
     elif v.rc is not None and v.status not in ("done", "stopped"):
         parts.append(f" rc={v.rc}")
+    if v.death is not None and v.status != "stopped":  # the box's words: plain text, cut short
+        parts += [" · ", (visible(v.death.line[:48]), "$error")]
     if v.last_marker and not (v.status == "stopped" and v.last_marker.startswith("CHAIN_DONE")):
         # a line of the stage's log: plain text, control characters as stand-ins (a stop's own
         # CHAIN_DONE rc=143 would read as a failure)

@@ -19,6 +19,7 @@ from samai.remote.transport import TransportError
 
 HEADER = re.compile(r"=== samai chain (?P<stage>\S{1,64}): pid (?P<pid>\d{1,10}) started (?P<started>\S{1,40})$")
 DONE = re.compile(r"CHAIN_DONE rc=(?P<rc>\d{1,3})$")
+DEATH = re.compile(r"SAMAI_DEATH (?P<cause>[a-z_]{1,40}): (?P<detail>.{0,400})$")  # remote/box/death.py
 LOG_GENERATIONS = 5  # the earlier runs' logs the box's launcher keeps (confine.LOG_GENERATIONS)
 MAX_RUNS = 100  # the newest ones kept: a log of a stage fired every minute for days stays small here
 SHOWN_CHARS = 120
@@ -33,6 +34,7 @@ class RunRecord:
     lines: int
     last_marker: str = ""  # the run's last line that matched one of the stage's markers
     severity: str = "info"  # that marker's
+    death: str = ""  # why it died, as its chain said (`cause: detail`)
 
 
 @dataclass
@@ -46,9 +48,11 @@ class _Run:
     lines: int = 0
     last_marker: str = ""
     severity: str = "info"
+    death: str = ""
 
     def record(self) -> RunRecord:
-        return RunRecord(self.number, self.started, self.pid, self.rc, self.lines, self.last_marker, self.severity)
+        return RunRecord(self.number, self.started, self.pid, self.rc, self.lines, self.last_marker, self.severity,
+                         self.death)
 
 
 class RunHistory:
@@ -92,6 +96,10 @@ class RunHistory:
         done = DONE.match(line)
         if done:
             run.rc = int(done["rc"])
+            return
+        death = DEATH.match(line)
+        if death:
+            run.death = f"{death['cause']}: {death['detail']}"[:SHOWN_CHARS]
             return
         hit = next((m for m, pattern in self._markers if pattern and pattern.search(line)), None)
         if hit:

@@ -13,6 +13,7 @@ from typing import Literal
 from samai.console.core.budget import DiskBudget, Projection, project, workspace_disk
 from samai.console.core.chunked_lines import piece_follower
 from samai.console.core.config import CHAIN_DONE, Config, Stage
+from samai.console.core.death import cause_of_death, death_line
 from samai.console.core.detectors import (
     DETECTORS,
     ENVIRONMENT_DETECTORS,
@@ -35,7 +36,7 @@ from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
-from samai.remote.model import Marker, Process, PythonPackages, RunStatus, Severity, Snapshot, StageRecord
+from samai.remote.model import Death, Marker, Process, PythonPackages, RunStatus, Severity, Snapshot, StageRecord
 
 MAX_ALERTS = 200
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
@@ -85,6 +86,7 @@ class StageView:
     last_marker_severity: str = "info"
     previous: PreviousRun | None = None  # the stage's run before this one
     progress: Progress | None = None  # how far a running stage is, from its log (steps, bytes, build step)
+    death: Death | None = None  # why its last run died (console/core/death.py)
 
 
 @dataclass(frozen=True)
@@ -437,16 +439,18 @@ class ConsoleState:
         if before is not None and before != status:
             self.sizer.refresh_all()  # what it made (or removed) is sized in the next poll
         if before == "running" and rec is not None:
-            ended = self._ended(stage, rec, status)
+            ended = self._ended(stage, rec, status, cause_of_death(rec, snap))
             if ended:
                 update.new_alerts.append(ended)
         marker, severity = self.last_markers.get(stage.name, (None, "info"))
         return StageView(stage.name, stage.key, status, rec.fired_at if rec else None, rec.pid if rec else None,
                          rec.rc if rec else None, marker, severity, self.previous.get(stage.name),
-                         self._progress.get(stage.name) if status == "running" else None)
+                         self._progress.get(stage.name) if status == "running" else None,
+                         cause_of_death(rec, snap) if rec else None)
 
-    def _ended(self, stage: Stage, rec, status: str) -> Alert | None:
-        """The alert for a run that was running at the last poll and is not now."""
+    def _ended(self, stage: Stage, rec, status: str, death: Death | None) -> Alert | None:
+        """The alert for a run that was running at the last poll and is not now: why it died,
+        when it did not end well, else its last marker line."""
         at, run = self._at(), rec.fired_at
         if status == "done":
             return Alert(at, "info", f"stage {stage.name} done", stage.name, run=run)
@@ -455,7 +459,7 @@ class ConsoleState:
         if status not in ("failed", "lost", "orphaned"):
             return None
         rc = f" rc={rec.rc}" if rec.rc is not None else ""
-        last = self._last_said.get(stage.name)
+        last = death_line(death) if death else self._last_said.get(stage.name)
         said = f": {last}" if last else ""
         if stage.ports:  # a server that died on its own
             text = f"stage {stage.name}: pid {rec.pid} died ({rc.strip() or 'no rc'}){said}"

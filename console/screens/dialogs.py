@@ -299,15 +299,16 @@ class RunsScreen(ModalScreen[None]):
             if self.note:
                 yield Static(inert(self.note))
             table: DataTable[str | Text] = DataTable(cursor_type="row")
-            table.add_columns("#", "started (UTC)", "pid", "ended", "lines", "last marker")
+            table.add_columns("#", "started (UTC)", "pid", "ended", "lines", "last marker", "cause")
             for run in reversed(self.runs):
                 ended = ("—" if run.rc is None else f"rc={run.rc}", "" if run.rc in (None, 0) else "bold red")
                 marker = Text(visible(run.last_marker), style=MARKER_STYLE.get(run.severity, ""),
                               no_wrap=True, end="")
                 table.add_row(str(run.number), Text(visible(run.started), no_wrap=True, end=""),
-                              "" if run.pid is None else str(run.pid), Text(*ended), str(run.lines), marker)
+                              "" if run.pid is None else str(run.pid), Text(*ended), str(run.lines), marker,
+                              Text(visible(run.death), no_wrap=True, end=""))
             if not self.runs:
-                table.add_row("", "", "", "", "", Text("the log holds no run yet", style="dim"))
+                table.add_row("", "", "", "", "", Text("the log holds no run yet", style="dim"), "")
             yield table
 
     def action_close(self) -> None:

@@ -10,7 +10,9 @@ stdin from /dev/null (an open stdin keeps SSH sessions hanging) and its own log.
 pid is written from inside the chain and must equal the pid we started: `setsid` the
 command forks when its caller leads a group, and then the pid the caller sees is wrong.
 At its start and its end the chain writes a SAMAI_DISK line (diskline.py) into the log: the
-workspace's file system then, so the console can tell what the stage added (§4.1).
+workspace's file system then, so the console can tell what the stage added (§4.1). At its end,
+before CHAIN_DONE, death.py stops what the stage left running and, for an rc other than 0,
+writes why it died (STAGE.death) beside its rc.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .confine import (
     workspace_root,
     write_file,
 )
+from .death import baseline as death_baseline
 from .procfs import (
     alive,
     boot_id,
@@ -58,6 +61,7 @@ disk_line() {
     "$SAMAI_BOX_PYTHON" -S -m samai_box.diskline "$1" 2>/dev/null || echo "SAMAI_DISK $1 unavailable"
 }
 finish() {
+    "$SAMAI_BOX_PYTHON" -S -m samai_box.death "$1" $$ 2>/dev/null
     disk_line end
     echo "CHAIN_DONE rc=$1"
     echo "$1" > "$SAMAI_RC_FILE"
@@ -84,6 +88,7 @@ def state_paths(workspace: str, stage: str) -> dict[str, str]:
         "state": os.path.join(state, stage + ".json"),
         "pid": os.path.join(state, stage + ".pid"),
         "rc": os.path.join(state, stage + ".rc"),
+        "death": os.path.join(state, stage + ".death"),
         "chain": os.path.join(base, "chains", stage + ".sh"),
     }
 
@@ -107,7 +112,7 @@ class Places(object):
     def prepare(self, chain_text: str) -> int:
         """Clear the last run's pid and rc, write the chain script, rotate the log; the log's
         descriptor to append to."""
-        for stale in (".rc", ".pid"):
+        for stale in (".rc", ".pid", ".death"):
             unlink(self.state, self.stage + stale)
         write_file(self.chains, self.stage + ".sh", chain_text.encode("utf-8"), 0o755)
         rotate(self.log_folder, self.log_name)
@@ -121,7 +126,8 @@ class Places(object):
         which the chain inherits, so a state folder swapped for a symlink later cannot redirect
         them (Linux: /proc/self/fd/N is the folder that was opened, wherever it is now)."""
         folder = "/proc/self/fd/%d/" % self.state
-        return {"SAMAI_PID_FILE": folder + self.stage + ".pid", "SAMAI_RC_FILE": folder + self.stage + ".rc"}
+        return {"SAMAI_PID_FILE": folder + self.stage + ".pid", "SAMAI_RC_FILE": folder + self.stage + ".rc",
+                "SAMAI_DEATH_FILE": folder + self.stage + ".death"}
 
 
 def tools_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -186,6 +192,8 @@ def launch(req: dict[str, Any]) -> dict[str, Any]:
     env.update(SAMAI_STAGE=stage, SAMAI_WORKSPACE=workspace, SAMAI_LOG=log, SAMAI_CHAIN=chain_id,
                SAMAI_PID_FILE=paths["pid"], SAMAI_RC_FILE=paths["rc"], SAMAI_BOX_PYTHON=sys.executable,
                **tools_env(env))  # SAMAI_BOX_PYTHON: what writes the chain's disk lines (diskline.py)
+    # What an OOM kill moves, before the chain starts: death.py compares against it at the end.
+    env["SAMAI_DEATH_WATCH"] = json.dumps(dict(death_baseline(), fired_at=time.time()))
     with os.fdopen(log_fd, "ab") as out, open(os.devnull, "rb") as devnull:
         env.update(places.chain_files())
         proc = subprocess.Popen(["/bin/sh", paths["chain"]], stdin=devnull, stdout=out, stderr=subprocess.STDOUT,

@@ -56,6 +56,7 @@ from .sockets import fd_links, listeners, watched_folder, writers
 
 MAX_REPORTS = 50
 MAX_REPORT_BYTES = 64 * 1024
+MAX_DEATH_BYTES = 16 * 1024  # a stage's STAGE.death (death.py)
 CHAIN_MARKERS = ChainMarkers()  # kept by a --serve probe: a process's marker is read once
 
 
@@ -132,9 +133,26 @@ def stage_states(workspace: str, by_pid: Mapping[int, Mapping[str, Any]], btime:
         if rec["rc"] is not None and rec["group"]:
             rec["alive"] = True  # its chain has finished, but processes it started still run
         rec["stopped_at"] = stopped_at(os.path.join(state_dir, name[: -len(".json")] + ".stopped"), rec)
+        rec["death"] = death_said(os.path.join(state_dir, name[: -len(".json")] + ".death"), rec)
         out.append(rec)
     CHAIN_MARKERS.keep_only(by_pid)
     return out
+
+
+def death_said(path: str, rec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Why this run died as its chain said it (death.py's STAGE.death), when it ended with an rc
+    other than 0; None otherwise or when the file is not of that shape."""
+    if rec.get("rc") in (None, 0):
+        return None
+    try:
+        said = json_document(read_regular(path, MAX_DEATH_BYTES))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(said, dict) or not isinstance(said.get("cause"), str) or not isinstance(said.get("detail"), str):
+        return None
+    evidence = said.get("evidence")
+    evidence = [e[:400] for e in evidence[:8] if isinstance(e, str)] if isinstance(evidence, list) else []
+    return {"cause": said["cause"][:40], "detail": said["detail"][:400], "evidence": evidence}
 
 
 def stopped_at(path: str, rec: Mapping[str, Any]) -> float | None:

@@ -1,0 +1,219 @@
+"""Why a stage died (issue 31, part 1): each cause produced for real on this machine by a stage
+fired through the box's own launcher, read back through the probe, judged by the console; and
+nothing of a dead stage left running or writing into its log after CHAIN_DONE.
+
+The OOM kill runs in a memory cgroup the test creates and the full disk is a small tmpfs the
+test mounts: where the machine allows neither, those tests say so in their skip reason (CI,
+which runs as root, must not skip them: SAMAI_REQUIRE_ROOT_TESTS=1 turns the skip into a failure)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from samai.console.core.death import cause_of_death
+from samai.remote.box import death
+from samai.remote.boxapi import Box
+from samai.remote.model import Snapshot
+
+LOG = "logs/s.log"
+PY = sys.executable
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("SAMAI_REQUIRE_ROOT_TESTS"):
+        pytest.fail(f"required here, but: {reason}")
+    pytest.skip(reason)
+
+
+async def ended(box: Box, stage: str = "s", timeout: float = 20.0) -> Snapshot:
+    """The snapshot once the stage's run has ended (nothing of it running)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        snap = await box.snapshot()
+        rec = snap.state(stage)
+        if rec is not None and rec.status != "running":
+            return snap
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"stage {stage} did not end within {timeout} s")
+
+
+async def cause(box: Box, command: str, stage: str = "s") -> tuple[str, str, tuple[str, ...], Snapshot]:
+    await box.fire(stage, command, LOG, verify_s=0.2)
+    snap = await ended(box, stage)
+    rec = snap.state(stage)
+    assert rec is not None
+    found = cause_of_death(rec, snap)
+    assert found is not None, rec
+    return found.cause, found.detail, found.evidence, snap
+
+
+def log_text(workspace: Path) -> str:
+    return (workspace / LOG).read_text(errors="replace")
+
+
+# ---------------------------------------------------------------- each cause, for real
+
+
+async def test_a_python_exception_is_its_last_line_and_the_frame_it_came_from(box, workspace) -> None:
+    script = "def load_shard(n):\n    raise ValueError('bad shard %d' % n)\nload_shard(7)\n"
+    (workspace / "boom.py").write_text(script)
+    code, detail, evidence, snap = await cause(box, f"{PY} boom.py")
+    assert code == "exception"
+    assert detail == "ValueError: bad shard 7 (at boom.py:2 in load_shard)"
+    assert "Traceback (most recent call last):" in evidence
+    assert snap.state("s").rc == 1
+    assert "SAMAI_DEATH exception: ValueError: bad shard 7" in log_text(workspace)  # what H reads back
+
+
+async def test_an_exit_with_no_other_sign_is_its_status_and_last_line(box, workspace) -> None:
+    code, detail, _, _ = await cause(box, "echo 'loading data'; echo 'giving up: no rows in train.jsonl'; exit 3")
+    assert (code, detail) == ("exit", "exit status 3: giving up: no rows in train.jsonl")
+
+
+async def test_a_signal_from_outside_is_said_as_such(box, workspace) -> None:
+    await box.fire("s", f"{PY} -c 'import time; print(\"up\", flush=True); time.sleep(60)'", LOG, verify_s=0.2)
+    snap = await box.snapshot()
+    [child] = [p for p in snap.processes if p.pid in snap.state("s").group and "time.sleep" in p.command]
+    os.kill(child.pid, signal.SIGKILL)
+    snap = await ended(box)
+    found = cause_of_death(snap.state("s"), snap)
+    assert found is not None and (found.cause, found.detail) == ("signal", "killed by SIGKILL (rc=137)")
+    code, detail, _, _ = await cause(box, f"{PY} -c 'import os, signal; os.kill(os.getpid(), signal.SIGSEGV)'", "t")
+    assert (code, detail) == ("signal", "killed by SIGSEGV (rc=139)")
+
+
+async def test_a_stop_from_the_console_is_stopped_not_a_failure(box, workspace) -> None:
+    await box.fire("s", "sleep 60", LOG, verify_s=0.2)
+    await box.stop("s", grace=2)
+    snap = await ended(box)
+    found = cause_of_death(snap.state("s"), snap)
+    assert found is not None and found.cause == "stopped" and "by the operator" in found.detail
+
+
+async def test_a_cuda_out_of_memory_is_said_before_the_exception_it_raised(box, workspace) -> None:
+    script = ("import sys\nprint('step 40', flush=True)\nsys.stderr.write('Traceback (most recent call last):\\n"
+              "  File \"train.py\", line 9, in step\\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+              "2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.2 GiB is free.\\n')\nsys.exit(1)\n")
+    (workspace / "oom.py").write_text(script)
+    code, detail, _, _ = await cause(box, f"{PY} oom.py")
+    assert code == "cuda_oom" and detail.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
+
+
+@pytest.fixture
+def small_disk(workspace: Path):
+    """A 1 MiB tmpfs mounted in the workspace (root, or a user namespace, needed)."""
+    mount = workspace / "data"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if r.returncode != 0:
+        _unavailable(f"a tmpfs cannot be mounted here: {r.stderr.strip()[:200]}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+async def test_a_stage_that_fills_its_disk_is_disk_full(box, workspace, small_disk) -> None:
+    script = ("import os\nwith open('data/shard.bin', 'wb') as f:\n    for _ in range(64):\n"
+              "        f.write(os.urandom(64 * 1024))\n        f.flush()\n")
+    (workspace / "fill.py").write_text(script)
+    code, detail, evidence, _ = await cause(box, f"{PY} fill.py")
+    assert code == "disk_full" and "No space left on device" in detail
+    assert any("Errno 28" in line for line in evidence)
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A memory cgroup with a 64 MiB limit (v1's memory controller, or v2's memory.max)."""
+    name = f"samai-test-{uuid.uuid4().hex[:8]}"
+    for base, limit_file in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"), ("/sys/fs/cgroup", "memory.max")):
+        folder = Path(base) / name
+        if not (Path(base) / "cgroup.procs").exists() or (base == "/sys/fs/cgroup" and
+                                                          not (Path(base) / "cgroup.controllers").exists()):
+            continue
+        try:
+            folder.mkdir()
+            (folder / limit_file).write_text(str(64 * 2**20))
+            (folder / "memory.swappiness").write_text("0") if (folder / "memory.swappiness").exists() else None
+        except OSError:
+            if folder.exists():
+                folder.rmdir()
+            continue
+        yield folder
+        for _ in range(50):
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)
+        return
+    _unavailable("no writable memory cgroup here (v1 memory controller or v2 memory.max)")
+
+
+async def test_a_stage_the_oom_killer_took_is_oom_killed_with_its_cgroup(box, workspace, memory_cgroup) -> None:
+    hog = "x = []\nwhile True:\n    x.append(bytearray(8 * 2**20))\n"
+    (workspace / "hog.py").write_text(hog)
+    # Only the hog goes into the cgroup (its own shell's $$), not the chain that waits for it.
+    command = f"sh -c 'echo $$ > {memory_cgroup}/cgroup.procs && exec {PY} hog.py'"
+    code, detail, evidence, snap = await cause(box, command)
+    assert code == "oom_killed", (detail, evidence)
+    assert snap.state("s").rc == 137
+    assert detail.startswith("the kernel's OOM killer killed")
+    assert any("oom_kill" in line for line in evidence)
+    if "pid " in detail:  # the kernel log was readable: it names the process and the cgroup
+        assert "(python" in detail and f"/{memory_cgroup.name}" in detail and "limit 64.0 MiB" in detail
+
+
+# ---------------------------------------------------------------- nothing of a dead stage lives on
+
+
+async def test_a_helper_the_stage_started_is_stopped_when_its_chain_ends(box, workspace) -> None:
+    """The milestone push of a killed train run went on writing PUSH_DONE after CHAIN_DONE: a
+    helper in a session of its own, still running when its stage ends, is stopped with it."""
+    command = ("setsid sh -c 'sleep 2; echo PUSH_DONE late MANIFEST-epoch-210' & "
+               "echo started helper; sleep 0.3; exit 137")
+    await box.fire("s", command, LOG, verify_s=0.2)
+    snap = await ended(box)
+    rec = snap.state("s")
+    assert rec.group == () and rec.status == "failed"
+    await asyncio.sleep(2.5)  # longer than the helper would have taken to write its line
+    text = log_text(workspace)
+    assert "PUSH_DONE late" not in text
+    assert text.rstrip().splitlines()[-1] == "CHAIN_DONE rc=137"
+    assert "SAMAI_SURVIVORS stopped " in text
+
+
+# ---------------------------------------------------------------- box text is untrusted
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.text(max_size=400), max_size=30), st.one_of(st.none(), st.integers(-300, 300)),
+       st.one_of(st.none(), st.integers(0, 10**12)))
+def test_any_log_lines_are_judged_into_a_bounded_verdict(lines, rc, free) -> None:
+    said = death.judge(rc, lines, None, free)
+    assert said["cause"] in ("disk_full", "cuda_oom", "collective_timeout", "exception", "signal", "exit")
+    assert len(said["detail"]) <= death.DETAIL_CHARS and len(said["evidence"]) <= 8
+    assert all(len(e) <= death.LINE_CHARS and "\n" not in e for e in said["evidence"])
+    assert not any(ord(c) < 32 for c in said["detail"])
+
+
+def test_a_collective_timeout_is_named_from_the_watchdogs_words() -> None:
+    lines = ["[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
+             "WorkNCCL(SeqNum=42, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.",
+             "Traceback (most recent call last):", "RuntimeError: NCCL communicator was aborted"]
+    said = death.judge(134, lines, None, None)
+    assert said["cause"] == "collective_timeout" and "Watchdog caught collective operation timeout" in said["detail"]
+    gloo = ["RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+            "[127.0.0.1]:29500"]
+    assert death.judge(1, gloo, None, None)["cause"] == "collective_timeout"
