@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from samai.console.core.death import cause_of_death
 from samai.remote.box import death
 from samai.remote.boxapi import Box
-from samai.remote.model import Snapshot
+from samai.remote.model import Death, GpuEvent, Snapshot
 
 LOG = "logs/s.log"
 PY = sys.executable
@@ -217,3 +218,76 @@ def test_a_collective_timeout_is_named_from_the_watchdogs_words() -> None:
     gloo = ["RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
             "[127.0.0.1]:29500"]
     assert death.judge(1, gloo, None, None)["cause"] == "collective_timeout"
+
+
+# ---------------------------------------------------------------- what the console adds and where it shows
+
+
+def _failed(**kw) -> Snapshot:
+    from tests import factories
+
+    rec = factories.stage_record("train", 4242, rc=1, death=Death("exception", "ValueError: bad shard 7 (at "
+                                                                               "data.py:40 in load)",
+                                                                  ("Traceback (most recent call last):",)), **kw)
+    return factories.snapshot(states=[rec])
+
+
+def test_a_gpu_xid_in_the_runs_window_explains_an_exception_and_a_reboot_a_lost_chain() -> None:
+    from tests import factories
+
+    snap = _failed()
+    rec = snap.state("train")
+    xid = factories.gpu_reading(factories.gpu(0), events=(GpuEvent(0, "xid", 79, rec.fired_at + 5),))
+    found = cause_of_death(rec, replace(snap, gpus=xid))
+    assert found is not None and found.cause == "gpu_xid" and "Xid 79" in found.detail
+    assert found.evidence[0].startswith("exception: ValueError: bad shard 7")
+    before = factories.gpu_reading(factories.gpu(0), events=(GpuEvent(0, "xid", 79, rec.fired_at - 5),))
+    assert cause_of_death(rec, replace(snap, gpus=before)).cause == "exception"  # an earlier run's Xid
+    lost = replace(rec, rc=None, death=None, boot_id="boot-a")
+    assert cause_of_death(lost, replace(snap, boot_id="boot-b")).cause == "reboot"
+    assert cause_of_death(lost, replace(snap, boot_id="boot-a")).cause == "signal"
+    assert cause_of_death(replace(rec, rc=0, death=None), snap) is None
+    assert cause_of_death(replace(rec, alive=True, group=(4242,)), snap) is None
+    assert cause_of_death(replace(rec, death=None), snap).line == "exit: exit status 1"
+
+
+def test_the_cause_is_the_alert_the_stages_bar_snapshot_json_doctor_and_the_runs_list() -> None:
+    from samai.console import cli
+    from samai.console.core import config
+    from samai.console.core.history import RunHistory
+    from samai.console.core.state import ConsoleState
+    from samai.widgets.stages import stage_item
+    from tests import factories
+
+    cfg = config.parse('[workspace]\npath = "/ws"\n[stages.train]\nkey = "t"\ncommand = "sleep 1"\n', "(test)")
+    state = ConsoleState(cfg)
+    proc = factories.process(4242)
+    state.apply(factories.snapshot(processes=[proc], states=[factories.running(proc, "train")]), [], 1.0)
+    update = state.apply(_failed(), [], 2.0)
+    [alert] = [a for a in update.new_alerts if a.stage == "train"]
+    assert alert.text == "stage train failed rc=1: exception: ValueError: bad shard 7 (at data.py:40 in load)"
+    [view] = update.stages
+    assert "exception: ValueError: bad shard 7" in stage_item(view, 3.0).plain
+    raw = cli._snapshot_json(_failed())
+    assert raw["states"][0]["death"] == {"cause": "exception", "detail": "ValueError: bad shard 7 (at data.py:40 "
+                                         "in load)", "evidence": ["Traceback (most recent call last):"]}
+    done = factories.snapshot(states=[factories.stage_record("train", rc=0)])
+    assert "death" not in cli._snapshot_json(done)["states"][0]
+    [died] = cli._deaths(cfg, _failed())
+    assert (died["stage"], died["cause"], died["rc"]) == ("train", "exception", 1)
+    history = RunHistory()
+    history.feed(["=== samai chain train: pid 9 started 2026-12-02T10:00:00Z", "step 1",
+                  "SAMAI_DEATH oom_killed: the kernel's OOM killer killed pid 12 (python)", "CHAIN_DONE rc=137"])
+    [run] = history.runs()
+    assert run.rc == 137 and run.death == "oom_killed: the kernel's OOM killer killed pid 12 (python)"
+
+
+def test_a_tampered_death_file_is_no_verdict_and_box_text_stays_inert() -> None:
+    from samai.console.core.death import death_line
+    from samai.remote import model
+
+    hostile = {"cause": "exception", "detail": "[b]x[/b]\x1b]0;pwned\x07" + "y" * 2000, "evidence": ["a\nb", 3]}
+    found = model._death(hostile)
+    assert found is not None and len(found.detail) == 400 and found.evidence == ("a\nb",)
+    assert "\x1b" not in death_line(found) and len(death_line(found)) <= 200
+    assert model._death({"cause": "rm -rf", "detail": "x"}) is None and model._death("oops") is None
