@@ -216,6 +216,12 @@ class Box:
                    "packages": [{"python": p, "names": list(names)} for p in pythons]}
         return model.python_packages(await self.ask_probe(request))
 
+    async def checkpoints(self, folder: str) -> model.Checkpoints:
+        """A training run's checkpoint-STEP folders under `folder` (in the workspace), newest
+        first, each judged whole and finite by the box (box/checkpoints.py)."""
+        request = {"workspace": self.workspace, "folder": folder}
+        return model.checkpoints(await self.call_readonly("checkpoints.py", request))
+
     async def read_log(self, cursor: LogCursor) -> LogChunk:
         request = {"logs": [cursor.request()], "processes": False, "states": False}
         raw = await self.ask_probe(request)

@@ -759,6 +759,43 @@ def python_packages(raw: dict[str, Any]) -> tuple[PythonPackages, ...]:
                  for env in _items(raw, "packages"))
 
 
+# ------------------------------------------------------------ checkpoints (box/checkpoints.py)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint-STEP folder of a training run, as the box judged it."""
+
+    name: str
+    step: int
+    mtime: float
+    bytes: int
+    files: int
+    complete: bool
+    missing: tuple[str, ...] = ()
+    temporary: tuple[str, ...] = ()
+    settling: bool = False
+    finite: bool | None = None  # None: no safetensors weights were read
+    nonfinite: tuple[str, ...] = ()
+    weights: str | None = None
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    folder: str
+    checkpoints: tuple[Checkpoint, ...]  # newest step first
+    error: str | None = None
+
+
+@_converting
+def checkpoints(raw: dict[str, Any]) -> Checkpoints:
+    found = tuple(_pick(Checkpoint, c, **{k: tuple(_items(c, k)) for k in ("missing", "temporary", "nonfinite",
+                                                                           "problems")})
+                  for c in _items(raw, "checkpoints"))
+    return _pick(Checkpoints, raw, checkpoints=found)
+
+
 # ------------------------------------------------------------ GGUF surgery (box/gguf_surgery.py)
 
 

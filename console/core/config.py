@@ -148,6 +148,7 @@ class Stage:
     launcher: str = ""  # a multi-node stage's launcher: one of LAUNCHERS
     rdzv_port: int = 29500  # a multi-node stage: the rendezvous (torchrun) or master (DeepSpeed) port on the master
     max_restarts: int = 0  # a multi-node torchrun stage: its --max-restarts
+    checkpoints: str = ""  # a train-role stage: the folder of its checkpoint-STEP folders (a resume's)
 
 
 @dataclass(frozen=True)
@@ -540,7 +541,7 @@ class _Reader:
             raise self.fail(where, "a stage name of letters, digits, '_', '.', '-'", name)
         s = self.table(raw, where, {"key", "command", "log", "description", "role", "markers", "needs", "makes",
                                     "frees", "ports", "poison", "env", "nodes", "launcher", "rdzv_port",
-                                    "max_restarts"})
+                                    "max_restarts", "checkpoints"})
         key = self.value(s, "key", where, "one key, not one the console uses itself ("
                          + " ".join(sorted(RESERVED_KEYS)) + ")",
                          lambda v: isinstance(v, str) and len(v) == 1 and v not in RESERVED_KEYS, None)
@@ -566,11 +567,15 @@ class _Reader:
             problem = escape_reason(path, workspace)
             if problem:
                 raise self.fail(f"{where}.poison[{i}]", f"a path inside the workspace ({problem})", path)
+        role = self.value(s, "role", where, "one of " + ", ".join(ROLES), lambda v: v in ROLES,
+                          name if name in ROLES else "other")
+        checkpoints = self.path_inside(s, "checkpoints", where, workspace) if "checkpoints" in s else ""
+        if checkpoints and role != "train":
+            raise self.fail(f"{where}.checkpoints", "a stage of role train to keep checkpoints (this one's role is "
+                            f"{role})", checkpoints)
         return Stage(name=name, key=key, command=command,
                      log=self.path_inside(s, "log", where, workspace, f"logs/{name}.log"),
-                     description=self.text(s, "description", where),
-                     role=self.value(s, "role", where, "one of " + ", ".join(ROLES), lambda v: v in ROLES,
-                                     name if name in ROLES else "other"),
+                     description=self.text(s, "description", where), role=role, checkpoints=checkpoints,
                      markers=self.markers(s.get("markers"), f"{where}.markers"),
                      needs=refs["needs"], makes=refs["makes"], frees=refs["frees"],
                      ports=tuple(ports), poison=poison, env=tuple(env.items()))

@@ -17,6 +17,10 @@
   first steps, with real optimizer steps: a huge learning rate from step N on (loss and
   grad_norm go nan), or lora_dropout 1.0 from step N on (grad_norm exactly 0, loss flat)
 - poison files of an earlier run (final/, TRAIN_DONE, TRAIN_NAN) make it refuse to start
+- Trainer checkpoints go to OUT/checkpoints/checkpoint-STEP (every --save-steps optimizer steps,
+  else every epoch; the newest --save-total-limit kept); --resume-from CHECKPOINT continues a
+  dead run from one of them with the Trainer's own resume_from_checkpoint: the global step, the
+  optimizer, the scheduler and the RNG state go on where they were
 
 Runs ON the box, in the box venv:
   python -m samai_box.stages.train --base models/base --data data/train.jsonl --out runs/train
@@ -38,6 +42,7 @@ from .common import fail, marker, push_milestone, say
 POISON = ("final", "TRAIN_DONE", "TRAIN_NAN")
 GUARD_WINDOW, GUARD_BAD = 4, 3
 NAN_PATIENCE = 5  # sick logged steps in a row that stop the run after the early window
+SAVE_TOTAL_LIMIT = 3  # checkpoints kept: a resume needs one that is whole and before the first anomaly
 TEXT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 DIVERGE_LR = 1e6  # --diverge-after's learning rate: AdamW moves every weight by about this much
 # What a setup gives the Trainer: (LoRA model, examples, collator, what saves the tokenizer and processor).
@@ -295,6 +300,23 @@ def vision_setup(args: argparse.Namespace) -> Setup:
     return model, examples, collate, lambda folder: vision.save_processor(tok, image_processor, folder)
 
 
+def checkpoint_step(folder: str) -> int:
+    name = os.path.basename(os.path.normpath(folder))
+    return int(name.split("-", 1)[1]) if name.startswith("checkpoint-") and name[11:].isdigit() else -1
+
+
+def resumable(out: str, given: str) -> str:
+    """The checkpoint to resume from, refused unless it is a checkpoint-STEP folder of this run's
+    OUT/checkpoints holding the Trainer's state (the console judges it whole before it asks)."""
+    folder = os.path.realpath(given)  # relative: to the stage's folder, the workspace
+    root = os.path.realpath(os.path.join(out, "checkpoints"))
+    if os.path.dirname(folder) != root or checkpoint_step(folder) < 0:
+        fail("TRAIN_REFUSED", "--resume-from %s is not a checkpoint-STEP folder in %s" % (given, root), rc=2)
+    if not os.path.isfile(os.path.join(folder, "trainer_state.json")):
+        fail("TRAIN_REFUSED", "--resume-from %s holds no trainer_state.json: not a whole checkpoint" % given, rc=2)
+    return folder
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True)
@@ -323,6 +345,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--push-to", metavar="TARGET", help="push each milestone adapter there (push's --to)")
     p.add_argument("--push-every", type=int, default=1, metavar="N", help="every N epochs (default 1)")
+    p.add_argument("--save-steps", type=int, metavar="N",
+                   help="a checkpoint every N optimizer steps (default: each epoch)")
+    p.add_argument("--save-total-limit", type=int, default=SAVE_TOTAL_LIMIT, metavar="K",
+                   help="the newest K checkpoints kept (default %d)" % SAVE_TOTAL_LIMIT)
+    p.add_argument("--resume-from", metavar="CHECKPOINT",
+                   help="a checkpoint-STEP folder under OUT/checkpoints to continue from")
     args = p.parse_args()
 
     if args.fp16:
@@ -338,6 +366,11 @@ def main() -> None:
         fail("TRAIN_REFUSED", "--nan-patience must be at least 1", rc=2)
     if not os.path.isfile(args.data):
         fail("TRAIN_REFUSED", "no training data at %s" % args.data, rc=2)
+    if args.save_steps is not None and args.save_steps < 1:
+        fail("TRAIN_REFUSED", "--save-steps must be at least 1", rc=2)
+    if args.save_total_limit < 1:
+        fail("TRAIN_REFUSED", "--save-total-limit must be at least 1", rc=2)
+    resume = resumable(args.out, args.resume_from) if args.resume_from else None
 
     import torch
     from transformers import Trainer, TrainingArguments, set_seed
@@ -362,11 +395,15 @@ def main() -> None:
     training = TrainingArguments(
         output_dir=os.path.join(args.out, "checkpoints"), num_train_epochs=args.epochs, max_steps=args.max_steps,
         per_device_train_batch_size=args.batch, learning_rate=args.lr, lr_scheduler_type="cosine",
-        warmup_steps=5, logging_steps=1, logging_first_step=True, save_strategy="epoch", save_total_limit=1,
+        warmup_steps=5, logging_steps=1, logging_first_step=True,
+        save_strategy="steps" if args.save_steps else "epoch", save_steps=args.save_steps or 500,
+        save_total_limit=args.save_total_limit,
         fp16=False, bf16=args.bf16, deepspeed=args.deepspeed, report_to=[], seed=args.seed,
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
     trainer = Trainer(model=model, args=training, train_dataset=examples, data_collator=collate, callbacks=callbacks)
-    trainer.train()
+    if resume:
+        marker("TRAIN_RESUMED", "from %s (step %d)" % (resume, checkpoint_step(resume)))
+    trainer.train(resume_from_checkpoint=resume)
     if guard.tripped:
         say("training stopped by the NaN guard; no final/ written")
         sys.exit(3)
