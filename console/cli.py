@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--force", action="store_true",
                    help="fire even when the preflight blocks it (still confirmed: at the prompt, or with --yes)")
+    p.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
+                   help="a train stage: continue its dead run from a checkpoint (the newest whole, finite one "
+                        "before the log's first anomaly when none is named; a named one that is not is refused)")
 
     p = command("stop", "stop a running stage: its process group, TERM then KILL")
     p.add_argument("stage")
@@ -397,6 +400,7 @@ async def _doctor(args, cfg, box: Box) -> int:
     ctx = detectors.DetectorContext.of(cfg, snap, environments=tuple(envs), eval_checked=checked)
     findings = detectors.DETECTORS.run(ctx)
     deaths = _deaths(cfg, snap)
+    findings += await _resumable(box, cfg, deaths)
     if args.json:
         print(_json({"findings": [f.to_json() for f in findings], "gpus": asdict(snap.gpus), "deaths": deaths}))
     else:
@@ -420,6 +424,29 @@ def _deaths(cfg: config_mod.Config, snap: Snapshot) -> list[dict]:
         death = cause_of_death(rec, snap) if rec else None
         if rec is not None and death is not None and death.cause != "stopped":
             found.append(dict(stage=stage.name, rc=rec.rc, fired_at=rec.fired_at, **(death_json(death) or {})))
+    return found
+
+
+async def _resumable(box: Box, cfg: config_mod.Config, deaths: list[dict]) -> list:
+    """For each dead training run that kept checkpoints: the one it would resume from."""
+    from samai.console.core.fixes import FixAction
+    from samai.console.core.problems import Finding
+    from samai.console.core.resume import NothingToResume, resume_choice
+
+    found = []
+    for died in deaths:
+        stage = cfg.stage(died["stage"])
+        if stage is None or stage.role != "train" or not stage.checkpoints:
+            continue
+        try:
+            choice = await resume_choice(box, cfg, stage)
+        except (NothingToResume, BoxError, TransportError):
+            continue
+        if choice.chosen is not None:
+            found.append(Finding("resume_available", "warning",
+                                 f"stage {stage.name} died ({died['cause']}); it can resume from {choice.path} "
+                                 f"(step {choice.chosen.step}) instead of step 0: fire {stage.name} --resume",
+                                 FixAction.resume(stage.name), checkpoint=choice.path))
     return found
 
 
@@ -610,6 +637,13 @@ async def _fire(args, cfg, box: Box) -> int:
     if cli_multinode.is_multi_node(cfg, args.stage):
         return await cli_multinode.fire(cfg, args.stage, readonly=args.readonly,
                                         confirm=_confirmer(args.yes, getattr(args, "force", False)))
+    if args.resume is not None:
+        from samai.console.core.resume import NothingToResume
+
+        try:
+            return _report(await _actions(args, cfg, box).resume(args.stage, args.resume or None))
+        except NothingToResume as e:  # names checkpoints (box text): said inert
+            return _fail(f"cannot resume {args.stage}: {e}", EXIT_PROBLEM)
     return _report(await _actions(args, cfg, box).fire(args.stage))
 
 

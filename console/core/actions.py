@@ -26,23 +26,33 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 from typing import ClassVar, Literal
 
 import psutil
 
 from samai.console.core import units
 from samai.console.core.audit import AuditError, AuditLog
-from samai.console.core.budget import GB, disk_budget
+from samai.console.core.budget import GB, disk_budget, workspace_disk
 from samai.console.core.config import Config, Stage, UnknownStage  # noqa: F401 (its callers import it here too)
 from samai.console.core.kinds import ActionKind
-from samai.console.core.preflight import Check, poison_artifacts, preflight, shown_command, started_text
+from samai.console.core.preflight import (
+    Check,
+    poison_artifacts,
+    preflight,
+    present_poison,
+    shown_command,
+    started_text,
+)
 from samai.console.core.preflight.evidence import training_evidence
 from samai.console.core.preflight.mmproj import projector_evidence
 from samai.console.core.preflight.nodes import multi_node_checks
 from samai.console.core.redact import redact, redact_assignment
+from samai.console.core.resume import NothingToResume, resume_choice
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import (
     Boot,
+    Checkpoint,
     CleanResult,
     FireResult,
     GgufAssertion,
@@ -198,6 +208,15 @@ class RestartPlan(LaunchPlan):
             if not cleaned.ok:
                 return FireResult(False, "refused", stage, f"clean refused: {cleaned.refused}")
         return await actions._clear_ports(self, decision, audit_id) or await self.launch(actions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumePlan(RestartPlan):
+    """A restart of a dead training run that continues from one of its checkpoints (its chain
+    takes --resume-from): the checkpoint named, the newer ones passed over said in details."""
+
+    kind: ClassVar[ActionKind] = ActionKind.RESUME
+    checkpoint: str = ""  # workspace-relative: the checkpoint-STEP folder resumed from
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -398,6 +417,26 @@ class Actions:
             boot=snap.boot if snap else None, paths=tuple(clear), holders=holders,
         )
 
+    async def plan_resume(self, stage_name: str, checkpoint: str | None = None, *,
+                          grace: float = 10.0) -> ResumePlan:
+        """Resume a dead training run from its newest fit checkpoint (or the named one, refused
+        with the reason when it is not fit): its poison files cleared, the disk its next
+        checkpoint needs checked against what is free."""
+        stage = self._stage(stage_name)
+        choice = await resume_choice(self.box, self.config, stage, checkpoint)
+        if choice.chosen is None:
+            raise NothingToResume(choice.why_none())
+        snap = await self._stage_snapshot()
+        base = await self.plan_restart(stage_name, clear=present_poison(stage, snap) if snap else (), grace=grace)
+        chain = f"{stage.command} --resume-from {shlex.quote(choice.path)}"
+        ck = choice.chosen
+        details = (f"resume from {choice.path} (step {ck.step}, {units.size(ck.bytes)})",
+                   *(f"passed over {p.name}: {p.why}" for p in choice.passed), *base.details)
+        fields_of = {f.name: getattr(base, f.name) for f in dataclass_fields(base)}
+        return ResumePlan(**dict(fields_of, command=base.command.replace(f"fire: {stage.command}", f"fire: {chain}"),
+                                 chain=chain, details=details, checks=base.checks + _next_checkpoint_check(ck, snap)),
+                          checkpoint=choice.path)
+
     def plan_stop(self, stage_name: str, *, grace: float = 10.0) -> StopPlan:
         stage = self._stage(stage_name)
         return StopPlan(
@@ -510,6 +549,9 @@ class Actions:
 
     async def restart(self, stage_name: str, *, clear: Sequence[str] = (), grace: float = 10.0) -> ActionOutcome:
         return await self.confirm_and_run(await self.plan_restart(stage_name, clear=clear, grace=grace))
+
+    async def resume(self, stage_name: str, checkpoint: str | None = None, *, grace: float = 10.0) -> ActionOutcome:
+        return await self.confirm_and_run(await self.plan_resume(stage_name, checkpoint, grace=grace))
 
     async def stop(self, stage_name: str, *, grace: float = 10.0) -> ActionOutcome:
         return await self.confirm_and_run(self.plan_stop(stage_name, grace=grace))
@@ -669,6 +711,17 @@ def _signal_fields(result) -> dict:
         return {"signalled": list(result.signalled), "survivors": list(result.survivors),
                 "remaining": list(getattr(result, "remaining", ()))}
     return {}
+
+
+def _next_checkpoint_check(ck: Checkpoint, snap: Snapshot | None) -> tuple[Check, ...]:
+    """The next checkpoint the resumed run writes is about the size of this one: room for it?"""
+    disk = workspace_disk(snap) if snap else None
+    if disk is None:
+        return ()
+    need = f"the next checkpoint needs about {units.size(ck.bytes)} (the size of {ck.name})"
+    if disk.free < ck.bytes:
+        return (Check("error", f"{need}, and the workspace has {units.size(disk.free)} free"),)
+    return (Check("ok", f"{need}; {units.size(disk.free)} free"),)
 
 
 def _port_holders(stage: Stage, snap: Snapshot) -> tuple[PortHolder, ...]:

@@ -25,6 +25,7 @@ FIXES: Mapping[ActionKind, FixKind] = MappingProxyType({
     ActionKind.KILL: FixKind(("pid", "start_time"), "action_kill_pid", ("pid", "start_time")),
     ActionKind.STOP: FixKind(("stage",), "action_stop", ("stage",)),
     ActionKind.RESTART: FixKind(("stage",), "action_restart", ("stage",)),
+    ActionKind.RESUME: FixKind(("stage",), "action_resume", ("stage",)),
     ActionKind.CLEAN: FixKind((), "action_clean", ()),
     ActionKind.UNINSTALL: FixKind(("package", "python"), "action_uninstall", ("python", "package")),
 })
@@ -33,7 +34,7 @@ FIXES: Mapping[ActionKind, FixKind] = MappingProxyType({
 @dataclass(frozen=True)
 class FixAction:
     kind: ActionKind  # one of FIXES (a name of one is taken too); any other is a ValueError
-    stage: str = ""  # stop, restart: the stage
+    stage: str = ""  # stop, restart, resume: the stage
     pid: int = 0  # kill: the process, as it was when the alert was raised
     start_time: float = 0.0
     python: str = ""  # uninstall: the environment's interpreter, as the stages name it
@@ -56,6 +57,10 @@ class FixAction:
     @classmethod
     def restart(cls, stage: str) -> FixAction:
         return cls(ActionKind.RESTART, stage=stage)
+
+    @classmethod
+    def resume(cls, stage: str) -> FixAction:
+        return cls(ActionKind.RESUME, stage=stage)
 
     @classmethod
     def uninstall(cls, python: str, package: str) -> FixAction:

@@ -11,6 +11,7 @@ from enum import StrEnum
 class ActionKind(StrEnum):
     FIRE = "fire"
     RESTART = "restart"
+    RESUME = "resume"
     STOP = "stop"
     KILL = "kill"
     CLEAN = "clean"

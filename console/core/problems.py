@@ -31,6 +31,7 @@ class Finding:
     step: int | None = None
     lines: tuple[int, ...] = ()
     count: int | None = None
+    checkpoint: str | None = None  # resume_available: the checkpoint folder a dead run resumes from
 
     def __post_init__(self) -> None:
         # Findings quote command lines, paths and file contents from the box: never a secret shown.
@@ -44,8 +45,9 @@ class Finding:
     def to_json(self) -> dict[str, Any]:
         """As `doctor --json` and `snapshot --json` print a finding (its keys and their order are
         a contract; the checkers print theirs in their own result's to_json)."""
-        return {"code": self.code, "severity": self.severity, "message": self.message,
-                "action": str(self.action or "")}
+        found = {"code": self.code, "severity": self.severity, "message": self.message,
+                 "action": str(self.action or "")}
+        return found if self.checkpoint is None else dict(found, checkpoint=self.checkpoint)
 
 
 Problem = Finding  # the checkers' name for it

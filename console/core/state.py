@@ -465,7 +465,11 @@ class ConsoleState:
             text = f"stage {stage.name}: pid {rec.pid} died ({rc.strip() or 'no rc'}){said}"
         else:
             text = f"stage {stage.name} {status}{rc}{said}"
-        return self._run_alert(stage.name, "error", text)
+        alert = self._run_alert(stage.name, "error", text)
+        if stage.checkpoints and stage.role == "train":  # recover from its last good state, not from step 0
+            alert = replace(alert, action=FixAction.resume(stage.name),
+                            hint="l log · x resume from its last good checkpoint · r restart from step 0")
+        return alert
 
     def _process_rows(self, snap: Snapshot) -> list[ProcessRow]:
         stage_of = {rec.pgid: rec.stage for rec in snap.states}

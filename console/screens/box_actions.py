@@ -106,6 +106,17 @@ class ActionKeys(LogKeys):
             self._report(await self._actions().stop(stage, grace=STOP_GRACE_S))
 
     @one_action_at_a_time
+    async def action_resume(self, stage: str) -> None:
+        """A dead training run, continued from its newest fit checkpoint; with none, why not."""
+        from samai.console.core.resume import NothingToResume
+
+        try:
+            self._report(await self._actions().resume(stage, grace=STOP_GRACE_S))
+        except NothingToResume as e:  # names checkpoints: box text, never markup
+            self.notify(f"{e}; r restarts {stage} from step 0", title="nothing to resume from", severity="warning",
+                        timeout=12, markup=False)
+
+    @one_action_at_a_time
     async def action_restart(self, stage: str | None = None) -> None:
         stage = stage or self.state.shown_stage
         pre = self.state.preflight(stage) if stage else None
