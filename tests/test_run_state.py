@@ -267,7 +267,8 @@ markers = [{{ name = "SERVING" }}]
         os.kill(pid, signal.SIGKILL)  # the OOM killer's way
         await pilot_until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
         died = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if "died" in a.text), None))
-        assert died.text.startswith("stage serve: pid ") and "died (rc=137): SERVING on" in died.text
+        assert died.text.startswith("stage serve: pid ") and "died (rc=137): signal: killed by SIGKILL" in died.text
+        assert " · SERVING on" in died.text  # and its last words
         assert died.stage == "serve" and "l log" in died.hint
         assert "died (rc=137)" in _plain(app.box_screen.query_one("#alerts"))
 

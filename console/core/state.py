@@ -459,7 +459,8 @@ class ConsoleState:
         if status not in ("failed", "lost", "orphaned"):
             return None
         rc = f" rc={rec.rc}" if rec.rc is not None else ""
-        last = death_line(death) if death else self._last_said.get(stage.name)
+        words = self._last_said.get(stage.name)  # its own last marker line: what it said before it died
+        last = " · ".join(w for w in (death_line(death) if death else "", words or "") if w)
         said = f": {last}" if last else ""
         if stage.ports:  # a server that died on its own
             text = f"stage {stage.name}: pid {rec.pid} died ({rc.strip() or 'no rc'}){said}"
