@@ -761,3 +761,48 @@ async def test_the_vlm_pipeline_end_to_end_from_the_keys(pipeline_ws: Path, spaw
                                                        if f.code == "serve_without_mmproj"), None), timeout=60)
         assert f"llama-server pid {blind.pid} runs without --mmproj" in found.message
         await pilot_until(pilot, lambda: any(a.active and a.code == "serve_without_mmproj" for a in app.state.alerts))
+
+
+async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_the_keys(pipeline_ws: Path) -> None:
+    """Issue 31: the train run is killed from outside after its second checkpoint; its alert
+    says why and offers the resume; `x` and the dialog continue it from a checkpoint, and it
+    ends done at the full step count, having run fewer steps than a restart would."""
+    from samai.console.app import SamaiApp
+    from tests.helpers import pilot_until
+
+    cfg = tiny(pipeline_ws, free_port())
+    cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.3))
+    folder = pipeline_ws / "runs" / "train" / "checkpoints"
+    app = SamaiApp(cfg)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot_until(pilot, lambda: app.state.snapshot)
+        await _confirmed(pilot, app, "2", "fetch")
+        await _dialog(pilot, app, "3")
+        await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: len(list(folder.glob("checkpoint-*/trainer_state.json"))) >= 2, timeout=600)
+        first = app.state.runs["train"]
+        snap = app.state.snapshot
+        rec = snap.state("train")
+        trainer = next(p for p in snap.processes if p.pid in rec.group and "samai_box.stages.train" in p.command)
+        os.kill(trainer.pid, signal.SIGKILL)  # the OOM killer's way, as far as the console can tell
+        died = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.active
+                                                      and a.action == FixAction.resume("train")), None), timeout=60)
+        assert "stage train failed rc=137: signal: killed by SIGKILL" in died.text, died.text
+        killed_at = max(int(p.name.split("-")[1]) for p in folder.glob("checkpoint-*"))
+
+        dialog = await _dialog(pilot, app, "x")
+        assert dialog.plan.action == "resume"
+        assert dialog.plan.checkpoint.startswith("runs/train/checkpoints/checkpoint-")
+        step = int(dialog.plan.checkpoint.rsplit("-", 1)[1])
+        assert 0 < step <= killed_at and "--resume-from" in dialog.plan.chain
+        await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: app.state.runs.get("train") not in (None, first), timeout=60)
+        rec = await pilot_until(pilot, lambda: _ended(app, "train"), timeout=600)
+        log = _log_of(app, "train")
+        assert rec.rc == 0, log[-3000:]
+        assert "TRAIN_RESUMED" in log and f"/{dialog.plan.checkpoint} (step {step})" in log
+        done = (pipeline_ws / "runs" / "train" / "TRAIN_DONE").read_text()
+        total = int(done.split()[0])
+        resumed_steps = sum(1 for line in log.splitlines() if line.startswith("{'loss'"))
+        assert total > step and resumed_steps <= total - step + 1, (total, step, resumed_steps)
+        await pilot_until(pilot, lambda: "train ✓ done" in _bar(app))
