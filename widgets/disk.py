@@ -10,6 +10,7 @@ from textual.message import Message
 
 from samai.console.core import units
 from samai.console.core.budget import DiskBudget, Projection
+from samai.console.core.disk_trend import ALERT_S, DiskTrend
 from samai.console.core.diskdelta import DiskDelta
 from samai.console.core.state import StateUpdate
 from samai.remote.model import DiskUsers
@@ -35,7 +36,7 @@ class DiskPane(Pane):
 
     DEFAULT_CSS = "DiskPane { height: auto; padding: 0 1; }"
     largest = False  # showing the largest users instead of the artifacts in pipeline order
-    _last: tuple[DiskBudget, Projection | None, DiskDelta | None] | None = None
+    _last: tuple[DiskBudget, Projection | None, DiskDelta | None, DiskTrend | None] | None = None
     _users: DiskUsers | str | None = None  # the last measure, or why it failed; None: not yet
     _measured_at: float | None = None
 
@@ -54,7 +55,7 @@ class DiskPane(Pane):
         self.toggle_largest()
 
     def show_update(self, update: StateUpdate) -> None:
-        self.show(update.budget, update.projection, update.disk_delta)
+        self.show(update.budget, update.projection, update.disk_delta, update.disk_trend)
 
     def show_users(self, users: DiskUsers | str, measured_at: float) -> None:
         """A measure of the workspace's largest users (or why it failed), shown while `largest`."""
@@ -62,9 +63,11 @@ class DiskPane(Pane):
         if self.largest and self._last is not None:
             self.show(*self._last)
 
-    def show(self, budget: DiskBudget, next_stage: Projection | None = None, delta: DiskDelta | None = None) -> None:
-        """`delta`: what the last fired stage did to the disk, from its log's SAMAI_DISK lines."""
-        self._last = (budget, next_stage, delta)
+    def show(self, budget: DiskBudget, next_stage: Projection | None = None, delta: DiskDelta | None = None,
+             trend: DiskTrend | None = None) -> None:
+        """`delta`: what the last fired stage did to the disk, from its log's SAMAI_DISK lines;
+        `trend`: how fast it fills over the last polls."""
+        self._last = (budget, next_stage, delta, trend)
         if self.largest:
             self.show_content(Content.assemble(*largest_users(self._users, self._measured_at)))
             return
@@ -72,6 +75,9 @@ class DiskPane(Pane):
         parts: list = [*usage_bar(budget.used, budget.capacity, adds),
                        f" {units.size(budget.used)} used · {units.size(budget.free)} free of "
                        f"{units.size(budget.capacity)}\n"]
+        if trend is not None and trend.rate:
+            soon = trend.full_in is not None and trend.full_in < ALERT_S
+            parts += [("trend: ", "$foreground 60%"), (trend.text, "$error bold" if soon else ""), "\n"]
         if delta is not None:
             parts += [("last stage: ", "$foreground 60%"), visible(delta.text), "\n"]
         for a in budget.artifacts:

@@ -15,6 +15,7 @@ from functools import cached_property
 from samai.console.core import units
 from samai.console.core.budget import GB, DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
+from samai.console.core.disk_trend import DiskTrend, filling_findings
 from samai.console.core.evalcheck import EvalResult
 from samai.console.core.evalruns import EvalRun, read_eval_runs
 from samai.console.core.fixes import CLEAN, FixAction
@@ -52,14 +53,17 @@ class DetectorContext:
     # The recent GPU readings, fed this snapshot by the GPU detector: what only a sequence shows
     # (a stall) needs the same watch poll after poll. None: a fresh watch, so this snapshot alone.
     gpu: GpuWatch | None = None
+    # How fast the workspace fills, over the last polls (None: one look, as doctor's, has no trend).
+    disk_trend: DiskTrend | None = None
 
     @classmethod
     def of(cls, config: Config, snapshot: Snapshot, budget: DiskBudget | None = None, *,
            environments: tuple[PythonPackages, ...] = (),
            eval_checked: tuple[EvalRun, EvalResult | None] | None = None,
-           gpu: GpuWatch | None = None) -> DetectorContext:
+           gpu: GpuWatch | None = None, disk_trend: DiskTrend | None = None) -> DetectorContext:
         """A context on this snapshot, its budget computed unless the caller has it already."""
-        return cls(config, snapshot, budget or disk_budget(config, snapshot), environments, eval_checked, gpu)
+        return cls(config, snapshot, budget or disk_budget(config, snapshot), environments, eval_checked, gpu,
+                   disk_trend)
 
     @cached_property
     def eval_reports(self) -> tuple[list[EvalRun], list[Finding]]:
@@ -368,6 +372,11 @@ def _gpus(ctx: DetectorContext) -> list[Finding]:
     return watch.findings(ctx.snapshot)
 
 
+def _disk_filling(ctx: DetectorContext) -> list[Finding]:
+    running = [r.stage for r in ctx.snapshot.states if r.status == "running"]
+    return filling_findings(ctx.disk_trend, running)
+
+
 def _unreadable_summaries(ctx: DetectorContext) -> list[Finding]:
     return ctx.eval_reports[1]
 
@@ -392,7 +401,8 @@ EVAL_DETECTORS = ("eval",)
 def _registry() -> DetectorRegistry:
     registry = DetectorRegistry()
     for name, detector in {**SNAPSHOT_TRAPS, ENVIRONMENT_DETECTORS[0]: _torchao, "gpus": _gpus,
-                           "unreadable_summaries": _unreadable_summaries, EVAL_DETECTORS[0]: _eval}.items():
+                           "disk_filling": _disk_filling, "unreadable_summaries": _unreadable_summaries,
+                           EVAL_DETECTORS[0]: _eval}.items():
         registry.register(name, detector)
     return registry
 

@@ -23,6 +23,7 @@ from samai.console.core.detectors import (
     Finding,
     declared_binaries,
 )
+from samai.console.core.disk_trend import DiskTrend, DiskWatch
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
 from samai.console.core.evalcheck import EvalResult
 from samai.console.core.evalruns import EvalRun, newest_run
@@ -124,6 +125,7 @@ class StateUpdate:
     alerts_changed: bool = False  # an alert was raised or resolved
     disk_delta: DiskDelta | None = None  # what the last fired stage did to the disk, from its SAMAI_DISK lines
     projection: Projection | None = None  # the next stage to run: what it would do to the disk
+    disk_trend: DiskTrend | None = None  # how fast the workspace fills, and when it is full at that rate
     gpu_utilization: list[float | None] = field(default_factory=list)  # each recent poll's mean, oldest first
     shown_stage: str | None = None  # whose log the log pane shows (None: a file)
     shown_path: str | None = None  # the log pane's file, and the markers it highlights
@@ -170,6 +172,8 @@ class ConsoleState:
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
         self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
         self.gpu = GpuWatch(config)  # the recent GPU readings: a stall shows only over time
+        self.disk = DiskWatch()  # the workspace's recent use: how fast it fills
+        self.disk_trend: DiskTrend | None = None  # as of the last poll
         self.last_update: StateUpdate | None = None  # the last poll's: what a read beside the poll amends
 
     def _watch(self, stage: Stage) -> LogFollower:
@@ -220,6 +224,7 @@ class ConsoleState:
         states = self._confirm_lost(self._keep_rc_while_relaunched(snap.states))
         snap = replace(snap, artifacts=self.sizer.merge(snap.artifacts, now), states=states)
         self.snapshot, self.received_at = snap, now
+        self.disk_trend = self.disk.observe(snap)
         ctx = self.detector_context(snap)
         update = StateUpdate(snap, [], ctx.budget, self._process_rows(snap), ctx.eval_reports[0])
         resolved = self._new_runs(snap, update, now)  # before the logs: a new run's lines start it clean
@@ -245,6 +250,7 @@ class ConsoleState:
         # The first poll shows the alerts whatever came before it (one raised beside the poll waits for it).
         update.alerts_changed = bool(update.new_alerts or resolved) or self.last_update is None
         update.projection, update.gpu_utilization = self._next_projection(update), self.gpu.utilization()
+        update.disk_trend = self.disk_trend
         update.shown_stage, update.alerts, update.now = self.shown_stage, self.alerts, now
         update.shown_path = self.shown.path if self.shown else None
         update.shown_markers = self.shown_markers()
@@ -312,7 +318,7 @@ class ConsoleState:
         """What the detectors read this poll: the snapshot, and what was read apart from the poll
         (environments, the newest eval's check) or kept across polls (the GPU watch)."""
         return DetectorContext.of(self.config, snap, environments=self.environments,
-                                  eval_checked=self.eval_checked, gpu=self.gpu)
+                                  eval_checked=self.eval_checked, gpu=self.gpu, disk_trend=self.disk_trend)
 
     def _findings(self, ctx: DetectorContext, only: tuple[str, ...] | None = None) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back.
