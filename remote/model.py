@@ -327,6 +327,21 @@ class GpuReading:
 
 
 @dataclass(frozen=True)
+class Memory:
+    """The box's RAM and the memory cgroup limit its stages run under (0 / None: not known)."""
+
+    total: int = 0
+    available: int = 0
+    cgroup: str | None = None
+    limit: int | None = None
+
+    @property
+    def ceiling(self) -> int:
+        """What a stage's memory can grow to: its cgroup's limit when set below the RAM, else the RAM."""
+        return min(self.limit, self.total) if self.limit and self.total else self.limit or self.total
+
+
+@dataclass(frozen=True)
 class Snapshot:
     time: float
     host: str
@@ -345,6 +360,7 @@ class Snapshot:
     probe_pid: int | None = None
     boot_id: str | None = None
     gpus: GpuReading = GpuReading()
+    memory: Memory = Memory()
 
     @property
     def boot(self) -> Boot:
@@ -602,7 +618,18 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         probe_pid=raw.get("probe_pid"),
         boot_id=raw.get("boot_id"),
         gpus=gpu_reading(raw),
+        memory=_memory(raw.get("memory")),
     )
+
+
+def _memory(raw: Any) -> Memory:
+    """The reply's memory section; one not of the documented shape is no reading (never the snapshot's loss)."""
+    if not isinstance(raw, dict):
+        return Memory()
+    try:
+        return _pick(Memory, raw)
+    except BoxError:
+        return Memory()
 
 
 def _stage_record(raw: dict[str, Any]) -> StageRecord:

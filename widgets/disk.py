@@ -10,9 +10,9 @@ from textual.message import Message
 
 from samai.console.core import units
 from samai.console.core.budget import DiskBudget, Projection
-from samai.console.core.disk_trend import ALERT_S, DiskTrend
 from samai.console.core.diskdelta import DiskDelta
 from samai.console.core.state import StateUpdate
+from samai.console.core.trends import ALERT_S, DiskTrend
 from samai.remote.model import DiskUsers
 from samai.remote.safe_text import visible
 from samai.widgets.pane import Pane

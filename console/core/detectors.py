@@ -15,7 +15,6 @@ from functools import cached_property
 from samai.console.core import units
 from samai.console.core.budget import GB, DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
-from samai.console.core.disk_trend import DiskTrend, filling_findings
 from samai.console.core.evalcheck import EvalResult
 from samai.console.core.evalruns import EvalRun, read_eval_runs
 from samai.console.core.fixes import CLEAN, FixAction
@@ -23,6 +22,7 @@ from samai.console.core.gpu_findings import GpuWatch
 from samai.console.core.mmproj import has_mmproj, mmproj_artifact
 from samai.console.core.preflight import present_poison
 from samai.console.core.problems import Finding
+from samai.console.core.trends import DiskTrend, MemoryTrend, filling_findings, memory_findings
 from samai.remote.model import Process, PythonPackages, Snapshot
 
 __all__ = ["DETECTORS", "DetectorContext", "DetectorRegistry", "Finding", "detect"]
@@ -55,15 +55,17 @@ class DetectorContext:
     gpu: GpuWatch | None = None
     # How fast the workspace fills, over the last polls (None: one look, as doctor's, has no trend).
     disk_trend: DiskTrend | None = None
+    memory_trends: tuple[MemoryTrend, ...] = ()  # each running stage's memory growth, likewise
 
     @classmethod
     def of(cls, config: Config, snapshot: Snapshot, budget: DiskBudget | None = None, *,
            environments: tuple[PythonPackages, ...] = (),
            eval_checked: tuple[EvalRun, EvalResult | None] | None = None,
-           gpu: GpuWatch | None = None, disk_trend: DiskTrend | None = None) -> DetectorContext:
+           gpu: GpuWatch | None = None, disk_trend: DiskTrend | None = None,
+           memory_trends: tuple[MemoryTrend, ...] = ()) -> DetectorContext:
         """A context on this snapshot, its budget computed unless the caller has it already."""
         return cls(config, snapshot, budget or disk_budget(config, snapshot), environments, eval_checked, gpu,
-                   disk_trend)
+                   disk_trend, memory_trends)
 
     @cached_property
     def eval_reports(self) -> tuple[list[EvalRun], list[Finding]]:
@@ -377,6 +379,12 @@ def _disk_filling(ctx: DetectorContext) -> list[Finding]:
     return filling_findings(ctx.disk_trend, running)
 
 
+def _memory_filling(ctx: DetectorContext) -> list[Finding]:
+    mem = ctx.snapshot.memory
+    said = f"its memory cgroup's limit ({mem.cgroup})" if mem.limit and mem.ceiling == mem.limit else "the box's RAM"
+    return memory_findings(list(ctx.memory_trends), said)
+
+
 def _unreadable_summaries(ctx: DetectorContext) -> list[Finding]:
     return ctx.eval_reports[1]
 
@@ -401,7 +409,8 @@ EVAL_DETECTORS = ("eval",)
 def _registry() -> DetectorRegistry:
     registry = DetectorRegistry()
     for name, detector in {**SNAPSHOT_TRAPS, ENVIRONMENT_DETECTORS[0]: _torchao, "gpus": _gpus,
-                           "disk_filling": _disk_filling, "unreadable_summaries": _unreadable_summaries,
+                           "disk_filling": _disk_filling, "memory_filling": _memory_filling,
+                           "unreadable_summaries": _unreadable_summaries,
                            EVAL_DETECTORS[0]: _eval}.items():
         registry.register(name, detector)
     return registry

@@ -23,7 +23,6 @@ from samai.console.core.detectors import (
     Finding,
     declared_binaries,
 )
-from samai.console.core.disk_trend import DiskTrend, DiskWatch
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
 from samai.console.core.evalcheck import EvalResult
 from samai.console.core.evalruns import EvalRun, newest_run
@@ -36,6 +35,7 @@ from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, P
 from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
+from samai.console.core.trends import DiskTrend, DiskWatch, MemoryTrend, MemoryWatch
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
 from samai.remote.model import Death, Marker, Process, PythonPackages, RunStatus, Severity, Snapshot, StageRecord
 
@@ -174,6 +174,8 @@ class ConsoleState:
         self.gpu = GpuWatch(config)  # the recent GPU readings: a stall shows only over time
         self.disk = DiskWatch()  # the workspace's recent use: how fast it fills
         self.disk_trend: DiskTrend | None = None  # as of the last poll
+        self.memory = MemoryWatch()  # each running stage's memory: how fast it grows towards its limit
+        self.memory_trends: tuple[MemoryTrend, ...] = ()
         self.last_update: StateUpdate | None = None  # the last poll's: what a read beside the poll amends
 
     def _watch(self, stage: Stage) -> LogFollower:
@@ -225,6 +227,7 @@ class ConsoleState:
         snap = replace(snap, artifacts=self.sizer.merge(snap.artifacts, now), states=states)
         self.snapshot, self.received_at = snap, now
         self.disk_trend = self.disk.observe(snap)
+        self.memory_trends = tuple(self.memory.observe(snap))
         ctx = self.detector_context(snap)
         update = StateUpdate(snap, [], ctx.budget, self._process_rows(snap), ctx.eval_reports[0])
         resolved = self._new_runs(snap, update, now)  # before the logs: a new run's lines start it clean
@@ -318,7 +321,8 @@ class ConsoleState:
         """What the detectors read this poll: the snapshot, and what was read apart from the poll
         (environments, the newest eval's check) or kept across polls (the GPU watch)."""
         return DetectorContext.of(self.config, snap, environments=self.environments,
-                                  eval_checked=self.eval_checked, gpu=self.gpu, disk_trend=self.disk_trend)
+                                  eval_checked=self.eval_checked, gpu=self.gpu, disk_trend=self.disk_trend,
+                                  memory_trends=self.memory_trends)
 
     def _findings(self, ctx: DetectorContext, only: tuple[str, ...] | None = None) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back.

@@ -21,7 +21,8 @@ Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts",
         and "listing": one folder's entries (see listing), and "packages": the distributions
         installed in each Python environment asked for (packages.py); unless asked not to,
         "gpus", "gpu_error" and "gpu_driver": every GPU NVML sees, or none and why (gpus.py),
-        and "gpu_events", "gpu_events_note": the recent Xid and ECC error events (gpu_events.py)
+        and "gpu_events", "gpu_events_note": the recent Xid and ECC error events (gpu_events.py);
+        with processes, "memory": {"total", "available", "cgroup", "limit"} (memory_limits)
   The bytes read into "logs" and "ranges" entries are base64 in their "data"; or, when the
   request asks to "attach" them, raw after the JSON line, at the entry's "data_at" (answer).
 
@@ -43,6 +44,7 @@ import sys
 import time
 from typing import Any, Iterable, Mapping
 
+from .death import cgroup_memory, memory_cgroup
 from .disk import Listings, artifacts, disks, resolve, workspace_users
 from .gpus import GpuSession, read_once
 from .identity import same_start
@@ -136,6 +138,25 @@ def stage_states(workspace: str, by_pid: Mapping[int, Mapping[str, Any]], btime:
         rec["death"] = death_said(os.path.join(state_dir, name[: -len(".json")] + ".death"), rec)
         out.append(rec)
     CHAIN_MARKERS.keep_only(by_pid)
+    return out
+
+
+def memory_limits() -> dict[str, Any]:
+    """The box's RAM (/proc/meminfo) and the memory cgroup limit the probe runs under (its stages
+    run under it too, unless they move): what a stage's memory is measured against."""
+    out: dict[str, Any] = {}
+    try:
+        for line in read_regular("/proc/meminfo", 1 << 16).decode("ascii", "replace").splitlines():
+            name, _, value = line.partition(":")
+            if name in ("MemTotal", "MemAvailable"):
+                out["total" if name == "MemTotal" else "available"] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    found = memory_cgroup()
+    if found is not None:
+        limit = cgroup_memory(*found).get("limit")
+        if limit:
+            out.update(cgroup=found[1][:300], limit=limit)
     return out
 
 
@@ -434,6 +455,8 @@ def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
     reply["reports"] = reports(workspace, req.get("reports") or (), errors)
     by_pid = dict((p["pid"], p) for p in procs)
     reply["states"] = stage_states(workspace, by_pid, btime, errors) if workspace and req.get("states", True) else []
+    if req.get("processes", True):
+        reply["memory"] = memory_limits()
     if req.get("gpus", True):
         reply.update(gpu_section(memory))
     return reply

@@ -1,6 +1,7 @@
-"""See a full disk coming (issue 31, part 3): the workspace's fill rate over the last polls, the
-time until full at that rate in the disk pane, and an alert while a running stage would fill it
-soon. Fast: snapshots built here, the state polled as the app polls it."""
+"""See it coming (issue 31, part 3): the workspace's fill rate over the last polls, the time until
+full at that rate in the disk pane, and an alert while a running stage would fill it soon; a
+running stage's memory growing towards its cgroup's limit or the box's RAM, likewise. Fast:
+snapshots built here, the state polled as the app polls it; the probe's own memory reading once."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 
 from samai.console.core import config
-from samai.console.core.disk_trend import ALERT_S, DiskWatch
 from samai.console.core.state import ConsoleState
+from samai.console.core.trends import ALERT_S, DiskWatch
 from samai.widgets.disk import DiskPane
 from tests import factories
 
@@ -95,3 +96,32 @@ def test_any_readings_give_a_trend_or_none_never_a_crash(readings) -> None:
         trend = watch.observe(factories.snapshot(disks=[disk], time=factories.NOW + t))
         assert trend is None or (trend.full_in is None or trend.full_in >= 0) and trend.text
     assert ALERT_S > 0
+
+
+def test_a_stage_whose_memory_would_reach_its_cgroup_limit_soon_is_an_alert_until_it_levels() -> None:
+    from samai.remote.model import Memory
+
+    state = ConsoleState(config.parse(CFG, "(test)"))
+    mem = Memory(total=32 * GB, available=20 * GB, cgroup="/train", limit=8 * GB)
+
+    def poll(t: float, rss: int):
+        proc = factories.process(4242, rss=rss)
+        snap = factories.snapshot(processes=[proc], states=[factories.running(proc, "train")], memory=mem,
+                                  time=factories.NOW + t)
+        return state.apply(snap, [], factories.NOW + t)
+
+    for t in range(0, 60, 10):  # 20 MB/s from 6 GB: the 8 GB limit in under two minutes
+        poll(t, 6 * GB + t * 20 * MB)
+    [alert] = [a for a in state.active_alerts() if a.code == "memory_filling"]
+    assert "stage train's memory grows fast enough to reach its memory cgroup's limit (/train) (8.0 GB)" in alert.text
+    assert [t.stage for t in state.memory_trends] == ["train"] and state.memory_trends[0].full_in < 120
+    for t in range(60, 260, 10):  # it levels off: resolved
+        poll(t, 6 * GB + 60 * 20 * MB)
+    assert not [a for a in state.active_alerts() if a.code == "memory_filling"]
+    assert Memory(total=32 * GB, limit=2**63).ceiling == 32 * GB and Memory(total=16 * GB).ceiling == 16 * GB
+
+
+async def test_the_probe_reads_the_boxs_memory_and_its_limit(box) -> None:
+    snap = await box.snapshot()
+    assert snap.memory.total > 0 and 0 < snap.memory.available <= snap.memory.total
+    assert snap.memory.ceiling > 0
