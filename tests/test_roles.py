@@ -44,6 +44,8 @@ def tiny(ws: Path, edits: dict[str, str] | None = None, **roles: str) -> config.
         text = text.replace(f"[stages.{old}]\n", f"[stages.{new}]\n")
     for name, role in roles.items():
         text = text.replace(f"[stages.{name}]\n", f'[stages.{name}]\nrole = "{role}"\n')
+        if role != "train":  # only a training stage keeps checkpoints (the config refuses them elsewhere)
+            text = re.sub(rf'(\[stages\.{re.escape(name)}\]\n(?:[^\[].*\n)*?)checkpoints = .*\n', r"\1", text)
     text = text.replace('[target]\n', f'[workspace]\npath = "{ws}"\n\n[target]\npython = "{sys.executable}"\n')
     return config.parse(text, "renamed.toml")
 

@@ -146,7 +146,7 @@ async def test_a_stage_that_fails_is_an_error_quoting_its_last_marker_line(
     ended = await recorded_console.poll()
     failed = [a for a in ended.new_alerts if a.text.startswith("stage train failed")]
     assert len(failed) == 1 and failed[0].text == "stage train failed rc=1: TRAIN_NAN: 5 steps in a row, stopping"
-    assert failed[0].action == FixAction.restart("train")
+    assert failed[0].action == FixAction.resume("train")  # a training run keeps checkpoints: resumed, not redone
     assert next(s for s in ended.stages if s.name == "train").status == "failed"
 
 

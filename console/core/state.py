@@ -470,7 +470,8 @@ class ConsoleState:
             return None
         rc = f" rc={rec.rc}" if rec.rc is not None else ""
         words = self._last_said.get(stage.name)  # its own last marker line: what it said before it died
-        last = " · ".join(w for w in (death_line(death) if death else "", words or "") if w)
+        known = death is not None and not (death.cause == "exit" and rec.death is None)  # more than its rc
+        last = " · ".join(w for w in (death_line(death) if death and known else "", words or "") if w)
         said = f": {last}" if last else ""
         if stage.ports:  # a server that died on its own
             text = f"stage {stage.name}: pid {rec.pid} died ({rc.strip() or 'no rc'}){said}"
