@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -20,8 +19,7 @@ from safetensors.numpy import save_file
 from samai.console.core import config
 from samai.console.core.config import ConfigError
 from samai.remote.box import checkpoints as box_checkpoints
-from samai.remote.boxapi import Box, BoxError
-from samai.remote.local import LocalTransport
+from samai.remote.boxapi import BoxError
 
 FOLDER = "runs/train/checkpoints"
 OLD = time.time() - 60  # written a minute ago: settled
@@ -47,13 +45,6 @@ def checkpoint(ws: Path, step: int, *, weights: dict[str, np.ndarray] | None = N
         for f in folder.iterdir():
             os.utime(f, (OLD, OLD))
     return folder
-
-
-@pytest.fixture
-async def box(workspace: Path):
-    b = Box(LocalTransport(), str(workspace), python=sys.executable)
-    yield b
-    await b.close()
 
 
 async def test_the_newest_first_each_judged_whole_and_finite(box, workspace) -> None:
