@@ -392,15 +392,16 @@ class FireResult:
 
     @property
     def stage_tail(self) -> tuple[str, ...]:
-        """The stage's own last lines: log_tail without the chain's bookkeeping around them (its
-        run header, its disk lines, CHAIN_DONE) and blank lines."""
+        """The stage's own last lines: log_tail without the chain's bookkeeping around them
+        (CHAIN_LINES) and blank lines."""
         return tuple(line for line in self.log_tail if line.strip() and not line.startswith(CHAIN_LINES))
 
 
 # What the box's chain writes into a stage's log around the stage's own output (launch.py):
-# the first line of each run, the disk lines at its start and end, the last line.
+# the first line of each run, the disk lines at its start and end, what its end stopped, the
+# cause of its death (death.py) and the last line.
 RUN_HEADER = "=== samai chain "
-CHAIN_LINES = (RUN_HEADER, "SAMAI_DISK ", "CHAIN_DONE")
+CHAIN_LINES = (RUN_HEADER, "SAMAI_DISK ", "SAMAI_SURVIVORS ", "SAMAI_DEATH ", "CHAIN_DONE")
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,7 @@ async def test_the_key_of_a_running_stage_opens_its_restart(tmp_path, workspace,
         assert dialog.plan.details[0].startswith(f"stage serve is running (pid {first}): its key restarts it")
         text = _dialog_text(dialog)
         assert "restart stage serve" in text and "already running" not in text
+        assert f"port {port} is held by this stage's own run: restart stops it first" in text
         assert str(dialog.query_one("#confirm").label) == "Confirm restart"
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: _record(workspace, "serve").get("pid") not in (None, first)
@@ -155,36 +156,41 @@ async def test_the_key_of_a_running_stage_opens_its_restart(tmp_path, workspace,
 @pytest.mark.slow
 async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart_replaces_it(tmp_path, workspace,
                                                                                              port, listener):
-    # The previous run: its chain ended (CHAIN_DONE rc=0), its server (same group) still holds the port.
-    cfg = _config(tmp_path, workspace, port, serve=f"{sys.executable} {listener} {LONG_TAG} & sleep 0.3; echo launched")
+    # The previous run: its chain was killed hard (SIGKILL: its end never ran, nothing stopped its
+    # survivors), its server (same group) still holds the port.
+    cfg = _config(tmp_path, workspace, port, serve=f"{sys.executable} {listener} {LONG_TAG}")
     app = SamaiApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("v")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: "BOUND" in (workspace / "logs" / "serve.log").read_text() and not app.busy)
+        os.kill(_record(workspace, "serve")["pid"], signal.SIGKILL)
 
         def server():
             snap = app.state.snapshot
             held = [s for s in snap.listeners if s.port == port and s.pid] if not app.busy else []
-            return snap.process(held[0].pid) if held and snap.state("serve") else None
+            rec = snap.state("serve")
+            return snap.process(held[0].pid) if held and rec and rec.status != "running" else None
 
         holder = await pilot_until(pilot, server)
-        assert LONG_TAG in holder.command and "CHAIN_DONE rc=0" in (workspace / "logs" / "serve.log").read_text()
+        assert LONG_TAG in holder.command and "CHAIN_DONE" not in (workspace / "logs" / "serve.log").read_text()
         pre = preflight(cfg, app.state.snapshot, cfg.stage("serve"))
         check = next(c for c in pre.checks if f"port {port}" in c.text)
-        assert check.severity == "warning" and "this stage's own run: restart stops it first" in check.text
+        assert check.severity == "warning" and "held (this stage's previous run): will be stopped first" in check.text
         assert f"pid {holder.pid}" in check.text and holder.command in check.text  # whole, not cut at 50
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.start_time))
         assert re.search(rf"started {re.escape(when)} \(\d+s ago\)", check.text)
         assert str(int(holder.start_time)) not in check.text  # no raw epoch
 
-        await pilot.press("v")  # its key offers the restart, which stops the old server with its group
+        await pilot.press("v")  # its key offers the fire, which stops the old server first, by pid and start time
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
-        assert dialog.plan.action == "restart" and not dialog.plan.blocked
+        assert dialog.plan.action == "fire" and not dialog.plan.blocked
+        assert [h.pid for h in dialog.plan.holders] == [holder.pid]
         text = _dialog_text(dialog)
         assert holder.command in text and f"started {when} (" in text and "✗" not in text
-        assert str(dialog.query_one("#confirm").label) == "Confirm restart"
+        assert str(dialog.query_one("#confirm").label) == "Confirm fire"
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: not psutil.pid_exists(holder.pid)
                      or psutil.Process(holder.pid).status() == "zombie")

@@ -428,11 +428,11 @@ async def test_runs_that_die_after_step_4_pass_nowhere_downstream(pipeline_ws: P
 
 
 async def _downstream_refuses_the_poison(box: Box, cfg: config.Config, ws: Path) -> None:
-    """Past the file gate by hand (the diverged run's last checkpoint put in place as final/, its
+    """Past the file gate by hand (the diverged run's newest checkpoint put in place as final/, its
     TRAIN_NAN deleted), merge still refuses the nan adapter; convert and quantize refuse nan input."""
     run_dir = ws / "runs" / "train"
-    (checkpoint,) = (run_dir / "checkpoints").glob("checkpoint-*")
-    checkpoint.rename(run_dir / "final")
+    *_, checkpoint = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    checkpoint.rename(run_dir / "final")  # the newest: the Trainer keeps the last --save-total-limit
     (run_dir / "TRAIN_NAN").unlink()
     (run_dir / "TRAIN_DONE").write_text("forged\n")
     log = await run_stage(box, cfg, "merge")

@@ -27,6 +27,7 @@ from samai.console.core.state import ConsoleState
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
 from samai.remote.model import LogChunk, Snapshot, checked_cursor
+from samai.widgets.disk import BAR_WIDTH, usage_bar
 from samai.widgets.evals import EvalTable
 from samai.widgets.logview import LogView
 from tests import factories
@@ -250,6 +251,16 @@ async def test_the_tui_shows_the_box_whatever_its_files_hold(tiny, workspace) ->
 
 
 # ---------------------------------------------------------------- the panes, shown any snapshot
+
+
+@FUZZ
+@given(used=st.sampled_from(HOSTILE_INTS) | st.integers(), total=st.sampled_from(HOSTILE_INTS) | st.integers(),
+       adds=st.sampled_from(HOSTILE_INTS) | st.integers())
+def test_the_disk_bar_is_its_width_whatever_the_box_says(used: int, total: int, adds: int) -> None:
+    # A negative used once made the free part of the bar 2**63 cells long (half a gigabyte of
+    # text for the pane to lay out: the screen froze).
+    bar = usage_bar(used, total, adds)
+    assert sum(len(text) for text, _ in bar) == BAR_WIDTH
 
 
 @pytest.mark.slow

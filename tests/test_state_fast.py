@@ -10,6 +10,7 @@ import time
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.fixes import FixAction
+from samai.console.core.state import FIRE_FAILED, RUN_ENDED, run_error
 from samai.remote.transport import TransportError
 from tests import factories
 from tests.replay_transport import ReplayConsole, ReplayTransport
@@ -148,6 +149,44 @@ async def test_a_stage_that_fails_is_an_error_quoting_its_last_marker_line(
     assert len(failed) == 1 and failed[0].text == "stage train failed rc=1: TRAIN_NAN: 5 steps in a row, stopping"
     assert failed[0].action == FixAction.resume("train")  # a training run keeps checkpoints: resumed, not redone
     assert next(s for s in ended.stages if s.name == "train").status == "failed"
+
+
+def _fire_failed(state, now: float):
+    run = next(s for s in state.snapshot.states if s.stage == "train").fired_at
+    return run_error(now, "stage train failed: chain exited with rc=2 · cannot reach it", "train", run, FIRE_FAILED)
+
+
+def _ends(box: ReplayTransport, **fields) -> None:
+    box.set_state("train", alive=False, rc=2, group=(), **fields)
+    box.remove("processes", pgid=4242)
+
+
+async def test_a_fires_failure_replaces_the_polls_alert_of_the_same_runs_end(
+        recorded_console: ReplayConsole, recorded_box: ReplayTransport) -> None:
+    """A fire whose chain fails within its verify window is said by the fire (with the stage's
+    last words) and may be seen ending by a poll first: one failure, one alert."""
+    state = recorded_console.state
+    await recorded_console.poll()
+    _ends(recorded_box, death={"cause": "exit", "detail": "exit status 2: EVAL_RC=2 nothing asked",
+                               "evidence": ["EVAL_RC=2 nothing asked"]})
+    ended = await recorded_console.poll()
+    (said,) = [a for a in ended.new_alerts if a.stage == "train" and a.code == RUN_ENDED]
+    assert said.text == "stage train failed rc=2: EVAL_RC=2 nothing asked"  # an exit's words, not "exit: …"
+    fired = _fire_failed(state, ended.now)
+    assert state.raise_alert(fired, ended.now) is not None
+    assert [a for a in state.active_alerts() if a.code in (RUN_ENDED, FIRE_FAILED)] == [fired]
+
+
+async def test_a_poll_that_sees_a_failed_fires_run_end_adds_no_second_alert(
+        recorded_console: ReplayConsole, recorded_box: ReplayTransport) -> None:
+    state = recorded_console.state
+    first = await recorded_console.poll()
+    state.raise_alert(_fire_failed(state, first.now), first.now)
+    _ends(recorded_box)
+    later = await recorded_console.poll()
+    assert not [a for a in later.new_alerts if a.code == RUN_ENDED]
+    assert next(s for s in later.stages if s.name == "train").status == "failed"
+    assert [a.code for a in state.active_alerts() if a.code in (RUN_ENDED, FIRE_FAILED)] == [FIRE_FAILED]
 
 
 async def test_a_chain_gone_without_its_rc_is_lost_only_once_two_polls_agree(

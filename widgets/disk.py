@@ -20,11 +20,17 @@ from samai.widgets.pane import Pane
 BAR_WIDTH = 16
 
 
+def cells(part: int, total: int, room: int, width: int = BAR_WIDTH) -> int:
+    """The cells of a bar `width` wide that part of total takes, within the room left: whatever
+    the box says (a negative or absurd figure), never more than the room, never fewer than none."""
+    return max(0, min(room, round(width * part / total)))
+
+
 def usage_bar(used: int, total: int, adds: int = 0, width: int = BAR_WIDTH) -> list:
     if total <= 0:
         return [("?" * width, "$foreground 50%")]
-    cells_used = min(width, round(width * used / total))
-    cells_add = min(width - cells_used, round(width * adds / total))
+    cells_used = cells(used, total, width, width)
+    cells_add = cells(adds, total, width - cells_used, width)
     style = "$error" if used / total > 0.9 else "$warning" if used / total > 0.75 else "$success"
     return [("█" * cells_used, style), ("▒" * cells_add, "$accent"), ("·" * (width - cells_used - cells_add),
                                                                          "$foreground 40%")]

@@ -52,6 +52,13 @@ def death_line(death: Death) -> str:
     return visible(death.line)[:SHOWN_CHARS]
 
 
+def exit_words(death: Death | None) -> str:
+    """A plain exit's last line of the stage (the rc says the rest), bounded and visible."""
+    if death is None or death.cause != "exit" or not death.evidence:
+        return ""
+    return visible(death.evidence[-1])[:SHOWN_CHARS]
+
+
 def death_json(death: Death | None) -> dict | None:
     return None if death is None else {"cause": death.cause, "detail": death.detail,
                                        "evidence": list(death.evidence)}

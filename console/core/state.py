@@ -13,7 +13,7 @@ from typing import Literal
 from samai.console.core.budget import DiskBudget, Projection, project, workspace_disk
 from samai.console.core.chunked_lines import piece_follower
 from samai.console.core.config import CHAIN_DONE, Config, Stage
-from samai.console.core.death import cause_of_death, death_line
+from samai.console.core.death import cause_of_death, death_line, exit_words
 from samai.console.core.detectors import (
     DETECTORS,
     ENVIRONMENT_DETECTORS,
@@ -63,6 +63,10 @@ class Alert:
     @property
     def active(self) -> bool:
         return self.resolved_at is None
+
+
+RUN_ENDED = "run_ended"  # the alert of a run seen running that ended badly (ConsoleState._ended)
+FIRE_FAILED = "fire_failed"  # the alert of a fire whose chain failed at once (box_actions.py)
 
 
 def run_error(at: float, text: str, stage: str, run: float | None, code: str = "") -> Alert:
@@ -466,22 +470,26 @@ class ConsoleState:
             return Alert(at, "info", f"stage {stage.name} done", stage.name, run=run)
         if status == "stopped":
             return Alert(at, "info", f"stage {stage.name} stopped by the operator", stage.name, run=run)
-        if status not in ("failed", "lost", "orphaned"):
+        if status not in ("failed", "lost", "orphaned") or self._said_by_fire(stage.name, run):
             return None
         rc = f" rc={rec.rc}" if rec.rc is not None else ""
         words = self._last_said.get(stage.name)  # its own last marker line: what it said before it died
-        known = death is not None and not (death.cause == "exit" and rec.death is None)  # more than its rc
-        last = " · ".join(w for w in (death_line(death) if death and known else "", words or "") if w)
+        cause = death_line(death) if death and death.cause != "exit" else ""  # an exit says no more than its rc
+        last = " · ".join(w for w in (cause, words or exit_words(death)) if w)
         said = f": {last}" if last else ""
         if stage.ports:  # a server that died on its own
             text = f"stage {stage.name}: pid {rec.pid} died ({rc.strip() or 'no rc'}){said}"
         else:
             text = f"stage {stage.name} {status}{rc}{said}"
-        alert = self._run_alert(stage.name, "error", text)
+        alert = self._run_alert(stage.name, "error", text, RUN_ENDED)
         if stage.checkpoints and stage.role == "train":  # recover from its last good state, not from step 0
             alert = replace(alert, action=FixAction.resume(stage.name),
                             hint="l log · x resume from its last good checkpoint · r restart from step 0")
         return alert
+
+    def _said_by_fire(self, stage: str, run: float | None) -> bool:
+        """Whether that run's failure is already an alert: its fire's (one failure, one alert)."""
+        return any(a.active and a.code == FIRE_FAILED and a.stage == stage and a.run == run for a in self.alerts)
 
     def _process_rows(self, snap: Snapshot) -> list[ProcessRow]:
         stage_of = {rec.pgid: rec.stage for rec in snap.states}
@@ -513,7 +521,12 @@ class ConsoleState:
     # Each returns what the panes show of it (None: nothing to show now), like apply does for a poll.
 
     def raise_alert(self, alert: Alert, now: float) -> StateUpdate | None:
-        """An alert raised outside a poll (a failed fire, the box gone quiet)."""
+        """An alert raised outside a poll (a failed fire, the box gone quiet). A failed fire's
+        alert replaces a poll's alert of the same run's end: one failure, one alert, the one
+        with the stage's last words."""
+        if alert.code == FIRE_FAILED and alert.run is not None:
+            self.alerts = [a for a in self.alerts if not (a.active and a.code == RUN_ENDED and a.stage == alert.stage
+                                                          and a.run == alert.run)]
         self.raise_alerts([alert])
         return self._beside_poll([alert], now)
 

@@ -79,13 +79,13 @@ class ActionKeys(LogKeys):
         self.open_stage_log(stage)
 
     async def _alert_failed_fire(self, outcome: ActionOutcome) -> None:
-        from samai.console.core.state import run_error
+        from samai.console.core.state import FIRE_FAILED, run_error
 
         # The stage's own last words, not the chain's bookkeeping around them.
         tail = [line[:200] for line in getattr(outcome.result, "stage_tail", ())]
         text = " · ".join([outcome.message, *tail[-2:]])
         stage = outcome.plan.stage or ""
-        alert = run_error(self.clock(), text, stage, await self._run_fired(outcome))
+        alert = run_error(self.clock(), text, stage, await self._run_fired(outcome), FIRE_FAILED)
         self.show_beside_poll(self.state.raise_alert(alert, self.clock()))
 
     async def _run_fired(self, outcome: ActionOutcome) -> float | None:
