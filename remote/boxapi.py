@@ -216,10 +216,11 @@ class Box:
                    "packages": [{"python": p, "names": list(names)} for p in pythons]}
         return model.python_packages(await self.ask_probe(request))
 
-    async def checkpoints(self, folder: str) -> model.Checkpoints:
+    async def checkpoints(self, folder: str, *, weights: bool = True) -> model.Checkpoints:
         """A training run's checkpoint-STEP folders under `folder` (in the workspace), newest
-        first, each judged whole and finite by the box (box/checkpoints.py)."""
-        request = {"workspace": self.workspace, "folder": folder}
+        first, each judged whole and finite by the box (box/checkpoints.py). weights=False: their
+        sizes and completeness only (finite None), without reading the adapters."""
+        request = {"workspace": self.workspace, "folder": folder, "weights": weights}
         return model.checkpoints(await self.call_readonly("checkpoints.py", request))
 
     async def read_log(self, cursor: LogCursor) -> LogChunk:

@@ -91,7 +91,7 @@ def test_each_fix_names_a_registered_kind_and_an_app_method_that_takes_it() -> N
 
     proc = _process()
     made = {FixAction.kill(proc), FixAction.stop("train"), FixAction.restart("train"), FixAction.resume("train"),
-            CLEAN, FixAction.uninstall("/venv/bin/python", "torchao")}
+            FixAction.prune("train"), CLEAN, FixAction.uninstall("/venv/bin/python", "torchao")}
     assert {f.kind for f in made} == set(FIXES) and set(FIXES) <= set(PLANS)
     for fix in made:
         method, args = fix.call

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +43,13 @@ def checkpoint(ws: Path, step: int, *, weights: dict[str, np.ndarray] | None = N
     if extra:
         (folder / extra).write_bytes(b"half")
     if settled:
-        for f in folder.iterdir():
-            os.utime(f, (OLD, OLD))
+        settle(folder)
+    return folder
+
+
+def settle(folder: Path) -> Path:
+    for f in folder.iterdir():
+        os.utime(f, (OLD, OLD))
     return folder
 
 
@@ -65,7 +71,31 @@ async def test_the_newest_first_each_judged_whole_and_finite(box, workspace) -> 
     assert not by_step[800].complete and by_step[800].missing == ("optimizer.pt or optimizer.bin or global_step*",)
     assert not by_step[1200].complete and by_step[1200].temporary == ("adapter_model.safetensors.tmp",)
     assert by_step[1600].complete and by_step[1600].finite is False and by_step[1600].nonfinite == ("lora_B",)
-    assert not by_step[2000].complete and by_step[2000].settling
+    assert by_step[2000].complete and by_step[2000].settling  # whole: whether a save is under way, the console weighs
+
+
+def _zip(path: Path, cut: int = 0) -> None:
+    """A torch file as torch.save writes one since 1.6 (a zip archive), cut short by `cut` bytes."""
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00." * 200)
+        z.writestr("archive/data/0", os.urandom(4096))
+    if cut:
+        data = path.read_bytes()
+        path.write_bytes(data[:-cut])
+
+
+async def test_a_save_cut_short_is_not_whole(box, workspace) -> None:
+    _zip(checkpoint(workspace, 100) / "optimizer.pt")
+    _zip(checkpoint(workspace, 200) / "optimizer.pt", cut=30)  # the end record gone
+    (checkpoint(workspace, 300) / "trainer_state.json").write_text('{"global_step": 300, "log_hist')
+    for step in (100, 200, 300):
+        settle(workspace / FOLDER / f"checkpoint-{step}")
+    by_step = {c.step: c for c in (await box.checkpoints(FOLDER)).checkpoints}
+    assert by_step[100].complete and not by_step[100].problems
+    assert not by_step[200].complete and by_step[200].problems == ("optimizer.pt is cut short (its zip has no end "
+                                                                   "record)",)
+    assert not by_step[300].complete
+    assert by_step[300].problems == ("trainer_state.json does not parse as a JSON object",)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

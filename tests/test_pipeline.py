@@ -763,8 +763,6 @@ async def test_the_vlm_pipeline_end_to_end_from_the_keys(pipeline_ws: Path, spaw
         await pilot_until(pilot, lambda: any(a.active and a.code == "serve_without_mmproj" for a in app.state.alerts))
 
 
-@pytest.mark.skip(reason="issue 31, open: on the real tiny pipeline the died alert offers the resume, but x opens "
-                  "no dialog yet (the choice is refused there: to be found)")
 async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_the_keys(pipeline_ws: Path) -> None:
     """Issue 31: the train run is killed from outside after its second checkpoint; its alert
     says why and offers the resume; `x` and the dialog continue it from a checkpoint, and it

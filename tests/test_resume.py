@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,140 @@ def test_the_choice_is_the_newest_fit_checkpoint_and_every_newer_one_says_why(ck
     assert choice.path == (f"ck/{choice.chosen.name}" if choice.chosen else "")
     if choice.chosen is None:
         assert choice.why_none()
+
+
+def test_a_checkpoint_written_a_moment_ago_is_passed_over_only_while_its_run_still_runs() -> None:
+    """A dead run writes nothing more: its newest checkpoint is as whole as it looks, however
+    recent (the tiny run's last three were all under a second old when it was killed)."""
+    fresh = model.Checkpoint("checkpoint-20", 20, 1000.0, 10, 8, True, settling=True, finite=True,
+                             problems=("written 1 s ago: a save may still be under way",))
+    settled = model.Checkpoint("checkpoint-16", 16, 990.0, 10, 8, True, finite=True)
+    found = model.Checkpoints("ck", (fresh, settled))
+    assert resume.choose(found, []).chosen == fresh
+    running = resume.choose(found, [], writing=True)
+    assert running.chosen == settled and "a save may be under way" in running.passed[0].why
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(CHECKPOINTS, st.integers(0, 4), st.integers(0, 10))
+def test_a_prune_keeps_the_newest_few_and_the_resumes_and_deletes_only_the_rest(cks, keep, pick) -> None:
+    found = model.Checkpoints("ck", tuple(sorted(cks, key=lambda c: c.step, reverse=True)))
+    chosen = found.checkpoints[pick] if pick < len(found.checkpoints) else None
+    choice = resume.prunable(found, chosen, keep)
+    assert set(choice.deleted) | set(choice.kept) == set(found.checkpoints)
+    assert not set(choice.deleted) & set(choice.kept)
+    assert chosen is None or chosen in choice.kept
+    assert set(found.checkpoints[:keep]) <= set(choice.kept)
+    assert choice.paths() == tuple(f"ck/{c.name}" for c in choice.deleted)
+
+
+async def test_the_prune_plan_deletes_the_old_checkpoints_never_the_one_a_resume_takes(ws: Path,
+                                                                                      tmp_path: Path) -> None:
+    """Steps 4, 8, 12 and 16; the log sick from step 10: a resume takes checkpoint-8, so a prune to
+    the newest two (16, 12) keeps 8 too, and deletes only 4."""
+    checkpoint(ws, 16)
+    cfg = config.load(ws / "samai.toml")
+    box = Box(LocalTransport(), str(ws), python=sys.executable)
+    shown = []
+
+    async def confirm(plan):
+        shown.append(plan)
+        return Decision.confirmed(plan, "test")
+
+    try:
+        actions = Actions(box, cfg, AuditLog(tmp_path / "audit.jsonl"), readonly=False, confirm=confirm)
+        outcome = await actions.prune("sft", keep=2)
+        assert outcome.ok, outcome.message
+        [plan] = shown
+        assert plan.action == "prune" and plan.paths == (f"{FOLDER}/checkpoint-4",)
+        assert "kept checkpoint-8 (step 8): a resume would take it" in plan.details
+        assert "kept checkpoint-16 (step 16)" in plan.details and "rm -rf -- " in plan.command
+        assert sorted(p.name for p in (ws / FOLDER).iterdir()) == ["checkpoint-12", "checkpoint-16", "checkpoint-8"]
+        assert '"action": "prune"' in (tmp_path / "audit.jsonl").read_text()
+        with pytest.raises(resume.NothingToPrune, match="none older than the newest 3"):
+            await actions.plan_prune("sft", keep=3)
+    finally:
+        await box.close()
+
+
+# ---------------------------------------------------------------- the next checkpoint: will it fit?
+
+MB = 1 << 20
+
+
+def _listed(*sizes: int) -> model.Checkpoints:
+    return model.Checkpoints(FOLDER, tuple(model.Checkpoint(f"checkpoint-{4 * (len(sizes) - i)}", 4 * (len(sizes) - i),
+                                                             1000.0, size, 8, True, finite=None)
+                                           for i, size in enumerate(sizes)))
+
+
+def _running_state(free: int) -> tuple[ConsoleState, model.Snapshot]:
+    text = config_text(Path("/ws")).replace(f"{sys.executable} recorder.py", "python train.py")
+    text += "[budget]\nreserve_gb = 0.5\n"
+    state = ConsoleState(config.parse(text, "(test)"))
+    proc = factories.process(4242)
+    snap = factories.snapshot(processes=[proc], states=[factories.running(proc, "sft")],
+                              disks=[factories.disk(free=free)])
+    return state, snap
+
+
+def test_a_running_runs_next_checkpoint_that_will_not_fit_is_an_alert_whose_fix_is_the_prune() -> None:
+    state, snap = _running_state(free=300 * MB)
+    state.apply(snap, [], 1.0)
+    assert [s.name for s in state.checkpoints_due(1.0)] == ["sft"]
+    assert state.checkpoints_due(2.0) == []  # asked for: not again before CHECKPOINT_READ_S
+    shown = state.read_checkpoints("sft", _listed(400 * MB, 390 * MB, 100 * MB), 3.0)
+    assert shown is not None
+    [alert] = [a for a in shown.new_alerts if a.code == "checkpoint_wont_fit"]
+    assert alert.severity == "error" and alert.action == FixAction.prune("sft")
+    assert "about 419.4 MB, as its last ones" in alert.text and "will not fit" in alert.text
+    assert "older than the newest 2" in alert.text and alert.hint == "x fix"
+    # the disk freed (the prune ran): the next poll resolves it; room but under the reserve: a warning
+    state.apply(factories.snapshot(processes=snap.processes, states=snap.states,
+                                   disks=[factories.disk(free=600 * MB)]), [], 4.0)
+    assert not [a for a in state.active_alerts() if a.code == "checkpoint_wont_fit" and a.severity == "error"]
+    [warning] = [a for a in state.active_alerts() if a.code == "checkpoint_wont_fit"]
+    assert warning.severity == "warning" and "less than the disk reserve" in warning.text
+    state.apply(factories.snapshot(processes=snap.processes, states=snap.states,
+                                   disks=[factories.disk(free=2000 * MB)]), [], 5.0)
+    assert not [a for a in state.active_alerts() if a.code == "checkpoint_wont_fit"]
+
+
+def test_a_run_that_is_not_running_has_no_next_checkpoint() -> None:
+    state, snap = _running_state(free=10 * MB)
+    state.apply(factories.snapshot(states=[factories.stage_record("sft", rc=1)], disks=snap.disks), [], 1.0)
+    assert state.checkpoints_due(1.0) == []
+    assert state.read_checkpoints("sft", _listed(400 * MB), 2.0) is None
+    assert not [a for a in state.active_alerts() if a.code == "checkpoint_wont_fit"]
+
+
+@pytest.mark.slow
+async def test_the_prune_from_the_alert_deletes_the_old_checkpoints_and_keeps_the_resumes(ws: Path) -> None:
+    """A running run whose next checkpoint will not fit in a small quota (capacity_gb): the alert,
+    `x`, the prune's dialog naming what it keeps, and the old checkpoints gone from the box."""
+    from samai.console.app import SamaiApp
+    from samai.console.screens.dialogs import ConfirmDialog
+    from tests.helpers import pilot_until
+
+    checkpoint(ws, 16)
+    size = sum(f.stat().st_size for f in (ws / FOLDER / "checkpoint-16").iterdir())
+    text = config_text(ws).replace("recorder.py", "-c 'import time; time.sleep(60)'")
+    (ws / "samai.toml").write_text(text + f"[budget]\ncapacity_gb = {size * 0.5 / 1e9:.9f}\nreserve_gb = 0\n")
+    cfg = config.load(ws / "samai.toml")
+    box = Box(LocalTransport(), str(ws), python=sys.executable)
+    try:
+        assert (await box.fire("sft", cfg.stage("sft").command, "logs/train.log")).ok
+    finally:
+        await box.close()
+    app = SamaiApp(replace(cfg, target=replace(cfg.target, poll_interval=0.3)))
+    async with app.run_test(size=(150, 45)) as pilot:
+        alert = await pilot_until(pilot, lambda: next((a for a in app.state.active_alerts()
+                                                       if a.code == "checkpoint_wont_fit"), None))
+        assert alert.severity == "error" and alert.action == FixAction.prune("sft")
+        await pilot.press("x")
+        dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen)
+        assert dialog.plan.action == "prune" and dialog.plan.paths == (f"{FOLDER}/checkpoint-4",)
+        assert "kept checkpoint-8 (step 8): a resume would take it" in dialog.plan.details
+        await pilot.click("#confirm")
+        await pilot_until(pilot, lambda: not (ws / FOLDER / "checkpoint-4").exists())
+        assert sorted(p.name for p in (ws / FOLDER).iterdir()) == ["checkpoint-12", "checkpoint-16", "checkpoint-8"]

@@ -48,7 +48,7 @@ from samai.console.core.preflight.evidence import training_evidence
 from samai.console.core.preflight.mmproj import projector_evidence
 from samai.console.core.preflight.nodes import multi_node_checks
 from samai.console.core.redact import redact, redact_assignment
-from samai.console.core.resume import NothingToResume, resume_choice
+from samai.console.core.resume import PRUNE_KEEP, NothingToResume, prune_choice, resume_choice
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import (
     Boot,
@@ -272,6 +272,15 @@ class CleanPlan(ActionPlan):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrunePlan(CleanPlan):
+    """A training run's older checkpoints deleted, the newest few and the one a resume would take
+    kept (each named in details)."""
+
+    kind: ClassVar[ActionKind] = ActionKind.PRUNE
+    stage: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class UninstallPlan(ActionPlan):
     """`PYTHON -m pip uninstall -y PACKAGE`, run like a stage: detached, its own log, verified."""
 
@@ -423,10 +432,11 @@ class Actions:
         with the reason when it is not fit): its poison files cleared, the disk its next
         checkpoint needs checked against what is free."""
         stage = self._stage(stage_name)
-        choice = await resume_choice(self.box, self.config, stage, checkpoint)
+        snap = await self._stage_snapshot()
+        choice = await resume_choice(self.box, self.config, stage, checkpoint,
+                                     writing=bool(snap and _alive(snap, stage.name)))
         if choice.chosen is None:
             raise NothingToResume(choice.why_none())
-        snap = await self._stage_snapshot()
         base = await self.plan_restart(stage_name, clear=present_poison(stage, snap) if snap else (), grace=grace)
         chain = f"{stage.command} --resume-from {shlex.quote(choice.path)}"
         ck = choice.chosen
@@ -436,6 +446,21 @@ class Actions:
         return ResumePlan(**dict(fields_of, command=base.command.replace(f"fire: {stage.command}", f"fire: {chain}"),
                                  chain=chain, details=details, checks=base.checks + _next_checkpoint_check(ck, snap)),
                           checkpoint=choice.path)
+
+    async def plan_prune(self, stage_name: str, keep: int = PRUNE_KEEP) -> PrunePlan:
+        """Delete a train stage's checkpoints older than its newest `keep`, never the one a resume
+        would take (NothingToPrune when none may go)."""
+        stage = self._stage(stage_name)
+        snap = await self._snapshot()
+        choice = await prune_choice(self.box, self.config, stage, keep,
+                                    writing=bool(snap and _alive(snap, stage.name)))
+        paths = choice.paths()
+        clean = self.plan_clean(paths, why=f"{stage.name}'s checkpoints older than its newest {keep}",
+                                sizes={posixpath.join(choice.folder, c.name): c.bytes for c in choice.deleted})
+        kept = [f"kept {c.name} (step {c.step}){': a resume would take it' if c == choice.resume else ''}"
+                for c in choice.kept]
+        return PrunePlan(target=clean.target, subject=clean.subject, command=clean.command,
+                         details=(*kept, *clean.details), checks=clean.checks, paths=paths, stage=stage.name)
 
     def plan_stop(self, stage_name: str, *, grace: float = 10.0) -> StopPlan:
         stage = self._stage(stage_name)
@@ -564,6 +589,9 @@ class Actions:
     async def clean(self, paths: Sequence[str], *, why: str = "", sizes: Mapping[str, int] | None = None
                     ) -> ActionOutcome:
         return await self.confirm_and_run(self.plan_clean(paths, why=why, sizes=sizes))
+
+    async def prune(self, stage_name: str, keep: int = PRUNE_KEEP) -> ActionOutcome:
+        return await self.confirm_and_run(await self.plan_prune(stage_name, keep))
 
     async def confirm_and_run(self, plan: ActionPlan) -> ActionOutcome:
         """Ask the front end about this plan (unless it is refused anyway), then run it."""

@@ -22,8 +22,14 @@ from samai.console.core.gpu_findings import GpuWatch
 from samai.console.core.mmproj import has_mmproj, mmproj_artifact
 from samai.console.core.preflight import present_poison
 from samai.console.core.problems import Finding
-from samai.console.core.trends import DiskTrend, MemoryTrend, filling_findings, memory_findings
-from samai.remote.model import Process, PythonPackages, Snapshot
+from samai.console.core.trends import (
+    DiskTrend,
+    MemoryTrend,
+    checkpoint_findings,
+    filling_findings,
+    memory_findings,
+)
+from samai.remote.model import Checkpoints, Process, PythonPackages, Snapshot
 
 __all__ = ["DETECTORS", "DetectorContext", "DetectorRegistry", "Finding", "detect"]
 
@@ -56,16 +62,19 @@ class DetectorContext:
     # How fast the workspace fills, over the last polls (None: one look, as doctor's, has no trend).
     disk_trend: DiskTrend | None = None
     memory_trends: tuple[MemoryTrend, ...] = ()  # each running stage's memory growth, likewise
+    # The running training runs' checkpoints as last listed (sizes only), by stage: read apart from the poll.
+    checkpoints: tuple[tuple[str, Checkpoints], ...] = ()
 
     @classmethod
     def of(cls, config: Config, snapshot: Snapshot, budget: DiskBudget | None = None, *,
            environments: tuple[PythonPackages, ...] = (),
            eval_checked: tuple[EvalRun, EvalResult | None] | None = None,
            gpu: GpuWatch | None = None, disk_trend: DiskTrend | None = None,
-           memory_trends: tuple[MemoryTrend, ...] = ()) -> DetectorContext:
+           memory_trends: tuple[MemoryTrend, ...] = (),
+           checkpoints: tuple[tuple[str, Checkpoints], ...] = ()) -> DetectorContext:
         """A context on this snapshot, its budget computed unless the caller has it already."""
         return cls(config, snapshot, budget or disk_budget(config, snapshot), environments, eval_checked, gpu,
-                   disk_trend, memory_trends)
+                   disk_trend, memory_trends, checkpoints)
 
     @cached_property
     def eval_reports(self) -> tuple[list[EvalRun], list[Finding]]:
@@ -385,6 +394,11 @@ def _memory_filling(ctx: DetectorContext) -> list[Finding]:
     return memory_findings(list(ctx.memory_trends), said)
 
 
+def _checkpoint_space(ctx: DetectorContext) -> list[Finding]:
+    return checkpoint_findings(dict(ctx.checkpoints), ctx.snapshot, ctx.budget,
+                               int(ctx.config.budget.reserve_gb * GB))
+
+
 def _unreadable_summaries(ctx: DetectorContext) -> list[Finding]:
     return ctx.eval_reports[1]
 
@@ -404,12 +418,14 @@ SNAPSHOT_TRAPS: dict[str, Detector] = {
 # The detectors of what is read apart from the poll: judged again when it has been read.
 ENVIRONMENT_DETECTORS = ("torchao_beside_peft",)
 EVAL_DETECTORS = ("eval",)
+CHECKPOINT_DETECTORS = ("checkpoint_space",)
 
 
 def _registry() -> DetectorRegistry:
     registry = DetectorRegistry()
     for name, detector in {**SNAPSHOT_TRAPS, ENVIRONMENT_DETECTORS[0]: _torchao, "gpus": _gpus,
                            "disk_filling": _disk_filling, "memory_filling": _memory_filling,
+                           CHECKPOINT_DETECTORS[0]: _checkpoint_space,
                            "unreadable_summaries": _unreadable_summaries,
                            EVAL_DETECTORS[0]: _eval}.items():
         registry.register(name, detector)

@@ -27,6 +27,7 @@ FIXES: Mapping[ActionKind, FixKind] = MappingProxyType({
     ActionKind.RESTART: FixKind(("stage",), "action_restart", ("stage",)),
     ActionKind.RESUME: FixKind(("stage",), "action_resume", ("stage",)),
     ActionKind.CLEAN: FixKind((), "action_clean", ()),
+    ActionKind.PRUNE: FixKind(("stage",), "action_prune", ("stage",)),
     ActionKind.UNINSTALL: FixKind(("package", "python"), "action_uninstall", ("python", "package")),
 })
 
@@ -34,7 +35,7 @@ FIXES: Mapping[ActionKind, FixKind] = MappingProxyType({
 @dataclass(frozen=True)
 class FixAction:
     kind: ActionKind  # one of FIXES (a name of one is taken too); any other is a ValueError
-    stage: str = ""  # stop, restart, resume: the stage
+    stage: str = ""  # stop, restart, resume, prune: the stage
     pid: int = 0  # kill: the process, as it was when the alert was raised
     start_time: float = 0.0
     python: str = ""  # uninstall: the environment's interpreter, as the stages name it
@@ -63,6 +64,10 @@ class FixAction:
         return cls(ActionKind.RESUME, stage=stage)
 
     @classmethod
+    def prune(cls, stage: str) -> FixAction:
+        return cls(ActionKind.PRUNE, stage=stage)
+
+    @classmethod
     def uninstall(cls, python: str, package: str) -> FixAction:
         return cls(ActionKind.UNINSTALL, python=python, package=package)
 
@@ -73,7 +78,8 @@ class FixAction:
         return fix.method, tuple(getattr(self, name) for name in fix.args)
 
     def __str__(self) -> str:
-        """As `doctor` prints it: kill PID START, stop STAGE, restart STAGE, clean, uninstall PACKAGE PYTHON."""
+        """As `doctor` prints it: kill PID START, stop STAGE, restart STAGE, resume STAGE, clean,
+        prune STAGE, uninstall PACKAGE PYTHON."""
         return " ".join([self.kind.value, *(str(getattr(self, name)) for name in FIXES[self.kind].shown)]).rstrip()
 
 

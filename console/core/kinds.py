@@ -15,5 +15,6 @@ class ActionKind(StrEnum):
     STOP = "stop"
     KILL = "kill"
     CLEAN = "clean"
+    PRUNE = "prune"  # a training run's older checkpoints deleted (a clean of them)
     UNINSTALL = "uninstall"
     GGUF = "gguf"

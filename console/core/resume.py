@@ -4,7 +4,8 @@ before the first anomaly its log shows; and why each newer one was passed over.
 Pure: the box's judgement of each checkpoint (remote/box/checkpoints.py) and the first anomalous
 step of the run's log (the NaN guard's and `check trainlog`'s reading) come in, a choice goes out.
 The action layer turns it into a plan (actions.plan_resume), `doctor` into a `resume_available`
-finding, the TUI into the `x` of a dead run's alert."""
+finding, the TUI into the `x` of a dead run's alert. And which checkpoints may go when the next
+one would not fit (pruned): all but the newest few, never the one a resume would take."""
 
 from __future__ import annotations
 
@@ -20,8 +21,15 @@ if TYPE_CHECKING:
     from samai.remote.boxapi import Box
 
 
+PRUNE_KEEP = 2  # a prune keeps the newest this many checkpoints (and the one a resume would take)
+
+
 class NothingToResume(ValueError):
     """No checkpoint of the stage is fit to resume from (or the named one is not): why, in one line."""
+
+
+class NothingToPrune(ValueError):
+    """No checkpoint of the stage may be deleted: why, in one line."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +60,13 @@ class ResumeChoice:
         return f"no checkpoint of {self.folder} is fit to resume from ({said})"
 
 
-def judged(ck: Checkpoint, first_anomaly: int | None) -> str:
-    """Why this checkpoint cannot be resumed from ('' when it can)."""
+def judged(ck: Checkpoint, first_anomaly: int | None, writing: bool = False) -> str:
+    """Why this checkpoint cannot be resumed from ('' when it can). writing: its run still runs,
+    so one written a moment ago may be a save under way (a dead run's is as whole as it looks)."""
     if not ck.complete:
         return (ck.problems[0] if ck.problems else "incomplete")[:160]
+    if writing and ck.settling:
+        return "written a moment ago while its run still runs: a save may be under way"
     if ck.finite is False:
         return f"its weights hold NaN or inf ({', '.join(ck.nonfinite[:2])})"[:160]
     if ck.finite is None:
@@ -80,14 +91,16 @@ def writer_anomaly(ck: Checkpoint, runs: list[RunAnomaly]) -> int | None:
     return before[-1].first_anomaly if before else None
 
 
-def choose(found: Checkpoints, runs: list[RunAnomaly], named: str | None = None) -> ResumeChoice:
-    """The newest fit checkpoint (or the named one, if it is fit). runs: the log's, oldest first."""
+def choose(found: Checkpoints, runs: list[RunAnomaly], named: str | None = None,
+           writing: bool = False) -> ResumeChoice:
+    """The newest fit checkpoint (or the named one, if it is fit). runs: the log's, oldest first;
+    writing: the run that writes them still runs."""
     passed: list[Passed] = []
     for ck in found.checkpoints:  # newest first
         if named is not None and ck.name != named:
             continue
         anomaly = writer_anomaly(ck, runs)
-        why = judged(ck, anomaly)
+        why = judged(ck, anomaly, writing)
         if not why:
             return ResumeChoice(found.folder, ck, tuple(passed), anomaly)
         passed.append(Passed(ck.name, why))
@@ -102,11 +115,11 @@ def first_anomaly_step(problems) -> int | None:
     return min(steps) if steps else None
 
 
-async def resume_choice(box: Box, cfg: Config, stage: Stage, named: str | None = None) -> ResumeChoice:
+async def resume_choice(box: Box, cfg: Config, stage: Stage, named: str | None = None, *,
+                        writing: bool = False) -> ResumeChoice:
     """The checkpoint a dead run of this train stage would resume from: the box's judgement of
-    each, against the first anomaly of the stage's last run in its log."""
-    from samai.console.core.checks import Unreadable
-
+    each, against the first anomaly of the stage's last run in its log. writing: its run still
+    runs (a restart from a checkpoint stops it first)."""
     if stage.role != "train" or not stage.checkpoints:
         raise NothingToResume(f"stage {stage.name} keeps no checkpoints (a train stage declares "
                               f'checkpoints = "FOLDER" in [stages.{stage.name}])')
@@ -115,12 +128,54 @@ async def resume_choice(box: Box, cfg: Config, stage: Stage, named: str | None =
         if head not in ("", stage.checkpoints.rstrip("/")):
             raise NothingToResume(f"{head}/{named} is not in {stage.checkpoints}, the folder of {stage.name}'s "
                                   "checkpoints")
-    found = await box.checkpoints(stage.checkpoints)
+    found, runs = await judged_checkpoints(box, cfg, stage)
+    return choose(found, runs, named, writing)
+
+
+async def judged_checkpoints(box: Box, cfg: Config, stage: Stage) -> tuple[Checkpoints, list[RunAnomaly]]:
+    """The stage's checkpoints as the box judges them, and its log's runs with their first anomaly."""
+    from samai.console.core.checks import Unreadable
+
+    found = await box.checkpoints(stage.checkpoints or "")
     try:
         runs = await run_anomalies(box, str(PurePosixPath(cfg.workspace, stage.log)))
     except Unreadable as e:
         raise NothingToResume(f"{stage.name}'s log cannot be read, so its first anomaly is unknown: {e}") from None
-    return choose(found, runs, named)
+    return found, runs
+
+
+@dataclass(frozen=True)
+class PruneChoice:
+    folder: str
+    deleted: tuple[Checkpoint, ...]  # oldest last, as listed
+    kept: tuple[Checkpoint, ...]
+    resume: Checkpoint | None  # the one a resume would take now (always kept)
+
+    def paths(self) -> tuple[str, ...]:
+        return tuple(posixpath.join(self.folder, c.name) for c in self.deleted)
+
+
+def prunable(found: Checkpoints, resume: Checkpoint | None, keep: int = PRUNE_KEEP) -> PruneChoice:
+    """Every checkpoint but the newest `keep` and the one a resume would take."""
+    kept = [c for i, c in enumerate(found.checkpoints) if i < keep or c == resume]
+    return PruneChoice(found.folder, tuple(c for c in found.checkpoints if c not in kept), tuple(kept), resume)
+
+
+async def prune_choice(box: Box, cfg: Config, stage: Stage, keep: int = PRUNE_KEEP, *,
+                       writing: bool = False) -> PruneChoice:
+    """Which of this train stage's checkpoints a prune deletes, judged now (the resume choice
+    read as `x` on a dead run would read it). writing: its run still runs."""
+    if stage.role != "train" or not stage.checkpoints:
+        raise NothingToPrune(f"stage {stage.name} keeps no checkpoints")
+    try:
+        found, runs = await judged_checkpoints(box, cfg, stage)
+    except NothingToResume as e:
+        raise NothingToPrune(f"{e}: which checkpoint a resume would take is unknown, so none is deleted") from None
+    choice = prunable(found, choose(found, runs, writing=writing).chosen, keep)
+    if not choice.deleted:
+        raise NothingToPrune(f"{stage.name} keeps {len(found.checkpoints)} checkpoint(s) in {found.folder}: "
+                             f"none older than the newest {keep} to delete")
+    return choice
 
 
 async def run_anomalies(box: Box, log: str) -> list[RunAnomaly]:

@@ -15,6 +15,7 @@ from samai.console.core.chunked_lines import piece_follower
 from samai.console.core.config import CHAIN_DONE, Config, Stage
 from samai.console.core.death import cause_of_death, death_line, exit_words
 from samai.console.core.detectors import (
+    CHECKPOINT_DETECTORS,
     DETECTORS,
     ENVIRONMENT_DETECTORS,
     EVAL_DETECTORS,
@@ -35,9 +36,19 @@ from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, P
 from samai.console.core.redact import redact
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
-from samai.console.core.trends import DiskTrend, DiskWatch, MemoryTrend, MemoryWatch
+from samai.console.core.trends import CHECKPOINT_READ_S, DiskTrend, DiskWatch, MemoryTrend, MemoryWatch
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
-from samai.remote.model import Death, Marker, Process, PythonPackages, RunStatus, Severity, Snapshot, StageRecord
+from samai.remote.model import (
+    Checkpoints,
+    Death,
+    Marker,
+    Process,
+    PythonPackages,
+    RunStatus,
+    Severity,
+    Snapshot,
+    StageRecord,
+)
 
 MAX_ALERTS = 200
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
@@ -180,6 +191,9 @@ class ConsoleState:
         self.disk_trend: DiskTrend | None = None  # as of the last poll
         self.memory = MemoryWatch()  # each running stage's memory: how fast it grows towards its limit
         self.memory_trends: tuple[MemoryTrend, ...] = ()
+        # Each running training run's checkpoints as last listed (sizes only), and when they were asked for.
+        self.checkpoint_lists: dict[str, Checkpoints] = {}
+        self._checkpoints_asked: dict[str, float] = {}
         self.last_update: StateUpdate | None = None  # the last poll's: what a read beside the poll amends
 
     def _watch(self, stage: Stage) -> LogFollower:
@@ -326,7 +340,7 @@ class ConsoleState:
         (environments, the newest eval's check) or kept across polls (the GPU watch)."""
         return DetectorContext.of(self.config, snap, environments=self.environments,
                                   eval_checked=self.eval_checked, gpu=self.gpu, disk_trend=self.disk_trend,
-                                  memory_trends=self.memory_trends)
+                                  memory_trends=self.memory_trends, checkpoints=tuple(self.checkpoint_lists.items()))
 
     def _findings(self, ctx: DetectorContext, only: tuple[str, ...] | None = None) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back.
@@ -542,6 +556,21 @@ class ConsoleState:
             return None
         self.eval_checked = (run, result)
         return self._judge(EVAL_DETECTORS, now)
+
+    def checkpoints_due(self, now: float) -> list[Stage]:
+        """The running train stages whose checkpoints are to be listed again (each once every
+        CHECKPOINT_READ_S): asked for now, so a slow answer is not asked for twice."""
+        snap = self.snapshot
+        due = [s for s in self.config.stages if s.role == "train" and s.checkpoints and snap
+               and (rec := snap.state(s.name)) is not None and rec.status == "running"
+               and now - self._checkpoints_asked.get(s.name, float("-inf")) >= CHECKPOINT_READ_S]
+        self._checkpoints_asked.update((s.name, now) for s in due)
+        return due
+
+    def read_checkpoints(self, stage: str, listed: Checkpoints, now: float) -> StateUpdate | None:
+        """A running training run's checkpoints, listed: whether its next one fits, judged at once."""
+        self.checkpoint_lists[stage] = listed
+        return self._judge(CHECKPOINT_DETECTORS, now)
 
     def read_nodes(self, findings: list[Finding], ended: list[str], now: float) -> StateUpdate | None:
         """A reading of the multi-node runs on their nodes: a rank that died is an alert (once: every

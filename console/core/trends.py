@@ -1,7 +1,9 @@
 """See it coming: how fast the workspace fills while a stage runs and when it will be full at that
-rate (an alert while a running stage would fill it within ALERT_S); and how fast a running
-stage's memory grows towards the limit that applies to it, its cgroup's or the box's RAM (an
-alert when it would reach it within MEMORY_ALERT_S).
+rate (an alert while a running stage would fill it within ALERT_S); whether a running training
+run's next checkpoint, about the size of its last ones, fits in what is free (an alert, its fix
+a prune of the older checkpoints); and how fast a running stage's memory grows towards the limit
+that applies to it, its cgroup's or the box's RAM (an alert when it would reach it within
+MEMORY_ALERT_S).
 
 Like the GPU watch, each keeps a short history across polls (the TUI's state holds them);
 `doctor` has one look and no history, so no trend."""
@@ -12,9 +14,11 @@ from collections import deque
 from dataclasses import dataclass
 
 from samai.console.core import units
-from samai.console.core.budget import workspace_disk
+from samai.console.core.budget import DiskBudget, workspace_disk
+from samai.console.core.fixes import FixAction
 from samai.console.core.problems import Finding
-from samai.remote.model import Snapshot, StageRecord
+from samai.console.core.resume import PRUNE_KEEP
+from samai.remote.model import Checkpoints, Snapshot, StageRecord
 
 WINDOW_S = 120.0  # the rate is over the last two minutes of polls
 MIN_SPAN_S = 10.0  # and at least this long: two polls a second apart say nothing of a rate
@@ -72,6 +76,34 @@ def filling_findings(trend: DiskTrend | None, running: list[str]) -> list[Findin
     return [Finding("disk_filling", "error" if soon else "warning",
                     f"the workspace fills fast enough while {', '.join(running)} runs to be full within {within} "
                     "(the disk pane has the rate); stop it, or free space (c cleans what is reclaimable)")]
+
+
+CHECKPOINT_READ_S = 30.0  # a running training run's checkpoints are listed (sizes only) this often
+SIZED_FROM = 3  # the next checkpoint is taken to be as large as the largest of the last this many
+
+
+def checkpoint_findings(read: dict[str, Checkpoints], snap: Snapshot, budget: DiskBudget,
+                        reserve: int) -> list[Finding]:
+    """A running training run whose next checkpoint (as large as its last ones) will not fit in
+    what the workspace has free (an error), or would leave less than the reserve (a warning).
+    Its fix: delete the checkpoints older than the newest PRUNE_KEEP (never the one a resume takes)."""
+    found = []
+    for stage, listed in read.items():
+        rec = snap.state(stage)
+        if rec is None or rec.status != "running" or not listed.checkpoints:
+            continue
+        need = max(c.bytes for c in listed.checkpoints[:SIZED_FROM])
+        if need + reserve <= budget.free:
+            continue
+        fits = need <= budget.free
+        # No figure that moves every poll in the text (the alert's key): the disk pane has what is free.
+        found.append(Finding(
+            "checkpoint_wont_fit", "warning" if fits else "error",
+            f"stage {stage}'s next checkpoint (about {units.size(need)}, as its last ones) "
+            + ("would leave less than the disk reserve free" if fits else "will not fit in what the workspace has free")
+            + f": x deletes its checkpoints older than the newest {PRUNE_KEEP} (never the one a resume would take)",
+            FixAction.prune(stage)))
+    return found
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,8 @@ class BoxScreen(ActionKeys):
         run = self.state.eval_to_check(u.evals)
         if run is not None:
             self.check_eval_run(run)
+        for stage in self.state.checkpoints_due(self.clock()):
+            self.list_checkpoints(stage.name, stage.checkpoints or "")
         snap = u.snapshot
         self.connection = Connection(self.target_label(), snap.host, "connected", 0.0, None if first else snap.rtt,
                                      False, self.readonly, connect_s=snap.rtt if first else self.connection.connect_s)

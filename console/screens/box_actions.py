@@ -117,6 +117,16 @@ class ActionKeys(LogKeys):
                         timeout=12, markup=False)
 
     @one_action_at_a_time
+    async def action_prune(self, stage: str) -> None:
+        """A training run's older checkpoints deleted (the newest few and the resume's kept)."""
+        from samai.console.core.resume import NothingToPrune
+
+        try:
+            self._report(await self._actions().prune(stage))
+        except NothingToPrune as e:  # names checkpoints: box text, never markup
+            self.notify(str(e), title="nothing to prune", severity="warning", timeout=12, markup=False)
+
+    @one_action_at_a_time
     async def action_restart(self, stage: str | None = None) -> None:
         stage = stage or self.state.shown_stage
         pre = self.state.preflight(stage) if stage else None
@@ -289,6 +299,18 @@ class ActionKeys(LogKeys):
             return
         if result is not None:
             self.show_beside_poll(self.state.read_eval_items(run, result, self.clock()))
+
+    @work(group="checkpoints", exit_on_error=False)
+    async def list_checkpoints(self, stage: str, folder: str) -> None:
+        """A running training run's checkpoints, listed (sizes only): does its next one fit?"""
+        if self.box is None:
+            return
+        try:
+            listed = await self.box.checkpoints(folder, weights=False)
+        except (BoxError, TransportError) as e:
+            self.log.warning("checkpoints not listed", e)
+            return
+        self.show_beside_poll(self.state.read_checkpoints(stage, listed, self.clock()))
 
     # ------------------------------------------------------------ multi-node stages: every node at once
 

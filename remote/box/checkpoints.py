@@ -1,8 +1,9 @@
 """A training run's checkpoints, listed and judged: what a dead run could resume from.
 
-Runs ON the box. Request on stdin: {"workspace", "folder"} (folder: a train stage's
-`checkpoints`, inside the workspace). Reply: {"folder", "checkpoints": [...], "error"?}, newest
-step first, each
+Runs ON the box. Request on stdin: {"workspace", "folder", "weights"?} (folder: a train stage's
+`checkpoints`, inside the workspace; weights false: sizes and completeness only, the adapter not
+read for NaN, as the console's watch of a running run's checkpoints asks every half minute).
+Reply: {"folder", "checkpoints": [...], "error"?}, newest step first, each
 
   {"name": "checkpoint-1200", "step": 1200, "mtime", "bytes", "files",
    "complete": bool, "missing": [...], "temporary": [...], "settling": bool,
@@ -10,8 +11,10 @@ step first, each
    "problems": [one line each]}
 
 complete: the Trainer's own state is all there (trainer_state.json, the optimizer's and the
-scheduler's state, the adapter's weights), no temporary or half-written file is left, and nothing
-in it was written in the last SETTLE_S seconds (a save still under way). finite: every float in
+scheduler's state, the adapter's weights) and whole (trainer_state.json parses; a torch file in
+zip form has its end record: a save cut short has none), and no temporary file is left.
+settling: something in it was written in the last SETTLE_S seconds: while its run still runs, a
+save may be under way (the console weighs that; a dead run writes nothing more). finite: every float in
 the adapter's safetensors is a number (no NaN, no inf); None when there is no safetensors file to
 read. The folder is opened inside the workspace without following symlinks (confine.py); its
 names are anyone's, sent back as they are (the console shows them inert). Standard library only.
@@ -38,6 +41,7 @@ SETTLE_S = 5.0
 HEADER_LIMIT = 64 << 20  # a safetensors header larger than this is not one we read
 WEIGHTS_LIMIT = 8 << 30  # an adapter larger than this is not read for NaN (said as such)
 CHUNK = 16 << 20
+ZIP_TAIL = 65536 + 22  # a zip's end record sits in its last 22 bytes plus a comment of at most 64 KiB
 # What a Trainer checkpoint holds (transformers' trainer.py: TRAINER_STATE_NAME, OPTIMIZER_NAME,
 # SCHEDULER_NAME; peft's adapter files). DeepSpeed keeps the optimizer in global_stepN/ instead.
 NEEDED = (("trainer_state.json",), ("optimizer.pt", "optimizer.bin", "global_step*"), ("scheduler.pt",),
@@ -147,19 +151,54 @@ def finite(f: int, n: int, dtype: str) -> bool:
     return True
 
 
-def judge(fd: int, name: str, now: float) -> dict[str, Any]:
+def parsed(data: bytes) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+
+
+def cut_short(fd: int, names: list[str]) -> list[str]:
+    """What in a checkpoint a save left unfinished: trainer_state.json that does not parse, a
+    torch file in zip form (torch.save's, since 1.6) without its end-of-central-directory record."""
+    found = []
+    for name in names:
+        if name != "trainer_state.json" and not name.endswith((".pt", ".pth", ".bin")):
+            continue
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+        except OSError:
+            continue
+        try:
+            size = os.fstat(f).st_size
+            if name == "trainer_state.json":
+                if size > HEADER_LIMIT or not isinstance(parsed(read_exactly(f, size)), dict):
+                    found.append("trainer_state.json does not parse as a JSON object")
+            elif os.read(f, 4) == b"PK\x03\x04":
+                os.lseek(f, max(0, size - ZIP_TAIL), os.SEEK_SET)
+                if b"PK\x05\x06" not in read_exactly(f, min(size, ZIP_TAIL)):
+                    found.append("%s is cut short (its zip has no end record)" % name)
+        except (OSError, ValueError):
+            found.append("%s cannot be read whole" % name)
+        finally:
+            os.close(f)
+    return found
+
+
+def judge(fd: int, name: str, now: float, read_weights: bool = True) -> dict[str, Any]:
     m = CHECKPOINT.match(name)
     assert m is not None
     files = entries(fd)
     names = [n for n, _ in files]
     missing = [" or ".join(alts) for alts in NEEDED if not any(matches(n, a) for n in names for a in alts)]
     temporary = [n for n in names if TEMPORARY.search(n)][:20]
+    short = cut_short(fd, names)
     newest = max([s.st_mtime for _, s in files] or [0.0])
     settling = now - newest < SETTLE_S
     weights = next((n for n in names if n.endswith(".safetensors") and n.startswith(("adapter_model", "model"))),
                    None)
-    nonfinite, problem = nonfinite_tensors(fd, weights) if weights else ([], None)
-    problems = ["missing " + x for x in missing] + ["a temporary file is left: " + t for t in temporary]
+    nonfinite, problem = nonfinite_tensors(fd, weights) if weights and read_weights else ([], None)
+    problems = ["missing " + x for x in missing] + ["a temporary file is left: " + t for t in temporary] + short
     if settling:
         problems.append("written %.0f s ago: a save may still be under way" % max(now - newest, 0))
     if problem:
@@ -167,14 +206,15 @@ def judge(fd: int, name: str, now: float) -> dict[str, Any]:
     if nonfinite:
         problems.append("NaN or inf in %d tensor(s) of %s, first %s" % (len(nonfinite), weights, nonfinite[0]))
     return {"name": name, "step": int(m.group("step")), "mtime": newest, "files": len(files),
-            "bytes": sum(tree_bytes(fd, n, s) for n, s in files), "complete": not missing and not temporary
-            and not settling, "missing": missing, "temporary": temporary, "settling": settling,
-            "finite": None if weights is None or problem else not nonfinite, "nonfinite": nonfinite[:20],
-            "weights": weights, "problems": problems}
+            "bytes": sum(tree_bytes(fd, n, s) for n, s in files),
+            "complete": not missing and not temporary and not short, "missing": missing, "temporary": temporary,
+            "settling": settling, "finite": None if weights is None or problem or not read_weights else not nonfinite,
+            "nonfinite": nonfinite[:20], "weights": weights, "problems": problems}
 
 
 def checkpoints(req: dict[str, Any]) -> dict[str, Any]:
     workspace, folder = workspace_root(req["workspace"]), req["folder"]
+    read_weights = req.get("weights", True) is not False
     if not isinstance(folder, str) or not folder:
         raise ValueError("folder must be a path in the workspace")
     try:
@@ -197,7 +237,7 @@ def checkpoints(req: dict[str, Any]) -> dict[str, Any]:
             except OSError:
                 continue
             try:
-                found.append(judge(sub, name, now))
+                found.append(judge(sub, name, now, read_weights))
             finally:
                 os.close(sub)
     finally:
