@@ -806,3 +806,37 @@ async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_
         resumed_steps = sum(1 for line in log.splitlines() if line.startswith("{'loss'"))
         assert total > step and resumed_steps <= total - step + 1, (total, step, resumed_steps)
         await pilot_until(pilot, lambda: "train ✓ done" in _bar(app))
+
+
+GUARD_SEEDED = """
+import json, sys
+from transformers import TrainerControl, TrainerState
+from samai_box.stages.train import make_guard
+
+history = json.loads(sys.argv[2])
+guard = make_guard(sys.argv[1], patience=5)
+state, control = TrainerState(), TrainerControl()
+state.log_history, state.global_step = history, len(history)
+guard.on_train_begin(None, state, control)  # a resume: the Trainer loaded the checkpoint's history first
+state.global_step += 1
+guard.on_log(None, state, control, logs={"loss": 1.0, "grad_norm": 1.0})
+print(json.dumps({"stop": control.should_training_stop, "steps": len(guard.steps)}))
+"""
+
+
+@pytest.mark.parametrize(("history", "stops"), [
+    ([{"loss": 0.0, "grad_norm": float("nan"), "step": i} for i in (1, 2, 3)], True),  # 3 of its first 4 bad
+    ([{"loss": 2.0, "grad_norm": 1.0, "step": i} for i in (1, 2, 3)], False),
+    ([{"loss": 2.0, "grad_norm": 1.0, "step": 1}, {"eval_loss": 2.1, "step": 1}, "garbage"], False),
+])
+def test_the_nan_guard_of_a_resumed_run_counts_the_steps_it_continues(provisioned: Path, tmp_path: Path,
+                                                                     history, stops) -> None:
+    """Issue 31: the guard's 'first steps' are the run's, not the first ones after the resume."""
+    from tests.box_tools import stage_env
+
+    out = subprocess.run([str(provisioned / "bin" / "python"), "-c", GUARD_SEEDED, str(tmp_path),
+                          json.dumps(history)], capture_output=True, text=True, env=stage_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said["stop"] is stops and said["steps"] == sum(isinstance(h, dict) and "loss" in h for h in history) + 1
+    assert (tmp_path / "TRAIN_NAN").exists() is stops

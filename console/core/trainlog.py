@@ -8,7 +8,9 @@ Read:
 - trainer_state.json's `log_history` (bare `NaN`/`Infinity`, or `nan`/`inf`, allowed);
 - DeepSpeed: `steps: N loss: X ...`, `step=N, skipped=S, ...`, `OVERFLOW! ... Skipping step.
   Attempted loss scale: A, reducing to B`, `Current loss scale already at minimum`;
-- torch's `Attempting to unscale FP16 gradients` and the NaN guard's `TRAIN_NAN ...` marker.
+- torch's `Attempting to unscale FP16 gradients`, the NaN guard's `TRAIN_NAN ...` marker, and the
+  train stage's `TRAIN_RESUMED from CHECKPOINT (step N)`: the next step without one is N + 1 (a
+  resumed run's steps are the run's global steps, continuing the run it resumed).
 
 A line may hold many tqdm `\\r` segments; each is read. Lines without a step get the next one
 in order. Nothing raises on garbage: lines that hold nothing known are counted as unparsed.
@@ -75,7 +77,8 @@ MAX_PINNED = 256  # points kept whatever the thinning: those an anomaly was repo
 MAX_REPORTS = 100  # reports of one code listed (a noisy run spikes thousands of times); the rest are counted
 READ = 4 * 1024 * 1024  # one read of a local log
 BATCH = 4096  # lines handed over one at a time are read in batches of this many
-NAMES = ("loss", "FP16", "TRAIN_NAN", "skipped=")  # a line that names none of these holds nothing read here
+# A line that names none of these holds nothing read here.
+NAMES = ("loss", "FP16", "TRAIN_NAN", "TRAIN_RESUMED", "skipped=")
 MAX_ENTRY = 64 * 1024  # characters one log_history entry of a trainer_state.json may take
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
@@ -86,6 +89,7 @@ _PAIR = re.compile(r"""['"](\w+)['"]\s*:\s*"""
 _DS_STEPS = re.compile(r"\bsteps:\s*(\d+)\s+loss:\s*([^\s,]+)")
 _DS_PROGRESS = re.compile(r"\bstep=(\d+),\s*skipped=(\d+)")
 _DS_OVERFLOW = re.compile(r"Attempted loss scale:\s*(\d[\d.eE+]*)(?:,\s*reducing to\s*(\d[\d.eE+]*))?")
+TRAIN_RESUMED = re.compile(r"^TRAIN_RESUMED\b.*\(step (\d{1,12})\)\s*$")  # the train stage's, on resuming
 _NAN_MARKER = re.compile(r"^[\s\d:\-T.,+/|]*(?:\[[^\]]*\][\s:]*)*TRAIN_NAN\b[\s:]*(.*)")
 _BARE_NON_FINITE = re.compile(r"(:\s*|\[\s*|,\s*)(-?)(nan|inf(?:inity)?)\b", re.IGNORECASE)
 _HISTORY = re.compile(r'"log_history"\s*:\s*\[')
@@ -436,6 +440,8 @@ class TrainLogParser:
                                "with fp16 trainable weights; train in bf16 or fp32 (playbook §9)")
         if "TRAIN_NAN" in seg and self._nan_marker(seg):
             return True
+        if seg.startswith("TRAIN_RESUMED"):
+            return self._resumed(seg)
         if "loss" in seg and "{" in seg and self._trainer_dicts(seg):
             return True
         if "steps:" in seg and self._deepspeed_steps(seg):
@@ -501,6 +507,13 @@ class TrainLogParser:
                                   f"{scale}, {self.overflow_skips} skipped so far: the run may not be learning; "
                                   "bf16 or fp32 avoid it (playbook §9)"))
         return True
+
+    def _resumed(self, seg: str) -> bool:
+        """The run continues from a checkpoint of step N: its next step is N + 1."""
+        found = TRAIN_RESUMED.match(seg)
+        if found:
+            self._announced = int(found.group(1)) + 1
+        return bool(found)
 
     def _nan_marker(self, seg: str) -> bool:
         found = _NAN_MARKER.match(seg)

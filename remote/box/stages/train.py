@@ -141,15 +141,26 @@ def make_guard(out: str, patience: int = NAN_PATIENCE) -> Any:
             self.sick_run: list[int] = []  # global steps of the current run of sick steps
             self.tripped = False
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-                   **kwargs: Any) -> None:
-            if not logs or "loss" not in logs:
-                return
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            """A resumed run is read on from the steps it continues: the checkpoint's log history
+            (the Trainer loads it before this) counts towards the first steps and a sick run."""
+            for entry in getattr(state, "log_history", None) or []:
+                if isinstance(entry, dict) and "loss" in entry:
+                    self.observe(entry, int(entry.get("step") or 0))
+
+        def observe(self, logs: dict[str, Any], step: int) -> tuple[float | None, float | None]:
             loss, grad_norm = _number(logs.get("loss")), _number(logs.get("grad_norm"))
             self.steps.append((loss, grad_norm))
             if len(self.seen) < GUARD_WINDOW:
                 self.seen.append(bad_step(loss, grad_norm))
-            self.sick_run = self.sick_run + [state.global_step] if sick_step(loss, grad_norm) else []
+            self.sick_run = self.sick_run + [step] if sick_step(loss, grad_norm) else []
+            return loss, grad_norm
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **kwargs: Any) -> None:
+            if not logs or "loss" not in logs:
+                return
+            loss, grad_norm = self.observe(logs, state.global_step)
             if self.tripped:
                 return
             if sum(self.seen) >= GUARD_BAD:

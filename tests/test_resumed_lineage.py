@@ -1,0 +1,92 @@
+"""A resumed run is one run (issue 31, part 2): its steps continue the global steps of the run it
+resumed, and the merge gate judges the steps that made its weights: the resumed run's, and the
+earlier run's up to the checkpoint it resumed from (not the steps after it, thrown away). Logs
+written here as the launcher keeps them (the earlier run in train.log.1), read through the box."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from samai.console.core.preflight.evidence import _until_step, last_run_check, run_verdict
+from samai.console.core.trainlog import TrainLogCheck
+
+STEP = "{{'loss': {loss}, 'grad_norm': {grad}, 'learning_rate': 0.0002, 'epoch': 0.1}}\n"
+HEADER = "=== samai chain train: pid {pid} started 2026-12-02T0{pid}:00:00Z\n"
+
+
+def _run(pid: int, losses: list[str], resumed: int | None = None, ended: str = "CHAIN_DONE rc=137\n") -> str:
+    said = f"TRAIN_RESUMED from runs/train/checkpoints/checkpoint-{resumed} (step {resumed})\n" if resumed else ""
+    return HEADER.format(pid=pid) + said + "".join(STEP.format(loss=x, grad="nan" if x == "nan" else 1.1)
+                                                     for x in losses) + ended
+
+
+def healthy(n: int) -> list[str]:
+    return [f"{2.0 - i / 50:.3f}" for i in range(n)]
+
+
+@pytest.fixture
+def logs(workspace: Path) -> Path:
+    folder = workspace / "logs"
+    folder.mkdir()
+    return folder
+
+
+async def test_a_resumed_run_is_judged_with_the_steps_it_continues_and_not_those_thrown_away(box, logs) -> None:
+    # steps 1..9 healthy, 10..15 NaN, killed; resumed from checkpoint-8: steps 9..20 healthy
+    (logs / "train.log.1").write_text(_run(1, healthy(9) + ["nan"] * 6))
+    (logs / "train.log").write_text(_run(2, healthy(12), resumed=8, ended="CHAIN_DONE rc=0\n"))
+    result = await last_run_check(box, str(logs / "train.log"))
+    assert result.steps == 8 + 12 and [p.step for p in result.points] == list(range(1, 21))
+    assert not [p for p in result.problems if p.severity == "error"]
+    assert run_verdict("train", result)[0].text == "train's log, last run: 20 steps, no error-level finding"
+
+
+async def test_a_run_resumed_from_past_its_first_nan_carries_the_nan_into_the_gate(box, logs) -> None:
+    (logs / "train.log.1").write_text(_run(1, healthy(9) + ["nan"] * 6))
+    (logs / "train.log").write_text(_run(2, healthy(8), resumed=12, ended="CHAIN_DONE rc=0\n"))
+    result = await last_run_check(box, str(logs / "train.log"))
+    errors = [p for p in result.problems if p.severity == "error"]
+    assert errors and errors[0].step == 10, result.problems  # the resumed run alone looks healthy
+    assert run_verdict("train", result)[0].severity == "error"
+
+
+async def test_a_lineage_of_two_resumes_and_one_rotated_away(box, logs) -> None:
+    (logs / "train.log.2").write_text(_run(1, healthy(6)))
+    (logs / "train.log.1").write_text(_run(2, healthy(6), resumed=4))  # steps 5..10, killed
+    (logs / "train.log").write_text(_run(3, healthy(5), resumed=8, ended="CHAIN_DONE rc=0\n"))  # 9..13
+    result = await last_run_check(box, str(logs / "train.log"))
+    assert [p.step for p in result.points] == list(range(1, 14))
+    (logs / "train.log.2").unlink()
+    (logs / "train.log.1").unlink()  # the runs it resumed are gone: its own steps, numbered from 9
+    result = await last_run_check(box, str(logs / "train.log"))
+    assert [p.step for p in result.points] == list(range(9, 14))
+
+
+async def test_a_log_that_resumed_nothing_is_its_last_run_as_before(box, logs) -> None:
+    (logs / "train.log.1").write_text(_run(1, ["nan"] * 8))  # an earlier run, not resumed: not judged
+    (logs / "train.log").write_text(_run(1, healthy(3)) + _run(2, healthy(4), ended=""))
+    result = await last_run_check(box, str(logs / "train.log"))
+    assert [p.step for p in result.points] == [1, 2, 3, 4] and not result.problems
+
+
+def test_the_resume_line_numbers_the_next_steps_and_a_garbled_one_is_no_resume() -> None:
+    check = TrainLogCheck()
+    points = check.feed(["TRAIN_RESUMED from runs/train/checkpoints/checkpoint-40 (step 40)",
+                         STEP.format(loss=1.0, grad=1.0).strip(), STEP.format(loss=0.9, grad=1.0).strip()])
+    assert [p.step for p in points] == [41, 42]
+    other = TrainLogCheck()
+    assert [p.step for p in other.feed(["TRAIN_RESUMED from x (step forty)", STEP.format(loss=1, grad=1)])] == [1]
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.lists(st.sampled_from([STEP.format(loss=1.0, grad=1.0).strip(), STEP.format(loss="nan", grad="nan"),
+                                 "TRAIN_RESUMED from c (step 3)", "{'loss': 1e400}", "x" * 300, "\x00\udcff"]))
+       | st.lists(st.text(max_size=40)), st.integers(-5, 50))
+def test_a_run_cut_at_any_step_is_a_prefix_whose_steps_reach_no_further(lines: list[str], cut: int) -> None:
+    kept = _until_step(lines, cut)
+    assert kept == lines[:len(kept)]
+    assert all(p.step <= cut for p in TrainLogCheck().feed(kept))
