@@ -806,6 +806,11 @@ async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_
         resumed_steps = sum(1 for line in log.splitlines() if line.startswith("{'loss'"))
         assert total > step and resumed_steps <= total - step + 1, (total, step, resumed_steps)
         await pilot_until(pilot, lambda: "train ✓ done" in _bar(app))
+        from samai.widgets.curves import CurvesPane
+
+        pane = app.box_screen.query_one(CurvesPane)  # one curve: the dead run's steps to the checkpoint, then on
+        steps = await pilot_until(pilot, lambda: pane.resumed_at == step and [p.step for p in pane.points])
+        assert steps == sorted(set(steps)) and steps[0] == 1 and steps[-1] == total, steps
 
 
 GUARD_SEEDED = """

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samai.console.core.preflight.evidence import _until_step, last_run_check, run_verdict
+from samai.console.core.lineage import last_run_check, until_step
+from samai.console.core.preflight.evidence import run_verdict
 from samai.console.core.trainlog import TrainLogCheck
 
 STEP = "{{'loss': {loss}, 'grad_norm': {grad}, 'learning_rate': 0.0002, 'epoch': 0.1}}\n"
@@ -87,6 +88,38 @@ def test_the_resume_line_numbers_the_next_steps_and_a_garbled_one_is_no_resume()
                                  "TRAIN_RESUMED from c (step 3)", "{'loss': 1e400}", "x" * 300, "\x00\udcff"]))
        | st.lists(st.text(max_size=40)), st.integers(-5, 50))
 def test_a_run_cut_at_any_step_is_a_prefix_whose_steps_reach_no_further(lines: list[str], cut: int) -> None:
-    kept = _until_step(lines, cut)
+    kept = until_step(lines, cut)
     assert kept == lines[:len(kept)]
     assert all(p.step <= cut for p in TrainLogCheck().feed(kept))
+
+
+@pytest.mark.slow
+async def test_the_curve_of_a_resumed_run_goes_on_from_the_run_it_resumed_with_the_resume_marked(
+        workspace: Path, logs: Path) -> None:
+    """The console started after the resume: the pane reads the earlier run's steps up to the
+    resume point from its rotated log, and shows one curve, steps 1..20, resumed at step 8."""
+    from samai.console.app import SamaiApp
+    from samai.console.core import config
+    from samai.widgets.curves import CurvesPane
+    from tests.helpers import pilot_until
+
+    (logs / "train.log.1").write_text(_run(1, healthy(9) + ["nan"] * 6))
+    (logs / "train.log").write_text(_run(2, healthy(12), resumed=8, ended=""))
+    (workspace / "samai.toml").write_text(f'[workspace]\npath = "{workspace}"\n[stages.train]\nkey = "t"\n'
+                                          'role = "train"\ncommand = "true"\nlog = "logs/train.log"\n')
+    app = SamaiApp(config.load(workspace / "samai.toml"))
+    async with app.run_test(size=(150, 45)) as pilot:
+        pane = app.box_screen.query_one(CurvesPane)
+        await pilot_until(pilot, lambda: len(pane.points) == 20)
+        assert [p.step for p in pane.points] == list(range(1, 21)) and not any(p.bad for p in pane.points)
+        assert pane.resumed_at == 8 and "resumed at step 8" in str(pane.border_subtitle)
+
+
+async def test_the_resume_step_is_said_to_the_panes_once_per_run(recorded_console, recorded_box) -> None:
+    recorded_box.write_log("logs/train.log", HEADER.format(pid=1) + "TRAIN_RESUMED from c/checkpoint-8 (step 8)\n"
+                           + STEP.format(loss=1, grad=1))
+    first = await recorded_console.poll()
+    assert first.curve_resumed_at == 8 and [p.step for p in first.new_points] == [9]
+    recorded_box.write_log("logs/train.log", STEP.format(loss=1, grad=1), append=True)
+    again = await recorded_console.poll()
+    assert again.curve_resumed_at is None and [p.step for p in again.new_points] == [10]

@@ -67,6 +67,8 @@ class CurvesPane(Container):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.points: list[TrainPoint] = []
+        self.before: list[TrainPoint] = []  # the last run's points, kept at a reset: a resume continues them
+        self.resumed_at: int | None = None  # the step the shown run resumed from (marked on the curve)
         self.plot: PlotextPlot | None = None
 
     def compose(self) -> ComposeResult:
@@ -77,9 +79,22 @@ class CurvesPane(Container):
 
     def show_update(self, update: StateUpdate) -> None:
         if update.curve_reset:
-            self.reset()  # a new training run: its curve alone
+            self.reset()  # a new training run: its curve alone, unless it resumed the last one
+        if update.curve_resumed_at is not None:
+            self.resumed_at = update.curve_resumed_at
+            self.show_before(self.before)
         self.add(update.new_points)
         self.show_gpu_util(update.gpu_utilization)
+
+    def show_before(self, points: list[TrainPoint]) -> None:
+        """The earlier runs' points a resumed run continues (up to its resume step, before the
+        steps shown): one curve. Steps already shown are not added twice."""
+        if self.resumed_at is None:
+            return
+        first = min((p.step for p in self.points), default=self.resumed_at + 1)
+        earlier = [p for p in points if p.step <= self.resumed_at and p.step < first]
+        if earlier:
+            self.show(earlier + self.points)
 
     def show_gpu_util(self, series: list[float | None]) -> None:
         """The GPUs' mean utilization by poll, oldest first (empty: no GPU, the line is hidden)."""
@@ -103,6 +118,7 @@ class CurvesPane(Container):
             self._draw()
 
     def reset(self) -> None:
+        self.before, self.resumed_at = self.points or self.before, None
         self.show([])
 
     def show(self, points: list[TrainPoint]) -> None:
@@ -130,8 +146,11 @@ class CurvesPane(Container):
         if bad:  # on the loss curve, where the run was when it went bad
             plt.scatter(bad, [_loss_before(self.points, step) for step in bad], label=f"NaN/inf ({len(bad)})",
                         color=self._colour("error", "red"), marker="x", yside="left")
+        if self.resumed_at is not None and self.points:
+            plt.vline(self.resumed_at, self._colour("warning", "yellow"))
         plt.xlabel("step")
-        self.border_subtitle = f"{len(self.points)} steps" + (f" · {len(bad)} bad" if bad else "")
+        self.border_subtitle = (f"{len(self.points)} steps" + (f" · {len(bad)} bad" if bad else "")
+                                + (f" · resumed at step {self.resumed_at}" if self.resumed_at is not None else ""))
         self.plot.refresh()
 
 

@@ -136,6 +136,7 @@ class StateUpdate:
     new_alerts: list[Alert] = field(default_factory=list)
     log_source: LogFollower | None = None  # the follower log_lines came from: appended only while it is shown
     curve_reset: bool = False  # a new training run: the curve starts again
+    curve_resumed_at: int | None = None  # the run resumed from this step: the curve goes on from the last run's
     log_restarted: str | None = None  # the shown stage's new run: the log pane starts again with its file
     alerts_changed: bool = False  # an alert was raised or resolved
     disk_delta: DiskDelta | None = None  # what the last fired stage did to the disk, from its SAMAI_DISK lines
@@ -163,6 +164,7 @@ class ConsoleState:
         self.train_stage = train.name if train else None
         self.train_log = piece_follower(self.path_of(train.log), offset=0) if train else None
         self.trainlog = TrainLogCheck()  # the same reader as `check trainlog`
+        self._curve_resumed_at: int | None = None  # the followed run's resume step, once said
         self.runs: dict[str, tuple] = {}  # each stage's current run: (fired_at, pid, start_time)
         self.previous: dict[str, PreviousRun] = {}
         self.sizer = ArtifactSizer([(a.name, a.path) for a in config.artifacts] + poison_artifacts(config))
@@ -286,6 +288,10 @@ class ConsoleState:
         """The training curve's new points: of the log's last run only."""
         self.trainlog, restarted, points = newest_run_points(self.trainlog, lines)
         update.curve_reset |= restarted
+        resumed = self.trainlog.resumed_from
+        if resumed is not None and (restarted or resumed != self._curve_resumed_at):
+            update.curve_resumed_at = resumed  # said once per run
+        self._curve_resumed_at = resumed
         return points
 
     def _run_alert(self, stage: str, severity: Severity, text: str, code: str = "") -> Alert:
@@ -383,7 +389,7 @@ class ConsoleState:
                 update.log_restarted = stage.name
             if stage.name == self.train_stage and self.train_log is not None:
                 self.train_log = piece_follower(self.train_log.path, offset=0)
-                self.trainlog = TrainLogCheck()
+                self.trainlog, self._curve_resumed_at = TrainLogCheck(), None
                 update.curve_reset = True
             resolved += self._resolve(lambda a, name=stage.name, fired=rec.fired_at: a.stage == name and a.run != fired,
                                       now)

@@ -341,6 +341,7 @@ class TrainLogParser:
         self._drained = 0
         self._watch = PointWatch()
         self._announced: int | None = None  # a step DeepSpeed's progress line named, not yet logged
+        self.resumed_from: int | None = None  # the checkpoint step the run resumed from (TRAIN_RESUMED)
         self._events_reported: set[str] = set()
         self._overflow_run = 0
         self._overflow_last_step: int | None = None
@@ -512,7 +513,8 @@ class TrainLogParser:
         """The run continues from a checkpoint of step N: its next step is N + 1."""
         found = TRAIN_RESUMED.match(seg)
         if found:
-            self._announced = int(found.group(1)) + 1
+            self.resumed_from = int(found.group(1))
+            self._announced = self.resumed_from + 1
         return bool(found)
 
     def _nan_marker(self, seg: str) -> bool:
@@ -725,6 +727,11 @@ class TrainLogCheck:
     @property
     def anomalies(self) -> list[Problem]:
         return self.parser.anomalies
+
+    @property
+    def resumed_from(self) -> int | None:
+        """The checkpoint step the run resumed from (its TRAIN_RESUMED line), if it did."""
+        return self.parser.resumed_from
 
     def drain_anomalies(self) -> list[Problem]:
         return self.parser.drain_anomalies()

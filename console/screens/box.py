@@ -119,6 +119,8 @@ class BoxScreen(ActionKeys):
         run = self.state.eval_to_check(u.evals)
         if run is not None:
             self.check_eval_run(run)
+        if u.curve_resumed_at is not None and self.state.train_log is not None:
+            self.read_earlier_curve(self.state.train_log.path, u.curve_resumed_at)
         for stage in self.state.checkpoints_due(self.clock()):
             self.list_checkpoints(stage.name, stage.checkpoints or "")
         snap = u.snapshot

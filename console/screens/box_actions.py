@@ -300,6 +300,23 @@ class ActionKeys(LogKeys):
         if result is not None:
             self.show_beside_poll(self.state.read_eval_items(run, result, self.clock()))
 
+    @work(group="curve-before", exclusive=True, exit_on_error=False)
+    async def read_earlier_curve(self, path: str, step: int) -> None:
+        """A resumed run's curve before its resume step: the earlier runs' points, from their logs."""
+        from samai.console.core.checks import Unreadable
+        from samai.console.core.lineage import earlier_points
+        from samai.widgets.curves import CurvesPane
+
+        if self.box is None:
+            return
+        try:
+            points = await earlier_points(self.box, path, step)
+        except (Unreadable, BoxError, TransportError) as e:
+            self.log.warning("the resumed run's earlier curve not read", e)
+            return
+        for pane in self.query(CurvesPane):
+            pane.show_before(points)
+
     @work(group="checkpoints", exit_on_error=False)
     async def list_checkpoints(self, stage: str, folder: str) -> None:
         """A running training run's checkpoints, listed (sizes only): does its next one fit?"""
