@@ -280,11 +280,12 @@ class Box:
         return model.fire_result(raw, stage)
 
     async def stop(self, stage: str, *, signal: str = "TERM", grace: float = 10.0,
-                   protect: Sequence[int] = ()) -> SignalResult:
+                   protect: Sequence[int] = (), by: str = "") -> SignalResult:
         """Signal every process the stage's chain started (its group, and any that left it for
-        a session of its own); what outlives SIGKILL comes back as the result's survivors."""
+        a session of its own); what outlives SIGKILL comes back as the result's survivors. by:
+        who stops it (kept on the box with the stop: the run's cause of death names them)."""
         request = {"stage": stage, "workspace": self.workspace, "signal": signal, "grace": grace,
-                   "protect": list(protect)}
+                   "protect": list(protect), "by": by}
         return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))
 
     async def kill(self, pid: int, start_time: float, *, boot: Boot | None = None, signal: str = "TERM",

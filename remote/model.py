@@ -202,6 +202,7 @@ class StageRecord:
     rc: int | None = None
     group: tuple[int, ...] = ()
     stopped_at: float | None = None  # when the operator stopped this run (kill.py's note)
+    stopped_by: str = ""  # by whom: the console's user@host and what it did (box text: shown inert)
     death: Death | None = None  # why it died, as its chain said (rc other than 0)
     boot_id: str | None = None  # the boot it was fired on
 

@@ -94,12 +94,18 @@ async def test_a_signal_from_outside_is_said_as_such(box, workspace) -> None:
     assert (code, detail) == ("signal", "killed by SIGSEGV (rc=139)")
 
 
-async def test_a_stop_from_the_console_is_stopped_not_a_failure(box, workspace) -> None:
+@pytest.mark.parametrize(("by", "said"), [("alice@gpu-laptop (restart)", "alice@gpu-laptop (restart)"),
+                                          ("", "the operator"), ("\x1b]0;pwn\x07" + "x" * 500, None)])
+async def test_a_stop_from_the_console_is_stopped_not_a_failure_and_says_by_whom(box, workspace, by, said) -> None:
     await box.fire("s", "sleep 60", LOG, verify_s=0.2)
-    await box.stop("s", grace=2)
+    await box.stop("s", grace=2, by=by)
     snap = await ended(box)
     found = cause_of_death(snap.state("s"), snap)
-    assert found is not None and found.cause == "stopped" and "by the operator" in found.detail
+    assert found is not None and found.cause == "stopped" and " from the console at " in found.detail
+    if said is not None:
+        assert found.detail.startswith(f"stopped by {said} from the console at ")
+    else:  # box text: kept bounded and inert
+        assert "\x1b" not in found.detail and "\x07" not in found.detail and len(found.detail) < 200
 
 
 async def test_a_cuda_out_of_memory_is_said_before_the_exception_it_raised(box, workspace) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
+from samai.console.core.actions import operator
 from samai.console.screens.dialogs import ConfirmDialog
 from samai.widgets.curves import CurvesPane
 from samai.widgets.logview import LogView
@@ -236,7 +237,8 @@ command = "echo serving; sleep 30"
         bar = _bar(app)
         assert "stopped by the operator" in bar and "failed" not in bar and "rc=143" not in bar
         assert not [a for a in app.state.alerts if a.severity == "error"]
-        assert any(a.text == "stage serve stopped by the operator" for a in app.state.alerts)
+        by = operator("stop")  # this console's user@host: who stopped it, as its cause of death says
+        assert any(a.text.startswith(f"stage serve stopped by {by} from the console at ") for a in app.state.alerts)
     snap = run_cli("--config", str(tmp_path / "run-state.toml"), "snapshot", "--json")
     assert snap.returncode == 0 and "stopped" in snap.stdout
 

@@ -200,7 +200,8 @@ class RestartPlan(LaunchPlan):
 
     async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> FireResult:
         stage = self.stage or ""
-        stopped = await actions.box.stop(stage, grace=self.grace, protect=actions._protect())
+        stopped = await actions.box.stop(stage, grace=self.grace, protect=actions._protect(),
+                                         by=operator(self.action))
         if not stopped.ok:
             return FireResult(False, "refused", stage, f"stop failed: {stopped.reason}")
         if self.paths:
@@ -227,7 +228,8 @@ class StopPlan(ActionPlan):
     grace: float = 10.0
 
     async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> SignalResult:
-        return await actions.box.stop(self.stage or "", grace=self.grace, protect=actions._protect())
+        return await actions.box.stop(self.stage or "", grace=self.grace, protect=actions._protect(),
+                                      by=operator(self.action))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -785,6 +787,19 @@ def needed_artifact_checks(config: Config, paths: Sequence[str], by: str | None 
                 checks.append(Check("error", f"deletes {path}: the {art.name} artifact, which stage "
                                     f"{' and '.join(users)} needs"))
     return tuple(checks)
+
+
+def operator(action: str) -> str:
+    """Who stops a run, as its cause of death says: this console's user@host, and how (stop,
+    restart, resume)."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()} ({action})"
 
 
 def _alive(snap: Snapshot, stage: str) -> bool:

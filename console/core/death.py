@@ -24,7 +24,8 @@ def cause_of_death(rec: StageRecord, snap: Snapshot) -> Death | None:
         return None
     if status == "stopped":
         when = time.strftime("%H:%M:%S", time.localtime(rec.stopped_at or 0))
-        return Death("stopped", f"stopped by the operator from the console at {when}")
+        who = visible(rec.stopped_by)[:SHOWN_CHARS // 2] or "the operator"
+        return Death("stopped", f"stopped by {who} from the console at {when}")
     if rec.rc is None:
         if rec.boot_id and snap.boot_id and rec.boot_id != snap.boot_id:
             return Death("reboot", "the box rebooted after it was fired (its boot id changed)",

@@ -489,7 +489,8 @@ class ConsoleState:
         if status == "done":
             return Alert(at, "info", f"stage {stage.name} done", stage.name, run=run)
         if status == "stopped":
-            return Alert(at, "info", f"stage {stage.name} stopped by the operator", stage.name, run=run)
+            said = death.detail if death and death.cause == "stopped" else "stopped by the operator"
+            return Alert(at, "info", f"stage {stage.name} {said}", stage.name, run=run)
         if status not in ("failed", "lost", "orphaned") or self._said_by_fire(stage.name, run):
             return None
         rc = f" rc={rec.rc}" if rec.rc is not None else ""

@@ -414,7 +414,7 @@ def stop_stage(req: dict[str, Any]) -> dict[str, Any]:
         return refusal
     # Said before the signal: the chain's trap writes its rc at once, and a console polling in
     # between must not read a deliberate stop as a failure.
-    note_stopped(workspace(req), req["stage"], rec, name)
+    note_stopped(workspace(req), req["stage"], rec, name, req.get("by"))
     signalled, denied_pids = chain.send(SIGNALS[name])
     if not signalled:
         forget_stopped(workspace(req), req["stage"])
@@ -444,10 +444,12 @@ def state_folder(workspace: str) -> int:
         os.close(root)
 
 
-def note_stopped(workspace: str, stage: str, rec: dict[str, Any], signal_name: str) -> None:
-    """STAGE.stopped: this run (by its fired_at) was stopped by the operator, and when. A new
-    fire records another fired_at, so the note never speaks for a later run."""
-    note = {"fired_at": rec.get("fired_at"), "time": time.time(), "signal": signal_name}
+def note_stopped(workspace: str, stage: str, rec: dict[str, Any], signal_name: str, by: Any = None) -> None:
+    """STAGE.stopped: this run (by its fired_at) was stopped by the operator, by whom (the
+    console's user@host and what it did: stop, restart) and when. A new fire records another
+    fired_at, so the note never speaks for a later run."""
+    note = {"fired_at": rec.get("fired_at"), "time": time.time(), "signal": signal_name,
+            "by": by[:120] if isinstance(by, str) else ""}
     try:
         folder = state_folder(workspace)
         try:

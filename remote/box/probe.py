@@ -134,7 +134,8 @@ def stage_states(workspace: str, by_pid: Mapping[int, Mapping[str, Any]], btime:
             rec["rc"] = None  # no exit status: what the trap wrote was overwritten
         if rec["rc"] is not None and rec["group"]:
             rec["alive"] = True  # its chain has finished, but processes it started still run
-        rec["stopped_at"] = stopped_at(os.path.join(state_dir, name[: -len(".json")] + ".stopped"), rec)
+        rec["stopped_at"], rec["stopped_by"] = stop_note(os.path.join(state_dir, name[: -len(".json")] + ".stopped"),
+                                                         rec)
         rec["death"] = death_said(os.path.join(state_dir, name[: -len(".json")] + ".death"), rec)
         out.append(rec)
     CHAIN_MARKERS.keep_only(by_pid)
@@ -176,19 +177,19 @@ def death_said(path: str, rec: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"cause": said["cause"][:40], "detail": said["detail"][:400], "evidence": evidence}
 
 
-def stopped_at(path: str, rec: Mapping[str, Any]) -> float | None:
-    """When the operator stopped this run (kill.py's STAGE.stopped naming the record's fired_at),
-    else None: a stop of an earlier run says nothing about this one."""
+def stop_note(path: str, rec: Mapping[str, Any]) -> tuple[float | None, str]:
+    """When the operator stopped this run and by whom (kill.py's STAGE.stopped naming the
+    record's fired_at), else (None, ""): a stop of an earlier run says nothing about this one."""
     try:
         note = json_document(read_regular(path, 1024))
     except (OSError, ValueError):
-        return None
+        return None, ""
     if not isinstance(note, dict) or note.get("fired_at") != rec.get("fired_at"):
-        return None
-    when = note.get("time")
+        return None, ""
+    when, by = note.get("time"), note.get("by")
     if not isinstance(when, (int, float)) or isinstance(when, bool) or not 0 <= when < 1e11:
-        return None  # not a time this box's clock could have written
-    return float(when)
+        return None, ""  # not a time this box's clock could have written
+    return float(when), by[:120] if isinstance(by, str) else ""
 
 
 # ---------------------------------------------------------------- the request's shape
