@@ -53,7 +53,9 @@ class ReplayTransport:
         self.generation = 0
         self.requests: list[dict[str, Any]] = []  # every probe request, expanded, in order
         self.runs: list[tuple[str, dict[str, Any]]] = []  # every tool run: (module, request)
-        self.tools: dict[str, Tool] = {"kill": self._kill}
+        # The recorded box keeps no checkpoints: a running training run's listing is empty.
+        self.tools: dict[str, Tool] = {"kill": self._kill,
+                                       "checkpoints": lambda req: {"folder": req["folder"], "checkpoints": []}}
         self.down: str | None = None  # set: every request fails with this, as over a lost connection
         self.streams = 0  # probes opened
         self.clock: Callable[[], float] | None = None  # set: each reply's time is its reading (a live box)

@@ -22,7 +22,7 @@ from samai.remote.boxapi import Box
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
 from samai.widgets.status import StatusBar
-from tests.helpers import action_layer, collect_toasts, pilot_until
+from tests.helpers import action_layer, collect_toasts, pilot_until, polls_after
 
 SIZE = (140, 45)
 
@@ -173,8 +173,12 @@ async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, work
         await pilot.press("b")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         await pilot.click("#confirm")
-        await pilot_until(pilot, lambda: any("stage boom failed rc=3" in a.text for a in app.state.alerts), 15)
+        # One failure, one alert: the fire's (it failed within its verify window) or the poll's.
+        await pilot_until(pilot, lambda: any("stage boom failed" in a.text and "rc=3" in a.text
+                                             for a in app.state.alerts), 15)
+        await polls_after(pilot, 2)
         texts = [a.text for a in app.state.alerts]
+        assert len([t for t in texts if t.startswith("stage boom failed")]) == 1, texts
         assert any("BAD_THING happened" in t for t in texts)
         assert "BAD_THING" in str(app.box_screen.query_one("#alerts").render())
         assert "failed" in str(app.box_screen.query_one("#stages").render())
