@@ -297,3 +297,36 @@ def test_a_tampered_death_file_is_no_verdict_and_box_text_stays_inert() -> None:
     assert found is not None and len(found.detail) == 400 and found.evidence == ("a\nb",)
     assert "\x1b" not in death_line(found) and len(death_line(found)) <= 200
     assert model._death({"cause": "rm -rf", "detail": "x"}) is None and model._death("oops") is None
+
+
+@pytest.mark.parametrize(("cause", "said"), [
+    ("oom_killed", "last RSS seen 61.0 GB at "),
+    ("cuda_oom", "GPU memory at "),
+    ("exception", None),
+])
+def test_an_oom_says_how_large_the_run_was_when_last_seen_and_a_cuda_oom_who_held_the_gpus(cause, said) -> None:
+    """What only the console kept across polls: the run's RSS and the GPUs' largest holders at
+    the last poll that saw it running, in the cause's detail and evidence (not for other causes)."""
+    from samai.console.core import config
+    from samai.console.core.state import ConsoleState
+    from tests import factories
+
+    cfg = config.parse('[workspace]\npath = "/ws"\n[stages.train]\nkey = "t"\ncommand = "sleep 1"\n', "(test)")
+    state = ConsoleState(cfg)
+    proc = factories.process(4242, rss=61 * 10**9)
+    hog = factories.process(5100, argv=("llama-server", "-m", "\x1b[31mm.gguf"))
+    gpus = factories.gpu_reading(factories.gpu(processes=(factories.gpu_process(4242, 70 * 10**9),
+                                                          factories.gpu_process(5100, 9 * 10**9))))
+    state.apply(factories.snapshot(processes=[proc, hog], states=[factories.running(proc, "train")], gpus=gpus),
+                [], 1.0)
+    died = factories.stage_record("train", rc=137 if cause == "oom_killed" else 1,
+                                  death=Death(cause, "the kernel's OOM killer killed pid 4242 (python)"))
+    update = state.apply(factories.snapshot(states=[died]), [], 2.0)
+    [alert] = [a for a in update.new_alerts if a.stage == "train"]
+    [view] = update.stages
+    if said is None:
+        assert " · " not in view.death.detail and len(view.death.evidence) == 0
+        return
+    assert said in alert.text and said in view.death.detail and view.death.evidence[-1].startswith(said)
+    if cause == "cuda_oom":
+        assert "pid 4242 python train.py 70.0 GB; pid 5100 llama-server" in alert.text and "\x1b" not in alert.text

@@ -7,7 +7,9 @@ The same line is shown in the stages bar, the alert, `snapshot`, `doctor` and th
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 
+from samai.console.core import units
 from samai.remote.model import Death, Snapshot, StageRecord
 from samai.remote.safe_text import visible
 
@@ -37,6 +39,53 @@ def cause_of_death(rec: StageRecord, snap: Snapshot) -> Death | None:
     if xid is not None and said.cause in XID_EXPLAINS:
         return Death("gpu_xid", xid, (said.line[:SHOWN_CHARS], *said.evidence))
     return said
+
+
+@dataclass(frozen=True)
+class LastSeen:
+    """A run as the last poll that saw it running saw it: what only the console kept."""
+
+    time: float
+    rss: int  # its processes' resident memory together
+    gpu: tuple[tuple[int, str, int], ...]  # the GPUs' largest holders then: (pid, command, bytes)
+
+
+GPU_HOLDERS_SHOWN = 3
+RUNS_KEPT = 64
+
+
+class RunWatch:
+    """Each running run's last RSS and the GPUs' largest holders, poll by poll, kept after it ends:
+    an OOM kill's cause says how large the run was when last seen, a CUDA OOM who held the GPUs."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, float], LastSeen] = {}
+
+    def observe(self, snap: Snapshot) -> None:
+        held = sorted(snap.gpus.holders().items(), key=lambda kv: -kv[1])[:GPU_HOLDERS_SHOWN]
+        gpu = tuple((pid, (p.command if (p := snap.process(pid)) else "?")[:80], n) for pid, n in held)
+        for rec in snap.states:
+            if rec.status == "running":
+                rss = sum(p.rss for p in snap.processes if p.pid in rec.group)
+                self.seen[(rec.stage, rec.fired_at)] = LastSeen(snap.time, rss, gpu)
+        while len(self.seen) > RUNS_KEPT:
+            self.seen.pop(next(iter(self.seen)))
+
+    def explained(self, rec: StageRecord, death: Death | None) -> Death | None:
+        """The death with what the console saw of the run last: its RSS for an OOM kill, the
+        GPUs' largest holders for a CUDA OOM (in its detail and its evidence)."""
+        seen = self.seen.get((rec.stage, rec.fired_at))
+        if death is None or seen is None:
+            return death
+        when = time.strftime("%H:%M:%S", time.localtime(seen.time))
+        if death.cause == "oom_killed" and seen.rss:
+            said = f"last RSS seen {units.size(seen.rss)} at {when}"
+        elif death.cause == "cuda_oom" and seen.gpu:
+            said = "GPU memory at " + when + ": " + "; ".join(
+                f"pid {pid} {visible(cmd)} {units.size(n)}" for pid, cmd, n in seen.gpu)
+        else:
+            return death
+        return replace(death, detail=f"{death.detail} · {said}"[:SHOWN_CHARS * 2], evidence=(*death.evidence, said))
 
 
 def _xid_in_window(rec: StageRecord, snap: Snapshot) -> str | None:

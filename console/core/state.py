@@ -13,7 +13,7 @@ from typing import Literal
 from samai.console.core.budget import DiskBudget, Projection, project, workspace_disk
 from samai.console.core.chunked_lines import piece_follower
 from samai.console.core.config import CHAIN_DONE, Config, Stage
-from samai.console.core.death import cause_of_death, death_line, exit_words
+from samai.console.core.death import RunWatch, cause_of_death, death_line, exit_words
 from samai.console.core.detectors import (
     CHECKPOINT_DETECTORS,
     DETECTORS,
@@ -192,6 +192,7 @@ class ConsoleState:
         self.disk = DiskWatch()  # the workspace's recent use: how fast it fills
         self.disk_trend: DiskTrend | None = None  # as of the last poll
         self.memory = MemoryWatch()  # each running stage's memory: how fast it grows towards its limit
+        self.runs_seen = RunWatch()  # each run's last RSS and the GPUs' holders: evidence when it dies
         self.memory_trends: tuple[MemoryTrend, ...] = ()
         # Each running training run's checkpoints as last listed (sizes only), and when they were asked for.
         self.checkpoint_lists: dict[str, Checkpoints] = {}
@@ -248,6 +249,7 @@ class ConsoleState:
         self.snapshot, self.received_at = snap, now
         self.disk_trend = self.disk.observe(snap)
         self.memory_trends = tuple(self.memory.observe(snap))
+        self.runs_seen.observe(snap)
         ctx = self.detector_context(snap)
         update = StateUpdate(snap, [], ctx.budget, self._process_rows(snap), ctx.eval_reports[0])
         resolved = self._new_runs(snap, update, now)  # before the logs: a new run's lines start it clean
@@ -473,14 +475,14 @@ class ConsoleState:
         if before is not None and before != status:
             self.sizer.refresh_all()  # what it made (or removed) is sized in the next poll
         if before == "running" and rec is not None:
-            ended = self._ended(stage, rec, status, cause_of_death(rec, snap))
+            ended = self._ended(stage, rec, status, self.runs_seen.explained(rec, cause_of_death(rec, snap)))
             if ended:
                 update.new_alerts.append(ended)
         marker, severity = self.last_markers.get(stage.name, (None, "info"))
         return StageView(stage.name, stage.key, status, rec.fired_at if rec else None, rec.pid if rec else None,
                          rec.rc if rec else None, marker, severity, self.previous.get(stage.name),
                          self._progress.get(stage.name) if status == "running" else None,
-                         cause_of_death(rec, snap) if rec else None)
+                         self.runs_seen.explained(rec, cause_of_death(rec, snap)) if rec else None)
 
     def _ended(self, stage: Stage, rec, status: str, death: Death | None) -> Alert | None:
         """The alert for a run that was running at the last poll and is not now: why it died,
