@@ -473,3 +473,24 @@ def test_fuzzed_event_sources_never_crash(events: list, event_set: Any, event_ty
     reading = in_process(rec).gpus
     assert [g.name for g in reading.gpus] == ["NVIDIA RTX A5000"] * 2 and reading.error is None
     assert all(e.gpu in (0, 1) and e.kind in model.GPU_EVENT_KINDS for e in reading.events)
+
+
+async def test_a_run_that_died_while_its_gpu_reported_an_xid_is_gpu_xid(box: Box, monkeypatch, tmp_path,
+                                                                          workspace) -> None:
+    """Issue 31: a real stage dies of an exception; the probe (the real NVML layer, on a replayed
+    driver whose event wait delivers Xid 79 on GPU 1) saw the Xid while it ran: the cause is
+    gpu_xid, with the run's own words kept as evidence."""
+    from samai.console.core.death import cause_of_death
+    from tests.helpers import wait_for
+
+    script = "import time\ntime.sleep(1.5)\nraise RuntimeError('CUDA error: an illegal memory access')\n"
+    (workspace / "job.py").write_text(script)
+    assert (await box.fire("job", f"{sys.executable} job.py", "logs/job.log", verify_s=0.2)).ok
+    replay(monkeypatch, tmp_path, with_events("dual_a5000", [[1, nvml.EVENT_XID, 79]]))  # the probe starts now
+    assert xids(await box.snapshot()) == [(1, "xid", 79)]
+    wait_for(lambda: (workspace / ".samai" / "state" / "job.rc").exists(), timeout=30)
+    snap = await box.snapshot()
+    found = cause_of_death(snap.state("job"), snap)
+    assert found is not None and found.cause == "gpu_xid", found
+    assert found.detail.startswith("GPU 1 reported Xid 79 at ") and found.detail.endswith(", while it ran")
+    assert found.evidence[0].startswith("exception: RuntimeError: CUDA error: an illegal memory access")

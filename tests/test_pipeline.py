@@ -845,3 +845,49 @@ def test_the_nan_guard_of_a_resumed_run_counts_the_steps_it_continues(provisione
     said = json.loads(out.stdout.strip().splitlines()[-1])
     assert said["stop"] is stops and said["steps"] == sum(isinstance(h, dict) and "loss" in h for h in history) + 1
     assert (tmp_path / "TRAIN_NAN").exists() is stops
+
+
+TWO_RANKS = """
+import datetime, os, signal, subprocess, sys
+import torch
+import torch.distributed as dist
+
+rank = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+if rank == 0:  # rank 1 is this stage's own child, as a launcher starts it
+    peer = subprocess.Popen([sys.executable, __file__, "1"])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % os.environ["PORT"], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=30))
+t = torch.ones(4)
+dist.all_reduce(t)
+print("rank %d: step 1 all_reduce %s" % (rank, t.tolist()), flush=True)
+if rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # the peer dies (its node lost, OOM-killed) mid-run
+dist.all_reduce(t)  # rank 0 waits on a peer that is gone
+"""
+
+
+async def test_a_peer_rank_that_dies_is_a_collective_timeout_from_a_real_gloo_run(pipeline_ws: Path) -> None:
+    """Issue 31: two real ranks over gloo; rank 1 is killed after the first all_reduce; rank 0's
+    collective fails on the lost peer and its chain says collective_timeout with gloo's words."""
+    from samai.console.core.death import cause_of_death
+
+    (pipeline_ws / "ranks.py").write_text(TWO_RANKS)
+    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
+    try:
+        fired = await box.fire("ddp", "venv/bin/python ranks.py", "logs/ddp.log", env={"PORT": str(free_port())},
+                               verify_s=0.5)
+        assert fired.state != "refused", fired.reason
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            snap = await box.snapshot(processes=True)
+            if snap.state("ddp").rc is not None:
+                break
+            await asyncio.sleep(0.5)
+        log = (pipeline_ws / "logs" / "ddp.log").read_text()
+        rec = snap.state("ddp")
+        assert rec.rc not in (None, 0) and "rank 0: step 1 all_reduce" in log, log[-3000:]
+        found = cause_of_death(rec, snap)
+        assert found is not None and found.cause == "collective_timeout", (found, log[-3000:])
+        assert "SAMAI_DEATH collective_timeout: " in log
+    finally:
+        await box.close()
