@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +25,9 @@ from hypothesis import strategies as st
 from samai.console.core.death import cause_of_death
 from samai.remote.box import death
 from samai.remote.boxapi import Box
+from samai.remote.local import LocalTransport
 from samai.remote.model import Death, GpuEvent, Snapshot
+from tests.helpers import stop_stages_under
 
 LOG = "logs/s.log"
 PY = sys.executable
@@ -136,6 +139,55 @@ async def test_a_stage_that_fills_its_disk_is_disk_full(box, workspace, small_di
     code, detail, evidence, _ = await cause(box, f"{PY} fill.py")
     assert code == "disk_full" and "No space left on device" in detail
     assert any("Errno 28" in line for line in evidence)
+    assert "the workspace grew" not in detail  # a file system mounted in it filled, not the workspace's
+
+
+@pytest.fixture
+def small_workspace(tmp_path):
+    """A box whose whole workspace is a 4 MiB tmpfs (root, or a user namespace, needed)."""
+    ws = tmp_path / "small-ws"
+    ws.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(ws)], capture_output=True, text=True)
+    if r.returncode != 0:
+        _unavailable(f"a tmpfs cannot be mounted here: {r.stderr.strip()[:200]}")
+    yield ws
+    stop_stages_under(ws)
+    subprocess.run(["umount", "-l", str(ws)], check=False)
+
+
+FILL = """import os
+with open("model.bin", "wb") as f:
+    f.write(os.urandom(2 << 20))
+try:
+    with open("checkpoint.tmp", "wb") as f:  # a save written aside, renamed once whole
+        while True:
+            f.write(os.urandom(64 * 1024))
+            f.flush()
+except OSError:
+    if KEEP_ROOM:
+        os.unlink("checkpoint.tmp")  # the failed save removes its half
+    raise
+"""
+
+
+@pytest.mark.parametrize("keep_room", [True, False], ids=["its failed save removed", "left full"])
+async def test_a_stage_that_fills_the_workspace_is_disk_full_with_what_filled_it(small_workspace, keep_room) -> None:
+    """What filled it: the run's own growth of the workspace. And a workspace left so full that
+    the chain could not write its exit status is still disk_full, from the console's reading."""
+    box = Box(LocalTransport(), str(small_workspace), python=sys.executable)
+    try:
+        (small_workspace / "fill.py").write_text(FILL.replace("KEEP_ROOM", str(keep_room)))
+        code, detail, evidence, _ = await cause(box, f"{PY} fill.py")
+    finally:
+        await box.close()
+    assert code == "disk_full", detail
+    if keep_room:
+        grew = re.search(r" · the workspace grew by ([\d.]+) (kB|MB) while it ran", detail)
+        assert "No space left on device" in detail and grew, detail
+        assert 2.0 <= float(grew[1]) * (0.001 if grew[2] == "kB" else 1) <= 2.5, detail
+        assert evidence[-1].startswith("the workspace grew by ")
+    else:
+        assert detail.startswith("the workspace's file system is full (") and "could not write its exit" in detail
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from samai.console.core.checks import check_trainlog
 from samai.console.core.detectors import detect
 from samai.console.core.evalcheck import check_eval
 from samai.console.core.fixes import FixAction
+from samai.console.core.resume import resume_choice
 from samai.remote.box.gguf_check import check_file
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
@@ -410,6 +411,9 @@ async def test_runs_that_die_after_step_4_pass_nowhere_downstream(pipeline_ws: P
             assert expected <= set(codes), (kind, list(codes))
             late = codes["hidden_nan" if kind == "diverged" else "dead_gradients"]
             assert late.step > 4 and late.severity == "error", late
+            first = min(p.step for p in found.problems if p.step is not None and p.severity == "error")
+            choice = await resume_choice(box, cfg, train)  # never a checkpoint written after the first anomaly
+            assert choice.chosen is None or choice.chosen.step < first, (kind, choice, first)
 
             plan = await actions.plan_fire("merge")  # the console's own merge preflight
             finding = f"train's log, last run: {late.code}: {late.message}"
@@ -789,12 +793,15 @@ async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_
                                                       and a.action == FixAction.resume("train")), None), timeout=60)
         assert "stage train failed rc=137: signal: killed by SIGKILL" in died.text, died.text
         killed_at = max(int(p.name.split("-")[1]) for p in folder.glob("checkpoint-*"))
+        (folder / f"checkpoint-{killed_at}" / "optimizer.pt").unlink()  # the newest made incomplete
 
         dialog = await _dialog(pilot, app, "x")
         assert dialog.plan.action == "resume"
         assert dialog.plan.checkpoint.startswith("runs/train/checkpoints/checkpoint-")
         step = int(dialog.plan.checkpoint.rsplit("-", 1)[1])
-        assert 0 < step <= killed_at and "--resume-from" in dialog.plan.chain
+        assert 0 < step < killed_at and "--resume-from" in dialog.plan.chain  # the one before it
+        assert f"passed over checkpoint-{killed_at}: missing optimizer.pt or optimizer.bin or global_step*" \
+            in dialog.plan.details
         await pilot.click("#confirm")
         await pilot_until(pilot, lambda: app.state.runs.get("train") not in (None, first), timeout=60)
         rec = await pilot_until(pilot, lambda: _ended(app, "train"), timeout=600)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, replace
 
 from samai.console.core import units
+from samai.console.core.budget import workspace_disk
 from samai.remote.model import Death, Snapshot, StageRecord
 from samai.remote.safe_text import visible
 
@@ -17,6 +18,7 @@ from samai.remote.safe_text import visible
 # (not one whose own lines name a more specific cause, such as the disk being full).
 XID_EXPLAINS = ("signal", "exit", "exception")
 SHOWN_CHARS = 200
+FULL_BYTES = 1 << 20  # a workspace with less free is full: a chain's rc file may not have fit
 
 
 def cause_of_death(rec: StageRecord, snap: Snapshot) -> Death | None:
@@ -29,6 +31,10 @@ def cause_of_death(rec: StageRecord, snap: Snapshot) -> Death | None:
         who = visible(rec.stopped_by)[:SHOWN_CHARS // 2] or "the operator"
         return Death("stopped", f"stopped by {who} from the console at {when}")
     if rec.rc is None:
+        disk = workspace_disk(snap)
+        if disk is not None and disk.total and disk.free < FULL_BYTES:  # its chain could not write its rc
+            return Death("disk_full", f"the workspace's file system is full ({units.size(disk.free)} free of "
+                         f"{units.size(disk.total)}): its chain could not write its exit status")
         if rec.boot_id and snap.boot_id and rec.boot_id != snap.boot_id:
             return Death("reboot", "the box rebooted after it was fired (its boot id changed)",
                          (f"boot id then {rec.boot_id[:36]}, now {snap.boot_id[:36]}",))

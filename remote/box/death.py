@@ -293,6 +293,32 @@ def workspace_free(workspace: str) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+DISK_START = re.compile(rb"^SAMAI_DISK start used=(\d{1,20}) ", re.M)
+
+
+def disk_growth(log: str, workspace: str) -> int | None:
+    """How much the workspace's file system gained while the run ran: its used bytes now against
+    the chain's SAMAI_DISK start line at the head of the run's log (None: not known)."""
+    from .disk import disk_usage
+
+    try:
+        found = DISK_START.search(read_regular_file(log, 8192))
+        used = disk_usage("workspace", workspace)["used"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    return used - int(found.group(1)) if found and isinstance(used, int) else None
+
+
+def with_growth(said: dict[str, Any], growth: int | None) -> dict[str, Any]:
+    """A disk_full verdict with what filled it: the run's own growth of the workspace."""
+    if said["cause"] != "disk_full" or not growth or growth <= 0:
+        return said  # (a file system mounted inside the workspace filled, not the workspace's)
+    from .diskline import human
+
+    grew = "the workspace grew by %s while it ran (SAMAI_DISK start to its end)" % human(growth)
+    return dict(said, detail=cut("%s · %s" % (said["detail"], grew), DETAIL_CHARS), evidence=said["evidence"] + [grew])
+
+
 def stop_survivors(chain_pid: int, chain_id: str) -> list[int]:
     """Every process the chain started that still runs, but the chain and this process: TERM,
     then KILL after a grace. The pids it stopped."""
@@ -347,7 +373,9 @@ def main(argv: list[str]) -> int:
         watch = {}
     fired_at = float(watch.get("fired_at") or 0.0) if isinstance(watch, dict) else 0.0
     oom = oom_evidence(watch, fired_at) if isinstance(watch, dict) else None
-    said = judge(rc, log_lines(env.get("SAMAI_LOG", "")), oom, workspace_free(env.get("SAMAI_WORKSPACE", "/")))
+    workspace = env.get("SAMAI_WORKSPACE", "/")
+    said = judge(rc, log_lines(env.get("SAMAI_LOG", "")), oom, workspace_free(workspace))
+    said = with_growth(said, disk_growth(env.get("SAMAI_LOG", ""), workspace))
     said["rc"] = rc
     said["time"] = time.time()
     # In the log too, where the runs list (H) reads each run's cause back: one line, no newline.
