@@ -310,12 +310,13 @@ def disk_growth(log: str, workspace: str) -> int | None:
 
 
 def with_growth(said: dict[str, Any], growth: int | None) -> dict[str, Any]:
-    """A disk_full verdict with what filled it: the run's own growth of the workspace."""
+    """A disk_full verdict with what filled it: the workspace's file system's growth while the
+    run ran (its own writes, and any other writer's on that file system)."""
     if said["cause"] != "disk_full" or not growth or growth <= 0:
         return said  # (a file system mounted inside the workspace filled, not the workspace's)
     from .diskline import human
 
-    grew = "the workspace grew by %s while it ran (SAMAI_DISK start to its end)" % human(growth)
+    grew = "the workspace's file system grew by %s while it ran (SAMAI_DISK start to its end)" % human(growth)
     return dict(said, detail=cut("%s · %s" % (said["detail"], grew), DETAIL_CHARS), evidence=said["evidence"] + [grew])
 
 
