@@ -120,14 +120,20 @@ async def test_a_cuda_out_of_memory_is_said_before_the_exception_it_raised(box, 
     assert code == "cuda_oom" and detail.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
 
 
-@pytest.fixture
-def small_disk(workspace: Path):
-    """A 1 MiB tmpfs mounted in the workspace (root, or a user namespace, needed)."""
-    mount = workspace / "data"
+def tmpfs(mount: Path, size: str) -> Path:
+    """A tmpfs of this size mounted here (root, or a user namespace, needed)."""
     mount.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
+                       text=True)
     if r.returncode != 0:
         _unavailable(f"a tmpfs cannot be mounted here: {r.stderr.strip()[:200]}")
+    return mount
+
+
+@pytest.fixture
+def small_disk(workspace: Path):
+    """A 1 MiB tmpfs mounted in the workspace."""
+    mount = tmpfs(workspace / "data", "1m")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
@@ -143,12 +149,8 @@ async def test_a_stage_that_fills_its_disk_is_disk_full(box, workspace, small_di
 
 @pytest.fixture
 def small_workspace(tmp_path):
-    """A box whose whole workspace is a 4 MiB tmpfs (root, or a user namespace, needed)."""
-    ws = tmp_path / "small-ws"
-    ws.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(ws)], capture_output=True, text=True)
-    if r.returncode != 0:
-        _unavailable(f"a tmpfs cannot be mounted here: {r.stderr.strip()[:200]}")
+    """A box whose whole workspace is a 4 MiB tmpfs."""
+    ws = tmpfs(tmp_path / "small-ws", "4m")
     yield ws
     stop_stages_under(ws)
     subprocess.run(["umount", "-l", str(ws)], check=False)

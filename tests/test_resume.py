@@ -65,17 +65,22 @@ def ws(workspace: Path) -> Path:
     return workspace
 
 
-async def test_the_newest_fit_checkpoint_is_resumed_from_with_one_confirmed_plan(ws: Path, tmp_path: Path) -> None:
-    cfg = config.load(ws / "samai.toml")
-    box = Box(LocalTransport(), str(ws), python=sys.executable)
-    shown = []
+def confirming(ws: Path, tmp_path: Path) -> tuple[Box, Actions, list]:
+    """The action layer on this workspace's box, confirming every plan (each kept in the list)."""
+    shown: list = []
 
     async def confirm(plan):
         shown.append(plan)
         return Decision.confirmed(plan, "test")
 
+    box = Box(LocalTransport(), str(ws), python=sys.executable)
+    cfg = config.load(ws / "samai.toml")
+    return box, Actions(box, cfg, AuditLog(tmp_path / "audit.jsonl"), readonly=False, confirm=confirm), shown
+
+
+async def test_the_newest_fit_checkpoint_is_resumed_from_with_one_confirmed_plan(ws: Path, tmp_path: Path) -> None:
+    box, actions, shown = confirming(ws, tmp_path)
     try:
-        actions = Actions(box, cfg, AuditLog(tmp_path / "audit.jsonl"), readonly=False, confirm=confirm)
         with pytest.raises(NothingToResume, match="checkpoint-12: written at step 12, after the log's first"):
             await actions.plan_resume("sft", "checkpoint-12")
         with pytest.raises(NothingToResume, match="is not in runs/train/checkpoints"):
@@ -191,16 +196,8 @@ async def test_the_prune_plan_deletes_the_old_checkpoints_never_the_one_a_resume
     """Steps 4, 8, 12 and 16; the log sick from step 10: a resume takes checkpoint-8, so a prune to
     the newest two (16, 12) keeps 8 too, and deletes only 4."""
     checkpoint(ws, 16)
-    cfg = config.load(ws / "samai.toml")
-    box = Box(LocalTransport(), str(ws), python=sys.executable)
-    shown = []
-
-    async def confirm(plan):
-        shown.append(plan)
-        return Decision.confirmed(plan, "test")
-
+    box, actions, shown = confirming(ws, tmp_path)
     try:
-        actions = Actions(box, cfg, AuditLog(tmp_path / "audit.jsonl"), readonly=False, confirm=confirm)
         outcome = await actions.prune("sft", keep=2)
         assert outcome.ok, outcome.message
         [plan] = shown

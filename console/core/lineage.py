@@ -12,19 +12,26 @@ from samai.remote.follow import last_run
 from samai.remote.model import RUN_HEADER
 
 if TYPE_CHECKING:
-    from samai.console.core.trainlog import TrainLogResult, TrainPoint
+    from samai.console.core.trainlog import TrainLogCheck, TrainLogResult, TrainPoint
     from samai.remote.boxapi import Box
 
 
 async def last_run_check(box: Box, path: str) -> TrainLogResult:
     """check_trainlog over the last run in a stage's log on the box, streamed, read on from the
-    steps of the runs it resumed (each generation's, up to the step it was resumed from)."""
+    steps of the runs it resumed (each generation's, up to the step it was resumed from). A run
+    that resumed nothing is read once; a resumed one a second time, after the runs it continues."""
     from samai.console.core.trainlog import TrainLogCheck
 
-    headers, step = await _last_run_of(box, path)
-    check = TrainLogCheck()
-    for older, cut in await _lineage(box, path, step):
-        check.feed(until_step(older, cut))
+    check, headers = TrainLogCheck(), 0
+    async for batch in _batches(box, path):
+        newest = last_run(batch)
+        if newest is not None:
+            check = TrainLogCheck()  # a new run: what came before it is another run's
+            headers += sum(1 for line in batch if line.startswith(RUN_HEADER))
+        check.feed(batch if newest is None else newest)
+    if check.resumed_from is None:
+        return check.result()
+    check = await _lineage_check(box, path, check.resumed_from)
     seen = 0
     async for batch in _batches(box, path):
         start = 0
@@ -36,23 +43,20 @@ async def last_run_check(box: Box, path: str) -> TrainLogResult:
     return check.result()
 
 
+async def _lineage_check(box: Box, path: str, step: int) -> TrainLogCheck:
+    """A check fed the runs a run resumed from `step` continues, up to that step (oldest first)."""
+    from samai.console.core.trainlog import TrainLogCheck
+
+    check = TrainLogCheck()
+    for older, cut in await _lineage(box, path, step):
+        check.feed(until_step(older, cut))
+    return check
+
+
 def _batches(box: Box, path: str):
     from samai.console.core.checks import line_batches
 
     return line_batches(box, path, pieces=True)
-
-
-async def _last_run_of(box: Box, path: str) -> tuple[int, int | None]:
-    """How many run headers the log holds, and the step its last run resumed from (its
-    TRAIN_RESUMED line; None: it resumed nothing)."""
-    headers, step = 0, None
-    async for batch in _batches(box, path):
-        for line in batch:
-            if line.startswith(RUN_HEADER):
-                headers, step = headers + 1, None
-            elif line.startswith("TRAIN_RESUMED"):
-                step = _resumed_step(line, step)
-    return headers, step
 
 
 async def _lineage(box: Box, path: str, step: int | None) -> list[tuple[list[str], int]]:
@@ -108,9 +112,4 @@ def until_step(lines: list[str], cut: int) -> list[str]:
 async def earlier_points(box: Box, path: str, step: int) -> list[TrainPoint]:
     """The points of the runs a run resumed from `step` continues, oldest first (the curve before
     the resume point), as far as the kept generations reach."""
-    from samai.console.core.trainlog import TrainLogCheck
-
-    check = TrainLogCheck()
-    for older, cut in await _lineage(box, path, step):
-        check.feed(until_step(older, cut))
-    return list(check.result().points)
+    return list((await _lineage_check(box, path, step)).result().points)

@@ -474,15 +474,15 @@ class ConsoleState:
         self._rcs[stage.name] = rec.rc if rec else None
         if before is not None and before != status:
             self.sizer.refresh_all()  # what it made (or removed) is sized in the next poll
+        death = self.runs_seen.explained(rec, cause_of_death(rec, snap)) if rec else None
         if before == "running" and rec is not None:
-            ended = self._ended(stage, rec, status, self.runs_seen.explained(rec, cause_of_death(rec, snap)))
+            ended = self._ended(stage, rec, status, death)
             if ended:
                 update.new_alerts.append(ended)
         marker, severity = self.last_markers.get(stage.name, (None, "info"))
         return StageView(stage.name, stage.key, status, rec.fired_at if rec else None, rec.pid if rec else None,
                          rec.rc if rec else None, marker, severity, self.previous.get(stage.name),
-                         self._progress.get(stage.name) if status == "running" else None,
-                         self.runs_seen.explained(rec, cause_of_death(rec, snap)) if rec else None)
+                         self._progress.get(stage.name) if status == "running" else None, death)
 
     def _ended(self, stage: Stage, rec, status: str, death: Death | None) -> Alert | None:
         """The alert for a run that was running at the last poll and is not now: why it died,

@@ -312,7 +312,7 @@ def disk_growth(log: str, workspace: str) -> int | None:
 def with_growth(said: dict[str, Any], growth: int | None) -> dict[str, Any]:
     """A disk_full verdict with what filled it: the workspace's file system's growth while the
     run ran (its own writes, and any other writer's on that file system)."""
-    if said["cause"] != "disk_full" or not growth or growth <= 0:
+    if said["cause"] != "disk_full" or growth is None or growth <= 0:
         return said  # (a file system mounted inside the workspace filled, not the workspace's)
     from .diskline import human
 
