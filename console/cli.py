@@ -127,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("lint-payload", help="check that a payload survives the gateway's exec()", add_help=False)
 
+    p = command("watch", "watch the box with nobody at the keys: notify (apprise) what goes wrong, and what resolves")
+    p.add_argument("--notify", action="append", default=[], metavar="URL",
+                   help="an apprise URL to send to, on top of [notify] urls (one holding a credential is refused "
+                        "here: give it in the config or the environment variable [notify] urls_env names)")
+    p.add_argument("--once", action="store_true", help="one poll, send what is due, exit (for cron)")
+    p.add_argument("--all-boxes", action="store_true", help="every box of the config, each on its own")
+    p.add_argument("--interval", type=float, metavar="S", help="seconds between polls (default: [watch] interval)")
+
     p = command("tail", "print the end of a file on the box (relative paths are in the workspace)")
     p.add_argument("path")
     p.add_argument("-n", type=int, default=10, metavar="N", help="start with the last N lines")
@@ -234,6 +242,8 @@ def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = config_mod.load(args.config)
+        if args.command == "watch":
+            return _watch(args, cfg)
         if getattr(args, "all_boxes", False):
             return asyncio.run(_snapshot_all(args, cfg))
         if args.command is None:
@@ -255,6 +265,20 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail(redact(f"cannot reach {args.target or 'the target'}: {e}"), EXIT_USAGE)  # a URL may hold one
     except KeyboardInterrupt:
         return 130
+
+
+def _watch(args: argparse.Namespace, cfg: config_mod.Config) -> int:
+    from samai.console import cli_watch  # apprise and the watcher: off every other command's path
+
+    if args.all_boxes and (args.box or args.target):
+        raise UsageError("--all-boxes watches every box the config declares: give it without --box or --target")
+    if args.interval is not None and not 0.1 <= args.interval <= 86400:
+        raise UsageError("--interval: seconds between polls, from 0.1 to 86400")
+    cfg = _on_box(cfg, args.box)
+    if args.target:
+        cfg = cfg.with_target(args.target)
+    return asyncio.run(cli_watch.run(cfg, notify=args.notify, once=args.once, all_boxes=args.all_boxes,
+                                     readonly=args.readonly, interval=args.interval))
 
 
 def _on_box(cfg: config_mod.Config, name: str | None) -> config_mod.Config:

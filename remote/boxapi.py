@@ -36,7 +36,7 @@ from samai.remote.transport import Stream, Transport
 READY = ".ready"
 GGUF_TOOL = "gguf_surgery.py"
 GGUF_WRITE = "gguf_surgery.py (set_kv, add_tensors, extract)"  # its show and plans only read
-WRITING_TOOLS = ("launch.py", "kill.py", "clean.py", "install.py", GGUF_WRITE)
+WRITING_TOOLS = ("launch.py", "kill.py", "clean.py", "install.py", GGUF_WRITE, "watchers.py")
 
 
 class Box:
@@ -222,6 +222,23 @@ class Box:
         sizes and completeness only (finite None), without reading the adapters."""
         request = {"workspace": self.workspace, "folder": folder, "weights": weights}
         return model.checkpoints(await self.call_readonly("checkpoints.py", request))
+
+    async def watchers(self) -> model.WatchShared:
+        """Who watches this box, who leads, what was sent and acknowledged (box/watchers.py): read only."""
+        return model.watch_shared(await self.call_readonly("watchers.py", {"workspace": self.workspace, "op": "read"}))
+
+    async def watch_beat(self, watcher: str, heartbeat: Mapping[str, Any], lease_s: float,
+                         ledger: Mapping[str, Any] | None) -> model.WatchShared:
+        """A watcher's heartbeat; it takes or renews the lease to send when free, and the leader's
+        ledger is kept. Refused read-only (it writes in the workspace's .samai)."""
+        request = {"workspace": self.workspace, "op": "beat", "id": watcher, "heartbeat": dict(heartbeat),
+                   "lease_s": lease_s, "ledger": dict(ledger) if ledger is not None else None}
+        return model.watch_shared(await self.call("watchers.py", request))
+
+    async def acknowledge(self, keys: Sequence[str], by: str, texts: Mapping[str, str]) -> model.WatchShared:
+        """Alerts acknowledged: no watcher of this box repeats them."""
+        request = {"workspace": self.workspace, "op": "ack", "keys": list(keys), "by": by, "text": dict(texts)}
+        return model.watch_shared(await self.call("watchers.py", request))
 
     async def read_log(self, cursor: LogCursor) -> LogChunk:
         request = {"logs": [cursor.request()], "processes": False, "states": False}

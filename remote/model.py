@@ -825,6 +825,53 @@ def checkpoints(raw: dict[str, Any]) -> Checkpoints:
     return _pick(Checkpoints, raw, checkpoints=found)
 
 
+# ------------------------------------------------------------ watchers (box/watchers.py)
+
+
+@dataclass(frozen=True)
+class WatcherBeat:
+    """One watcher's heartbeat, as it wrote it (anyone may write that folder: checked here)."""
+
+    id: str
+    who: str = ""  # user@host
+    host: str = ""
+    pid: int = 0
+    since: float = 0.0
+    interval: float = 10.0
+    written: float = 0.0  # the box's clock, when the beat was written
+    last_poll: float | None = None
+    last_sent: float | None = None
+    last_error: str = ""
+    sent: int = 0
+    held: int = 0  # messages the hourly cap held back
+    unsent: int = 0  # messages that could not be sent (after their retries)
+    leading: bool = False
+
+
+@dataclass(frozen=True)
+class WatchShared:
+    watchers: tuple[WatcherBeat, ...]
+    leader: str | None  # the id holding the lease to send
+    leading: bool  # the asking watcher holds it
+    ledger: dict[str, Any]  # the leader's, as written: read by the console's policy, defensively
+    acks: dict[str, Any]  # KEY -> {by, at, text}
+    now: float  # the box's clock
+
+
+@_converting
+def watch_shared(raw: dict[str, Any]) -> WatchShared:
+    beats = []
+    for item in _items(raw, "watchers")[:64]:
+        try:
+            beats.append(_pick(WatcherBeat, item))
+        except (BoxError, TypeError):  # one watcher's unreadable beat costs only its own line
+            continue
+    leader = raw.get("leader")
+    leader_id = leader.get("id") if isinstance(leader, dict) and isinstance(leader.get("id"), str) else None
+    return WatchShared(tuple(beats), leader_id, raw.get("leading") is True, _items(raw, "ledger", dict),
+                       _items(raw, "acks", dict), float(raw.get("now") or 0.0))
+
+
 # ------------------------------------------------------------ GGUF surgery (box/gguf_surgery.py)
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from samai.remote.box import logfiles
+from samai.remote.box import logfiles, watchers
 from samai.remote.box import probe as box_probe
 from samai.remote.box.disk import workspace_users
 from samai.remote.box.packages import environments
@@ -54,8 +54,10 @@ class ReplayTransport:
         self.requests: list[dict[str, Any]] = []  # every probe request, expanded, in order
         self.runs: list[tuple[str, dict[str, Any]]] = []  # every tool run: (module, request)
         # The recorded box keeps no checkpoints: a running training run's listing is empty.
+        # The watchers' folder is the box tool itself, run here on the workspace's real folder.
         self.tools: dict[str, Tool] = {"kill": self._kill,
-                                       "checkpoints": lambda req: {"folder": req["folder"], "checkpoints": []}}
+                                       "checkpoints": lambda req: {"folder": req["folder"], "checkpoints": []},
+                                       "watchers": watchers.handle}
         self.down: str | None = None  # set: every request fails with this, as over a lost connection
         self.streams = 0  # probes opened
         self.clock: Callable[[], float] | None = None  # set: each reply's time is its reading (a live box)

@@ -50,7 +50,7 @@ async def test_the_panes_show_the_recorded_box_and_a_stale_server_alert_resolves
         await polls_after(pilot, 2)
         assert "5100" not in {key.split(":")[0] for key, _ in app.box_screen.query_one(ProcessPane).table.rows}
         # Nothing ran on the box but the probe and the read-only listing of the running run's checkpoints.
-        assert app.connection.state == "connected" and {m for m, _ in recorded_box.runs} <= {"checkpoints"}
+        assert app.connection.state == "connected" and {m for m, _ in recorded_box.runs} <= {"checkpoints", "watchers"}
 
 
 async def test_the_box_going_quiet_is_one_alert_naming_its_box_once(recorded_box: ReplayTransport) -> None:

@@ -22,6 +22,8 @@ class Connection:
     readonly: bool = False
     error: str = ""
     connect_s: float | None = None  # the first snapshot after a (re)connect: the handshake, not a round trip
+    watched: str = ""  # who watches the box with nobody at the keys (console/core/watch/seen.py)
+    watched_ok: bool = True
 
 
 class StatusBar(Pane):
@@ -47,6 +49,8 @@ class StatusBar(Pane):
             parts += [f"  rtt {c.rtt * 1000:.0f} ms"]
         elif c.connect_s is not None:
             parts += [f"  connected in {c.connect_s:.1f} s"]
+        if c.watched:  # a watcher's name and error are the box's words (its watch folder)
+            parts += ["  ", (visible(c.watched[:100]), "" if c.watched_ok else "$warning")]
         if c.stale:
             parts += [("  the box is not answering: the panes show old data", "$error")]
         if c.error:

@@ -383,6 +383,29 @@ class Actions:
         except (BoxError, TransportError):
             return None  # the action itself will say what is wrong with the box
 
+    async def acknowledge(self, keys: Sequence[str], texts: Mapping[str, str]) -> tuple[bool, str]:
+        """Alerts acknowledged for every watcher of this box: none repeats them. Nothing that runs
+        changes, so nothing is confirmed; it writes on the box, so read-only refuses it; audited."""
+        if self.readonly:
+            return False, "acknowledge refused: the console is read-only (the acknowledgement is written on the box)"
+        entry = dict(target=self.config.target.url, action="acknowledge", subject=f"{len(keys)} alert(s)",
+                     command="", alerts=list(keys), by=me())
+        try:
+            audit_id = self.audit.intent(**entry)
+        except AuditError as e:
+            return False, f"acknowledge refused: {e}"
+        try:
+            await self.box.acknowledge(keys, me(), texts)
+        except (BoxError, TransportError) as e:
+            result: tuple[bool, str] = (False, f"not acknowledged: {e}")
+        else:
+            result = (True, f"{len(keys)} alert(s) acknowledged: no watcher of this box repeats them")
+        try:
+            self.audit.outcome(audit_id, **entry, result="ok" if result[0] else "error", message=result[1])
+        except AuditError as e:
+            return False, f"{result[1]}; but {e}"
+        return result
+
     # ------------------------------------------------------------ plans
 
     async def plan_fire(self, stage_name: str) -> FirePlan:
@@ -789,9 +812,8 @@ def needed_artifact_checks(config: Config, paths: Sequence[str], by: str | None 
     return tuple(checks)
 
 
-def operator(action: str) -> str:
-    """Who stops a run, as its cause of death says: this console's user@host, and how (stop,
-    restart, resume)."""
+def me() -> str:
+    """This console's user@host: who acts, acknowledges or watches."""
     import getpass
     import socket
 
@@ -799,7 +821,13 @@ def operator(action: str) -> str:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
-    return f"{user}@{socket.gethostname()} ({action})"
+    return f"{user}@{socket.gethostname()}"
+
+
+def operator(action: str) -> str:
+    """Who stops a run, as its cause of death says: this console's user@host, and how (stop,
+    restart, resume)."""
+    return f"{me()} ({action})"
 
 
 def _alive(snap: Snapshot, stage: str) -> bool:

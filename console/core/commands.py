@@ -49,6 +49,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("app.restart", "box", "r", "restart", "Restart", changes_box=True),
     Command("app.clean", "box", "c", "clean", "Clean", changes_box=True),
     Command("app.fix", "box", "x", "fix", "Fix alert", changes_box=True),
+    Command("app.acknowledge", "box", "A", "acknowledge", "Acknowledge alerts (no watcher repeats them)",
+            changes_box=True, show=False),
     Command("app.runs", "box", "H", "runs", "Runs of the shown stage", show=False),
     Command("stage.fire", "stage", "", "fire", "Fire a stage (its key), or restart it while it runs", changes_box=True),
     Command("disk.largest", "disk", "u", "disk_users", "Largest disk users", show=False),

@@ -160,6 +160,32 @@ class Ui:
     eval_reports: str = "runs/eval/*/summary.json"  # eval summaries, a glob in the workspace
 
 
+# The fixes a watcher may run by itself when their alert stands ([watch] recover): each is a fix
+# the TUI offers for that alert, run through the same action layer.
+RECOVERIES = ("resume_train", "restart_serve")
+
+
+@dataclass(frozen=True)
+class Watch:
+    """[watch]: the headless watcher (`samai-console watch`)."""
+
+    interval: float = 10.0  # seconds between polls
+    unreachable_after: float = 300.0  # a box silent this long is a notification (once), and its return another
+    recover: tuple[str, ...] = ()  # RECOVERIES the watcher may run by itself; none: it only notifies
+    max_recoveries: int = 3  # per stage per hour
+
+
+@dataclass(frozen=True)
+class Notify:
+    """[notify]: where the watcher sends what it sees (apprise URLs), and how much."""
+
+    urls: tuple[str, ...] = ()  # apprise URLs; they may hold secrets: never logged or shown
+    urls_env: str = "SAMAI_NOTIFY_URLS"  # an environment variable holding more URLs (space or comma separated)
+    min_severity: str = "error"  # alerts at or above it are sent
+    repeat_after: float = 3600.0  # an alert still active and not acknowledged is sent again after this
+    max_per_hour: int = 20
+
+
 @dataclass(frozen=True)
 class Config:
     source: str
@@ -172,6 +198,8 @@ class Config:
     model: tuple[tuple[str, Any], ...] = ()
     ui: Ui = field(default_factory=Ui)
     boxes: tuple[BoxSpec, ...] = ()  # [boxes.NAME]; none: the one box of [target] and [workspace]
+    watch: Watch = field(default_factory=Watch)
+    notify: Notify = field(default_factory=Notify)
 
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -414,7 +442,7 @@ class _Reader:
 
     def config(self, raw: dict[str, Any]) -> Config:
         self.table(raw, "", {"pipeline", "target", "workspace", "budget", "artifacts", "stages", "model", "ui",
-                             "boxes"})
+                             "boxes", "watch", "notify"})
         pipeline = self.text(raw, "pipeline", "", "custom")
         if not NAME.match(pipeline):  # it names the default workspace's folder
             raise self.fail("pipeline", "a name of letters, digits, '_', '.', '-'", pipeline)
@@ -439,6 +467,8 @@ class _Reader:
             model=tuple(model.items()),
             ui=self.ui(raw.get("ui"), workspace),
             boxes=boxes,
+            watch=self.watch(raw.get("watch")),
+            notify=self.notify(raw.get("notify")),
         )
 
     def boxes(self, raw: dict[str, Any], pipeline: str) -> tuple[BoxSpec, ...]:
@@ -630,3 +660,30 @@ class _Reader:
                   self.integer(u, "tail_lines", "ui", 200, 0, 1_000_000),
                   tuple(keys.items()),
                   self.path_inside(u, "eval_reports", "ui", workspace, "runs/eval/*/summary.json"))
+
+    def watch(self, raw: Any) -> Watch:
+        w = self.table(raw, "watch", {"interval", "unreachable_after", "recover", "max_recoveries"})
+        recover = self.names(w, "recover", "watch")
+        unknown = [r for r in recover if r not in RECOVERIES]
+        if unknown:
+            raise self.fail("watch.recover", "a list of " + ", ".join(RECOVERIES), unknown[0])
+        return Watch(float(self.number(w, "interval", "watch", 10.0, 0.1, 86400.0)),
+                     float(self.number(w, "unreachable_after", "watch", 300.0, 0.0, 7 * 86400.0)),
+                     tuple(dict.fromkeys(recover)), self.integer(w, "max_recoveries", "watch", 3, 0, 1000))
+
+    def notify(self, raw: Any) -> Notify:
+        n = self.table(raw, "notify", {"urls", "urls_env", "min_severity", "repeat_after", "max_per_hour"})
+        urls = n.get("urls", [])
+        # Never quoted back in the error: a URL may hold a password.
+        if not isinstance(urls, list):
+            raise self.fail("notify.urls", "a list of apprise URLs")
+        for i, url in enumerate(urls):
+            if not (isinstance(url, str) and _clean_text(url) and "://" in url and not any(c.isspace() for c in url)):
+                raise self.fail(f"notify.urls[{i}]", "an apprise URL (a string scheme://…, without spaces)")
+        urls_env = self.value(n, "urls_env", "notify", "an environment variable's name (letters, digits, '_')",
+                              lambda v: isinstance(v, str) and bool(ENV_NAME.match(v)), "SAMAI_NOTIFY_URLS")
+        return Notify(tuple(urls), urls_env,
+                      self.value(n, "min_severity", "notify", " or ".join(SEVERITIES), lambda v: v in SEVERITIES,
+                                 "error"),
+                      float(self.number(n, "repeat_after", "notify", 3600.0, 1.0, 30 * 86400.0)),
+                      self.integer(n, "max_per_hour", "notify", 20, 1, 10_000))

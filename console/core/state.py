@@ -48,9 +48,11 @@ from samai.remote.model import (
     Severity,
     Snapshot,
     StageRecord,
+    WatchShared,
 )
 
 MAX_ALERTS = 200
+WATCHERS_READ_S = 30.0  # how often the box's watch folder is read: its heartbeats change every few seconds
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
 SHOWN_CATCH_UP = 1024 * 1024  # the log pane behind a burst reads up to this per poll (its lines are rendered at once)
 
@@ -198,6 +200,8 @@ class ConsoleState:
         self.checkpoint_lists: dict[str, Checkpoints] = {}
         self._checkpoints_asked: dict[str, float] = {}
         self.last_update: StateUpdate | None = None  # the last poll's: what a read beside the poll amends
+        self.watchers: WatchShared | None = None  # the box's watchers, heartbeats and acknowledgements, as last read
+        self._watchers_asked = float("-inf")
 
     def _watch(self, stage: Stage) -> LogFollower:
         # Progress and disk lines come back as hits of more markers: the watch still moves no log bytes.
@@ -332,6 +336,17 @@ class ConsoleState:
         first_time = lost - self._lost_before
         self._lost_before = lost
         return tuple(replace(r, alive=True) if (r.stage, r.fired_at) in first_time else r for r in states)
+
+    def seed_statuses(self, statuses: dict[str, str]) -> None:
+        """The stages' statuses as an earlier watcher of this box last saw them (its ledger): a run
+        it saw running that is over at the first poll is a run that ended, with its alert."""
+        known = {s.name for s in self.config.stages}
+        self._statuses.update({name: status for name, status in statuses.items()
+                               if name in known and status == "running" and name not in self._statuses})
+
+    def stage_statuses(self) -> dict[str, str]:
+        """Each stage's status at the last poll (what a watcher leaves for the next one)."""
+        return dict(self._statuses)
 
     def eval_to_check(self, evals: list[EvalRun]) -> EvalRun | None:
         """The newest eval run when it is not the one checked last (then taken as checked: its
@@ -575,6 +590,17 @@ class ConsoleState:
                and now - self._checkpoints_asked.get(s.name, float("-inf")) >= CHECKPOINT_READ_S]
         self._checkpoints_asked.update((s.name, now) for s in due)
         return due
+
+    def watchers_due(self, now: float) -> bool:
+        """Whether the box's watchers are to be read again (every WATCHERS_READ_S; asked for now)."""
+        if now - self._watchers_asked < WATCHERS_READ_S:
+            return False
+        self._watchers_asked = now
+        return True
+
+    def read_watchers(self, shared: WatchShared) -> None:
+        """Who watches the box (the status line says it) and what is acknowledged there."""
+        self.watchers = shared
 
     def read_checkpoints(self, stage: str, listed: Checkpoints, now: float) -> StateUpdate | None:
         """A running training run's checkpoints, listed: whether its next one fits, judged at once."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
@@ -16,8 +17,10 @@ from samai.console.core.commands import CHANGES_BOX
 from samai.console.core.redact import redact
 from samai.console.core.session import PollFailed
 from samai.console.core.state import StateUpdate
-from samai.console.screens.box_actions import ActionKeys
+from samai.console.screens.box_actions import ActionKeys, one_action_at_a_time
 from samai.console.screens.box_base import BoxScreenContext
+from samai.remote.boxapi import BoxError
+from samai.remote.transport import TransportError
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.curves import CurvesPane
 from samai.widgets.disk import DiskPane
@@ -123,9 +126,12 @@ class BoxScreen(ActionKeys):
             self.read_earlier_curve(self.state.train_log.path, u.curve_resumed_at)
         for stage in self.state.checkpoints_due(self.clock()):
             self.list_checkpoints(stage.name, stage.checkpoints or "")
+        if self.state.watchers_due(self.clock()):
+            self.read_watchers()
         snap = u.snapshot
         self.connection = Connection(self.target_label(), snap.host, "connected", 0.0, None if first else snap.rtt,
-                                     False, self.readonly, connect_s=snap.rtt if first else self.connection.connect_s)
+                                     False, self.readonly, connect_s=snap.rtt if first else self.connection.connect_s,
+                                     watched=self.connection.watched, watched_ok=self.connection.watched_ok)
         self._follow_busiest_stage(u.stages)
         self._stage_views = u.stages
         self.show_panes(u)
@@ -135,6 +141,38 @@ class BoxScreen(ActionKeys):
             if a.severity == "error":
                 self.notify(self.named(a).text, severity="error", timeout=8, markup=False)  # never markup
         self.tick()
+
+    @work(group="watchers", exclusive=True, exit_on_error=False)
+    async def read_watchers(self) -> None:
+        """Who watches the box with nobody at the keys (the status line), and what is acknowledged."""
+        from samai.console.core.watch.seen import watched_words
+
+        if self.box is None:
+            return
+        try:
+            shared = await self.box.watchers()
+        except (BoxError, TransportError) as e:
+            self.log.warning("watchers not read", e)
+            return
+        self.state.read_watchers(shared)
+        words, ok = watched_words(shared, shared.now)
+        self.connection = replace(self.connection, watched=words, watched_ok=ok)
+        self.tick()
+
+    @one_action_at_a_time
+    async def action_acknowledge(self) -> None:
+        """Every active alert acknowledged on the box: no watcher of it repeats them (audited)."""
+        from samai.console.core.watch.policy import alert_identity
+
+        active = self.state.active_alerts()
+        if not active:
+            self.notify("no active alert to acknowledge", severity="information", markup=False)
+            return
+        texts = {alert_identity(a): a.text[:300] for a in active}
+        ok, message = await self._actions().acknowledge(list(texts), texts)
+        self.notify(message, severity="information" if ok else "error", markup=False)
+        if ok:
+            self.read_watchers()
 
     def tick(self) -> None:
         received = self.state.received_at

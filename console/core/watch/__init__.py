@@ -1,0 +1,2 @@
+"""The headless watcher (`samai-console watch`): the TUI's session and state without a screen,
+which tells the operator who is not looking (apprise) and may recover by policy."""

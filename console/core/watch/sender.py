@@ -1,0 +1,151 @@
+"""Sending through apprise: one receiver per URL, each retried on its own with backoff.
+
+The URLs may hold secrets (a password, a webhook token): nothing here prints, logs or returns
+one. A receiver is named by its service and number ("ntfy #1"); apprise's own log records
+pass through SecretMask before the watcher's log sees them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from samai.console.core.redact import redact
+from samai.console.core.watch.policy import Message
+
+RETRY_S = (5.0, 15.0, 60.0, 300.0, 900.0)  # the pause before each retry of one message to one receiver
+SEND_DEADLINE_S = 60.0  # one send may not hold the watcher longer (apprise's own timeouts are shorter)
+MAX_PENDING = 200  # messages waiting for a retry, over all receivers: the oldest give way
+NOTIFY_TYPE = {"info": "info", "warning": "warning", "error": "failure"}
+MIN_TOKEN = 8  # a path segment or query value this long may be a token (a port, "hook", "topic" are not)
+MIN_PASSWORD = 3  # a user name or password shorter than this would mask every such letter of a line
+
+
+class NotifyConfigError(ValueError):
+    """A notification URL apprise cannot use: said by its number and scheme, never its text."""
+
+
+class SecretMask:
+    """Masks every secret part of the notification URLs in a text: the URLs whole, their
+    passwords and user names, their path segments and query values (tokens live there)."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        parts: set[str] = set()
+        for url in urls:
+            parts.add(url)
+            split = urllib.parse.urlsplit(url)
+            tokens = (split.netloc.split("@")[0] if "@" in split.netloc else "", *split.path.split("/"),
+                      *(v for _, v in urllib.parse.parse_qsl(split.query)))
+            pieces = [p for p in (split.username, split.password) if p and len(p) >= MIN_PASSWORD]
+            for piece in pieces + [t for t in tokens if len(t) >= MIN_TOKEN]:
+                parts |= {piece, urllib.parse.unquote(piece), urllib.parse.quote(piece, safe="")}
+        self._pattern = re.compile("|".join(re.escape(p) for p in sorted(parts, key=len, reverse=True))) \
+            if parts else None
+
+    def __call__(self, text: str) -> str:
+        masked = self._pattern.sub("***", text) if self._pattern else text
+        return redact(masked)
+
+
+@dataclass
+class Receiver:
+    name: str  # "ntfy #1": what the watcher's log and status call it
+    plugin: Any  # apprise's NotifyBase for its URL
+
+
+@dataclass
+class Pending:
+    message: Message
+    receiver: Receiver
+    attempts: int
+    due: float
+
+
+def receivers(urls: Sequence[str]) -> list[Receiver]:
+    import apprise  # the watcher's alone: the TUI never imports it
+
+    out = []
+    for i, url in enumerate(urls, 1):
+        plugin = apprise.Apprise.instantiate(url)
+        if plugin is None:
+            scheme = url.split("://", 1)[0][:20] if "://" in url else "?"
+            raise NotifyConfigError(f"notification URL #{i} ({scheme}://…) is not one apprise can send to")
+        out.append(Receiver(f"{plugin.service_name} #{i}", plugin))
+    return out
+
+
+@dataclass
+class Sender:
+    receivers: list[Receiver]
+    say: Callable[[str], None]  # the watcher's log line
+    pending: list[Pending] = field(default_factory=list)
+    sent: int = 0
+    unsent: int = 0  # dropped after their last retry, or pushed out by newer ones
+    last_sent: float | None = None
+    last_error: str = ""
+
+    async def send(self, messages: Sequence[Message], now: float) -> None:
+        """Each message to every receiver now; a receiver that fails gets it again later (retry)."""
+        for m in messages:
+            for r in self.receivers:
+                await self._attempt(Pending(m, r, 0, now), now)
+
+    async def retry(self, now: float) -> None:
+        """The messages whose retry is due, oldest first."""
+        due, self.pending = [p for p in self.pending if p.due <= now], [p for p in self.pending if p.due > now]
+        for p in due:
+            await self._attempt(p, now)
+
+    async def _attempt(self, p: Pending, now: float) -> None:
+        ok = await self._deliver(p.message, p.receiver)
+        if ok:
+            self.sent += 1
+            self.last_sent = now
+            self.say(f"sent {p.message.kind} to {p.receiver.name}: {p.message.title}")
+            return
+        if p.attempts >= len(RETRY_S):
+            self.unsent += 1
+            self.last_error = f"{p.receiver.name}: not sent after {p.attempts + 1} tries: {p.message.title}"
+            self.say(self.last_error)
+            return
+        pause = RETRY_S[p.attempts]
+        self.last_error = f"{p.receiver.name} did not take {p.message.kind} message; retry in {pause:.0f} s"
+        self.say(self.last_error)
+        self.pending.append(Pending(p.message, p.receiver, p.attempts + 1, now + pause))
+        if len(self.pending) > MAX_PENDING:
+            self.pending.pop(0)
+            self.unsent += 1
+
+    async def _deliver(self, m: Message, r: Receiver) -> bool:
+        try:
+            return bool(await asyncio.wait_for(asyncio.to_thread(
+                r.plugin.notify, body=m.body, title=m.title, notify_type=NOTIFY_TYPE.get(m.severity, "info")),
+                SEND_DEADLINE_S))
+        except Exception as e:  # a plugin's bug or a deadline is a failed send, never the watcher's end
+            self.say(f"{r.name}: {type(e).__name__}")
+            return False
+
+
+class MaskedHandler(logging.Handler):
+    """apprise's log records, masked, as the watcher's log lines (it logs a failed send's reason)."""
+
+    def __init__(self, mask: SecretMask, say: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self.mask, self.say = mask, say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.say("apprise: " + self.mask(record.getMessage()))
+        except Exception:  # a log line must never end the watcher
+            pass
+
+
+def route_apprise_log(mask: SecretMask, say: Callable[[str], None]) -> None:
+    log = logging.getLogger("apprise")
+    log.handlers = [MaskedHandler(mask, say)]
+    log.propagate = False  # never to a root handler that would print it unmasked
+    log.setLevel(logging.WARNING)
