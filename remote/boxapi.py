@@ -228,11 +228,12 @@ class Box:
         return model.watch_shared(await self.call_readonly("watchers.py", {"workspace": self.workspace, "op": "read"}))
 
     async def watch_beat(self, watcher: str, heartbeat: Mapping[str, Any], lease_s: float,
-                         ledger: Mapping[str, Any] | None) -> model.WatchShared:
+                         ledger: Mapping[str, Any] | None, *, release: bool = False) -> model.WatchShared:
         """A watcher's heartbeat; it takes or renews the lease to send when free, and the leader's
-        ledger is kept. Refused read-only (it writes in the workspace's .samai)."""
+        ledger is kept (release: its last beat, the lease left free). Refused read-only (it
+        writes in the workspace's .samai)."""
         request = {"workspace": self.workspace, "op": "beat", "id": watcher, "heartbeat": dict(heartbeat),
-                   "lease_s": lease_s, "ledger": dict(ledger) if ledger is not None else None}
+                   "lease_s": lease_s, "ledger": dict(ledger) if ledger is not None else None, "release": release}
         return model.watch_shared(await self.call("watchers.py", request))
 
     async def acknowledge(self, keys: Sequence[str], by: str, texts: Mapping[str, str]) -> model.WatchShared:

@@ -17,6 +17,8 @@ from samai.remote.local import LocalTransport
 from tests.helpers import stop_stages_under
 from tests.replay_transport import ReplayConsole, ReplayTransport
 
+pytest_plugins = ["tests.receivers"]  # json_receiver, ntfy_receiver, smtp_receiver
+
 # Rendered times (alerts, dialogs) must not depend on where the tests run: snapshots compare them.
 os.environ["TZ"] = "UTC"
 time.tzset()

@@ -140,3 +140,13 @@ def test_a_short_outage_says_nothing() -> None:
     o = OutageWatch("", 300.0)
     o.failed("timeout", T0)
     assert o.answered(T0 + 100) is None and o.failed("timeout", T0 + 200) is None
+
+
+def test_a_run_alert_an_earlier_watcher_sent_stands_while_its_run_is_the_last() -> None:
+    p = policy()
+    p.due([died(run=7.0)], set(), T0)
+    q = policy()
+    q.adopt(p.ledger())  # a cron run: it never saw the run end, so its state has no such alert
+    assert q.due([], set(), T0 + 60, {"train": 7.0}) == []
+    [m] = q.due([], set(), T0 + 120, {"train": 8.0})
+    assert m.kind == "resolved"

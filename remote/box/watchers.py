@@ -10,9 +10,10 @@ Runs ON the box (standard library only, Python >= 3.8), in WORKSPACE/.samai/watc
 
 Request on stdin: {"workspace", "op": "read" | "beat" | "ack", ...}
   read                                      writes nothing (a read-only console may ask)
-  beat  {"id", "heartbeat": {...}, "lease_s", "ledger": {...} | null}
+  beat  {"id", "heartbeat": {...}, "lease_s", "ledger": {...} | null, "release"?}
         writes the heartbeat, takes or renews the lease when it is free, expired or its own, and
-        (the leader only) the ledger; stale heartbeats (a day old) of others are removed
+        (the leader only) the ledger; release: the leader's last beat, the lease left free;
+        stale heartbeats (a day old) of others are removed
   ack   {"keys": [...], "by", "text": {KEY: text}}
 Reply: {"watchers": [...], "leader": {...} | null, "leading": bool, "ledger": {...}, "acks": {...}, "now"}
 
@@ -98,9 +99,11 @@ def beat(fd: int, req: Dict[str, Any]) -> Dict[str, Any]:
     now = time.time()
     write_json(fd, "W-%s.json" % own, dict(heartbeat, id=own, written=now))
     if _lease_free(_object(read_json(fd, "leader.json")) or None, own, now):
-        write_json(fd, "leader.json", {"id": own, "until": now + lease, "who": heartbeat.get("who")})
         if isinstance(req.get("ledger"), dict):
             write_json(fd, "ledger.json", req["ledger"])
+        # release: a watcher that ends leaves the lease free (the next cron run need not wait it out)
+        until = 0.0 if req.get("release") is True else now + lease
+        write_json(fd, "leader.json", {"id": own, "until": until, "who": heartbeat.get("who")})
     for name in os.listdir(fd):
         if name.startswith("W-") and name.endswith(".json") and name != "W-%s.json" % own:
             try:

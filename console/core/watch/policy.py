@@ -70,9 +70,12 @@ class Sent:
     last: float
     text: str  # what it said, for its resolution
     severity: str
+    stage: str = ""  # a stage run's alert: the run it is about (it stands while that run is the stage's last)
+    run: float | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"first": self.first, "last": self.last, "text": self.text, "severity": self.severity}
+        return {"first": self.first, "last": self.last, "text": self.text, "severity": self.severity,
+                "stage": self.stage, "run": self.run}
 
 
 def _number(value: object) -> bool:
@@ -85,8 +88,10 @@ def ledger_sent(ledger: dict) -> dict[str, Sent]:
     raw = ledger.get("sent")
     for key, v in (raw.items() if isinstance(raw, dict) else ()):
         if isinstance(key, str) and isinstance(v, dict) and _number(v.get("first")) and _number(v.get("last")):
+            run = v.get("run")
             out[key] = Sent(float(v["first"]), float(v["last"]), str(v.get("text", ""))[:200],
-                            str(v.get("severity", "")))
+                            str(v.get("severity", "")), str(v.get("stage") or "")[:100],
+                            float(run) if _number(run) else None)
     return out
 
 
@@ -99,23 +104,33 @@ class NotifyPolicy:
     _window: deque[float] = field(default_factory=deque)  # when each message of the last hour went
     _held: list[str] = field(default_factory=list)  # the titles held back by the cap
     _capped_said: bool = False
+    _seen: set[str] = field(default_factory=set)  # the identities this watcher's own state raised
 
-    def due(self, alerts: list[Alert], acked: set[str], now: float) -> list[Message]:
-        """The messages these alerts (the state's, newest first) call for now."""
+    def due(self, alerts: list[Alert], acked: set[str], now: float,
+            runs: dict[str, float] | None = None) -> list[Message]:
+        """The messages these alerts (the state's, newest first) call for now. runs: each stage's
+        last run (fired_at), for the run alerts an earlier watcher sent (a run's end is an alert
+        only to the watcher that saw it end: to the next one it stands while that run is the last)."""
         standing: dict[str, Alert] = {}
         for a in alerts:
             if a.active and a.code != OUTAGE_CODE and at_least(a.severity, self.settings.min_severity):
                 standing.setdefault(alert_identity(a), a)  # the newest of one identity
-        out = [self._resolution(key, now) for key in list(self.sent) if key not in standing]
+        self._seen |= standing.keys()
+        out = [self._resolution(key, now) for key, was in list(self.sent.items())
+               if key not in standing and not self._inherited_standing(key, was, runs or {})]
         for key, a in reversed(standing.items()):  # oldest first
             was = self.sent.get(key)
             if was is None:
                 out.append(self._alert_message(key, a, "alert"))
-                self.sent[key] = Sent(now, now, plain(a.text, 120), a.severity)
+                self.sent[key] = Sent(now, now, plain(a.text, 120), a.severity, a.stage or "", a.run)
             elif key not in acked and now - was.last >= self.settings.repeat_after:
                 out.append(self._alert_message(key, a, "repeat"))
                 was.last = now
         return self.capped(out, now)
+
+    def _inherited_standing(self, key: str, was: Sent, runs: dict[str, float]) -> bool:
+        """An earlier watcher's run alert this one never saw: standing while its run is the stage's last."""
+        return key not in self._seen and was.run is not None and runs.get(was.stage) == was.run
 
     def adopt(self, ledger: dict) -> None:
         """The box's last leader's ledger as this one's own: what it sent and still stands is

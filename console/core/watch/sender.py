@@ -87,6 +87,7 @@ class Sender:
     unsent: int = 0  # dropped after their last retry, or pushed out by newer ones
     last_sent: float | None = None
     last_error: str = ""
+    retry_s: tuple[float, ...] = RETRY_S
 
     async def send(self, messages: Sequence[Message], now: float) -> None:
         """Each message to every receiver now; a receiver that fails gets it again later (retry)."""
@@ -107,12 +108,12 @@ class Sender:
             self.last_sent = now
             self.say(f"sent {p.message.kind} to {p.receiver.name}: {p.message.title}")
             return
-        if p.attempts >= len(RETRY_S):
+        if p.attempts >= len(self.retry_s):
             self.unsent += 1
             self.last_error = f"{p.receiver.name}: not sent after {p.attempts + 1} tries: {p.message.title}"
             self.say(self.last_error)
             return
-        pause = RETRY_S[p.attempts]
+        pause = self.retry_s[p.attempts]
         self.last_error = f"{p.receiver.name} did not take {p.message.kind} message; retry in {pause:.0f} s"
         self.say(self.last_error)
         self.pending.append(Pending(p.message, p.receiver, p.attempts + 1, now + pause))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from samai.console.core.config import Config
 from samai.console.core.session import BoxSession, OpenBox, PollFailed
 from samai.console.core.watch.policy import NotifyPolicy, OutageWatch
+from samai.console.core.watch.recover import BY_THE_WATCHER, RecoveryBook, recover, recoveries_due
 from samai.console.core.watch.sender import Sender
 from samai.remote.model import WatchShared
 
@@ -59,9 +60,11 @@ class BoxWatcher:
         self.outage = OutageWatch(name, config.watch.unreachable_after)
         self.leading = readonly  # read-only: it writes no heartbeat and takes no lease, so it sends alone
         self.acked: set[str] = set()
+        self.book = RecoveryBook()  # the deaths recovered (or not) by policy
         self.last_poll: float | None = None
         self.last_error = ""
         self._seeded = False
+        self.polls = 0  # cycles done (tests wait on it)
 
     @property
     def state(self):
@@ -72,6 +75,7 @@ class BoxWatcher:
         if not self._seeded:
             await self._seed()
         result = await self.session.poll_once()
+        self.polls += 1
         now = self.clock()
         if isinstance(result, PollFailed):
             self.last_error = result.error
@@ -88,8 +92,37 @@ class BoxWatcher:
             self.acked = set(shared.acks)
         if self.leading:  # a watcher standing by sends nothing and keeps no ledger of its own
             messages = self.policy.capped([back], now) if back else []
-            await self.sender.send(messages + self.policy.due(self.state.alerts, self.acked, now), now)
+            snap = self.state.snapshot
+            runs = {r.stage: r.fired_at for r in snap.states} if snap else {}
+            await self.sender.send(messages + self.policy.due(self.state.alerts, self.acked, now, runs), now)
+            await self._recover(now)
         return None
+
+    async def _recover(self, now: float) -> None:
+        """The fixes [watch] recover lets it run, for the deaths that stand (read-only: none)."""
+        if self.readonly or not self.config.watch.recover:
+            return
+        for due in recoveries_due(self.config, self.state.alerts, self.book):
+            self.say(f"recovering {due.stage}: {due.kind.value} ({BY_THE_WATCHER})")
+            message = await recover(self._actions(), self.config, self.name, due, self.book, now)
+            self.say(f"{message.title}: {message.body.splitlines()[0]}")
+            await self.sender.send(self.policy.capped([message], now), now)
+
+    def _actions(self):
+        """The action layer, answering for the watcher: it confirms what the preflight lets run and
+        declines, with the reason, what it blocks (a watcher never overrides)."""
+        from samai.console.core.actions import Actions, Decision
+        from samai.console.core.audit import AuditLog
+        from samai.console.core.paths import audit_log
+
+        async def confirm(plan):
+            if plan.blocked:
+                errors = "; ".join(c.text for c in plan.checks if c.severity == "error")
+                return Decision.declined(plan, f"the preflight blocks it (a watcher never overrides): {errors}")
+            return Decision.confirmed(plan, BY_THE_WATCHER)
+
+        return Actions(self.session.connected_box(), self.config, AuditLog(audit_log()), readonly=self.readonly,
+                       confirm=confirm)
 
     async def _seed(self) -> None:
         """What an earlier watcher of this box left: the alerts it sent (not sent again) and the
@@ -101,6 +134,7 @@ class BoxWatcher:
             return
         self._seeded = True
         self.policy.adopt(shared.ledger)  # sends nothing it already sent
+        self.book = RecoveryBook.of(shared.ledger.get("recoveries"))
         self.state.seed_statuses(ledger_statuses(shared.ledger))
         self.acked = set(shared.acks)
 
@@ -112,7 +146,8 @@ class BoxWatcher:
                 "leading": self.leading}
 
     def ledger(self) -> dict:
-        return {**self.policy.ledger(), "statuses": self.state.stage_statuses(), "at": self.clock()}
+        return {**self.policy.ledger(), "statuses": self.state.stage_statuses(), "recoveries": self.book.to_json(),
+                "at": self.clock()}
 
     async def _beat(self, now: float) -> WatchShared | None:
         """The heartbeat (and the ledger, if this one leads); None when it could not be written."""
@@ -130,6 +165,7 @@ class BoxWatcher:
         self.leading = shared.leading
         if shared.leading and not was:
             self.policy.adopt(shared.ledger)  # the last leader's: not sent again
+            self.book = RecoveryBook.of(shared.ledger.get("recoveries"))
             self.say("leading: this watcher sends for the box")
         elif was and not shared.leading:
             self.say(f"standing by: watcher {shared.leader} sends for the box")
@@ -140,7 +176,7 @@ class BoxWatcher:
         if self.leading and not self.readonly and self.last_poll is not None:
             try:
                 await asyncio.wait_for(self.session.connected_box().watch_beat(
-                    self.me.id, self.heartbeat(), MIN_LEASE_S, self.ledger()), 10.0)
+                    self.me.id, self.heartbeat(), MIN_LEASE_S, self.ledger(), release=True), 10.0)
             except Exception as e:
                 self.say(f"last heartbeat not written: {e}")
         await self.session.close()

@@ -1,0 +1,110 @@
+"""Recovery by policy, opt-in ([watch] recover): a fix the TUI offers for an alert, run by the
+watcher when the alert stands and nobody is at the keys. Through the same action layer (its
+identity checks, its preflight, its audit line, via "by the watcher"), never over a preflight
+that blocks, never twice for one death, at most [watch] max_recoveries per stage per hour, and
+always said in a message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from samai.console.core.config import Config
+from samai.console.core.kinds import ActionKind
+from samai.console.core.state import RUN_ENDED, Alert
+from samai.console.core.watch.policy import HOUR_S, Message, alert_identity, plain
+
+BY_THE_WATCHER = "by the watcher"
+# Each recovery: the fix its alert offers, and the role of the stage it is for.
+RECOVERIES: dict[str, tuple[ActionKind, str]] = {"resume_train": (ActionKind.RESUME, "train"),
+                                                 "restart_serve": (ActionKind.RESTART, "serve")}
+
+
+@dataclass(frozen=True)
+class Due:
+    key: str  # the death's alert identity: recovered once
+    stage: str
+    kind: ActionKind
+    alert: Alert
+
+
+@dataclass
+class RecoveryBook:
+    """What was recovered: each death once, and when, per stage (the hourly cap)."""
+
+    done: dict[str, float] = field(default_factory=dict)  # alert identity -> when it was handled
+    times: dict[str, list[float]] = field(default_factory=dict)  # stage -> recoveries run, in the last hour
+
+    def recent(self, stage: str, now: float) -> list[float]:
+        kept = [t for t in self.times.get(stage, []) if now - t < HOUR_S]
+        self.times[stage] = kept
+        return kept
+
+    def to_json(self) -> dict:
+        return {"done": dict(sorted(self.done.items(), key=lambda kv: kv[1])[-200:]), "times": self.times}
+
+    @classmethod
+    def of(cls, raw: object) -> RecoveryBook:
+        """From a ledger (anyone may have written it: what does not parse is dropped)."""
+        book = cls()
+        if not isinstance(raw, dict):
+            return book
+        done, times = raw.get("done"), raw.get("times")
+        if isinstance(done, dict):
+            book.done = {k: float(v) for k, v in done.items() if isinstance(k, str) and _number(v)}
+        if isinstance(times, dict):
+            book.times = {k: [float(t) for t in v if _number(t)][-100:] for k, v in times.items()
+                          if isinstance(k, str) and isinstance(v, list)}
+        return book
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def recoveries_due(config: Config, alerts: list[Alert], book: RecoveryBook) -> list[Due]:
+    """The standing deaths whose fix the config lets the watcher run, not handled yet."""
+    out = []
+    for a in alerts:
+        if not (a.active and a.code == RUN_ENDED and a.action is not None and a.stage):
+            continue
+        stage = config.stage(a.stage)
+        for name in config.watch.recover:
+            kind, role = RECOVERIES[name]
+            key = alert_identity(a)
+            if stage and stage.role == role and a.action.kind is kind and key not in book.done:
+                out.append(Due(key, stage.name, kind, a))
+    return out
+
+
+def recovery_message(box: str, due: Due, ok: bool, words: str) -> Message:
+    """What the operator is told: what the watcher did (or why it did not), and about what."""
+    title = f"samai {box}: " if box else "samai: "
+    title += words if ok else f"not recovered: {due.stage}"
+    body = (f"{words}\n" if not ok else "") + f"after: {plain(due.alert.text)}" + (
+        "" if ok else "\nNothing was forced: fix it at the console and press x.")
+    return Message(f"recovery|{due.key}", "recovery", "info" if ok else "error", title, body)
+
+
+async def recover(actions, config: Config, box: str, due: Due, book: RecoveryBook, now: float) -> Message:
+    """Run one recovery through the action layer (its confirm answers for the watcher: never
+    over a blocking preflight), or say why not; the death is handled either way."""
+    from samai.console.core.resume import NothingToResume
+
+    book.done[due.key] = now
+    recent = book.recent(due.stage, now)
+    if len(recent) >= config.watch.max_recoveries:
+        return recovery_message(box, due, False, f"{len(recent)} recoveries of {due.stage} in the last hour, the "
+                                                 f"most [watch] max_recoveries allows: not run again")
+    try:
+        if due.kind is ActionKind.RESUME:
+            outcome = await actions.resume(due.stage)
+        else:
+            outcome = await actions.restart(due.stage)
+    except NothingToResume as e:
+        return recovery_message(box, due, False, f"nothing to resume from: {e}")
+    if outcome.status in ("ok", "done") or outcome.ok:
+        book.times.setdefault(due.stage, []).append(now)
+        checkpoint = getattr(outcome.plan, "checkpoint", "")
+        did = f"resumed {due.stage} from {checkpoint.rsplit('/', 1)[-1]}" if checkpoint else f"restarted {due.stage}"
+        return recovery_message(box, due, True, did)
+    return recovery_message(box, due, False, plain(outcome.message, 300))
