@@ -130,7 +130,8 @@ async def test_an_acknowledged_alert_is_not_repeated(tmp_path: Path, workspace: 
 
 
 async def test_the_cap_holds_under_an_alert_storm(tmp_path: Path, workspace: Path, json_receiver: HttpReceiver) -> None:
-    storm = "for w in " + " ".join(f"x{c}" for c in "abcdefghijklmnopqrstuvwxyz") + "; do echo \"FATAL $w\"; done; sleep 30"
+    words = " ".join(f"x{c}" for c in "abcdefghijklmnopqrstuvwxyz")
+    storm = f'for w in {words}; do echo "FATAL $w"; done; sleep 30'
     markers = '[[stages.job.markers]]\nname = "fatal"\npattern = "FATAL"\nseverity = "error"\n'
     cfg = load(tmp_path, toml(workspace, job(storm, extra=markers), watch="interval = 0.3",
                               notify="max_per_hour = 5"))
@@ -212,7 +213,8 @@ async def test_a_box_unreachable_and_back_sends_exactly_two_messages(
 
 async def test_two_watchers_of_one_box_send_once(tmp_path: Path, workspace: Path, json_receiver: HttpReceiver) -> None:
     cfg = load(tmp_path, toml(workspace, job("sleep 1; exit 6"), watch="interval = 0.3"))
-    first, second = watcher(cfg, [json_receiver.url], [], ident="one"), watcher(cfg, [json_receiver.url], [], ident="two")
+    first = watcher(cfg, [json_receiver.url], [], ident="one")
+    second = watcher(cfg, [json_receiver.url], [], ident="two")
     task = asyncio.ensure_future(watch([first, second]))
     try:
         await running(first)
@@ -293,7 +295,8 @@ def _rc_files(workspace: Path) -> set[str]:
 async def test_recovery_restarts_a_dead_server_by_the_watcher_and_the_cap_stops_a_death_loop(
         tmp_path: Path, workspace: Path, json_receiver: HttpReceiver) -> None:
     serve = job("sleep 4; echo 'bind failed'; exit 9", name="serve", key="v", extra='role = "serve"')
-    cfg = load(tmp_path, toml(workspace, serve, watch='interval = 0.3\nrecover = ["restart_serve"]\nmax_recoveries = 2'))
+    policy = 'interval = 0.3\nrecover = ["restart_serve"]\nmax_recoveries = 2'
+    cfg = load(tmp_path, toml(workspace, serve, watch=policy))
     lines: list[str] = []
     w = watcher(cfg, [json_receiver.url], lines)
     task = asyncio.ensure_future(watch([w]))
