@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from samai.remote.box import watchers
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
-
-pytestmark = pytest.mark.asyncio
+from samai.remote.model import watch_shared
 
 
 def watch_folder(workspace: Path) -> Path:
@@ -88,18 +88,22 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
                                                                                    max_size=4), max_leaves=12)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(leader=st.binary(max_size=200) | JSONISH.map(lambda v: json.dumps(v).encode()),
        beat=st.binary(max_size=200) | JSONISH.map(lambda v: json.dumps(v).encode()),
        acks=st.binary(max_size=200) | JSONISH.map(lambda v: json.dumps(v).encode()))
-async def test_whatever_else_wrote_the_folder_a_read_and_a_beat_answer(box: Box, workspace: Path, leader: bytes,
-                                                                      beat: bytes, acks: bytes) -> None:
+def test_whatever_else_wrote_the_folder_a_read_and_a_beat_answer(workspace: Path, leader: bytes, beat: bytes,
+                                                                acks: bytes) -> None:
+    """The box tool in this process (synchronous: no event loop under hypothesis), and the
+    console's reading of its replies."""
     folder = watch_folder(workspace)
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in (("leader.json", leader), ("W-other.json", beat), ("acks.json", acks),
                        ("ledger.json", beat)):
         (folder / name).write_bytes(data)
-    await box.watchers()
-    shared = await box.watch_beat("me", {"who": "op"}, 30.0, None)
+    ws = str(workspace)
+    watch_shared(watchers.handle({"workspace": ws, "op": "read"}))
+    shared = watch_shared(watchers.handle({"workspace": ws, "op": "beat", "id": "me", "heartbeat": {"who": "op"},
+                                           "lease_s": 30.0, "ledger": None}))
     assert "me" in {w.id for w in shared.watchers}
-    await box.acknowledge(["k"], "op", {})
+    watch_shared(watchers.handle({"workspace": ws, "op": "ack", "keys": ["k"], "by": "op"}))
