@@ -11,7 +11,7 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from samai.console.core.config import SEVERITIES, Notify
 from samai.console.core.state import Alert
@@ -78,7 +78,7 @@ class Sent:
                 "stage": self.stage, "run": self.run}
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
