@@ -353,7 +353,7 @@ class HeldProcesses:
         if since is None:
             self.by_pid = {p["pid"]: p for p in reply["processes"]}
         elif since == self.mark:
-            for pid in reply.pop("processes_gone", ()):
+            for pid in reply.pop("processes_gone", None) or ():  # None: the probe saw none go
                 self.by_pid.pop(pid, None)
             changed = {p["pid"]: p for p in reply["processes"]}
             new = changed.keys() - self.by_pid.keys()
