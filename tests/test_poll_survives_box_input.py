@@ -32,6 +32,7 @@ from samai.widgets.evals import EvalTable
 from samai.widgets.logview import LogView
 from tests import factories
 from tests.helpers import pilot_until
+from tests.replay_transport import ReplayTransport
 
 FUZZ = settings(max_examples=60, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -112,13 +113,28 @@ def tiny(workspace: Path) -> config.Config:
     return cfg
 
 
-async def real_snapshot(cfg: config.Config, state: ConsoleState) -> tuple[Snapshot, list]:
-    box = Box(LocalTransport(), cfg.workspace, python=sys.executable)
+def recorded_box(cfg: config.Config) -> ReplayTransport:
+    """The recorded box (its processes, stages and logs) on the workspace, whose eval runs the
+    probe's own code reads."""
+    transport = ReplayTransport.recorded(Path(cfg.workspace))
+    del transport.probe["reports"]
+    return transport
+
+
+async def one_snapshot(cfg: config.Config, state: ConsoleState, box: Box | None = None
+                       ) -> tuple[Snapshot, list]:
+    """One poll's snapshot and its followers, from box (the recorded box unless given)."""
+    box = box or Box(recorded_box(cfg), cfg.workspace)
     try:
         followers = state.followers()
         return await box.snapshot(**state.request(followers)), followers
     finally:
         await box.close()
+
+
+async def real_snapshot(cfg: config.Config, state: ConsoleState) -> tuple[Snapshot, list]:
+    """A snapshot by the real probe on this machine (what it reads of hostile files and processes)."""
+    return await one_snapshot(cfg, state, Box(LocalTransport(), cfg.workspace, python=sys.executable))
 
 
 # ---------------------------------------------------------------- eval summaries
@@ -145,7 +161,7 @@ def test_any_summary_text_is_a_sound_run_or_not_a_summary(text: str) -> None:
 async def test_a_hostile_summary_is_its_own_finding_and_the_other_runs_are_shown(tiny, workspace, text) -> None:
     (workspace / "runs" / "eval" / "bad" / "summary.json").write_text(text)
     state = ConsoleState(tiny)
-    snap, followers = await real_snapshot(tiny, state)
+    snap, followers = await one_snapshot(tiny, state)
     update = state.apply(snap, followers, 1.0)
     assert [run.name for run in update.evals] == ["good"]
     found = [a for a in update.new_alerts if a.code == "unreadable_summary"]
@@ -158,8 +174,8 @@ async def test_a_hostile_summary_is_its_own_finding_and_the_other_runs_are_shown
 
 @pytest.fixture
 async def polled(tiny) -> tuple[config.Config, Snapshot]:
-    """One real snapshot of the tiny workspace (its followers are those of a fresh state)."""
-    snap, _ = await real_snapshot(tiny, ConsoleState(tiny))
+    """One snapshot of the recorded box on the tiny workspace (its followers are those of a fresh state)."""
+    snap, _ = await one_snapshot(tiny, ConsoleState(tiny))
     return tiny, snap
 
 
@@ -263,12 +279,14 @@ def test_the_disk_bar_is_its_width_whatever_the_box_says(used: int, total: int, 
     assert sum(len(text) for text, _ in bar) == BAR_WIDTH
 
 
-@pytest.mark.slow
 async def test_the_panes_show_any_snapshot_and_the_next_real_one(tiny) -> None:
+    """Hostile snapshots made from the recorded box's replies (its logs and the workspace's eval
+    runs read by the probe's own code), then an untouched one: the panes show each."""
+    transport = recorded_box(tiny)
     app = SamaiApp(tiny, poll=False)
     rng = random.Random(29)
     errors: list[str] = []
-    box = Box(LocalTransport(), tiny.workspace, python=sys.executable)
+    box = Box(transport, tiny.workspace)
     async with app.run_test(size=(160, 50)) as pilot:
         app.notify = lambda message, **kw: errors.append(message)  # type: ignore[method-assign]
         for _ in range(25):

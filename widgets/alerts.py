@@ -3,12 +3,12 @@ condition has gone, dimmed with when they resolved, each with the key that deals
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 from textual.content import Content
 from textual.widgets import Static
 
+from samai.console.core import units
 from samai.console.core.state import Alert, StateUpdate
 from samai.remote.safe_text import visible
 
@@ -19,7 +19,7 @@ READONLY_HINTS = ("l ",)  # the hints a read-only console keeps: reading a log c
 
 
 def _clock(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
+    return units.local_time(t)
 
 
 class AlertsPane(Static):

@@ -3,8 +3,6 @@ next stage's projected peak against free space, and what could be reclaimed."""
 
 from __future__ import annotations
 
-import time
-
 from textual.content import Content
 from textual.message import Message
 
@@ -112,7 +110,7 @@ def largest_users(users: DiskUsers | str | None, measured_at: float | None, limi
     head: list = [("largest users of the workspace", "bold")]
     if users is None or measured_at is None:
         return [*head, (" · measuring…", "$foreground 60%")]
-    when = time.strftime("%H:%M:%S", time.localtime(measured_at))
+    when = units.local_time(measured_at)
     if isinstance(users, str):
         return [*head, (f" · not measured at {when}: ", "$error"), visible(users)]
     cut = "" if users.complete else " · the walk ran out of time: sizes are at least these"

@@ -855,7 +855,7 @@ def _about_own_listener(check: Check, own: set[int]) -> bool:
 
 
 def _when(start_time: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start_time))
+    return units.local_time(start_time, "%Y-%m-%d %H:%M:%S")
 
 
 def kill_plans(target: str, snap: Snapshot | None, pid: int, start_time: float, boot: Boot | None,

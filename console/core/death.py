@@ -6,7 +6,6 @@ The same line is shown in the stages bar, the alert, `snapshot`, `doctor` and th
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 from samai.console.core import units
@@ -27,7 +26,7 @@ def cause_of_death(rec: StageRecord, snap: Snapshot) -> Death | None:
     if status in ("running", "done"):
         return None
     if status == "stopped":
-        when = time.strftime("%H:%M:%S", time.localtime(rec.stopped_at or 0))
+        when = units.local_time(rec.stopped_at or 0)
         who = visible(rec.stopped_by)[:SHOWN_CHARS // 2] or "the operator"
         return Death("stopped", f"stopped by {who} from the console at {when}")
     if rec.rc is None:
@@ -83,7 +82,7 @@ class RunWatch:
         seen = self.seen.get((rec.stage, rec.fired_at))
         if death is None or seen is None:
             return death
-        when = time.strftime("%H:%M:%S", time.localtime(seen.time))
+        when = units.local_time(seen.time)
         if death.cause == "oom_killed" and seen.rss:
             said = f"last RSS seen {units.size(seen.rss)} at {when}"
         elif death.cause == "cuda_oom" and seen.gpu:
@@ -99,7 +98,7 @@ def _xid_in_window(rec: StageRecord, snap: Snapshot) -> str | None:
     if not events:
         return None
     e = events[-1]
-    when = time.strftime("%H:%M:%S", time.localtime(e.time))
+    when = units.local_time(e.time)
     return f"GPU {e.gpu} reported Xid {e.code} at {when}, while it ran"
 
 

@@ -5,6 +5,7 @@ The numbers often come from the box: an infinite or NaN one is shown as unknown,
 from __future__ import annotations
 
 import math
+import time
 
 
 def size(n: float | None) -> str:
@@ -36,3 +37,14 @@ def age(seconds: float | None) -> str:
     if seconds is not None and 60 <= seconds < 3600:  # (NaN fails this)
         return f"{int(seconds) // 60}m"
     return duration(seconds)
+
+
+def local_time(t: float | None, fmt: str = "%H:%M:%S") -> str:
+    """A moment (seconds since the epoch) as local time; "?" for one no clock reads (a box's
+    reply may hold an infinite, NaN or far-off time, which time.localtime raises on)."""
+    if t is None or not math.isfinite(t):
+        return "?"
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return "?"

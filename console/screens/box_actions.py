@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from textual import work
 
+from samai.console.core import units
 from samai.console.core.budget import disk_budget
 from samai.console.core.evalruns import EvalRun, check_items
 from samai.console.screens.box_logs import LogKeys
@@ -154,7 +154,7 @@ class ActionKeys(LogKeys):
     def _no_fix(self) -> None:
         resolved = next((a for a in self.state.alerts if a.action), None)
         if resolved is not None and resolved.resolved_at is not None:
-            when = time.strftime("%H:%M:%S", time.localtime(resolved.resolved_at))
+            when = units.local_time(resolved.resolved_at)
             self.notify(f"already resolved at {when}: {self.named(resolved).text}", severity="information",
                         markup=False)
         else:

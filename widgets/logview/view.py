@@ -10,7 +10,6 @@ LineStyler (styles.py) into an LRU cache of strips; a line's text is never parse
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
 from time import monotonic
 from typing import TYPE_CHECKING, ClassVar
@@ -26,6 +25,7 @@ from textual.strip import Strip
 from textual.timer import Timer
 from textual.widgets import Input
 
+from samai.console.core import units
 from samai.remote.model import Marker
 from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
@@ -206,7 +206,7 @@ class LogView(ScrollView, can_focus=True):
         title says how far the shown stage is while it runs."""
         if update.log_restarted and update.shown_path:
             self.reset(update.shown_path, update.shown_markers)
-            when = time.strftime("%H:%M:%S", time.localtime(update.now))
+            when = units.local_time(update.now)
             self.notice(f"a new run of {update.log_restarted} started at {when}: its log from the start "
                         f"(the last run's is {update.shown_path}.1; H lists the runs)")
         if update.log_notice:

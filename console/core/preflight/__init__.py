@@ -5,7 +5,6 @@ the server a stage talks to (its `--url` on this box) listening."""
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 
 from samai.console.core import units
@@ -127,7 +126,7 @@ def holder_text(proc: Process, now: float) -> str:
 
 
 def started_text(start_time: float, now: float) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start_time))
+    when = units.local_time(start_time, "%Y-%m-%d %H:%M:%S")
     return f"{when} ({units.duration(now - start_time)} ago)"
 
 

@@ -8,11 +8,11 @@ what was held back is counted in one message when the hour has room again."""
 from __future__ import annotations
 
 import re
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, TypeGuard
 
+from samai.console.core import units
 from samai.console.core.config import SEVERITIES, Notify
 from samai.console.core.state import Alert
 from samai.remote.safe_text import visible
@@ -59,7 +59,7 @@ def at_least(severity: str, minimum: str) -> bool:
 
 
 def clock(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
+    return units.local_time(t, "%Y-%m-%d %H:%M:%S %Z")
 
 
 @dataclass
