@@ -97,3 +97,12 @@ def spawn():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+async def replay_box(workspace: Path):
+    """A Box on an empty replay box (tests/replay_transport.py) whose workspace is `workspace`:
+    its logs and reports are read from there by the probe's own code, and no process starts."""
+    b = Box(ReplayTransport.empty(workspace), str(workspace))
+    yield b
+    await b.close()

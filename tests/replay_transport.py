@@ -73,6 +73,16 @@ class ReplayTransport:
             transport.write_log(f"logs/{name}.log", log)
         return transport
 
+    @classmethod
+    def empty(cls, workspace: Path) -> ReplayTransport:
+        """A box with one healthy disk and nothing running (tests.factories' defaults), its
+        workspace at `workspace`: logs, reports and binaries are that folder's files."""
+        snap = factories.snapshot(disks=[factories.disk(path=str(workspace))])
+        probe = {key: factories.raw(getattr(snap, key)) for key in
+                 ("time", "host", "boot_time", "disks", "processes", "listeners", "states")}
+        workspace.mkdir(parents=True, exist_ok=True)
+        return cls({**probe, "artifacts": []}, workspace)
+
     # ------------------------------------------------------------ editing the box
 
     def path(self, relative: str) -> Path:

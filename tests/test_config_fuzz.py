@@ -138,7 +138,7 @@ def test_an_absurd_size_names_the_file_and_the_key(tmp_path, value):
     with pytest.raises(ConfigError) as err:
         config.load(f)
     assert str(err.value).startswith(f"{f}: artifacts.a.size_gb: expected a number >= 0 and <= ")
-    assert len(str(err.value)) < 300
+    assert len(str(err.value)) - len(str(f)) < 250  # the value is cut short, wherever the file is
 
 
 @pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom", "/dev/null", "fifo", "folder", "huge"])

@@ -1,8 +1,8 @@
 """Stage roles (issue 30, item 5): what the console does for a stage follows its `role`, never its
 name. The tiny pipeline with its train stage renamed `sft` (role train) keeps the training
 curve, the NaN alerts, the GPU-stall finding and merge's evidence gate; a stage named `train`
-of role other gets none of what the role gives. Snapshots come from a Box on this machine, the
-training logs and GPU readings are written or replayed: no Trainer runs."""
+of role other gets none of what the role gives. Snapshots come from a replay box or the factories, the
+training logs and GPU readings are written or replayed: no process starts."""
 
 from __future__ import annotations
 
@@ -22,8 +22,6 @@ from samai.console.core.gpu_findings import GpuWatch
 from samai.console.core.preflight.evidence import training_sources
 from samai.console.core.smoke import SMOKE_STAGE, smoke_config
 from samai.console.core.state import ConsoleState
-from samai.remote.boxapi import Box
-from samai.remote.local import LocalTransport
 from samai.remote.model import Snapshot, StageRecord
 from tests import factories
 from tests.test_gpu_view import A5000_PID, reading, recorded
@@ -96,20 +94,21 @@ def test_a_bad_role_is_a_config_error_naming_the_file_the_key_and_the_roles(role
 # ---------------------------------------------------------------- a train stage named sft
 
 
-async def test_the_renamed_train_stage_keeps_its_curve_and_its_nan_alerts(workspace: Path, box) -> None:
+async def test_the_renamed_train_stage_keeps_its_curve_and_its_nan_alerts(workspace: Path, replay_box) -> None:
     cfg = sft(workspace)
     assert cfg.stage("train") is None and cfg.stage("sft").log == "logs/sft.log"
     write_log(workspace, cfg, "sft", step(3.0, 1.0, 1) + step(2.5, 1.0, 2) + step("nan", "nan", 3))
     state = ConsoleState(cfg)
     followers = state.followers()
-    snap = running(await box.snapshot(**state.request(followers)), "sft", 1000.0)
+    snap = running(await replay_box.snapshot(**state.request(followers)), "sft", 1000.0)
     update = state.apply(snap, followers, 2000.0)
     assert [p.loss for p in update.new_points][:2] == [3.0, 2.5] and len(update.new_points) == 3
     nan = [a for a in update.new_alerts if a.code == "nan_loss"]
     assert nan and nan[0].stage == "sft" and nan[0].text.startswith("sft: ") and nan[0].severity == "error"
     assert state.unproven(cfg.stage("merge"))  # the bar marks merge blocked by the followed run's finding
     followers = state.followers()  # a new run of sft: its curve starts again
-    update = state.apply(running(await box.snapshot(**state.request(followers)), "sft", 1100.0), followers, 2001.0)
+    snap = running(await replay_box.snapshot(**state.request(followers)), "sft", 1100.0)
+    update = state.apply(snap, followers, 2001.0)
     assert update.curve_reset
 
 
@@ -123,24 +122,20 @@ def test_the_renamed_train_stage_gets_the_gpu_stall_finding(workspace: Path) -> 
     assert stall.message.startswith("stage sft is running")
 
 
-async def test_merge_is_gated_on_the_renamed_stage_s_training_log(workspace: Path) -> None:
+async def test_merge_is_gated_on_the_renamed_stage_s_training_log(workspace: Path, replay_box) -> None:
     cfg = sft(workspace)
-    for folder in ("models/base", "runs/train/final"):
-        (workspace / folder).mkdir(parents=True)
-    (workspace / "models/base/model.safetensors").write_bytes(b"\0" * 4096)
-    (workspace / "runs/train/final/adapter_model.safetensors").write_bytes(b"\0" * 4096)
+    replay_box.transport.add("artifacts", *(factories.artifact(name, str(workspace / cfg.artifact(name).path))
+                                            for name in ("base", "adapter")))
     write_log(workspace, cfg, "sft", dead_gradients_log())
-    box = Box(LocalTransport(), str(workspace), python=sys.executable)
-    try:
-        actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_confirm)
-        plan = await actions.plan_fire("merge")
-        assert plan.blocked and any(c.severity == "error" and "sft's log, last run: dead_gradients" in c.text
-                                    for c in plan.checks), plan.checks
-        write_log(workspace, cfg, "sft", healthy_log())
-        plan = await actions.plan_fire("merge")
-        assert any(c.severity == "ok" and "sft's log, last run: 40 steps" in c.text for c in plan.checks)
-    finally:
-        await box.close()
+    actions = Actions(replay_box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_confirm)
+    plan = await actions.plan_fire("merge")
+    errors = [c.text for c in plan.checks if c.severity == "error"]
+    assert plan.blocked and errors and all(t.startswith("sft's log, last run: ") for t in errors), plan.checks
+    assert any(c.severity == "error" and "sft's log, last run: dead_gradients" in c.text
+                                for c in plan.checks), plan.checks
+    write_log(workspace, cfg, "sft", healthy_log())
+    plan = await actions.plan_fire("merge")
+    assert any(c.severity == "ok" and "sft's log, last run: 40 steps" in c.text for c in plan.checks)
 
 
 # ---------------------------------------------------------------- the role, not the command or the markers
@@ -183,14 +178,15 @@ def test_the_role_alone_decides_what_a_stage_gets(workspace: Path) -> None:
         assert len([f for f in found if f.code == "gpu_stall"]) == stalls, cfg.stage("train").role
 
 
-async def test_a_stage_named_train_of_role_other_has_no_curve_and_no_nan_alerts(workspace: Path, box) -> None:
+async def test_a_stage_named_train_of_role_other_has_no_curve_and_no_nan_alerts(workspace: Path, replay_box) -> None:
     cfg = tiny(workspace, train="other")
     assert cfg.stage("train").role == "other" and cfg.stage_by_role("train") is None
     write_log(workspace, cfg, "train", step(3.0, 1.0, 1) + step("nan", "nan", 2))
     state = ConsoleState(cfg)
     assert state.train_log is None
     followers = state.followers()
-    update = state.apply(running(await box.snapshot(**state.request(followers)), "train", 1000.0), followers, 2.0)
+    snap = running(await replay_box.snapshot(**state.request(followers)), "train", 1000.0)
+    update = state.apply(snap, followers, 2.0)
     assert update.new_points == [] and not [a for a in update.new_alerts if a.code.startswith("nan_")]
     assert not state.unproven(cfg.stage("merge"))
 
@@ -207,12 +203,10 @@ def test_the_smoke_test_uses_the_stage_of_role_serve_whatever_its_name(workspace
         smoke_config(named, "gguf/new.gguf")
 
 
-async def test_restore_is_suggested_for_the_stage_of_role_restore(workspace: Path, box) -> None:
+def test_restore_is_suggested_for_the_stage_of_role_restore(workspace: Path) -> None:
     cfg = tiny(workspace, {"restore": "pull"}, pull="restore")
-    pushed = workspace / cfg.artifact("pushed_gguf").path
-    pushed.parent.mkdir(parents=True)
-    pushed.write_bytes(b"GGUF" + b"\0" * 1024)
-    snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts])
+    pushed = factories.artifact("pushed_gguf", str(workspace / cfg.artifact("pushed_gguf").path), bytes=1028)
+    snap = factories.snapshot(artifacts=[pushed])
     [found] = [f for f in detect(cfg, snap) if f.code == "restore_available"]
     assert str(found.action) == "restart pull" and "(key 0)" in found.message
     named = tiny(workspace, restore="other")

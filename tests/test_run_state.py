@@ -20,7 +20,7 @@ from samai.console.core.actions import operator
 from samai.console.screens.dialogs import ConfirmDialog
 from samai.widgets.curves import CurvesPane
 from samai.widgets.logview import LogView
-from tests.helpers import collect_toasts, pilot_until, polls_after, run_cli, wait_for
+from tests.helpers import collect_toasts, pilot_until, polls_after, run_cli
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: real processes, sockets or an app, waited on
 
@@ -280,54 +280,3 @@ markers = [{{ name = "SERVING" }}]
         await pilot_until(pilot, lambda: "SERVING on" in "\n".join(log.lines))
         await pilot.press("l")  # after that, `l` goes on to the next stage's log as before
         assert app.state.shown_stage == "provision"
-
-
-async def test_a_chain_seen_gone_without_its_rc_is_lost_only_when_the_next_poll_agrees(tmp_path, workspace, box):
-    """One poll can fall between a stopping chain's exit and its rc file: lost is said only when
-    two polls in a row see it so (a real chain killed -9, which writes no rc)."""
-    from samai.console.core.state import ConsoleState
-
-    cfg = _config(tmp_path, workspace, '[stages.serve]\nkey = "v"\ncommand = "sleep 30"\n')
-    state = ConsoleState(cfg)
-    fired = await box.fire("serve", "sleep 30", "logs/serve.log", verify_s=0.2)
-    os.killpg(fired.pid, signal.SIGKILL)
-    wait_for(lambda: not psutil.pid_exists(fired.pid) or psutil.Process(fired.pid).status() == "zombie")
-
-    async def poll(now: float):
-        followers = state.followers()
-        return state.apply(await box.snapshot(**state.request(followers)), followers, now)
-
-    first = await poll(1.0)
-    assert first.snapshot.state("serve").status == "running"  # not yet: the next poll may see its rc
-    assert not [a for a in state.alerts if a.severity == "error"]
-    second = await poll(2.0)
-    assert second.snapshot.state("serve").status == "lost"
-    assert any(a.code == "stage_lost" for a in state.alerts)
-
-
-async def test_a_refire_caught_halfway_keeps_the_last_runs_end(tmp_path, workspace, box):
-    """A fire removes the last run's rc file a moment before it writes the new run's record: a poll
-    in between must not see the finished run as running again (nor lost), and the new run's
-    'previous' is how the last one ended."""
-    from samai.console.core.state import ConsoleState
-
-    cfg = _config(tmp_path, workspace, '[stages.train]\nkey = "t"\ncommand = "exit 3"\n')
-    state = ConsoleState(cfg)
-
-    async def poll(now: float):
-        followers = state.followers()
-        return state.apply(await box.snapshot(**state.request(followers)), followers, now)
-
-    fired = await box.fire("train", "exit 3", "logs/train.log", verify_s=0.2)
-    rc_file = workspace / ".samai" / "state" / "train.rc"
-    wait_for(rc_file.exists)
-    assert (await poll(1.0)).snapshot.state("train").status == "failed"
-    rc_file.unlink()  # what the next fire's prepare does before it records the new run
-    for now in (2.0, 3.0):
-        view = (await poll(now)).snapshot.state("train")
-        assert (view.status, view.rc, view.pid) == ("failed", 3, fired.pid)
-    assert not [a for a in state.alerts if a.code == "stage_lost"]
-    await box.fire("train", "sleep 5", "logs/train.log", verify_s=0.2)
-    await poll(4.0)
-    assert state.previous["train"].status == "failed" and state.previous["train"].rc == 3
-    await box.stop("train", grace=2)

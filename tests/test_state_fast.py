@@ -10,7 +10,7 @@ import time
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.fixes import FixAction
-from samai.console.core.state import FIRE_FAILED, RUN_ENDED, run_error
+from samai.console.core.state import FIRE_FAILED, RUN_ENDED, UNSEEN_GAP_S, run_error
 from samai.remote.transport import TransportError
 from tests import factories
 from tests.replay_transport import ReplayConsole, ReplayTransport
@@ -157,7 +157,7 @@ def _fire_failed(state, now: float):
 
 
 def _ends(box: ReplayTransport, **fields) -> None:
-    box.set_state("train", alive=False, rc=2, group=(), **fields)
+    box.set_state("train", **{"alive": False, "rc": 2, "group": (), **fields})
     box.remove("processes", pgid=4242)
 
 
@@ -203,6 +203,27 @@ async def test_a_chain_gone_without_its_rc_is_lost_only_once_two_polls_agree(
     assert len(lost) == 1 and lost[0].action == FixAction.restart("train") and "pid 4242" in lost[0].text
 
 
+async def test_a_refire_caught_halfway_keeps_the_last_runs_end(
+        recorded_console: ReplayConsole, recorded_box: ReplayTransport) -> None:
+    """A fire removes the last run's rc file a moment before it writes the new run's record: polls
+    in between see the ended run without its rc, and must not see it running again (nor lost);
+    the new run's 'previous' is how the last one ended."""
+    state = recorded_console.state
+    await recorded_console.poll()
+    _ends(recorded_box, rc=3)
+    assert next(s for s in (await recorded_console.poll()).stages if s.name == "train").status == "failed"
+    recorded_box.set_state("train", rc=None)  # what the next fire's prepare does before it records the new run
+    for _ in range(2):
+        recorded_box.advance(1)
+        view = next(s for s in (await recorded_console.poll()).stages if s.name == "train")
+        assert (view.status, view.rc, view.pid) == ("failed", 3, 4242)
+    assert not recorded_console.active("stage_lost")
+    now = recorded_box.advance(1)
+    recorded_box.set_state("train", pid=4300, pgid=4300, start_time=now, fired_at=now, alive=True, group=(4300,))
+    await recorded_console.poll()
+    assert state.previous["train"].status == "failed" and state.previous["train"].rc == 3
+
+
 async def test_a_box_that_stops_answering_is_one_alert_resolved_by_its_next_answer(
         recorded_console: ReplayConsole, recorded_box: ReplayTransport) -> None:
     await recorded_console.poll()
@@ -233,3 +254,19 @@ async def test_a_server_started_by_the_serve_stage_is_no_stale_server(
     assert "stale_server" not in _codes(update.new_alerts)
     assert "reasoning_split" in _codes(update.new_alerts)  # whoever started it, it splits <think>
     assert next(s for s in update.stages if s.name == "serve").status == "running"
+
+
+async def test_a_watcher_tells_a_run_fired_since_the_last_look_that_is_over_at_its_first(
+        recorded_console: ReplayConsole, recorded_box: ReplayTransport) -> None:
+    """Seeded with the box's time of the last watcher's look: a run fired after it and already
+    over is news; one fired before it (that watcher saw it end) or after a look long ago is not."""
+    fired = recorded_box.probe["states"][2]["fired_at"]
+    _ends(recorded_box)
+    for looked_at, told in ((fired - 30, True), (fired + 30, False), (fired - UNSEEN_GAP_S - 1, False),
+                            (None, False)):
+        console = ReplayConsole(recorded_box, recorded_console.state.config)
+        console.state.seed_statuses({}, looked_at)
+        update = await console.poll()
+        said = [a.text for a in update.new_alerts if a.code == RUN_ENDED and a.stage == "train"]
+        assert said == (["stage train failed rc=2"] if told else []), (looked_at, said)
+        await console.close()
