@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from samai.console.core import config
@@ -23,7 +25,7 @@ from samai.console.core.connect import open_box
 from samai.console.core.paths import audit_log
 from samai.console.core.watch.sender import Sender, receivers
 from samai.console.core.watch.watcher import BoxWatcher, Identity, watch
-from tests.helpers import run_cli, until
+from tests.helpers import run_cli, until, wait_for
 from tests.receivers import PASSWORD, HttpReceiver, SmtpReceiver, free_port
 
 pytestmark = pytest.mark.slow
@@ -340,3 +342,65 @@ async def test_a_recovery_the_preflight_blocks_is_notified_not_forced(
     runs = [r for r in (workspace / ".samai" / "state").glob("serve.json")]
     assert len(runs) == 1 and not any(e.get("via") == "by the watcher" and e.get("phase") == "intent"
                                       for e in map(json.loads, audit_log().read_text().splitlines()))
+
+
+# ---------------------------------------------------------------- the README's lines, as written
+
+
+def _readme_line(starts: str) -> str:
+    readme = Path(__file__).parents[1] / "README.md"
+    [line] = [line for line in readme.read_text("utf-8").splitlines() if line.startswith(starts)]
+    return line
+
+
+def _operator_home(tmp_path: Path, url: str) -> tuple[Path, dict[str, str]]:
+    """A HOME with the URLs file the README names (plain VAR=value lines, as systemd reads them)
+    and an environment whose PATH has samai-console."""
+    home = tmp_path / "home"
+    (home / ".config" / "samai").mkdir(parents=True)
+    (home / ".config" / "samai" / "notify.env").write_text(f"SAMAI_NOTIFY_URLS={url}\n")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "HOME": str(home), "PATH": path}
+    env.pop("SAMAI_NOTIFY_URLS", None)
+    return home, env
+
+
+def test_the_readmes_nohup_line_keeps_a_watcher_that_sends(tmp_path: Path, workspace: Path,
+                                                           json_receiver: HttpReceiver) -> None:
+    home, env = _operator_home(tmp_path, json_receiver.url)
+    here = tmp_path / "op"
+    here.mkdir()
+    (here / "samai.toml").write_text(toml(workspace, job("sleep 2; exit 5"), watch="interval = 0.3"))
+    line = _readme_line("nohup ")
+    subprocess.run(["sh", "-c", f"{line} echo $! > watcher.pid"], cwd=here, env=env, check=True, timeout=30)
+    pid = int((here / "watcher.pid").read_text())
+    try:
+        assert run_cli("--config", str(here / "samai.toml"), "fire", "job", "--yes").returncode in (0, 1)
+        deadline = time.monotonic() + 60
+        while not json_receiver.got and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", timeout=20)
+    log = (here / "watch.log").read_text()
+    assert json_receiver.titles()[:1] == ["samai: stage job failed rc=5"], log
+    assert json_receiver.url not in log
+
+
+def test_the_readmes_cron_line_tells_a_run_that_died_between_two_of_its_runs(
+        tmp_path: Path, workspace: Path, json_receiver: HttpReceiver) -> None:
+    """A run fired after one cron run and over before the next was never seen running: it is
+    news all the same, once (the ledger keeps the box's time of the last look)."""
+    home, env = _operator_home(tmp_path, json_receiver.url)
+    (home / "samai.toml").write_text(toml(workspace, job("exit 6")))
+    command = _readme_line("* * * * * ").split(" ", 5)[5]  # the five time fields, then what cron runs
+
+    def cron() -> None:
+        subprocess.run(["sh", "-c", command], env=env, check=True, timeout=60)
+
+    cron()
+    assert run_cli("--config", str(home / "samai.toml"), "fire", "job", "--yes").returncode in (0, 1)
+    wait_for(lambda: "job" in _rc_files(workspace), timeout=30)
+    cron()
+    cron()
+    assert json_receiver.titles() == ["samai: stage job failed rc=6"], (home / "watch.log").read_text()

@@ -53,6 +53,7 @@ from samai.remote.model import (
 
 MAX_ALERTS = 200
 WATCHERS_READ_S = 30.0  # how often the box's watch folder is read: its heartbeats change every few seconds
+UNSEEN_GAP_S = 3600.0  # a run fired since the last watcher looked is news if that look was this recent
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
 SHOWN_CATCH_UP = 1024 * 1024  # the log pane behind a burst reads up to this per poll (its lines are rendered at once)
 
@@ -178,6 +179,7 @@ class ConsoleState:
         self.received_at: float | None = None
         self._cpu: dict[tuple[int, float], tuple[float, float]] = {}
         self._statuses: dict[str, str] = {}
+        self._fired_unseen_after: float | None = None  # a watcher's: the box time of the last watcher's look
         self._rcs: dict[str, int | None] = {}
         self._last_said: dict[str, str] = {}  # each stage's last marker line of this run, CHAIN_DONE aside
         self._progress: dict[str, Progress] = {}  # each stage's last progress line of this run
@@ -337,12 +339,20 @@ class ConsoleState:
         self._lost_before = lost
         return tuple(replace(r, alive=True) if (r.stage, r.fired_at) in first_time else r for r in states)
 
-    def seed_statuses(self, statuses: dict[str, str]) -> None:
-        """The stages' statuses as an earlier watcher of this box last saw them (its ledger): a run
-        it saw running that is over at the first poll is a run that ended, with its alert."""
+    def seed_statuses(self, statuses: dict[str, str], looked_at: float | None = None) -> None:
+        """The stages' statuses as an earlier watcher of this box last saw them (its ledger), and
+        the box's time of its last look: a run it saw running, or one fired since it looked (a
+        short run between two cron runs), that is over at the first poll is a run that ended."""
         known = {s.name for s in self.config.stages}
         self._statuses.update({name: status for name, status in statuses.items()
                                if name in known and status == "running" and name not in self._statuses})
+        self._fired_unseen_after = looked_at
+
+    def _fired_since_last_look(self, rec: StageRecord, now: float) -> bool:
+        """Whether the run was fired after the last watcher's look, which was recent: a watcher
+        back after a long gap does not tell again every run that ended meanwhile."""
+        looked = self._fired_unseen_after
+        return looked is not None and looked < rec.fired_at and now - looked <= UNSEEN_GAP_S
 
     def stage_statuses(self) -> dict[str, str]:
         """Each stage's status at the last poll (what a watcher leaves for the next one)."""
@@ -485,6 +495,8 @@ class ConsoleState:
         if status == "idle" and (preflight(self.config, snap, stage, update.budget).blocked or self.unproven(stage)):
             status = "blocked"
         before = self._statuses.get(stage.name)
+        if before is None and rec is not None and self._fired_since_last_look(rec, snap.time):
+            before = "running"  # fired after the last watcher's look and over before this one's
         self._statuses[stage.name] = status
         self._rcs[stage.name] = rec.rc if rec else None
         if before is not None and before != status:

@@ -8,6 +8,7 @@ leaves lets the next one (a restart, a cron run) go on without sending again."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Callable
@@ -46,6 +47,12 @@ def console_command(config: Config) -> str:
 def ledger_statuses(ledger: dict) -> dict[str, str]:
     raw = ledger.get("statuses")
     return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(raw, dict) else {}
+
+
+def ledger_looked_at(ledger: dict) -> float | None:
+    """The box's time at the last poll of the watcher that wrote the ledger."""
+    at = ledger.get("box_at")
+    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at) else None
 
 
 class BoxWatcher:
@@ -135,7 +142,7 @@ class BoxWatcher:
         self._seeded = True
         self.policy.adopt(shared.ledger)  # sends nothing it already sent
         self.book = RecoveryBook.of(shared.ledger.get("recoveries"))
-        self.state.seed_statuses(ledger_statuses(shared.ledger))
+        self.state.seed_statuses(ledger_statuses(shared.ledger), ledger_looked_at(shared.ledger))
         self.acked = set(shared.acks)
 
     def heartbeat(self) -> dict:
@@ -146,8 +153,9 @@ class BoxWatcher:
                 "leading": self.leading}
 
     def ledger(self) -> dict:
+        snap = self.state.snapshot
         return {**self.policy.ledger(), "statuses": self.state.stage_statuses(), "recoveries": self.book.to_json(),
-                "at": self.clock()}
+                "at": self.clock(), "box_at": snap.time if snap else None}
 
     async def _beat(self, now: float) -> WatchShared | None:
         """The heartbeat (and the ledger, if this one leads); None when it could not be written."""
