@@ -29,7 +29,7 @@ test-fast: $(STAMP)
 
 # For iteration: the fast tier, without the slow tests (pyproject.toml's markers); `make test` runs all.
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -q -n auto $(PYTEST_ARGS)
 
 # The README's screenshot, rendered from the recorded box in tests/data.
 screenshot: $(STAMP)
