@@ -820,6 +820,55 @@ async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_
         assert steps == sorted(set(steps)) and steps[0] == 1 and steps[-1] == total, steps
 
 
+
+async def test_a_killed_training_run_is_resumed_by_the_watcher_with_nobody_at_the_keys(
+        pipeline_ws: Path, json_receiver) -> None:
+    """Issue 32: the headless watcher with `recover = ["resume_train"]` sees the train run killed
+    from outside, tells the receiver why, resumes it from its newest good checkpoint through the
+    action layer (audited "by the watcher"), says so, and the run ends done."""
+    from samai.console.core.connect import open_box
+    from samai.console.core.watch.sender import Sender, receivers
+    from samai.console.core.watch.watcher import BoxWatcher, Identity, watch
+    from tests.helpers import until
+
+    cfg = tiny(pipeline_ws, free_port())
+    cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.3),
+                  watch=replace(cfg.watch, interval=0.3, recover=("resume_train",)))
+    sender = Sender(receivers([json_receiver.url]), print, retry_s=(0.2, 0.2))
+    watcher = BoxWatcher("", cfg, open_box, sender, Identity("w1", "op@watchhost", "watchhost"), say=print)
+    folder = pipeline_ws / "runs" / "train" / "checkpoints"
+    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
+    task = asyncio.ensure_future(watch([watcher]))
+    try:
+        actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_anyway)
+        assert "FETCH_DONE" in await run_stage(box, cfg, "fetch")
+        assert (await actions.fire("train")).ok
+        await until(lambda: len(list(folder.glob("checkpoint-*/trainer_state.json"))) >= 2, timeout=600)
+        snap = await box.snapshot(processes=True)
+        trainer = next(p for p in snap.processes
+                       if p.pid in snap.state("train").group and "samai_box.stages.train" in p.command)
+        os.kill(trainer.pid, signal.SIGKILL)
+        await until(lambda: any(t.startswith("samai: resumed train from checkpoint-") for t in json_receiver.titles()),
+                    timeout=120)
+        train_log = pipeline_ws / cfg.stage("train").log
+        await until(lambda: "CHAIN_DONE" in train_log.read_text(errors="replace"), timeout=600)
+        await until(lambda: any("train" in t and "resolved" in t for t in json_receiver.titles()), timeout=60)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await box.close()
+    titles = json_receiver.titles()
+    [died] = [r for r in json_receiver.got if r.title.startswith("samai: stage train failed rc=137")]
+    assert "signal: killed by SIGKILL" in died.title and "resume train" in died.body, died.body
+    [resumed] = [t for t in titles if t.startswith("samai: resumed train from checkpoint-")]
+    step = int(resumed.rsplit("-", 1)[1])
+    log = train_log.read_text(errors="replace")
+    assert "TRAIN_RESUMED" in log and f"checkpoint-{step} (step {step})" in log, log[-2000:]
+    assert "CHAIN_DONE rc=0" in log and "TRAIN_DONE" in log, log[-2000:]
+    audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
+    by_watcher = [e for e in audit if e.get("via") == "by the watcher" and e.get("phase") == "intent"]
+    assert [e["action"] for e in by_watcher] == ["resume"], by_watcher
+
 GUARD_SEEDED = """
 import json, sys
 from transformers import TrainerControl, TrainerState

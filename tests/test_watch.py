@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -404,3 +405,39 @@ def test_the_readmes_cron_line_tells_a_run_that_died_between_two_of_its_runs(
     cron()
     cron()
     assert json_receiver.titles() == ["samai: stage job failed rc=6"], (home / "watch.log").read_text()
+
+
+def _readme_unit() -> str:
+    readme = (Path(__file__).parents[1] / "README.md").read_text("utf-8")
+    return readme[readme.index("[Unit]\n"):readme.index("WantedBy=default.target\n")] + "WantedBy=default.target\n"
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="no systemd-analyze on this machine")
+def test_the_readmes_systemd_unit_verifies_and_its_command_sends(tmp_path: Path, workspace: Path,
+                                                                 json_receiver: HttpReceiver) -> None:
+    """systemd-analyze checks the unit as written (its keys, its ExecStart executable, %h being
+    HOME); without a user session here, its ExecStart is then run as systemd would: %h
+    expanded and the EnvironmentFile's VAR=value lines as its environment."""
+    home, env = _operator_home(tmp_path, json_receiver.url)
+    (home / ".local" / "bin").mkdir(parents=True)
+    (home / ".local" / "bin" / "samai-console").symlink_to(Path(sys.executable).parent / "samai-console")
+    (home / "samai.toml").write_text(toml(workspace, job("sleep 2; exit 4"), watch="interval = 0.3"))
+    unit = tmp_path / "samai-watch.service"
+    unit.write_text(_readme_unit())
+    verified = subprocess.run(["systemd-analyze", "verify", str(unit)], env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert verified.returncode == 0 and str(unit) not in verified.stderr, verified.stderr
+    service = dict(line.split("=", 1) for line in _readme_unit().splitlines() if "=" in line)
+    files = service["EnvironmentFile"].replace("%h", str(home))
+    unit_env = {**env, **dict(line.split("=", 1) for line in Path(files).read_text().splitlines() if "=" in line)}
+    argv = service["ExecStart"].replace("%h", str(home)).split()
+    proc = subprocess.Popen(argv, env=unit_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert run_cli("--config", str(home / "samai.toml"), "fire", "job", "--yes").returncode in (0, 1)
+        deadline = time.monotonic() + 60
+        while not json_receiver.got and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert json_receiver.titles()[:1] == ["samai: stage job failed rc=4"], out
