@@ -54,7 +54,7 @@ class SecretMask:
 @dataclass
 class Receiver:
     name: str  # "ntfy #1": what the watcher's log and status call it
-    plugin: Any  # apprise's NotifyBase for its URL
+    sends: Any  # an apprise.Apprise holding this URL's service alone
 
 
 @dataclass
@@ -74,7 +74,11 @@ def receivers(urls: Sequence[str]) -> list[Receiver]:
         if plugin is None:
             scheme = url.split("://", 1)[0][:20] if "://" in url else "?"
             raise NotifyConfigError(f"notification URL #{i} ({scheme}://…) is not one apprise can send to")
-        out.append(Receiver(f"{plugin.service_name} #{i}", plugin))
+        # Through an Apprise object, not the plugin: it turns our plain text into the service's
+        # format (for email, escaped HTML with its line breaks), so box text is never markup there.
+        sends = apprise.Apprise()
+        sends.add(plugin)
+        out.append(Receiver(f"{plugin.service_name} #{i}", sends))
     return out
 
 
@@ -124,7 +128,8 @@ class Sender:
     async def _deliver(self, m: Message, r: Receiver) -> bool:
         try:
             return bool(await asyncio.wait_for(asyncio.to_thread(
-                r.plugin.notify, body=m.body, title=m.title, notify_type=NOTIFY_TYPE.get(m.severity, "info")),
+                r.sends.notify, body=m.body, title=m.title, notify_type=NOTIFY_TYPE.get(m.severity, "info"),
+                body_format="text"),
                 SEND_DEADLINE_S))
         except Exception as e:  # a plugin's bug or a deadline is a failed send, never the watcher's end
             self.say(f"{r.name}: {type(e).__name__}")
