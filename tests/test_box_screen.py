@@ -43,7 +43,8 @@ async def test_switching_target_leaves_nothing_of_the_old_target_on_show(tmp_pat
         try:
             await pilot_until(pilot, lambda: not [w for w in app.workers if w.node is old and not w.is_finished])
         except AssertionError:
-            raise AssertionError(f"still running: {[(w.name, w.state) for w in app.workers if w.node is old]}")
+            running = [(w.name, w.state) for w in app.workers if w.node is old]
+            raise AssertionError(f"still running: {running}") from None
         assert app.config.target.url == UNREACHABLE and UNREACHABLE in app.connection.target
         assert new.state.shown_stage == "hello" and str(new.query_one(LogView).border_title) == "log · hello"
         assert "a line of the old target" not in new.query_one(LogView).lines

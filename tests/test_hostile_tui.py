@@ -110,7 +110,7 @@ async def test_a_failed_fire_toast_shows_the_stage_output_literally(tmp_path, wo
         confirm.press()
         # The fire's own toast carries the output's tail; the stage_failed alert's toast may come
         # first with only the last line ("[/x]"): both are inert.
-        toast = await _until(pilot, lambda: next((t for t in _toasts(app) if SHOWN in t), None))
+        await _until(pilot, lambda: next((t for t in _toasts(app) if SHOWN in t), None))
         for shown in _toasts(app):
             _assert_inert(shown)
         await _until(pilot, lambda: not app.busy)
