@@ -152,6 +152,9 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
         assert fired is not None and fired.state == "running", outcome.message
         log = await wait_marker(box, cfg, "serve", "SMOKE_OK")
         assert "SMOKE_OK" in log and "391" in log and "SERVE_FALLBACK" not in log, log[-3000:]
+        # The real build asked for its flags: /metrics off by default, /slots on by default in this one.
+        assert "SERVE_MONITORING /metrics (--metrics), /slots (on by default)" in log, log[-3000:]
+        assert " --metrics" in next(line for line in log.splitlines() if line.startswith("$ ")), log[-3000:]
         assert stray.wait(10) is not None  # the stray listener was stopped by pid
         snap = await box.snapshot()
         listeners = [s for s in snap.listeners if s.port == port]

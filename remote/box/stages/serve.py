@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -47,10 +48,40 @@ def holders(port: int) -> list[int | None]:
     return sorted(set(owners.get(inode) for inode in socks), key=lambda p: p or 0)
 
 
-def server_command(args: argparse.Namespace) -> list[str]:
+def monitoring(llama_server: str | None) -> tuple[list[str], str]:
+    """The flags that turn on the server's monitoring endpoints, as its own --help offers them
+    (builds differ: /metrics is off by default; /slots is on by default in newer builds, behind
+    --slots in older ones), and what was enabled, in words for the stage's log."""
+    if not llama_server:
+        return [], "none: llama_cpp.server has no /metrics or /slots"
+    try:
+        done = subprocess.run([llama_server, "--help"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=30)
+        helped = done.stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [], "unknown: %s --help did not answer (%s); /metrics stays off" % (llama_server, type(e).__name__)
+    options = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", helped))
+    flags, said = [], []
+    if "--metrics" in options:
+        flags.append("--metrics")
+        said.append("/metrics (--metrics)")
+    else:
+        said.append("no /metrics in this build's --help")
+    slots_line = next((line for line in helped.splitlines() if re.search(r"(?<![\w-])--slots\b", line)), "")
+    if "--slots" in options and "default: enabled" not in slots_line:
+        flags.append("--slots")
+        said.append("/slots (--slots)")
+    elif "--slots" in options or "--slots-endpoint-disable" in options:
+        said.append("/slots (on by default)")
+    else:
+        said.append("no /slots in this build's --help")
+    return flags, ", ".join(said)
+
+
+def server_command(args: argparse.Namespace, monitoring_flags: list[str] | None = None) -> list[str]:
     if args.llama_server:
         return ([args.llama_server, "-m", args.model, "--host", args.host, "--port", str(args.port),
-                 "-c", str(args.ctx)]
+                 "-c", str(args.ctx)] + list(monitoring_flags or [])
                 + (["--reasoning-format", args.reasoning_format] if args.reasoning_format else [])
                 + (["--mmproj", args.mmproj] if args.mmproj else [])
                 + (["--image-max-tokens", str(args.image_max_tokens)] if args.image_max_tokens else []))
@@ -170,7 +201,9 @@ def main() -> None:
     say("port %d is free" % args.port)
 
     os.makedirs(os.path.dirname(os.path.abspath(args.server_log)), exist_ok=True)
-    cmd = server_command(args)
+    flags, enabled = monitoring(args.llama_server)
+    marker("SERVE_MONITORING", enabled)
+    cmd = server_command(args, flags)
     say("$ " + " ".join(cmd))
     with open(args.server_log, "ab") as log, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(cmd, stdin=devnull, stdout=log, stderr=subprocess.STDOUT)
