@@ -12,7 +12,8 @@ Request (every key optional):
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
    "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH],
    "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "prefix", "max"},
-   "packages": [{"python", "names", "max"}], "gpus": true, "attach": false}
+   "packages": [{"python", "names", "max"}], "gpus": true, "attach": false,
+   "serving": {"ports": [PORT], "paths": ["/health", ...], "budget_s": 0.8}}
   A --serve probe also takes a request as changes to the last one it answered ("base", "same",
   log entries with "like": see held.py), and marks each reply with "held" for the next.
 Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts", "processes",
@@ -23,6 +24,7 @@ Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts",
         "gpus", "gpu_error" and "gpu_driver": every GPU NVML sees, or none and why (gpus.py),
         and "gpu_events", "gpu_events_note": the recent Xid and ECC error events (gpu_events.py);
         with processes, "memory": {"total", "available", "cgroup", "limit"} (memory_limits)
+        and, when asked, "serving": each port's monitoring answers, within the budget (serving.py)
   The bytes read into "logs" and "ranges" entries are base64 in their "data"; or, when the
   request asks to "attach" them, raw after the JSON line, at the entry's "data_at" (answer).
 
@@ -54,6 +56,7 @@ from .packages import environments
 from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, json_document, record_btime
 from .procs import Facts, processes
 from .request_cache import HeldRequest, HeldUnknown
+from .serving import check_serving_request, start_reading
 from .sockets import fd_links, listeners, watched_folder, writers
 
 MAX_REPORTS = 50
@@ -237,6 +240,8 @@ def check_request(req: Any) -> None:
         check_packages_request(req["packages"])
     if req.get("gpus") is not None and not isinstance(req["gpus"], bool):
         raise ValueError("request.gpus must be true or false")
+    if req.get("serving") is not None:
+        check_serving_request(req["serving"])
     binaries = req.get("binaries")
     if binaries is not None and not (isinstance(binaries, list) and all(isinstance(b, str) for b in binaries)):
         raise ValueError("request.binaries must be a list of paths")
@@ -423,6 +428,7 @@ def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
         "probe_pid": os.getpid(),
         "errors": errors,
     }
+    serving = start_reading(req["serving"]) if req.get("serving") else None  # answered while the rest is read
     reply["disks"] = disks(workspace, errors)
     facts = memory.facts if memory else None
     reply["artifacts"] = artifacts(workspace, req.get("artifacts") or (), float(req.get("artifact_budget_s", 1.0)),
@@ -460,6 +466,8 @@ def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
         reply["memory"] = memory_limits()
     if req.get("gpus", True):
         reply.update(gpu_section(memory))
+    if serving is not None:
+        reply["serving"] = serving()
     return reply
 
 

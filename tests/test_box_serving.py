@@ -1,0 +1,139 @@
+"""The probe asks serving ports within one time budget (remote/box/serving.py): real servers on
+loopback, one that answers, one stopped with SIGSTOP, one that never accepts, one refusing, one
+sending a megabyte, one that is not HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from samai.remote.box.probe import check_request, probe
+from samai.remote.box.serving import MAX_BODY, read_ports
+from tests.receivers import free_port
+
+BUDGET = 0.5
+SLACK_S = 3.0  # generous: the machines these run on are shared (a bound, not a timing figure)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = {"/health": b'{"status":"ok"}', "/metrics": b"llamacpp:requests_processing 1\n",
+                "/slots": b"x" * (MAX_BODY * 4)}.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def answering() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def never_accepting() -> Iterator[int]:
+    """A listening socket nobody accepts on: connections complete (the kernel's backlog), no byte comes."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    yield s.getsockname()[1]
+    s.close()
+
+
+@pytest.fixture
+def stopped(spawn) -> Iterator[int]:
+    """A real HTTP server, then SIGSTOP: alive, its port open, answering nothing."""
+    port = free_port()
+    proc = spawn(sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGSTOP)
+    yield port
+    os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_an_answering_server_is_read_bounded(answering: int) -> None:
+    [got] = read_ports({"ports": [answering], "budget_s": BUDGET})
+    answers = got["answers"]
+    assert answers["/health"]["status"] == 200 and answers["/health"]["body"] == '{"status":"ok"}'
+    assert answers["/metrics"]["body"] == "llamacpp:requests_processing 1\n"
+    assert answers["/props"]["status"] == 404
+    assert len(answers["/slots"]["body"]) == MAX_BODY and answers["/slots"]["truncated"] is True
+    [only] = read_ports({"ports": [answering], "paths": ["/../admin", "http://elsewhere/", "/health"]})
+    assert list(only["answers"]) == ["/health"]  # the endpoints it knows, never a path the request names
+
+
+def test_stuck_servers_cost_the_budget_and_no_more(answering: int, stopped: int, never_accepting: int) -> None:
+    started = time.monotonic()
+    got = read_ports({"ports": [stopped, answering, never_accepting], "budget_s": BUDGET})
+    waited = time.monotonic() - started
+    assert waited < BUDGET + SLACK_S, waited  # all asked at once: not 8 budgets one after the other
+    by_port = {g["port"]: g["answers"] for g in got}
+    for port in (stopped, never_accepting):
+        assert all(a["error"].startswith("no answer within") for a in by_port[port].values()), by_port[port]
+    assert by_port[answering]["/health"]["status"] == 200
+
+
+def test_a_refusing_port_and_a_port_that_is_not_http() -> None:
+    refusing = free_port()
+    garbage = socket.socket()
+    garbage.bind(("127.0.0.1", 0))
+    garbage.listen(4)
+
+    def babble() -> None:
+        for _ in range(4):
+            conn, _ = garbage.accept()
+            conn.sendall(b"\x00\xffSSH-2.0-not-http\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=babble, daemon=True).start()
+    got = read_ports({"ports": [refusing, garbage.getsockname()[1]], "budget_s": 2.0})
+    garbage.close()
+    assert "ConnectionRefusedError" in got[0]["answers"]["/health"]["error"]
+    assert got[1]["answers"]["/health"]["error"].startswith("not an HTTP answer")
+
+
+def test_the_probe_reads_serving_ports_beside_the_rest(answering: int, workspace) -> None:
+    request = {"workspace": str(workspace), "serving": {"ports": [answering], "paths": ["/health"], "budget_s": 1.0}}
+    check_request(request)
+    reply = probe(request)
+    assert reply["serving"] == [{"port": answering, "answers": {"/health": {
+        "status": 200, "body": '{"status":"ok"}', "truncated": False,
+        "seconds": reply["serving"][0]["answers"]["/health"]["seconds"]}}}]
+    assert "serving" not in probe({"workspace": str(workspace)})
+
+
+@pytest.mark.parametrize(("serving", "key"), [
+    ([], "request.serving must be an object"),
+    ({"ports": [0]}, "ports"), ({"ports": [True]}, "ports"), ({"ports": "18080"}, "ports"),
+    ({"ports": [80], "paths": "/health"}, "paths"),
+    ({"ports": [80], "budget_s": 0}, "budget_s"), ({"ports": [80], "budget_s": 60}, "budget_s"),
+])
+def test_a_malformed_serving_request_is_refused_by_name(serving: object, key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        check_request({"serving": serving})
