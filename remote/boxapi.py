@@ -37,6 +37,7 @@ READY = ".ready"
 GGUF_TOOL = "gguf_surgery.py"
 GGUF_WRITE = "gguf_surgery.py (set_kv, add_tensors, extract)"  # its show and plans only read
 WRITING_TOOLS = ("launch.py", "kill.py", "clean.py", "install.py", GGUF_WRITE, "watchers.py")
+SERVING_BUDGET_S = 0.8  # all serving ports' answers, asked at once: a stopped server costs this, no more
 
 
 class Box:
@@ -158,13 +159,14 @@ class Box:
 
     async def snapshot(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
                        reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
-                       binaries: Sequence[str] = (), artifact_budget_s: float = 1.0) -> Snapshot:
+                       binaries: Sequence[str] = (), artifact_budget_s: float = 1.0,
+                       serving: Sequence[int] = ()) -> Snapshot:
         """Disk, artifact sizes, processes, listeners, new log bytes, report files and stage
-        states: one call."""
+        states, and the serving ports' monitoring answers when asked: one call."""
         started = time.monotonic()
         raw = await self.ask_probe(self.snapshot_request(
             artifacts=artifacts, logs=logs, reports=reports, processes=processes, writers=writers,
-            binaries=binaries, artifact_budget_s=artifact_budget_s))
+            binaries=binaries, artifact_budget_s=artifact_budget_s, serving=serving))
         snap = model.snapshot(raw, time.monotonic() - started)
         if len(snap.logs) != len(logs):  # each entry answers the cursor in its place: none may be missing
             raise BoxError(f"malformed reply: {len(snap.logs)} log entries for the {len(logs)} logs asked")
@@ -172,9 +174,10 @@ class Box:
 
     def snapshot_request(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
                          reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
-                         binaries: Sequence[str] = (), artifact_budget_s: float = 1.0) -> dict:
+                         binaries: Sequence[str] = (), artifact_budget_s: float = 1.0,
+                         serving: Sequence[int] = ()) -> dict:
         """The probe request behind snapshot()."""
-        return {
+        request = {
             "workspace": self.workspace,
             "artifacts": [{"name": name, "path": path} for name, path in artifacts],
             "artifact_budget_s": artifact_budget_s,
@@ -184,6 +187,9 @@ class Box:
             "writers": writers,
             "binaries": list(binaries),
         }
+        if serving:  # within a budget well inside the Box's own deadline: a stuck server never costs the poll
+            request["serving"] = {"ports": list(serving), "budget_s": SERVING_BUDGET_S}
+        return request
 
     async def disk_users(self, top: int = 10, budget_s: float = 2.0) -> model.DiskUsers:
         """The workspace's largest entries, two levels down, biggest first."""

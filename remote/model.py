@@ -328,6 +328,27 @@ class GpuReading:
 
 
 @dataclass(frozen=True)
+class EndpointAnswer:
+    """One monitoring endpoint's answer as the probe got it (its body: the server's text, unread)."""
+
+    path: str
+    status: int | None = None
+    body: str = ""
+    seconds: float = 0.0
+    truncated: bool = False
+    error: str = ""  # why there is no answer (refused, not within the budget, not HTTP)
+
+
+@dataclass(frozen=True)
+class PortAnswers:
+    port: int
+    answers: tuple[EndpointAnswer, ...] = ()
+
+    def get(self, path: str) -> EndpointAnswer | None:
+        return next((a for a in self.answers if a.path == path), None)
+
+
+@dataclass(frozen=True)
 class Memory:
     """The box's RAM and the memory cgroup limit its stages run under (0 / None: not known)."""
 
@@ -362,6 +383,7 @@ class Snapshot:
     boot_id: str | None = None
     gpus: GpuReading = GpuReading()
     memory: Memory = Memory()
+    serving: tuple[PortAnswers, ...] = ()  # when asked: each serving port's monitoring answers
 
     @property
     def boot(self) -> Boot:
@@ -621,7 +643,38 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         boot_id=raw.get("boot_id"),
         gpus=gpu_reading(raw),
         memory=_memory(raw.get("memory")),
+        serving=serving_answers(raw.get("serving")),
     )
+
+
+MAX_SERVING_BODY = 256 * 1024  # what the probe sends at most; a longer body is cut here too
+
+
+def serving_answers(raw: Any) -> tuple[PortAnswers, ...]:
+    """The reply's serving section; an entry not of the documented shape is left out (never the
+    snapshot's loss), a body or error cut to its bound."""
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for entry in raw[:16]:
+        port, answers = (entry.get("port"), entry.get("answers")) if isinstance(entry, dict) else (None, None)
+        if type(port) is int and 0 < port < 65536 and isinstance(answers, dict):
+            out.append(PortAnswers(port, tuple(a for a in (_endpoint(k, v) for k, v in list(answers.items())[:8])
+                                               if a is not None)))
+    return tuple(out)
+
+
+def _endpoint(path: Any, raw: Any) -> EndpointAnswer | None:
+    if not (isinstance(path, str) and isinstance(raw, dict)):
+        return None
+    status, body, seconds, error = raw.get("status"), raw.get("body"), raw.get("seconds"), raw.get("error")
+    return EndpointAnswer(
+        path[:40], status if type(status) is int and 100 <= status < 1000 else None,
+        body[:MAX_SERVING_BODY] if isinstance(body, str) else "",
+        float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        and 0 <= seconds < 1e6 else 0.0,
+        raw.get("truncated") is True or (isinstance(body, str) and len(body) > MAX_SERVING_BODY),
+        error[:300] if isinstance(error, str) else "" if type(status) is int else "no answer")
 
 
 def _memory(raw: Any) -> Memory:

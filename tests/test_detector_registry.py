@@ -222,8 +222,8 @@ def test_a_raising_detector_costs_the_poll_nothing_and_is_one_standing_alert(cfg
 
 
 def test_the_registry_runs_the_snapshot_traps_first_then_the_read_and_kept_ones() -> None:
-    assert DETECTORS.names == (*SNAPSHOT_TRAPS, "torchao_beside_peft", "gpus", "disk_filling", "memory_filling",
-                               "checkpoint_space", "unreadable_summaries", "eval")
+    assert DETECTORS.names == (*SNAPSHOT_TRAPS, "torchao_beside_peft", "gpus", "serving", "disk_filling",
+                               "memory_filling", "checkpoint_space", "unreadable_summaries", "eval")
 
 
 def test_detect_is_the_snapshot_traps_alone(cfg) -> None:

@@ -176,6 +176,15 @@ class Watch:
 
 
 @dataclass(frozen=True)
+class Serve:
+    """[serve]: how the console watches a running server's monitoring endpoints."""
+
+    hung_after_s: float = 60.0  # requests in flight without progress (or /health silent) this long: serve_hung
+    every_s: float = 3.0  # the serving ports are asked at most this often, and only while a serve stage runs
+    queue_polls: int = 3  # deferred requests growing at this many reads in a row: serve_queue
+
+
+@dataclass(frozen=True)
 class Notify:
     """[notify]: where the watcher sends what it sees (apprise URLs), and how much."""
 
@@ -200,6 +209,7 @@ class Config:
     boxes: tuple[BoxSpec, ...] = ()  # [boxes.NAME]; none: the one box of [target] and [workspace]
     watch: Watch = field(default_factory=Watch)
     notify: Notify = field(default_factory=Notify)
+    serve: Serve = field(default_factory=Serve)
 
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -442,7 +452,7 @@ class _Reader:
 
     def config(self, raw: dict[str, Any]) -> Config:
         self.table(raw, "", {"pipeline", "target", "workspace", "budget", "artifacts", "stages", "model", "ui",
-                             "boxes", "watch", "notify"})
+                             "boxes", "watch", "notify", "serve"})
         pipeline = self.text(raw, "pipeline", "", "custom")
         if not NAME.match(pipeline):  # it names the default workspace's folder
             raise self.fail("pipeline", "a name of letters, digits, '_', '.', '-'", pipeline)
@@ -469,6 +479,7 @@ class _Reader:
             boxes=boxes,
             watch=self.watch(raw.get("watch")),
             notify=self.notify(raw.get("notify")),
+            serve=self.serve(raw.get("serve")),
         )
 
     def boxes(self, raw: dict[str, Any], pipeline: str) -> tuple[BoxSpec, ...]:
@@ -670,6 +681,12 @@ class _Reader:
         return Watch(float(self.number(w, "interval", "watch", 10.0, 0.1, 86400.0)),
                      float(self.number(w, "unreachable_after", "watch", 300.0, 0.0, 7 * 86400.0)),
                      tuple(dict.fromkeys(recover)), self.integer(w, "max_recoveries", "watch", 3, 0, 1000))
+
+    def serve(self, raw: Any) -> Serve:
+        v = self.table(raw, "serve", {"hung_after_s", "every_s", "queue_polls"})
+        return Serve(float(self.number(v, "hung_after_s", "serve", 60.0, 1.0, 86400.0)),
+                     float(self.number(v, "every_s", "serve", 3.0, 0.5, 3600.0)),
+                     self.integer(v, "queue_polls", "serve", 3, 1, 1000))
 
     def notify(self, raw: Any) -> Notify:
         n = self.table(raw, "notify", {"urls", "urls_env", "min_severity", "repeat_after", "max_per_hour"})

@@ -22,6 +22,7 @@ from samai.console.core.gpu_findings import GpuWatch
 from samai.console.core.mmproj import has_mmproj, mmproj_artifact
 from samai.console.core.preflight import present_poison
 from samai.console.core.problems import Finding
+from samai.console.core.serving_watch import ServingWatch
 from samai.console.core.trends import (
     DiskTrend,
     MemoryTrend,
@@ -64,6 +65,8 @@ class DetectorContext:
     memory_trends: tuple[MemoryTrend, ...] = ()  # each running stage's memory growth, likewise
     # The running training runs' checkpoints as last listed (sizes only), by stage: read apart from the poll.
     checkpoints: tuple[tuple[str, Checkpoints], ...] = ()
+    # The serving ports' readings, kept across polls like the GPU watch (None: doctor's one look).
+    serving: ServingWatch | None = None
 
     @classmethod
     def of(cls, config: Config, snapshot: Snapshot, budget: DiskBudget | None = None, *,
@@ -71,10 +74,11 @@ class DetectorContext:
            eval_checked: tuple[EvalRun, EvalResult | None] | None = None,
            gpu: GpuWatch | None = None, disk_trend: DiskTrend | None = None,
            memory_trends: tuple[MemoryTrend, ...] = (),
-           checkpoints: tuple[tuple[str, Checkpoints], ...] = ()) -> DetectorContext:
+           checkpoints: tuple[tuple[str, Checkpoints], ...] = (),
+           serving: ServingWatch | None = None) -> DetectorContext:
         """A context on this snapshot, its budget computed unless the caller has it already."""
         return cls(config, snapshot, budget or disk_budget(config, snapshot), environments, eval_checked, gpu,
-                   disk_trend, memory_trends, checkpoints)
+                   disk_trend, memory_trends, checkpoints, serving)
 
     @cached_property
     def eval_reports(self) -> tuple[list[EvalRun], list[Finding]]:
@@ -383,6 +387,12 @@ def _gpus(ctx: DetectorContext) -> list[Finding]:
     return watch.findings(ctx.snapshot)
 
 
+def _serving(ctx: DetectorContext) -> list[Finding]:
+    """What the running servers' monitoring answers show (a stall takes the watch's sequence)."""
+    watch = ctx.serving if ctx.serving is not None else ServingWatch(ctx.config, one_look=True)
+    return watch.findings(ctx.snapshot)
+
+
 def _disk_filling(ctx: DetectorContext) -> list[Finding]:
     running = [r.stage for r in ctx.snapshot.states if r.status == "running"]
     return filling_findings(ctx.disk_trend, running)
@@ -423,7 +433,7 @@ CHECKPOINT_DETECTORS = ("checkpoint_space",)
 
 def _registry() -> DetectorRegistry:
     registry = DetectorRegistry()
-    for name, detector in {**SNAPSHOT_TRAPS, ENVIRONMENT_DETECTORS[0]: _torchao, "gpus": _gpus,
+    for name, detector in {**SNAPSHOT_TRAPS, ENVIRONMENT_DETECTORS[0]: _torchao, "gpus": _gpus, "serving": _serving,
                            "disk_filling": _disk_filling, "memory_filling": _memory_filling,
                            CHECKPOINT_DETECTORS[0]: _checkpoint_space,
                            "unreadable_summaries": _unreadable_summaries,

@@ -34,6 +34,7 @@ from samai.console.core.preflight import Preflight, poison_artifacts, preflight
 from samai.console.core.preflight.evidence import training_sources
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
 from samai.console.core.redact import redact
+from samai.console.core.serving_watch import ServingWatch
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
 from samai.console.core.trends import CHECKPOINT_READ_S, DiskTrend, DiskWatch, MemoryTrend, MemoryWatch
@@ -193,6 +194,7 @@ class ConsoleState:
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
         self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
         self.gpu = GpuWatch(config)  # the recent GPU readings: a stall shows only over time
+        self.serving = ServingWatch(config)  # the running servers' readings, likewise
         self.disk = DiskWatch()  # the workspace's recent use: how fast it fills
         self.disk_trend: DiskTrend | None = None  # as of the last poll
         self.memory = MemoryWatch()  # each running stage's memory: how fast it grows towards its limit
@@ -241,12 +243,17 @@ class ConsoleState:
             out.append(self.shown)
         return out
 
+    def _running(self) -> list[str]:
+        return [name for name, status in self._statuses.items() if status == "running"]
+
     def request(self, followers: list[LogFollower]) -> dict:
-        """The next snapshot's keyword arguments: artifact paths, log cursors, report globs."""
+        """The next snapshot's keyword arguments: artifact paths, log cursors, report globs, and
+        the running servers' ports when they are due."""
         making = {name for s in self.config.stages if self._statuses.get(s.name) == "running" for name in s.makes}
         return {"artifacts": self.sizer.due(self.received_at, making), "logs": [f.cursor() for f in followers],
                 "reports": [self.config.ui.eval_reports], "writers": True,
-                "binaries": declared_binaries(self.config)}
+                "binaries": declared_binaries(self.config),
+                "serving": self.serving.due(self._running(), self.received_at or 0.0)}
 
     def apply(self, snap: Snapshot, followers: list[LogFollower], now: float) -> StateUpdate:
         """Fold in a snapshot taken with the cursors of `followers` (in that order)."""
@@ -373,7 +380,8 @@ class ConsoleState:
         (environments, the newest eval's check) or kept across polls (the GPU watch)."""
         return DetectorContext.of(self.config, snap, environments=self.environments,
                                   eval_checked=self.eval_checked, gpu=self.gpu, disk_trend=self.disk_trend,
-                                  memory_trends=self.memory_trends, checkpoints=tuple(self.checkpoint_lists.items()))
+                                  memory_trends=self.memory_trends, checkpoints=tuple(self.checkpoint_lists.items()),
+                                  serving=self.serving)
 
     def _findings(self, ctx: DetectorContext, only: tuple[str, ...] | None = None) -> list[Alert]:
         """Detector findings as alerts: once when they appear, again only if they go and come back.

@@ -1,0 +1,207 @@
+"""The running servers as an operator sees them: each serving port's answers read into a view
+(health and its latency, tokens/s from counter deltas, requests running and deferred, the slots,
+KV use, the model), a short history, and the findings: `serve_hung` (requests in flight without
+progress, or /health silent, for [serve] hung_after_s while the stage runs), `serve_queue`
+(deferred requests growing) and `ctx_full` (a slot at its context limit).
+
+The ports are those a running serve-role stage declares, asked at most every [serve] every_s.
+Like the GPU watch, one watch is kept across polls (the TUI's, the watcher's); `doctor` has a
+fresh one and so judges one reading alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from samai.console.core.config import Config
+from samai.console.core.fixes import FixAction
+from samai.console.core.kinds import ActionKind
+from samai.console.core.problems import Finding
+from samai.console.core.serving import (
+    EngineMetrics,
+    Props,
+    ServingPoint,
+    ServingSeries,
+    Slot,
+    kv_use,
+    parse_metrics,
+    parse_props,
+    parse_slots,
+)
+from samai.remote.model import EndpointAnswer, PortAnswers, Snapshot
+
+HISTORY = 60  # readings kept per port: a few minutes at the default pace, enough for a stall to show
+CTX_FULL_MARGIN = 4  # a slot within this many tokens of its n_ctx is at its limit
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServingView:
+    """One port at its last reading: what the pane shows and `snapshot --json` carries."""
+
+    port: int
+    stage: str
+    at: float  # the box's time of the reading
+    health: str  # "ok", "loading", "HTTP 500", or why there is no answer
+    health_ok: bool
+    health_seconds: float | None
+    metrics: EngineMetrics | None
+    metrics_note: str  # why some figures are missing ("" when /metrics answered)
+    slots: tuple[Slot, ...] = ()
+    slots_note: str = ""
+    props: Props | None = None
+    generation_tps: float | None = None
+    prompt_tps: float | None = None
+    stalled_s: float | None = None  # requests in flight without progress this long
+    silent_s: float | None = None  # /health unanswered this long
+    kv_use: float | None = None
+    history: tuple[float | None, ...] = ()  # generation tokens/s, oldest first
+
+    @property
+    def running(self) -> float | None:
+        if self.metrics is not None and self.metrics.running is not None:
+            return self.metrics.running
+        return float(sum(s.processing for s in self.slots)) if self.slots else None
+
+    @property
+    def waiting(self) -> float | None:
+        return self.metrics.waiting if self.metrics is not None else None
+
+    def to_json(self) -> dict:
+        m = self.metrics
+        return {
+            "port": self.port, "stage": self.stage, "at": self.at, "health": self.health,
+            "health_ok": self.health_ok, "health_seconds": self.health_seconds,
+            "engine": m.engine if m else None, "metrics_note": self.metrics_note,
+            "generation_tokens_per_s": self.generation_tps, "prompt_tokens_per_s": self.prompt_tps,
+            "requests_running": self.running, "requests_waiting": self.waiting, "kv_use": self.kv_use,
+            "stalled_s": self.stalled_s, "health_silent_s": self.silent_s,
+            "model": self.props.model if self.props else None, "n_ctx": self.props.n_ctx if self.props else None,
+            "slots": [{"id": s.id, "processing": s.processing, "context_used": s.context_used, "n_ctx": s.n_ctx,
+                       "decoded": s.decoded} for s in self.slots],
+            "slots_note": self.slots_note,
+        }
+
+
+@dataclass
+class _Port:
+    series: ServingSeries = field(default_factory=lambda: ServingSeries(HISTORY))
+    silent_since: float | None = None
+    history: list[float | None] = field(default_factory=list)
+
+
+class ServingWatch:
+    def __init__(self, config: Config, *, one_look: bool = False) -> None:
+        self.config = config
+        self.one_look = one_look  # doctor's: a /health that does not answer within the budget is hung at once
+        self.asked_at: float | None = None
+        self.views: dict[int, ServingView] = {}
+        self._ports: dict[int, _Port] = {}
+
+    def serving_ports(self, running: Iterable[str]) -> dict[int, str]:
+        """port -> stage, for the serve-role stages running now."""
+        names = set(running)
+        return {port: s.name for s in self.config.stages if s.role == "serve" and s.name in names for port in s.ports}
+
+    def due(self, running: Iterable[str], now: float) -> list[int]:
+        """The ports to ask in the next snapshot: none unless a serve stage runs and the last ask
+        is [serve] every_s old."""
+        ports = sorted(self.serving_ports(running))
+        if not ports or (self.asked_at is not None and now - self.asked_at < self.config.serve.every_s):
+            return []
+        self.asked_at = now
+        return ports
+
+    def observe(self, snap: Snapshot) -> None:
+        """Fold in the snapshot's serving answers (if it has any); a port whose stage no longer
+        runs is forgotten."""
+        ports = self.serving_ports(r.stage for r in snap.states if r.status == "running")
+        for port in [p for p in self.views if p not in ports]:
+            del self.views[port]
+            self._ports.pop(port, None)
+        for answers in snap.serving:
+            if answers.port in ports:
+                self.views[answers.port] = self._view(answers, ports[answers.port], snap.time)
+
+    def findings(self, snap: Snapshot) -> list[Finding]:
+        self.observe(snap)
+        out: list[Finding] = []
+        for v in self.views.values():
+            out += _findings(v, self.config, self.one_look)
+            if self._ports[v.port].series.waiting_growing(self.config.serve.queue_polls):
+                out.append(Finding("serve_queue", "warning", f"{v.stage} :{v.port}: deferred requests grew at each "
+                                   f"of the last {self.config.serve.queue_polls} reads: more is asked of it "
+                                   f"than it serves"))
+        return out
+
+    def _view(self, answers: PortAnswers, stage: str, at: float) -> ServingView:
+        state = self._ports.setdefault(answers.port, _Port())
+        health, health_ok, seconds = _health(answers.get("/health"))
+        answered = seconds is not None
+        state.silent_since = None if answered else (state.silent_since if state.silent_since is not None else at)
+        metrics, metrics_note = _read(answers.get("/metrics"), parse_metrics, "/metrics")
+        slots, slots_note = _read(answers.get("/slots"), parse_slots, "/slots")
+        props, _ = _read(answers.get("/props"), parse_props, "/props")
+        if metrics is not None and not metrics.engine:
+            metrics, metrics_note = None, "/metrics has neither llama.cpp's nor vLLM's names"
+        if answered:  # a silent server is no reading: its last figures would read as zero progress
+            state.series.add(ServingPoint.of(at, metrics, slots))
+        generation, prompt = state.series.rates() if answered else (None, None)
+        state.history = [*state.history[-(HISTORY - 1):], generation]
+        return ServingView(
+            answers.port, stage, at, health, health_ok, seconds, metrics, metrics_note, slots or (), slots_note,
+            props, generation, prompt, state.series.stalled_for(),
+            at - state.silent_since if state.silent_since is not None else None,
+            metrics.kv_use if metrics is not None and metrics.kv_use is not None else kv_use(slots) if slots else None,
+            tuple(state.history))
+
+
+def _health(answer: EndpointAnswer | None) -> tuple[str, bool, float | None]:
+    """What /health says, whether it is ok, and its latency (None: no answer)."""
+    if answer is None:
+        return "not asked", False, None
+    if answer.status is None:
+        return answer.error or "no answer", False, None
+    if answer.status == 200:
+        return "ok", True, answer.seconds
+    return ("loading" if answer.status == 503 else f"HTTP {answer.status}"), False, answer.seconds
+
+
+def _read(answer: EndpointAnswer | None, parse: Callable[[str], T | str], path: str) -> tuple[T | None, str]:
+    """An endpoint's body parsed, or None and why not (in words for the pane)."""
+    if answer is None:
+        return None, f"{path} not asked"
+    if answer.status is None:
+        return None, f"{path}: {answer.error or 'no answer'}"
+    if answer.status == 404 or answer.status == 501:
+        hint = " (started without --metrics? an older build?)" if path == "/metrics" else \
+            " (this build has no /slots, or it was started with --no-slots)" if path == "/slots" else ""
+        return None, f"no {path} (HTTP {answer.status}){hint}"
+    if answer.status != 200:
+        return None, f"{path}: HTTP {answer.status}"
+    got = parse(answer.body)
+    if isinstance(got, str):
+        return None, f"{path}: {got}" + (" (cut at its size bound)" if answer.truncated else "")
+    return got, ""
+
+
+def _findings(v: ServingView, config: Config, one_look: bool) -> list[Finding]:
+    """Each worded the same from poll to poll (a finding's identity is its text): no live figure in it."""
+    hung_after = config.serve.hung_after_s
+    if one_look and v.silent_s is not None and v.health.startswith("no answer within"):
+        return [Finding("serve_hung", "error", f"{v.stage} :{v.port}: /health did not answer within the probe's "
+                        f"budget ({v.health}) while its process runs", FixAction(ActionKind.RESTART, v.stage))]
+    restart = FixAction(ActionKind.RESTART, v.stage)
+    out = []
+    if v.stalled_s is not None and v.stalled_s >= hung_after:
+        out.append(Finding("serve_hung", "error", f"{v.stage} :{v.port}: requests in flight and no token generated "
+                           f"for {hung_after:.0f} s or more: the server is alive but stuck", restart))
+    elif v.silent_s is not None and v.silent_s >= hung_after:
+        out.append(Finding("serve_hung", "error", f"{v.stage} :{v.port}: /health has not answered for "
+                           f"{hung_after:.0f} s or more while its process runs", restart))
+    for s in v.slots:
+        if s.processing and s.n_ctx and s.context_used is not None and s.context_used >= s.n_ctx - CTX_FULL_MARGIN:
+            out.append(Finding("ctx_full", "warning", f"{v.stage} :{v.port}: slot {s.id} is at its context limit "
+                               f"of {s.n_ctx} tokens: its answer will be cut or shifted"))
+    return out
