@@ -330,22 +330,36 @@ async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
 
 
 async def _snapshot(args, cfg, box: Box) -> int:
-    snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts])
-    print(_json(_snapshot_json(snap)) if args.json else _snapshot_text(snap, cfg))
+    snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts], serving=_serving_ports(cfg))
+    print(_json(_snapshot_json(snap, cfg)) if args.json else _snapshot_text(snap, cfg))
     return EXIT_OK
 
 
-def _snapshot_json(snap: Snapshot) -> dict:
+def _serving_ports(cfg: config_mod.Config) -> list[int]:
+    """Every port a serve-role stage declares: asked in one look, read for the stages that run."""
+    return sorted({port for s in cfg.stages if s.role == "serve" for port in s.ports})
+
+
+def _snapshot_json(snap: Snapshot, cfg: config_mod.Config | None = None) -> dict:
     from samai.console.core.death import cause_of_death, death_json
     from samai.console.core.gpu_findings import gpu_findings  # see _budget
 
     # what the GPUs show (the reading itself is the snapshot's "gpus")
     found = [f.to_json() for f in gpu_findings(snap)]
     out = dict(asdict(snap), gpu_findings=found)
+    out["serving"] = _serving_json(snap, cfg) if cfg is not None else []  # the figures, not the servers' raw text
     # each ended run's cause as the console judges it (absent for rc=0 and for a run still alive)
     out["states"] = [_with_death(raw, death_json(cause_of_death(rec, snap))) for raw, rec in
                      zip(out["states"], snap.states, strict=True)]
     return out
+
+
+def _serving_json(snap: Snapshot, cfg: config_mod.Config) -> list[dict]:
+    from samai.console.core.serving_watch import ServingWatch
+
+    watch = ServingWatch(cfg, one_look=True)
+    watch.observe(snap)
+    return [v.to_json() for v in watch.views.values()]
 
 
 def _with_death(raw: dict, death: dict | None) -> dict:
@@ -371,15 +385,17 @@ async def _snapshot_all(args, cfg: config_mod.Config) -> int:
     async def fetch(box_cfg: config_mod.Config) -> Snapshot:
         box = open_box(box_cfg, readonly=True)
         try:
-            return await box.snapshot(artifacts=[(a.name, a.path) for a in box_cfg.artifacts])
+            return await box.snapshot(artifacts=[(a.name, a.path) for a in box_cfg.artifacts],
+                                      serving=_serving_ports(box_cfg))
         finally:
             await box.close()
 
     configs = fleet_configs(cfg)
     found = await gather_boxes(configs, fetch)
     if args.json:
-        print(_json({"boxes": {name: _snapshot_json(got) if isinstance(got, Snapshot) else got
-                               for name, got in found.items()}}))
+        configs_by_name = dict(configs)
+        print(_json({"boxes": {name: _snapshot_json(got, configs_by_name[name]) if isinstance(got, Snapshot)
+                               else got for name, got in found.items()}}))
     else:
         for name, box_cfg in configs:
             got = found[name]
@@ -415,7 +431,7 @@ async def _doctor(args, cfg, box: Box) -> int:
 
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts] + poison_artifacts(cfg),
                               writers=True, binaries=detectors.declared_binaries(cfg),
-                              reports=[cfg.ui.eval_reports])
+                              reports=[cfg.ui.eval_reports], serving=_serving_ports(cfg))
     pythons = detectors.peft_pythons(cfg)  # the training environments: what is installed beside peft (§9)
     envs = await box.python_packages(list(pythons), detectors.WATCHED_PACKAGES) if pythons else ()
     checked = await _newest_eval_checked(box, snap)  # the TUI checks the newest run's items once, too
