@@ -60,7 +60,7 @@ async def test_every_pane_of_the_box_screen_takes_the_poll_through_one_protocol(
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: app.screen is app.box_screen)
         taking = {w.id for w in app.box_screen.query("*") if isinstance(w, ShowsUpdates)}
-        assert taking == {"stages", "disk", "gpus", "processes", "log", "curves", "evals", "alerts"}
+        assert taking == {"stages", "disk", "gpus", "serving", "processes", "log", "curves", "evals", "alerts"}
 
 
 async def test_lines_of_the_log_shown_when_a_poll_began_never_reach_the_log_it_switched_to(tmp_path, workspace):

@@ -212,6 +212,7 @@ class ServingSeries:
 
 
 def _rate(a: float | None, b: float | None, seconds: float) -> float | None:
-    if a is None or b is None or seconds <= 0 or b < a:  # b < a: the server restarted, its counters from 0
+    if a is None or b is None or not seconds > 0 or b < a:  # b < a: the server restarted, its counters from 0
         return None
-    return (b - a) / seconds
+    rate = (b - a) / seconds
+    return rate if math.isfinite(rate) else None

@@ -34,7 +34,7 @@ from samai.console.core.preflight import Preflight, poison_artifacts, preflight
 from samai.console.core.preflight.evidence import training_sources
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
 from samai.console.core.redact import redact
-from samai.console.core.serving_watch import ServingWatch
+from samai.console.core.serving_watch import ServingView, ServingWatch
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
 from samai.console.core.trends import CHECKPOINT_READ_S, DiskTrend, DiskWatch, MemoryTrend, MemoryWatch
@@ -152,6 +152,7 @@ class StateUpdate:
     shown_markers: tuple[Marker, ...] = ()
     alerts: list[Alert] = field(default_factory=list)  # every alert as it now stands, newest first
     now: float = 0.0  # when it was folded in (the console's clock)
+    serving: tuple[ServingView, ...] = ()  # each running server's last reading (the serve pane)
 
 
 def _marker_of(stage: Stage, name: str) -> Marker | None:
@@ -283,6 +284,7 @@ class ConsoleState:
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
         update.disk_delta = self._disk_delta(snap, update.stages)
         update.new_alerts += self._findings(ctx)
+        update.serving = tuple(self.serving.views.values())  # as the serving detector just read them
         resolved += self._resolve_gone(snap, now)
         self.raise_alerts(update.new_alerts)
         # The first poll shows the alerts whatever came before it (one raised beside the poll waits for it).

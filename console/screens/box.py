@@ -30,12 +30,13 @@ from samai.widgets.gpus import GpuPane
 from samai.widgets.keys import bindings
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
+from samai.widgets.serving import ServePane
 from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
-PANE_TITLES = {"#stages": "stages", "#disk": "disk budget", "#gpus": "GPUs", "#processes": "processes & ports",
-               "#curves": "training", "#evals": "eval runs", "#alerts": "alerts"}
+PANE_TITLES = {"#stages": "stages", "#disk": "disk budget", "#gpus": "GPUs", "#serving": "serving",
+               "#processes": "processes & ports", "#curves": "training", "#evals": "eval runs", "#alerts": "alerts"}
 
 
 class BoxScreen(ActionKeys):
@@ -58,6 +59,7 @@ class BoxScreen(ActionKeys):
             with Vertical(id="left"):
                 yield DiskPane(id="disk")
                 yield GpuPane(id="gpus")
+                yield ServePane(id="serving")
                 yield ProcessPane(id="processes")
             yield LogView(id="log", max_lines=self.config.ui.max_log_lines)
         with Horizontal(id="bottom"):
