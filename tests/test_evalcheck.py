@@ -194,6 +194,15 @@ def test_the_eval_stage_joins_reasoning_content_so_a_split_answer_is_no_fake_zer
 
 
 @pytest.mark.slow
+def test_the_eval_stage_reads_vllm_s_reasoning_field_too(chat_server: ChatServer, tmp_path: Path) -> None:
+    """vLLM puts the thinking in `reasoning` (not `reasoning_content`): read, it is no fake 0 %."""
+    chat_server.message = {"content": "", "reasoning": SERVER_THINK}
+    items = run_eval_stage(chat_server, tmp_path)
+    result = check_eval(items.read_text().splitlines())
+    assert result.accuracy == 1.0 and result.reasoning_only == 4 and "fake_zero" not in codes(result)
+
+
+@pytest.mark.slow
 def test_the_eval_stage_against_a_server_that_answers_nothing_is_a_fake_zero(
         chat_server: ChatServer, tmp_path: Path) -> None:
     chat_server.message = {"content": "", "reasoning_content": ""}

@@ -96,7 +96,9 @@ def question(item: Mapping[str, Any], args: argparse.Namespace) -> tuple[Any, di
 def evaluate(item: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     asked, image = question(item, args)
     message, finish = ask(args.url, asked, args)
-    content, reasoning = message.get("content") or "", message.get("reasoning_content") or ""
+    # llama-server names the split-off thinking reasoning_content; vLLM names it reasoning
+    content = message.get("content") or ""
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
     pred = prediction(content, reasoning if args.answer_from == "joined" else "", args.extract)
     row = {"id": item["id"], "prompt": item["prompt"], "gold": item["gold"], "pred": pred,
            "correct": pred == str(item["gold"]), "finish_reason": finish, "content": content,
