@@ -163,8 +163,9 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
         assert Path(argv[0]).name == "llama-server" and argv[argv.index("--reasoning-format") + 1] == "none", argv
         assert "reasoning_split" not in {f.code for f in detect(cfg, snap)}
 
-        log = await run_stage(box, cfg, "eval")
+        log = await _serving_while_the_eval_runs(box, cfg, port)
         assert "EVAL_RC=0" in log, log[-3000:]
+        await _a_stopped_server_is_hung_then_restarted(box, cfg, port, listeners[0].pid)
         (summary_path,) = set((pipeline_ws / "runs" / "eval").glob("*/summary.json")) - {
             pipeline_ws / "runs" / "eval" / "naive" / "summary.json"}
         summary = json.loads(summary_path.read_text())
@@ -187,6 +188,63 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
         await box.stop("serve", grace=5)
         await box.close()
     await _restore_instead_of_rebuild(cfg, pipeline_ws)
+
+
+async def _serving_while_the_eval_runs(box: Box, cfg: config.Config, port: int) -> str:
+    """Issue 33: the real llama-server's figures, read as the console reads them, move while the
+    eval stage asks it: requests running, tokens/s between polls, its slots; the eval's log."""
+    from samai.console.core.serving_watch import ServingWatch
+
+    watch, views = ServingWatch(cfg), []
+    evaluating = asyncio.ensure_future(run_stage(box, cfg, "eval"))
+    while not evaluating.done():
+        watch.findings(await box.snapshot(serving=[port]))
+        views += list(watch.views.values())
+        await asyncio.sleep(0.5)
+    log = await evaluating
+    assert views and all(v.metrics is not None and v.metrics.engine == "llama.cpp" for v in views), views[:1]
+    assert any((v.running or 0) >= 1 for v in views) and any((v.generation_tps or 0) > 0 for v in views), views
+    assert views[-1].slots and views[-1].props is not None and views[-1].props.n_ctx, views[-1]
+    return log
+
+
+async def _a_stopped_server_is_hung_then_restarted(box: Box, cfg: config.Config, port: int, server: int) -> None:
+    """SIGSTOP on the server: serve_hung within its window (3 s here), each poll within the probe's
+    budget; SIGCONT resolves it; its fix, the serve stage's restart, serves again."""
+    from samai.console.core.serving_watch import ServingWatch
+    from samai.remote.boxapi import SERVING_BUDGET_S
+
+    cfg = replace(cfg, serve=replace(cfg.serve, hung_after_s=3.0))
+    watch = ServingWatch(cfg)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        hung, deadline = [], time.monotonic() + 60
+        while not hung and time.monotonic() < deadline:
+            started = time.monotonic()
+            snap = await box.snapshot(serving=[port])
+            assert time.monotonic() - started < SERVING_BUDGET_S + 5, "a stopped server slowed the poll"
+            hung = [f for f in watch.findings(snap) if f.code == "serve_hung"]
+            await asyncio.sleep(0.5)
+        assert hung and "/health has not answered" in hung[0].message, watch.views
+    finally:
+        os.kill(server, signal.SIGCONT)
+    await until_async(lambda: _no_hung(box, watch, port), timeout=60)
+    actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_anyway)
+    assert hung[0].action is not None and (await actions.restart(hung[0].action.stage)).ok
+    assert "SMOKE_OK" in await wait_marker(box, cfg, "serve", "SMOKE_OK")
+
+
+async def _no_hung(box: Box, watch, port: int) -> bool:
+    return not [f for f in watch.findings(await box.snapshot(serving=[port])) if f.code == "serve_hung"]
+
+
+async def until_async(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"condition not met within {timeout} s")
 
 
 async def _restore_instead_of_rebuild(cfg: config.Config, ws: Path) -> None:
