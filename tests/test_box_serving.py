@@ -137,3 +137,50 @@ def test_the_probe_reads_serving_ports_beside_the_rest(answering: int, workspace
 def test_a_malformed_serving_request_is_refused_by_name(serving: object, key: str) -> None:
     with pytest.raises(ValueError, match=key):
         check_request({"serving": serving})
+
+
+def test_a_serve_probe_waits_on_a_stopped_server_once_then_says_how_long_it_is_silent(
+        answering: int, spawn) -> None:
+    """The persistent probe's reader: the poll after the first does not wait on the request
+    still in flight (the server stopped), it says how long it has gone unanswered; once the server
+    runs again its answer arrives and it is asked anew."""
+    from samai.remote.box.serving import ServingReader
+
+    port = free_port()
+    proc = spawn(sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not read_ports({"ports": [port], "paths": ["/health"], "budget_s": 1.0})[0]["answers"]["/health"].get(
+            "status") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    reader = ServingReader()
+    spec = {"ports": [port, answering], "paths": ["/health"], "budget_s": BUDGET}
+    assert reader.read(spec)[0]["answers"]["/health"]["status"] == 404  # http.server has no /health
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        first = reader.read(spec)
+        assert first[0]["answers"]["/health"]["error"].startswith("no answer within")
+        started = time.monotonic()
+        later = reader.read(spec)
+        assert time.monotonic() - started < BUDGET, "the request still in flight was waited on again"
+        silent = later[0]["answers"]["/health"]
+        assert silent["error"].startswith("no answer within") and silent["seconds"] > first[0]["answers"][
+            "/health"]["seconds"]
+        assert later[1]["answers"]["/health"]["status"] == 200  # the other port answers on
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while "status" not in reader.read(spec)[0]["answers"]["/health"]:
+        assert time.monotonic() < deadline, "the stopped server's answer never came once it ran again"
+        time.sleep(0.1)
+
+
+def test_the_serve_probe_reads_through_its_memory(answering: int, workspace) -> None:
+    from samai.remote.box.probe import Memory
+
+    memory = Memory()
+    request = {"workspace": str(workspace), "processes": False,
+               "serving": {"ports": [answering], "paths": ["/metrics"], "budget_s": 1.0}}
+    for _ in range(2):
+        [got] = probe(request, memory)["serving"]
+        assert got["answers"]["/metrics"]["body"] == "llamacpp:requests_processing 1\n"

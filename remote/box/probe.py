@@ -56,7 +56,7 @@ from .packages import environments
 from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, json_document, record_btime
 from .procs import Facts, processes
 from .request_cache import HeldRequest, HeldUnknown
-from .serving import check_serving_request, start_reading
+from .serving import ServingReader, check_serving_request, start_reading
 from .sockets import fd_links, listeners, watched_folder, writers
 
 MAX_REPORTS = 50
@@ -392,6 +392,7 @@ class Memory(object):
         self.mark: str | None = None  # of that reply
         self.held = HeldRequest()  # the last request, which the next one may name as its base
         self.gpus = GpuSession()  # NVML, initialised on the first request for GPUs, not per poll
+        self.serving = ServingReader()  # the serving endpoints' requests, some in flight across polls
 
 
 def process_reply(reply: dict[str, Any], procs: list[dict[str, Any]], since: Any, memory: Memory | None) -> None:
@@ -428,7 +429,10 @@ def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
         "probe_pid": os.getpid(),
         "errors": errors,
     }
-    serving = start_reading(req["serving"]) if req.get("serving") else None  # answered while the rest is read
+    serving = None
+    if req.get("serving"):  # a --serve probe's reader never waits twice on a stuck server
+        spec = req["serving"]
+        serving = memory.serving.begin(spec) if memory is not None else start_reading(spec)
     reply["disks"] = disks(workspace, errors)
     facts = memory.facts if memory else None
     reply["artifacts"] = artifacts(workspace, req.get("artifacts") or (), float(req.get("artifact_budget_s", 1.0)),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import http.client
 import threading
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Tuple
 
 MAX_BODY = 256 * 1024  # a /slots answer of a few dozen slots is far below it
 MAX_PORTS = 8
@@ -22,21 +22,18 @@ MAX_BUDGET_S = 5.0
 PATHS = ("/health", "/metrics", "/slots", "/props")
 
 
-def ask_port(port: int, path: str, deadline: float) -> dict[str, Any]:
+def ask_port(port: int, path: str, timeout: float) -> dict[str, Any]:
     started = time.monotonic()
-    left = deadline - started
-    if left <= 0:
-        return {"error": "no time left in the budget", "seconds": 0.0}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=left)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("GET", path, headers={"Accept": "application/json, text/plain"})
         response = conn.getresponse()
         body = response.read(MAX_BODY + 1)
         return {"status": response.status, "body": body[:MAX_BODY].decode("utf-8", "replace"),
                 "truncated": len(body) > MAX_BODY, "seconds": round(time.monotonic() - started, 4)}
-    except OSError as e:  # refused, reset, or the socket's timeout: the deadline
+    except OSError as e:  # refused, reset, or the socket's timeout
         waited = time.monotonic() - started
-        said = "no answer within %.1f s" % left if isinstance(e, TimeoutError) or "timed out" in str(e) \
+        said = "no answer within %.1f s" % timeout if isinstance(e, TimeoutError) or "timed out" in str(e) \
             else "%s: %s" % (type(e).__name__, str(e)[:200])
         return {"error": said, "seconds": round(waited, 4)}
     except (http.client.HTTPException, ValueError) as e:  # not HTTP at all
@@ -45,34 +42,86 @@ def ask_port(port: int, path: str, deadline: float) -> dict[str, Any]:
         conn.close()
 
 
-def start_reading(spec: dict[str, Any]) -> Callable[[], list[dict[str, Any]]]:
-    """Every path of every port asked at once, now; the function returned collects the answers
-    (or gives them up) by the budget. The probe starts it first, so the rest of its reply is
-    read while the servers answer."""
-    budget = min(float(spec.get("budget_s", 0.8)), MAX_BUDGET_S)
-    ports = [int(p) for p in spec.get("ports", ())][:MAX_PORTS]
-    paths = [p for p in spec.get("paths", PATHS) if p in PATHS]
-    deadline = time.monotonic() + budget
-    answers: Dict[int, Dict[str, Any]] = dict((port, {}) for port in ports)
-    threads: List[threading.Thread] = []
-    for port in ports:
-        for path in paths:
-            def one(port: int = port, path: str = path) -> None:
-                answers[port][path] = ask_port(port, path, deadline)
-            thread = threading.Thread(target=one, name="serving %d%s" % (port, path), daemon=True)
-            thread.start()
-            threads.append(thread)
+class _Asking(object):
+    """One request in flight, in its own thread."""
 
-    def collect() -> list[dict[str, Any]]:
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()) + 0.2)  # the socket's timeout ends it by then
+    def __init__(self, port: int, path: str, timeout: float) -> None:
+        self.started = time.monotonic()
+        self.result: dict[str, Any] | None = None
+        self.thread = threading.Thread(target=self._run, args=(port, path, timeout),
+                                       name="serving %d%s" % (port, path), daemon=True)
+        self.thread.start()
+
+    def _run(self, port: int, path: str, timeout: float) -> None:
+        self.result = ask_port(port, path, timeout)
+
+
+class ServingReader(object):
+    """The serving endpoints as a --serve probe asks them, poll after poll: a request still in
+    flight from an earlier poll (a stopped server) is not asked again nor waited on, only said
+    (how long it has gone unanswered); so a stuck server costs one poll its budget, once, and
+    the polls after it nothing. Each request gives up after HANG_S, and is then asked anew."""
+
+    HANG_S = 120.0
+
+    def __init__(self) -> None:
+        self.asking: Dict[Tuple[int, str], _Asking] = {}
+
+    def begin(self, spec: dict[str, Any]) -> Callable[[], list[dict[str, Any]]]:
+        """Ask what is not in flight already; the function returned collects by the budget."""
+        budget, ports, paths = _spec(spec)
+        deadline = time.monotonic() + budget
+        fresh = []
+        for key in [(port, path) for port in ports for path in paths]:
+            if key not in self.asking:
+                self.asking[key] = _Asking(key[0], key[1], self.HANG_S)
+                fresh.append(self.asking[key])
+        return lambda: self._collect(fresh, deadline, ports, paths)
+
+    def read(self, spec: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.begin(spec)()
+
+    def _collect(self, fresh: list[_Asking], deadline: float, ports: list[int],
+                 paths: list[str]) -> list[dict[str, Any]]:
+        for asking in fresh:  # only this poll's own requests are waited for, each until the deadline
+            asking.thread.join(max(0.0, deadline - time.monotonic()))
         out = []
         for port in ports:
-            got = dict(answers[port])
+            answers: Dict[str, Any] = {}
             for path in paths:
-                got.setdefault(path, {"error": "no answer within %.1f s" % budget, "seconds": budget})
-            out.append({"port": port, "answers": got})
+                asking = self.asking[(port, path)]
+                if asking.result is not None:
+                    answers[path] = asking.result
+                    del self.asking[(port, path)]  # asked anew next time
+                else:
+                    waited = time.monotonic() - asking.started
+                    answers[path] = {"error": "no answer within %.1f s" % waited, "seconds": round(waited, 4)}
+            out.append({"port": port, "answers": answers})
+        for key in [k for k in self.asking if k[0] not in ports]:  # a port no longer asked about: let it go
+            del self.asking[key]
         return out
+
+
+def _spec(spec: dict[str, Any]) -> tuple[float, list[int], list[str]]:
+    budget = min(float(spec.get("budget_s", 0.8)), MAX_BUDGET_S)
+    ports = [int(p) for p in spec.get("ports", ())][:MAX_PORTS]
+    return budget, ports, [p for p in spec.get("paths", PATHS) if p in PATHS]
+
+
+def start_reading(spec: dict[str, Any]) -> Callable[[], list[dict[str, Any]]]:
+    """A one-shot probe's read: every path of every port asked at once, now; the function
+    returned collects the answers (or gives them up) by the budget. The probe starts it first,
+    so the rest of its reply is read while the servers answer."""
+    budget, ports, paths = _spec(spec)
+    deadline = time.monotonic() + budget
+    asking = dict(((port, path), _Asking(port, path, budget)) for port in ports for path in paths)
+
+    def collect() -> list[dict[str, Any]]:
+        for a in asking.values():
+            a.thread.join(max(0.0, deadline - time.monotonic()) + 0.2)  # its socket's timeout ends it by then
+        return [{"port": port, "answers": dict(
+            (path, asking[(port, path)].result or {"error": "no answer within %.1f s" % budget, "seconds": budget})
+            for path in paths)} for port in ports]
 
     return collect
 
