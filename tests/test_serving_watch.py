@@ -158,3 +158,25 @@ def test_the_state_asks_the_serving_ports_and_raises_serve_hung() -> None:
     assert [a.code for a in state.alerts if a.active and a.code in ("serve_hung", "serve_queue", "ctx_full")] \
         == ["serve_hung"]
     assert update.alerts_changed
+
+
+def test_a_hung_server_is_a_recovery_the_watcher_may_run_once_per_hang() -> None:
+    """[watch] recover = ["restart_hung_serve"]: serve_hung's fix is due, once for each time it is
+    raised; restart_serve (a dead server) does not take a hang."""
+    from dataclasses import replace
+
+    from samai.console.core.watch.recover import RecoveryBook, recoveries_due
+
+    state = ConsoleState(cfg())
+    for at in (100.0, 103.0, 107.0, 112.0):
+        state.apply(snap(at, answers("busy")), [], at)
+    [hung] = [a for a in state.alerts if a.code == "serve_hung"]
+    book = RecoveryBook()
+    policy = cfg(extra='[watch]\nrecover = ["restart_hung_serve"]\n')
+    [due] = recoveries_due(policy, [hung], book)
+    assert (due.stage, due.kind) == ("serve", ActionKind.RESTART)
+    assert recoveries_due(cfg(extra='[watch]\nrecover = ["restart_serve"]\n'), [hung], book) == []
+    book.done[due.key] = 112.0
+    assert recoveries_due(policy, [hung], book) == []  # this hang: handled
+    again = replace(hung, time=hung.time + 600)  # the same server hung again later
+    assert len(recoveries_due(policy, [again], book)) == 1

@@ -162,7 +162,7 @@ class Ui:
 
 # The fixes a watcher may run by itself when their alert stands ([watch] recover): each is a fix
 # the TUI offers for that alert, run through the same action layer.
-RECOVERIES = ("resume_train", "restart_serve")
+RECOVERIES = ("resume_train", "restart_serve", "restart_hung_serve")
 
 
 @dataclass(frozen=True)

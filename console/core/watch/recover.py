@@ -14,9 +14,12 @@ from samai.console.core.state import RUN_ENDED, Alert
 from samai.console.core.watch.policy import HOUR_S, Message, alert_identity, plain
 
 BY_THE_WATCHER = "by the watcher"
-# Each recovery: the fix its alert offers, and the role of the stage it is for.
-RECOVERIES: dict[str, tuple[ActionKind, str]] = {"resume_train": (ActionKind.RESUME, "train"),
-                                                 "restart_serve": (ActionKind.RESTART, "serve")}
+# Each recovery: the fix its alert offers, the role of the stage it is for, and the alert's code.
+RECOVERIES: dict[str, tuple[ActionKind, str, str]] = {
+    "resume_train": (ActionKind.RESUME, "train", RUN_ENDED),
+    "restart_serve": (ActionKind.RESTART, "serve", RUN_ENDED),
+    "restart_hung_serve": (ActionKind.RESTART, "serve", "serve_hung"),  # alive but stuck (serving_watch)
+}
 
 
 @dataclass(frozen=True)
@@ -65,13 +68,14 @@ def recoveries_due(config: Config, alerts: list[Alert], book: RecoveryBook) -> l
     """The standing deaths whose fix the config lets the watcher run, not handled yet."""
     out = []
     for a in alerts:
-        if not (a.active and a.code == RUN_ENDED and a.action is not None and a.stage):
+        stage = config.stage(a.stage or (a.action.stage if a.action else ""))
+        if not (a.active and a.action is not None and stage):
             continue
-        stage = config.stage(a.stage)
+        # A run's death is that run's (its identity holds the run); a hang is each time it is raised.
+        key = alert_identity(a) if a.code == RUN_ENDED else f"{alert_identity(a)}|{a.time:.3f}"
         for name in config.watch.recover:
-            kind, role = RECOVERIES[name]
-            key = alert_identity(a)
-            if stage and stage.role == role and a.action.kind is kind and key not in book.done:
+            kind, role, code = RECOVERIES[name]
+            if a.code == code and stage.role == role and a.action.kind is kind and key not in book.done:
                 out.append(Due(key, stage.name, kind, a))
     return out
 
