@@ -182,3 +182,15 @@ def test_any_series_gives_a_stall_and_rates_never_negative(rows: list[tuple[floa
     assert stalled is None or stalled > 0
     assert all(r is None or r >= 0 for r in series.rates())
     series.waiting_growing(3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_any_serving_section_of_a_reply_is_kept_or_left_out_never_raised(value: object) -> None:
+    from samai.remote.model import PortAnswers, serving_answers
+
+    for got in (serving_answers(value), serving_answers([{"port": 18080, "answers": value}]),
+                serving_answers([{"port": 18080, "answers": {"/health": value}}])):
+        assert all(isinstance(p, PortAnswers) and 0 < p.port < 65536 for p in got)
+        for p in got:
+            assert all(a.status is None or 100 <= a.status < 1000 for a in p.answers)
