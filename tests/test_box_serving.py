@@ -4,6 +4,7 @@ sending a megabyte, one that is not HTTP."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -133,6 +134,7 @@ def test_the_probe_reads_serving_ports_beside_the_rest(answering: int, workspace
     ({"ports": [0]}, "ports"), ({"ports": [True]}, "ports"), ({"ports": "18080"}, "ports"),
     ({"ports": [80], "paths": "/health"}, "paths"),
     ({"ports": [80], "budget_s": 0}, "budget_s"), ({"ports": [80], "budget_s": 60}, "budget_s"),
+    ({"ports": [80], "canary": "80"}, "canary"), ({"ports": [80], "canary": [True]}, "canary"),
 ])
 def test_a_malformed_serving_request_is_refused_by_name(serving: object, key: str) -> None:
     with pytest.raises(ValueError, match=key):
@@ -184,3 +186,45 @@ def test_the_serve_probe_reads_through_its_memory(answering: int, workspace) -> 
     for _ in range(2):
         [got] = probe(request, memory)["serving"]
         assert got["answers"]["/metrics"]["body"] == "llamacpp:requests_processing 1\n"
+
+
+class StuckGeneration(Handler):
+    """/health answers; a completion never finishes (an engine dead behind a health check)."""
+
+    release = threading.Event()
+    posted: list[bytes] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        type(self).posted.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        type(self).release.wait(30)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+
+def test_a_canary_in_flight_is_said_each_read_until_it_finishes() -> None:
+    from samai.remote.box.serving import ServingReader
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StuckGeneration)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    reader = ServingReader()
+    try:
+        first = reader.read({"ports": [port], "paths": ["/health"], "budget_s": BUDGET, "canary": [port]})
+        assert first[0]["answers"]["/health"]["status"] == 200
+        assert first[0]["answers"]["canary"]["error"].startswith("no answer within")
+        assert json.loads(StuckGeneration.posted[0]) == {"prompt": "1", "max_tokens": 1, "temperature": 0}
+        later = reader.read({"ports": [port], "paths": ["/health"], "budget_s": BUDGET})  # not asked again
+        assert later[0]["answers"]["canary"]["seconds"] >= first[0]["answers"]["canary"]["seconds"]
+        assert len(StuckGeneration.posted) == 1
+        StuckGeneration.release.set()
+        deadline = time.monotonic() + 10
+        while "status" not in reader.read({"ports": [port], "paths": ["/health"]})[0]["answers"].get("canary", {}):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "canary" not in reader.read({"ports": [port], "paths": ["/health"]})[0]["answers"]  # done with it
+    finally:
+        StuckGeneration.release.set()
+        server.shutdown()
+        server.server_close()

@@ -180,3 +180,30 @@ def test_a_hung_server_is_a_recovery_the_watcher_may_run_once_per_hang() -> None
     assert recoveries_due(policy, [hung], book) == []  # this hang: handled
     again = replace(hung, time=hung.time + 600)  # the same server hung again later
     assert len(recoveries_due(policy, [again], book)) == 1
+
+
+def test_an_idle_server_is_sent_a_canary_at_most_once_a_minute() -> None:
+    watch = ServingWatch(cfg())
+    assert watch.request(["serve"], 100.0) == {"serving": [PORT], "canary": []}  # nothing read yet
+    watch.findings(snap(100.0, answers("idle")))
+    assert watch.request(["serve"], 103.0) == {"serving": [PORT], "canary": [PORT]}
+    assert watch.request(["serve"], 106.0)["canary"] == []  # within the minute
+    watch.findings(snap(107.0, answers("busy")))
+    assert watch.request(["serve"], 170.0)["canary"] == []  # busy: its progress says enough
+
+
+def _with_canary(state: str, canary: EndpointAnswer) -> PortAnswers:
+    return PortAnswers(PORT, (*answers(state).answers, canary))
+
+
+def test_a_canary_that_does_not_finish_is_serve_hung() -> None:
+    watch = ServingWatch(cfg())
+    waiting = EndpointAnswer("canary", None, "", 4.0, error="no answer within 4.0 s")
+    assert codes(watch, snap(100.0, _with_canary("idle", waiting))) == []
+    [hung] = watch.findings(snap(106.0, _with_canary("idle", EndpointAnswer("canary", None, "", 10.5,
+                                                                            error="no answer within 10.5 s"))))
+    assert hung.code == "serve_hung" and "1-token request" in hung.message
+    done = EndpointAnswer("canary", 200, '{"choices": []}', 0.09)
+    assert codes(watch, snap(109.0, _with_canary("idle", done))) == []
+    watch.findings(snap(112.0, answers("idle")))
+    assert watch.views[PORT].canary == "ok in 90 ms"  # said until the next one

@@ -57,6 +57,8 @@ def serving_block(v: ServingView) -> Content:
         lines.append(Content(f"  … {len(v.slots) - SLOTS_SHOWN} more slots"))
     if v.history:
         lines.append(Content.assemble(("  tok/s ", "$foreground 60%"), (sparkline(v.history), "$primary")))
+    if v.canary:
+        lines.append(Content.assemble(("  canary ", "$foreground 60%"), visible(v.canary)))
     if v.stalled_s is not None:
         lines.append(Content(f"  no progress for {v.stalled_s:.0f} s with requests in flight").stylize("$error"))
     for note in (v.metrics_note, v.slots_note):

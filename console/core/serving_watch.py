@@ -31,6 +31,7 @@ from samai.console.core.serving import (
 )
 from samai.remote.model import EndpointAnswer, PortAnswers, Snapshot
 
+CANARY_EVERY_S = 60.0  # an idle server is sent a 1-token request at most this often
 HISTORY = 60  # readings kept per port: a few minutes at the default pace, enough for a stall to show
 CTX_FULL_MARGIN = 4  # a slot within this many tokens of its n_ctx is at its limit
 T = TypeVar("T")
@@ -57,6 +58,8 @@ class ServingView:
     silent_s: float | None = None  # /health unanswered this long
     kv_use: float | None = None
     history: tuple[float | None, ...] = ()  # generation tokens/s, oldest first
+    canary: str = ""  # the last 1-token request sent while idle: "ok", "HTTP 404", or why no answer
+    canary_waiting_s: float | None = None  # how long the one in flight has gone unanswered
 
     @property
     def running(self) -> float | None:
@@ -80,7 +83,7 @@ class ServingView:
             "model": self.props.model if self.props else None, "n_ctx": self.props.n_ctx if self.props else None,
             "slots": [{"id": s.id, "processing": s.processing, "context_used": s.context_used, "n_ctx": s.n_ctx,
                        "decoded": s.decoded} for s in self.slots],
-            "slots_note": self.slots_note,
+            "slots_note": self.slots_note, "canary": self.canary, "canary_waiting_s": self.canary_waiting_s,
         }
 
 
@@ -89,6 +92,7 @@ class _Port:
     series: ServingSeries = field(default_factory=lambda: ServingSeries(HISTORY))
     silent_since: float | None = None
     history: list[float | None] = field(default_factory=list)
+    canary_at: float | None = None  # when the last canary was asked for (the console's clock)
 
 
 class ServingWatch:
@@ -112,6 +116,23 @@ class ServingWatch:
             return []
         self.asked_at = now
         return ports
+
+    def request(self, running: Iterable[str], now: float) -> dict[str, list[int]]:
+        """The next snapshot's serving arguments: the ports when due, and among them the idle
+        servers due a canary."""
+        ports = self.due(running, now)
+        return {"serving": ports, "canary": self._canary_due(ports, now)}
+
+    def _canary_due(self, ports: list[int], now: float) -> list[int]:
+        out = []
+        for port in ports:
+            view, state = self.views.get(port), self._ports.get(port)
+            if view is None or state is None or not view.health_ok or (view.running or 0) > 0:
+                continue  # a busy server shows its progress; a silent one is judged by its health
+            if state.canary_at is None or now - state.canary_at >= CANARY_EVERY_S:
+                state.canary_at = now
+                out.append(port)
+        return out
 
     def observe(self, snap: Snapshot) -> None:
         """Fold in the snapshot's serving answers (if it has any); a port whose stage no longer
@@ -147,6 +168,9 @@ class ServingWatch:
             metrics, metrics_note = None, "/metrics has neither llama.cpp's nor vLLM's names"
         if answered:  # a silent server is no reading: its last figures would read as zero progress
             state.series.add(ServingPoint.of(at, metrics, slots))
+        canary, canary_waiting = _canary(answers.get("canary"))
+        before = self.views.get(answers.port)
+        canary = canary or (before.canary if before else "")  # the last one's word stands until the next
         generation, prompt = state.series.rates() if answered else (None, None)
         state.history = [*state.history[-(HISTORY - 1):], generation]
         return ServingView(
@@ -154,7 +178,7 @@ class ServingWatch:
             props, generation, prompt, state.series.stalled_for(),
             at - state.silent_since if state.silent_since is not None else None,
             metrics.kv_use if metrics is not None and metrics.kv_use is not None else kv_use(slots) if slots else None,
-            tuple(state.history))
+            tuple(state.history), canary, canary_waiting)
 
 
 def _health(answer: EndpointAnswer | None) -> tuple[str, bool, float | None]:
@@ -166,6 +190,15 @@ def _health(answer: EndpointAnswer | None) -> tuple[str, bool, float | None]:
     if answer.status == 200:
         return "ok", True, answer.seconds
     return ("loading" if answer.status == 503 else f"HTTP {answer.status}"), False, answer.seconds
+
+
+def _canary(answer: EndpointAnswer | None) -> tuple[str, float | None]:
+    """What the canary said, and how long the one in flight has waited (None: it answered)."""
+    if answer is None:
+        return "", None
+    if answer.status is None:
+        return answer.error or "no answer", answer.seconds
+    return ("ok" if answer.status == 200 else f"HTTP {answer.status}") + f" in {answer.seconds * 1000:.0f} ms", None
 
 
 def _read(answer: EndpointAnswer | None, parse: Callable[[str], T | str], path: str) -> tuple[T | None, str]:
@@ -200,6 +233,10 @@ def _findings(v: ServingView, config: Config, one_look: bool) -> list[Finding]:
     elif v.silent_s is not None and v.silent_s >= hung_after:
         out.append(Finding("serve_hung", "error", f"{v.stage} :{v.port}: /health has not answered for "
                            f"{hung_after:.0f} s or more while its process runs", restart))
+    elif v.canary_waiting_s is not None and v.canary_waiting_s >= hung_after:
+        out.append(Finding("serve_hung", "error", f"{v.stage} :{v.port}: a 1-token request sent while it was idle "
+                           f"has not finished in {hung_after:.0f} s or more: its health answers, its generation "
+                           f"does not", restart))
     for s in v.slots:
         if s.processing and s.n_ctx and s.context_used is not None and s.context_used >= s.n_ctx - CTX_FULL_MARGIN:
             out.append(Finding("ctx_full", "warning", f"{v.stage} :{v.port}: slot {s.id} is at its context limit "

@@ -254,7 +254,7 @@ class ConsoleState:
         return {"artifacts": self.sizer.due(self.received_at, making), "logs": [f.cursor() for f in followers],
                 "reports": [self.config.ui.eval_reports], "writers": True,
                 "binaries": declared_binaries(self.config),
-                "serving": self.serving.due(self._running(), self.received_at or 0.0)}
+                **self.serving.request(self._running(), self.received_at or 0.0)}
 
     def apply(self, snap: Snapshot, followers: list[LogFollower], now: float) -> StateUpdate:
         """Fold in a snapshot taken with the cursors of `followers` (in that order)."""

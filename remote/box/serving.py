@@ -5,7 +5,11 @@ deadline: a server that is stopped (SIGSTOP) or stuck still accepts connections 
 but never answers, and it must cost the poll no more than the budget. Answers are bounded in
 size; what they say is the console's to read (untrusted), nothing here parses them.
 
-Request: {"ports": [18080, ...], "paths": ["/health", "/metrics", ...], "budget_s": 0.8}
+Request: {"ports": [18080, ...], "paths": ["/health", "/metrics", ...], "budget_s": 0.8,
+          "canary": [18080]}
+  "canary": the ports to send a 1-token completion (POST /v1/completions, max_tokens 1): an idle
+  server whose health answers but whose generation is stuck shows only so. Its answer is under
+  "canary", said again each read while it is in flight.
 Reply: [{"port": 18080, "answers": {"/health": {"status": 200, "body": "...", "seconds": 0.003,
          "truncated": false} | {"error": "no answer within 0.8 s", "seconds": 0.8}}}]"""
 
@@ -20,13 +24,18 @@ MAX_BODY = 256 * 1024  # a /slots answer of a few dozen slots is far below it
 MAX_PORTS = 8
 MAX_BUDGET_S = 5.0
 PATHS = ("/health", "/metrics", "/slots", "/props")
+CANARY = "canary"
+CANARY_BODY = b'{"prompt": "1", "max_tokens": 1, "temperature": 0}'
 
 
 def ask_port(port: int, path: str, timeout: float) -> dict[str, Any]:
     started = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", path, headers={"Accept": "application/json, text/plain"})
+        if path == CANARY:
+            conn.request("POST", "/v1/completions", CANARY_BODY, {"Content-Type": "application/json"})
+        else:
+            conn.request("GET", path, headers={"Accept": "application/json, text/plain"})
         response = conn.getresponse()
         body = response.read(MAX_BODY + 1)
         return {"status": response.status, "body": body[:MAX_BODY].decode("utf-8", "replace"),
@@ -72,7 +81,8 @@ class ServingReader(object):
         budget, ports, paths = _spec(spec)
         deadline = time.monotonic() + budget
         fresh = []
-        for key in [(port, path) for port in ports for path in paths]:
+        canaries = [(port, CANARY) for port in _canary_ports(spec, ports)]
+        for key in [(port, path) for port in ports for path in paths] + canaries:
             if key not in self.asking:
                 self.asking[key] = _Asking(key[0], key[1], self.HANG_S)
                 fresh.append(self.asking[key])
@@ -88,7 +98,7 @@ class ServingReader(object):
         out = []
         for port in ports:
             answers: Dict[str, Any] = {}
-            for path in paths:
+            for path in paths + ([CANARY] if (port, CANARY) in self.asking else []):
                 asking = self.asking[(port, path)]
                 if asking.result is not None:
                     answers[path] = asking.result
@@ -100,6 +110,10 @@ class ServingReader(object):
         for key in [k for k in self.asking if k[0] not in ports]:  # a port no longer asked about: let it go
             del self.asking[key]
         return out
+
+
+def _canary_ports(spec: dict[str, Any], ports: list[int]) -> list[int]:
+    return [int(p) for p in spec.get("canary", ()) if p in ports]
 
 
 def _spec(spec: dict[str, Any]) -> tuple[float, list[int], list[str]]:
@@ -114,14 +128,16 @@ def start_reading(spec: dict[str, Any]) -> Callable[[], list[dict[str, Any]]]:
     so the rest of its reply is read while the servers answer."""
     budget, ports, paths = _spec(spec)
     deadline = time.monotonic() + budget
-    asking = dict(((port, path), _Asking(port, path, budget)) for port in ports for path in paths)
+    canaries = _canary_ports(spec, ports)
+    keys = [(port, path) for port in ports for path in paths] + [(port, CANARY) for port in canaries]
+    asking = dict((key, _Asking(key[0], key[1], budget)) for key in keys)
 
     def collect() -> list[dict[str, Any]]:
         for a in asking.values():
             a.thread.join(max(0.0, deadline - time.monotonic()) + 0.2)  # its socket's timeout ends it by then
         return [{"port": port, "answers": dict(
             (path, asking[(port, path)].result or {"error": "no answer within %.1f s" % budget, "seconds": budget})
-            for path in paths)} for port in ports]
+            for path in paths + ([CANARY] if port in canaries else []))} for port in ports]
 
     return collect
 
@@ -140,6 +156,9 @@ def check_serving_request(spec: Any) -> None:
     paths = spec.get("paths", list(PATHS))
     if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)):
         raise ValueError("request.serving.paths must be a list of paths")
+    canary = spec.get("canary", [])
+    if not (isinstance(canary, list) and all(type(p) is int for p in canary)):
+        raise ValueError("request.serving.canary must be a list of TCP ports")
     budget = spec.get("budget_s", 0.8)
     if not (isinstance(budget, (int, float)) and not isinstance(budget, bool) and 0 < budget <= MAX_BUDGET_S):
         raise ValueError("request.serving.budget_s must be above 0 and at most %g" % MAX_BUDGET_S)
