@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,23 @@ def test_a_server_that_cannot_be_asked_serves_without_them(tmp_path: Path) -> No
     assert flags == [] and "did not answer" in said and "/metrics stays off" in said
     assert monitoring(None) == ([], "none: llama_cpp.server has no /metrics or /slots")
     assert not os.path.exists(tmp_path / "missing")
+
+
+def test_vllm_is_served_by_its_own_server_or_refused_where_it_is_not_installed(tmp_path: Path) -> None:
+    """`--engine vllm`: vLLM's OpenAI server with the stage's port and context; where vLLM is not
+    installed (this machine, a CPU box) the stage refuses and says how to get it."""
+    import argparse
+    import subprocess
+
+    from samai.remote.box.stages.serve import server_command
+    from tests.box_tools import stage_argv, stage_env
+
+    args = argparse.Namespace(engine="vllm", model="models/merged", host="127.0.0.1", port=18080, ctx=4096,
+                              llama_server=None)
+    assert server_command(args) == [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "models/merged",
+        "--host", "127.0.0.1", "--port", "18080", "--max-model-len", "4096"]
+    done = subprocess.run(stage_argv("stages.serve", "--engine", "vllm", "--model", "models/merged", "--port", 18080),
+                          env=stage_env(), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "SERVE_REFUSED --engine vllm: vLLM is not installed" in done.stdout, done
+    assert "pip install vllm" in done.stdout

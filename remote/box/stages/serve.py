@@ -18,6 +18,7 @@ Then HEALTH_OK / SMOKE_OK, and the stage runs as long as the server does; with -
 Runs ON the box, in the box venv:
   python -m samai_box.stages.serve --model gguf/tiny-q8_0.gguf --port 18080 [--llama-server PATH]
       [--python-server-fallback] [--reasoning-format FORMAT]
+  python -m samai_box.stages.serve --engine vllm --model models/merged --port 18080  (vLLM installed)
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ def monitoring(llama_server: str | None) -> tuple[list[str], str]:
 
 
 def server_command(args: argparse.Namespace, monitoring_flags: list[str] | None = None) -> list[str]:
+    if args.engine == "vllm":  # its /metrics is always on; it has no /slots
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
+                "--host", args.host, "--port", str(args.port), "--max-model-len", str(args.ctx)]
     if args.llama_server:
         return ([args.llama_server, "-m", args.model, "--host", args.host, "--port", str(args.port),
                  "-c", str(args.ctx)] + list(monitoring_flags or [])
@@ -87,6 +91,19 @@ def server_command(args: argparse.Namespace, monitoring_flags: list[str] | None 
                 + (["--image-max-tokens", str(args.image_max_tokens)] if args.image_max_tokens else []))
     return [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--host", args.host,
             "--port", str(args.port), "--n_ctx", str(args.ctx)]
+
+
+def vllm_problem(args: argparse.Namespace) -> None:
+    """vLLM serves from this environment or not at all: said, never guessed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        fail("SERVE_REFUSED", "--engine vllm: vLLM is not installed in %s (pip install vllm in the box "
+             "environment; it needs a GPU it supports)" % sys.executable, rc=2)
+    if args.mmproj or args.smoke_image:
+        fail("SERVE_REFUSED", "--engine vllm takes no --mmproj or --smoke-image here: serve the image-text "
+             "model with llama-server", rc=2)
+    args.llama_server = None
 
 
 def projector_problem(args: argparse.Namespace) -> str | None:
@@ -117,6 +134,8 @@ def healthy(args: argparse.Namespace) -> bool:
     """llama-server answers /health (503 while loading); llama_cpp.server has only /v1/models."""
     base = "http://%s:%d" % (args.host, args.port)
     try:
+        if args.engine == "vllm":
+            return get(base + "/health")[0] == 200  # vLLM's /health: 200 and no body once it serves
         if args.llama_server:
             status, body = get(base + "/health")
             return status == 200 and json.loads(body).get("status") == "ok"
@@ -135,7 +154,7 @@ def ask(args: argparse.Namespace, question: str, max_tokens: int) -> str:
     message = post(args, "/v1/chat/completions", {"messages": [{"role": "user", "content": content}],
                                                   "max_tokens": max_tokens, "temperature": 0})["message"]
     # llama.cpp may put an unclosed <think> into reasoning_content and leave content empty
-    return (message.get("content") or "") + "\n" + (message.get("reasoning_content") or "")
+    return (message.get("content") or "") + "\n" + (message.get("reasoning_content") or message.get("reasoning") or "")
 
 
 def post(args: argparse.Namespace, path: str, request: dict[str, Any]) -> Any:
@@ -162,6 +181,9 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--engine", choices=("llama.cpp", "vllm"), default="llama.cpp",
+                   help="vllm: serve the model (a Hugging Face folder or id) with vLLM's OpenAI server, "
+                        "where vLLM is installed in this environment")
     p.add_argument("--llama-server", help="path of llama.cpp's llama-server (default: llama_cpp.server)")
     p.add_argument("--python-server-fallback", action="store_true",
                    help="serve with llama_cpp.server when --llama-server is missing (said as SERVE_FALLBACK)")
@@ -182,7 +204,9 @@ def main() -> None:
     args = p.parse_args()
     if args.port == 0:
         args.port = free_port(args.host)
-    if not os.path.isfile(args.model):
+    if args.engine == "vllm":
+        vllm_problem(args)
+    elif not os.path.isfile(args.model):
         fail("SERVE_REFUSED", "needs %s: missing (run quantize first)" % args.model, rc=2)
     why = projector_problem(args)
     if why:
@@ -201,7 +225,7 @@ def main() -> None:
     say("port %d is free" % args.port)
 
     os.makedirs(os.path.dirname(os.path.abspath(args.server_log)), exist_ok=True)
-    flags, enabled = monitoring(args.llama_server)
+    flags, enabled = monitoring(args.llama_server) if args.engine != "vllm" else ([], "/metrics (vLLM: always on)")
     marker("SERVE_MONITORING", enabled)
     cmd = server_command(args, flags)
     say("$ " + " ".join(cmd))
@@ -234,8 +258,14 @@ def main() -> None:
     rc = proc.wait()  # the stage lives as long as the server; stopping the stage stops it
     how = "killed by %s" % signal_name(-rc) if rc < 0 else "exited with rc %d" % rc
     fail("SERVER_DIED", "%s pid %d %s; its last words (%s): %s"
-         % (os.path.basename(cmd[0]) if args.llama_server else "llama_cpp.server", proc.pid, how, args.server_log,
+         % (engine_name(args, cmd), proc.pid, how, args.server_log,
             last_line(args.server_log) or "none"), rc=128 - rc if rc < 0 else rc or 1)
+
+
+def engine_name(args: argparse.Namespace, cmd: list[str]) -> str:
+    if args.engine == "vllm":
+        return "vllm"
+    return os.path.basename(cmd[0]) if args.llama_server else "llama_cpp.server"
 
 
 def signal_name(number: int) -> str:
