@@ -205,6 +205,10 @@ async def _serving_while_the_eval_runs(box: Box, cfg: config.Config, port: int) 
     assert views and all(v.metrics is not None and v.metrics.engine == "llama.cpp" for v in views), views[:1]
     assert any((v.running or 0) >= 1 for v in views) and any((v.generation_tps or 0) > 0 for v in views), views
     assert views[-1].slots and views[-1].props is not None and views[-1].props.n_ctx, views[-1]
+    from samai.widgets.serving import serving_block
+
+    busiest = max(views, key=lambda v: (v.running or 0, v.generation_tps or 0))
+    print("the serving pane during the eval:\n" + serving_block(busiest).plain)  # for the note (-s)
     return log
 
 
