@@ -35,6 +35,7 @@ BENCHES = [  # the issue's table first, in its order; then the other figures
     ("check eval of 100,000 items vs json.loads of every line", ["evalcheck_speed.py"]),
     ("the console over an emulated 100 ms link: first contact, steady poll, catch-up, outages", ["link.py"]),
     ("a fleet of 1, 4 and 16 boxes polled at 1 s: console CPU, memory, change to model", ["fleet.py"]),
+    ("the probe's poll with two serving ports, one stopped, vs without", ["serving_probe.py", "--runs", "30"]),
 ]
 
 
