@@ -165,7 +165,8 @@ async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart
         await pilot.press("v")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
         await pilot.click("#confirm")
-        await pilot_until(pilot, lambda: "BOUND" in (workspace / "logs" / "serve.log").read_text() and not app.busy)
+        serve_log = workspace / "logs" / "serve.log"  # written once the fire has started the chain
+        await pilot_until(pilot, lambda: serve_log.exists() and "BOUND" in serve_log.read_text() and not app.busy)
         os.kill(_record(workspace, "serve")["pid"], signal.SIGKILL)
 
         def server():
