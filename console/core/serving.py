@@ -85,10 +85,9 @@ def parse_metrics(text: str) -> EngineMetrics | str:
 
 def parse_slots(raw: str) -> tuple[Slot, ...] | str:
     """llama-server's /slots answer, any build's shape, or what is wrong with it."""
-    try:
-        got = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        return f"not JSON: {type(e).__name__}"
+    got = _json(raw)
+    if isinstance(got, _NotJson):
+        return got.said
     if not isinstance(got, list):
         return "not a list of slots"
     slots = [s for s in (_slot(i, item) for i, item in enumerate(got[:MAX_SLOTS])) if s is not None]
@@ -96,10 +95,9 @@ def parse_slots(raw: str) -> tuple[Slot, ...] | str:
 
 
 def parse_props(raw: str) -> Props | str:
-    try:
-        got = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        return f"not JSON: {type(e).__name__}"
+    got = _json(raw)
+    if isinstance(got, _NotJson):
+        return got.said
     if not isinstance(got, dict):
         return "not an object"
     settings = got.get("default_generation_settings")
@@ -139,6 +137,19 @@ def _slot(index: int, item: object) -> Slot | None:
     return Slot(id=index if sid is None else sid, n_ctx=_count(item.get("n_ctx")), processing=processing,
                 context_used=used, decoded=_count(nxt.get("n_decoded")),
                 remaining=-1 if remaining == -1 and not isinstance(remaining, bool) else _count(remaining))
+
+
+@dataclass(frozen=True)
+class _NotJson:
+    said: str
+
+
+def _json(raw: str) -> Any:
+    """The parsed body, or why it is not JSON (as _NotJson: a body may be any JSON value)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return _NotJson(f"not JSON: {type(e).__name__}")
 
 
 def _count(v: Any) -> int | None:

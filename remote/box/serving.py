@@ -1,9 +1,11 @@
 """A serving port's monitoring endpoints, asked over loopback within one time budget.
 
-Each path of each port is asked at once, in its own thread, and every thread ends by the
-deadline: a server that is stopped (SIGSTOP) or stuck still accepts connections (the kernel does)
-but never answers, and it must cost the poll no more than the budget. Answers are bounded in
-size; what they say is the console's to read (untrusted), nothing here parses them.
+Each path of each port is asked at once, in its own thread, and the poll waits for them no
+longer than the budget: a server that is stopped (SIGSTOP) or stuck still accepts connections
+(the kernel does) but never answers. A --serve probe (ServingReader) keeps such a request in
+flight across polls and does not wait on it again; a one-shot probe gives it up at the budget.
+Answers are bounded in size; what they say is the console's to read (untrusted), nothing here
+parses them.
 
 Request: {"ports": [18080, ...], "paths": ["/health", "/metrics", ...], "budget_s": 0.8,
           "canary": [18080]}
