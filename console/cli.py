@@ -337,7 +337,9 @@ async def _snapshot(args, cfg, box: Box) -> int:
 
 def _serving_ports(cfg: config_mod.Config) -> list[int]:
     """Every port a serve-role stage declares: asked in one look, read for the stages that run."""
-    return sorted({port for s in cfg.stages if s.role == "serve" for port in s.ports})
+    from samai.console.core.serving_watch import ServingWatch
+
+    return sorted(ServingWatch(cfg).serving_ports(s.name for s in cfg.stages))
 
 
 def _snapshot_json(snap: Snapshot, cfg: config_mod.Config | None = None) -> dict:
