@@ -160,13 +160,15 @@ class Box:
     async def snapshot(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
                        reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
                        binaries: Sequence[str] = (), artifact_budget_s: float = 1.0,
-                       serving: Sequence[int] = (), canary: Sequence[int] = ()) -> Snapshot:
+                       serving: Sequence[int] = (), props: Sequence[int] | None = None,
+                       canary: Sequence[int] = ()) -> Snapshot:
         """Disk, artifact sizes, processes, listeners, new log bytes, report files and stage
-        states, and the serving ports' monitoring answers when asked: one call."""
+        states, and the serving ports' monitoring answers when asked: one call. props: the serving
+        ports also asked /props (None: all of them)."""
         started = time.monotonic()
         raw = await self.ask_probe(self.snapshot_request(
             artifacts=artifacts, logs=logs, reports=reports, processes=processes, writers=writers,
-            binaries=binaries, artifact_budget_s=artifact_budget_s, serving=serving, canary=canary))
+            binaries=binaries, artifact_budget_s=artifact_budget_s, serving=serving, props=props, canary=canary))
         snap = model.snapshot(raw, time.monotonic() - started)
         if len(snap.logs) != len(logs):  # each entry answers the cursor in its place: none may be missing
             raise BoxError(f"malformed reply: {len(snap.logs)} log entries for the {len(logs)} logs asked")
@@ -175,7 +177,8 @@ class Box:
     def snapshot_request(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
                          reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
                          binaries: Sequence[str] = (), artifact_budget_s: float = 1.0,
-                         serving: Sequence[int] = (), canary: Sequence[int] = ()) -> dict:
+                         serving: Sequence[int] = (), props: Sequence[int] | None = None,
+                         canary: Sequence[int] = ()) -> dict:
         """The probe request behind snapshot()."""
         request = {
             "workspace": self.workspace,
@@ -189,6 +192,7 @@ class Box:
         }
         if serving:  # within a budget well inside the Box's own deadline: a stuck server never costs the poll
             request["serving"] = {"ports": list(serving), "budget_s": SERVING_BUDGET_S,
+                                  "props": list(serving if props is None else props),
                                   **({"canary": list(canary)} if canary else {})}
         return request
 

@@ -79,7 +79,7 @@ def stopped(spawn) -> Iterator[int]:
 
 
 def test_an_answering_server_is_read_bounded(answering: int) -> None:
-    [got] = read_ports({"ports": [answering], "budget_s": BUDGET})
+    [got] = read_ports({"ports": [answering], "budget_s": BUDGET, "props": [answering]})
     answers = got["answers"]
     assert answers["/health"]["status"] == 200 and answers["/health"]["body"] == '{"status":"ok"}'
     assert answers["/metrics"]["body"] == "llamacpp:requests_processing 1\n"
@@ -87,6 +87,8 @@ def test_an_answering_server_is_read_bounded(answering: int) -> None:
     assert len(answers["/slots"]["body"]) == MAX_BODY and answers["/slots"]["truncated"] is True
     [only] = read_ports({"ports": [answering], "paths": ["/../admin", "http://elsewhere/", "/health"]})
     assert list(only["answers"]) == ["/health"]  # the endpoints it knows, never a path the request names
+    [plain] = read_ports({"ports": [answering], "budget_s": BUDGET, "props": [answering + 1]})
+    assert list(plain["answers"]) == ["/health", "/metrics", "/slots"]  # /props only where asked
 
 
 def test_stuck_servers_cost_the_budget_and_no_more(answering: int, stopped: int, never_accepting: int) -> None:
@@ -109,6 +111,7 @@ def test_a_refusing_port_and_a_port_that_is_not_http() -> None:
     def babble() -> None:
         for _ in range(4):
             conn, _ = garbage.accept()
+            conn.recv(4096)  # the request read, as a server does; a close with it unread is a reset
             conn.sendall(b"\x00\xffSSH-2.0-not-http\r\n\r\n")
             conn.close()
 

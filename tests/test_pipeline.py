@@ -166,6 +166,7 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
         log = await _serving_while_the_eval_runs(box, cfg, port)
         assert "EVAL_RC=0" in log, log[-3000:]
         await _a_stopped_server_is_hung_then_restarted(box, cfg, port, listeners[0].pid)
+        await _a_server_without_metrics_shows_what_it_can(box, cfg, pipeline_ws, gguf)
         (summary_path,) = set((pipeline_ws / "runs" / "eval").glob("*/summary.json")) - {
             pipeline_ws / "runs" / "eval" / "naive" / "summary.json"}
         summary = json.loads(summary_path.read_text())
@@ -236,6 +237,34 @@ async def _a_stopped_server_is_hung_then_restarted(box: Box, cfg: config.Config,
     actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_anyway)
     assert hung[0].action is not None and (await actions.restart(hung[0].action.stage)).ok
     assert "SMOKE_OK" in await wait_marker(box, cfg, "serve", "SMOKE_OK")
+
+
+async def _a_server_without_metrics_shows_what_it_can(box: Box, cfg: config.Config, ws: Path, gguf: Path) -> None:
+    """Issue 33: the operator's own serve command, the real llama-server without --metrics: the
+    pane shows its health, slots and model, and says why the counters are missing."""
+    from samai.console.core.serving_watch import ServingWatch
+
+    await box.stop("serve", grace=5)
+    port = free_port()
+    server = ws / "venv" / "llama.cpp" / "bin" / "llama-server"
+    by_hand = replace(with_command(cfg, "serve", f"{server} -m {gguf} --port {port} -c 256"), stages=tuple(
+        replace(s, ports=(port,)) if s.name == "serve" else s for s in cfg.stages))
+    stage = by_hand.stage("serve")
+    assert (await box.fire(stage.name, stage.command, stage.log)).state == "running"
+    watch = ServingWatch(by_hand)
+
+    async def read() -> bool:
+        watch.findings(await box.snapshot(serving=[port]))
+        return port in watch.views and watch.views[port].health_ok
+
+    try:
+        await until_async(read, timeout=120)
+        view = watch.views[port]
+        assert view.metrics is None and "no /metrics (HTTP 501) (started without --metrics?" in view.metrics_note, view
+        assert view.slots and view.props is not None and view.props.n_ctx == 256, view
+        assert view.to_json()["requests_running"] == 0 and view.kv_use == 0, view.to_json()
+    finally:
+        await box.stop("serve", grace=5)
 
 
 async def _no_hung(box: Box, watch, port: int) -> bool:

@@ -4,6 +4,7 @@ a port from its answers (a real llama-server's, recorded), and serve_hung, serve
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from samai.console.core import config
@@ -65,6 +66,28 @@ def test_the_ports_of_running_serve_stages_are_asked_at_their_pace() -> None:
     assert watch.due(["serve", "train"], 100.0) == [PORT]
     assert watch.due(["serve"], 101.0) == []  # [serve] every_s = 3
     assert watch.due(["serve"], 103.0) == [PORT]
+
+
+def test_props_are_asked_once_per_server_until_they_answer_and_after_a_restart() -> None:
+    """The model and its context do not change while a server runs: /props is asked at its first
+    read, again while it has not answered, and again when another socket listens on the port."""
+    watch = ServingWatch(cfg())
+
+    def asked(at: float) -> list[int]:
+        return watch.request(["serve"], at)["props"]
+
+    def read(at: float, reply: PortAnswers, inode: int = 1) -> None:
+        watch.findings(replace(snap(at, reply), listeners=(factories.listener(PORT, pid=900, inode=inode),)))
+
+    assert asked(100.0) == [PORT]
+    read(100.0, answers("idle", skip=("/props",)))  # not answered: asked again
+    assert asked(103.0) == [PORT]
+    read(103.0, answers("idle"))
+    assert asked(106.0) == [] and watch.views[PORT].props is not None
+    read(106.0, answers("busy", skip=("/props",)))  # not asked this time: what it said stands
+    assert watch.views[PORT].props is not None and watch.views[PORT].props.n_ctx == 256
+    read(109.0, answers("idle", skip=("/props",)), inode=2)  # restarted, perhaps with another model
+    assert watch.views[PORT].props is None and asked(112.0) == [PORT]
 
 
 def test_a_busy_server_s_view() -> None:
@@ -184,9 +207,9 @@ def test_a_hung_server_is_a_recovery_the_watcher_may_run_once_per_hang() -> None
 
 def test_an_idle_server_is_sent_a_canary_at_most_once_a_minute() -> None:
     watch = ServingWatch(cfg())
-    assert watch.request(["serve"], 100.0) == {"serving": [PORT], "canary": []}  # nothing read yet
+    assert watch.request(["serve"], 100.0) == {"serving": [PORT], "props": [PORT], "canary": []}  # nothing read yet
     watch.findings(snap(100.0, answers("idle")))
-    assert watch.request(["serve"], 103.0) == {"serving": [PORT], "canary": [PORT]}
+    assert watch.request(["serve"], 103.0) == {"serving": [PORT], "props": [], "canary": [PORT]}
     assert watch.request(["serve"], 106.0)["canary"] == []  # within the minute
     watch.findings(snap(107.0, answers("busy")))
     assert watch.request(["serve"], 170.0)["canary"] == []  # busy: its progress says enough

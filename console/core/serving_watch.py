@@ -93,6 +93,8 @@ class _Port:
     silent_since: float | None = None
     history: list[float | None] = field(default_factory=list)
     canary_at: float | None = None  # when the last canary was asked for (the console's clock)
+    props: Props | None = None  # /props is asked once per server: until it answers, and after a restart
+    listener: int | None = None  # the socket inode of the server that answered it
 
 
 class ServingWatch:
@@ -118,10 +120,11 @@ class ServingWatch:
         return ports
 
     def request(self, running: Iterable[str], now: float) -> dict[str, list[int]]:
-        """The next snapshot's serving arguments: the ports when due, and among them the idle
-        servers due a canary."""
+        """The next snapshot's serving arguments: the ports when due, among them those whose
+        server has not yet told its model and context (/props), and the idle ones due a canary."""
         ports = self.due(running, now)
-        return {"serving": ports, "canary": self._canary_due(ports, now)}
+        props = [p for p in ports if p not in self._ports or self._ports[p].props is None]
+        return {"serving": ports, "props": props, "canary": self._canary_due(ports, now)}
 
     def _canary_due(self, ports: list[int], now: float) -> list[int]:
         out = []
@@ -141,9 +144,16 @@ class ServingWatch:
         for port in [p for p in self.views if p not in ports]:
             del self.views[port]
             self._ports.pop(port, None)
+        listening = {listener.port: listener.inode for listener in snap.listeners}
         for answers in snap.serving:
             if answers.port in ports:
+                self._forget_props_of_a_new_server(answers.port, listening.get(answers.port))
                 self.views[answers.port] = self._view(answers, ports[answers.port], snap.time)
+
+    def _forget_props_of_a_new_server(self, port: int, inode: int | None) -> None:
+        state = self._ports.setdefault(port, _Port())
+        if inode is not None and inode != state.listener:  # restarted: perhaps with another model
+            state.props, state.listener = None, inode
 
     def findings(self, snap: Snapshot) -> list[Finding]:
         self.observe(snap)
@@ -163,7 +173,7 @@ class ServingWatch:
         state.silent_since = None if answered else (state.silent_since if state.silent_since is not None else at)
         metrics, metrics_note = _read(answers.get("/metrics"), parse_metrics, "/metrics")
         slots, slots_note = _read(answers.get("/slots"), parse_slots, "/slots")
-        props, _ = _read(answers.get("/props"), parse_props, "/props")
+        state.props = _read(answers.get("/props"), parse_props, "/props")[0] or state.props
         if metrics is not None and not metrics.engine:
             metrics, metrics_note = None, "/metrics has neither llama.cpp's nor vLLM's names"
         if answered:  # a silent server is no reading: its last figures would read as zero progress
@@ -175,7 +185,7 @@ class ServingWatch:
         state.history = [*state.history[-(HISTORY - 1):], generation]
         return ServingView(
             answers.port, stage, at, health, health_ok, seconds, metrics, metrics_note, slots or (), slots_note,
-            props, generation, prompt, state.series.stalled_for(),
+            state.props, generation, prompt, state.series.stalled_for(),
             at - state.silent_since if state.silent_since is not None else None,
             metrics.kv_use if metrics is not None and metrics.kv_use is not None else kv_use(slots) if slots else None,
             tuple(state.history), canary, canary_waiting)

@@ -536,6 +536,7 @@ def serve() -> int:
         out.write(b"%d\n" % len(reply))
         out.write(reply)
         out.flush()
+        memory.serving.after_reply()
     memory.gpus.close()
     return 0
 
