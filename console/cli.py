@@ -119,8 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deep", action="store_true",
                    help="gguf, local target only: also read the whole file with gguf-py's GGUFReader (its whole "
                         "vocabulary: seconds and hundreds of MB for a real model)")
+    p.add_argument("--against", metavar="REFERENCE",
+                   help="trainlog: compare with the log of a run that went well, step by step (worse_than_reference "
+                        "when the smoothed loss stays over [train] compare_factor times its own)")
 
     _gguf_parser(command("gguf", "GGUF surgery on the box: show a header, set a KV, add or extract tensors"))
+    _eval_parser(command("eval", "compare the box's eval runs"))
 
     # Listed for --help; their own parsers take their arguments (see STANDALONE).
     sub.add_parser("envelope-server", help="run the reference exec gateway (token from SAMAI_ENVELOPE_TOKEN)",
@@ -195,6 +199,16 @@ def _gguf_parser(parent: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH|URL")
     tensors(p)
     writes(p)
+
+
+def _eval_parser(parent: argparse.ArgumentParser) -> None:
+    sub = parent.add_subparsers(dest="eval_command", metavar="OP", parser_class=_Parser, required=True)
+    help_text = "two eval runs item by item: what changed, and whether the change is more than noise"
+    p = sub.add_parser("diff", help=help_text, description=help_text)
+    _global_options(p, suppress=True)
+    p.add_argument("a", metavar="RUN_A", help="a run as the eval pane names it, its folder, or its items.jsonl")
+    p.add_argument("b", metavar="RUN_B")
+    p.add_argument("--json", action="store_true")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -317,7 +331,7 @@ async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
     box = open_box(cfg, readonly=args.readonly)
     try:
         handlers = {"snapshot": _snapshot, "budget": _budget, "doctor": _doctor, "check": _check, "fire": _fire,
-                    "stop": _stop, "kill": _kill, "tail": _tail, "gguf": _gguf}
+                    "stop": _stop, "kill": _kill, "tail": _tail, "gguf": _gguf, "eval": _eval}
         handler = handlers[args.command]
         return await handler(args, cfg, box)
     except config_mod.UnknownStage as e:
@@ -507,12 +521,23 @@ async def _newest_eval_checked(box: Box, snap: Snapshot) -> tuple[EvalRun, EvalR
         return run, None
 
 
+async def _eval(args, cfg, box: Box) -> int:
+    from samai.console import cli_runs
+
+    try:
+        return await cli_runs.eval_command(args, cfg, box)
+    except cli_runs.RunMissing as e:
+        return _fail(str(e), EXIT_USAGE)
+
+
 async def _check(args, cfg, box: Box) -> int:
     from samai.console.core import checks  # with the box's GGUF checker: only `check` needs it
 
     path = _on_target(cfg, args.path)
     if args.deep and not (args.kind == "gguf" and cfg.target.is_local):
         raise UsageError("--deep reads the file with gguf-py on this machine: only for check gguf on a local target")
+    if args.against and args.kind != "trainlog":
+        raise UsageError("--against compares two training logs: only for check trainlog")
     result: CheckResult
     try:
         if args.kind == "gguf":
@@ -523,6 +548,8 @@ async def _check(args, cfg, box: Box) -> int:
                                              local=cfg.target.is_local, deep=args.deep)
         elif args.kind == "trainlog":
             result = await checks.check_trainlog(box, path)  # streamed: memory holds the points, not the log
+            if args.against:
+                return await _against(args, cfg, box, path, result)
         else:
             from samai.console.core.evalcheck import check_eval
 
@@ -532,6 +559,26 @@ async def _check(args, cfg, box: Box) -> int:
     shown = result.to_json()  # the JSON contract; the text report reads the same figures
     print(_json(shown) if args.json else describe_check(args.kind, path, shown))
     return EXIT_PROBLEM if checks.has_errors(result) else EXIT_OK
+
+
+async def _against(args, cfg, box: Box, path: str, result) -> int:
+    """`check trainlog A --against B`: A's check, and its comparison with B's points."""
+    from samai.console.core import checks
+    from samai.console.core.trainref import Reference, compare
+
+    against = _on_target(cfg, args.against)
+    reference = Reference(args.against, (await checks.check_trainlog(box, against)).points)
+    worse = compare(result.points, reference, cfg.train)
+    shown = result.to_json()
+    shown["reference"] = {"path": against, "points": len(reference.points), "factor": cfg.train.compare_factor,
+                          "steps": cfg.train.compare_steps, "smooth": cfg.train.compare_smooth}
+    if worse is not None:
+        shown["anomalies"].append(worse.to_json())
+    verdict = "" if worse else (f"\nagainst {visible(args.against)}: no step worse than {cfg.train.compare_factor:g}× "
+                                f"its smoothed loss for {cfg.train.compare_steps} logged steps in a row "
+                                f"({len(reference.points)} reference points)")
+    print(_json(shown) if args.json else describe_check(args.kind, path, shown) + verdict)
+    return EXIT_PROBLEM if checks.has_errors(result) or worse is not None else EXIT_OK
 
 
 def _on_target(cfg, path: str) -> str:

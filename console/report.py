@@ -18,6 +18,7 @@ from samai.remote.safe_text import visible
 if TYPE_CHECKING:  # annotations only: a command that prints one report imports no more than it needs
     from samai.console.core.budget import DiskBudget, StagePeak
     from samai.console.core.config import Config
+    from samai.console.core.evaldiff import Changed, EvalDiff
     from samai.remote.model import Snapshot
 
 TOP_PROCESSES = 15
@@ -132,3 +133,48 @@ def _figure(key: str, value: object) -> str:
 def _text(lines: list[str]) -> str:
     """The lines for a terminal: each made inert first, so a newline inside one cannot start another."""
     return "\n".join(visible(line) for line in lines)
+
+
+# ------------------------------------------------------------------ eval diff
+
+DIFF_SHOWN = 12  # items listed per kind; --json lists them all
+
+
+def describe_diff(d: EvalDiff) -> str:
+    lines = [f"eval diff {visible(d.a.name)} → {visible(d.b.name)}: "
+             f"{_pct(d.a.accuracy)} → {_pct(d.b.accuracy)} ({len(d.a.items)} and {len(d.b.items)} items)"]
+    lines.append(_verdict(d))
+    for title, items in (("right → wrong", d.right_to_wrong), ("wrong → right", d.wrong_to_right),
+                         ("became empty", d.became_empty), ("became truncated", d.became_truncated),
+                         ("answer only in the reasoning", d.only_in_reasoning)):
+        if items:
+            lines.append(f"{title}: {len(items)}")
+            lines += [_changed(c) for c in items[:DIFF_SHOWN]]
+            if len(items) > DIFF_SHOWN:
+                lines.append(f"  … {len(items) - DIFF_SHOWN} more (--json lists them all)")
+    for title, ids in ((f"only in {visible(d.a.name)}", d.only_in_a), (f"only in {visible(d.b.name)}", d.only_in_b)):
+        if ids:
+            shown = ", ".join(visible(i) for i in ids[:DIFF_SHOWN])
+            lines.append(f"{title}: {len(ids)} ({shown}{', …' if len(ids) > DIFF_SHOWN else ''})")
+    for name, run in (("A", d.a), ("B", d.b)):
+        if run.unreadable or run.duplicates:
+            lines.append(f"{name} ({visible(run.name)}): {run.unreadable} lines not items, "
+                         f"{run.duplicates} ids seen again (their first line counts)")
+    return "\n".join(lines)
+
+
+def _verdict(d: EvalDiff) -> str:
+    if d.delta is None or d.interval is None:
+        return "no item is in both runs: nothing to pair"
+    low, high = d.interval
+    judged = "within noise (the interval holds 0)" if d.noise else "more than noise"
+    return (f"on the {d.paired} items both hold: Δ {d.delta * 100:+.1f} points, 95 % interval "
+            f"[{low * 100:+.1f}, {high * 100:+.1f}], McNemar p = {d.p_value:.3g}: {judged}")
+
+
+def _changed(c: Changed) -> str:
+    return f"  {visible(c.id)}: gold {visible(c.gold)} · A {visible(c.a) or '(empty)'} · B {visible(c.b) or '(empty)'}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f} %"

@@ -37,6 +37,7 @@ from samai.remote.box import probe as box_probe
 from samai.remote.box.disk import workspace_users
 from samai.remote.box.packages import environments
 from samai.remote.box.request_cache import HeldRequest, HeldUnknown
+from samai.remote.box.serving import ServingReader
 from samai.remote.transport import RunResult, TransportError
 from tests import factories
 
@@ -61,6 +62,7 @@ class ReplayTransport:
         self.down: str | None = None  # set: every request fails with this, as over a lost connection
         self.streams = 0  # probes opened
         self.clock: Callable[[], float] | None = None  # set: each reply's time is its reading (a live box)
+        self.serving = ServingReader()  # the serving ports are real ones: read by the box's own reader
 
     @classmethod
     def recorded(cls, workspace: Path, recording: Path = RECORDING) -> ReplayTransport:
@@ -171,6 +173,8 @@ class ReplayTransport:
         if req.get("users") is not None:
             users = req["users"]
             reply["users"] = workspace_users(self.workspace, int(users.get("top", 10)), float(users.get("budget_s", 2)))
+        if req.get("serving"):
+            reply["serving"] = self.serving.read(req["serving"])
         if req.get("listing") is not None:
             reply["listing"] = box_probe.listing(self.workspace, req["listing"])
         if req.get("packages") is not None:

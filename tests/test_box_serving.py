@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from samai.remote.box.probe import check_request, probe
 from samai.remote.box.serving import MAX_BODY, read_ports
@@ -231,3 +233,26 @@ def test_a_canary_in_flight_is_said_each_read_until_it_finishes() -> None:
         StuckGeneration.release.set()
         server.shutdown()
         server.server_close()
+
+
+HTTPISH = st.one_of(
+    st.binary(max_size=2000),
+    st.builds(lambda status, headers, body: b"HTTP/1.1 " + status + b"\r\n" + headers + b"\r\n\r\n" + body,
+              st.sampled_from([b"200 OK", b"501 Not Implemented", b"99 x", b"abc", b""]),
+              st.sampled_from([b"Content-Length: 5", b"Content-Length: -1", b"Content-Length: 99999999",
+                               b"Transfer-Encoding: chunked", b"X: " + b"y" * 70000, b"\xff\xfe: \x00"]),
+              st.binary(max_size=500) | st.just(b"5\r\nhello\r\n0\r\n\r\n") | st.just(b"zz\r\n")))
+
+
+@given(HTTPISH, st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_whatever_a_server_sends_is_an_answer_or_why_not(received: bytes, truncated: bool) -> None:
+    """The box-side parse of what came back (untrusted: any process may hold the port): a status
+    and a bounded body, or an error in words; never an exception."""
+    from samai.remote.box.serving import parse_answer
+
+    got = parse_answer(received, "GET", truncated, 0.01)
+    assert set(got) in ({"status", "body", "truncated", "seconds"}, {"error", "seconds"}), got
+    if "body" in got:
+        assert isinstance(got["status"], int) and len(got["body"]) <= MAX_BODY
+        json.dumps(got)

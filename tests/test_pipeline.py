@@ -172,6 +172,7 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
         summary = json.loads(summary_path.read_text())
         assert summary["accuracy"] >= 0.9 and summary["empty_content"] == 0, summary
         assert not check_eval((summary_path.parent / "items.jsonl").read_text().splitlines()).problems
+        await _the_diff_of_the_fake_zero_and_the_fix(box, pipeline_ws, summary_path.parent)
 
         log = await run_stage(box, cfg, "push")
         assert "PUSH_DONE" in log, log[-3000:]
@@ -247,24 +248,47 @@ async def _a_server_without_metrics_shows_what_it_can(box: Box, cfg: config.Conf
     await box.stop("serve", grace=5)
     port = free_port()
     server = ws / "venv" / "llama.cpp" / "bin" / "llama-server"
-    by_hand = replace(with_command(cfg, "serve", f"{server} -m {gguf} --port {port} -c 256"), stages=tuple(
-        replace(s, ports=(port,)) if s.name == "serve" else s for s in cfg.stages))
+    by_hand = with_command(cfg, "serve", f"{server} -m {gguf} --port {port} -c 256")
+    by_hand = replace(by_hand, stages=tuple(replace(s, ports=(port,)) if s.name == "serve" else s
+                                            for s in by_hand.stages))
     stage = by_hand.stage("serve")
     assert (await box.fire(stage.name, stage.command, stage.log)).state == "running"
-    watch = ServingWatch(by_hand)
-
-    async def read() -> bool:
-        watch.findings(await box.snapshot(serving=[port]))
-        return port in watch.views and watch.views[port].health_ok
-
+    watch, deadline, snap = ServingWatch(by_hand), time.monotonic() + 120, None
     try:
-        await until_async(read, timeout=120)
+        while not (port in watch.views and watch.views[port].health_ok) and time.monotonic() < deadline:
+            snap = await box.snapshot(serving=[port])
+            watch.findings(snap)
+            await asyncio.sleep(0.5)
+        assert port in watch.views and watch.views[port].health_ok, (
+            watch.views, snap and snap.states, snap and snap.serving, (ws / stage.log).read_text()[-2000:])
         view = watch.views[port]
         assert view.metrics is None and "no /metrics (HTTP 501) (started without --metrics?" in view.metrics_note, view
-        assert view.slots and view.props is not None and view.props.n_ctx == 256, view
+        assert view.slots and view.props is not None and view.props.n_ctx == view.slots[0].n_ctx > 0, view
         assert view.to_json()["requests_running"] == 0 and view.kv_use == 0, view.to_json()
     finally:
         await box.stop("serve", grace=5)
+
+
+async def _the_diff_of_the_fake_zero_and_the_fix(box: Box, ws: Path, fixed: Path) -> None:
+    """Issue 34: `eval diff` of the run at llama-server's default reasoning format (the fake 0 %)
+    and the run with none, against a count by hand of the two items files."""
+    from samai.console.core.evaldiff import diff
+    from samai.console.core.evalruns import read_run_items
+
+    naive = ws / "runs" / "eval" / "naive"
+    a = await read_run_items(box, "naive", str(naive / "items.jsonl"))
+    b = await read_run_items(box, fixed.name, str(fixed / "items.jsonl"))
+    assert a is not None and b is not None
+    got = diff(a, b).to_json()
+    rows = {name: {r["id"]: r for r in map(json.loads, (folder / "items.jsonl").read_text().splitlines())}
+            for name, folder in (("a", naive), ("b", fixed))}
+    both = [i for i in rows["a"] if i in rows["b"]]
+    assert got["right_to_wrong"] == [str(i) for i in both if rows["a"][i]["correct"] and not rows["b"][i]["correct"]]
+    assert got["wrong_to_right"] == [str(i) for i in both if not rows["a"][i]["correct"] and rows["b"][i]["correct"]]
+    assert got["became_empty"] == [str(i) for i in both if rows["a"][i]["pred"] and not rows["b"][i]["pred"]]
+    assert len(got["wrong_to_right"]) >= len(both) * 0.9 and got["noise"] is False, got  # the fake 0 % fixed
+    print(f"eval diff naive -> {fixed.name}: {len(got['wrong_to_right'])} wrong -> right of {got['paired']}, "
+          f"delta {got['delta']:+.2f} in [{got['interval'][0]:+.2f}, {got['interval'][1]:+.2f}]")
 
 
 async def _no_hung(box: Box, watch, port: int) -> bool:

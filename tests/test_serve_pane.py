@@ -4,13 +4,22 @@ name and notes shown literally, hidden while nothing serves."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from textual.app import App, ComposeResult
 
+from samai.console.app import SamaiApp
+from samai.console.core import config
 from samai.console.core.serving_watch import ServingWatch
+from samai.remote.boxapi import Box
 from samai.remote.model import EndpointAnswer, PortAnswers
 from samai.widgets.serving import ServePane, serving_block, sparkline
-from tests.test_serving_watch import PORT, answers, cfg, snap
+from tests.helpers import pilot_until
+from tests.replay_transport import ReplayTransport
+from tests.test_serving_watch import PORT, RECORDED, answers, cfg, snap
 
 HOSTILE = "[b]x [@click=app.quit]q [$v] \x1b]0;pwned\x07"  # a file name: no "/"
 
@@ -70,3 +79,47 @@ async def test_the_pane_is_hidden_until_a_server_runs() -> None:
         pane.show(tuple(_views("idle", "busy").views.values()))
         await pilot.pause()
         assert pane.display and str(pane.border_subtitle) == "llama.cpp"
+
+
+class _Recorded(BaseHTTPRequestHandler):
+    """A llama-server as it answered when busy (tests/data/serving), over a real socket."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        name = {"/health": "health.json", "/metrics": "metrics.txt", "/slots": "slots.json",
+                "/props": "props.json"}.get(self.path)
+        if name is None:
+            self.send_error(404)
+            return
+        body = (RECORDED / f"busy.{name}").read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_the_box_screen_shows_a_running_server_as_the_box_reads_it(recorded_box: ReplayTransport) -> None:
+    """The whole path: the console's poll asks the serve stage's port, the box's own reader asks a
+    real socket, and the box screen's serve pane shows the figures."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    recorded_box.probe["states"].append({**recorded_box.probe["states"][-1], "stage": "serve", "pid": 5100,
+                                         "pgid": 5100, "sid": 5100, "group": [5100], "start_time": 1795992800.0})
+    tiny = config.load_builtin("tiny")
+    cfg = replace(tiny, workspace=recorded_box.workspace, target=replace(tiny.target, poll_interval=0.05),
+                  stages=tuple(replace(s, ports=(port,)) if s.name == "serve" else s for s in tiny.stages))
+    recorded_box.clock = time.time
+    app = SamaiApp(cfg, open_box=lambda _cfg: Box(recorded_box, recorded_box.workspace))
+    try:
+        async with app.run_test(size=(150, 48)) as pilot:
+            pane = app.box_screen.query_one(ServePane)
+            await pilot_until(pilot, lambda: pane.display and "running 2 · deferred 1" in str(pane.render()))
+            shown = str(pane.render())
+            assert f"serve :{port} ok" in shown and "model.gguf · ctx 256 × 2" in shown, shown
+            assert str(pane.border_subtitle) == "llama.cpp"
+    finally:
+        server.shutdown()
+        server.server_close()

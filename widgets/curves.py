@@ -69,6 +69,7 @@ class CurvesPane(Container):
         self.points: list[TrainPoint] = []
         self.before: list[TrainPoint] = []  # the last run's points, kept at a reset: a resume continues them
         self.resumed_at: int | None = None  # the step the shown run resumed from (marked on the curve)
+        self.reference: tuple[str, tuple[tuple[int, float], ...]] = ("", ())  # its label, smoothed loss
         self.plot: PlotextPlot | None = None
 
     def compose(self) -> ComposeResult:
@@ -83,6 +84,9 @@ class CurvesPane(Container):
         if update.curve_resumed_at is not None:
             self.resumed_at = update.curve_resumed_at
             self.show_before(self.before)
+        if update.reference_curve is not None:
+            self.reference = update.reference_curve
+            self._draw()
         self.add(update.new_points)
         self.show_gpu_util(update.gpu_utilization)
 
@@ -137,7 +141,7 @@ class CurvesPane(Container):
         # Two y axes: a grad_norm of 18 beside a loss under 1 would flatten the loss on a shared one.
         series = (("loss", "left", [(p.step, p.loss) for p in good], self._colour("primary", "cyan")),
                   ("grad_norm", "right", [(p.step, p.grad_norm) for p in good], self._colour("accent", "orange")))
-        for name, side, values, colour in series:
+        for name, side, values, colour in (*series, *self._extra_series(good)):
             xy = [(x, y) for x, y in values if _finite(y)]
             if xy:
                 plt.plot([x for x, _ in xy], [y for _, y in xy], label=name, color=colour, marker="braille",
@@ -152,6 +156,25 @@ class CurvesPane(Container):
         self.border_subtitle = (f"{len(self.points)} steps" + (f" · {len(bad)} bad" if bad else "")
                                 + (f" · resumed at step {self.resumed_at}" if self.resumed_at is not None else ""))
         self.plot.refresh()
+
+
+    def _extra_series(self, good: list[TrainPoint]) -> list[tuple[str, str, list, tuple[int, int, int]]]:
+        """The learning rate, scaled to the grad_norm axis (its own scale is 1e4 times smaller), and
+        the reference run's smoothed loss up to the current run's last step."""
+        out = []
+        rates = [(p.step, p.learning_rate) for p in good if p.learning_rate is not None and _finite(p.learning_rate)]
+        top = max((r for _, r in rates), default=0.0)
+        if top > 0:
+            norms = [p.grad_norm for p in good if p.grad_norm is not None and _finite(p.grad_norm)]
+            scale = (max(norms) if norms else 1.0) / top
+            out.append((f"lr (max {top:.2g})", "right", [(s, r * scale) for s, r in rates],
+                        self._colour("secondary", "green")))
+        label, curve = self.reference
+        last = self.points[-1].step if self.points else None
+        shown = [(s, v) for s, v in curve if last is None or s <= last]
+        if shown:
+            out.append((f"reference {label}", "left", shown, self._colour("foreground", "white")))
+        return out
 
 
 def last_values(points: list[TrainPoint]) -> str:

@@ -8,13 +8,15 @@ from textual.widgets import DataTable
 from samai.console.core.evalruns import EvalRun
 from samai.console.core.state import StateUpdate
 from samai.remote.safe_text import visible
+from samai.widgets.keys import bindings
 from samai.widgets.pane import set_subtitle
 
 
 class EvalTable(DataTable):
     DEFAULT_CSS = "EvalTable { height: 1fr; }"
+    BINDINGS = bindings("evals")
 
-    _runs: list[EvalRun] | None = None  # the runs on show
+    _runs: list[EvalRun] | None = None  # the runs on show, newest first
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -24,11 +26,12 @@ class EvalTable(DataTable):
         self.show(update.evals)
 
     def show(self, runs: list[EvalRun]) -> None:
-        if runs == self._runs:
+        newest_first = sorted(runs, key=lambda r: r.mtime, reverse=True)
+        if newest_first == self._runs:
             return  # rebuilding the same rows would repaint the table (and its scroll bars) for nothing
-        self._runs = list(runs)
+        self._runs = newest_first
         self.clear()
-        for r in sorted(runs, key=lambda r: r.mtime, reverse=True):
+        for r in self._runs:
             acc = "?" if r.accuracy is None else f"{100 * r.accuracy:.1f} %"
             suspicious = r.n and (r.empty_content > r.n // 2)
             # A run's name is a folder on the box: DataTable would parse a str as markup.
@@ -36,3 +39,9 @@ class EvalTable(DataTable):
             self.add_row(name, str(r.n), acc + (" (fake 0?)" if suspicious and not r.accuracy else ""),
                          str(r.empty_content), str(r.truncated), key=r.folder or r.name)  # names may repeat
         set_subtitle(self, f"{len(runs)} runs" if runs else "no eval runs yet")
+
+    def selected_and_previous(self) -> tuple[EvalRun, EvalRun] | None:
+        """The run under the cursor and the one before it (the next older), for a diff."""
+        runs = self._runs or []
+        row = self.cursor_row
+        return (runs[row], runs[row + 1]) if 0 <= row < len(runs) - 1 else None

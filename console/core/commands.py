@@ -12,15 +12,17 @@ from typing import Literal
 
 # Where a command works: the app (any screen), the box screen, or one pane or screen's widget.
 Scope = Literal["app", "box", "stage", "log", "log-filter", "processes", "process-rows", "disk", "fleet", "fleet-rows",
-                "gguf", "gguf-filter"]
+                "gguf", "gguf-filter", "evals"]
 
 # The help screen's group for each scope, in the order it lists them.
 SCOPE_TITLES: dict[Scope, str] = {"app": "console", "box": "console", "stage": "stages", "log": "log pane",
                                   "log-filter": "log pane", "processes": "processes pane",
                                   "process-rows": "processes pane", "disk": "disk pane", "fleet": "fleet screen",
-                                  "fleet-rows": "fleet screen", "gguf": "GGUF screen", "gguf-filter": "GGUF screen"}
+                                  "fleet-rows": "fleet screen", "gguf": "GGUF screen", "gguf-filter": "GGUF screen",
+                                  "evals": "eval runs pane"}
 # Where a stage's own key works: a stage may not take a key these scopes use.
-BOX_SCREEN_SCOPES: frozenset[Scope] = frozenset({"app", "box", "stage", "log", "processes", "process-rows", "disk"})
+BOX_SCREEN_SCOPES: frozenset[Scope] = frozenset({"app", "box", "stage", "log", "processes", "process-rows", "disk",
+                                                 "evals"})
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("gguf.add", "gguf", "a", "gguf_add", "Add tensors", changes_box=True),
     Command("gguf.open", "gguf", "o", "app.open_file", "Open another file"),  # the box screen's o, from here
     Command("gguf.filter_cancel", "gguf-filter", "escape", "cancel", "Clear the filter", show=False),
+    Command("evals.diff", "evals", "d", "screen.eval_diff", "Diff with the run before"),
 )
 
 BY_ID: dict[str, Command] = {c.id: c for c in COMMANDS}

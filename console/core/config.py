@@ -185,6 +185,15 @@ class Serve:
 
 
 @dataclass(frozen=True)
+class Train:
+    """[train]: how a training run is compared with the last good run of its stage."""
+
+    compare_factor: float = 1.5  # smoothed loss above this many times the reference's at the same step...
+    compare_steps: int = 5  # ...at this many logged steps in a row: worse_than_reference
+    compare_smooth: int = 5  # logged points in the moving mean both curves are smoothed with
+
+
+@dataclass(frozen=True)
 class Notify:
     """[notify]: where the watcher sends what it sees (apprise URLs), and how much."""
 
@@ -210,6 +219,7 @@ class Config:
     watch: Watch = field(default_factory=Watch)
     notify: Notify = field(default_factory=Notify)
     serve: Serve = field(default_factory=Serve)
+    train: Train = field(default_factory=Train)
 
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -452,7 +462,7 @@ class _Reader:
 
     def config(self, raw: dict[str, Any]) -> Config:
         self.table(raw, "", {"pipeline", "target", "workspace", "budget", "artifacts", "stages", "model", "ui",
-                             "boxes", "watch", "notify", "serve"})
+                             "boxes", "watch", "notify", "serve", "train"})
         pipeline = self.text(raw, "pipeline", "", "custom")
         if not NAME.match(pipeline):  # it names the default workspace's folder
             raise self.fail("pipeline", "a name of letters, digits, '_', '.', '-'", pipeline)
@@ -480,6 +490,7 @@ class _Reader:
             watch=self.watch(raw.get("watch")),
             notify=self.notify(raw.get("notify")),
             serve=self.serve(raw.get("serve")),
+            train=self.train(raw.get("train")),
         )
 
     def boxes(self, raw: dict[str, Any], pipeline: str) -> tuple[BoxSpec, ...]:
@@ -687,6 +698,12 @@ class _Reader:
         return Serve(float(self.number(v, "hung_after_s", "serve", 60.0, 1.0, 86400.0)),
                      float(self.number(v, "every_s", "serve", 3.0, 0.5, 3600.0)),
                      self.integer(v, "queue_polls", "serve", 3, 1, 1000))
+
+    def train(self, raw: Any) -> Train:
+        t = self.table(raw, "train", {"compare_factor", "compare_steps", "compare_smooth"})
+        return Train(float(self.number(t, "compare_factor", "train", 1.5, 1.01, 1000.0)),
+                     self.integer(t, "compare_steps", "train", 5, 1, 100_000),
+                     self.integer(t, "compare_smooth", "train", 5, 1, 1000))
 
     def notify(self, raw: Any) -> Notify:
         n = self.table(raw, "notify", {"urls", "urls_env", "min_severity", "repeat_after", "max_per_hour"})

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from samai.console.core.evalcheck import EvalResult, check_eval
+from samai.console.core.evaldiff import RunItems, read_run
 from samai.console.core.problems import Finding
 from samai.remote.model import Report
 from samai.remote.safe_text import visible
@@ -110,8 +111,33 @@ def newest_run(runs: list[EvalRun]) -> EvalRun | None:
 async def check_items(box: Box, run: EvalRun, max_bytes: int = EVAL_ITEMS_READ) -> EvalResult | None:
     """`check eval` on a run's items, its first max_bytes read from the box (whole lines only);
     None where the box has no such file to read. The box's errors are the caller's."""
-    chunk = await box.tail(run.items, offset=0, max_bytes=max_bytes)
+    lines = await items_lines(box, run.items, max_bytes)
+    return None if lines is None else await asyncio.to_thread(check_eval, lines)
+
+
+async def items_lines(box: Box, path: str, max_bytes: int = EVAL_ITEMS_READ) -> list[str] | None:
+    """The whole lines of a file's first max_bytes on the box; None where there is no such file."""
+    chunk = await box.tail(path, offset=0, max_bytes=max_bytes)
     if chunk.error or chunk.missing:
         return None
     whole = chunk.data if not chunk.more or chunk.line_end is None else chunk.data[:chunk.line_end]
-    return await asyncio.to_thread(check_eval, whole.decode("utf-8", "replace").splitlines())
+    return whole.decode("utf-8", "replace").splitlines()
+
+
+async def read_run_items(box: Box, name: str, path: str) -> RunItems | None:
+    """A run's items for a diff (console/core/evaldiff.py); None where the box has no such file."""
+    lines = await items_lines(box, path)
+    return None if lines is None else await asyncio.to_thread(read_run, name, lines)
+
+
+def run_items_path(workspace: str, reports_glob: str, run: str) -> tuple[str, str]:
+    """(name, items.jsonl path) of a run named as the eval pane names it (its folder's name under
+    the eval reports' glob), or given as its folder or its items file (relative to the workspace)."""
+    if "/" not in run and not run.endswith(".jsonl"):
+        folder = posixpath.dirname(reports_glob).replace("*", run)
+        return run, posixpath.join(workspace, folder, "items.jsonl")
+    path = run if run.startswith("/") else posixpath.join(workspace, run)
+    path = posixpath.normpath(path)
+    if not path.endswith(".jsonl"):
+        path = posixpath.join(path, "items.jsonl")
+    return posixpath.basename(posixpath.dirname(path)), path

@@ -67,7 +67,7 @@ async def _lineage(box: Box, path: str, step: int | None) -> list[tuple[list[str
     for n in range(1, LOG_GENERATIONS + 1):
         if step is None:
             break
-        lines = await _last_run_lines(box, f"{path}.{n}")
+        lines = await last_run_lines(box, f"{path}.{n}")
         if lines is None:
             break  # rotated away: the resumed run's own steps are what is left to judge
         found.append((lines, step))
@@ -84,7 +84,7 @@ def _resumed_step(line: str, step: int | None) -> int | None:
     return int(found.group(1)) if found else step
 
 
-async def _last_run_lines(box: Box, path: str) -> list[str] | None:
+async def last_run_lines(box: Box, path: str) -> list[str] | None:
     """An earlier generation's last run, its lines (None: no such file)."""
     from samai.console.core.checks import Unreadable
 

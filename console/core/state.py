@@ -37,6 +37,7 @@ from samai.console.core.redact import redact
 from samai.console.core.serving_watch import ServingView, ServingWatch
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
+from samai.console.core.trainref import CODE, Reference, ReferenceWatch
 from samai.console.core.trends import CHECKPOINT_READ_S, DiskTrend, DiskWatch, MemoryTrend, MemoryWatch
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
 from samai.remote.model import (
@@ -153,6 +154,8 @@ class StateUpdate:
     alerts: list[Alert] = field(default_factory=list)  # every alert as it now stands, newest first
     now: float = 0.0  # when it was folded in (the console's clock)
     serving: tuple[ServingView, ...] = ()  # each running server's last reading (the serve pane)
+    # The training run's reference, when it was (re)read: its label and smoothed loss (None: unchanged).
+    reference_curve: tuple[str, tuple[tuple[int, float], ...]] | None = None
 
 
 def _marker_of(stage: Stage, name: str) -> Marker | None:
@@ -196,6 +199,7 @@ class ConsoleState:
         self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
         self.gpu = GpuWatch(config)  # the recent GPU readings: a stall shows only over time
         self.serving = ServingWatch(config)  # the running servers' readings, likewise
+        self.reference = ReferenceWatch(config.train)  # the last good run the followed one is compared with
         self.disk = DiskWatch()  # the workspace's recent use: how fast it fills
         self.disk_trend: DiskTrend | None = None  # as of the last poll
         self.memory = MemoryWatch()  # each running stage's memory: how fast it grows towards its limit
@@ -279,6 +283,7 @@ class ConsoleState:
                 name = self.train_stage or ""  # set with train_log
                 update.new_alerts += [self._run_alert(name, a.severity, f"{name}: {a.message}", a.code)
                                       for a in self.trainlog.drain_anomalies()]
+                update.new_alerts += self._worse_than_reference() if update.new_points else []
             else:
                 self._hits(self._stages[watched[id(follower)]], tail.hits, update)
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
@@ -310,6 +315,20 @@ class ConsoleState:
             update.curve_resumed_at = resumed  # said once per run
         self._curve_resumed_at = resumed
         return points
+
+    def _worse_than_reference(self) -> list[Alert]:
+        worse = self.reference.check(self.trainlog.parser.points)
+        name = self.train_stage or ""
+        return [self._run_alert(name, "warning", f"{name}: {worse.problem().message}", CODE)] if worse else []
+
+    def read_reference(self, reference: Reference | None, now: float) -> StateUpdate | None:
+        """The followed run's reference (the last good run of its stage), read beside the poll:
+        drawn beside the curve, and the run compared with it at once."""
+        self.reference.set(reference)
+        new = self._worse_than_reference()
+        self.raise_alerts(new)
+        update = self._beside_poll(new, now)
+        return replace(update, reference_curve=self.reference.curve()) if update else None
 
     def _run_alert(self, stage: str, severity: Severity, text: str, code: str = "") -> Alert:
         """An alert about a stage's current run. An error offers its stage's log (`l`) and a
@@ -427,6 +446,7 @@ class ConsoleState:
             if stage.name == self.train_stage and self.train_log is not None:
                 self.train_log = piece_follower(self.train_log.path, offset=0)
                 self.trainlog, self._curve_resumed_at = TrainLogCheck(), None
+                self.reference.new_run()
                 update.curve_reset = True
             resolved += self._resolve(lambda a, name=stage.name, fired=rec.fired_at: a.stage == name and a.run != fired,
                                       now)

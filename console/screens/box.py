@@ -126,6 +126,8 @@ class BoxScreen(ActionKeys):
             self.check_eval_run(run)
         if u.curve_resumed_at is not None and self.state.train_log is not None:
             self.read_earlier_curve(self.state.train_log.path, u.curve_resumed_at)
+        if (first or u.curve_reset) and self.state.train_log is not None:
+            self.read_reference(self.state.train_log.path)
         for stage in self.state.checkpoints_due(self.clock()):
             self.list_checkpoints(stage.name, stage.checkpoints or "")
         if self.state.watchers_due(self.clock()):

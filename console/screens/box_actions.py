@@ -14,10 +14,11 @@ from textual import work
 
 from samai.console.core import units
 from samai.console.core.budget import disk_budget
-from samai.console.core.evalruns import EvalRun, check_items
+from samai.console.core.evalruns import EvalRun, check_items, read_run_items
 from samai.console.screens.box_logs import LogKeys
 from samai.remote.boxapi import BoxError
 from samai.remote.model import DiskUsers, GgufKv, Process
+from samai.remote.safe_text import visible
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
 from samai.widgets.curves import CurvesPane
@@ -246,6 +247,34 @@ class ActionKeys(LogKeys):
         runs, problems = await read_history(self.box, self.state.path_of(stage.log), stage.markers)
         self.app.push_screen(RunsScreen(stage.name, runs, "; ".join(problems)))
 
+    @work(group="eval-diff", exclusive=True, exit_on_error=False)
+    async def action_eval_diff(self) -> None:
+        """The eval run under the cursor against the one before it, read from the box (`eval diff`)."""
+        from samai.console.core.evaldiff import diff
+        from samai.console.report import describe_diff
+        from samai.console.screens.dialogs import EvalDiffScreen  # see confirm
+        from samai.widgets.evals import EvalTable
+
+        pair = self.query_one(EvalTable).selected_and_previous()
+        if pair is None or self.box is None:
+            self.notify("put the cursor on an eval run that has one before it, then d", severity="information",
+                        markup=False)
+            return
+        runs = []
+        for run in reversed(pair):  # A: the older one
+            try:
+                items = await read_run_items(self.box, run.name, run.items)
+            except (BoxError, TransportError) as e:
+                items, missing = None, str(e)
+            else:
+                missing = f"no {run.items} on the box"
+            if items is None:
+                self.notify(f"eval diff: run {visible(run.name)}: {visible(missing)}", severity="warning",
+                            markup=False)
+                return
+            runs.append(items)
+        self.app.push_screen(EvalDiffScreen(describe_diff(diff(*runs))))
+
     def action_disk_users(self) -> None:
         self.query_one(DiskPane).toggle_largest()
 
@@ -299,6 +328,22 @@ class ActionKeys(LogKeys):
             return
         if result is not None:
             self.show_beside_poll(self.state.read_eval_items(run, result, self.clock()))
+
+    @work(group="curve-reference", exclusive=True, exit_on_error=False)
+    async def read_reference(self, path: str) -> None:
+        """The followed training run's reference: the last run of its stage that ended well, read
+        from the log's kept generations; compared with the run, and drawn beside its curve."""
+        from samai.console.core.checks import Unreadable
+        from samai.console.core.trainref import last_good_run
+
+        if self.box is None:
+            return
+        try:
+            reference = await last_good_run(self.box, path)
+        except (Unreadable, BoxError, TransportError) as e:
+            self.log.warning("the training run's reference not read", e)
+            return
+        self.show_beside_poll(self.state.read_reference(reference, self.clock()))
 
     @work(group="curve-before", exclusive=True, exit_on_error=False)
     async def read_earlier_curve(self, path: str, step: int) -> None:

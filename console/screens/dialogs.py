@@ -313,3 +313,24 @@ class RunsScreen(ModalScreen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+class EvalDiffScreen(ModalScreen[None]):
+    """Two eval runs compared (console/core/evaldiff.py), as `eval diff` prints it."""
+
+    DEFAULT_CSS = (DIALOG_CSS.format(name="EvalDiffScreen")
+                   + "EvalDiffScreen VerticalScroll { height: auto; max-height: 34; }")
+    BINDINGS = [Binding("escape,q,d", "close", "Close")]
+
+    def __init__(self, report: str) -> None:
+        super().__init__()
+        self.report = report  # visible() text already: shown as text, never markup
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(inert("eval diff: the run under the cursor against the one before it"), classes="title")
+            with VerticalScroll():
+                yield Static(Text(self.report, no_wrap=False))
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -109,26 +109,29 @@ class Request(object):
         self.sock.close()
 
     def _answered(self, truncated: bool) -> None:
-        seconds = round(time.monotonic() - self.started, 4)
-        response = http.client.HTTPResponse(_Received(bytes(self.received)), method=self.method)  # type: ignore[arg-type]
-        try:
-            response.begin()
-            try:
-                body = response.read(MAX_BODY + 1)
-            except http.client.IncompleteRead as e:  # cut at the bound (or by the server) mid-chunk
-                body, truncated = e.partial, True
-        except OSError as e:  # closed without a word: RemoteDisconnected
-            self._failed(e)
-            return
-        except (http.client.HTTPException, ValueError) as e:  # not HTTP at all
-            self.result = {"error": "not an HTTP answer: %s" % type(e).__name__, "seconds": seconds}
-            return
-        self.result = {"status": response.status, "body": body[:MAX_BODY].decode("utf-8", "replace"),
-                       "truncated": truncated or len(body) > MAX_BODY, "seconds": seconds}
+        self.result = parse_answer(bytes(self.received), self.method, truncated,
+                                   round(time.monotonic() - self.started, 4))
 
     def _failed(self, e: OSError) -> None:
         self.result = {"error": "%s: %s" % (type(e).__name__, str(e)[:200]),
                        "seconds": round(time.monotonic() - self.started, 4)}
+
+
+def parse_answer(received: bytes, method: str, truncated: bool, seconds: float) -> Dict[str, Any]:
+    """What a server sent, by http.client: its status and body (bounded), or why it is no answer."""
+    response = http.client.HTTPResponse(_Received(received), method=method)  # type: ignore[arg-type]
+    try:
+        response.begin()
+        try:
+            body = response.read(MAX_BODY + 1)
+        except http.client.IncompleteRead as e:  # cut at the bound (or by the server) mid-chunk
+            body, truncated = e.partial, True
+    except OSError as e:  # closed without a word: RemoteDisconnected
+        return {"error": "%s: %s" % (type(e).__name__, str(e)[:200]), "seconds": seconds}
+    except (http.client.HTTPException, ValueError) as e:  # not HTTP at all
+        return {"error": "not an HTTP answer: %s" % type(e).__name__, "seconds": seconds}
+    return {"status": response.status, "body": body[:MAX_BODY].decode("utf-8", "replace"),
+            "truncated": truncated or len(body) > MAX_BODY, "seconds": seconds}
 
 
 def pump(requests: List[Request], waited_for: List[Request], deadline: float) -> None:

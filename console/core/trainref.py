@@ -1,0 +1,151 @@
+"""A training run against the last good run of its stage: both losses smoothed (a moving mean of
+[train] compare_smooth logged points), the reference read at each of the current run's steps
+(linear between its logged steps, never past its ends), and `worse_than_reference` once the
+current run's smoothed loss is over [train] compare_factor times the reference's at
+[train] compare_steps logged steps in a row.
+
+The reference is the newest earlier run the box's launcher kept (NAME.1 .. NAME.5) that ended
+with rc 0 and whose log has no error-level finding, or a log the operator names
+(`check trainlog A --against B`). Its points are box text read as `check trainlog` reads them."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from samai.console.core.config import Train
+from samai.console.core.problems import Problem
+
+if TYPE_CHECKING:
+    from samai.console.core.trainlog import TrainPoint
+    from samai.remote.boxapi import Box
+
+CODE = "worse_than_reference"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The run a training run is compared with: where it was read, and its points."""
+
+    label: str  # e.g. "logs/train.log.1"
+    points: tuple[TrainPoint, ...]
+
+
+@dataclass(frozen=True)
+class Worse:
+    """Where the current run first held worse than the reference for the steps it takes."""
+
+    step: int
+    current: float  # the current run's smoothed loss at step
+    reference: float  # the reference's, at the same step
+    steps: int  # logged steps in a row
+    label: str
+
+    @property
+    def factor(self) -> float:
+        return self.current / self.reference
+
+    def problem(self) -> Problem:
+        return Problem(CODE, "warning", f"smoothed loss {self.current:.4g} at step {self.step} is "
+                       f"{self.factor:.1f}× the reference run's {self.reference:.4g} ({self.label}), "
+                       f"{self.steps} logged steps in a row", step=self.step)
+
+    def to_json(self) -> dict:
+        return {"code": CODE, "severity": "warning", "step": self.step, "current": self.current,
+                "reference": self.reference, "factor": self.factor, "steps": self.steps,
+                "reference_run": self.label, "message": self.problem().message}
+
+
+def smoothed(points: Sequence[TrainPoint], window: int) -> list[tuple[int, float]]:
+    """(step, the mean of the last `window` finite losses) per point with a finite loss, steps rising."""
+    out: list[tuple[int, float]] = []
+    recent: list[float] = []
+    for p in points:
+        if p.loss is None or not math.isfinite(p.loss) or p.hidden_nan or (out and p.step <= out[-1][0]):
+            continue
+        recent = [*recent[-(window - 1):], p.loss] if window > 1 else [p.loss]
+        out.append((p.step, sum(recent) / len(recent)))
+    return out
+
+
+def at_step(curve: list[tuple[int, float]], steps: list[int], step: int) -> float | None:
+    """The curve at step: linear between its two logged steps around it; None outside them."""
+    i = bisect.bisect_left(steps, step)
+    if i == len(steps) or (i == 0 and steps[0] != step):
+        return None
+    if steps[i] == step:
+        return curve[i][1]
+    (s0, v0), (s1, v1) = curve[i - 1], curve[i]
+    return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+
+
+def compare(current: Sequence[TrainPoint], reference: Reference, train: Train) -> Worse | None:
+    """The first step where the current run has been worse than the reference for
+    train.compare_steps logged steps in a row; None while it has not."""
+    ref = smoothed(reference.points, train.compare_smooth)
+    if not ref:
+        return None
+    ref_steps = [s for s, _ in ref]
+    streak = 0
+    for step, value in smoothed(current, train.compare_smooth):
+        theirs = at_step(ref, ref_steps, step)
+        if theirs is None or theirs <= 0:
+            continue  # past the reference's steps (or a loss of 0): nothing to compare with
+        streak = streak + 1 if value > train.compare_factor * theirs else 0
+        if streak >= train.compare_steps:
+            return Worse(step, value, theirs, streak, reference.label)
+    return None
+
+
+class ReferenceWatch:
+    """The followed training run's reference, and whether worse_than_reference was said for the
+    run: once per run, as soon as it holds (a warning stays until the run is over)."""
+
+    def __init__(self, train: Train) -> None:
+        self.train = train
+        self.reference: Reference | None = None
+        self.said = False
+
+    def set(self, reference: Reference | None) -> None:
+        self.reference = reference
+
+    def new_run(self) -> None:
+        self.said = False
+
+    def check(self, points: Sequence[TrainPoint]) -> Worse | None:
+        if self.said or self.reference is None:
+            return None
+        worse = compare(points, self.reference, self.train)
+        self.said = worse is not None
+        return worse
+
+    def curve(self) -> tuple[str, tuple[tuple[int, float], ...]]:
+        """The reference's label and smoothed loss, as the curves pane draws it beside the run's."""
+        if self.reference is None:
+            return "", ()
+        return self.reference.label, tuple(smoothed(self.reference.points, self.train.compare_smooth))
+
+
+async def last_good_run(box: Box, log: str) -> Reference | None:
+    """The newest earlier run of a stage's log (its kept generations, newest first) that ended
+    with rc 0 and whose training log has no error-level finding; None when none has."""
+    from samai.console.core.history import DONE, LOG_GENERATIONS
+    from samai.console.core.lineage import last_run_lines
+    from samai.console.core.trainlog import TrainLogCheck
+
+    for n in range(1, LOG_GENERATIONS + 1):
+        lines = await last_run_lines(box, f"{log}.{n}")
+        if lines is None:
+            return None  # the generations end here
+        ends = [m.group("rc") for m in map(DONE.match, (line.strip() for line in lines[-50:])) if m]
+        if ends[-1:] != ["0"]:
+            continue  # failed, stopped, or cut: not what good looked like
+        check = TrainLogCheck()
+        check.feed(lines)
+        result = check.result()
+        if result.points and not any(p.severity == "error" for p in result.problems):
+            return Reference(f"{log.rsplit('/', 1)[-1]}.{n}", result.points)
+    return None
