@@ -26,7 +26,8 @@ from samai.widgets.processes import ProcessPane, ProcessTable
 
 WHERE = {"app": SamaiApp, "box": BoxScreen, "disk": BoxScreen, "stage": BoxScreen, "log": LogView,
          "log-filter": LogFilterInput, "processes": ProcessPane, "process-rows": ProcessTable, "fleet": FleetScreen,
-         "fleet-rows": FleetTable, "gguf": GgufScreen, "gguf-filter": FilterInput}
+         "fleet-rows": FleetTable, "gguf": GgufScreen, "gguf-filter": FilterInput,
+         "evals": BoxScreen}  # the eval pane's d runs the screen's action (it reads the box)
 NAMESPACES = {"app": SamaiApp, "screen": None}
 
 

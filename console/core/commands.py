@@ -21,8 +21,8 @@ SCOPE_TITLES: dict[Scope, str] = {"app": "console", "box": "console", "stage": "
                                   "fleet-rows": "fleet screen", "gguf": "GGUF screen", "gguf-filter": "GGUF screen",
                                   "evals": "eval runs pane"}
 # Where a stage's own key works: a stage may not take a key these scopes use.
-BOX_SCREEN_SCOPES: frozenset[Scope] = frozenset({"app", "box", "stage", "log", "processes", "process-rows", "disk",
-                                                 "evals"})
+# (Not the eval pane's d: a stage may keep it, and the pane takes it only while focused.)
+BOX_SCREEN_SCOPES: frozenset[Scope] = frozenset({"app", "box", "stage", "log", "processes", "process-rows", "disk"})
 
 
 @dataclass(frozen=True)
