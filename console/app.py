@@ -37,6 +37,7 @@ from samai.widgets.pane import literal_markup
 from samai.widgets.status import Connection
 
 if TYPE_CHECKING:
+    from samai.console.core.incident import Bundle
     from samai.console.core.multinode.session import MultiNodeSession
     from samai.console.screens.dialogs import PathDialog
     from samai.console.screens.fleet import FleetScreen
@@ -52,10 +53,12 @@ class SamaiApp(App[None]):
 
     def __init__(self, config: Config, *, readonly: bool = False, theme: str | None = None,
                  audit: AuditLog | None = None, poll: bool = True, clock: Callable[[], float] = time.time,
-                 box: str | None = None, open_box: OpenBox | None = None) -> None:
+                 box: str | None = None, open_box: OpenBox | None = None, recording: dict | None = None) -> None:
         """box: the [boxes.NAME] box to open at once; None: with 2+ boxes the fleet screen comes first.
-        open_box: a config to its Box (by default on the config's target; tests hand in a recorded box)."""
+        open_box: a config to its Box (by default on the config's target; tests hand in a recorded box).
+        recording: a recorded box (console/replay.py, an incident bundle) shown instead of polling."""
         super().__init__()
+        self.recording = recording
         self.fleet_config = config  # every box; the box screen's config is this as seen on its box
         self._first_box = box or (config.boxes[0].name if config.boxes else None)
         self._fleet_first = box is None and len(config.boxes) >= 2
@@ -112,6 +115,10 @@ class SamaiApp(App[None]):
     async def on_mount(self) -> None:
         # Above Textual's own (empty) base screen, so that replacing it never leaves the stack empty.
         await self.push_screen(self.box_screen)
+        if self.recording is not None:
+            from samai.console import replay
+
+            self.call_after_refresh(replay.show, self, self.recording)
         self.theme_changed_signal.subscribe(self, lambda theme: self._save_theme(theme.name))
         if self.polling and self._fleet_first:
             self.call_after_refresh(self.action_fleet)  # the box screen polls once a box is chosen
@@ -295,6 +302,15 @@ class SamaiApp(App[None]):
         if event.state == WorkerState.ERROR:
             self.notify(f"{event.worker.name} failed: {event.worker.error!r}", severity="error", timeout=15,
                         markup=False)
+
+
+def run_replay(bundle: Bundle, *, theme: str | None = None) -> int:
+    """An incident bundle shown as the console showed the box: read-only, nothing polled."""
+    gc.freeze()
+    gc.enable()
+    SamaiApp(bundle.config, readonly=True, theme=theme, poll=False, clock=lambda: bundle.made_at,
+             recording=bundle.data).run()
+    return 0
 
 
 def run_app(config: Config, *, readonly: bool = False, theme: str | None = None, box: str | None = None) -> int:

@@ -125,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     _gguf_parser(command("gguf", "GGUF surgery on the box: show a header, set a KV, add or extract tensors"))
     _eval_parser(command("eval", "compare the box's eval runs"))
+    p = command("incident", "one file a colleague can open anywhere: the timeline, the snapshot, the logs' ends, "
+                            "the findings, the config (secrets masked)")
+    p.add_argument("--out", required=True, metavar="FILE", help="the bundle to write (JSON)")
+    p.add_argument("--since", metavar="DURATION", help="the timeline's last DURATION only (90s, 45m, 2h, 3d)")
+    p = command("replay", "open an incident bundle in the TUI, read-only, on any machine (no box needed)")
+    p.add_argument("file", metavar="FILE")
+    p = command("timeline", "what happened on the box, in order: runs, markers, ends and why, stops, actions")
+    p.add_argument("--since", metavar="DURATION", help="only the last DURATION (90s, 45m, 2h, 3d)")
+    p.add_argument("--json", action="store_true", help='{"events": [{"time", "source", "kind", "text", ...}]}')
 
     # Listed for --help; their own parsers take their arguments (see STANDALONE).
     sub.add_parser("envelope-server", help="run the reference exec gateway (token from SAMAI_ENVELOPE_TOKEN)",
@@ -260,6 +269,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _watch(args, cfg)
         if getattr(args, "all_boxes", False):
             return asyncio.run(_snapshot_all(args, cfg))
+        if args.command == "replay":
+            return _replay(args)
         if args.command is None:
             _on_box(cfg, args.box)  # an unknown name is a usage error before the TUI starts
             if args.box and args.target:
@@ -279,6 +290,22 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail(redact(f"cannot reach {args.target or 'the target'}: {e}"), EXIT_USAGE)  # a URL may hold one
     except KeyboardInterrupt:
         return 130
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """An incident bundle in the TUI, read-only: no box is asked anything."""
+    from pathlib import Path
+
+    from samai.console.core.incident import NotABundle, read_bundle
+
+    try:
+        bundle = read_bundle(Path(args.file))
+    except NotABundle as e:
+        return _fail(str(e), EXIT_USAGE)
+    gc.disable()  # as for the TUI: see run_app
+    from samai.console.app import run_replay
+
+    return run_replay(bundle, theme=args.theme)
 
 
 def _watch(args: argparse.Namespace, cfg: config_mod.Config) -> int:
@@ -331,7 +358,8 @@ async def _run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
     box = open_box(cfg, readonly=args.readonly)
     try:
         handlers = {"snapshot": _snapshot, "budget": _budget, "doctor": _doctor, "check": _check, "fire": _fire,
-                    "stop": _stop, "kill": _kill, "tail": _tail, "gguf": _gguf, "eval": _eval}
+                    "stop": _stop, "kill": _kill, "tail": _tail, "gguf": _gguf, "eval": _eval,
+                    "timeline": _timeline, "incident": _incident}
         handler = handlers[args.command]
         return await handler(args, cfg, box)
     except config_mod.UnknownStage as e:
@@ -530,6 +558,27 @@ async def _eval(args, cfg, box: Box) -> int:
         return _fail(str(e), EXIT_USAGE)
 
 
+async def _timeline(args, cfg, box: Box) -> int:
+    from samai.console import cli_runs
+
+    return await cli_runs.timeline_command(args, cfg, box, _since(args))
+
+
+async def _incident(args, cfg, box: Box) -> int:
+    from samai.console import cli_runs
+
+    return await cli_runs.incident_command(args, cfg, box, _since(args))
+
+
+def _since(args) -> float | None:
+    from samai.console import cli_runs
+
+    try:
+        return time.time() - cli_runs.since_seconds(args.since) if args.since else None
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"--since {e}") from None
+
+
 async def _check(args, cfg, box: Box) -> int:
     from samai.console.core import checks  # with the box's GGUF checker: only `check` needs it
 
@@ -583,7 +632,7 @@ async def _against(args, cfg, box: Box, path: str, result) -> int:
 
 def _on_target(cfg, path: str) -> str:
     """Paths given to commands are paths on the target; relative ones are in the workspace."""
-    return path if path.startswith("/") else f"{cfg.workspace}/{path}"
+    return cfg.path_of(path)
 
 
 def _json_bytes(value):

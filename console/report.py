@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # annotations only: a command that prints one report imports 
     from samai.console.core.budget import DiskBudget, StagePeak
     from samai.console.core.config import Config
     from samai.console.core.evaldiff import Changed, EvalDiff
+    from samai.console.core.timeline import Event
     from samai.remote.model import Snapshot
 
 TOP_PROCESSES = 15
@@ -178,3 +179,21 @@ def _changed(c: Changed) -> str:
 
 def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f} %"
+
+
+# ------------------------------------------------------------------ timeline
+
+
+def describe_timeline(events: list[Event]) -> str:
+    """One line per event: its time (UTC; "~" where it is its run's start, the line's own time
+    not being written), where it came from, what it was."""
+    if not events:
+        return "nothing on the timeline yet"
+    lines = []
+    for e in events:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.time))
+        where = f"{e.source}:{e.stage}" if e.stage else e.source
+        at = f" ({visible(e.path.rsplit('/', 1)[-1])}:{e.line})" if e.line is not None else ""
+        lines.append(f"{'~' if e.approx else ' '}{stamp}  {visible(where):<16} {visible(e.kind):<10} "
+                     f"{visible(e.text)}{at}")
+    return "\n".join(lines)

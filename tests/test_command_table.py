@@ -65,5 +65,5 @@ def test_every_row_names_an_action_where_its_scope_works() -> None:
 
 
 def test_the_sets_read_from_the_table() -> None:
-    assert RESERVED_KEYS == frozenset("q ? / k s r o c x l f n N w g G a S u H L Y [ ] F A".split())
+    assert RESERVED_KEYS == frozenset("q ? / k s r o c x l f n N w g G a S u H L Y [ ] F A T".split())
     assert CHANGES_BOX == {"kill", "stop", "restart", "clean", "fire", "fix", "gguf_edit", "gguf_add", "acknowledge"}

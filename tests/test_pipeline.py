@@ -185,6 +185,7 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
         for manifest in milestones:
             assert subprocess.run(["sha256sum", "--quiet", "-c", manifest], cwd=pushed).returncode == 0, manifest
         assert (pushed / "runs" / "train" / "milestones" / "epoch-20" / "adapter_model.safetensors").is_file()
+        await _the_timeline_of_the_run(box, cfg)
         print(f"tiny pipeline after provisioning: {time.monotonic() - started:.0f} s")
     finally:
         await box.stop("serve", grace=5)
@@ -289,6 +290,21 @@ async def _the_diff_of_the_fake_zero_and_the_fix(box: Box, ws: Path, fixed: Path
     assert len(got["wrong_to_right"]) >= len(both) * 0.9 and got["noise"] is False, got  # the fake 0 % fixed
     print(f"eval diff naive -> {fixed.name}: {len(got['wrong_to_right'])} wrong -> right of {got['paired']}, "
           f"delta {got['delta']:+.2f} in [{got['interval'][0]:+.2f}, {got['interval'][1]:+.2f}]")
+
+
+async def _the_timeline_of_the_run(box: Box, cfg: config.Config) -> None:
+    """Issue 34: `timeline` of this run: its stages in the order they ran, the serve fire the
+    action layer audited between quantize's end and the eval."""
+    from samai.console.core.timeline import read_timeline
+    from samai.console.report import describe_timeline
+
+    events = await read_timeline(box, cfg, paths.audit_log())
+    said = [(e.source, e.kind, e.stage) for e in events]
+    firsts = [said.index(("log", "started", name)) for name in ("fetch", "train", "merge", "convert", "quantize")]
+    assert firsts == sorted(firsts), said
+    fired = [i for i, e in enumerate(events) if e.source == "audit" and e.kind == "fire" and "serve" in e.text]
+    assert fired and said.index(("log", "ended", "quantize")) < fired[0] < said.index(("log", "started", "eval")), said
+    print("the timeline, its last lines:\n" + "\n".join(describe_timeline(events).splitlines()[-12:]))
 
 
 async def _no_hung(box: Box, watch, port: int) -> bool:

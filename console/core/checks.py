@@ -94,12 +94,17 @@ class GgufResult:
                 "projector": asdict(self.projector) if self.projector else None}
 
 
-async def line_batches(box: Box, path: str, *, pieces: bool = False) -> AsyncIterator[list[str]]:
+async def line_batches(box: Box, path: str, *, pieces: bool = False,
+                       read: dict | None = None) -> AsyncIterator[list[str]]:
     """The lines of a text file on the box, one read at a time, decoded the way the log pane decodes
-    them; with pieces, the way a training log is read (a line of megabytes comes in pieces, see longlines)."""
+    them; with pieces, the way a training log is read (a line of megabytes comes in pieces, see longlines).
+    read: given, it gets the file's "mtime" as the last read saw it."""
     follower = (piece_follower if pieces else LogFollower)(path, offset=0, max_bytes=CHECK_READ)
     while True:
-        update = follower.consume(await box.read_log(follower.cursor()))
+        chunk = await box.read_log(follower.cursor())
+        if read is not None and chunk.mtime is not None:
+            read["mtime"] = chunk.mtime
+        update = follower.consume(chunk)
         if follower.missing:
             raise Unreadable(update.notice or f"{path}: cannot be read")
         if update.more:

@@ -54,6 +54,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("app.acknowledge", "box", "A", "acknowledge", "Acknowledge alerts (no watcher repeats them)",
             changes_box=True, show=False),
     Command("app.runs", "box", "H", "runs", "Runs of the shown stage", show=False),
+    Command("app.timeline", "box", "T", "timeline", "Timeline: what happened, in order", show=False),
     Command("stage.fire", "stage", "", "fire", "Fire a stage (its key), or restart it while it runs", changes_box=True),
     Command("disk.largest", "disk", "u", "disk_users", "Largest disk users", show=False),
     Command("log.follow", "log", "f", "follow", "Follow"),

@@ -224,6 +224,10 @@ class Config:
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
 
+    def path_of(self, path: str) -> str:
+        """A path on the box: a relative one is in the workspace."""
+        return path if path.startswith("/") else posixpath.join(self.workspace, path)
+
     def stages_with_role(self, role: str) -> tuple[Stage, ...]:
         return tuple(s for s in self.stages if s.role == role)
 
@@ -308,17 +312,31 @@ def _file_kind(mode: int) -> str:
 def load_builtin(name: str) -> Config:
     if name not in BUILTIN_PIPELINES:
         raise ConfigError("(built-in)", "pipeline", f"one of {', '.join(BUILTIN_PIPELINES)}", name)
-    text = resources.files("samai.console").joinpath("pipelines", f"{name}.toml").read_text("utf-8")
-    return parse(text, f"(built-in {name})")
+    return parse(builtin_text(name), f"(built-in {name})")
+
+
+def builtin_text(name: str) -> str:
+    if name not in BUILTIN_PIPELINES:
+        raise ConfigError("(built-in)", "pipeline", f"one of {', '.join(BUILTIN_PIPELINES)}", name)
+    return resources.files("samai.console").joinpath("pipelines", f"{name}.toml").read_text("utf-8")
 
 
 def parse(text: str, source: str) -> Config:
+    return from_raw(toml(text, source), source)
+
+
+def toml(text: str, source: str) -> dict[str, Any]:
+    """A config file's tables, as TOML reads them (ConfigError for what is not TOML)."""
     try:
-        raw = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "(syntax)", "valid TOML", str(e)) from e
     except RecursionError as e:  # tomllib parses nested arrays and inline tables recursively
         raise ConfigError(source, "(syntax)", "valid TOML", "arrays or tables nested too deep") from e
+
+
+def from_raw(raw: dict[str, Any], source: str) -> Config:
+    """A config from its tables (a file's, or an incident bundle's), every key checked."""
     return _Reader(source).config(raw)
 
 

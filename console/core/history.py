@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from samai.console.core.config import CHAIN_DONE
 from samai.remote.boxapi import Box, BoxError
@@ -23,6 +23,7 @@ DEATH = re.compile(r"SAMAI_DEATH (?P<cause>[a-z_]{1,40}): (?P<detail>.{0,400})$"
 LOG_GENERATIONS = 5  # the earlier runs' logs the box's launcher keeps (confine.LOG_GENERATIONS)
 MAX_RUNS = 100  # the newest ones kept: a log of a stage fired every minute for days stays small here
 SHOWN_CHARS = 120
+MAX_MARKS = 200  # per run: its last marker and disk lines (a log that matches on every line stays small)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,19 @@ class RunRecord:
     last_marker: str = ""  # the run's last line that matched one of the stage's markers
     severity: str = "info"  # that marker's
     death: str = ""  # why it died, as its chain said (`cause: detail`)
+    path: str = ""  # the log file it was read from
+    marks: tuple[Mark, ...] = ()  # its marker and disk lines, in order (the last MAX_MARKS)
+    ended_at: float | None = None  # its file's last write, for the last run of a file that ended (rc)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A line of a run worth a place on the timeline: a marker's, or a SAMAI_DISK line."""
+
+    line: int  # 1-based, in its file
+    name: str  # the marker's name, or "disk"
+    severity: str
+    text: str
 
 
 @dataclass
@@ -49,10 +63,12 @@ class _Run:
     last_marker: str = ""
     severity: str = "info"
     death: str = ""
+    path: str = ""
+    marks: list[Mark] = field(default_factory=list)
 
     def record(self) -> RunRecord:
         return RunRecord(self.number, self.started, self.pid, self.rc, self.lines, self.last_marker, self.severity,
-                         self.death)
+                         self.death, self.path, tuple(self.marks))
 
 
 class RunHistory:
@@ -64,13 +80,21 @@ class RunHistory:
         self._runs: list[RunRecord] = []
         self._current: _Run | None = None
         self._number = 1
+        self._path, self._line_number = "", 0
 
-    def end_file(self) -> None:
-        """One log file read to its end: the next file's lines are another run's."""
+    def start_file(self, path: str) -> None:
+        self._path, self._line_number = path, 0
+
+    def end_file(self, mtime: float | None = None) -> None:
+        """One log file read to its end (its last write at mtime): the next file's lines are another run's."""
+        ended = self._current is not None and self._current.rc is not None
         self._keep()
+        if ended and mtime is not None:
+            self._runs[-1] = replace(self._runs[-1], ended_at=mtime)
 
     def feed(self, lines: Iterable[str]) -> None:
         for line in lines:
+            self._line_number += 1
             if line.startswith(RUN_HEADER):
                 self._start(line)
             else:
@@ -84,12 +108,12 @@ class RunHistory:
         self._keep()
         header = HEADER.match(line)
         self._current = _Run(self._number, header["started"] if header else "?",
-                             int(header["pid"]) if header else None)
+                             int(header["pid"]) if header else None, path=self._path)
         self._number += 1
 
     def _line(self, line: str) -> None:
         if self._current is None:  # lines before any header: a run all the same, its start unknown
-            self._current = _Run(self._number)
+            self._current = _Run(self._number, path=self._path)
             self._number += 1
         run = self._current
         run.lines += 1
@@ -101,9 +125,18 @@ class RunHistory:
         if death:
             run.death = f"{death['cause']}: {death['detail']}"[:SHOWN_CHARS]
             return
+        if line.startswith("SAMAI_DISK "):
+            self._mark(Mark(self._line_number, "disk", "info", line[:SHOWN_CHARS]))
+            return
         hit = next((m for m, pattern in self._markers if pattern and pattern.search(line)), None)
         if hit:
             run.last_marker, run.severity = line[:SHOWN_CHARS], hit.severity
+            self._mark(Mark(self._line_number, hit.name, hit.severity, line[:SHOWN_CHARS]))
+
+    def _mark(self, mark: Mark) -> None:
+        marks = self._current.marks if self._current else []
+        marks.append(mark)
+        del marks[:-MAX_MARKS]
 
     def _keep(self) -> None:
         if self._current:
@@ -119,15 +152,17 @@ async def read_history(box: Box, log: str, markers: Iterable[Marker]) -> tuple[l
 
     history, problems = RunHistory(markers), []
     for path in [f"{log}.{n}" for n in range(LOG_GENERATIONS, 0, -1)] + [log]:
+        history.start_file(path)
+        read: dict = {}
         try:
-            async for batch in line_batches(box, path):
+            async for batch in line_batches(box, path, read=read):
                 history.feed(batch)
         except Unreadable as e:
             if path == log or "No such file" not in str(e):
                 problems.append(str(e))
         except (BoxError, TransportError) as e:
             problems.append(f"{path}: {e}")
-        history.end_file()
+        history.end_file(read.get("mtime"))
     return history.runs(), problems
 
 

@@ -6,7 +6,6 @@ and every marker hit is seen once."""
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -218,7 +217,7 @@ class ConsoleState:
                            want_data=False, last_lines=MARKER_HISTORY_LINES, max_bytes=MARKER_SCAN_READ)
 
     def path_of(self, path: str) -> str:
-        return path if path.startswith("/") else posixpath.join(self.config.workspace, path)
+        return self.config.path_of(path)
 
     # ------------------------------------------------------------ the log pane
 

@@ -247,6 +247,27 @@ class ActionKeys(LogKeys):
         runs, problems = await read_history(self.box, self.state.path_of(stage.log), stage.markers)
         self.app.push_screen(RunsScreen(stage.name, runs, "; ".join(problems)))
 
+    @work(group="timeline", exclusive=True, exit_on_error=False)
+    async def action_timeline(self) -> None:
+        """Everything that happened on the box, in order (`timeline`), with this console's alerts;
+        Enter on a row opens its log in the log pane."""
+        from samai.console.core import paths
+        from samai.console.core.timeline import alert_events, read_timeline
+        from samai.console.screens.dialogs import TimelineScreen  # see confirm
+
+        if self.box is None:
+            self.notify("not connected to the box yet", severity="information", markup=False)
+            return
+        try:
+            events = await read_timeline(self.box, self.config, paths.audit_log(),
+                                         more=alert_events(self.state.alerts))
+        except (BoxError, TransportError) as e:
+            self.notify(f"timeline: {visible(str(e))}", severity="warning", markup=False)
+            return
+        chosen = await self.app.push_screen_wait(TimelineScreen(events))
+        if chosen is not None and chosen.path:
+            self._show_file(chosen.path)
+
     @work(group="eval-diff", exclusive=True, exit_on_error=False)
     async def action_eval_diff(self) -> None:
         """The eval run under the cursor against the one before it, read from the box (`eval diff`)."""

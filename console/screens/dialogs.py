@@ -3,6 +3,7 @@ target and opens with Cancel focused: Enter on a dialog you did not read does no
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not impo
     from samai.console.core.history import RunRecord
     from samai.console.core.preflight import Check
     from samai.console.core.state import StageView
+    from samai.console.core.timeline import Event
     from samai.remote.model import Process
     from samai.widgets.logview.history import ShownLog
 
@@ -331,6 +333,72 @@ class EvalDiffScreen(ModalScreen[None]):
             yield Label(inert("eval diff: the run under the cursor against the one before it"), classes="title")
             with VerticalScroll():
                 yield Static(Text(self.report, no_wrap=False))
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class TimelineScreen(ModalScreen["Event | None"]):
+    """What happened on the box, in order (console/core/timeline.py); `/` filters the rows by
+    any text in them, Enter opens the row's log in the log pane."""
+
+    DEFAULT_CSS = (DIALOG_CSS.format(name="TimelineScreen")
+                   + "TimelineScreen DataTable { height: auto; max-height: 32; } "
+                   + "TimelineScreen Input { display: none; } TimelineScreen Input.-open { display: block; }")
+    BINDINGS = [Binding("escape,q,T", "close", "Close"), Binding("slash", "filter", "Filter")]
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        super().__init__()
+        self.events = list(events)
+        self.shown: list[Event] = []
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(inert("timeline, oldest first (~: a log line's time is its run's start) · / filter · "
+                              "Enter opens its log"), classes="title")
+            yield Input(placeholder="filter: any text of a row", id="timeline-filter")
+            table: DataTable[str | Text] = DataTable(cursor_type="row")
+            table.add_columns("time (UTC)", "source", "kind", "what")
+            yield table
+
+    def on_mount(self) -> None:
+        self.show_rows("")
+        table = self.query_one(DataTable)
+        table.focus()
+        if table.row_count:
+            table.move_cursor(row=table.row_count - 1)  # the newest: where an incident is read back from
+
+    def show_rows(self, needle: str) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        needle = needle.lower()
+        self.shown = [e for e in self.events if not needle or needle in
+                      f"{e.source} {e.stage} {e.kind} {e.text}".lower()]
+        for e in self.shown:
+            stamp = ("~" if e.approx else "") + time.strftime("%m-%d %H:%M:%S", time.gmtime(e.time))
+            where = f"{e.source}:{e.stage}" if e.stage else e.source
+            style = {"error": "bold red", "warning": "yellow"}.get(e.severity, "")
+            table.add_row(stamp, Text(visible(where), no_wrap=True, end=""),
+                          Text(visible(e.kind), style=style, no_wrap=True, end=""),
+                          Text(visible(e.text), no_wrap=True, end=""))
+        if not self.shown:
+            table.add_row("", "", "", Text("nothing on the timeline" + (" matches" if needle else " yet"),
+                                           style="dim"))
+
+    def action_filter(self) -> None:
+        field = self.query_one(Input)
+        field.add_class("-open")
+        field.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.show_rows(event.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one(DataTable).focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if 0 <= event.cursor_row < len(self.shown):
+            self.dismiss(self.shown[event.cursor_row])
 
     def action_close(self) -> None:
         self.dismiss(None)

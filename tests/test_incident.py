@@ -1,0 +1,92 @@
+"""`samai-console incident --out FILE` and `replay FILE`: one bounded file with the timeline, the
+snapshot, the logs' ends, the findings and the config; never a secret (tokens in the config, the
+environment, a stage's command, its log); opened read-only in a fresh HOME, where no box is."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from samai.console.app import SamaiApp
+from samai.console.core.incident import MAX_LINES, NotABundle, read_bundle
+from samai.widgets.logview import LogView
+from samai.widgets.stages import StagesBar
+from tests.helpers import pilot_until, run_cli, wait_for
+
+TOKEN = "hf_" + "Zq8" * 12  # a Hub token's shape
+PASSWORD = "pw-" + "x7" * 10
+API_KEY = "sk-" + "Q9" * 20
+
+
+def _config(tmp_path: Path, workspace: Path) -> Path:
+    f = tmp_path / "incident.toml"
+    f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
+                 f'[notify]\nurls = ["mailto://op:{PASSWORD}@mail.example.com"]\n'
+                 f'[stages.job]\nkey = "j"\n'
+                 f'command = "echo JOB_UP; echo using {TOKEN}; for i in $(seq 1 400); do echo line $i; done; '
+                 f'{sys.executable} -c \'import time; time.sleep(60)\' --token {TOKEN}"\n'
+                 f'env = {{ HF_TOKEN = "{TOKEN}", OPENAI_API_KEY = "{API_KEY}" }}\n'
+                 'markers = [{ name = "JOB_UP" }]\n')
+    return f
+
+
+def test_a_bundle_holds_the_incident_and_no_secret_and_replays_in_a_fresh_home(tmp_path: Path,
+                                                                                workspace: Path) -> None:
+    cfg = _config(tmp_path, workspace)
+    env = {"SAMAI_NOTIFY_URLS": f"json://hook.example.com/?token={TOKEN}"}
+    assert run_cli("--config", str(cfg), "fire", "job", "--yes", env=env).returncode == 0
+    log = workspace / "logs" / "job.log"
+    wait_for(lambda: "line 400" in log.read_text(), timeout=30)
+    out = tmp_path / "incident.json"
+    made = run_cli("--config", str(cfg), "incident", "--out", str(out), env=env)
+    run_cli("--config", str(cfg), "stop", "job", "--yes")
+    assert made.returncode == 0, made.stderr
+    text = out.read_text()
+    for secret in (TOKEN, PASSWORD, API_KEY):
+        assert secret not in text, secret
+    bundle = json.loads(text)
+    assert bundle["format"] == "samai-incident/1" and any(e["text"] == "JOB_UP" for e in bundle["timeline"])
+    assert len(bundle["logs"]["job"].splitlines()) == MAX_LINES and "line 400" in bundle["logs"]["job"]
+    assert any(e["kind"] == "started" and e["stage"] == "job" for e in bundle["timeline"])
+    assert any(e["source"] == "audit" and e["kind"] == "fire" for e in bundle["timeline"])
+    assert any("--token" in (p["argv"] or []) for p in bundle["probe"]["processes"])  # its value masked
+    assert bundle["config"]["stages"]["job"]["key"] == "j" and out.stat().st_size < 4 << 20
+    assert bundle["config"]["stages"]["job"]["env"] == {"HF_TOKEN": "***", "OPENAI_API_KEY": "***"}
+
+
+async def test_the_bundle_opens_read_only_with_no_box(tmp_path: Path, workspace: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _config(tmp_path, workspace)
+    assert run_cli("--config", str(cfg), "fire", "job", "--yes").returncode == 0
+    wait_for(lambda: "line 400" in (workspace / "logs" / "job.log").read_text(), timeout=30)
+    out = tmp_path / "incident.json"
+    assert run_cli("--config", str(cfg), "incident", "--out", str(out)).returncode == 0
+    run_cli("--config", str(cfg), "stop", "job", "--yes")
+    fresh = tmp_path / "elsewhere"
+    fresh.mkdir()
+    monkeypatch.setenv("HOME", str(fresh))  # another machine: no config, no audit log, no box
+    for name in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    os.rename(workspace, tmp_path / "gone")  # nothing of the box is left to read
+    bundle = read_bundle(out)
+    app = SamaiApp(bundle.config, readonly=True, poll=False, clock=lambda: bundle.made_at, recording=bundle.data)
+    async with app.run_test(size=(150, 48)) as pilot:
+        await pilot_until(pilot, lambda: "job" in str(app.box_screen.query_one(StagesBar).render()))
+        assert "running" in str(app.box_screen.query_one(StagesBar).render())
+        log = app.box_screen.query_one(LogView)
+        await pilot_until(pilot, lambda: any("line 400" in line for line in log.lines))
+        assert app.readonly
+
+
+def test_what_replay_refuses(tmp_path: Path) -> None:
+    for content, said in ((b"\xff\x00", "not JSON"), (b"[]", "not an incident bundle"),
+                          (json.dumps({"format": "samai-incident/1"}).encode(), "without its snapshot")):
+        (tmp_path / "b.json").write_bytes(content)
+        with pytest.raises(NotABundle, match=said):
+            read_bundle(tmp_path / "b.json")
+    r = run_cli("replay", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "missing.json" in r.stderr
