@@ -303,7 +303,8 @@ async def _the_timeline_of_the_run(box: Box, cfg: config.Config) -> None:
     firsts = [said.index(("log", "started", name)) for name in ("fetch", "train", "merge", "convert", "quantize")]
     assert firsts == sorted(firsts), said
     fired = [i for i, e in enumerate(events) if e.source == "audit" and e.kind == "fire" and "serve" in e.text]
-    assert fired and said.index(("log", "ended", "quantize")) < fired[0] < said.index(("log", "started", "eval")), said
+    evals = [i for i, s in enumerate(said) if s == ("log", "started", "eval")]  # the fake 0 % first, then the fix
+    assert fired and evals and said.index(("log", "ended", "quantize")) < fired[0] < evals[-1], said
     print("the timeline, its last lines:\n" + "\n".join(describe_timeline(events).splitlines()[-12:]))
 
 
@@ -482,6 +483,41 @@ async def test_the_nan_guard_stops_training_and_merge_refuses(pipeline_ws: Path)
         assert (await box.remove(list(train.poison))).ok  # what restart does before firing again
     finally:
         await box.close()
+
+
+async def test_a_run_with_a_raised_learning_rate_is_worse_than_the_last_good_one(pipeline_ws: Path,
+                                                                                   tmp_path: Path) -> None:
+    """Issue 34: three real Trainer runs of the tiny train stage, 40 steps each: a healthy one,
+    another (another seed: not flagged against the first), one at lr 0.5 (flagged against the
+    last good run); then `check trainlog --against` on the same two real logs."""
+    from samai.console.core.checks import check_trainlog
+    from samai.console.core.trainref import compare, last_good_run
+    from tests.helpers import run_cli
+
+    cfg = tiny(pipeline_ws, free_port())
+    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
+    train = cfg.stage("train")
+    log, verdicts = str(pipeline_ws / train.log), []
+    try:
+        assert "FETCH_DONE" in await run_stage(box, cfg, "fetch")
+        for extra in ("--max-steps 40 --seed 1", "--max-steps 40 --seed 2", "--max-steps 40 --seed 3 --lr 0.5"):
+            assert (await box.remove(list(train.poison))).ok
+            out = await run_stage(box, with_command(cfg, "train", f"{train.command} {extra}"), "train")
+            assert "CHAIN_DONE rc=0" in out, out[-3000:]
+            reference = await last_good_run(box, log, cfg.train)
+            worse = compare((await check_trainlog(box, log)).points, reference, cfg.train) if reference else None
+            verdicts.append((reference.label if reference else None, worse))
+    finally:
+        await box.close()
+    assert verdicts[0] == (None, None) and verdicts[1] == ("train.log.1", None), verdicts
+    assert verdicts[2][0] == "train.log.1" and verdicts[2][1] is not None, verdicts  # seed 2's run, the last good
+    print(f"lr 0.5 against the last good run: {verdicts[2][1].problem().message}")
+    f = tmp_path / "against.toml"
+    f.write_text(f'[workspace]\npath = "{pipeline_ws}"\n')
+    r = run_cli("--config", str(f), "check", "trainlog", "logs/train.log", "--against", "logs/train.log.1", "--json")
+    assert r.returncode == 1 and any(a["code"] == "worse_than_reference" for a in json.loads(r.stdout)["anomalies"])
+    r = run_cli("--config", str(f), "check", "trainlog", "logs/train.log.1", "--against", "logs/train.log.2", "--json")
+    assert r.returncode == 0, r.stdout[-2000:]
 
 
 def with_command(cfg: config.Config, name: str, command: str) -> config.Config:

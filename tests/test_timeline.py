@@ -59,7 +59,7 @@ def test_the_audit_log_s_outcomes_and_nothing_else(tmp_path: Path) -> None:
         json.dumps({"id": "2", "phase": "outcome", "time": 12.0, "action": "stop", "subject": HOSTILE,
                     "result": "error"})]) + "\n")
     events = audit_events(log)
-    assert [(e.time, e.kind, e.text) for e in events] == [(11.0, "fire", "fire train by op: ok"),
+    assert [(e.time, e.kind, e.text) for e in events] == [(10.0, "fire", "fire train by op: ok"),  # its intent's
                                                            (12.0, "stop", f"stop {HOSTILE}: error")]
     assert events[1].severity == "error" and audit_events(tmp_path / "none.jsonl") == []
 

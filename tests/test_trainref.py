@@ -94,10 +94,27 @@ async def test_the_last_good_run_is_the_newest_kept_one_that_ended_well(box: Box
     (logs / "train.log.2").write_text(trainer_log([3.0, float("nan"), 1.0]))  # ended 0 with a NaN: no
     (logs / "train.log.3").write_text(trainer_log([3.0, 1.5, 1.0]))
     (logs / "train.log.4").write_text(trainer_log([9.0, 9.0]))
-    found = await last_good_run(box, str(logs / "train.log"))
+    found = await last_good_run(box, str(logs / "train.log"), TRAIN)
     assert found is not None and found.label == "train.log.3" and [p.loss for p in found.points] == [3.0, 1.5, 1.0]
     (logs / "train.log.3").unlink()  # the generations end at the first one missing
-    assert await last_good_run(box, str(logs / "train.log")) is None
+    assert await last_good_run(box, str(logs / "train.log"), TRAIN) is None
+
+
+async def test_a_run_that_diverged_without_a_nan_is_no_reference(box: Box, workspace: Path) -> None:
+    """It ended with rc 0 and its log has no NaN: only the run before it shows it went wrong."""
+    logs = workspace / "logs"
+    logs.mkdir()
+    (logs / "train.log").write_text(trainer_log([3.0]))
+    (logs / "train.log.1").write_text(trainer_log([3.0, 7.0, 6.5, 6.0, 5.5]))  # lr too high: rc 0 all the same
+    (logs / "train.log.2").write_text(trainer_log([3.0, 2.0, 1.5, 1.2, 1.0]))
+    found = await last_good_run(box, str(logs / "train.log"), TRAIN)
+    assert found is not None and found.label == "train.log.2"
+
+
+def test_an_excess_too_small_for_the_curve_s_scale_is_not_worse() -> None:
+    """Near the end of a run that learned, 0.003 against 0.002 is 1.5x, and noise."""
+    ref = reference({1: 0.3, 10: 0.01, 20: 0.002, 30: 0.002, 40: 0.002, 50: 0.002})
+    assert compare(points({20: 0.0035, 30: 0.0035, 40: 0.0035, 50: 0.0035}), ref, TRAIN) is None
 
 
 def test_check_trainlog_against_a_reference(tmp_path: Path, workspace: Path) -> None:

@@ -89,27 +89,32 @@ def gpu_events(events: Iterable[GpuEvent]) -> list[Event]:
 
 
 def audit_events(path: Path, max_bytes: int = MAX_AUDIT_BYTES) -> list[Event]:
-    """The audit log's outcome lines (what was done, by whom, how it went); a line that is not
-    one (torn, or not ours) is left out."""
+    """The audit log's outcome lines (what was done, by whom, how it went), each at its intent's
+    time when it has one (when the action began: a fire's outcome comes after its verify window);
+    a line that is not one (torn, or not ours) is left out."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, 2) - max_bytes))
             data = f.read()
     except OSError:
         return []
-    out = []
+    out, began = [], {}
     for raw in data.decode("utf-8", "replace").splitlines():
         try:
             entry = json.loads(raw)
         except ValueError:
             continue
-        if not isinstance(entry, dict) or entry.get("phase") != "outcome" or not _number(entry.get("time")):
+        if not isinstance(entry, dict) or not _number(entry.get("time")):
+            continue
+        if entry.get("phase") == "intent" and isinstance(entry.get("id"), str):
+            began[entry["id"]] = float(entry["time"])
+        if entry.get("phase") != "outcome":
             continue
         action, subject = str(entry.get("action") or "action"), str(entry.get("subject") or entry.get("target") or "")
         result = str(entry.get("result") or entry.get("verdict") or "")
         who = str(entry.get("user") or "")
         text = f"{action} {subject}" + (f" by {who}" if who else "") + (f": {result}" if result else "")
-        out.append(Event(float(entry["time"]), "audit", action, text[:300],
+        out.append(Event(began.get(str(entry.get("id")), float(entry["time"])), "audit", action, text[:300],
                          severity="error" if result == "error" else "info"))
     return out
 

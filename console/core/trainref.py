@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from samai.remote.boxapi import Box
 
 CODE = "worse_than_reference"
+MIN_GAP = 0.05  # of the reference's first smoothed loss: a smaller excess is never worse
 
 
 @dataclass(frozen=True)
@@ -84,17 +85,19 @@ def at_step(curve: list[tuple[int, float]], steps: list[int], step: int) -> floa
 
 def compare(current: Sequence[TrainPoint], reference: Reference, train: Train) -> Worse | None:
     """The first step where the current run has been worse than the reference for
-    train.compare_steps logged steps in a row; None while it has not."""
+    train.compare_steps logged steps in a row; None while it has not. Worse is over
+    compare_factor times the reference and, in absolute terms, over MIN_GAP of the reference's
+    first smoothed loss: near the end of a run that learned, 0.003 against 0.002 is noise."""
     ref = smoothed(reference.points, train.compare_smooth)
     if not ref:
         return None
-    ref_steps = [s for s, _ in ref]
+    ref_steps, gap = [s for s, _ in ref], MIN_GAP * abs(ref[0][1])
     streak = 0
     for step, value in smoothed(current, train.compare_smooth):
         theirs = at_step(ref, ref_steps, step)
         if theirs is None or theirs <= 0:
             continue  # past the reference's steps (or a loss of 0): nothing to compare with
-        streak = streak + 1 if value > train.compare_factor * theirs else 0
+        streak = streak + 1 if value > train.compare_factor * theirs and value - theirs > gap else 0
         if streak >= train.compare_steps:
             return Worse(step, value, theirs, streak, reference.label)
     return None
@@ -129,17 +132,28 @@ class ReferenceWatch:
         return self.reference.label, tuple(smoothed(self.reference.points, self.train.compare_smooth))
 
 
-async def last_good_run(box: Box, log: str) -> Reference | None:
-    """The newest earlier run of a stage's log (its kept generations, newest first) that ended
-    with rc 0 and whose training log has no error-level finding; None when none has."""
+async def last_good_run(box: Box, log: str, train: Train) -> Reference | None:
+    """The last run that went well among a stage's kept generations: ended with rc 0, no
+    error-level finding in its log, and not itself worse than the good run before it (a run
+    that diverged without a NaN ends with rc 0 too). None when no run qualifies."""
+    good: Reference | None = None
+    for candidate in reversed(await _finished_runs(box, log)):  # oldest first
+        if good is None or compare(candidate.points, good, train) is None:
+            good = candidate
+    return good
+
+
+async def _finished_runs(box: Box, log: str) -> list[Reference]:
+    """The kept generations (newest first) that ended with rc 0 and hold no error-level finding."""
     from samai.console.core.history import DONE, LOG_GENERATIONS
     from samai.console.core.lineage import last_run_lines
     from samai.console.core.trainlog import TrainLogCheck
 
+    found = []
     for n in range(1, LOG_GENERATIONS + 1):
         lines = await last_run_lines(box, f"{log}.{n}")
         if lines is None:
-            return None  # the generations end here
+            break  # the generations end here
         ends = [m.group("rc") for m in map(DONE.match, (line.strip() for line in lines[-50:])) if m]
         if ends[-1:] != ["0"]:
             continue  # failed, stopped, or cut: not what good looked like
@@ -147,5 +161,5 @@ async def last_good_run(box: Box, log: str) -> Reference | None:
         check.feed(lines)
         result = check.result()
         if result.points and not any(p.severity == "error" for p in result.problems):
-            return Reference(f"{log.rsplit('/', 1)[-1]}.{n}", result.points)
-    return None
+            found.append(Reference(f"{log.rsplit('/', 1)[-1]}.{n}", result.points))
+    return found

@@ -360,7 +360,7 @@ class ActionKeys(LogKeys):
         if self.box is None:
             return
         try:
-            reference = await last_good_run(self.box, path)
+            reference = await last_good_run(self.box, path, self.config.train)
         except (Unreadable, BoxError, TransportError) as e:
             self.log.warning("the training run's reference not read", e)
             return
