@@ -140,6 +140,7 @@ async def test_the_console_compares_the_followed_run_with_the_last_good_one(reco
     """The recorded box's running train stage (losses 2.31, 2.04, a hidden NaN, 1.73, 1.51) and its
     log's kept generation from a run that went well (1.0, 0.9, ..): the alert, and the pane's reference."""
     recorded_box.write_log("logs/train.log.1", trainer_log([1.0, 0.9, 0.8, 0.7, 0.6, 0.5]))
+    recorded_box.write_log("logs/train.log", "{'eval_loss': 1.9, 'eval_runtime': 0.1, 'epoch': 0.5}\n", append=True)
     tiny = config.load_builtin("tiny")
     cfg = replace(tiny, workspace=recorded_box.workspace, target=replace(tiny.target, poll_interval=0.05),
                   train=TRAIN)
@@ -151,3 +152,16 @@ async def test_the_console_compares_the_followed_run_with_the_last_good_one(reco
         assert "1.734 at step 4 is 2.5× the reference run's 0.7 (train.log.1)" in alert.text, alert.text
         pane = app.box_screen.query_one(CurvesPane)
         assert pane.reference[0] == "train.log.1" and pane.reference[1][:2] == ((1, 1.0), (2, 0.9))
+        await pilot_until(pilot, lambda: pane.evals == [(5, 1.9)])  # at the last step logged before it
+
+
+def test_eval_losses_are_read_at_their_step_or_the_last_one_before() -> None:
+    from samai.console.core.trainlog import TrainLogCheck
+
+    check = TrainLogCheck()
+    check.feed(["{'loss': 2.0, 'grad_norm': 1.0, 'learning_rate': 0.1, 'epoch': 0.1}",
+                "{'eval_loss': 1.5, 'eval_runtime': 0.2, 'epoch': 0.1}",
+                "{'eval_loss': nan, 'epoch': 0.1}", "{'eval_loss': 'low', 'epoch': 0.1}",
+                "{'eval_loss': 1.25, 'step': 40}"])
+    assert check.drain_evals() == [(1, 1.5), (40, 1.25)] and check.drain_evals() == []
+    assert [p.step for p in check.result().points] == [1]  # an eval is no training step

@@ -70,6 +70,7 @@ class CurvesPane(Container):
         self.before: list[TrainPoint] = []  # the last run's points, kept at a reset: a resume continues them
         self.resumed_at: int | None = None  # the step the shown run resumed from (marked on the curve)
         self.reference: tuple[str, tuple[tuple[int, float], ...]] = ("", ())  # its label, smoothed loss
+        self.evals: list[tuple[int, float]] = []  # the run's eval losses, (step, loss)
         self.plot: PlotextPlot | None = None
 
     def compose(self) -> ComposeResult:
@@ -87,6 +88,10 @@ class CurvesPane(Container):
         if update.reference_curve is not None:
             self.reference = update.reference_curve
             self._draw()
+        if update.new_evals:
+            self.evals.extend(update.new_evals)
+            if not update.new_points:
+                self._draw()
         self.add(update.new_points)
         self.show_gpu_util(update.gpu_utilization)
 
@@ -122,7 +127,7 @@ class CurvesPane(Container):
             self._draw()
 
     def reset(self) -> None:
-        self.before, self.resumed_at = self.points or self.before, None
+        self.before, self.resumed_at, self.evals = self.points or self.before, None, []
         self.show([])
 
     def show(self, points: list[TrainPoint]) -> None:
@@ -159,8 +164,8 @@ class CurvesPane(Container):
 
 
     def _extra_series(self, good: list[TrainPoint]) -> list[tuple[str, str, list, tuple[int, int, int]]]:
-        """The learning rate, scaled to the grad_norm axis (its own scale is 1e4 times smaller), and
-        the reference run's smoothed loss up to the current run's last step."""
+        """The learning rate, scaled to the grad_norm axis (its own scale is 1e4 times smaller), the
+        eval losses, and the reference run's smoothed loss up to the current run's last step."""
         out = []
         rates = [(p.step, p.learning_rate) for p in good if p.learning_rate is not None and _finite(p.learning_rate)]
         top = max((r for _, r in rates), default=0.0)
@@ -169,6 +174,8 @@ class CurvesPane(Container):
             scale = (max(norms) if norms else 1.0) / top
             out.append((f"lr (max {top:.2g})", "right", [(s, r * scale) for s, r in rates],
                         self._colour("secondary", "green")))
+        if self.evals:
+            out.append(("eval_loss", "left", list(self.evals), self._colour("warning", "yellow")))
         label, curve = self.reference
         last = self.points[-1].step if self.points else None
         shown = [(s, v) for s, v in curve if last is None or s <= last]

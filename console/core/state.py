@@ -137,6 +137,7 @@ class StateUpdate:
     log_lines: list[str] = field(default_factory=list)
     log_notice: str | None = None
     new_points: list[TrainPoint] = field(default_factory=list)
+    new_evals: list[tuple[int, float]] = field(default_factory=list)  # the train log's eval losses, (step, loss)
     new_alerts: list[Alert] = field(default_factory=list)
     log_source: LogFollower | None = None  # the follower log_lines came from: appended only while it is shown
     curve_reset: bool = False  # a new training run: the curve starts again
@@ -309,6 +310,7 @@ class ConsoleState:
         """The training curve's new points: of the log's last run only."""
         self.trainlog, restarted, points = newest_run_points(self.trainlog, lines)
         update.curve_reset |= restarted
+        update.new_evals = self.trainlog.drain_evals()
         resumed = self.trainlog.resumed_from
         if resumed is not None and (restarted or resumed != self._curve_resumed_at):
             update.curve_resumed_at = resumed  # said once per run
@@ -672,6 +674,6 @@ class ConsoleState:
         lines, points or restarts). None before the first poll: its update shows every alert."""
         if self.last_update is None:
             return None
-        return replace(self.last_update, log_lines=[], log_notice=None, log_source=None, new_points=[],
+        return replace(self.last_update, log_lines=[], log_notice=None, log_source=None, new_points=[], new_evals=[],
                        curve_reset=False, log_restarted=None, new_alerts=new_alerts, alerts_changed=True,
                        alerts=list(self.alerts), now=now)

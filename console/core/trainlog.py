@@ -72,6 +72,7 @@ FLAT_REL_TOL, FLAT_ABS_TOL = 1e-4, 1e-6  # "flat": within 0.01 % of where the fl
 OVERFLOW_STREAK = 5  # skipped steps in a row worth a second warning
 STATE_PEEK = 64  # first lines looked at to tell a trainer_state.json from a log
 STATE_PEEK_CHARS = 64 * 1024  # and at most this much of them (a trainer_state.json names log_history early)
+MAX_EVALS = 1000  # eval losses kept (a run evaluates far less often than it logs a step)
 MAX_POINTS = 2048  # points a result keeps: beyond that the series is thinned evenly (anomalies see every one)
 MAX_PINNED = 256  # points kept whatever the thinning: those an anomaly was reported at
 MAX_REPORTS = 100  # reports of one code listed (a noisy run spikes thousands of times); the rest are counted
@@ -351,6 +352,8 @@ class TrainLogParser:
         self._overlay = {p.step: p for p in overlay}
         self._overlay_steps = sorted(self._overlay)
         self._overlay_at = 0  # the next overlay step not yet in the stream
+        self.evals: list[tuple[int, float]] = []  # (step, eval_loss) of the eval dicts, the last MAX_EVALS
+        self._new_evals: list[tuple[int, float]] = []
 
     # -------------------------------------------------------------- public
 
@@ -460,6 +463,7 @@ class TrainLogParser:
     def _take_record(self, values: dict[str, float | None]) -> bool:
         """A logged dict: a training step, the run's summary or an eval; False if none of those."""
         if any(key.startswith("eval_") for key in values):
+            self._eval(values)
             return True  # eval results are not training steps
         if "loss" not in values and ("train_runtime" in values or "train_loss" in values):
             self.summary = values
@@ -535,6 +539,22 @@ class TrainLogParser:
         if self._announced is not None and self._announced > last:
             return self._announced
         return last + 1
+
+    def _eval(self, values: dict[str, float | None]) -> None:
+        """An eval dict's loss, at its step or the last training step before it."""
+        loss = values.get("eval_loss")
+        if loss is None or not math.isfinite(loss):
+            return
+        step = _as_step(values.get("step"))
+        at = (step if step is not None else self.series.last.step if self.series.last else 0, loss)
+        self.evals.append(at)
+        self._new_evals.append(at)
+        del self.evals[:-MAX_EVALS]
+
+    def drain_evals(self) -> list[tuple[int, float]]:
+        """The eval losses read since the last call."""
+        new, self._new_evals = self._new_evals[-MAX_EVALS:], []
+        return new
 
     def _add_point(self, point: TrainPoint) -> None:
         if self._overlay:
@@ -735,6 +755,9 @@ class TrainLogCheck:
 
     def drain_anomalies(self) -> list[Problem]:
         return self.parser.drain_anomalies()
+
+    def drain_evals(self) -> list[tuple[int, float]]:
+        return self.parser.drain_evals()
 
     def feed(self, lines: Iterable[str]) -> list[TrainPoint]:
         """The new points in lines."""
