@@ -1,6 +1,7 @@
-"""`eval diff`: two eval runs of the box compared item by item (console/core/evaldiff.py); and
-`timeline`: what happened on the box, in order (console/core/timeline.py). As text or JSON
-(console/report.py writes the text: every text of the box's files through visible())."""
+"""The commands that look back: `eval diff` (two eval runs item by item, console/core/evaldiff.py),
+`timeline` (what happened on the box, in order, console/core/timeline.py) and `incident` (all of
+it in one masked file, console/core/incident.py). As text or JSON (console/report.py writes the
+text: every text of the box's files through visible())."""
 
 from __future__ import annotations
 
