@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
 from samai.console.core.incident import MAX_LINES, NotABundle, read_bundle
@@ -90,3 +92,32 @@ def test_what_replay_refuses(tmp_path: Path) -> None:
             read_bundle(tmp_path / "b.json")
     r = run_cli("replay", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "missing.json" in r.stderr
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
+                                                                                max_size=4), max_leaves=20)
+
+
+@given(st.dictionaries(st.sampled_from(["config", "workspace", "made_at", "timeline", "x"]), JSON),
+       st.dictionaries(st.sampled_from(["stages", "workspace", "target", "ui", "serve", "train"]), JSON),
+       st.dictionaries(st.sampled_from(["processes", "states", "disks", "time", "listeners"]), JSON))
+@settings(max_examples=200, deadline=None)
+def test_any_bundle_file_opens_or_is_refused_by_name(tmp_path_factory, extra, tables, probe) -> None:
+    """A bundle is a file anyone may hand over: what it holds is read as untrusted, never a crash."""
+    from samai.console.replay import recorded_snapshot
+    from samai.remote.follow import LogFollower
+
+    path = tmp_path_factory.mktemp("b") / "b.json"
+    recorded = {"time": 1.0, "host": "h", "boot_time": 1, "disks": [], "processes": [], "listeners": [], "states": []}
+    for raw in (probe, {**recorded, **probe}):
+        path.write_text(json.dumps({**extra, "format": "samai-incident/1", "probe": raw, "config": tables,
+                                    "logs": {"job": "x\n", "train": 7, "eval": ["no"]}}))
+        try:
+            bundle = read_bundle(path)
+        except NotABundle as e:
+            assert "its snapshot cannot be read" in str(e)
+            continue
+        cfg = bundle.config  # a config that does not read is the tiny pipeline's
+        assert isinstance(cfg.stages, tuple) and isinstance(bundle.made_at, float)
+        recorded_snapshot(bundle.data, [LogFollower(f"/ws/logs/{name}.log") for name in ("job", "train", "eval")])

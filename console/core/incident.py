@@ -20,7 +20,8 @@ from samai.console import __version__
 from samai.console.core import config as config_mod
 from samai.console.core.redact import redact, redact_all, redact_assignment
 from samai.console.core.timeline import Event, read_timeline
-from samai.remote.boxapi import Box
+from samai.remote import model
+from samai.remote.boxapi import Box, BoxError
 
 FORMAT = "samai-incident/1"
 MAX_LINES = 200  # of each stage's log, its last ones
@@ -121,6 +122,11 @@ def read_bundle(path: Path) -> Bundle:
         raise NotABundle(f"{path}: not an incident bundle ({FORMAT})")
     if not isinstance(content.get("probe"), dict) or not isinstance(content.get("logs"), dict):
         raise NotABundle(f"{path}: a bundle without its snapshot or logs")
+    content["logs"] = {k: v for k, v in content["logs"].items() if isinstance(k, str) and isinstance(v, str)}
+    try:
+        model.snapshot(content["probe"], 0.0)  # as replay will read it: refused now, not in the TUI
+    except BoxError as e:
+        raise NotABundle(f"{path}: its snapshot cannot be read ({e})") from None
     return Bundle(content)
 
 
