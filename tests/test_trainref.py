@@ -57,6 +57,7 @@ def test_worse_only_after_the_steps_in_a_row_naming_the_step_and_both_values() -
     problem = worse.problem()
     assert problem.code == "worse_than_reference" and problem.step == 40
     assert "1.8 at step 40" in problem.message and "1.8× the reference run's 1 (train.log.1)" in problem.message
+    assert worse.rates is None and "learning rate" not in problem.message  # neither run logged one
 
 
 def test_past_the_reference_s_last_step_nothing_is_compared() -> None:
@@ -130,6 +131,7 @@ def test_check_trainlog_against_a_reference(tmp_path: Path, workspace: Path) -> 
     assert bad.returncode == 1, bad.stderr
     [worse] = [a for a in json.loads(bad.stdout)["anomalies"] if a["code"] == "worse_than_reference"]
     assert worse["step"] == 7 and worse["current"] == 3.5 and worse["reference"] == pytest.approx(1.4)
+    assert worse["learning_rates"] == [0.02, 0.0002] and "its learning rate is 0.02 against 0.0002" in worse["message"]
     text = run_cli("--config", str(cfg), "check", "trainlog", "hot.log", "--against", "good.log").stdout
     assert "worse_than_reference" in text and "at step 7" in text
     refused = run_cli("--config", str(cfg), "check", "eval", "x.jsonl", "--against", "good.log")
@@ -151,7 +153,8 @@ async def test_the_console_compares_the_followed_run_with_the_last_good_one(reco
         assert alert.severity == "warning" and alert.stage == "train"
         assert "1.734 at step 4 is 2.5× the reference run's 0.7 (train.log.1)" in alert.text, alert.text
         pane = app.box_screen.query_one(CurvesPane)
-        assert pane.reference[0] == "train.log.1" and pane.reference[1][:2] == ((1, 1.0), (2, 0.9))
+        assert pane.reference.label == "train.log.1" and pane.reference.loss[:2] == ((1, 1.0), (2, 0.9))
+        assert pane.reference.learning_rate[0] == (1, 2e-4) and pane.reference.grad_norm[0] == (1, 1.0)
         await pilot_until(pilot, lambda: pane.evals == [(5, 1.9)])  # at the last step logged before it
 
 

@@ -15,6 +15,7 @@ from textual.widget import Widget
 
 from samai.console.core.state import StateUpdate
 from samai.console.core.trainlog import TrainPoint
+from samai.console.core.trainref import ReferenceCurve
 
 if TYPE_CHECKING:
     from textual_plotext import PlotextPlot
@@ -69,7 +70,7 @@ class CurvesPane(Container):
         self.points: list[TrainPoint] = []
         self.before: list[TrainPoint] = []  # the last run's points, kept at a reset: a resume continues them
         self.resumed_at: int | None = None  # the step the shown run resumed from (marked on the curve)
-        self.reference: tuple[str, tuple[tuple[int, float], ...]] = ("", ())  # its label, smoothed loss
+        self.reference = ReferenceCurve()  # the last good run's, drawn beside this run's
         self.evals: list[tuple[int, float]] = []  # the run's eval losses, (step, loss)
         self.plot: PlotextPlot | None = None
 
@@ -167,20 +168,28 @@ class CurvesPane(Container):
         """The learning rate, scaled to the grad_norm axis (its own scale is 1e4 times smaller), the
         eval losses, and the reference run's smoothed loss up to the current run's last step."""
         out = []
+        last = self.points[-1].step if self.points else None
+        ref = self.reference
+
+        def upto(series: tuple[tuple[int, float], ...]) -> list[tuple[int, float]]:
+            return [(s, v) for s, v in series if last is None or s <= last]
+
         rates = [(p.step, p.learning_rate) for p in good if p.learning_rate is not None and _finite(p.learning_rate)]
-        top = max((r for _, r in rates), default=0.0)
-        if top > 0:
+        top = max([r for _, r in rates] + [r for _, r in upto(ref.learning_rate)], default=0.0)
+        if top > 0:  # one scale for both runs' rates: a raised one shows as higher
             norms = [p.grad_norm for p in good if p.grad_norm is not None and _finite(p.grad_norm)]
             scale = (max(norms) if norms else 1.0) / top
             out.append((f"lr (max {top:.2g})", "right", [(s, r * scale) for s, r in rates],
                         self._colour("secondary", "green")))
+            if ref.learning_rate:
+                out.append(("reference lr", "right", [(s, r * scale) for s, r in upto(ref.learning_rate)],
+                            self._colour("foreground", "grey")))
         if self.evals:
             out.append(("eval_loss", "left", list(self.evals), self._colour("warning", "yellow")))
-        label, curve = self.reference
-        last = self.points[-1].step if self.points else None
-        shown = [(s, v) for s, v in curve if last is None or s <= last]
-        if shown:
-            out.append((f"reference {label}", "left", shown, self._colour("foreground", "white")))
+        for name, side, series in (("loss", "left", ref.loss), ("grad_norm", "right", ref.grad_norm)):
+            if upto(series):
+                out.append((f"reference {name} ({ref.label})" if name == "loss" else f"reference {name}", side,
+                            upto(series), self._colour("foreground", "white")))
         return out
 
 

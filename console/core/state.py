@@ -36,7 +36,7 @@ from samai.console.core.redact import redact
 from samai.console.core.serving_watch import ServingView, ServingWatch
 from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
-from samai.console.core.trainref import CODE, Reference, ReferenceWatch
+from samai.console.core.trainref import CODE, Reference, ReferenceCurve, ReferenceWatch
 from samai.console.core.trends import CHECKPOINT_READ_S, DiskTrend, DiskWatch, MemoryTrend, MemoryWatch
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
 from samai.remote.model import (
@@ -154,8 +154,8 @@ class StateUpdate:
     alerts: list[Alert] = field(default_factory=list)  # every alert as it now stands, newest first
     now: float = 0.0  # when it was folded in (the console's clock)
     serving: tuple[ServingView, ...] = ()  # each running server's last reading (the serve pane)
-    # The training run's reference, when it was (re)read: its label and smoothed loss (None: unchanged).
-    reference_curve: tuple[str, tuple[tuple[int, float], ...]] | None = None
+    # The training run's reference, when it was (re)read (None: unchanged).
+    reference_curve: ReferenceCurve | None = None
 
 
 def _marker_of(stage: Stage, name: str) -> Marker | None:

@@ -36,6 +36,17 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class ReferenceCurve:
+    """What the curves pane draws of the reference: its smoothed loss, and its grad_norm and
+    learning rate as logged, each as (step, value)."""
+
+    label: str = ""
+    loss: tuple[tuple[int, float], ...] = ()
+    grad_norm: tuple[tuple[int, float], ...] = ()
+    learning_rate: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Worse:
     """Where the current run first held worse than the reference for the steps it takes."""
 
@@ -44,20 +55,23 @@ class Worse:
     reference: float  # the reference's, at the same step
     steps: int  # logged steps in a row
     label: str
+    rates: tuple[float, float] | None = None  # the two runs' learning rates there, when they differ
 
     @property
     def factor(self) -> float:
         return self.current / self.reference
 
     def problem(self) -> Problem:
+        rates = f"; its learning rate is {self.rates[0]:.3g} against {self.rates[1]:.3g}" if self.rates else ""
         return Problem(CODE, "warning", f"smoothed loss {self.current:.4g} at step {self.step} is "
                        f"{self.factor:.1f}× the reference run's {self.reference:.4g} ({self.label}), "
-                       f"{self.steps} logged steps in a row", step=self.step)
+                       f"{self.steps} logged steps in a row{rates}", step=self.step)
 
     def to_json(self) -> dict:
         return {"code": CODE, "severity": "warning", "step": self.step, "current": self.current,
                 "reference": self.reference, "factor": self.factor, "steps": self.steps,
-                "reference_run": self.label, "message": self.problem().message}
+                "reference_run": self.label, "learning_rates": list(self.rates) if self.rates else None,
+                "message": self.problem().message}
 
 
 def smoothed(points: Sequence[TrainPoint], window: int) -> list[tuple[int, float]]:
@@ -99,8 +113,27 @@ def compare(current: Sequence[TrainPoint], reference: Reference, train: Train) -
             continue  # past the reference's steps (or a loss of 0): nothing to compare with
         streak = streak + 1 if value > train.compare_factor * theirs and value - theirs > gap else 0
         if streak >= train.compare_steps:
-            return Worse(step, value, theirs, streak, reference.label)
+            return Worse(step, value, theirs, streak, reference.label,
+                         _rates(_rate_at(current, step), _rate_at(reference.points, step)))
     return None
+
+
+def _rate_at(points: Sequence[TrainPoint], step: int) -> float | None:
+    """The learning rate logged at step, or at the last step before it that logged one."""
+    rate = None
+    for p in points:
+        if p.step > step:
+            break
+        if p.learning_rate is not None and math.isfinite(p.learning_rate):
+            rate = p.learning_rate
+    return rate
+
+
+def _rates(ours: float | None, theirs: float | None) -> tuple[float, float] | None:
+    """Both learning rates, when they differ by more than half again (a changed schedule)."""
+    if ours is None or theirs is None or ours <= 0 or theirs <= 0 or max(ours, theirs) < 1.5 * min(ours, theirs):
+        return None
+    return ours, theirs
 
 
 class ReferenceWatch:
@@ -125,11 +158,17 @@ class ReferenceWatch:
         self.said = worse is not None
         return worse
 
-    def curve(self) -> tuple[str, tuple[tuple[int, float], ...]]:
-        """The reference's label and smoothed loss, as the curves pane draws it beside the run's."""
+    def curve(self) -> ReferenceCurve:
+        """The reference as the curves pane draws it beside the run's (empty: none)."""
         if self.reference is None:
-            return "", ()
-        return self.reference.label, tuple(smoothed(self.reference.points, self.train.compare_smooth))
+            return ReferenceCurve()
+        points = self.reference.points
+
+        def logged(name: str) -> tuple[tuple[int, float], ...]:
+            return tuple((p.step, v) for p in points if (v := getattr(p, name)) is not None and math.isfinite(v))
+
+        return ReferenceCurve(self.reference.label, tuple(smoothed(points, self.train.compare_smooth)),
+                              logged("grad_norm"), logged("learning_rate"))
 
 
 async def last_good_run(box: Box, log: str, train: Train) -> Reference | None:
