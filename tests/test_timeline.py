@@ -134,3 +134,35 @@ async def test_t_shows_the_timeline_filters_it_and_enter_opens_the_row_s_log(rec
         log = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: not isinstance(app.screen, TimelineScreen))
         await pilot_until(pilot, lambda: "train.log" in str(log.border_title))
+
+
+async def test_a_line_is_found_by_its_raw_line_breaks(box: Box, workspace: Path, monkeypatch) -> None:
+    import samai.console.core.timeline as timeline
+
+    monkeypatch.setattr(timeline, "SCAN_READ", 64)  # many reads, a line break across their edges
+    lines = [f"line {i} \xff\xfe".encode("latin-1") + b"\x00" * (i % 7) for i in range(1, 301)]
+    log = workspace / "big.log"
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    offset, index = await timeline.line_start(box, str(log), 150)
+    assert log.read_bytes()[offset:].split(b"\n")[index].startswith(b"line 150 ")
+    assert index == timeline.LINES_BEFORE and await timeline.line_start(box, str(log), 5) == (0, 4)
+    assert await timeline.line_start(box, str(log), 9999) == (0, 9998)  # past its end: from its start
+
+
+async def test_enter_on_a_marker_row_opens_its_log_at_its_line(recorded_box: ReplayTransport) -> None:
+    recorded_box.write_log("logs/train.log.1", "\n".join(
+        ["=== samai chain train: pid 7 started 2026-11-30T04:00:00Z"] + [f"step {i}" for i in range(1, 400)]
+        + ["TRAIN_DONE adapter saved", "step 400", "CHAIN_DONE rc=0"]) + "\n")
+    tiny = config.load_builtin("tiny")
+    cfg = replace(tiny, workspace=recorded_box.workspace, target=replace(tiny.target, poll_interval=0.05))
+    app = SamaiApp(cfg, open_box=lambda _cfg: Box(recorded_box, recorded_box.workspace))
+    async with app.run_test(size=(150, 48)) as pilot:
+        await pilot_until(pilot, lambda: app.state.snapshot is not None)
+        await pilot.press("T")
+        screen = await pilot_until(pilot, lambda: isinstance(app.screen, TimelineScreen) and app.screen)
+        await pilot.press("slash", *"TRAIN_DONE", "enter")
+        await pilot_until(pilot, lambda: [e.line for e in screen.shown] == [401])
+        await pilot.press("enter")
+        log = app.box_screen.query_one(LogView)
+        await pilot_until(pilot, lambda: log.cursor_line is not None)
+        assert log.lines[log.cursor_line] == "TRAIN_DONE adapter saved" and not log.following

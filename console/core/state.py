@@ -222,8 +222,9 @@ class ConsoleState:
 
     # ------------------------------------------------------------ the log pane
 
-    def show_log(self, path: str, stage: str | None = None) -> LogFollower:
-        self.shown = LogFollower(self.path_of(path), last_lines=self.config.ui.tail_lines,
+    def show_log(self, path: str, stage: str | None = None, offset: int | None = None) -> LogFollower:
+        """The log pane's log: its last lines, or (offset) from that byte on."""
+        self.shown = LogFollower(self.path_of(path), offset=offset, last_lines=self.config.ui.tail_lines,
                                  catch_up_bytes=SHOWN_CATCH_UP)
         self.shown_stage = stage
         return self.shown

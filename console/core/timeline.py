@@ -164,3 +164,29 @@ async def read_timeline(box: Box, cfg: Config, audit: Path, *, since: float | No
         ledger = {}
     return merged(*runs, record_events(snap), gpu_events(snap.gpus.events), ledger_events(ledger),
                   audit_events(audit), more, since=since)
+
+
+LINES_BEFORE = 20  # a log opened at a line shows this many lines before it
+SCAN_READ = 1 << 20
+
+
+async def line_start(box: Box, path: str, line: int) -> tuple[int, int]:
+    """Where to open a log on the box so that its 1-based line `line` is LINES_BEFORE lines in:
+    (the byte offset to read from, the line's index from there). The raw bytes' line breaks are
+    counted (a decoded line may hold a replaced byte: its length says nothing of its bytes)."""
+    wanted = max(0, line - 1 - LINES_BEFORE)  # line breaks before the first line shown
+    offset = seen = 0
+    while wanted:
+        data = (await box.tail(path, offset=offset, max_bytes=SCAN_READ)).data
+        if not data:
+            break  # shorter than that now: from its start
+        at = -1
+        while seen < wanted:
+            at = data.find(b"\n", at + 1)
+            if at < 0:
+                break
+            seen += 1
+        if seen == wanted:
+            return offset + at + 1, LINES_BEFORE
+        offset += len(data)
+    return 0, line - 1

@@ -252,8 +252,9 @@ class ActionKeys(LogKeys):
         """Everything that happened on the box, in order (`timeline`), with this console's alerts;
         Enter on a row opens its log in the log pane."""
         from samai.console.core import paths
-        from samai.console.core.timeline import alert_events, read_timeline
+        from samai.console.core.timeline import alert_events, line_start, read_timeline
         from samai.console.screens.dialogs import TimelineScreen  # see confirm
+        from samai.widgets.logview import LogView
 
         if self.box is None:
             self.notify("not connected to the box yet", severity="information", markup=False)
@@ -265,8 +266,17 @@ class ActionKeys(LogKeys):
             self.notify(f"timeline: {visible(str(e))}", severity="warning", markup=False)
             return
         chosen = await self.app.push_screen_wait(TimelineScreen(events))
-        if chosen is not None and chosen.path:
-            self._show_file(chosen.path)
+        if chosen is None or not chosen.path:
+            return
+        offset, index = None, None
+        if chosen.line:
+            try:
+                offset, index = await line_start(self.box, chosen.path, chosen.line)
+            except (BoxError, TransportError) as e:  # its end, then, as `o` opens a file
+                self.log.warning("the row's line not found", e)
+        self._show_file(chosen.path, offset=offset)
+        if index is not None:
+            self.query_one(LogView).go_to_line(index)  # the row's own line, once it is read
 
     @work(group="eval-diff", exclusive=True, exit_on_error=False)
     async def action_eval_diff(self) -> None:

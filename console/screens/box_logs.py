@@ -56,10 +56,11 @@ class LogKeys(BoxScreenBase):
         if fired and fired[-1].name != self.state.shown_stage:
             self._show_stage_log(fired[-1].name)
 
-    def _show_file(self, path: str, *, record: bool = True) -> None:
-        """A file on the box by path (relative: in the workspace); the alarms mark its lines."""
+    def _show_file(self, path: str, *, record: bool = True, offset: int | None = None) -> None:
+        """A file on the box by path (relative: in the workspace), its last lines or (offset)
+        from that byte on; the alarms mark its lines."""
         self._log_chosen = True
-        follower = self.state.show_log(path)
+        follower = self.state.show_log(path, offset=offset)
         log = self.query_one(LogView)
         log.reset(follower.path, ())
         log.border_title = inert(f"file · {path}")

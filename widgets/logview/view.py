@@ -116,6 +116,7 @@ class LogView(ScrollView, can_focus=True):
         self._new_since_pause = 0
         self._programmatic = 0  # >0 while the widget itself scrolls: not a user's scroll
         self._cursor: int | None = None  # the marker line n/N landed on (absolute number)
+        self._goto: int | None = None  # the line to put the cursor on once it arrives (go_to_line)
         # The pending buffer and its timer.
         self._pending: list[str] = []
         self._flush_timer: Timer | None = None
@@ -219,13 +220,29 @@ class LogView(ScrollView, can_focus=True):
             if str(self.border_title) != str(title):
                 self.border_title = title
 
+    def go_to_line(self, index: int) -> None:
+        """Put the cursor on the line numbered index (0: the first since reset) as soon as it has
+        arrived: a log opened at a line is read after this is asked."""
+        self._goto = index
+        self._try_goto()
+
+    def _try_goto(self) -> None:
+        at = None if self._goto is None else self._buffer.index_of(self._goto)
+        row = None if at is None else self._rows.row_of(at)
+        if self._goto is None or row is None:
+            return
+        self._cursor, self._goto = self._goto, None
+        self._set_following(False)
+        self._scroll_to_row(row - self.scrollable_content_region.height // 3)
+        self.refresh()
+
     def reset(self, title: str, markers: Sequence[Marker] = ()) -> None:
         """Start a new log: forget the lines, set the title and markers (the alarms of any log
         come with them). Wrap and the filter are the user's settings and stay; follow starts again."""
         self._cancel_timer()
         self._pending.clear()
         self._buffer.clear(with_alarms(markers))
-        self._cursor = None
+        self._cursor = self._goto = None
         self._clear_caches()
         self._rows.rebuild(self._content_width())
         self._max_width = 0
@@ -270,6 +287,7 @@ class LogView(ScrollView, can_focus=True):
                 self._scroll_to_row(self.scroll_offset.y - rows_dropped)
         self._update_subtitle()
         self.refresh()
+        self._try_goto()
 
     def set_filter(self, source: str | None) -> None:
         """Apply a filter (as typed in the prompt; None or "" clears it). Raises re.error."""
