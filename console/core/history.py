@@ -39,6 +39,8 @@ class RunRecord:
     path: str = ""  # the log file it was read from
     marks: tuple[Mark, ...] = ()  # its marker and disk lines, in order (the last MAX_MARKS)
     ended_at: float | None = None  # its file's last write, for the last run of a file that ended (rc)
+    first_line: int = 1  # its first line's number in its file (its header's)
+    last_write: float | None = None  # its file's last write, for the last run of a file (running or not)
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,11 @@ class _Run:
     death: str = ""
     path: str = ""
     marks: list[Mark] = field(default_factory=list)
+    first_line: int = 1
 
     def record(self) -> RunRecord:
         return RunRecord(self.number, self.started, self.pid, self.rc, self.lines, self.last_marker, self.severity,
-                         self.death, self.path, tuple(self.marks))
+                         self.death, self.path, tuple(self.marks), first_line=self.first_line)
 
 
 class RunHistory:
@@ -87,10 +90,11 @@ class RunHistory:
 
     def end_file(self, mtime: float | None = None) -> None:
         """One log file read to its end (its last write at mtime): the next file's lines are another run's."""
-        ended = self._current is not None and self._current.rc is not None
+        last = self._current
         self._keep()
-        if ended and mtime is not None:
-            self._runs[-1] = replace(self._runs[-1], ended_at=mtime)
+        if last is not None and mtime is not None:
+            self._runs[-1] = replace(self._runs[-1], last_write=mtime,
+                                     ended_at=mtime if last.rc is not None else None)
 
     def feed(self, lines: Iterable[str]) -> None:
         for line in lines:
@@ -108,12 +112,12 @@ class RunHistory:
         self._keep()
         header = HEADER.match(line)
         self._current = _Run(self._number, header["started"] if header else "?",
-                             int(header["pid"]) if header else None, path=self._path)
+                             int(header["pid"]) if header else None, path=self._path, first_line=self._line_number)
         self._number += 1
 
     def _line(self, line: str) -> None:
         if self._current is None:  # lines before any header: a run all the same, its start unknown
-            self._current = _Run(self._number, path=self._path)
+            self._current = _Run(self._number, path=self._path, first_line=self._line_number)
             self._number += 1
         run = self._current
         run.lines += 1

@@ -35,7 +35,7 @@ class Event:
     path: str = ""  # a log on the box to open at `line`
     line: int | None = None
     severity: str = "info"
-    approx: bool = False  # a log line: its time is its run's start (the run ended by `until`)
+    approx: bool = False  # a log line: its time told by its place in its run (which ended by `until`)
     until: float | None = None
 
     def to_json(self) -> dict:
@@ -54,10 +54,10 @@ def run_events(stage: str, runs: Iterable[RunRecord]) -> list[Event]:
             out.append(Event(started, "log", "started", f"{stage} started (pid {run.pid})", stage, run.path, None))
         for mark in run.marks:
             at_end = mark.name == "disk" and " end " in f" {mark.text} " and end is not None
-            at = end if at_end else started
+            exact = at_end or (mark.name == "disk" and started is not None and " start " in f" {mark.text} ")
+            at = end if at_end else started if exact else _between(run, started, mark.line)
             if at is None:
                 continue
-            exact = at_end or (mark.name == "disk" and started is not None and " start " in f" {mark.text} ")
             out.append(Event(at, "log", "disk" if mark.name == "disk" else "marker", mark.text, stage, run.path,
                              mark.line, mark.severity, approx=not exact, until=None if exact else end))
         if run.rc is not None and end is not None:
@@ -66,6 +66,16 @@ def run_events(stage: str, runs: Iterable[RunRecord]) -> list[Event]:
             out.append(Event(end, "log", "died" if failed else "ended", text, stage, run.path, None,
                              "error" if failed else "info"))
     return out
+
+
+def _between(run: RunRecord, started: float | None, line: int) -> float | None:
+    """A line's time, as far as its place tells: between its run's start and its file's last
+    write in proportion to its place among the run's lines (a log is written about evenly)."""
+    if started is None:
+        return None
+    last = run.last_write if run.last_write is not None and run.last_write >= started else started
+    share = min(1.0, max(0.0, (line - run.first_line) / max(1, run.lines)))
+    return started + (last - started) * share
 
 
 def header_time(started: str) -> float | None:
