@@ -141,7 +141,8 @@ def test_check_trainlog_against_a_reference(tmp_path: Path, workspace: Path) -> 
 async def test_the_console_compares_the_followed_run_with_the_last_good_one(recorded_box: ReplayTransport) -> None:
     """The recorded box's running train stage (losses 2.31, 2.04, a hidden NaN, 1.73, 1.51) and its
     log's kept generation from a run that went well (1.0, 0.9, ..): the alert, and the pane's reference."""
-    recorded_box.write_log("logs/train.log.1", trainer_log([1.0, 0.9, 0.8, 0.7, 0.6, 0.5]))
+    recorded_box.write_log("logs/train.log.1", trainer_log([1.0, 0.9, 0.8, 0.7, 0.6, 0.5]).replace(
+        "CHAIN_DONE", "{'eval_loss': 0.8, 'epoch': 0.6}\nCHAIN_DONE"))
     recorded_box.write_log("logs/train.log", "{'eval_loss': 1.9, 'eval_runtime': 0.1, 'epoch': 0.5}\n", append=True)
     tiny = config.load_builtin("tiny")
     cfg = replace(tiny, workspace=recorded_box.workspace, target=replace(tiny.target, poll_interval=0.05),
@@ -155,6 +156,7 @@ async def test_the_console_compares_the_followed_run_with_the_last_good_one(reco
         pane = app.box_screen.query_one(CurvesPane)
         assert pane.reference.label == "train.log.1" and pane.reference.loss[:2] == ((1, 1.0), (2, 0.9))
         assert pane.reference.learning_rate[0] == (1, 2e-4) and pane.reference.grad_norm[0] == (1, 1.0)
+        assert pane.reference.eval_loss == ((6, 0.8),)
         await pilot_until(pilot, lambda: pane.evals == [(5, 1.9)])  # at the last step logged before it
 
 

@@ -186,7 +186,8 @@ class CurvesPane(Container):
                             self._colour("foreground", "grey")))
         if self.evals:
             out.append(("eval_loss", "left", list(self.evals), self._colour("warning", "yellow")))
-        for name, side, series in (("loss", "left", ref.loss), ("grad_norm", "right", ref.grad_norm)):
+        for name, side, series in (("loss", "left", ref.loss), ("grad_norm", "right", ref.grad_norm),
+                                   ("eval_loss", "left", ref.eval_loss)):
             if upto(series):
                 out.append((f"reference {name} ({ref.label})" if name == "loss" else f"reference {name}", side,
                             upto(series), self._colour("foreground", "white")))

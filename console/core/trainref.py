@@ -33,6 +33,7 @@ class Reference:
 
     label: str  # e.g. "logs/train.log.1"
     points: tuple[TrainPoint, ...]
+    evals: tuple[tuple[int, float], ...] = ()  # its eval losses, (step, loss)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ReferenceCurve:
     loss: tuple[tuple[int, float], ...] = ()
     grad_norm: tuple[tuple[int, float], ...] = ()
     learning_rate: tuple[tuple[int, float], ...] = ()
+    eval_loss: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ class ReferenceWatch:
             return tuple((p.step, v) for p in points if (v := getattr(p, name)) is not None and math.isfinite(v))
 
         return ReferenceCurve(self.reference.label, tuple(smoothed(points, self.train.compare_smooth)),
-                              logged("grad_norm"), logged("learning_rate"))
+                              logged("grad_norm"), logged("learning_rate"), self.reference.evals)
 
 
 async def last_good_run(box: Box, log: str, train: Train) -> Reference | None:
@@ -200,5 +202,5 @@ async def _finished_runs(box: Box, log: str) -> list[Reference]:
         check.feed(lines)
         result = check.result()
         if result.points and not any(p.severity == "error" for p in result.problems):
-            found.append(Reference(f"{log.rsplit('/', 1)[-1]}.{n}", result.points))
+            found.append(Reference(f"{log.rsplit('/', 1)[-1]}.{n}", result.points, tuple(check.drain_evals())))
     return found
