@@ -248,7 +248,9 @@ async def test_help_lists_every_binding(tmp_path, workspace, theme):
         assert {"log.filter", "log.follow", "log.next_marker", "log.save", "processes.filter",
                 "processes.sort", "processes.all", "disk.largest"} <= ids  # the panes' keys too
         groups = [r[0] for r in rows if r[0]]  # each group named once, at its first row
-        assert groups == ["console", "stages", "log pane", "processes pane", "disk pane", "GGUF screen"]
+        assert groups == ["console", "stages", "log pane", "processes pane", "disk pane", "GGUF screen",
+                          "eval runs pane"]
+        assert {"evals.diff", "app.timeline"} <= ids
         assert {"gguf.edit", "gguf.add", "gguf.filter", "gguf.close"} <= ids  # a screen of its own, listed too
         assert ["h", "Fire hello", "stage.hello"] in [r[1:] for r in rows]
 
