@@ -107,6 +107,10 @@ class EnvelopeHandler(BaseHTTPRequestHandler):
         status = reply.status if reply is not None else "-"
         self.server.log(f"{self.command} {path if self.known_path(path) else '-'}{self.log_detail} {status} "
                         f"{time.monotonic() - started:.3f}s" + (f" fault={fault.mode}" if fault else ""))
+        if reply is not None and reply.close:
+            # After the log line: a client slow to close keeps this thread up to LINGER_S, and a server
+            # stopped meanwhile must not lose the line of a request it answered.
+            self.linger()
 
     def endpoints(self) -> dict[str, tuple[str, ...]]:
         prefix = self.server.settings.prefix
@@ -255,8 +259,7 @@ class EnvelopeHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             reply.close = True
         if reply.close:
-            self.close_connection = True
-            self.linger()
+            self.close_connection = True  # lingered on once the request is logged (handle_request)
 
     def trickle(self, data: bytes, delay_s: float) -> None:
         for i in range(len(data)):
