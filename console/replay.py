@@ -34,9 +34,14 @@ def recorded_snapshot(recording: dict, followers: list[LogFollower]) -> Snapshot
     return model.snapshot(raw, RECORDED_RTT)
 
 
+def log_key(path: str) -> str:
+    """A log's key in a recording: its file name without the extension (logs/train.log: train)."""
+    return posixpath.splitext(posixpath.basename(path))[0]
+
+
 def _chunk(follower: LogFollower, logs: dict[str, str]) -> dict:
     """What the probe would answer this follower: the recorded log from where it stands."""
-    whole = logs.get(posixpath.splitext(posixpath.basename(follower.path))[0], "").encode()
+    whole = logs.get(log_key(follower.path), "").encode()
     offset = follower.offset or 0
     data = whole[offset:]
     return {"path": follower.path, "offset": offset, "next_offset": len(whole), "size": len(whole), "inode": 1,

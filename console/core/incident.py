@@ -10,7 +10,6 @@ console/replay.py renders ({"workspace", "probe", "logs"}), with the rest beside
 from __future__ import annotations
 
 import json
-import posixpath
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from samai.console import __version__
 from samai.console.core import config as config_mod
 from samai.console.core.redact import redact, redact_all, redact_assignment
 from samai.console.core.timeline import Event, read_timeline
+from samai.console.replay import log_key
 from samai.remote import model
 from samai.remote.boxapi import Box, BoxError
 
@@ -65,7 +65,7 @@ async def make_bundle(box: Box, cfg: config_mod.Config, audit: Path, *, since: f
     for stage in cfg.stages:
         chunk = await box.tail(cfg.path_of(stage.log), last_lines=MAX_LINES)
         lines = chunk.data.decode("utf-8", "replace").splitlines()[-MAX_LINES:]
-        logs[_log_key(stage.log)] = "".join(line[:LINE_CHARS] + "\n" for line in lines)
+        logs[log_key(stage.log)] = "".join(line[:LINE_CHARS] + "\n" for line in lines)
     events: list[Event] = await read_timeline(box, cfg, audit, since=since)
     return redact_all({
         "format": FORMAT, "made_at": time.time(), "console": __version__, "target": cfg.target.url,
@@ -128,8 +128,3 @@ def read_bundle(path: Path) -> Bundle:
     except BoxError as e:
         raise NotABundle(f"{path}: its snapshot cannot be read ({e})") from None
     return Bundle(content)
-
-
-def _log_key(log: str) -> str:
-    """How console/replay.py finds a follower's log: its file name without the extension."""
-    return posixpath.splitext(posixpath.basename(log))[0]
