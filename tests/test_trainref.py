@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from textual.widgets import DataTable
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.config import Train
 from samai.console.core.trainlog import TrainPoint
 from samai.console.core.trainref import Reference, at_step, compare, last_good_run, smoothed
+from samai.console.screens.dialogs import RunsScreen
 from samai.remote.boxapi import Box
 from samai.widgets.curves import CurvesPane
 from tests.helpers import pilot_until, run_cli
@@ -170,3 +172,22 @@ def test_eval_losses_are_read_at_their_step_or_the_last_one_before() -> None:
                 "{'eval_loss': 1.25, 'step': 40}"])
     assert check.drain_evals() == [(1, 1.5), (40, 1.25)] and check.drain_evals() == []
     assert [p.step for p in check.result().points] == [1]  # an eval is no training step
+
+
+async def test_a_run_picked_in_h_becomes_the_reference(recorded_box: ReplayTransport) -> None:
+    recorded_box.write_log("logs/train.log.1", trainer_log([1.0, 0.9, 0.8, 0.7, 0.6]))
+    recorded_box.write_log("logs/train.log.2", trainer_log([9.0, 9.0, 9.0, 9.0, 9.0]))
+    tiny = config.load_builtin("tiny")
+    cfg = replace(tiny, workspace=recorded_box.workspace, target=replace(tiny.target, poll_interval=0.05),
+                  train=TRAIN)
+    app = SamaiApp(cfg, open_box=lambda _cfg: Box(recorded_box, recorded_box.workspace))
+    async with app.run_test(size=(150, 48)) as pilot:
+        pane = app.box_screen.query_one(CurvesPane)
+        await pilot_until(pilot, lambda: pane.reference.label == "train.log.1")  # the last one that went well
+        await pilot_until(pilot, lambda: app.state.shown_stage == "train")  # the running stage's log: H lists its runs
+        await pilot.press("H")
+        screen = await pilot_until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen)
+        screen.query_one(DataTable).move_cursor(row=2)  # newest first: the log, .1, then .2
+        await pilot.press("enter")
+        await pilot_until(pilot, lambda: pane.reference.label == "train.log.2")
+        assert [p.loss for p in app.state.reference.reference.points] == [9.0] * 5

@@ -323,10 +323,13 @@ class ConsoleState:
         name = self.train_stage or ""
         return [self._run_alert(name, "warning", f"{name}: {worse.problem().message}", CODE)] if worse else []
 
-    def read_reference(self, reference: Reference | None, now: float) -> StateUpdate | None:
-        """The followed run's reference (the last good run of its stage), read beside the poll:
-        drawn beside the curve, and the run compared with it at once."""
+    def read_reference(self, reference: Reference | None, now: float, picked: bool = False) -> StateUpdate | None:
+        """The followed run's reference (the last good run of its stage, or one the operator
+        picked: then the run is compared anew), read beside the poll: drawn beside the curve, and
+        the run compared with it at once."""
         self.reference.set(reference)
+        if picked:
+            self.reference.new_run()
         new = self._worse_than_reference()
         self.raise_alerts(new)
         update = self._beside_poll(new, now)

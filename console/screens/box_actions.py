@@ -245,7 +245,23 @@ class ActionKeys(LogKeys):
             self.notify("show a stage's log first (l), then H lists its runs", severity="information", markup=False)
             return
         runs, problems = await read_history(self.box, self.state.path_of(stage.log), stage.markers)
-        self.app.push_screen(RunsScreen(stage.name, runs, "; ".join(problems)))
+        chosen = await self.app.push_screen_wait(RunsScreen(stage.name, runs, "; ".join(problems)))
+        if chosen is not None and stage.name == self.state.train_stage and chosen.path:
+            await self._reference_from(chosen.path)
+
+    async def _reference_from(self, path: str) -> None:
+        """A run picked in H as the followed training run's reference, in place of the last good one."""
+        from samai.console.core.checks import Unreadable, check_trainlog
+        from samai.console.core.trainref import Reference
+
+        try:
+            points = (await check_trainlog(self.session.connected_box(), path)).points
+        except (Unreadable, BoxError, TransportError, ValueError) as e:
+            self.notify(f"that run's curve was not read: {visible(str(e))}", severity="warning", markup=False)
+            return
+        label = path.rsplit("/", 1)[-1]
+        self.show_beside_poll(self.state.read_reference(Reference(label, points), self.clock(), picked=True))
+        self.notify(f"comparing with {visible(label)}", markup=False)
 
     @work(group="timeline", exclusive=True, exit_on_error=False)
     async def action_timeline(self) -> None:

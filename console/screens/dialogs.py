@@ -285,8 +285,9 @@ class HelpScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
-class RunsScreen(ModalScreen[None]):
-    """A stage's runs as its log holds them, newest first (see console/core/history.py)."""
+class RunsScreen(ModalScreen["RunRecord | None"]):
+    """A stage's runs as its log holds them, newest first (see console/core/history.py); Enter
+    on a training stage's run makes it the run the current one is compared with."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="RunsScreen") + "RunsScreen DataTable { height: auto; max-height: 30; }"
     BINDINGS = [Binding("escape,q,H", "close", "Close")]
@@ -312,6 +313,11 @@ class RunsScreen(ModalScreen[None]):
             if not self.runs:
                 table.add_row("", "", "", "", "", Text("the log holds no run yet", style="dim"), "")
             yield table
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        newest_first = list(reversed(self.runs))
+        if 0 <= event.cursor_row < len(newest_first):
+            self.dismiss(newest_first[event.cursor_row])
 
     def action_close(self) -> None:
         self.dismiss(None)
