@@ -111,15 +111,21 @@ def test_a_refusing_port_and_a_port_that_is_not_http() -> None:
     garbage.listen(4)
 
     def babble() -> None:
-        for _ in range(4):
-            conn, _ = garbage.accept()
-            conn.recv(4096)  # the request read, as a server does; a close with it unread is a reset
-            conn.sendall(b"\x00\xffSSH-2.0-not-http\r\n\r\n")
-            conn.close()
+        while True:  # every connection the read makes, until the listener is shut
+            try:
+                conn, _ = garbage.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)  # the request read, as a server does; a close with it unread is a reset
+                conn.sendall(b"\x00\xffSSH-2.0-not-http\r\n\r\n")
 
-    threading.Thread(target=babble, daemon=True).start()
+    babbler = threading.Thread(target=babble, daemon=True)
+    babbler.start()
     got = read_ports({"ports": [refusing, garbage.getsockname()[1]], "budget_s": 2.0})
+    garbage.shutdown(socket.SHUT_RDWR)
     garbage.close()
+    babbler.join(5)
     assert "ConnectionRefusedError" in got[0]["answers"]["/health"]["error"]
     assert got[1]["answers"]["/health"]["error"].startswith("not an HTTP answer")
 

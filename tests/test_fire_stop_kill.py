@@ -131,6 +131,23 @@ async def test_kill_with_a_wrong_start_time_is_refused_and_the_process_lives(box
     assert proc.wait(5) == -signal.SIGTERM  # TERM ended it: the refused KILL never reached it
 
 
+@pytest.mark.parametrize("off_by", [2.0, 1.5, 0.5, -2.0, 1.05])
+async def test_a_start_time_off_by_more_than_btimes_own_step_is_refused(box: Box, spawn, off_by: float) -> None:
+    proc = spawn("sleep", "30")
+    assert (await box.kill(proc.pid, start_time_of(proc.pid) + off_by, signal="KILL")).result == "refused"
+    assert proc.poll() is None
+
+
+@pytest.mark.parametrize("off_by", [1.0, -1.0])
+async def test_a_start_time_read_when_btime_said_the_second_beside_still_names_the_process(
+        box: Box, spawn, off_by: float) -> None:
+    # /proc/stat's btime is worked out anew at each read and cut to a whole second, so a start
+    # time read a moment earlier can be exactly one second off (it failed a CI run that way).
+    proc = spawn("sleep", "30")
+    done = await box.kill(proc.pid, start_time_of(proc.pid) + off_by, signal="TERM", grace=2)
+    assert done.ok and done.result == "exited" and proc.wait(5) == -signal.SIGTERM
+
+
 async def test_kill_refuses_init_and_the_console_itself(box: Box) -> None:
     me = psutil.Process()
     assert (await box.kill(1, 0.0)).result == "refused"

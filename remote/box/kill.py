@@ -52,6 +52,7 @@ from .procfs import (
     read_stat,
     record_btime,
     serve,
+    settled_btime,
     start_epoch,
 )
 
@@ -218,6 +219,8 @@ def kill(req: dict[str, Any]) -> dict[str, Any]:
     start_time = float(req["start_time"])
     st = read_stat(pid)
     if st and st["state"] != "Z":
+        if req.get("boot_time") is None:
+            btime = settled_btime(st["starttime"], start_time, btime)
         started = start_epoch(st["starttime"], btime)
         if not same_start(started, start_time):
             return refuse("pid %d is now another process (started %.2f, expected %s)" % (pid, started, start_time))

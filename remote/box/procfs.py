@@ -97,6 +97,18 @@ def record_btime(rec: dict[str, Any], btime: float) -> float:
     return rec["boot_time"]
 
 
+def settled_btime(ticks: int, start_time: float, btime: float) -> float:
+    """btime, or the second beside it when that one gives a process started `ticks` after boot
+    the start time the caller holds. The kernel works btime out anew at each read (the wall
+    clock less the time since boot, cut to a whole second), so two reads a moment apart can
+    differ by exactly one; a start time that came without the boot time it was read against
+    may have met the other second. Only whole-second steps: the tick still has to match."""
+    for near in (btime, btime - 1, btime + 1):
+        if same_start(start_epoch(ticks, near), start_time):
+            return near
+    return btime
+
+
 def uptime() -> float:
     return float(read_text("/proc/uptime").split()[0])
 
