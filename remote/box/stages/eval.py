@@ -54,12 +54,20 @@ def ask(url: str, prompt: Any, args: argparse.Namespace) -> tuple[dict[str, Any]
         path, request = "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
     if args.stop:
         request["stop"] = args.stop
-    body = json.dumps(dict(request, max_tokens=args.max_tokens, temperature=0)).encode()
-    req = urllib.request.Request(url.rstrip("/") + path, data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=args.timeout) as r:
-        choice = json.loads(r.read())["choices"][0]
+    choice = first_choice(url, path, dict(request, max_tokens=args.max_tokens, temperature=0), args.timeout)
     message = {"content": choice.get("text") or ""} if args.prompt_format == "text" else choice["message"]
     return message, choice.get("finish_reason")
+
+
+def first_choice(url: str, path: str, request: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """The first choice of an OpenAI-compatible server's answer to request."""
+    body = json.dumps(request).encode()
+    req = urllib.request.Request(url.rstrip("/") + path, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        choice = json.loads(r.read())["choices"][0]
+    if not isinstance(choice, dict):
+        raise ValueError("the server's choice is not an object")
+    return choice
 
 
 def prediction(content: str, reasoning: str, extract: str = "number") -> str | None:

@@ -119,6 +119,62 @@ def write_data(folder: str, train_count: int, eval_count: int, seed: int = 11) -
             render(rng, colour, shape, (1600, 1200) if i == 0 else None).save(os.path.join(folder, name))
             f.write(json.dumps({"id": i, "image": name, "prompt": QUESTION, "gold": colour}) + "\n")
     render(rng, SMOKE_ANSWER, "square", (112, 112)).save(os.path.join(folder, SMOKE_IMAGE))
+    write_cu_tasks(folder)
+
+
+CU_INSTRUCTION = "press the colour of the shape"
+CU_VIEWPORT = (224, 224)  # 8 x 8 merged patches of 28 px: an image within --image-max-tokens 64
+CU_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>task %(id)s</title><style>
+body { margin: 0; background: %(background)s; font: 9px sans-serif; }
+#shape { position: absolute; left: %(x)dpx; top: %(y)dpx; width: %(side)dpx; height: %(side)dpx;
+         background: %(fill)s; %(form)s }
+nav { position: absolute; left: 0; right: 0; bottom: 0; height: 22px; display: flex; background: #ccc; }
+button { flex: 1; margin: 1px; border: 0; background: #eee; font: 8px sans-serif; padding: 0; }
+#result { position: absolute; left: 2px; top: 0; margin: 0; }
+</style></head><body>
+<div id="shape"></div>
+<p id="result"></p>
+<nav>%(buttons)s</nav>
+<script>
+for (const b of document.querySelectorAll("button")) {
+  b.addEventListener("click", () => {
+    document.getElementById("result").textContent = b.dataset.name;
+    location.hash = "pressed-" + b.dataset.name;
+  });
+}
+</script>
+</body></html>
+"""
+CU_FORMS = {"square": "", "circle": "border-radius: 50%;", "triangle": "clip-path: polygon(50% 0, 0 100%, 100% 100%);"}
+
+
+def write_cu_tasks(folder: str, train_count: int = 28, heldout_count: int = 14, seed: int = 23) -> None:
+    """cu/: tasks.jsonl and pages/ for the computer-use eval and its reward-driven round: a page
+    with one coloured shape and a bar of buttons named by colour; pressing the button of the
+    shape's colour is the success the DOM assertions check (the #result text and the URL)."""
+    rng = random.Random(seed)
+    pages = os.path.join(folder, "cu", "pages")
+    os.makedirs(pages, exist_ok=True)
+    names = sorted(COLOURS)
+    with open(os.path.join(folder, "cu", "tasks.jsonl"), "w") as f:
+        for i, (colour, shape) in enumerate(samples(train_count + heldout_count, seed)):
+            split = "train" if i < train_count else "heldout"
+            task_id = "%s-%03d" % (split, i)
+            side = rng.randint(60, 140)
+            page = CU_PAGE % {
+                "id": task_id, "background": "rgb(%d, %d, %d)" % rng.choice(BACKGROUNDS),
+                "x": rng.randint(0, CU_VIEWPORT[0] - side), "y": rng.randint(12, CU_VIEWPORT[1] - 22 - side),
+                "side": side, "fill": "rgb(%d, %d, %d)" % COLOURS[colour], "form": CU_FORMS[shape],
+                "buttons": "".join('<button data-name="%s">%s</button>' % (n, n)
+                                   for n in rng.sample(names, len(names)))}
+            with open(os.path.join(pages, task_id + ".html"), "w") as p:
+                p.write(page)
+            f.write(json.dumps({
+                "id": task_id, "page": "pages/%s.html" % task_id, "instruction": CU_INSTRUCTION, "split": split,
+                "elements": {n: {"selector": 'button[data-name="%s"]' % n} for n in names},
+                "assert": [{"check": "text", "selector": "#result", "equals": colour},
+                           {"check": "url", "contains": "#pressed-" + colour}]}) + "\n")
 
 
 def is_multimodal(model_dir: str) -> bool:

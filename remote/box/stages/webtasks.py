@@ -1,0 +1,234 @@
+"""Web tasks for a computer-use model: the task file, the model's answer read as an action, and
+the episode record that `cu_eval` writes and `check eval` reads (playbook §10).
+
+A task file is JSONL, one task per line, its pages in the same folder:
+  {"id": "t1", "page": "pages/t1.html", "instruction": "press the button of this colour",
+   "elements": {"red": {"selector": "#red"}, "name": {"selector": "#name", "action": "type"},
+                "size": {"selector": "#size", "action": "select"}},
+   "assert": [{"check": "text", "selector": "#result", "equals": "red"},
+              {"check": "url", "contains": "#pressed"},
+              {"check": "value", "selector": "#name", "equals": "ada"},
+              {"check": "attribute", "selector": "#red", "name": "aria-pressed", "equals": "true"}],
+   "split": "train" | "heldout"}
+An element's action is "click" (the default), "type" or "select". The model's answer is read as
+  click NAME | press NAME | NAME          (a click on the element called NAME)
+  type NAME TEXT...                       (fill the field with TEXT)
+  select NAME OPTION                      (choose OPTION of the list)
+where NAME is one of the task's elements: the first word of the answer (thinking cut away) that
+is a verb or a name decides. An answer that is none of these is no action: a parse failure, the
+computer-use form of the fake 0 %.
+
+Runs ON the box. Standard library only: everything here reads untrusted files and answers, and
+raises TaskError (one task's error, never a traceback) for what it cannot use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from .images import inside
+
+ACTIONS = ("click", "type", "select")
+VERBS = {"click": "click", "press": "click", "tap": "click", "type": "type", "fill": "type", "select": "select",
+         "choose": "select"}
+CHECKS = ("text", "attribute", "value", "url")
+MATCHES = ("equals", "contains")
+MAX_TASK_LINE = 64 * 1024
+MAX_TEXT = 1000  # a typed text, an expected value: what a task may ask for
+WORD = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class TaskError(ValueError):
+    """A task (or a task file) that cannot be run as written."""
+
+
+@dataclass(frozen=True)
+class Element:
+    name: str
+    selector: str
+    action: str = "click"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One DOM assertion: what it reads (check, selector, attribute name) and what it wants."""
+
+    check: str
+    match: str
+    expected: str
+    selector: str | None = None
+    attribute: str | None = None
+
+    def describe(self) -> str:
+        what = {"text": "text of %s", "value": "value of %s", "url": "the URL"}.get(self.check)
+        if what is None:
+            what = "%s's %s" % (self.selector, self.attribute)
+        elif "%s" in what:
+            what = what % self.selector
+        return "%s %s %s" % (what, self.match, json.dumps(self.expected))
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    page: str  # the page's path inside the task folder
+    instruction: str
+    elements: tuple[Element, ...]
+    checks: tuple[Check, ...]
+    split: str = "train"
+
+    def element(self, name: str) -> Element | None:
+        return next((e for e in self.elements if e.name == name), None)
+
+
+@dataclass(frozen=True)
+class Action:
+    do: str  # click | type | select
+    element: str
+    selector: str
+    text: str | None = None  # what is typed, or the option selected
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"do": self.do, "element": self.element, "selector": self.selector}
+        if self.text is not None:
+            out["text"] = self.text
+        return out
+
+
+def _text(value: Any, what: str, limit: int = MAX_TEXT) -> str:
+    if not isinstance(value, str) or not value or len(value) > limit or "\0" in value:
+        raise TaskError("%s must be a text of 1 to %d characters, not %s" % (what, limit, _shown(value)))
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_task(raw: Any, folder: str) -> Task:
+    """A task from one decoded line of a task file, its page checked to lie inside folder."""
+    if not isinstance(raw, Mapping):
+        raise TaskError("a task is a JSON object, not %s" % _shown(raw))
+    task_id = raw.get("id")
+    if isinstance(task_id, bool) or not isinstance(task_id, (str, int)):
+        raise TaskError("a task needs an id (a text or a number), not %s" % _shown(task_id))
+    task_id = _text(str(task_id), "id", 200)
+    page = _text(raw.get("page"), "task %s: page" % task_id, 1000)
+    try:
+        inside(folder, page)
+    except ValueError as e:
+        raise TaskError("task %s: %s" % (task_id, e)) from None
+    elements = raw.get("elements")
+    if not isinstance(elements, Mapping) or not elements:
+        raise TaskError("task %s: elements must be an object of named elements" % task_id)
+    checks = raw.get("assert")
+    if not isinstance(checks, list) or not checks:
+        raise TaskError("task %s: assert must be a list of one or more DOM assertions" % task_id)
+    split = raw.get("split", "train")
+    if split not in ("train", "heldout"):
+        raise TaskError("task %s: split is train or heldout, not %s" % (task_id, _shown(split)))
+    return Task(id=task_id, page=page, instruction=_text(raw.get("instruction"), "task %s: instruction" % task_id),
+                elements=tuple(_element(task_id, name, spec) for name, spec in elements.items()),
+                checks=tuple(_check(task_id, c) for c in checks), split=split)
+
+
+def _element(task_id: str, name: Any, spec: Any) -> Element:
+    if not isinstance(name, str) or not WORD.fullmatch(name) or len(name) > 60:
+        raise TaskError("task %s: an element's name is one word, not %s" % (task_id, _shown(name)))
+    if not isinstance(spec, Mapping):
+        raise TaskError("task %s: element %s must be an object with a selector" % (task_id, name))
+    action = spec.get("action", "click")
+    if action not in ACTIONS:
+        raise TaskError("task %s: element %s: action is one of %s, not %s" % (task_id, name, ", ".join(ACTIONS),
+                                                                            _shown(action)))
+    return Element(name.lower(), _text(spec.get("selector"), "task %s: element %s: selector" % (task_id, name)), action)
+
+
+def _check(task_id: str, raw: Any) -> Check:
+    if not isinstance(raw, Mapping) or raw.get("check") not in CHECKS:
+        raise TaskError("task %s: an assertion is an object whose check is one of %s" % (task_id, ", ".join(CHECKS)))
+    kind = raw["check"]
+    found = [m for m in MATCHES if m in raw]
+    if len(found) != 1:
+        raise TaskError("task %s: a %s assertion says exactly one of %s" % (task_id, kind, ", ".join(MATCHES)))
+    expected = raw[found[0]]
+    if not isinstance(expected, str) or len(expected) > MAX_TEXT:
+        raise TaskError("task %s: a %s assertion's %s is a text of at most %d characters"
+                        % (task_id, kind, found[0], MAX_TEXT))
+    selector = attribute = None
+    if kind != "url":
+        selector = _text(raw.get("selector"), "task %s: a %s assertion's selector" % (task_id, kind))
+    if kind == "attribute":
+        attribute = _text(raw.get("name"), "task %s: an attribute assertion's name" % task_id, 200)
+    return Check(kind, found[0], expected, selector, attribute)
+
+
+def read_tasks(path: str) -> Iterator[Task | TaskError]:
+    """Each line of a task file as a Task, or the TaskError that says why it cannot be run."""
+    folder = os.path.dirname(os.path.abspath(path))
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if len(line) > MAX_TASK_LINE:
+                yield TaskError("line %d: %d bytes, over the %d KiB a task may take"
+                                % (number, len(line), MAX_TASK_LINE // 1024))
+                continue
+            try:
+                yield parse_task(json.loads(line), folder)
+            except (ValueError, RecursionError) as e:
+                yield e if isinstance(e, TaskError) else TaskError("line %d: not JSON (%s)" % (number, e))
+
+
+def answer_text(content: str) -> str:
+    """What the model answered once any thinking is cut away."""
+    if "</think>" in content:
+        return content.rsplit("</think>", 1)[-1]
+    return content.split("<think>", 1)[0]
+
+
+def parse_action(answer: str, task: Task) -> tuple[Action | None, str | None]:
+    """(the action the answer asks for, None) or (None, why it is not one of the task's actions)."""
+    words = WORD.findall(answer_text(answer)[:4000])
+    for i, word in enumerate(words):
+        lowered = word.lower()
+        if lowered in VERBS:
+            return _verb_action(VERBS[lowered], words[i + 1:], task)
+        element = task.element(lowered)
+        if element is not None:
+            return _verb_action("click", words[i:], task)
+    shown = answer.strip()[:80]
+    names = ", ".join(e.name for e in task.elements)
+    return None, "no action in the answer %s (names: %s)" % (json.dumps(shown), names)
+
+
+def _verb_action(do: str, rest: list[str], task: Task) -> tuple[Action | None, str | None]:
+    if not rest:
+        return None, "%s of nothing" % do
+    element = task.element(rest[0].lower())
+    if element is None:
+        return None, "%s %s: no such element (names: %s)" % (do, json.dumps(rest[0][:60]),
+                                                              ", ".join(e.name for e in task.elements))
+    if element.action != do:
+        return None, "%s %s: that element takes %s" % (do, element.name, element.action)
+    if do == "click":
+        return Action("click", element.name, element.selector), None
+    if len(rest) < 2:
+        return None, "%s %s: with what?" % (do, element.name)
+    text = " ".join(rest[1:]) if do == "type" else rest[1]
+    return Action(do, element.name, element.selector, text[:MAX_TEXT]), None
+
+
+def summarize(episodes: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """A cu run's summary: its success rate and what kept the rest from succeeding."""
+    n = len(episodes)
+    successes = sum(1 for e in episodes if e.get("reward") == 1)
+    return {"n": n, "successes": successes, "success_rate": round(successes / n, 4) if n else None,
+            "parse_failures": sum(1 for e in episodes if e.get("action") is None and e.get("error") is None),
+            "errors": sum(1 for e in episodes if e.get("error") is not None),
+            "tasks": len({e.get("task") for e in episodes})}
