@@ -36,8 +36,7 @@ from samai.remote.transport import TransportError
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions
-    from samai.console.core.evalcheck import EvalResult
-    from samai.console.core.evalruns import EvalRun
+    from samai.console.core.evalruns import EvalRun, RunCheck
     from samai.console.core.problems import CheckResult
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
@@ -475,7 +474,7 @@ async def _doctor(args, cfg, box: Box) -> int:
 
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts] + poison_artifacts(cfg),
                               writers=True, binaries=detectors.declared_binaries(cfg),
-                              reports=[cfg.ui.eval_reports], serving=_serving_ports(cfg))
+                              reports=cfg.ui.reports, serving=_serving_ports(cfg))
     pythons = detectors.peft_pythons(cfg)  # the training environments: what is installed beside peft (§9)
     envs = await box.python_packages(list(pythons), detectors.WATCHED_PACKAGES) if pythons else ()
     checked = await _newest_eval_checked(box, snap)  # the TUI checks the newest run's items once, too
@@ -534,7 +533,7 @@ async def _resumable(box: Box, cfg: config_mod.Config, deaths: list[dict]) -> li
     return found
 
 
-async def _newest_eval_checked(box: Box, snap: Snapshot) -> tuple[EvalRun, EvalResult | None] | None:
+async def _newest_eval_checked(box: Box, snap: Snapshot) -> tuple[EvalRun, RunCheck | None] | None:
     """The newest eval run and `check eval` of its items, as the TUI checks it (None: no run)."""
     from samai.console.core.evalruns import check_items, newest_run, read_eval_runs
 
@@ -600,9 +599,11 @@ async def _check(args, cfg, box: Box) -> int:
             if args.against:
                 return await _against(args, cfg, box, path, result)
         else:
+            from samai.console.core.cucheck import check_episodes, looks_like_episodes
             from samai.console.core.evalcheck import check_eval
 
-            result = check_eval(await checks.read_lines(box, path))
+            lines = await checks.read_lines(box, path)
+            result = check_episodes(lines) if looks_like_episodes(lines) else check_eval(lines)
     except (checks.Unreadable, ValueError) as e:  # ValueError: a trainer_state.json that is not JSON
         return _fail(str(e), EXIT_USAGE)
     shown = result.to_json()  # the JSON contract; the text report reads the same figures

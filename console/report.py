@@ -102,7 +102,9 @@ def describe_check(kind: str, path: str, result: dict) -> str:
                       "expected_size", "last_tensor", "bytes_read", "architecture", "embedding_length"),
              "trainlog": ("lines", "unparsed"),
              "eval": ("format", "layout", "n", "correct", "accuracy", "pred_none", "truncated", "empty_content",
-                      "malformed")}[kind]
+                      "malformed"),
+             "episodes": ("n", "successes", "success_rate", "parse_failures", "errors", "over_cap", "malformed")}[
+        "episodes" if result.get("format") == "episodes" else kind]
     lines = [f"{kind} {path}: " + "  ".join(f"{k} {_figure(k, result[k])}" for k in shown if result.get(k) is not None)]
     if kind == "gguf" and result.get("size_note"):
         lines.append(f"  {result['size_note']}")
@@ -126,7 +128,7 @@ def describe_check(kind: str, path: str, result: dict) -> str:
 
 def _figure(key: str, value: object) -> str:
     """A headline figure as a person reads it (the JSON keeps the exact value)."""
-    if key == "accuracy" and isinstance(value, float):
+    if key in ("accuracy", "success_rate") and isinstance(value, float):
         return f"{100 * value:.1f} %"
     return str(value)
 

@@ -28,11 +28,13 @@ from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.checks import check_trainlog
+from samai.console.core.cucheck import check_episodes
 from samai.console.core.detectors import detect
 from samai.console.core.evalcheck import check_eval
 from samai.console.core.fixes import FixAction
 from samai.console.core.resume import resume_choice
 from samai.remote.box.gguf_check import check_file
+from samai.remote.box.stages.serve import holders
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from tests.box_tools import stage_argv, stage_env
@@ -820,8 +822,13 @@ async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
 def vlm_tiny(workspace: Path, port: int) -> config.Config:
     """The built-in vlm-tiny pipeline in this workspace, serving on a free port."""
     cfg = config.load_builtin("vlm-tiny")
-    stages = tuple(replace(s, command=s.command.replace("18081", str(port)), ports=(port,) if s.ports else ())
-                   for s in cfg.stages)
+    ports = {"18081": str(port), "18082": str(free_port())}  # the server's, and the reward-driven round's
+
+    def moved(s: config.Stage) -> config.Stage:
+        command = s.command.replace("18081", ports["18081"]).replace("18082", ports["18082"])
+        return replace(s, command=command, ports=tuple(int(ports[str(p)]) for p in s.ports))
+
+    stages = tuple(moved(s) for s in cfg.stages)
     return replace(cfg, workspace=str(workspace), stages=stages, target=replace(cfg.target, poll_interval=0.3))
 
 
@@ -936,6 +943,34 @@ async def test_the_vlm_pipeline_end_to_end_from_the_keys(pipeline_ws: Path, spaw
                                                        if f.code == "serve_without_mmproj"), None), timeout=60)
         assert f"llama-server pid {blind.pid} runs without --mmproj" in found.message
         await pilot_until(pilot, lambda: any(a.active and a.code == "serve_without_mmproj" for a in app.state.alerts))
+
+        # §10's second half: the served model operates web pages in headless Chromium, then one
+        # reward-driven round (sample, keep the rewarded, LoRA, merge, convert, serve) from its key.
+        await pilot_until(pilot, lambda: not app.busy)
+        await _confirmed(pilot, app, "0", "cu_eval")
+        assert "CU_EVAL_RC=0" in _log_of(app, "cu_eval")
+        (cu_run,) = (pipeline_ws / "runs" / "cu").iterdir()
+        episodes = (cu_run / "episodes.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in episodes]
+        assert len(rows) == 28 and all(r["error"] is None and r["sent"] == [224, 224] for r in rows), rows[:2]
+        assert {r["split"] for r in rows} == {"heldout"} and 0 < sum(r["reward"] for r in rows) < len(rows)
+        assert check_episodes(episodes).n == 28
+        await pilot_until(pilot, lambda: any(
+            r.name == cu_run.name and r.kind == "cu" for r in app.state.last_update.evals))
+
+        await pilot_until(pilot, lambda: not app.busy)
+        await _confirmed(pilot, app, "p", "rft", timeout=900)
+        rft_log = _log_of(app, "rft")
+        assert "RFT_DONE held-out success" in rft_log and "rft: reward per round:" in rft_log
+        assert "vision 0, merger 0," in rft_log  # the same train stage and its guards
+        (round_dir,) = (pipeline_ws / "runs" / "rft").iterdir()
+        summary = json.loads((round_dir / "summary.json").read_text())
+        assert summary["kept"] > 0 and summary["before"]["n"] == summary["after"]["n"] == 28
+        assert summary["after"]["errors"] == 0 and check_file(summary["model"])["ok"]
+        before, after = summary["before"]["success_rate"], summary["after"]["success_rate"]
+        print(f"rft round: held-out success {before} -> {after}, kept {summary['kept']} of {summary['sampled']}")
+        assert not (round_dir / "merged").exists() and not (round_dir / "vlm-f16.gguf").exists()
+        assert not holders(app.config.stage("rft").ports[0])  # the round's server was stopped
 
 
 async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_the_keys(pipeline_ws: Path) -> None:

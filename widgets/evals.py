@@ -32,12 +32,9 @@ class EvalTable(DataTable):
         self._runs = newest_first
         self.clear()
         for r in self._runs:
-            acc = "?" if r.accuracy is None else f"{100 * r.accuracy:.1f} %"
-            suspicious = r.n and (r.empty_content > r.n // 2)
             # A run's name is a folder on the box: DataTable would parse a str as markup.
             name = Text(visible(r.name), no_wrap=True, end="")
-            self.add_row(name, str(r.n), acc + (" (fake 0?)" if suspicious and not r.accuracy else ""),
-                         str(r.empty_content), str(r.truncated), key=r.folder or r.name)  # names may repeat
+            self.add_row(name, str(r.n), *_figures(r), key=r.folder or r.name)  # names may repeat
         set_subtitle(self, f"{len(runs)} runs" if runs else "no eval runs yet")
 
     def selected_and_previous(self) -> tuple[EvalRun, EvalRun] | None:
@@ -45,3 +42,15 @@ class EvalTable(DataTable):
         runs = self._runs or []
         row = self.cursor_row
         return (runs[row], runs[row + 1]) if 0 <= row < len(runs) - 1 else None
+
+
+def _figures(r: EvalRun) -> tuple[str, str, str]:
+    """The accuracy and the two counts that expose a fake score: an eval run's empty answers and
+    truncations, a computer-use run's answers that were no action and its episodes that did not run."""
+    acc = "?" if r.accuracy is None else f"{100 * r.accuracy:.1f} %"
+    if r.kind == "cu":
+        mostly_no_action = r.n and r.parse_failures > r.n // 2
+        return acc + (" cu (no actions?)" if mostly_no_action else " cu"), f"{r.parse_failures} no action", \
+            f"{r.errors} error{'s' if r.errors != 1 else ''}"
+    suspicious = r.n and (r.empty_content > r.n // 2)
+    return acc + (" (fake 0?)" if suspicious and not r.accuracy else ""), str(r.empty_content), str(r.truncated)

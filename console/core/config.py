@@ -158,6 +158,12 @@ class Ui:
     tail_lines: int = 200
     keys: tuple[tuple[str, str], ...] = ()  # binding id -> key, applied with App.set_keymap
     eval_reports: str = "runs/eval/*/summary.json"  # eval summaries, a glob in the workspace
+    cu_reports: str = "runs/cu/*/summary.json"  # cu_eval's summaries (computer-use runs), likewise
+
+    @property
+    def reports(self) -> list[str]:
+        """The report globs a poll asks for: the eval runs' and the computer-use runs'."""
+        return [self.eval_reports, self.cu_reports]
 
 
 # The fixes a watcher may run by itself when their alert stands ([watch] recover): each is a fix
@@ -692,14 +698,15 @@ class _Reader:
         return tuple(m for i, m in enumerate(out) if m.name not in {o.name for o in out[:i]})
 
     def ui(self, raw: Any, workspace: str) -> Ui:
-        u = self.table(raw, "ui", {"theme", "max_log_lines", "tail_lines", "keys", "eval_reports"})
+        u = self.table(raw, "ui", {"theme", "max_log_lines", "tail_lines", "keys", "eval_reports", "cu_reports"})
         keys = self.value(u, "keys", "ui", "a table of binding id = \"key\"",
                           lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()), {})
         return Ui(self.text(u, "theme", "ui", "samai-dark"),
                   self.integer(u, "max_log_lines", "ui", 20_000, 100, 10_000_000),
                   self.integer(u, "tail_lines", "ui", 200, 0, 1_000_000),
                   tuple(keys.items()),
-                  self.path_inside(u, "eval_reports", "ui", workspace, "runs/eval/*/summary.json"))
+                  self.path_inside(u, "eval_reports", "ui", workspace, "runs/eval/*/summary.json"),
+                  self.path_inside(u, "cu_reports", "ui", workspace, "runs/cu/*/summary.json"))
 
     def watch(self, raw: Any) -> Watch:
         w = self.table(raw, "watch", {"interval", "unreachable_after", "recover", "max_recoveries"})

@@ -15,8 +15,7 @@ from functools import cached_property
 from samai.console.core import units
 from samai.console.core.budget import GB, DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
-from samai.console.core.evalcheck import EvalResult
-from samai.console.core.evalruns import EvalRun, read_eval_runs
+from samai.console.core.evalruns import EvalRun, RunCheck, read_eval_runs
 from samai.console.core.fixes import CLEAN, FixAction
 from samai.console.core.gpu_findings import GpuWatch
 from samai.console.core.mmproj import has_mmproj, mmproj_artifact
@@ -56,7 +55,7 @@ class DetectorContext:
     budget: DiskBudget
     environments: tuple[PythonPackages, ...] = ()
     # The newest eval run and its items' check (that None: not read yet, or unreadable); None: no run.
-    eval_checked: tuple[EvalRun, EvalResult | None] | None = None
+    eval_checked: tuple[EvalRun, RunCheck | None] | None = None
     # The recent GPU readings, fed this snapshot by the GPU detector: what only a sequence shows
     # (a stall) needs the same watch poll after poll. None: a fresh watch, so this snapshot alone.
     gpu: GpuWatch | None = None
@@ -71,7 +70,7 @@ class DetectorContext:
     @classmethod
     def of(cls, config: Config, snapshot: Snapshot, budget: DiskBudget | None = None, *,
            environments: tuple[PythonPackages, ...] = (),
-           eval_checked: tuple[EvalRun, EvalResult | None] | None = None,
+           eval_checked: tuple[EvalRun, RunCheck | None] | None = None,
            gpu: GpuWatch | None = None, disk_trend: DiskTrend | None = None,
            memory_trends: tuple[MemoryTrend, ...] = (),
            checkpoints: tuple[tuple[str, Checkpoints], ...] = (),
@@ -364,7 +363,7 @@ def torchao_beside_peft(cfg: Config, envs: Sequence[PythonPackages]) -> list[Fin
     return found
 
 
-def eval_findings(run: str, result: EvalResult | None) -> list[Finding]:
+def eval_findings(run: str, result: RunCheck | None) -> list[Finding]:
     """An eval run's problems, as `check eval` finds them in its items (a fake 0 %, §6)."""
     if result is None:
         return []

@@ -14,6 +14,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from samai.console.core.cucheck import EpisodesResult, check_episodes
 from samai.console.core.evalcheck import EvalResult, check_eval
 from samai.console.core.evaldiff import RunItems, read_run
 from samai.console.core.problems import Finding
@@ -23,6 +24,7 @@ from samai.remote.safe_text import visible
 if TYPE_CHECKING:
     from samai.remote.boxapi import Box
 
+RunCheck = EvalResult | EpisodesResult  # `check eval` of an eval run's items, or of a cu run's episodes
 EVAL_ITEMS_READ = 4 << 20  # of a finished eval's items.jsonl, checked once: thousands of items
 MAX_COUNT = 10**12  # items in one eval run: far more than any eval set, far less than a float's integer range
 
@@ -37,11 +39,14 @@ class EvalRun:
     empty_content: int
     truncated: int
     mtime: float = 0.0
-    folder: str = ""  # on the box: where its items.jsonl is
+    folder: str = ""  # on the box: where its items.jsonl (a cu run: its episodes.jsonl) is
+    kind: str = "eval"  # or "cu": a computer-use run, whose accuracy is its success rate
+    parse_failures: int = 0  # a cu run's episodes whose answer was no action
+    errors: int = 0  # a cu run's episodes that did not run to their check
 
     @property
     def items(self) -> str:
-        return posixpath.join(self.folder, "items.jsonl")
+        return posixpath.join(self.folder, "episodes.jsonl" if self.kind == "cu" else "items.jsonl")
 
 
 class NotASummary(ValueError):
@@ -71,6 +76,9 @@ def eval_run(report: Report) -> EvalRun:
     if not isinstance(raw, dict):
         raise NotASummary(f"a JSON {type(raw).__name__}, not an object")
     folder = posixpath.dirname(report.path)
+    if "success_rate" in raw:  # cu_eval's summary (remote/box/stages/cu_eval.py)
+        return EvalRun(posixpath.basename(folder), _count(raw, "n"), _fraction(raw, "success_rate"), 0, 0,
+                       report.mtime, folder, "cu", _count(raw, "parse_failures", 0), _count(raw, "errors", 0))
     return EvalRun(posixpath.basename(folder), _count(raw, "n"), _fraction(raw, "accuracy"),
                    _count(raw, "empty_content", 0), _count(raw, "truncated", 0), report.mtime, folder)
 
@@ -108,11 +116,13 @@ def newest_run(runs: list[EvalRun]) -> EvalRun | None:
     return max(runs, key=lambda run: run.mtime, default=None)
 
 
-async def check_items(box: Box, run: EvalRun, max_bytes: int = EVAL_ITEMS_READ) -> EvalResult | None:
-    """`check eval` on a run's items, its first max_bytes read from the box (whole lines only);
-    None where the box has no such file to read. The box's errors are the caller's."""
+async def check_items(box: Box, run: EvalRun, max_bytes: int = EVAL_ITEMS_READ) -> RunCheck | None:
+    """`check eval` on a run's items (a cu run's episodes), its first max_bytes read from the box
+    (whole lines only); None where the box has no such file to read. The box's errors are the caller's."""
     lines = await items_lines(box, run.items, max_bytes)
-    return None if lines is None else await asyncio.to_thread(check_eval, lines)
+    if lines is None:
+        return None
+    return await asyncio.to_thread(check_episodes if run.kind == "cu" else check_eval, lines)
 
 
 async def items_lines(box: Box, path: str, max_bytes: int = EVAL_ITEMS_READ) -> list[str] | None:

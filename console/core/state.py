@@ -24,8 +24,7 @@ from samai.console.core.detectors import (
     declared_binaries,
 )
 from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
-from samai.console.core.evalcheck import EvalResult
-from samai.console.core.evalruns import EvalRun, newest_run
+from samai.console.core.evalruns import EvalRun, RunCheck, newest_run
 from samai.console.core.fixes import FixAction
 from samai.console.core.gpu_findings import GpuWatch, oom_context
 from samai.console.core.kinds import ActionKind
@@ -194,7 +193,7 @@ class ConsoleState:
         # uninstall): read apart from the poll, since it changes only when someone installs.
         self.environments: tuple[PythonPackages, ...] = ()
         # The newest eval run's items, checked once when its summary appears: (run, its check).
-        self.eval_checked: tuple[EvalRun, EvalResult | None] | None = None
+        self.eval_checked: tuple[EvalRun, RunCheck | None] | None = None
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
         self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
         self.gpu = GpuWatch(config)  # the recent GPU readings: a stall shows only over time
@@ -257,7 +256,7 @@ class ConsoleState:
         the running servers' ports when they are due."""
         making = {name for s in self.config.stages if self._statuses.get(s.name) == "running" for name in s.makes}
         return {"artifacts": self.sizer.due(self.received_at, making), "logs": [f.cursor() for f in followers],
-                "reports": [self.config.ui.eval_reports], "writers": True,
+                "reports": self.config.ui.reports, "writers": True,
                 "binaries": declared_binaries(self.config),
                 **self.serving.request(self._running(), self.received_at or 0.0)}
 
@@ -620,7 +619,7 @@ class ConsoleState:
         self.environments = environments
         return self._judge(ENVIRONMENT_DETECTORS, now)
 
-    def read_eval_items(self, run: EvalRun, result: EvalResult, now: float) -> StateUpdate | None:
+    def read_eval_items(self, run: EvalRun, result: RunCheck, now: float) -> StateUpdate | None:
         """`check eval` on a finished run's items, judged at once, unless a newer run came
         meanwhile (then this one's result is stale)."""
         if not (self.eval_checked and self.eval_checked[0] == run):

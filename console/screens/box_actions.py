@@ -307,6 +307,10 @@ class ActionKeys(LogKeys):
             self.notify("put the cursor on an eval run that has one before it, then d", severity="information",
                         markup=False)
             return
+        if any(run.kind == "cu" for run in pair):
+            self.notify("d compares eval runs' answers; a computer-use run's episodes are checked with "
+                        "`check eval runs/cu/NAME/episodes.jsonl`", severity="information", markup=False)
+            return
         runs = []
         for run in reversed(pair):  # A: the older one
             try:

@@ -62,6 +62,8 @@ class Asking:
     def answer(self, content: list[dict[str, Any]], seed: int) -> str:
         request = {"messages": [{"role": "user", "content": content}], "max_tokens": self.max_tokens,
                    "temperature": self.temperature, "seed": seed}
+        if self.temperature > 0:  # sampling to explore: the whole distribution, not llama.cpp's trimmed tail
+            request.update(top_p=1.0, min_p=0.0, top_k=0)
         message = first_choice(self.url, "/v1/chat/completions", request, self.timeout).get("message") or {}
         thinking = message.get("reasoning_content") or message.get("reasoning") or ""
         return str(message.get("content") or "") + str(thinking)

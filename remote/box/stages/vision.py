@@ -122,7 +122,9 @@ def write_data(folder: str, train_count: int, eval_count: int, seed: int = 11) -
     write_cu_tasks(folder)
 
 
-CU_INSTRUCTION = "press the colour of the shape"
+# Instructions the tiny model was never taught (it knows "colour?" alone): it answers some with a
+# colour, others with a blend of colour names. A reward-driven round is what teaches them.
+CU_INSTRUCTIONS = ("press the colour?", "the colour? press it", "click the colour?", "colour? press it")
 CU_VIEWPORT = (224, 224)  # 8 x 8 merged patches of 28 px: an image within --image-max-tokens 64
 CU_PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>task %(id)s</title><style>
@@ -149,7 +151,7 @@ for (const b of document.querySelectorAll("button")) {
 CU_FORMS = {"square": "", "circle": "border-radius: 50%;", "triangle": "clip-path: polygon(50% 0, 0 100%, 100% 100%);"}
 
 
-def write_cu_tasks(folder: str, train_count: int = 28, heldout_count: int = 14, seed: int = 23) -> None:
+def write_cu_tasks(folder: str, train_count: int = 56, heldout_count: int = 28, seed: int = 23) -> None:
     """cu/: tasks.jsonl and pages/ for the computer-use eval and its reward-driven round: a page
     with one coloured shape and a bar of buttons named by colour; pressing the button of the
     shape's colour is the success the DOM assertions check (the #result text and the URL)."""
@@ -171,7 +173,8 @@ def write_cu_tasks(folder: str, train_count: int = 28, heldout_count: int = 14, 
             with open(os.path.join(pages, task_id + ".html"), "w") as p:
                 p.write(page)
             f.write(json.dumps({
-                "id": task_id, "page": "pages/%s.html" % task_id, "instruction": CU_INSTRUCTION, "split": split,
+                "id": task_id, "page": "pages/%s.html" % task_id, "split": split,
+                "instruction": CU_INSTRUCTIONS[(i // len(COLOURS)) % len(CU_INSTRUCTIONS)],
                 "elements": {n: {"selector": 'button[data-name="%s"]' % n} for n in names},
                 "assert": [{"check": "text", "selector": "#result", "equals": colour},
                            {"check": "url", "contains": "#pressed-" + colour}]}) + "\n")

@@ -28,7 +28,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from .images import inside
 
@@ -224,7 +224,7 @@ def _verb_action(do: str, rest: list[str], task: Task) -> tuple[Action | None, s
     return Action(do, element.name, element.selector, text[:MAX_TEXT]), None
 
 
-def summarize(episodes: list[Mapping[str, Any]]) -> dict[str, Any]:
+def summarize(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """A cu run's summary: its success rate and what kept the rest from succeeding."""
     n = len(episodes)
     successes = sum(1 for e in episodes if e.get("reward") == 1)

@@ -1,0 +1,141 @@
+"""Check a computer-use eval's episodes (cu_eval's OUT/episodes.jsonl) for the ways its success
+rate lies: most failures being answers that are no action at all (the model does not speak the
+action format: the computer-use form of the fake 0 %), screenshots sent over the visual-token
+cap, and episodes the browser or the page kept from running.
+
+The figures are recounted from the episodes, never taken from summary.json. The file is written
+on the box by a stage that read untrusted pages and answers: any line may be anything.
+
+Problem codes are a contract: no_episodes, parse_failures, screenshot_over_cap, cu_errors,
+malformed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from samai.console.core.evalcheck import IMAGE_CAP, MALFORMED_LINES_SHOWN
+from samai.console.core.problems import Problem
+from samai.remote.safe_text import visible
+
+PARSE_FAILURE_SHARE = 0.5  # of the failed episodes that ran: more than this are no action at all
+MAX_LINE = 1 << 20
+
+
+@dataclass(frozen=True)
+class EpisodesResult:
+    n: int = 0
+    successes: int = 0
+    parse_failures: int = 0  # ran, and the answer was no action
+    errors: int = 0  # did not run to its check: the page, the browser, the server
+    over_cap: int = 0
+    largest_over: tuple[int, int] | None = None
+    malformed: int = 0
+    malformed_lines: tuple[int, ...] = ()
+    first_error: str | None = None
+    problems: tuple[Problem, ...] = field(default=())
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.successes / self.n if self.n else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The CLI's JSON (its keys are a contract)."""
+        return {"format": "episodes", "n": self.n, "successes": self.successes, "success_rate": self.success_rate,
+                "parse_failures": self.parse_failures, "errors": self.errors, "over_cap": self.over_cap,
+                "largest_over": list(self.largest_over) if self.largest_over else None,
+                "malformed": self.malformed, "malformed_lines": list(self.malformed_lines),
+                "problems": [{"code": p.code, "severity": p.severity, "message": p.message, "count": p.count}
+                             for p in self.problems]}
+
+
+def looks_like_episodes(lines: list[str]) -> bool:
+    """Whether a file's first JSON line is a cu episode (a task, its assertions, a reward)."""
+    for line in lines[:20]:
+        if line.strip():
+            try:
+                first = json.loads(line[:MAX_LINE])
+            except (ValueError, RecursionError):
+                return False
+            return isinstance(first, dict) and {"task", "assertions", "reward"} <= first.keys()
+    return False
+
+
+def check_episodes(lines: Iterable[str]) -> EpisodesResult:
+    counts: dict[str, int] = dict(n=0, successes=0, parse_failures=0, errors=0, over_cap=0, malformed=0)
+    bad_lines: list[int] = []
+    largest: tuple[int, int] | None = None
+    first_error: str | None = None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        episode = _episode(line)
+        if episode is None:
+            counts["malformed"] += 1
+            if len(bad_lines) < MALFORMED_LINES_SHOWN:
+                bad_lines.append(number)
+            continue
+        counts["n"] += 1
+        error, sent = episode.get("error"), _size(episode.get("sent"))
+        if episode.get("reward") == 1 and error is None:
+            counts["successes"] += 1
+        elif error is not None:
+            counts["errors"] += 1
+            first_error = first_error or visible(str(error))[:200]
+        elif episode.get("action") is None:
+            counts["parse_failures"] += 1
+        if sent is not None and max(sent) > IMAGE_CAP:
+            counts["over_cap"] += 1
+            largest = max(largest or sent, sent, key=lambda s: s[0] * s[1])
+    result = EpisodesResult(counts["n"], counts["successes"], counts["parse_failures"], counts["errors"],
+                            counts["over_cap"], largest, counts["malformed"], tuple(bad_lines), first_error)
+    return replace(result, problems=_problems(result))
+
+
+def _episode(line: str) -> dict[str, Any] | None:
+    if len(line) > MAX_LINE:
+        return None
+    try:
+        raw = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("assertions", []), list):
+        return None
+    return raw
+
+
+def _size(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, list) and len(value) == 2 and all(type(v) is int and 0 < v < 1 << 31 for v in value):
+        return value[0], value[1]
+    return None
+
+
+def _problems(r: EpisodesResult) -> tuple[Problem, ...]:
+    found = []
+    ran_and_failed = r.n - r.successes - r.errors
+    if r.n == 0:
+        found.append(Problem("no_episodes", "error", "no episode could be read: nothing was evaluated", count=0))
+    if ran_and_failed and r.parse_failures > PARSE_FAILURE_SHARE * ran_and_failed:
+        found.append(Problem("parse_failures", "error",
+                             f"{r.parse_failures} of {ran_and_failed} failed episodes answered no action at all: "
+                             "the model does not speak the action format (a fake score, as a 0 % from answers "
+                             "nobody read); fix the prompt or the format before reading the success rate",
+                             count=r.parse_failures))
+    if r.over_cap:
+        w, h = r.largest_over or (0, 0)
+        found.append(Problem("screenshot_over_cap", "warning",
+                             f"{r.over_cap} screenshots were sent with a long side over {IMAGE_CAP} px "
+                             f"(the largest {w}x{h}): more visual tokens than the budget (--image-cap)",
+                             count=r.over_cap))
+    if r.errors:
+        found.append(Problem("cu_errors", "error" if r.errors * 2 > r.n else "warning",
+                             f"{r.errors} of {r.n} episodes did not run to their check (the page, the browser or "
+                             f"the server), the first: {r.first_error}", count=r.errors))
+    if r.malformed:
+        shown = ", ".join(map(str, r.malformed_lines))
+        found.append(Problem("malformed", "warning", f"{r.malformed} lines are not episodes (lines {shown})",
+                             count=r.malformed,
+                             lines=r.malformed_lines))
+    return tuple(found)
