@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from samai.console.core import units
+from samai.console.core.browsers import browser_missing, browser_names
 from samai.console.core.budget import GB, DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
 from samai.console.core.evalruns import EvalRun, RunCheck, read_eval_runs
@@ -124,8 +125,10 @@ def internal_error(name: str, e: Exception) -> Finding:
 
 
 def declared_binaries(cfg: Config) -> list[str]:
+    """The binaries each poll checks: the [model] settings' (paths), and the browsers that the
+    stages driving one look for (names, looked for on the box's PATH)."""
     model = dict(cfg.model)
-    return [str(model[k]) for k in BINARY_SETTINGS if model.get(k)]
+    return [str(model[k]) for k in BINARY_SETTINGS if model.get(k)] + browser_names(cfg)
 
 
 def detect(cfg: Config, snap: Snapshot, budget: DiskBudget | None = None) -> list[Finding]:
@@ -299,10 +302,15 @@ def _disk_reserve(ctx: DetectorContext) -> Iterator[Finding]:
 def _binaries(ctx: DetectorContext) -> Iterator[Finding]:
     """A declared binary missing or not executable: often a tarball unpacked as bin/bin/ (§3)."""
     snap = ctx.snapshot
+    browsers = browser_names(ctx.config)  # any one of them will do: _browser judges them together
     for path, exists, executable in snap.binaries:
-        if not executable:
+        if not executable and path not in browsers:
             what = "is not executable" if exists else "does not exist"
             yield Finding("binary_missing", "error", f"{path} {what} (a tarball with a nested prefix?)")
+
+
+def _browser(ctx: DetectorContext) -> list[Finding]:
+    return browser_missing(ctx.config, ctx.snapshot)
 
 
 def _lost_stages(ctx: DetectorContext) -> Iterator[Finding]:
@@ -420,7 +428,7 @@ def _eval(ctx: DetectorContext) -> list[Finding]:
 SNAPSHOT_TRAPS: dict[str, Detector] = {
     "shared_writers": _shared_writers, "serve_ports": _serve_ports, "reasoning_format": _reasoning_format,
     "serve_without_mmproj": _serve_without_mmproj, "poison": _poison, "disk": _disk, "disk_reserve": _disk_reserve,
-    "binaries": _binaries, "lost_stages": _lost_stages, "restore_instead": _restore_instead,
+    "binaries": _binaries, "browser": _browser, "lost_stages": _lost_stages, "restore_instead": _restore_instead,
 }
 
 

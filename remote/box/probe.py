@@ -66,9 +66,16 @@ CHAIN_MARKERS = ChainMarkers()  # kept by a --serve probe: a process's marker is
 
 
 def binaries(workspace: str | None, paths: Iterable[str]) -> list[dict[str, Any]]:
-    """Each declared binary: does it exist, and may it be executed (the tar-prefix trap)?"""
+    """Each declared binary: does it exist, and may it be executed (the tar-prefix trap)? One
+    named without a folder ("chromium") is looked for on the PATH, as a shell would."""
     out = []
     for path in paths:
+        if "/" not in path:
+            import shutil  # only for a name on the PATH: the poll's start-up stays small
+
+            found = shutil.which(path)
+            out.append({"path": path, "exists": found is not None, "executable": found is not None})
+            continue
         full = resolve(workspace, path)
         out.append({"path": path, "exists": os.path.exists(full), "executable": os.access(full, os.X_OK)})
     return out

@@ -5,9 +5,10 @@ the server a stage talks to (its `--url` on this box) listening."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from samai.console.core import units
+from samai.console.core.browsers import browser_missing, browser_stages
 from samai.console.core.budget import DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
 from samai.console.core.mmproj import declared, mmproj_artifact, projector_stage
@@ -74,6 +75,8 @@ def preflight(cfg: Config, snap: Snapshot, stage: Stage, budget: DiskBudget | No
         checks.extend(_port_checks(snap, port, record))
     checks.extend(_server_checks(cfg, snap, stage))
     checks.extend(_projector_checks(cfg, budget, stage))
+    if stage in browser_stages(cfg):
+        checks.extend(Check("error", f.message) for f in browser_missing(replace(cfg, stages=(stage,)), snap))
     return Preflight(stage.name, tuple(checks), poison)
 
 

@@ -11,7 +11,7 @@ A task file is JSONL, one task per line, its pages in the same folder:
               {"check": "attribute", "selector": "#red", "name": "aria-pressed", "equals": "true"}],
    "split": "train" | "heldout"}
 An element's action is "click" (the default), "type" or "select". The model's answer is read as
-  click NAME | press NAME | NAME          (a click on the element called NAME)
+  click NAME | press the NAME button | NAME  (a click on the element called NAME)
   type NAME TEXT...                       (fill the field with TEXT)
   select NAME OPTION                      (choose OPTION of the list)
 where NAME is one of the task's elements: the first word of the answer (thinking cut away) that
@@ -35,6 +35,7 @@ from .images import inside
 ACTIONS = ("click", "type", "select")
 VERBS = {"click": "click", "press": "click", "tap": "click", "type": "type", "fill": "type", "select": "select",
          "choose": "select"}
+FILLER = {"the", "a", "an", "on", "at", "in", "into", "button", "field", "list"}  # "press the red button"
 CHECKS = ("text", "attribute", "value", "url")
 MATCHES = ("equals", "contains")
 MAX_TASK_LINE = 64 * 1024
@@ -208,6 +209,8 @@ def parse_action(answer: str, task: Task) -> tuple[Action | None, str | None]:
 
 
 def _verb_action(do: str, rest: list[str], task: Task) -> tuple[Action | None, str | None]:
+    while rest and rest[0].lower() in FILLER and task.element(rest[0].lower()) is None:
+        rest = rest[1:]
     if not rest:
         return None, "%s of nothing" % do
     element = task.element(rest[0].lower())
