@@ -57,7 +57,10 @@ BOX_PACKAGES = [
     "protobuf>=4",
     "huggingface_hub>=0.26",
     "pillow>=10",
+    "playwright>=1.50",
 ]
+# cu_eval and rft drive a system browser (Playwright's own download cannot run here): provision
+# says when the box has none, and how to get one; the other stages do not need it.
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "gguf-py", "conversion")
 STAMP = ".samai-provisioned"
 
@@ -219,6 +222,7 @@ def main() -> None:
     args = p.parse_args()
     stamp = stamp_of(BOX_PACKAGES)
     if already_done(args.venv, stamp):
+        say_browser()
         marker("PROVISION_DONE", "%s already has %s" % (args.venv, ", ".join(BOX_PACKAGES)))
         return
     if not os.path.exists(os.path.join(args.venv, "bin", "python")):
@@ -234,7 +238,17 @@ def main() -> None:
     install_binaries(args.venv, binaries)
     with open(os.path.join(args.venv, STAMP), "w") as f:
         f.write(stamp + "\n")
+    say_browser()
     marker("PROVISION_DONE", "%s: %s" % (args.venv, ", ".join(BOX_PACKAGES)))
+
+
+def say_browser() -> None:
+    from .browser import BrowserMissing, find_browser
+
+    try:
+        say("headless Chromium for cu_eval and rft: %s" % find_browser())
+    except BrowserMissing as e:
+        say("note: %s (only cu_eval and rft need one)" % e)
 
 
 if __name__ == "__main__":
