@@ -244,3 +244,13 @@ def test_cu_eval_without_a_browser_says_how_to_get_one(tmp_path: Path) -> None:
                        cwd=tmp_path, env=stage_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "CU_EVAL_RC=2" in r.stdout and "apt-get install chromium-headless-shell" in r.stdout
     assert not (tmp_path / "o").exists()  # nothing was written
+
+
+def test_the_rft_round_serves_what_it_makes_and_is_no_serve_stage_to_check_for_its_projector(tmp_path: Path) -> None:
+    from samai.console.core.mmproj import projector_stage
+
+    cfg = vlm(tmp_path)
+    assert projector_stage(cfg, cfg.stage("rft")) is None  # its own model and projector, made in the round
+    assert projector_stage(cfg, cfg.stage("serve")) is not None
+    blind = replace(cfg.stage("serve"), command=cfg.stage("serve").command.split(" --mmproj")[0])
+    assert projector_stage(cfg, blind) is not None and projector_stage(cfg, blind).mmproj is None

@@ -78,10 +78,12 @@ def _after_python(words: Sequence[str], i: int) -> bool:
 
 def projector_stage(cfg: Config, stage: Stage) -> ServeCommand | None:
     """The stage's serve options when it is a multimodal serve stage: its command runs llama-server
-    and carries --mmproj, or the pipeline has [model] mmproj. None otherwise (the convert stage
-    names the --mmproj it writes, and runs no server)."""
+    on a model it names, and carries --mmproj or the pipeline has [model] mmproj. None otherwise
+    (the convert stage names the --mmproj it writes, and runs no server; rft serves the model and
+    projector it makes itself, and names neither)."""
     serve = serve_command(stage.command)
-    if serve.runs_server and (serve.mmproj is not None or mmproj_artifact(cfg) is not None):
+    if serve.runs_server and serve.model is not None and (serve.mmproj is not None
+                                                          or mmproj_artifact(cfg) is not None):
         return serve
     return None
 
