@@ -252,5 +252,6 @@ def test_the_rft_round_serves_what_it_makes_and_is_no_serve_stage_to_check_for_i
     cfg = vlm(tmp_path)
     assert projector_stage(cfg, cfg.stage("rft")) is None  # its own model and projector, made in the round
     assert projector_stage(cfg, cfg.stage("serve")) is not None
-    blind = replace(cfg.stage("serve"), command=cfg.stage("serve").command.split(" --mmproj")[0])
+    blind = replace(cfg.stage("serve"), command=cfg.stage("serve").command.replace(
+        " --mmproj gguf/vlm-mmproj-f16.gguf", ""))
     assert projector_stage(cfg, blind) is not None and projector_stage(cfg, blind).mmproj is None
