@@ -966,7 +966,7 @@ async def test_the_vlm_pipeline_end_to_end_from_the_keys(pipeline_ws: Path, spaw
         (round_dir,) = (pipeline_ws / "runs" / "rft").iterdir()
         summary = json.loads((round_dir / "summary.json").read_text())
         assert summary["kept"] > 0 and summary["before"]["n"] == summary["after"]["n"] == 28
-        assert summary["after"]["errors"] == 0 and check_file(summary["model"])["ok"]
+        assert summary["after"]["errors"] == 0 and check_file(str(pipeline_ws / summary["model"]))["ok"]
         before, after = summary["before"]["success_rate"], summary["after"]["success_rate"]
         print(f"rft round: held-out success {before} -> {after}, kept {summary['kept']} of {summary['sampled']}")
         assert not (round_dir / "merged").exists() and not (round_dir / "vlm-f16.gguf").exists()
