@@ -36,11 +36,11 @@ def test_a_one_step_spike_survives_a_long_run_and_memory_stays_bounded(spike_at:
     losses[(spike_at + 1000) % len(losses)] = -3.0
     curve = Curve.of(run(losses), limit=256)
     kept = curve.points
-    assert len(kept) <= 5 * 256 and curve.count == 200_000 and curve.last.step == 200_000
+    assert len(kept) <= 9 * 256 and curve.count == 200_000 and curve.last.step == 200_000
     assert 50.0 in [p.loss for p in kept] and -3.0 in [p.loss for p in kept]
     assert [p.step for p in kept] == sorted(p.step for p in kept)
     drawn = curve.columns(80)
-    assert len(drawn) <= 5 * 80 and 50.0 in [p.loss for p in drawn] and -3.0 in [p.loss for p in drawn]
+    assert len(drawn) <= 9 * 80 and 50.0 in [p.loss for p in drawn] and -3.0 in [p.loss for p in drawn]
 
 
 @given(values=st.lists(st.tuples(VALUES, VALUES), max_size=600), limit=st.integers(2, 40), n=st.integers(1, 30))
@@ -50,13 +50,13 @@ def test_any_run_keeps_its_extremes_its_last_point_and_exact_counts(values, limi
     curve = Curve.of(points, limit=limit)
     kept = curve.points
     assert curve.count == len(points) and curve.bad_count == sum(p.bad for p in points)
-    assert len(kept) <= 5 * limit + 5 and (not points or kept[-1] == points[-1])
+    assert len(kept) <= 9 * limit + 9 and (not points or kept[-1] == points[-1])
     for name in ("loss", "grad_norm"):
         finite = [v for p in points if (v := getattr(p, name)) is not None and math.isfinite(v)]
         shown = [getattr(p, name) for p in curve.columns(n)]
         if finite:
             assert min(finite) in shown and max(finite) in shown
-    assert len(curve.columns(n)) <= max(5 * n, 2 * n, len(kept))
+    assert len(curve.columns(n)) <= max(9 * n, len(kept))
 
 
 @pytest.mark.parametrize(("length", "columns"), [(100, 5), (4000, 80), (10_000, 200), (960, 160)])

@@ -13,6 +13,7 @@ from textual.containers import Container
 from textual.content import Content
 from textual.widget import Widget
 
+from samai.console.core.curve import Curve
 from samai.console.core.state import StateUpdate
 from samai.console.core.trainlog import TrainPoint
 from samai.console.core.trainref import ReferenceCurve
@@ -67,7 +68,7 @@ class CurvesPane(Container):
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
-        self.points: list[TrainPoint] = []
+        self.curve = Curve()  # bounded at any run length: a draw costs the same at step 100 and 100,000
         self.before: list[TrainPoint] = []  # the last run's points, kept at a reset: a resume continues them
         self.resumed_at: int | None = None  # the step the shown run resumed from (marked on the curve)
         self.reference = ReferenceCurve()  # the last good run's, drawn beside this run's
@@ -96,15 +97,21 @@ class CurvesPane(Container):
         self.add(update.new_points)
         self.show_gpu_util(update.gpu_utilization)
 
+    @property
+    def points(self) -> list[TrainPoint]:
+        """The points kept: every one of a run of up to curve.LIMIT, then its extremes."""
+        return self.curve.points
+
     def show_before(self, points: list[TrainPoint]) -> None:
         """The earlier runs' points a resumed run continues (up to its resume step, before the
         steps shown): one curve. Steps already shown are not added twice."""
         if self.resumed_at is None:
             return
-        first = min((p.step for p in self.points), default=self.resumed_at + 1)
-        earlier = [p for p in points if p.step <= self.resumed_at and p.step < first]
+        first = self.curve.first_step
+        earlier = [p for p in points if p.step <= self.resumed_at and (first is None or p.step < first)]
         if earlier:
-            self.show(earlier + self.points)
+            self.curve = self.curve.prepended(earlier)
+            self._draw()
 
     def show_gpu_util(self, series: list[float | None]) -> None:
         """The GPUs' mean utilization by poll, oldest first (empty: no GPU, the line is hidden)."""
@@ -124,7 +131,7 @@ class CurvesPane(Container):
 
     def add(self, points: list[TrainPoint]) -> None:
         if points:
-            self.points.extend(points)
+            self.curve.add(points)
             self._draw()
 
     def reset(self) -> None:
@@ -133,7 +140,7 @@ class CurvesPane(Container):
 
     def show(self, points: list[TrainPoint]) -> None:
         """These points in place of those shown (a curve read elsewhere, whole)."""
-        self.points = list(points)
+        self.curve = Curve.of(points)
         self._draw()
 
     def _draw(self) -> None:
@@ -142,8 +149,9 @@ class CurvesPane(Container):
         plt = self.plot.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title(last_values(self.points))
-        good = [p for p in self.points if not p.bad]
+        plt.title(last_values(self.curve.last))
+        # A few points per column of the plot, its extremes kept: a curve of any length costs the same.
+        good = [p for p in self.curve.columns(max(8, self.plot.size.width)) if not p.bad]
         # Two y axes: a grad_norm of 18 beside a loss under 1 would flatten the loss on a shared one.
         series = (("loss", "left", [(p.step, p.loss) for p in good], self._colour("primary", "cyan")),
                   ("grad_norm", "right", [(p.step, p.grad_norm) for p in good], self._colour("accent", "orange")))
@@ -152,14 +160,15 @@ class CurvesPane(Container):
             if xy:
                 plt.plot([x for x, _ in xy], [y for _, y in xy], label=name, color=colour, marker="braille",
                          yside=side)
-        bad = [p.step for p in self.points if p.bad]
+        curve, bad = self.curve, self.curve.bad
         if bad:  # on the loss curve, where the run was when it went bad
-            plt.scatter(bad, [_loss_before(self.points, step) for step in bad], label=f"NaN/inf ({len(bad)})",
-                        color=self._colour("error", "red"), marker="x", yside="left")
-        if self.resumed_at is not None and self.points:
+            plt.scatter([step for step, _ in bad], [loss or 0.0 for _, loss in bad],
+                        label=f"NaN/inf ({curve.bad_count})", color=self._colour("error", "red"), marker="x",
+                        yside="left")
+        if self.resumed_at is not None and curve.count:
             plt.vline(self.resumed_at, self._colour("warning", "yellow"))
         plt.xlabel("step")
-        self.border_subtitle = (f"{len(self.points)} steps" + (f" · {len(bad)} bad" if bad else "")
+        self.border_subtitle = (f"{curve.count} steps" + (f" · {curve.bad_count} bad" if bad else "")
                                 + (f" · resumed at step {self.resumed_at}" if self.resumed_at is not None else ""))
         self.plot.refresh()
 
@@ -168,7 +177,7 @@ class CurvesPane(Container):
         """The learning rate, scaled to the grad_norm axis (its own scale is 1e4 times smaller), the
         eval losses, and the reference run's smoothed loss up to the current run's last step."""
         out = []
-        last = self.points[-1].step if self.points else None
+        last = self.curve.last.step if self.curve.last else None
         ref = self.reference
 
         def upto(series: tuple[tuple[int, float], ...]) -> list[tuple[int, float]]:
@@ -194,11 +203,10 @@ class CurvesPane(Container):
         return out
 
 
-def last_values(points: list[TrainPoint]) -> str:
+def last_values(last: TrainPoint | None) -> str:
     """The title: the last logged step's loss and grad_norm as numbers (nan when they are)."""
-    if not points:
+    if last is None:
         return "no training steps logged yet"
-    last = points[-1]
     return f"step {last.step}: loss {_number(last.loss)} · grad_norm {_number(last.grad_norm)}"
 
 
@@ -208,11 +216,3 @@ def _number(value: float | None) -> str:
 
 def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
-
-
-def _loss_before(points: list[TrainPoint], step: int) -> float:
-    """The last finite loss logged before `step` (else the first one after it; 0 when none)."""
-    finite = [(p.step, p.loss) for p in points if not p.bad and p.loss is not None and math.isfinite(p.loss)]
-    before = [loss for at, loss in finite if at < step]
-    after = [loss for at, loss in finite if at > step]
-    return (before[-1:] or after[:1] or [0.0])[0]

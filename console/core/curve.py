@@ -3,8 +3,8 @@ spikes kept and its counts exact.
 
 Every point is kept up to `limit`; past that, neighbouring points share a bucket (2, then 4, 8 …
 points: the width doubles each time the buckets fill up again), and a bucket keeps only the
-points that hold its extremes: the lowest and highest loss and grad_norm, its last point, and its
-NaN/inf points. So a one-step spike survives a run of any length, while memory and the cost of a
+points that hold its extremes: the lowest and highest loss, grad_norm and learning rate, its
+last point, and its NaN/inf points (at most 2). So a one-step spike survives a run of any length, while memory and the cost of a
 draw stay those of `limit` buckets. A draw asks for `columns(n)`: the same reduction over n equal
 ranges of steps (min/max downsampling, the M4 family that tsdownsample's MinMaxDownsampler
 implements; tests/test_curve.py checks the two agree), a few points per screen column."""
@@ -19,12 +19,12 @@ from samai.console.core.trainlog import TrainPoint
 
 LIMIT = 2048  # buckets kept: a draw reads at most a few points each
 MAX_BAD = 256  # NaN/inf points marked on the curve (all of them counted)
-SERIES = ("loss", "grad_norm")
+SERIES = ("loss", "grad_norm", "learning_rate")
 
 
 def extremes(points: list[TrainPoint]) -> list[TrainPoint]:
     """The points that hold the lowest and highest finite value of each series, the last point
-    and the NaN/inf points (at most 2 of them), in step order, each once."""
+    and the NaN/inf points (at most 2 of them), in step order, each once: at most 9."""
     if len(points) <= 2:
         return points
     keep = {len(points) - 1}
@@ -100,7 +100,7 @@ class Curve:
 
     def columns(self, n: int) -> list[TrainPoint]:
         """The kept points reduced to the extremes of each of n equal ranges of steps (a draw's
-        columns): at most about 5n points, whatever the run's length."""
+        columns): at most 9n points, whatever the run's length."""
         points = self.points
         if n <= 0 or len(points) <= 2 * n:
             return points
