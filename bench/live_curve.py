@@ -120,7 +120,8 @@ def main(rate: float, seconds: float, skip: int, settle: float) -> None:
           f"{sys.version.split()[0]}, {SIZE[0]}x{SIZE[1]} pty); {steps} steps logged in all")
     print(f"idle           {idle:6.2f} % of one core, RSS {idle_rss[-1] / MB:.1f} MB")
     print(f"minute 1       {first:6.2f} % of one core, RSS {first_rss[0] / MB:.1f} -> {first_rss[-1] / MB:.1f} MB")
-    print(f"after {skip} more steps {late:6.2f} % of one core, RSS {late_rss[0] / MB:.1f} -> {late_rss[-1] / MB:.1f} MB")
+    print(f"after {skip} more steps {late:6.2f} % of one core, "
+          f"RSS {late_rss[0] / MB:.1f} -> {late_rss[-1] / MB:.1f} MB")
     ratio = late / first if first else float("inf")
     growth = (late_rss[-1] - first_rss[0]) / MB
     print(f"minute N / minute 1: x{ratio:.2f} (target <= 1.2: {'met' if ratio <= 1.2 else 'MISSED'})")

@@ -255,3 +255,9 @@ def test_the_rft_round_serves_what_it_makes_and_is_no_serve_stage_to_check_for_i
     blind = replace(cfg.stage("serve"), command=cfg.stage("serve").command.replace(
         " --mmproj gguf/vlm-mmproj-f16.gguf", ""))
     assert projector_stage(cfg, blind) is not None and projector_stage(cfg, blind).mmproj is None
+
+
+def test_the_budget_counts_the_cu_runs_and_the_rounds_folder(tmp_path: Path) -> None:
+    cfg = vlm(tmp_path)
+    assert {"cu_runs", "rft"} <= {a.name for a in cfg.artifacts}
+    assert "rft" in cfg.stage("rft").makes and cfg.artifact("rft").path == "runs/rft"

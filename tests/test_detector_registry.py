@@ -142,7 +142,7 @@ async def test_doctor_and_the_tui_find_the_same_for_the_same_box(cfg, capsys) ->
 async def test_doctor_reports_the_newest_eval_runs_findings_and_unreadable_summaries(cfg, capsys) -> None:
     box = StandInBox(box_snapshot(), SPLIT)
     _, found = await doctor(cfg, box, capsys)
-    assert box.asked["reports"] == [cfg.ui.eval_reports]  # it asks for the eval summaries, as the poll does
+    assert box.asked["reports"] == cfg.ui.reports == [cfg.ui.eval_reports, cfg.ui.cu_reports]  # as the poll does
     by_code = {f["code"]: f for f in found}
     assert by_code["fake_zero"]["severity"] == "error" and by_code["fake_zero"]["message"].startswith("eval split: ")
     assert "runs/eval/bad/summary.json cannot be read" in by_code["unreadable_summary"]["message"]

@@ -4,10 +4,11 @@ spikes kept and its counts exact.
 Every point is kept up to `limit`; past that, neighbouring points share a bucket (2, then 4, 8 …
 points: the width doubles each time the buckets fill up again), and a bucket keeps only the
 points that hold its extremes: the lowest and highest loss, grad_norm and learning rate, its
-last point, and its NaN/inf points (at most 2). So a one-step spike survives a run of any length, while memory and the cost of a
-draw stay those of `limit` buckets. A draw asks for `columns(n)`: the same reduction over n equal
-ranges of steps (min/max downsampling, the M4 family that tsdownsample's MinMaxDownsampler
-implements; tests/test_curve.py checks the two agree), a few points per screen column."""
+last point, and its NaN/inf points (at most 2). So a one-step spike survives a run of any
+length, while memory and the cost of a draw stay those of `limit` buckets. A draw asks for
+`columns(n)`: the same reduction over n equal ranges of steps (min/max downsampling, the M4
+family that tsdownsample's MinMaxDownsampler implements; tests/test_curve.py checks the two
+agree): a few points per screen column."""
 
 from __future__ import annotations
 
