@@ -36,6 +36,7 @@ BENCHES = [  # the issue's table first, in its order; then the other figures
     ("the console over an emulated 100 ms link: first contact, steady poll, catch-up, outages", ["link.py"]),
     ("a fleet of 1, 4 and 16 boxes polled at 1 s: console CPU, memory, change to model", ["fleet.py"]),
     ("the probe's poll with two serving ports, one stopped, vs without", ["serving_probe.py", "--runs", "30"]),
+    ("a live training curve at 50 steps/s: minute 1 vs after 27,000 more steps", ["live_curve.py"]),
 ]
 
 
