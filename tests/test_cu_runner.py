@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from samai.remote.box.stages import cu_eval
-from samai.remote.box.stages.browser import BrowserMissing, find_browser
+from samai.remote.box.stages.chromium import BrowserMissing, find_browser
 from samai.remote.box.stages.webtasks import TaskError, read_tasks
 
 try:

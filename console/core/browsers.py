@@ -9,7 +9,7 @@ import shlex
 
 from samai.console.core.config import Config, Stage
 from samai.console.core.problems import Finding
-from samai.remote.box.stages.browser import BROWSERS, INSTALL_HINT
+from samai.remote.box.stages.chromium import BROWSERS, INSTALL_HINT
 from samai.remote.model import Snapshot
 
 BROWSER_STAGE = re.compile(r"(^|[\s/.])stages\.(cu_eval|rft)(\s|$)")

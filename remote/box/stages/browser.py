@@ -1,11 +1,10 @@
 """A headless Chromium driven by Playwright for web tasks: the pages served from loopback, each
 episode in a fresh browser context, every other request refused, the browser always closed.
 
-Playwright's own browser download cannot run on these machines, so a system Chromium is used
-(launched with executable_path): chromium-headless-shell, chromium or google-chrome, or the one
---browser names. Pages are untrusted: a page that hangs is that episode's timeout, a page that
-crashes its renderer (its JS heap is capped) that episode's error, a browser that dies is
-started again for the next episode; nothing a page does ends the run.
+The browser is a system Chromium (chromium.py finds it), launched with executable_path. Pages
+are untrusted: a page that hangs is that episode's timeout, a page that crashes its renderer
+(its JS heap is capped) that episode's error, a browser that dies is started again for the next
+episode; nothing a page does ends the run.
 
 Runs ON the box, in the box venv (Playwright is in the box extra).
 """
@@ -16,7 +15,6 @@ import contextlib
 import functools
 import http.server
 import os
-import shutil
 import threading
 import time
 import urllib.parse
@@ -24,32 +22,11 @@ from typing import Any, Iterator
 
 from .webtasks import Action, Check
 
-BROWSERS = ("chromium-headless-shell", "chromium", "google-chrome", "google-chrome-stable", "chrome")
-INSTALL_HINT = ("apt-get install chromium-headless-shell (Debian, Ubuntu), or name one with --browser PATH; "
-                "Playwright's own download does not run here")
 # A closed network: without these Chromium keeps trying Google's hosts at every start.
 FLAGS = ("--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-extensions")
 CHECK_S = 1.0  # how long an assertion waits for its element
 SETTLE_S = 2.0  # how long a performed action's page may take to load what it started
-
-
-class BrowserMissing(RuntimeError):
-    pass
-
-
-def find_browser(explicit: str | None = None) -> str:
-    """The browser to drive: the one named, else the first of BROWSERS on PATH."""
-    if explicit:
-        path = explicit if os.sep in explicit else shutil.which(explicit)
-        if path and os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-        raise BrowserMissing("no browser at %s: %s" % (explicit, INSTALL_HINT))
-    for name in BROWSERS:
-        path = shutil.which(name)
-        if path:
-            return path
-    raise BrowserMissing("no headless Chromium on this box (looked for %s): %s" % (", ".join(BROWSERS), INSTALL_HINT))
 
 
 class _Pages(http.server.SimpleHTTPRequestHandler):

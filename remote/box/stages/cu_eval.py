@@ -32,17 +32,8 @@ import urllib.error
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from .browser import (
-    Browser,
-    BrowserMissing,
-    EpisodeError,
-    PageServer,
-    check,
-    find_browser,
-    first_line,
-    perform,
-    screenshot,
-)
+from .browser import Browser, EpisodeError, PageServer, check, first_line, perform, screenshot
+from .chromium import BrowserMissing, find_browser
 from .common import marker, say, write_json
 from .eval import first_choice, pixels, unreachable
 from .images import IMAGE_CAP, ImageError, chat_content

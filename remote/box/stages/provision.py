@@ -243,7 +243,7 @@ def main() -> None:
 
 
 def say_browser() -> None:
-    from .browser import BrowserMissing, find_browser
+    from .chromium import BrowserMissing, find_browser
 
     try:
         say("headless Chromium for cu_eval and rft: %s" % find_browser())

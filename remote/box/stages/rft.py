@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from .browser import BrowserMissing, find_browser
+from .chromium import BrowserMissing, find_browser
 from .common import fail, marker, say, write_json
 from .cu_eval import Asking
 from .cu_eval import evaluate as cu_evaluate
