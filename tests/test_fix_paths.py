@@ -370,7 +370,8 @@ async def test_the_disk_pane_toggles_the_largest_users(tmp_path, workspace, port
         assert "scratch/[b]x␛[2J" in shown and "link " in shown
         assert "\x1b" not in shown
         total = sum(f.lstat().st_blocks * 512 for f in workspace.rglob("*") if not f.is_dir() or f.is_symlink())
-        assert total < 1_000_000 and f"in all {units.size(total)}" in shown, shown  # /usr not counted
+        # /usr not counted: the workspace holds the box tools (about 1 MB on disk) and small files
+        assert total < 5_000_000 and f"in all {units.size(total)}" in shown, shown
         await pilot.press("u")
         await pilot_until(pilot, lambda: "largest users" not in str(pane.render()))
 
