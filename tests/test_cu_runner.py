@@ -212,3 +212,27 @@ def test_the_browser_is_closed_after_the_run(tmp_path: Path, model: Model) -> No
             break
         time.sleep(0.2)
     assert not left, left
+
+
+def test_a_model_slower_than_the_episode_limit_is_that_episodes_error(tmp_path: Path) -> None:
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (the base class's name)
+            time.sleep(5)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        path = tasks_file(tmp_path / "t", {"buttons.html": BUTTONS}, [task("slow")])
+        started = time.monotonic()
+        (row,) = cu_eval.run(read_tasks(str(path)), str(path.parent), str(tmp_path / "out"),
+                             cu_eval.Asking(f"http://127.0.0.1:{httpd.server_address[1]}", timeout=60),
+                             samples=1, browser_path=BROWSER, viewport=(224, 224), episode_s=2.0, run_s=60)[0]
+        assert time.monotonic() - started < 4.5 and row["seconds"] < 3
+        assert row["error"].startswith("the model's server") and row["reward"] == 0 and row["shot"]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -79,6 +79,7 @@ class Browser:
     def __init__(self, executable: str, viewport: tuple[int, int], allowed_origin: str,
                  timeout_s: float = 10.0, js_heap_mb: int = 256) -> None:
         self.executable, self.viewport, self.allowed = executable, viewport, allowed_origin
+        self.timeout_s = timeout_s  # an episode's limit; each page step is given at most this
         self.timeout_ms = int(timeout_s * 1000)
         self.args = list(FLAGS) + ["--js-flags=--max-old-space-size=%d" % js_heap_mb]
         self._playwright: Any = None

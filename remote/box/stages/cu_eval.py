@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import urllib.error
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from .browser import Browser, EpisodeError, PageServer, check, first_line, perform, screenshot
@@ -66,8 +66,10 @@ class ServerDown(RuntimeError):
 
 def episode(browser: Browser, server: PageServer, task: Task, asking: Asking, shots: str,
             sample: int) -> dict[str, Any]:
-    """One episode's record: observe, ask, act, check."""
+    """One episode's record: observe, ask, act, check; within the browser's episode limit, each
+    step given what is left of it."""
     started = time.monotonic()
+    deadline = started + browser.timeout_s
     row: dict[str, Any] = {"task": task.id, "instruction": task.instruction, "split": task.split, "sample": sample,
                            "sent": None, "original": None, "answer": None, "action": None, "parse_error": None,
                            "error": None, "assertions": [], "reward": 0, "url": None, "shot": None}
@@ -79,10 +81,12 @@ def episode(browser: Browser, server: PageServer, task: Task, asking: Asking, sh
             content, image = chat_content(shot, task.instruction, asking.image_cap)
             row["original"] = [image["width"], image["height"]]
             row["sent"] = [image["sent_width"], image["sent_height"]]
-            row["answer"] = ask(asking, content, seed=sample)
+            row["answer"] = ask(replace(asking, timeout=min(asking.timeout, left(deadline, browser))), content,
+                                seed=sample)
             action, row["parse_error"] = parse_action(row["answer"], task)
             if action is not None:
                 row["action"] = action.as_json()
+                page.set_default_timeout(left(deadline, browser) * 1000)
                 perform(page, action)
             row["assertions"] = [check(page, c) for c in task.checks]
             row["url"] = page.url
@@ -92,6 +96,14 @@ def episode(browser: Browser, server: PageServer, task: Task, asking: Asking, sh
                         and all(a["passed"] for a in row["assertions"]))
     row["seconds"] = round(time.monotonic() - started, 3)
     return row
+
+
+def left(deadline: float, browser: Browser) -> float:
+    """Seconds left of the episode's limit; EpisodeError once it has passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise EpisodeError("the episode ran past its %g s limit (--episode-timeout)" % browser.timeout_s)
+    return remaining
 
 
 def ask(asking: Asking, content: list[dict[str, Any]], seed: int) -> str:
