@@ -34,7 +34,7 @@ import psutil
 from samai.console.core import units
 from samai.console.core.audit import AuditError, AuditLog
 from samai.console.core.budget import GB, disk_budget, workspace_disk
-from samai.console.core.config import Config, Stage, UnknownStage  # noqa: F401 (its callers import it here too)
+from samai.console.core.config import Config, Stage, UnknownStage, command_words  # noqa: F401 (its callers import it here too)
 from samai.console.core.kinds import ActionKind
 from samai.console.core.preflight import (
     Check,
@@ -837,10 +837,7 @@ def _alive(snap: Snapshot, stage: str) -> bool:
 
 def _runs_python(stage: Stage, python: str) -> bool:
     """Whether the stage's command runs that interpreter (pip would pull files from under it)."""
-    try:
-        return python in shlex.split(stage.command)
-    except ValueError:
-        return False
+    return python in (command_words(stage.command) or ())
 
 
 def _holder_lines(holders: Sequence[PortHolder]) -> list[str]:

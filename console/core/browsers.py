@@ -5,9 +5,8 @@ its first episode."""
 from __future__ import annotations
 
 import re
-import shlex
 
-from samai.console.core.config import Config, Stage
+from samai.console.core.config import Config, Stage, command_words
 from samai.console.core.problems import Finding
 from samai.remote.box.stages.chromium import BROWSERS, INSTALL_HINT
 from samai.remote.model import Snapshot
@@ -21,10 +20,7 @@ def browser_stages(cfg: Config) -> list[Stage]:
 
 def candidates(stage: Stage) -> tuple[str, ...]:
     """The browser the stage's command names (--browser PATH), else the ones it looks for."""
-    try:
-        words = shlex.split(stage.command)
-    except ValueError:
-        words = stage.command.split()
+    words = command_words(stage.command) or tuple(stage.command.split())
     for i, word in enumerate(words):
         if word == "--browser" and i + 1 < len(words):
             return (words[i + 1],)

@@ -6,10 +6,12 @@ With no file, the built-in `tiny` pipeline on this machine is the configuration.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import posixpath
 import re
+import shlex
 import stat
 import sys
 import tomllib
@@ -127,6 +129,17 @@ class Artifact:
     path: str  # relative paths are inside the workspace
     size_gb: float = 0.0  # the expected size, for projections before it exists
     intermediate: bool = False  # may be deleted once what it feeds exists
+
+
+@functools.lru_cache(maxsize=512)
+def command_words(command: str) -> tuple[str, ...] | None:
+    """A stage command's words as the shell splits them (None: unbalanced quotes, so it cannot
+    run either). Cached: the detectors and stage views read every command at every poll, and a
+    command never changes."""
+    try:
+        return tuple(shlex.split(command))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import shlex
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -15,7 +14,7 @@ from functools import cached_property
 from samai.console.core import units
 from samai.console.core.browsers import browser_missing, browser_names
 from samai.console.core.budget import GB, DiskBudget, disk_budget, project
-from samai.console.core.config import Config, Stage
+from samai.console.core.config import Config, Stage, command_words
 from samai.console.core.evalruns import EvalRun, RunCheck, read_eval_runs
 from samai.console.core.fixes import CLEAN, FixAction
 from samai.console.core.gpu_findings import GpuWatch
@@ -336,9 +335,8 @@ def peft_pythons(cfg: Config) -> dict[str, tuple[str, ...]]:
 def _peft_runners(role: str, command: str) -> list[str]:
     """The pythons in a command that run a peft stage: `venv/bin/python -m samai_box.stages.train`
     (or the old `venv/bin/python "$SAMAI_TOOLS/stages/train.py"`) and any python of a train-role stage."""
-    try:
-        words = shlex.split(command)
-    except ValueError:  # unbalanced quotes: the stage cannot run either
+    words = command_words(command)
+    if words is None:  # unbalanced quotes: the stage cannot run either
         return []
     found: list[str] = []
     for i, word in enumerate(words[:-1]):

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import posixpath
 import re
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from samai.console.core.config import Artifact, Config, Stage
+from samai.console.core.config import Artifact, Config, Stage, command_words
 
 SERVER = "llama-server"
 SERVER_OPTION = "--llama-server"  # the box's serve stage module names the binary it runs
@@ -42,9 +41,8 @@ def mmproj_artifact(cfg: Config) -> Artifact | None:
 
 def serve_command(command: str) -> ServeCommand:
     """The command's words read for the serve options; a command shlex cannot split names nothing."""
-    try:
-        words = shlex.split(command)
-    except ValueError:  # unbalanced quotes: the stage cannot run either
+    words = command_words(command)
+    if words is None:  # unbalanced quotes: the stage cannot run either
         return ServeCommand(None, None, False)
     runs = any(posixpath.basename(w) == SERVER or w == SERVER_OPTION or w.startswith(SERVER_OPTION + "=")
                for w in words)
