@@ -261,3 +261,18 @@ def test_the_budget_counts_the_cu_runs_and_the_rounds_folder(tmp_path: Path) -> 
     cfg = vlm(tmp_path)
     assert {"cu_runs", "rft"} <= {a.name for a in cfg.artifacts}
     assert "rft" in cfg.stage("rft").makes and cfg.artifact("rft").path == "runs/rft"
+
+
+@pytest.mark.parametrize("pipeline", ["vlm-tiny", "samai-vl"])
+def test_the_shipped_cu_eval_and_rft_commands_parse(pipeline: str) -> None:
+    import shlex
+
+    from samai.remote.box.stages import cu_eval, rft
+
+    cfg = config.load_builtin(pipeline)
+    for name, stage_parser in (("cu_eval", cu_eval.parser()), ("rft", rft.parser())):
+        words = shlex.split(cfg.stage(name).command)
+        args = stage_parser.parse_args(words[words.index(f"samai_box.stages.{name}") + 1:])
+        assert args.tasks == "data/cu/tasks.jsonl" and args.url.endswith(str(cfg.stage("serve").ports[0]))
+    assert args.samples == 8 and args.port == cfg.stage("rft").ports[0]
+    assert "--smoke-image" in args.serve_arg  # the round's server is smoke-tested as the pipeline's is

@@ -159,6 +159,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                    help="passed to the serve stage (repeatable; e.g. --serve-arg=--image-max-tokens --serve-arg=64)")
+    p.add_argument("--train-arg", action="append", default=[], metavar="ARG",
+                   help="passed to the train stage (repeatable; e.g. --train-arg=--bf16)")
+    p.add_argument("--convert-arg", action="append", default=[], metavar="ARG",
+                   help="passed to the convert stage (repeatable; e.g. --convert-arg=--converter --convert-arg=PATH)")
     return p
 
 
@@ -184,9 +188,10 @@ def main() -> None:
     f16, mmproj = os.path.join(args.out, "vlm-f16.gguf"), os.path.join(args.out, "vlm-mmproj-f16.gguf")
     model = os.path.join(args.out, "vlm-%s.gguf" % args.quant_type.lower())
     step("train", module("train", "--base", args.base, "--data", train_file, "--out", train_dir, "--epochs",
-                         args.epochs, "--nan-patience", "5", "--lora-regex", args.lora_regex))
+                         args.epochs, "--nan-patience", "5", "--lora-regex", args.lora_regex, *args.train_arg))
     step("merge", module("merge", "--base", args.base, "--train-dir", train_dir, "--out", merged))
-    step("convert", module("convert", "--model", merged, "--out", f16, "--mmproj", mmproj, "--delete-input"))
+    step("convert", module("convert", "--model", merged, "--out", f16, "--mmproj", mmproj, "--delete-input",
+                           *args.convert_arg))
     step("quantize", module("quantize", "--in", f16, "--out", model, "--type", args.quant_type, "--llama-quantize",
                             args.llama_quantize, "--delete-input"))
     server = serve_round(args, model, mmproj)
