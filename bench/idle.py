@@ -1,6 +1,6 @@
 """An idle console: CPU and memory of the TUI polling the local target once a second.
 
-    python bench/idle.py [--seconds 60] [--interval 1.0] [--settle 5] [--box own|shared]
+    python bench/idle.py [--seconds 60] [--interval 1.0] [--settle 5] [--box own|shared] [--config FILE]
 
 The console runs as a user starts it: `python -m samai.console --config FILE` in a
 pseudo-terminal (see startup.py: 150x45, HOME and the XDG folders in a temporary folder, so
@@ -96,8 +96,10 @@ def rss(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def config_file(folder: str, interval: float) -> str:
-    text = resources.files("samai.console").joinpath("pipelines", "tiny.toml").read_text("utf-8")
+def config_file(folder: str, interval: float, source: str | None = None) -> str:
+    """The tiny pipeline (or the config file `source`) with its poll_interval set, in folder."""
+    text = Path(source).read_text("utf-8") if source else \
+        resources.files("samai.console").joinpath("pipelines", "tiny.toml").read_text("utf-8")
     text, found = re.subn(r"(?m)^poll_interval = .*$", f"poll_interval = {interval}", text)
     if found != 1:
         raise RuntimeError("the built-in tiny pipeline has no poll_interval line to set")
@@ -114,10 +116,11 @@ def slope(samples: list[tuple[float, int]]) -> float:
     return 60 * sum((t - mt) * (v - mv) for t, v in samples) / var if var else 0.0
 
 
-def main(seconds: float, interval: float, settle: float, box: str) -> None:
+def main(seconds: float, interval: float, settle: float, box: str, source: str | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="samai-bench-idle-") as root:
         pycache = os.path.join(root, "pycache")
-        tui = Tui([sys.executable, "-m", "samai.console", "--config", config_file(root, interval)], root, pycache)
+        tui = Tui([sys.executable, "-m", "samai.console", "--config", config_file(root, interval, source)], root,
+                  pycache)
         try:
             painted = tui.wait_painted()
             tui.drain(settle)
@@ -181,7 +184,9 @@ if __name__ == "__main__":
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between the first paint and sampling")
     parser.add_argument("--box", choices=("own", "shared"), default="own",
                         help="own: a PID namespace holding only the console (root); shared: this machine as it is")
+    parser.add_argument("--config", metavar="FILE", help="a pipeline config (with its workspace) instead of the "
+                        "built-in tiny pipeline, e.g. one whose stages have all run, a server up (use --box shared)")
     args = parser.parse_args()
     if args.box == "own" and not os.environ.get(IN_NAMESPACE):
         sys.exit(in_own_namespace())
-    main(args.seconds, args.interval, args.settle, args.box)
+    main(args.seconds, args.interval, args.settle, args.box, args.config)
