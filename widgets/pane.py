@@ -62,6 +62,10 @@ class Pane(Static):
         self._shown = content
         self.update(content, layout=layout)
 
+    def shown_lines(self) -> int:
+        """The lines of the content on show (0 before any)."""
+        return 0 if self._shown is None else self._shown.plain.count("\n") + 1
+
 
 def set_subtitle(widget: Widget, subtitle: str | Content) -> None:
     """Set a border subtitle, a str taken literally; Textual repaints the whole widget even when it is

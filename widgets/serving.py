@@ -76,8 +76,6 @@ class ServePane(Pane):
     }
     """
 
-    _lines = 0  # of the content on show: its height (auto, and no line wraps)
-
     def show_update(self, update: StateUpdate) -> None:
         self.show(update.serving)
 
@@ -88,7 +86,6 @@ class ServePane(Pane):
         if views:
             set_subtitle(self, " · ".join(sorted({v.metrics.engine for v in views if v.metrics} or {"no metrics"})))
             content = Content("\n").join([serving_block(v) for v in views])
-            lines = content.plain.count("\n") + 1
-            # New figures in as many lines need no layout pass (one took 15 ms at every serving read).
-            self.show_content(content, layout=lines != self._lines)
-            self._lines = lines
+            # New figures in as many lines need no layout pass (one took 15 ms at every serving read):
+            # the pane's height is its line count (height auto, no wraps).
+            self.show_content(content, layout=self.shown_lines() != content.plain.count("\n") + 1)

@@ -37,11 +37,11 @@ def browser_names(cfg: Config) -> list[str]:
     return names
 
 
-def browser_missing(cfg: Config, snap: Snapshot) -> list[Finding]:
-    """One finding for the stages whose browser the box does not have; nothing where the
-    snapshot did not ask."""
+def browser_missing(cfg: Config, snap: Snapshot, stages: list[Stage] | None = None) -> list[Finding]:
+    """One finding for the stages (all that drive a browser, unless named) whose browser the box
+    does not have; nothing where the snapshot did not ask."""
     seen = {b.path: b.executable for b in snap.binaries}
-    lacking = [s.name for s in browser_stages(cfg)
+    lacking = [s.name for s in (browser_stages(cfg) if stages is None else stages)
                if any(n in seen for n in candidates(s)) and not any(seen.get(n) for n in candidates(s))]
     if not lacking:
         return []

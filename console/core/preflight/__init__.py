@@ -5,7 +5,7 @@ the server a stage talks to (its `--url` on this box) listening."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from samai.console.core import units
 from samai.console.core.browsers import browser_missing, browser_stages
@@ -76,7 +76,7 @@ def preflight(cfg: Config, snap: Snapshot, stage: Stage, budget: DiskBudget | No
     checks.extend(_server_checks(cfg, snap, stage))
     checks.extend(_projector_checks(cfg, budget, stage))
     if stage in browser_stages(cfg):
-        checks.extend(Check("error", f.message) for f in browser_missing(replace(cfg, stages=(stage,)), snap))
+        checks.extend(Check("error", f.message) for f in browser_missing(cfg, snap, [stage]))
     return Preflight(stage.name, tuple(checks), poison)
 
 

@@ -70,9 +70,7 @@ def episode(browser: Browser, server: PageServer, task: Task, asking: Asking, sh
     step given what is left of it."""
     started = time.monotonic()
     deadline = started + browser.timeout_s
-    row: dict[str, Any] = {"task": task.id, "instruction": task.instruction, "split": task.split, "sample": sample,
-                           "sent": None, "original": None, "answer": None, "action": None, "parse_error": None,
-                           "error": None, "assertions": [], "reward": 0, "url": None, "shot": None}
+    row = blank_row(sample, task)
     try:
         with browser.page(server.url(task.page)) as page:
             shot = os.path.join(shots, "%s-%d.png" % (safe_name(task.id), sample))
@@ -150,11 +148,16 @@ def run(tasks: Iterable[Task | TaskError], folder: str, out: str, asking: Asking
     return rows, version
 
 
-def refused_row(error: str, sample: int, task: Task | None = None) -> dict[str, Any]:
+def blank_row(sample: int, task: Task | None = None, error: str | None = None) -> dict[str, Any]:
+    """An episode's record before anything happened in it (with error: one that never ran)."""
     return {"task": task.id if task else None, "instruction": task.instruction if task else None,
             "split": task.split if task else None, "sample": sample, "sent": None, "original": None, "answer": None,
             "action": None, "parse_error": None, "error": error, "assertions": [], "reward": 0, "url": None,
             "shot": None, "seconds": 0.0}
+
+
+def refused_row(error: str, sample: int, task: Task | None = None) -> dict[str, Any]:
+    return blank_row(sample, task, error)
 
 
 def viewport_of(text: str) -> tuple[int, int]:
