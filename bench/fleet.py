@@ -1,14 +1,15 @@
 """A fleet of 1, 4 and 16 boxes polled every second by one console's fleet poller: its CPU, its
 memory and the time from a change on a box to the fleet model seeing it.
 
-    python bench/fleet.py [--boxes 1,4,16] [--seconds 30] [--settle 8]
+    python bench/fleet.py [--boxes 1,16,64] [--seconds 30] [--settle 8] [--ssh]
 
 Each box is a local target with a workspace of its own, running the built-in tiny pipeline's
 config (its ten stages, their logs watched for markers) plus a `bench` and a `touched` stage, polled at 1 s by
 the fleet model of the fleet screen (samai.console.core.fleet: one BoxWatch per box, its own Box
-and probe, each in its own asyncio task, as the screen's workers run them). Loopback SSH is
-left out: sshd's own CPU per connection would weigh on the figures as much as the console's,
-on this 2-core machine more.
+and probe, each in its own asyncio task, as the screen's workers run them). Each row's poll is
+the fleet's slim one (ConsoleState's row_only). With --ssh every box is instead an SSH target on
+a real OpenSSH server over loopback (root and openssh-server needed, as for the tests): one
+connection per box carrying its probe; sshd's CPU is measured apart from the console's.
 
 Each fleet size runs in a process of its own (so that its memory is its own). After the first
 polls (--settle s: the box tools installed, every stage log scanned once), for --seconds:
@@ -20,7 +21,9 @@ polls (--settle s: the box tools installed, every stage log scanned once), for -
   timed from the write to the row showing its alert; and the `bench` stage is fired on the
   first, the middle and the last box by the CLI (`--box NAME fire bench --yes`, a process of its
   own), timed from the run's fired_at (the box's clock, which is this one) to the row listing
-  it as running.
+  it as running;
+- with --ssh, the sshd processes' CPU (the listener and its per-connection children) over the
+  same window, apart.
 
 Printed: the figures of each size, and each as a ratio against the single box measured in the
 same run. A measurement, not a test: nothing asserts on it.
@@ -40,8 +43,10 @@ import time
 from importlib import resources
 from pathlib import Path
 
+import psutil
 from harness import argument_parser, print_figure
 
+from tests import sshd
 from tests.helpers import stop_stages_under
 
 MB = 1024 * 1024
@@ -68,27 +73,48 @@ def rss() -> int:
     return 0
 
 
-def fleet_toml(folder: Path, count: int) -> Path:
-    """The tiny pipeline with `count` local boxes in place of its [target], and the bench stage."""
+def fleet_toml(folder: Path, count: int, url: str = "local") -> Path:
+    """The tiny pipeline with `count` boxes at url in place of its [target], and the bench stage."""
     tiny = resources.files("samai.console").joinpath("pipelines/tiny.toml").read_text()
     assert TINY_TARGET in tiny, "the tiny pipeline's [target] changed: update this script"
     boxes = ""
     for i in range(count):
         workspace = folder / f"ws-{i}"
         (workspace / "logs").mkdir(parents=True)
-        boxes += f'[boxes.box{i}]\nurl = "local"\nworkspace = "{workspace}"\npoll_interval = 1.0\n'
+        boxes += f'[boxes.box{i}]\nurl = "{url}"\nworkspace = "{workspace}"\npoll_interval = 1.0\n'
+        if url != "local":
+            boxes += f'python = "{sys.executable}"\n'
     path = folder / "fleet.toml"
     path.write_text(tiny.replace(TINY_TARGET, boxes) + BENCH_STAGES)
     return path
 
 
-async def measure(count: int, seconds: float, settle: float) -> dict:
+def sshd_cpu(server) -> float:
+    """CPU seconds of the sshd listener and its per-connection processes so far."""
+    procs = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(recursive=True)]
+    total = 0.0
+    for proc in procs:
+        try:
+            if proc.name().startswith("sshd"):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:  # a connection's process ended between the listing and the look
+            pass
+    return total
+
+
+async def measure(count: int, seconds: float, settle: float, ssh: bool) -> dict:
     from samai.console.core import config
     from samai.console.core.connect import open_box
     from samai.console.core.fleet import Fleet
 
     folder = Path(tempfile.mkdtemp(prefix="samai-bench-fleet-"))
-    path = fleet_toml(folder, count)
+    server = None
+    if ssh:
+        server = sshd.SshServer(sshd.new_root()).start()
+        os.environ["HOME"] = str(server.client_home)  # its client key and known_hosts (the fire CLI's too)
+        os.environ.pop("SSH_AUTH_SOCK", None)
+    path = fleet_toml(folder, count, server.url() if server else "local")
     fleet = Fleet(config.load(path), lambda c: open_box(c, readonly=True))
     rss_before = rss()
     tasks = [asyncio.create_task(w.run(WAITERS.report)) for w in fleet.watches]
@@ -97,16 +123,21 @@ async def measure(count: int, seconds: float, settle: float) -> dict:
             await asyncio.sleep(0.2)
         await asyncio.sleep(settle)
         cpu0, wall0, rss0 = time.process_time(), time.monotonic(), rss()
+        sshd0 = sshd_cpu(server) if server else 0.0
         polls0 = sum(w.row.polls for w in fleet.watches)
         touches, fires = await changes(fleet, path, folder, seconds)
         cpu1, wall1, rss1 = time.process_time(), time.monotonic(), rss()
+        sshd1 = sshd_cpu(server) if server else 0.0
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await fleet.close()
         stop_stages_under(folder)
+        if server:
+            server.stop()
     return {"boxes": count, "cpu": (cpu1 - cpu0) / (wall1 - wall0), "rss_growth": rss1 - rss0,
+            "sshd_cpu": (sshd1 - sshd0) / (wall1 - wall0) if server else None,
             "rss_fleet": rss1 - rss_before, "touch": touches, "fire": fires,
             "polls": sum(w.row.polls for w in fleet.watches) - polls0, "seconds": wall1 - wall0}
 
@@ -170,44 +201,47 @@ class Waiters:
 WAITERS = Waiters()
 
 
-def child(count: int, seconds: float, settle: float) -> None:
-    print(json.dumps(asyncio.run(measure(count, seconds, settle))))
+def child(count: int, seconds: float, settle: float, ssh: bool) -> None:
+    print(json.dumps(asyncio.run(measure(count, seconds, settle, ssh))))
 
 
 def main() -> int:
     parser = argument_parser(__doc__)
-    parser.add_argument("--boxes", default="1,4,16", help="fleet sizes, the first the baseline (default 1,4,16)")
+    parser.add_argument("--boxes", default="1,16,64", help="fleet sizes, the first the baseline (default 1,16,64)")
     parser.add_argument("--seconds", type=float, default=30.0, help="the measured window of each size")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds of polling before the window")
+    parser.add_argument("--ssh", action="store_true", help="the boxes SSH targets on a loopback sshd")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.seconds, args.settle)
+        child(args.child, args.seconds, args.settle, args.ssh)
         return 0
     results = []
     for count in (int(n) for n in args.boxes.split(",")):
         done = subprocess.run([sys.executable, __file__, "--child", str(count), "--seconds", str(args.seconds),
-                               "--settle", str(args.settle)], capture_output=True, text=True, timeout=900)
+                               "--settle", str(args.settle), *(["--ssh"] if args.ssh else [])],
+                              capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             print(f"{count} boxes failed:\n{done.stderr[-2000:]}")
             return 1
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    report(results, args.seconds)
+    report(results, args.seconds, "SSH boxes on a loopback sshd" if args.ssh else "local boxes")
     return 0
 
 
-def report(results: list[dict], seconds: float) -> None:
-    print(f"fleet poller at 1 s, {seconds:g} s window per size, local boxes ({os.cpu_count()} CPUs, "
+def report(results: list[dict], seconds: float, boxes: str) -> None:
+    print(f"fleet poller at 1 s, {seconds:g} s window per size, {boxes} ({os.cpu_count()} CPUs, "
           f"Python {sys.version.split()[0]})")
     print(f"{'boxes':>5} {'polls/s':>7} {'CPU %':>7} {'CPU %/box':>9} {'RSS Δ MB':>9} {'fleet MB':>9} "
-          f"{'touch→seen ms (median, max)':>28} {'fire→seen ms (median)':>22}")
+          f"{'touch→seen ms (median, max)':>28} {'fire→seen ms (median)':>22} {'sshd CPU %':>10}")
     for r in results:
         touch, fire = r["touch"], r["fire"]
         print(f"{r['boxes']:>5} {r['polls'] / r['seconds']:>7.1f} {100 * r['cpu']:>7.2f} "
               f"{100 * r['cpu'] / r['boxes']:>9.3f} "
               f"{r['rss_growth'] / MB:>9.2f} {r['rss_fleet'] / MB:>9.1f} "
               f"{1000 * statistics.median(touch):>15.0f} {1000 * max(touch):>12.0f} "
-              f"{1000 * statistics.median(fire) if fire else float('nan'):>22.0f}")
+              f"{1000 * statistics.median(fire) if fire else float('nan'):>22.0f} "
+              f"{'' if r['sshd_cpu'] is None else format(100 * r['sshd_cpu'], '.3f'):>10}")
     base = results[0]
     for r in results[1:]:
         n = r["boxes"] / base["boxes"]

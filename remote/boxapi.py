@@ -23,10 +23,10 @@ import json
 import posixpath
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from samai.remote import model
-from samai.remote.boxtools import LOADER, STARTER, ToolSet, loader_input, module_of
+from samai.remote.boxtools import LOADER, STARTER, ToolSet, module_of
 from samai.remote.boxtools import tool_names as tool_names  # re-exported: the Box's callers list the tools here
 from samai.remote.follow import LogCursor
 from samai.remote.model import Boot, BoxError, CleanResult, FireResult, LogChunk, SignalResult, Snapshot
@@ -72,7 +72,7 @@ class Box:
         self._tools_checked = self.transport.generation
 
     async def _install(self) -> None:
-        stdin = loader_input(self.tools.needed_by("install.py")) + self.tools.archive()
+        stdin = self.tools.loader_for("install.py") + self.tools.archive()
         result = await self.transport.run(self._loader_argv("install.py", self.workspace, self.tools.digest),
                                           stdin=stdin, timeout=self.timeout + 30)
         if result.rc != 0:
@@ -107,7 +107,7 @@ class Box:
         on stdin ahead of the request (nothing installed, nothing written)."""
         if not self.readonly:
             return await self.call(tool, request, timeout=timeout)
-        stdin = loader_input(self.tools.needed_by(tool)) + json.dumps(request).encode()
+        stdin = self.tools.loader_for(tool) + json.dumps(request).encode()
         result = await self.transport.run(self._loader_argv(tool), stdin=stdin, timeout=timeout or self.timeout)
         if result.rc != 0:
             raise BoxError(f"{tool} failed (rc={result.rc}): {result.stderr_text()[-500:]}")
@@ -152,13 +152,13 @@ class Box:
     async def _open_probe(self) -> Stream:
         if self.readonly:  # nothing installed: the probe's code goes ahead of its first request
             return await self.transport.open_stream(self._loader_argv("probe.py", "--serve"),
-                                                    preamble=loader_input(self.tools.needed_by("probe.py")))
+                                                    preamble=self.tools.loader_for("probe.py"))
         return await self.transport.open_stream([self.python, "-S", "-c", STARTER, self.tools_dir, "probe", "--serve"])
 
     # ------------------------------------------------------------ reads
 
     async def snapshot(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
-                       reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
+                       reports: Sequence[str] = (), processes: bool | Literal["stages"] = True, writers: bool = False,
                        binaries: Sequence[str] = (), artifact_budget_s: float = 1.0,
                        serving: Sequence[int] = (), props: Sequence[int] | None = None,
                        canary: Sequence[int] = ()) -> Snapshot:
@@ -175,7 +175,7 @@ class Box:
         return snap
 
     def snapshot_request(self, *, artifacts: Sequence[tuple[str, str]] = (), logs: Sequence[LogCursor] = (),
-                         reports: Sequence[str] = (), processes: bool = True, writers: bool = False,
+                         reports: Sequence[str] = (), processes: bool | Literal["stages"] = True, writers: bool = False,
                          binaries: Sequence[str] = (), artifact_budget_s: float = 1.0,
                          serving: Sequence[int] = (), props: Sequence[int] | None = None,
                          canary: Sequence[int] = ()) -> dict:

@@ -18,10 +18,11 @@ code comes on stdin.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -138,11 +139,15 @@ def module_of(tool: str) -> str:
 class ToolSet:
     digest: str
     files: Mapping[str, bytes]  # path in the tools folder -> content
+    # What is sent of it, packed once: a fleet's boxes share one ToolSet and send the same bytes.
+    _packed: dict[str, bytes] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
+    @functools.cache
     def bundled(cls) -> ToolSet:
         """The package (every .py of samai.remote.box, __init__ files included), its runner and
-        the old stage paths, by their path in the tools folder."""
+        the old stage paths, by their path in the tools folder: read once per process (the
+        installed package does not change under it), shared by every Box."""
         folder = resources.files(SOURCE)
         files = {f"{PACKAGE}/{name}": folder.joinpath(name).read_bytes() for name in package_files()}
         files["__main__.py"] = RUNNER.encode()
@@ -153,7 +158,15 @@ class ToolSet:
 
     def archive(self) -> bytes:
         """Every file as one stream: what install.py (or the starter) reads."""
-        return loader_input(self.files)
+        if "" not in self._packed:
+            self._packed[""] = loader_input(self.files)
+        return self._packed[""]
+
+    def loader_for(self, tool: str) -> bytes:
+        """What LOADER reads ahead of tool's input: the modules it needs (needed_by), packed."""
+        if tool not in self._packed:
+            self._packed[tool] = loader_input(self.needed_by(tool))
+        return self._packed[tool]
 
     def needed_by(self, tool: str) -> dict[str, bytes]:
         """tool's module and every module of the package it imports, directly or not, with the

@@ -430,6 +430,11 @@ SNAPSHOT_TRAPS: dict[str, Detector] = {
 }
 
 
+# What a fleet row's poll judges (ConsoleState's row_only): what its slim snapshot shows, without
+# the process table, the serving ports, the report files or the binaries, which it does not ask for.
+ROW_DETECTORS = ("poison", "disk", "disk_reserve", "lost_stages", "restore_instead", "gpus", "disk_filling",
+                 "memory_filling")
+
 # The detectors of what is read apart from the poll: judged again when it has been read.
 ENVIRONMENT_DETECTORS = ("torchao_beside_peft",)
 EVAL_DETECTORS = ("eval",)

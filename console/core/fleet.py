@@ -114,7 +114,7 @@ class BoxWatch:
 
     def __init__(self, name: str, config: Config, open_box: OpenBox, clock: Callable[[], float] = time.time) -> None:
         self.name, self.config = name, config
-        self.session = BoxSession(config, open_box, clock=clock)
+        self.session = BoxSession(config, open_box, clock=clock, row_only=True)
         self.row = BoxRow(name, redact(config.target.url))  # shown: a password in it masked
         self._clock = clock
 

@@ -50,9 +50,10 @@ class PollFailed:
 
 
 class BoxSession:
-    def __init__(self, config: Config, open_box: OpenBox, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: Config, open_box: OpenBox, *, clock: Callable[[], float] = time.time,
+                 row_only: bool = False) -> None:
         self.config = config
-        self.state = ConsoleState(config)
+        self.state = ConsoleState(config, row_only=row_only)  # row_only: a fleet row's share of the box
         self.box: Box | None = None
         self.link: Link = "connecting"
         self._open_box, self._clock = open_box, clock

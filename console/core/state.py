@@ -18,6 +18,7 @@ from samai.console.core.detectors import (
     DETECTORS,
     ENVIRONMENT_DETECTORS,
     EVAL_DETECTORS,
+    ROW_DETECTORS,
     DetectorContext,
     DetectorRegistry,
     Finding,
@@ -162,14 +163,20 @@ def _marker_of(stage: Stage, name: str) -> Marker | None:
 
 
 class ConsoleState:
-    def __init__(self, config: Config, detectors: DetectorRegistry = DETECTORS) -> None:
+    """One box as the console knows it, poll after poll. row_only: a fleet row's share of it
+    (the stages, the disk, the GPUs and what raises an alert): the probe sends only the stages'
+    processes, and the training curve, an idle stage's preflight, the serving ports, the report
+    files and the binaries are the box screen's alone."""
+
+    def __init__(self, config: Config, detectors: DetectorRegistry = DETECTORS, *, row_only: bool = False) -> None:
         self.config = config
         self.detectors = detectors  # the same registry as `doctor`'s: the same box, the same findings
+        self.row_only = row_only
         self.watches = {s.name: self._watch(s) for s in config.stages}
         self._stages = {s.name: s for s in config.stages}
         train = config.stage_by_role("train")  # the stage whose log the curve and its alerts come from
         self.train_stage = train.name if train else None
-        self.train_log = piece_follower(self.path_of(train.log), offset=0) if train else None
+        self.train_log = piece_follower(self.path_of(train.log), offset=0) if train and not row_only else None
         self.trainlog = TrainLogCheck()  # the same reader as `check trainlog`
         self._curve_resumed_at: int | None = None  # the followed run's resume step, once said
         self.runs: dict[str, tuple] = {}  # each stage's current run: (fired_at, pid, start_time)
@@ -255,7 +262,10 @@ class ConsoleState:
         """The next snapshot's keyword arguments: artifact paths, log cursors, report globs, and
         the running servers' ports when they are due."""
         making = {name for s in self.config.stages if self._statuses.get(s.name) == "running" for name in s.makes}
-        return {"artifacts": self.sizer.due(self.received_at, making), "logs": [f.cursor() for f in followers],
+        artifacts, logs = self.sizer.due(self.received_at, making), [f.cursor() for f in followers]
+        if self.row_only:
+            return {"artifacts": artifacts, "logs": logs, "processes": "stages"}
+        return {"artifacts": artifacts, "logs": logs,
                 "reports": self.config.ui.reports, "writers": True,
                 "binaries": declared_binaries(self.config),
                 **self.serving.request(self._running(), self.received_at or 0.0)}
@@ -403,6 +413,8 @@ class ConsoleState:
     def detector_context(self, snap: Snapshot) -> DetectorContext:
         """What the detectors read this poll: the snapshot, and what was read apart from the poll
         (environments, the newest eval's check) or kept across polls (the GPU watch)."""
+        if self.row_only:  # only the stages' processes: not the table the process detectors judge
+            snap = replace(snap, processes=())
         return DetectorContext.of(self.config, snap, environments=self.environments,
                                   eval_checked=self.eval_checked, gpu=self.gpu, disk_trend=self.disk_trend,
                                   memory_trends=self.memory_trends, checkpoints=tuple(self.checkpoint_lists.items()),
@@ -412,7 +424,7 @@ class ConsoleState:
         """Detector findings as alerts: once when they appear, again only if they go and come back.
         A detector that raises is its own internal_error finding: the poll goes on. only: these
         detectors alone (a read beside the poll); what the others found stands until the next poll."""
-        findings = self.detectors.run(ctx, only)
+        findings = self.detectors.run(ctx, only or (ROW_DETECTORS if self.row_only else None))
         new = [f for f in findings if f.key not in self._standing]
         self._standing = {f.key for f in findings} | (self._standing if only else set())
         return [Alert(self._at(), f.severity, f.message, code=f.code, action=f.action,
@@ -526,7 +538,8 @@ class ConsoleState:
     def _stage_view(self, stage: Stage, snap: Snapshot, update: StateUpdate) -> StageView:
         rec = snap.state(stage.name)
         status: StageStatus = rec.status if rec else "idle"
-        if status == "idle" and (preflight(self.config, snap, stage, update.budget).blocked or self.unproven(stage)):
+        if status == "idle" and not self.row_only and (preflight(self.config, snap, stage, update.budget).blocked
+                                                       or self.unproven(stage)):
             status = "blocked"
         before = self._statuses.get(stage.name)
         if before is None and rec is not None and self._fired_since_last_look(rec, snap.time):

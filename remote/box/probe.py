@@ -10,7 +10,7 @@ Request (every key optional):
    "logs": [{"path", "offset", "inode", "dev", "mtime", "drained", "older", "check", "scan_from",
              "last_lines", "max_bytes", "data": true, "markers": [{"name", "pattern", "needles"}]}],
    "ranges": [{"path", "start", "end"}], "reports": [{"glob", "max"}],
-   "processes": true, "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH],
+   "processes": true | false | "stages", "processes_since": MARK, "states": true, "writers": false, "binaries": [PATH],
    "users": {"top": 10, "budget_s": 2.0}, "listing": {"path", "prefix", "max"},
    "packages": [{"python", "names", "max"}], "gpus": true, "attach": false,
    "serving": {"ports": [PORT], "paths": ["/health", ...], "budget_s": 0.8}}
@@ -31,7 +31,8 @@ Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts",
 A --serve probe marks each reply's processes ("processes_mark"). A request that names the mark
 of the last reply ("processes_since") gets only what changed since: "processes" holds the new
 and changed entries, "processes_gone" the pids that are gone, and "processes_since" repeats the
-mark. Any other mark, or none, gets every process.
+mark. Any other mark, or none, gets every process. "processes": "stages" reads the table for
+the stage states but sends (and looks for the sockets of) only the stages' processes.
 """
 
 from __future__ import annotations
@@ -219,6 +220,9 @@ def check_request(req: Any) -> None:
         raise ValueError("request must be a JSON object")
     optional(req, "workspace", "request", str)
     optional(req, "processes_since", "request", str)
+    scope = req.get("processes", True)
+    if not (isinstance(scope, bool) or scope == "stages"):
+        raise ValueError('request.processes must be true, false or "stages"')
     budget = optional(req, "artifact_budget_s", "request", NUMBER)
     if budget is not None and not 0 <= budget <= MAX_ARTIFACT_BUDGET_S:
         raise ValueError("request.artifact_budget_s must be between 0 and %g" % MAX_ARTIFACT_BUDGET_S)
@@ -421,6 +425,13 @@ def process_reply(reply: dict[str, Any], procs: list[dict[str, Any]], since: Any
     memory.sent = dict((p["pid"], p) for p in procs)
 
 
+def stage_processes(procs: list[dict[str, Any]], pids: list[int],
+                    states: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+    """The entries and user pids of the processes that belong to a recorded stage's chain."""
+    ours = set(pid for rec in states for pid in rec["group"])  # the chain's leader is in its group
+    return [p for p in procs if p["pid"] in ours], [pid for pid in pids if pid in ours]
+
+
 def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
     errors: list[dict[str, str]] = []
     btime = boot_time()
@@ -444,11 +455,17 @@ def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
     facts = memory.facts if memory else None
     reply["artifacts"] = artifacts(workspace, req.get("artifacts") or (), float(req.get("artifact_budget_s", 1.0)),
                                    memory.listings if memory else None)
-    if req.get("processes", True):
-        procs, pids = processes(btime, errors, facts)
+    # "stages": the table is read for the stage states, but only the stages' processes are sent
+    # (and looked at for sockets): a fleet row's share, not the box screen's whole table.
+    scope = req.get("processes", True)
+    procs, pids = processes(btime, errors, facts) if scope else ([], [])
+    by_pid = dict((p["pid"], p) for p in procs)
+    states = stage_states(workspace, by_pid, btime, errors) if workspace and req.get("states", True) else []
+    if scope == "stages":
+        procs, pids = stage_processes(procs, pids, states)
+    if scope:
         process_reply(reply, procs, req.get("processes_since"), memory)
     else:
-        procs, pids = [], []
         reply["processes"] = procs
     # One walk of every open descriptor serves both writers and listeners; listeners alone
     # read only as many as it takes to find each listening socket's owner.
@@ -471,9 +488,8 @@ def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
     reply["logs"] = logs(req.get("logs") or (), memory.logs if memory else None)
     reply["ranges"] = ranges(req.get("ranges") or ())
     reply["reports"] = reports(workspace, req.get("reports") or (), errors)
-    by_pid = dict((p["pid"], p) for p in procs)
-    reply["states"] = stage_states(workspace, by_pid, btime, errors) if workspace and req.get("states", True) else []
-    if req.get("processes", True):
+    reply["states"] = states
+    if scope:
         reply["memory"] = memory_limits()
     if req.get("gpus", True):
         reply.update(gpu_section(memory))
