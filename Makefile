@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/samai-console $(ARGS)
 
+# Every module on one worker (its module fixtures set up once, as in a serial run), one worker per
+# core (TEST_WORKERS=1: serially); the long modules are collected first (tests/conftest.py).
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # For iteration: quiet, stop at the first failure.
 test-fast: $(STAMP)

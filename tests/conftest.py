@@ -32,10 +32,21 @@ time.tzset()
 SLOW_FIXTURES = frozenset({"provisioned", "trained_inputs", "sshd_server", "two_servers", "gemma", "vocab_files"})
 
 
+# The modules whose tests train or provision take minutes each (tests/test_pipeline.py alone is a
+# third of the suite): `make test` runs every module on one worker (pytest-xdist's loadscope, in
+# collection order), so they are collected first and the others fill the other workers around them.
+MINUTES_FIXTURES = frozenset({"provisioned", "trained_inputs"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    long_modules = set()
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SLOW_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        if MINUTES_FIXTURES & fixtures:
+            long_modules.add(item.path)
+    items.sort(key=lambda item: item.path not in long_modules)  # stable: each module's order kept
 
 
 @pytest.fixture(autouse=True)

@@ -105,6 +105,23 @@ def start_time_of(pid: int) -> float:
     return start_epoch(read_stat(pid)["starttime"], boot_time())
 
 
+async def click_until(pilot, selector: str, done, timeout: float = 30.0, retry_s: float = 5.0):
+    """Click selector until done() holds (its first true value). A click that lands while the
+    widget is still being laid out (under load) is lost: it is clicked again after retry_s, once
+    the widget has a region, which is safe where the click's effect happens once (a dialog's
+    button: the dialog is dismissed once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        widget = pilot.app.screen.query(selector)
+        if widget and widget.first().region.area:
+            await pilot.click(selector)
+        try:
+            return await pilot_until(pilot, done, timeout=min(retry_s, max(0.1, deadline - time.monotonic())))
+        except AssertionError:
+            if time.monotonic() >= deadline:
+                raise
+
+
 def collect_toasts(app) -> list[str]:
     """Every toast the app raises from now on, as its text (the app's own notify, wrapped)."""
     seen: list[str] = []

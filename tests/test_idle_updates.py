@@ -7,12 +7,14 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.geometry import Region
+from textual.content import Content
 from textual.widgets import Static
 
 from samai.console.core.evalruns import EvalRun
 from samai.console.core.state import ProcessRow
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter
+from samai.widgets.pane import Pane
 from samai.widgets.processes import COLUMNS, ProcessPane, ProcessTable
 from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
@@ -277,3 +279,34 @@ def test_ages_tick_each_second_only_in_the_first_minute() -> None:
 
     assert [units.age(s) for s in (None, 5, 59.9, 60, 61, 3599, 3600, 3661, 90_000)] == [
         "?", "5s", "59s", "1m", "1m", "59m", "1h00m", "1h01m", "1d01h"]
+
+
+class _PaneApp(App):
+    CSS = "Pane { width: 30; }"
+
+    def compose(self) -> ComposeResult:
+        yield Pane()
+
+
+async def test_a_pane_lays_out_only_when_its_height_at_its_width_changes(monkeypatch) -> None:
+    app = _PaneApp()
+    async with app.run_test(size=(60, 20)) as pilot:
+        pane = app.query_one(Pane)
+        pane.show_content(Content("a\nb"))
+        await pilot.pause()
+        layouts: list[bool] = []
+        update = pane.update
+
+        def spy(content, *, layout: bool = True) -> None:
+            layouts.append(layout)
+            update(content, layout=layout)
+
+        monkeypatch.setattr(pane, "update", spy)
+        shown = [("c\nd", False, 2), ("c\nd\ne", True, 3), ("x" * 50 + "\nd\ne", True, 4),  # it wraps at 30
+                 ("y" * 50 + "\nd\ne", False, 4), ("z\nd\ne", True, 3)]
+        for text, laid_out, height in shown:
+            pane.show_content(Content(text))
+            await pilot.pause()
+            assert (layouts[-1], pane.size.height) == (laid_out, height), text
+        pane.show_content(Content("z\nd\ne"))  # what it shows already: nothing at all
+        assert len(layouts) == len(shown)

@@ -3,7 +3,8 @@ box is shown as it is, never as markup and never as terminal control sequences.
 
 Most polls find the box as it was. A repaint is the costliest thing an idle console does
 (for a pane of automatic height, a layout pass of the whole screen), so a pane handed what
-it already shows does nothing.
+it already shows does nothing, and one handed new figures in as many lines repaints without a
+layout pass.
 
 Everything read from the box (file names, command lines, log lines, stage output) may hold
 Textual/Rich markup (`[/x]` alone stops a render with MarkupError, `[@click=…]` is an action)
@@ -55,16 +56,18 @@ class Pane(Static):
 
     _shown: Content | None = None
 
-    def show_content(self, content: Content, *, layout: bool = True) -> None:
-        """layout=False: the pane's size does not depend on its content (no layout pass needed)."""
+    def show_content(self, content: Content, *, layout: bool | None = None) -> None:
+        """layout: False, the pane's size never depends on its content; None, a layout pass only
+        when the content's height at the pane's width changes (a pane of automatic height whose
+        width its container sets: new figures in as many lines are only a repaint)."""
         if self._shown is not None and content.is_same(self._shown):
             return
+        if layout is None:
+            width = self.content_size.width
+            layout = self._shown is None or not width or \
+                self._shown.get_height(self.styles, width) != content.get_height(self.styles, width)
         self._shown = content
         self.update(content, layout=layout)
-
-    def shown_lines(self) -> int:
-        """The lines of the content on show (0 before any)."""
-        return 0 if self._shown is None else self._shown.plain.count("\n") + 1
 
 
 def set_subtitle(widget: Widget, subtitle: str | Content) -> None:

@@ -86,6 +86,4 @@ class ServePane(Pane):
         if views:
             set_subtitle(self, " · ".join(sorted({v.metrics.engine for v in views if v.metrics} or {"no metrics"})))
             content = Content("\n").join([serving_block(v) for v in views])
-            # New figures in as many lines need no layout pass (one took 15 ms at every serving read):
-            # the pane's height is its line count (height auto, no wraps).
-            self.show_content(content, layout=self.shown_lines() != content.plain.count("\n") + 1)
+            self.show_content(content)  # new figures in as many lines: no layout pass (one took 15 ms)

@@ -19,6 +19,8 @@ Runs ON the box with any python3 >= 3.8:  python3 -m samai_box.stages.provision 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import glob
 import hashlib
 import json
@@ -29,7 +31,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from .common import fail, marker, say
 
@@ -96,6 +98,21 @@ def binaries_of(venv: str) -> str:
 
 def cache_dir() -> str:
     return os.environ.get("SAMAI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "samai")
+
+
+@contextlib.contextmanager
+def cache_locked() -> Iterator[None]:
+    """The cache held by this provision alone while it fills it and copies from it: two
+    workspaces of one user provisioning at once would each build llama.cpp, and the one that
+    finished second would replace the folder the other was copying from."""
+    os.makedirs(cache_dir(), exist_ok=True)
+    with open(os.path.join(cache_dir(), ".lock"), "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("waiting for another provision that is using %s" % cache_dir())
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # the lock goes with the file
 
 
 def llama_cpp_sdist(pip: list[str]) -> str:
@@ -229,13 +246,14 @@ def main() -> None:
         run([sys.executable, "-m", "venv", args.venv])
     pip = [os.path.join(args.venv, "bin", "python"), "-m", "pip"]
     run(pip + ["install", "--progress-bar", "off", "--upgrade", "pip"])
-    sdist = llama_cpp_sdist(pip)
-    binaries = llama_cpp_binaries(pip, sdist)
-    wheels = python_package_wheels(pip, sdist)
-    run(pip + ["install", "--progress-bar", "off", "--find-links", wheels] + BOX_PACKAGES)
-    give_libraries(args.venv, binaries)
-    unpack_converter(args.venv, sdist)  # replaces the venv's llama.cpp folder: the binaries go in after
-    install_binaries(args.venv, binaries)
+    with cache_locked():
+        sdist = llama_cpp_sdist(pip)
+        binaries = llama_cpp_binaries(pip, sdist)
+        wheels = python_package_wheels(pip, sdist)
+        run(pip + ["install", "--progress-bar", "off", "--find-links", wheels] + BOX_PACKAGES)
+        give_libraries(args.venv, binaries)
+        unpack_converter(args.venv, sdist)  # replaces the venv's llama.cpp folder: the binaries go in after
+        install_binaries(args.venv, binaries)
     with open(os.path.join(args.venv, STAMP), "w") as f:
         f.write(stamp + "\n")
     say_browser()
