@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.geometry import Region
 from textual.content import Content
+from textual.geometry import Region
 from textual.widgets import Static
 
 from samai.console.core.evalruns import EvalRun
