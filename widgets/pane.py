@@ -13,7 +13,7 @@ takes nothing but markup (the command palette's hits), escaped (`literal_markup`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from textual.content import Content
 from textual.widget import Widget
@@ -22,6 +22,8 @@ from textual.widgets import Static
 from samai.remote.safe_text import visible
 
 if TYPE_CHECKING:
+    from textual.css.styles import RulesMap
+
     from samai.console.core.state import StateUpdate
 
 
@@ -63,9 +65,9 @@ class Pane(Static):
         if self._shown is not None and content.is_same(self._shown):
             return
         if layout is None:
-            width = self.content_size.width
+            width, rules = self.content_size.width, cast("RulesMap", self.styles)  # as Textual measures it
             layout = self._shown is None or not width or \
-                self._shown.get_height(self.styles, width) != content.get_height(self.styles, width)
+                self._shown.get_height(rules, width) != content.get_height(rules, width)
         self._shown = content
         self.update(content, layout=layout)
 
