@@ -19,31 +19,38 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from samai.console import prefs
-from samai.console.core import connect, paths
+from samai.console.core import paths
 from samai.console.core.audit import AuditLog
 from samai.console.core.commands import BY_ID, CHANGES_BOX, SCOPE_TITLES, Command
-from samai.console.core.config import Config
 from samai.console.core.redact import redact
-from samai.console.core.session import OpenBox
-from samai.console.core.state import ConsoleState
 from samai.console.screens.box import BoxScreen
 from samai.console.screens.box_base import BoxScreenContext
-from samai.remote.boxapi import Box
 from samai.remote.safe_text import visible
 from samai.remote.targets import TargetError, open_transport
 from samai.themes import DEFAULT_THEME, THEMES, stylesheet
 from samai.widgets.keys import bindings
 from samai.widgets.pane import literal_markup
-from samai.widgets.status import Connection
 
 if TYPE_CHECKING:
+    from samai.console.core.config import Config
     from samai.console.core.incident import Bundle
     from samai.console.core.multinode.session import MultiNodeSession
+    from samai.console.core.session import OpenBox
+    from samai.console.core.state import ConsoleState
     from samai.console.screens.dialogs import PathDialog
     from samai.console.screens.fleet import FleetScreen
     from samai.console.screens.gguf import GgufScreen
+    from samai.remote.boxapi import Box
+    from samai.widgets.status import Connection
 
 FLEET_SCREEN = "fleet"  # the installed fleet screen's name: it and its pollers live as long as the console
+
+
+def _open_box(cfg: Config, readonly: bool) -> Box:
+    """The Box on cfg's target; its modules load with the first poll, after the first paint."""
+    from samai.console.core import connect
+
+    return connect.open_box(cfg, readonly=readonly)
 
 
 class SamaiApp(App[None]):
@@ -67,7 +74,7 @@ class SamaiApp(App[None]):
         self.readonly = readonly
         self.audit = audit or AuditLog(paths.audit_log())
         self.multinode: MultiNodeSession | None = None  # the nodes of multi-node stages, connected when needed
-        self.open_box: OpenBox = open_box or (lambda cfg: connect.open_box(cfg, readonly=readonly))
+        self.open_box: OpenBox = open_box or (lambda cfg: _open_box(cfg, readonly))
         self.box_screen = self._new_box_screen(self._first_box, self.fleet_config)
         self._bind_stage_keys()
         self.set_keymap(dict(self.box_screen.config.ui.keys))
@@ -185,7 +192,7 @@ class SamaiApp(App[None]):
         if not self.fleet_config.boxes or isinstance(self.screen, FleetScreen):
             return
         if not self.is_screen_installed(FLEET_SCREEN):
-            fleet = Fleet(self.fleet_config, lambda cfg: connect.open_box(cfg, readonly=True), clock=self.clock)
+            fleet = Fleet(self.fleet_config, lambda cfg: _open_box(cfg, True), clock=self.clock)
             self.install_screen(FleetScreen(fleet), FLEET_SCREEN)
         self.push_screen(FLEET_SCREEN)
 

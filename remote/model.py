@@ -12,25 +12,11 @@ from dataclasses import dataclass, is_dataclass
 from typing import Any, Literal, NamedTuple
 
 from samai.remote.box.identity import same_start as same_start  # the box tools' rule, re-exported
-from samai.remote.marker_needles import required_needles
+from samai.remote.errors import BoxError as BoxError  # re-exported: what a malformed reply raises
+from samai.remote.marker import Marker as Marker  # re-exported: a stage's marker, the probe's request
+from samai.remote.marker import Severity as Severity
 
-Severity = Literal["info", "warning", "error"]  # of a marker, a finding, a check, an alert
 RunStatus = Literal["running", "stopped", "lost", "orphaned", "done", "failed"]  # a recorded run's, as the box shows it
-
-
-class BoxError(Exception):
-    """A box tool failed or answered with something that is not its reply."""
-
-
-@dataclass(frozen=True)
-class Marker:
-    name: str
-    pattern: str  # a regular expression matched against each log line's bytes
-    severity: Severity = "info"
-
-    def request(self) -> dict:
-        needles = required_needles(self.pattern)
-        return {"name": self.name, "pattern": self.pattern, "needles": list(needles) if needles else None}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from samai.console import cli
+from samai.console import cli_box as cli
 from samai.console.core import config
 from samai.console.core.detectors import (
     DETECTORS,

@@ -5,6 +5,7 @@ paint); the ssh and envelope targets still open through the same code path."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -20,15 +21,43 @@ import json, sys
 from samai.console import cli
 from samai.console.core import config
 from samai.console.app import SamaiApp
-from samai.console.core.connect import open_box
 cfg = config.load()
-box = open_box(cfg)
 SamaiApp(cfg, poll=False)
 print(json.dumps(sorted(sys.modules)))
 """
+# The box screen's session (the state, the detectors, the Box and the reply types) is made after
+# the first paint, with the first poll; so are the commands' module and the plotting library.
+SESSION = ("samai.console.core.session", "samai.console.core.state", "samai.console.core.detectors",
+           "samai.console.core.connect", "samai.remote.boxapi", "samai.remote.model", "samai.remote.follow")
 NOT_BEFORE_FIRST_PAINT = ("asyncssh", "httpx", "psutil", "samai.remote.ssh", "samai.remote.envelope",
                           "samai.console.core.actions", "samai.console.core.checks", "samai.console.screens.dialogs",
-                          "textual_plotext", "plotext")
+                          "samai.console.cli_box", "textual_plotext", "plotext", *SESSION)
+# The TUI run (headless) to the moment after its first refresh: what it has loaded then.
+FIRST_PAINT = """
+import asyncio, json, sys
+from samai.console.core import config
+from samai.console.app import SamaiApp
+from samai.console.screens.box import BoxScreen
+
+seen = []
+start = BoxScreen._start
+
+def first_refresh_done(screen):
+    seen.append(sorted(sys.modules))
+    start(screen)
+
+BoxScreen._start = first_refresh_done
+
+async def main():
+    app = SamaiApp(config.load(), poll=False)
+    async with app.run_test(size=(150, 45)) as pilot:
+        while not seen:
+            await pilot.pause(0.05)
+        await pilot.pause(0.2)
+        print(json.dumps({"then": seen[0], "after": sorted(sys.modules)}))
+
+asyncio.run(main())
+"""
 
 
 @pytest.mark.slow
@@ -39,6 +68,16 @@ def test_the_tui_path_imports_no_transport_and_nothing_only_actions_need(tmp_pat
     loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
     assert "samai.console.app" in loaded and "samai.remote.local" in loaded
     assert sorted(loaded & set(NOT_BEFORE_FIRST_PAINT)) == []
+
+
+@pytest.mark.slow
+def test_the_box_screen_is_painted_before_its_session_is_loaded(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-c", FIRST_PAINT], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(set(modules["then"]) & set(SESSION)) == []  # painted without them
+    assert set(SESSION) - {"samai.console.core.connect", "samai.remote.follow"} <= set(modules["after"])
 
 
 def _config(tmp_path, url: str) -> config.Config:

@@ -4,13 +4,16 @@ condition has gone, dimmed with when they resolved, each with the key that deals
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from textual.content import Content
 from textual.widgets import Static
 
 from samai.console.core import units
-from samai.console.core.state import Alert, StateUpdate
 from samai.remote.safe_text import visible
+
+if TYPE_CHECKING:
+    from samai.console.core.state import Alert, StateUpdate
 
 STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}
 RESOLVED = "$foreground 50%"

@@ -14,12 +14,13 @@ from textual.content import Content
 from textual.widget import Widget
 
 from samai.console.core.curve import Curve
-from samai.console.core.state import StateUpdate
-from samai.console.core.trainlog import TrainPoint
 from samai.console.core.trainref import ReferenceCurve
 
 if TYPE_CHECKING:
     from textual_plotext import PlotextPlot
+
+    from samai.console.core.state import StateUpdate
+    from samai.console.core.trainlog import TrainPoint
 
 LEVELS = " ▁▂▃▄▅▆▇█"  # a poll's utilization as one cell, 0 % to 100 %
 UTIL_LABEL = "GPU util "

@@ -3,17 +3,21 @@ next stage's projected peak against free space, and what could be reclaimed."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.content import Content
 from textual.message import Message
 
 from samai.console.core import units
-from samai.console.core.budget import DiskBudget, Projection
-from samai.console.core.diskdelta import DiskDelta
-from samai.console.core.state import StateUpdate
-from samai.console.core.trends import ALERT_S, DiskTrend
-from samai.remote.model import DiskUsers
 from samai.remote.safe_text import visible
 from samai.widgets.pane import Pane
+
+if TYPE_CHECKING:
+    from samai.console.core.budget import DiskBudget, Projection
+    from samai.console.core.diskdelta import DiskDelta
+    from samai.console.core.state import StateUpdate
+    from samai.console.core.trends import DiskTrend
+    from samai.remote.model import DiskUsers
 
 BAR_WIDTH = 16
 
@@ -80,8 +84,7 @@ class DiskPane(Pane):
                        f" {units.size(budget.used)} used · {units.size(budget.free)} free of "
                        f"{units.size(budget.capacity)}\n"]
         if trend is not None and trend.rate:
-            soon = trend.full_in is not None and trend.full_in < ALERT_S
-            parts += [("trend: ", "$foreground 60%"), (trend.text, "$error bold" if soon else ""), "\n"]
+            parts += [("trend: ", "$foreground 60%"), (trend.text, "$error bold" if trend.soon else ""), "\n"]
         if delta is not None:
             parts += [("last stage: ", "$foreground 60%"), visible(delta.text), "\n"]
         for a in budget.artifacts:

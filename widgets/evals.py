@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 from textual.widgets import DataTable
 
-from samai.console.core.evalruns import EvalRun
-from samai.console.core.state import StateUpdate
 from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
 from samai.widgets.pane import set_subtitle
+
+if TYPE_CHECKING:
+    from samai.console.core.evalruns import EvalRun
+    from samai.console.core.state import StateUpdate
 
 
 class EvalTable(DataTable):

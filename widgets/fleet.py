@@ -5,13 +5,17 @@ literal rich Text with its control characters as stand-ins."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 from textual.widgets import DataTable
 
 from samai.console.core import units
-from samai.console.core.fleet import BoxRow
 from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
+
+if TYPE_CHECKING:
+    from samai.console.core.fleet import BoxRow
 
 COLUMNS = (("box", "box"), ("connection", "connection"), ("rtt", "rtt"), ("running", "running"),
            ("disk", "disk used / peak"), ("gpu", "GPU util · memory"), ("alert", "newest alert"))

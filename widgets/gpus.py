@@ -5,13 +5,16 @@ there are none. Names and errors come from the box: literal text, control charac
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from textual.content import Content
 
-from samai.console.core.state import StateUpdate
-from samai.remote.model import Gpu, GpuReading
 from samai.remote.safe_text import visible
 from samai.widgets.pane import Pane, set_subtitle
+
+if TYPE_CHECKING:
+    from samai.console.core.state import StateUpdate
+    from samai.remote.model import Gpu, GpuReading
 
 BAR_WIDTH = 8
 NARROW_BAR_WIDTH = 6

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -31,11 +32,13 @@ from textual.widgets import Input
 
 from samai.console.core import units
 from samai.console.core.redact import redact
-from samai.console.core.state import ProcessRow, StateUpdate
-from samai.remote.model import GpuReading, Process
 from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
 from samai.widgets.pane import Pane, set_subtitle
+
+if TYPE_CHECKING:
+    from samai.console.core.state import ProcessRow, StateUpdate
+    from samai.remote.model import GpuReading, Process
 
 COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "age", "ports", "command")
 GPU_COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "gpu", "age", "ports", "command")  # on a box with GPUs

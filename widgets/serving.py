@@ -5,13 +5,17 @@ Hidden while no serve stage runs. The model's name and the notes come from the b
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.content import Content
 
-from samai.console.core.serving_watch import ServingView
-from samai.console.core.state import StateUpdate
 from samai.remote.safe_text import visible
 from samai.widgets.gpus import bar
 from samai.widgets.pane import Pane, set_subtitle
+
+if TYPE_CHECKING:
+    from samai.console.core.serving_watch import ServingView
+    from samai.console.core.state import StateUpdate
 
 SPARKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 24

@@ -7,6 +7,7 @@ The running stage stands out: its item is on a tinted background."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from textual.content import Content
@@ -14,8 +15,10 @@ from textual.geometry import Size
 from textual.widget import Widget
 
 from samai.console.core import units
-from samai.console.core.state import StageView, StateUpdate
 from samai.remote.safe_text import visible
+
+if TYPE_CHECKING:
+    from samai.console.core.state import StageView, StateUpdate
 
 STATUS_STYLE = {
     "idle": ("○", "$foreground 60%"),

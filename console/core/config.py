@@ -23,7 +23,7 @@ from typing import Any
 
 from samai.console.core import paths
 from samai.console.core.commands import RESERVED_KEYS
-from samai.remote.model import Marker
+from samai.remote.marker import Marker
 
 SEVERITIES = ("info", "warning", "error")
 CHAIN_DONE = Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+", "info")

@@ -15,8 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from samai.console.core.trainlog import TrainPoint
+if TYPE_CHECKING:
+    from samai.console.core.trainlog import TrainPoint
 
 LIMIT = 2048  # buckets kept: a draw reads at most a few points each
 MAX_BAD = 256  # NaN/inf points marked on the curve (all of them counted)

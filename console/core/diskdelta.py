@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from samai.console.core import units
-from samai.remote.model import Marker
+from samai.remote.marker import Marker
 
 DISK_MARKER_NAME = "samai.disk"  # not a marker the operator declares: never shown as one
 DISK_MARKER = Marker(DISK_MARKER_NAME, r"SAMAI_DISK (?:start|end) ", "info")

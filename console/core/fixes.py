@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from samai.console.core.kinds import ActionKind
-from samai.remote.model import Process
+
+if TYPE_CHECKING:
+    from samai.remote.model import Process
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,13 @@ nothing of console/; checks.py turns each into a Finding)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from samai.console.core.fixes import FixAction
 from samai.console.core.redact import redact
-from samai.remote.model import Severity
+
+if TYPE_CHECKING:
+    from samai.console.core.fixes import FixAction
+    from samai.remote.model import Severity
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from samai.console.core import units
-from samai.remote.model import Marker
+from samai.remote.marker import Marker
 
 PROGRESS_MARKER_NAME = "samai.progress"  # not a marker the operator declares: never shown as one
 # Each branch holds a literal the probe can find at memchr speed: "/s]" or "/it]" (tqdm), "%) "

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from samai.console.core.config import Train
 from samai.console.core.problems import Problem
 
 if TYPE_CHECKING:
+    from samai.console.core.config import Train
     from samai.console.core.trainlog import TrainPoint
     from samai.remote.boxapi import Box
 

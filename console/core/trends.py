@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from samai.console.core import units
 from samai.console.core.budget import DiskBudget, workspace_disk
 from samai.console.core.fixes import FixAction
 from samai.console.core.problems import Finding
 from samai.console.core.resume import PRUNE_KEEP
-from samai.remote.model import Checkpoints, Snapshot, StageRecord
+
+if TYPE_CHECKING:
+    from samai.remote.model import Checkpoints, Snapshot, StageRecord
 
 WINDOW_S = 120.0  # the rate is over the last two minutes of polls
 MIN_SPAN_S = 10.0  # and at least this long: two polls a second apart say nothing of a rate
@@ -33,6 +36,11 @@ class DiskTrend:
     rate: float  # bytes a second the workspace's file system gains (negative: frees)
     free: int
     full_in: float | None  # seconds until full at this rate; None while it is not filling
+
+    @property
+    def soon(self) -> bool:
+        """Full within ALERT_S at this rate: what the filling alert is raised for."""
+        return self.full_in is not None and self.full_in < ALERT_S
 
     @property
     def text(self) -> str:

@@ -8,6 +8,7 @@ its workers end with it, and nothing of the old box is left on show."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import ComposeResult
@@ -15,11 +16,8 @@ from textual.containers import Horizontal, Vertical
 
 from samai.console.core.commands import CHANGES_BOX
 from samai.console.core.redact import redact
-from samai.console.core.session import PollFailed
-from samai.console.core.state import StateUpdate
 from samai.console.screens.box_actions import ActionKeys, one_action_at_a_time
-from samai.console.screens.box_base import BoxScreenContext
-from samai.remote.boxapi import BoxError
+from samai.remote.errors import BoxError
 from samai.remote.transport import TransportError
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.curves import CurvesPane
@@ -33,6 +31,11 @@ from samai.widgets.processes import ProcessPane
 from samai.widgets.serving import ServePane
 from samai.widgets.stages import StagesBar
 from samai.widgets.status import Connection, StatusBar
+
+if TYPE_CHECKING:
+    from samai.console.core.session import PollFailed
+    from samai.console.core.state import StateUpdate
+    from samai.console.screens.box_base import BoxScreenContext
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
 PANE_TITLES = {"#stages": "stages", "#disk": "disk budget", "#gpus": "GPUs", "#serving": "serving",
@@ -73,17 +76,23 @@ class BoxScreen(ActionKeys):
             self.query_one(selector).border_title = title
         self.query_one(StatusBar).show(self.connection)
         self.query_one(AlertsPane).show([])
-        if self.config.stages:
-            self._show_stage_log(self.config.stages[0].name)
         self.query_one(LogView).focus()  # `/` filters the log, where an operator expects it
         self.set_interval(1.0, self.tick)
+        # The screen first: its session (the state, the detectors, the Box) is made after the first
+        # paint, and the box's first answer is painted after it.
+        self.call_after_refresh(self._start)
+
+    def _start(self) -> None:
+        if self.config.stages:
+            self._show_stage_log(self.config.stages[0].name)
         if self.context.polling:
-            self.call_after_refresh(self.poll)  # the screen first: the box's first answer is painted after it
+            self.poll()
             if any(s.nodes for s in self.context.fleet_config.stages):
-                self.call_after_refresh(self.follow_nodes)
+                self.follow_nodes()
 
     async def on_unmount(self) -> None:
-        await self.session.close()  # the SSH connection and the probe on the box end with the screen
+        if self.box is not None:  # (none made: nothing to end)
+            await self.session.close()  # the SSH connection and the probe on the box end with the screen
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Read-only: the keys that change the box are shown greyed and do nothing (the app says why)."""
@@ -96,6 +105,8 @@ class BoxScreen(ActionKeys):
                         name="poll", group="poll", exclusive=True, exit_on_error=False)
 
     def _polled(self, result: StateUpdate | PollFailed) -> None:
+        from samai.console.core.session import PollFailed  # loaded with the session, after the first paint
+
         if isinstance(result, PollFailed):
             self._poll_failed(result)
         else:

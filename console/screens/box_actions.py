@@ -13,11 +13,8 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 
 from samai.console.core import units
-from samai.console.core.budget import disk_budget
-from samai.console.core.evalruns import EvalRun, check_items, read_run_items
 from samai.console.screens.box_logs import LogKeys
-from samai.remote.boxapi import BoxError
-from samai.remote.model import DiskUsers, GgufKv, Process
+from samai.remote.errors import BoxError
 from samai.remote.safe_text import visible
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
@@ -28,7 +25,9 @@ from samai.widgets.processes import ProcessPane
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome
+    from samai.console.core.evalruns import EvalRun
     from samai.console.screens.gguf import GgufScreen
+    from samai.remote.model import DiskUsers, GgufKv, Process
 
 KILL_GRACE_S = 5.0
 STOP_GRACE_S = 10.0
@@ -196,6 +195,8 @@ class ActionKeys(LogKeys):
         snap = self.state.snapshot
         if snap is None:
             return
+        from samai.console.core.budget import disk_budget  # the poll's modules: loaded with it, after the first paint
+
         reclaimable = [a for a in disk_budget(self.config, snap).artifacts if a.reclaimable]
         if not reclaimable:
             self.notify("nothing is reclaimable now", severity="information", markup=False)
@@ -311,6 +312,8 @@ class ActionKeys(LogKeys):
             self.notify("d compares eval runs' answers; a computer-use run's episodes are checked with "
                         "`check eval runs/cu/NAME/episodes.jsonl`", severity="information", markup=False)
             return
+        from samai.console.core.evalruns import read_run_items  # see action_clean
+
         runs = []
         for run in reversed(pair):  # A: the older one
             try:
@@ -370,6 +373,8 @@ class ActionKeys(LogKeys):
     async def check_eval_run(self, run: EvalRun) -> None:
         """`check eval` on a finished eval run's items, read once from the box (as doctor reads
         them); its problems are alerts as soon as they are read."""
+        from samai.console.core.evalruns import check_items  # see action_clean
+
         if self.box is None:
             return
         try:

@@ -13,17 +13,16 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
-from samai.console.core.audit import AuditLog
-from samai.console.core.config import Config
-from samai.console.core.session import BoxSession, OpenBox
-from samai.console.core.state import Alert, ConsoleState, StateUpdate
-from samai.remote.boxapi import Box
-from samai.remote.follow import missing_notice
 from samai.widgets.pane import ShowsUpdates
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
+    from samai.console.core.audit import AuditLog
+    from samai.console.core.config import Config
     from samai.console.core.multinode.session import MultiNodeSession
+    from samai.console.core.session import BoxSession, OpenBox
+    from samai.console.core.state import Alert, ConsoleState, StateUpdate
+    from samai.remote.boxapi import Box
 
 FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
 
@@ -53,9 +52,19 @@ class BoxScreenBase(Screen[None]):
         self.config = context.config
         self.readonly = context.readonly
         self.clock = context.clock
-        self.session = BoxSession(self.config, context.open_box, clock=self.clock)
+        self._session: BoxSession | None = None
         self._action_running = False
         self._errors_said: set[tuple[str, str, str]] = set()  # internal errors already shown (each once)
+
+    @property
+    def session(self) -> BoxSession:
+        """The box's session, made on first use: its modules (the state, the detectors, the Box)
+        are loaded after the first paint, when the poll starts, not before it."""
+        if self._session is None:
+            from samai.console.core.session import BoxSession
+
+            self._session = BoxSession(self.config, self.context.open_box, clock=self.clock)
+        return self._session
 
     @property
     def state(self) -> ConsoleState:
@@ -63,7 +72,7 @@ class BoxScreenBase(Screen[None]):
 
     @property
     def box(self) -> Box | None:
-        return self.session.box
+        return self._session.box if self._session is not None else None
 
     @property
     def busy(self) -> bool:
@@ -153,6 +162,8 @@ class BoxScreenBase(Screen[None]):
     def log_notice(self, notice: str) -> str:
         """The follower's notice, said for this pane: a stage log that is not there yet is one
         its stage has not written, and its key writes it."""
+        from samai.remote.follow import missing_notice  # with the poll's modules, after the first paint
+
         stage = self.config.stage(self.state.shown_stage or "")
         if stage is None or self.state.shown is None or notice != missing_notice(self.state.shown.path):
             return notice

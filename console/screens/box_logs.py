@@ -11,10 +11,8 @@ from textual import work
 
 from samai.console.core import paths
 from samai.console.core.redact import redact
-from samai.console.core.state import Alert, StageView
 from samai.console.screens.box_base import BoxScreenBase, BoxScreenContext
-from samai.remote.boxapi import BoxError
-from samai.remote.model import Listing
+from samai.remote.errors import BoxError
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
 from samai.widgets.logview import LogView
@@ -22,8 +20,10 @@ from samai.widgets.logview.history import LogHistory, ShownLog
 from samai.widgets.pane import inert
 
 if TYPE_CHECKING:
+    from samai.console.core.state import Alert, StageView
     from samai.console.screens.dialogs import PathDialog
     from samai.console.screens.gguf import GgufScreen
+    from samai.remote.model import Listing
 
 
 class LogKeys(BoxScreenBase):

@@ -18,7 +18,6 @@ from textual.widgets import Button, DataTable, Input, Label, OptionList, RadioBu
 from textual.widgets.option_list import Option
 
 from samai.console.core.redact import redact
-from samai.remote.model import Listing
 from samai.remote.safe_text import visible
 from samai.widgets.pane import inert, inert_lines
 from samai.widgets.path_completion import MAX_SHOWN, complete, folder_of
@@ -30,7 +29,7 @@ if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not impo
     from samai.console.core.preflight import Check
     from samai.console.core.state import StageView
     from samai.console.core.timeline import Event
-    from samai.remote.model import Process
+    from samai.remote.model import Listing, Process
     from samai.widgets.logview.history import ShownLog
 
 MARKER_STYLE = {"warning": "yellow", "error": "bold red"}  # rich styles: DataTable cells are rich Text

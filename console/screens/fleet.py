@@ -6,15 +6,19 @@ no I/O beyond the pollers' and never touches the box screen's Box."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.app import ComposeResult
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
-from samai.console.core.fleet import BoxRow, Fleet
 from samai.widgets.fleet import FleetTable
 from samai.widgets.footer import KeysFooter
 from samai.widgets.keys import bindings
+
+if TYPE_CHECKING:
+    from samai.console.core.fleet import BoxRow, Fleet
 
 
 class FleetScreen(Screen[None]):

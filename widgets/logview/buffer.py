@@ -11,12 +11,15 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 
-from samai.remote.model import Marker
 from samai.remote.safe_text import CONTROL_PICTURES
 from samai.widgets.logview.markers import Markers
+
+if TYPE_CHECKING:
+    from samai.remote.model import Marker
 
 TAB_SIZE = 8
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 from rich.cells import chop_cells
 from textual.cache import LRUCache
 
-from samai.widgets.logview.buffer import Appended, LineBuffer
+if TYPE_CHECKING:
+    from samai.widgets.logview.buffer import Appended, LineBuffer
 
 
 class RowLayout:

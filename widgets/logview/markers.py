@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from samai.remote.marker import Marker
 from samai.remote.marker_needles import required_needles
-from samai.remote.model import Marker
 
 RANKS = {"info": 1, "warning": 2, "error": 3}
 RANK_CLASSES = ("", "logview--info", "logview--warning", "logview--error")

@@ -6,6 +6,7 @@ keeps a marker's colour. A line's text is never parsed as markup: it becomes Seg
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from rich.segment import Segment
@@ -14,8 +15,10 @@ from textual.cache import LRUCache
 from textual.strip import Strip
 from textual.widget import Widget
 
-from samai.widgets.logview.buffer import LineBuffer
 from samai.widgets.logview.markers import RANK_CLASSES
+
+if TYPE_CHECKING:
+    from samai.widgets.logview.buffer import LineBuffer
 
 COMPONENT_CLASSES = {
     "logview--info",

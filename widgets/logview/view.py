@@ -26,7 +26,6 @@ from textual.timer import Timer
 from textual.widgets import Input
 
 from samai.console.core import units
-from samai.remote.model import Marker
 from samai.remote.safe_text import visible
 from samai.widgets.keys import bindings
 from samai.widgets.logview.buffer import LineBuffer, LineFilter, LinesView, Notice
@@ -38,6 +37,7 @@ from samai.widgets.pane import inert
 
 if TYPE_CHECKING:
     from samai.console.core.state import StateUpdate
+    from samai.remote.model import Marker
 
 FLUSH_INTERVAL = 0.1  # seconds: the most often buffered lines reach the screen
 DEFAULT_MAX_LINES = 20_000
