@@ -17,7 +17,8 @@ from samai.remote.local import LocalTransport
 from tests.helpers import stop_stages_under
 from tests.replay_transport import ReplayConsole, ReplayTransport
 
-pytest_plugins = ["tests.receivers"]  # json_receiver, ntfy_receiver, smtp_receiver
+pytest_plugins = ["tests.receivers",  # json_receiver, ntfy_receiver, smtp_receiver
+                  "tests.provisioned"]  # provisioned, tiny_source, pipeline_ws, tiny_ws: one box venv a run
 
 # Rendered times (alerts, dialogs) must not depend on where the tests run: snapshots compare them.
 os.environ["TZ"] = "UTC"
@@ -32,10 +33,16 @@ time.tzset()
 SLOW_FIXTURES = frozenset({"provisioned", "trained_inputs", "sshd_server", "two_servers", "gemma", "vocab_files"})
 
 
-# The modules whose tests train or provision take minutes each (tests/test_pipeline.py alone is a
-# third of the suite): `make test` runs every module on one worker (pytest-xdist's loadscope, in
-# collection order), so they are collected first and the others fill the other workers around them.
+# The modules whose tests train or provision take minutes each. `make test` runs every module on
+# one worker (pytest-xdist's loadscope) in the order `scheduled` puts them: the first long module
+# first (its worker provisions the run's box venv, tests/provisioned.py), the other long ones
+# spread over the first half of the short ones (the other workers start on short ones, which need
+# no venv, while it is made), and the second half of the short ones last, so that no worker is
+# left with a long module at the end while the others wait.
 MINUTES_FIXTURES = frozenset({"provisioned", "trained_inputs"})
+# The long modules, longest first (measured with --durations); one not named here comes after them.
+LONGEST_FIRST = ("test_pipeline_vlm.py", "test_pipeline.py", "test_pipeline_guards.py", "test_pipeline_tui.py",
+                 "test_multinode.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,7 +53,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if MINUTES_FIXTURES & fixtures:
             long_modules.add(item.path)
-    items.sort(key=lambda item: item.path not in long_modules)  # stable: each module's order kept
+    items[:] = scheduled(items, long_modules)
+
+
+def scheduled(items: list[pytest.Item], long_modules: set[Path]) -> list[pytest.Item]:
+    """The items module by module (each module's own order kept), the modules ordered as above."""
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    long = sorted((m for m in modules if m in long_modules), key=lambda m: rank.get(m.name, len(rank)))
+    short = [m for m in modules if m not in long_modules]
+    order = long[:1]
+    half, rest = len(short) // 2, long[1:]
+    for i, module in enumerate(short):
+        order.append(module)
+        # the i-th short module of the first half is followed by a long one every half/len(rest) modules
+        if rest and i < half and (i + 1) % max(1, half // len(rest)) == 0:
+            order.append(rest.pop(0))
+    order += rest
+    return [item for module in order for item in modules[module]]
 
 
 @pytest.fixture(autouse=True)

@@ -122,6 +122,13 @@ async def click_until(pilot, selector: str, done, timeout: float = 30.0, retry_s
                 raise
 
 
+async def confirm_dialog(pilot, timeout: float = 30.0) -> None:
+    """Click the confirm button of the dialog on screen until that dialog is dismissed (see
+    click_until: a click that lands while it is still being laid out is lost)."""
+    dialog = await pilot_until(pilot, lambda: len(pilot.app.screen.query("#confirm")) and pilot.app.screen, timeout)
+    await click_until(pilot, "#confirm", lambda: pilot.app.screen is not dialog, timeout)
+
+
 def collect_toasts(app) -> list[str]:
     """Every toast the app raises from now on, as its text (the app's own notify, wrapped)."""
     seen: list[str] = []

@@ -22,7 +22,7 @@ from samai.remote.boxapi import Box
 from samai.widgets.logview import LogView
 from samai.widgets.processes import ProcessPane
 from samai.widgets.status import StatusBar
-from tests.helpers import action_layer, collect_toasts, pilot_until, polls_after
+from tests.helpers import action_layer, collect_toasts, confirm_dialog, pilot_until, polls_after
 
 SIZE = (140, 45)
 
@@ -80,7 +80,7 @@ async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path
 
         await pilot.press("h")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         state_file = workspace / ".samai" / "state" / "hello.json"
         await pilot_until(pilot, state_file.exists)
         await pilot_until(pilot, lambda: "hello from the chain" in _log_text(app))
@@ -91,7 +91,7 @@ async def test_fire_asks_with_the_exact_command_cancel_first_then_fires(tmp_path
 
         await pilot.press("s")  # stop the stage whose log is shown
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie")
         await pilot_until(pilot, lambda: not app.busy)
     actions = [(e["action"], e["confirmation"], e["result"]) for e in _audit(isolated_dirs)]
@@ -172,7 +172,7 @@ async def test_a_failing_stage_raises_an_alert_and_shows_its_tail(tmp_path, work
         await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("b")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         # One failure, one alert: the fire's (it failed within its verify window) or the poll's.
         await pilot_until(pilot, lambda: any("stage boom failed" in a.text and "rc=3" in a.text
                                              for a in app.state.alerts), 15)
@@ -291,7 +291,7 @@ async def test_training_anomalies_and_detector_findings_become_alerts_and_x_fixe
 
         await pilot.press("t")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: any(a.code == "hidden_nan" for a in app.state.alerts))
         assert "hidden" in str(app.box_screen.query_one("#alerts").render()).lower()
         nan = next(a for a in app.state.alerts if a.code == "hidden_nan")

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from samai.console.core import config
 from samai.console.core.audit import AuditLog
 from samai.console.core.redact import redact
-from tests.helpers import pilot_until, run_cli, wait_for
+from tests.helpers import confirm_dialog, pilot_until, run_cli, wait_for
 
 PIPELINE = """
 [target]
@@ -232,7 +232,7 @@ async def test_alerts_and_saved_logs_keep_no_secrets(tmp_path: Path, workspace: 
         await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("j")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: any("BAD_THING" in a.text for a in app.state.alerts))
         alert = next(a for a in app.state.alerts if "BAD_THING" in a.text)
         assert "HF_TOKEN=***" in alert.text and "--password ***" in alert.text

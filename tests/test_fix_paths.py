@@ -28,7 +28,7 @@ from samai.console.screens.dialogs import ConfirmDialog
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.disk import DiskPane
 from tests.box_tools import stage_argv, stage_env
-from tests.helpers import pilot_until, start_time_of
+from tests.helpers import confirm_dialog, pilot_until, start_time_of
 
 SIZE = (140, 45)
 LONG_TAG = "--tag=" + "previous-run-of-serve-" * 6  # far past the 50 characters a check once kept
@@ -130,7 +130,7 @@ async def test_the_key_of_a_running_stage_opens_its_restart(tmp_path, workspace,
         await pilot.press("v")
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         assert dialog.plan.action == "fire"
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: (workspace / "logs" / "serve.log").exists()
                      and "BOUND" in (workspace / "logs" / "serve.log").read_text())
         first = _record(workspace, "serve")["pid"]
@@ -146,7 +146,7 @@ async def test_the_key_of_a_running_stage_opens_its_restart(tmp_path, workspace,
         assert "restart stage serve" in text and "already running" not in text
         assert f"port {port} is held by this stage's own run: restart stops it first" in text
         assert str(dialog.query_one("#confirm").label) == "Confirm restart"
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: _record(workspace, "serve").get("pid") not in (None, first)
                      and _alive(workspace, "serve"))
         await pilot_until(pilot, lambda: not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie")
@@ -164,7 +164,7 @@ async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart
         await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("v")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         serve_log = workspace / "logs" / "serve.log"  # written once the fire has started the chain
         await pilot_until(pilot, lambda: serve_log.exists() and "BOUND" in serve_log.read_text() and not app.busy)
         os.kill(_record(workspace, "serve")["pid"], signal.SIGKILL)
@@ -192,7 +192,7 @@ async def test_a_port_held_by_the_stages_previous_run_is_shown_whole_and_restart
         text = _dialog_text(dialog)
         assert holder.command in text and f"started {when} (" in text and "✗" not in text
         assert str(dialog.query_one("#confirm").label) == "Confirm fire"
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: not psutil.pid_exists(holder.pid)
                      or psutil.Process(holder.pid).status() == "zombie")
         await pilot_until(pilot, lambda: not app.busy)
@@ -221,7 +221,7 @@ async def test_a_stray_holder_is_stopped_first_not_a_blocker_and_shown_whole(tmp
         assert text.count(command) == 2  # in the check and in the plan's step, whole both times
         assert text.count(f"started {when} (") == 2
         assert str(dialog.query_one("#confirm").label) == "Confirm fire"  # not "Fire anyway"
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         assert stray.wait(15) is not None
         await pilot_until(pilot, lambda: not app.busy)
         await pilot_until(pilot, lambda: "BOUND" in (workspace / "logs" / "serve.log").read_text())
@@ -283,7 +283,7 @@ async def test_a_failed_fire_stays_in_the_alerts_pane(tmp_path, workspace, port)
         await pilot.press("e")
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         assert dialog.plan.blocked and "nothing listens on port" in _dialog_text(dialog)
-        await pilot.click("#confirm")  # "Fire anyway"
+        await confirm_dialog(pilot)  # "Fire anyway"
         alert = await pilot_until(
             pilot, lambda: next((a for a in app.state.alerts if "cannot reach the server" in a.text), None))
         assert alert.severity == "error" and alert.stage == "eval" and "stage eval failed" in alert.text

@@ -16,7 +16,7 @@ from samai.console.core import config
 from samai.console.core.history import MAX_RUNS, RunHistory
 from samai.console.screens.dialogs import ConfirmDialog, RunsScreen
 from samai.remote.model import Marker
-from tests.helpers import pilot_until
+from tests.helpers import confirm_dialog, pilot_until
 
 MARKERS = (Marker("DONE", "DONE"), Marker("BAD", "^BAD", "error"), Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+"))
 
@@ -113,7 +113,7 @@ async def test_shift_h_lists_the_shown_stages_runs_newest_first(tmp_path: Path, 
             before = app.state.runs.get("train")
             await pilot.press("t")
             await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-            await pilot.click("#confirm")
+            await confirm_dialog(pilot)
             await pilot_until(pilot, lambda before=before: app.state.runs.get("train") not in (None, before))
             await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, ConfirmDialog))
         await pilot_until(pilot, lambda: "working" in (workspace / "logs" / "train.log").read_text())

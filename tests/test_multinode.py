@@ -45,11 +45,10 @@ from samai.console.core.multinode import (
 from samai.console.core.multinode.actions import MultiNodeActions
 from samai.console.core.multinode.watch import watch
 from samai.remote.boxapi import Box
-from samai.remote.local import LocalTransport
 from tests import sshd
-from tests.helpers import run_cli, stop_stages_under, unavailable_here
+from tests.helpers import confirm_dialog, run_cli, stop_stages_under, unavailable_here
+from tests.pipeline_helpers import PROVISION_TIMEOUT
 
-PROVISION_TIMEOUT = 45 * 60
 TRAIN_TIMEOUT = 15 * 60
 
 TRAIN = ("venv/bin/python -m samai_box.stages.train --base models/base --data data/train.jsonl --out runs/train "
@@ -423,7 +422,7 @@ async def test_the_tui_raises_the_alert_and_x_stops_every_node_through_its_dialo
         await pilot.press("x")
         dialog = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the dialog")
         assert dialog.plan.subject == "stage train on every node (a, b)" and dialog.plan.action == "stop"
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await until(lambda: all(not a.active for a in app.state.alerts if a.code == "rank_died"), "resolved")
         await until(lambda: str(curves.border_title) == "training · train: a down · b down", "both down")
         await until(lambda: not app.busy, "the stop's result")  # its outcome lines are written as it ends
@@ -622,40 +621,14 @@ def two_servers():
 
 
 @pytest.fixture(scope="module")
-def trained_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A freshly provisioned box venv (provisioned through the Box, as test_pipeline's is) and the
-    tiny base model and data it pretrains: what each node's workspace is given."""
-    root = tmp_path_factory.mktemp("multinode-venv")
-    cfg = config.load_builtin("tiny")
-    provision = cfg.stage("provision")
-
-    async def run() -> str:
-        box = Box(LocalTransport(), str(root), python=sys.executable)
-        try:
-            fired = await box.fire("provision", provision.command, provision.log, verify_s=1.0)
-            assert fired.state != "refused", fired.reason
-            deadline = time.monotonic() + PROVISION_TIMEOUT
-            while time.monotonic() < deadline:
-                rec = (await box.snapshot()).state("provision")
-                if rec and rec.rc is not None:
-                    break
-                await asyncio.sleep(1)
-            return (root / provision.log).read_text(errors="replace")
-        finally:
-            await box.close()
-
-    try:
-        log = asyncio.run(run())
-    finally:
-        stop_stages_under(root)
-    assert "PROVISION_DONE" in log and "CHAIN_DONE rc=0" in log, log[-3000:]
-    from tests.box_tools import stage_argv, stage_env
-
-    # A base that has seen little pretraining is enough: what is tested is the launch, not the model.
-    made = subprocess.run(stage_argv("stages.pretrain", "--out", "models/base", "--data-out", "data", "--steps", "60",
-                                     python=str(root / "venv" / "bin" / "python")),
-                          cwd=root, env=stage_env(), capture_output=True, text=True, timeout=900)
-    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+def trained_inputs(tmp_path_factory: pytest.TempPathFactory, provisioned: Path, tiny_source: Path) -> Path:
+    """What each node's workspace is given: the run's box venv (tests/provisioned.py: provisioned
+    through the Box, as the pipeline modules' is) and the tiny base model and data its fetch
+    stage pretrained."""
+    root = tmp_path_factory.mktemp("multinode-inputs")
+    (root / "venv").symlink_to(provisioned)
+    shutil.copytree(tiny_source / "tiny-base", root / "models" / "base")
+    shutil.copytree(tiny_source / "data", root / "data")
     return root
 
 
@@ -838,7 +811,7 @@ async def test_torchrun_across_two_ssh_boxes_from_the_stage_key_with_rank_zeros_
             await pilot.press("x")
             stop = await until(lambda: isinstance(app.screen, ConfirmDialog) and app.screen, "the stop dialog", 60)
             assert stop.plan.action == "stop" and stop.plan.subject == "stage train on every node (a, b)"
-            await pilot.click("#confirm")
+            await confirm_dialog(pilot)
             await until(lambda: all(not a.active for a in app.state.alerts if a.code == "rank_died"), "resolved", 120)
             await until(lambda: "a down · b down" in str(curves.border_title), "both down", 60)
         assert not _processes_of(run.run_id, "a") and not _processes_of(run.run_id, "b")

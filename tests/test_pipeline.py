@@ -1,21 +1,16 @@
-"""The tiny pipeline end to end on this machine's CPU, fired through the Box like the console does.
-
-Every run provisions a fresh workspace, as a new user's first `make run` would: only what a
-real user also keeps survives between runs (pip's download cache and the provision stage's
-llama-cpp-python wheel in ~/.cache/samai). The first run on a fresh machine compiles that wheel
-(12-17 minutes on 2 cores); later ones provision in about two. So that a broken first run
-cannot hide behind a cached venv, nothing provisioned is reused between runs.
-"""
+"""The tiny pipeline end to end on this machine's CPU, fired through the Box like the console
+does: fetch to push, the real llama-server and its serving figures, the fake 0 % and its fix, a
+restore instead of a rebuild; a real third-party model restored, served and evaluated; what the
+train stage refuses or stops on a real Trainer and gloo. The box venv and the tiny base are the
+run's own, made once (tests/provisioned.py); the other pipeline modules run beside this one."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,131 +20,56 @@ from pathlib import Path
 import pytest
 
 from samai.console.core import config, paths
-from samai.console.core.actions import ActionPlan, Actions, Decision
+from samai.console.core.actions import Actions
 from samai.console.core.audit import AuditLog
-from samai.console.core.checks import check_trainlog
-from samai.console.core.cucheck import check_episodes
 from samai.console.core.detectors import detect
 from samai.console.core.evalcheck import check_eval
-from samai.console.core.fixes import FixAction
-from samai.console.core.resume import resume_choice
 from samai.remote.box.gguf_check import check_file
-from samai.remote.box.stages.serve import holders
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from tests.box_tools import stage_argv, stage_env
-from tests.helpers import stop_stages_under
+from tests.pipeline_helpers import (
+    LONG,
+    anyway,
+    confirm,
+    free_port,
+    run_stage,
+    tiny,
+    until_async,
+    until_listening,
+    wait_marker,
+    with_command,
+)
 
-PROVISION_TIMEOUT = 45 * 60
-STAGES_TIMEOUT = 20 * 60
-# The suite-wide limit would cut provisioning, which runs in the first test's setup. Each wait
-# below has its own deadline; this only bounds the whole.
-pytestmark = pytest.mark.timeout(PROVISION_TIMEOUT + STAGES_TIMEOUT)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tiny(workspace: Path, port: int) -> config.Config:
-    """The built-in tiny pipeline in this workspace, serving on a free port."""
-    cfg = config.load_builtin("tiny")
-    stages = tuple(replace(s, command=s.command.replace("18080", str(port)), ports=(port,) if s.ports else ())
-                   for s in cfg.stages)
-    return replace(cfg, workspace=str(workspace), stages=stages)
+pytestmark = LONG
 
 
-async def run_stage(box: Box, cfg: config.Config, name: str, timeout: float = 600) -> str:
-    """Fire a stage and wait for its chain to end; its log as text."""
-    stage = cfg.stage(name)
-    fired = await box.fire(stage.name, stage.command, stage.log, env=dict(stage.env), verify_s=1.0)
-    assert fired.state != "refused", f"{name}: {fired.reason}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rec = (await box.snapshot(processes=True)).state(name)
-        if rec and rec.rc is not None:
-            break
-        await asyncio.sleep(1)
-    log = (await box.tail(str(Path(cfg.workspace, stage.log)), offset=0, max_bytes=4 << 20)).data.decode()
-    if not (rec and rec.rc is not None):
-        await box.stop(name, grace=5)
-        raise AssertionError(f"{name} still running after {timeout} s, stopped:\n{log[-3000:]}")
-    return log
-
-
-async def wait_marker(box: Box, cfg: config.Config, name: str, marker: str, timeout: float = 180) -> str:
-    path = str(Path(cfg.workspace, cfg.stage(name).log))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = (await box.tail(path, offset=0, max_bytes=4 << 20)).data.decode()
-        if marker in text or "CHAIN_DONE" in text:
-            return text
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"no {marker} in {path} after {timeout} s")
-
-
-@pytest.fixture(scope="module")
-def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A freshly provisioned venv, provisioned through the Box once for this module."""
-    ws = tmp_path_factory.mktemp("provisioned")
-    cfg = tiny(ws, free_port())
-
-    async def provision() -> str:
-        box = Box(LocalTransport(), str(ws), python=sys.executable)
-        try:
-            return await run_stage(box, cfg, "provision", PROVISION_TIMEOUT)
-        finally:
-            await box.close()
-
-    try:
-        log = asyncio.run(provision())
-    finally:  # a failed or timed-out provision keeps compiling in its own session otherwise
-        stop_stages_under(ws)
-    assert "PROVISION_DONE" in log and "CHAIN_DONE rc=0" in log, log[-3000:]
-    return ws / "venv"
-
-
-@pytest.fixture
-def pipeline_ws(tmp_path: Path, provisioned: Path) -> Path:
-    ws = tmp_path / "tiny"
-    ws.mkdir()
-    (ws / "venv").symlink_to(provisioned)
-    return ws
-
-
-async def _anyway(plan: ActionPlan) -> Decision:
-    """The operator's override: the stray listener holds the serve port, which blocks the plan."""
-    return Decision.override(plan, "test") if plan.blocked else Decision.confirmed(plan, "test")
-
-
-async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
+async def test_the_tiny_pipeline_end_to_end(tiny_ws: Path, spawn) -> None:
     port = free_port()
-    cfg = tiny(pipeline_ws, port)
-    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
+    cfg = tiny(tiny_ws, port)
+    box = Box(LocalTransport(), str(tiny_ws), python=sys.executable)
     started = time.monotonic()
     try:
         for name, marker in (("fetch", "FETCH_DONE"), ("train", "TRAIN_DONE"), ("merge", "MERGE_DONE"),
                              ("convert", "CONVERT_DONE"), ("quantize", "QUANT_DONE")):
             log = await run_stage(box, cfg, name)
             assert marker in log and log.rstrip().endswith("CHAIN_DONE rc=0"), f"{name}:\n{log[-4000:]}"
-        _the_base_from_a_hub(pipeline_ws)
-        await _surgery_then_smoke(box, cfg, pipeline_ws)
-        gguf = pipeline_ws / "gguf" / "tiny-q8_0.gguf"
+        _the_base_from_a_hub(tiny_ws)
+        await _surgery_then_smoke(box, cfg, tiny_ws)
+        gguf = tiny_ws / "gguf" / "tiny-q8_0.gguf"
         assert check_file(str(gguf))["ok"]
-        assert not (pipeline_ws / "models" / "merged").exists()  # intermediates deleted as declared
-        assert not (pipeline_ws / "gguf" / "tiny-f16.gguf").exists()
+        assert not (tiny_ws / "models" / "merged").exists()  # intermediates deleted as declared
+        assert not (tiny_ws / "gguf" / "tiny-f16.gguf").exists()
 
-        await _the_fake_zero_with_the_real_server(box, cfg, pipeline_ws)
+        await _the_fake_zero_with_the_real_server(box, cfg, tiny_ws)
 
         # The fix: the config's own serve (--reasoning-format none) and eval (joined, max_tokens 2048).
         stray = spawn(sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        await _until_listening(port)
+        await until_listening(port)
         serve = cfg.stage("serve")
         # As the console fires it: the action layer's plan stops the stray by pid (audited), then fires.
-        outcome = await Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_anyway).fire(serve.name)
+        outcome = await Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=anyway).fire(serve.name)
         fired = outcome.result
         assert fired is not None and fired.state == "running", outcome.message
         log = await wait_marker(box, cfg, "serve", "SMOKE_OK")
@@ -168,17 +88,17 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
         log = await _serving_while_the_eval_runs(box, cfg, port)
         assert "EVAL_RC=0" in log, log[-3000:]
         await _a_stopped_server_is_hung_then_restarted(box, cfg, port, listeners[0].pid)
-        await _a_server_without_metrics_shows_what_it_can(box, cfg, pipeline_ws, gguf)
-        (summary_path,) = set((pipeline_ws / "runs" / "eval").glob("*/summary.json")) - {
-            pipeline_ws / "runs" / "eval" / "naive" / "summary.json"}
+        await _a_server_without_metrics_shows_what_it_can(box, cfg, tiny_ws, gguf)
+        (summary_path,) = set((tiny_ws / "runs" / "eval").glob("*/summary.json")) - {
+            tiny_ws / "runs" / "eval" / "naive" / "summary.json"}
         summary = json.loads(summary_path.read_text())
         assert summary["accuracy"] >= 0.9 and summary["empty_content"] == 0, summary
         assert not check_eval((summary_path.parent / "items.jsonl").read_text().splitlines()).problems
-        await _the_diff_of_the_fake_zero_and_the_fix(box, pipeline_ws, summary_path.parent)
+        await _the_diff_of_the_fake_zero_and_the_fix(box, tiny_ws, summary_path.parent)
 
         log = await run_stage(box, cfg, "push")
         assert "PUSH_DONE" in log, log[-3000:]
-        pushed = pipeline_ws / "pushed"
+        pushed = tiny_ws / "pushed"
         assert subprocess.run(["sha256sum", "-c", "MANIFEST.sha256"], cwd=pushed).returncode == 0
         # §8's milestones, pushed by the stages themselves: the adapter every 10 epochs, each eval's report
         milestones = sorted(m.name for m in pushed.glob("MANIFEST-*.sha256"))
@@ -192,7 +112,7 @@ async def test_the_tiny_pipeline_end_to_end(pipeline_ws: Path, spawn) -> None:
     finally:
         await box.stop("serve", grace=5)
         await box.close()
-    await _restore_instead_of_rebuild(cfg, pipeline_ws)
+    await _restore_instead_of_rebuild(cfg, tiny_ws)
 
 
 async def _serving_while_the_eval_runs(box: Box, cfg: config.Config, port: int) -> str:
@@ -239,7 +159,7 @@ async def _a_stopped_server_is_hung_then_restarted(box: Box, cfg: config.Config,
     finally:
         os.kill(server, signal.SIGCONT)
     await until_async(lambda: _no_hung(box, watch, port), timeout=60)
-    actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_anyway)
+    actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=anyway)
     assert hung[0].action is not None and (await actions.restart(hung[0].action.stage)).ok
     assert "SMOKE_OK" in await wait_marker(box, cfg, "serve", "SMOKE_OK")
 
@@ -313,15 +233,6 @@ async def _the_timeline_of_the_run(box: Box, cfg: config.Config) -> None:
 
 async def _no_hung(box: Box, watch, port: int) -> bool:
     return not [f for f in watch.findings(await box.snapshot(serving=[port])) if f.code == "serve_hung"]
-
-
-async def until_async(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 async def _restore_instead_of_rebuild(cfg: config.Config, ws: Path) -> None:
@@ -406,7 +317,7 @@ async def _surgery_then_smoke(box: Box, cfg: config.Config, ws: Path) -> None:
     port and asked the smoke question (`gguf set-kv ... --smoke`)."""
     from samai.console.core.smoke import smoke
 
-    actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_confirm)
+    actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=confirm)
     source, out = ws / "gguf" / "tiny-q8_0.gguf", ws / "gguf" / "tiny-renamed.gguf"
     before = source.read_bytes()
     done = await actions.gguf({"op": "set_kv", "path": str(source), "out": str(out),
@@ -467,172 +378,6 @@ async def _the_fake_zero_with_the_real_server(box: Box, cfg: config.Config, ws: 
     await box.stop("serve", grace=5)
 
 
-async def test_the_nan_guard_stops_training_and_merge_refuses(pipeline_ws: Path) -> None:
-    cfg = tiny(pipeline_ws, free_port())
-    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
-    try:
-        assert "FETCH_DONE" in await run_stage(box, cfg, "fetch")
-        train = cfg.stage("train")
-        poisoned = replace(cfg, stages=tuple(replace(s, command=s.command + " --inject-nan") if s is train else s
-                                             for s in cfg.stages))
-        log = await run_stage(box, poisoned, "train")
-        assert "TRAIN_NAN" in log and "CHAIN_DONE rc=3" in log, log[-3000:]
-        assert (pipeline_ws / "runs" / "train" / "TRAIN_NAN").exists()
-        assert not (pipeline_ws / "runs" / "train" / "final").exists()
-        log = await run_stage(box, cfg, "merge")
-        assert "MERGE_REFUSED" in log and "TRAIN_NAN" in log and "CHAIN_DONE rc=2" in log
-        log = await run_stage(box, cfg, "train")  # a restart that does not clear the poison is refused
-        assert "TRAIN_REFUSED" in log and "poison" in log
-        assert (await box.remove(list(train.poison))).ok  # what restart does before firing again
-    finally:
-        await box.close()
-
-
-async def test_a_run_with_a_raised_learning_rate_is_worse_than_the_last_good_one(pipeline_ws: Path,
-                                                                                   tmp_path: Path) -> None:
-    """Issue 34: three real Trainer runs of the tiny train stage, 40 steps each: a healthy one,
-    another (another seed: not flagged against the first), one at lr 0.5 (flagged against the
-    last good run); then `check trainlog --against` on the same two real logs."""
-    from samai.console.core.checks import check_trainlog
-    from samai.console.core.trainref import compare, last_good_run
-    from tests.helpers import run_cli
-
-    cfg = tiny(pipeline_ws, free_port())
-    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
-    train = cfg.stage("train")
-    log, verdicts = str(pipeline_ws / train.log), []
-    try:
-        assert "FETCH_DONE" in await run_stage(box, cfg, "fetch")
-        for extra in ("--max-steps 40 --seed 1", "--max-steps 40 --seed 2", "--max-steps 40 --seed 3 --lr 0.5"):
-            assert (await box.remove(list(train.poison))).ok
-            out = await run_stage(box, with_command(cfg, "train", f"{train.command} {extra}"), "train")
-            assert "CHAIN_DONE rc=0" in out, out[-3000:]
-            reference = await last_good_run(box, log, cfg.train)
-            worse = compare((await check_trainlog(box, log)).points, reference, cfg.train) if reference else None
-            verdicts.append((reference.label if reference else None, worse))
-    finally:
-        await box.close()
-    assert verdicts[0] == (None, None) and verdicts[1] == ("train.log.1", None), verdicts
-    assert verdicts[2][0] == "train.log.1" and verdicts[2][1] is not None, verdicts  # seed 2's run, the last good
-    print(f"lr 0.5 against the last good run: {verdicts[2][1].problem().message}")
-    f = tmp_path / "against.toml"
-    f.write_text(f'[workspace]\npath = "{pipeline_ws}"\n')
-    r = run_cli("--config", str(f), "check", "trainlog", "logs/train.log", "--against", "logs/train.log.1", "--json")
-    assert r.returncode == 1 and any(a["code"] == "worse_than_reference" for a in json.loads(r.stdout)["anomalies"])
-    r = run_cli("--config", str(f), "check", "trainlog", "logs/train.log.1", "--against", "logs/train.log.2", "--json")
-    assert r.returncode == 0, r.stdout[-2000:]
-
-
-def with_command(cfg: config.Config, name: str, command: str) -> config.Config:
-    return replace(cfg, stages=tuple(replace(s, command=command) if s.name == name else s for s in cfg.stages))
-
-
-async def _confirm(plan: ActionPlan) -> Decision:
-    return Decision.confirmed(plan, "test")
-
-
-POISON_SAFETENSORS = """import sys
-from safetensors.torch import load_file, save_file
-tensors = load_file(sys.argv[1])
-name = sorted(tensors)[0]
-tensors[name].view(-1)[0] = float("inf")
-save_file(tensors, sys.argv[1], metadata={"format": "pt"})
-print(name)
-"""
-POISON_GGUF = """import sys
-sys.path.insert(0, sys.prefix + "/llama.cpp/gguf-py")
-from gguf import GGUFReader
-reader = GGUFReader(sys.argv[1], "r+")
-tensor = next(t for t in reader.tensors if t.tensor_type.name == "F32")
-tensor.data.reshape(-1)[0] = float("nan")
-reader.data.flush()
-print(tensor.name)
-"""
-
-
-def poison(ws: Path, script: str, path: Path) -> str:
-    """One weight of a real model file set to nan/inf with the box venv's own libraries; its tensor's name."""
-    done = subprocess.run([str(ws / "venv" / "bin" / "python"), "-c", script, str(path)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip()
-
-
-# Both late deaths of the issue, with real Trainer steps: a huge learning rate from step 5 on
-# (grad_norm nan, then loss 0: a hidden NaN), and the adapter cut off from step 5 on (grad_norm 0).
-DIVERGENCES = {"diverged": ("--diverge-after 4", {"nan_grad_norm", "hidden_nan", "nan_guard_fired"}),
-               "dead-gradients": ("--kill-gradients-after 4", {"dead_gradients", "nan_guard_fired"})}
-
-
-async def test_runs_that_die_after_step_4_pass_nowhere_downstream(pipeline_ws: Path) -> None:
-    cfg = tiny(pipeline_ws, free_port())
-    train = cfg.stage("train")
-    run_dir = pipeline_ws / "runs" / "train"
-    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
-    actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_confirm)
-    try:
-        assert "FETCH_DONE" in await run_stage(box, cfg, "fetch")
-        for kind, (flags, expected) in DIVERGENCES.items():
-            log = await run_stage(box, with_command(cfg, "train", f"{train.command} --max-steps 16 {flags}"), "train")
-            assert "TRAIN_NAN" in log and "logged steps in a row from step" in log, f"{kind}:\n{log[-3000:]}"
-            assert "CHAIN_DONE rc=3" in log and "TRAIN_DONE" not in log, kind
-            assert (run_dir / "TRAIN_NAN").exists(), kind
-            assert not (run_dir / "final").exists() and not (run_dir / "TRAIN_DONE").exists(), kind
-
-            found = await check_trainlog(box, str(pipeline_ws / train.log))  # what `check trainlog` prints
-            codes = {a.code: a for a in found.problems}
-            assert expected <= set(codes), (kind, list(codes))
-            late = codes["hidden_nan" if kind == "diverged" else "dead_gradients"]
-            assert late.step > 4 and late.severity == "error", late
-            first = min(p.step for p in found.problems if p.step is not None and p.severity == "error")
-            choice = await resume_choice(box, cfg, train)  # never a checkpoint written after the first anomaly
-            assert choice.chosen is None or choice.chosen.step < first, (kind, choice, first)
-
-            plan = await actions.plan_fire("merge")  # the console's own merge preflight
-            finding = f"train's log, last run: {late.code}: {late.message}"
-            assert plan.blocked and finding in [c.text for c in plan.checks], plan.checks
-            outcome = await actions.fire("merge")
-            assert outcome.status == "refused" and not (pipeline_ws / cfg.stage("merge").log).exists(), kind
-
-            log = await run_stage(box, cfg, "merge")  # the merge script, fired anyway
-            assert "MERGE_REFUSED" in log and "TRAIN_NAN" in log and "CHAIN_DONE rc=2" in log, log[-3000:]
-            if kind == "diverged":
-                await _downstream_refuses_the_poison(box, cfg, pipeline_ws)
-            # what restart clears, and the logs: the next run's findings are its own
-            assert (await box.remove([*train.poison, "runs/train/checkpoints", train.log, cfg.stage("merge").log])).ok
-    finally:
-        await box.close()
-
-
-async def _downstream_refuses_the_poison(box: Box, cfg: config.Config, ws: Path) -> None:
-    """Past the file gate by hand (the diverged run's newest checkpoint put in place as final/, its
-    TRAIN_NAN deleted), merge still refuses the nan adapter; convert and quantize refuse nan input."""
-    run_dir = ws / "runs" / "train"
-    *_, checkpoint = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    checkpoint.rename(run_dir / "final")  # the newest: the Trainer keeps the last --save-total-limit
-    (run_dir / "TRAIN_NAN").unlink()
-    (run_dir / "TRAIN_DONE").write_text("forged\n")
-    log = await run_stage(box, cfg, "merge")
-    assert "MERGE_REFUSED the adapter:" in log and "tensors in runs/train/final are not finite" in log, log[-3000:]
-    assert ".lora_A.weight" in log and "CHAIN_DONE rc=2" in log and not (ws / "models" / "merged").exists()
-
-    merged = ws / "models" / "merged"  # a merged model with one inf weight: convert refuses it
-    subprocess.run(["cp", "-r", str(ws / "models" / "base"), str(merged)], check=True)
-    bad = poison(ws, POISON_SAFETENSORS, merged / "model.safetensors")
-    log = await run_stage(box, cfg, "convert")
-    assert "CONVERT_REFUSED" in log and "1 of " in log and bad in log and "CHAIN_DONE rc=2" in log, log[-3000:]
-    assert not (ws / "gguf" / "tiny-f16.gguf").exists()
-
-    f16 = cfg.stage("convert").command.replace("models/merged", "models/base").replace(" --delete-input", "")
-    log = await run_stage(box, with_command(cfg, "convert", f16), "convert")  # a healthy f16 of the base
-    assert "CONVERT_DONE" in log and "all 21 F32/F16 tensors finite" in log, log[-3000:]
-    bad = poison(ws, POISON_GGUF, ws / "gguf" / "tiny-f16.gguf")
-    log = await run_stage(box, cfg, "quantize")
-    assert "QUANT_REFUSED the input: 1 of" in log and bad in log and "CHAIN_DONE rc=2" in log, log[-3000:]
-    assert not (ws / "gguf" / "tiny-q8_0.gguf").exists()
-    assert (await box.remove(["models/merged", "gguf/tiny-f16.gguf"])).ok
-
-
 async def test_fp16_is_refused_with_the_reason(pipeline_ws: Path) -> None:
     cfg = tiny(pipeline_ws, free_port())
     train = cfg.stage("train")
@@ -644,436 +389,6 @@ async def test_fp16_is_refused_with_the_reason(pipeline_ws: Path) -> None:
     finally:
         await box.close()
 
-
-async def _until_listening(port: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"nothing listens on {port}")
-
-
-# ---------------------------------------------------------------- the incident drill, through the TUI
-
-
-def _bar(app) -> str:
-    return str(app.box_screen.query_one("#stages").render())
-
-
-def _ended(app, stage: str):
-    """The stage's current run once it has ended (its record has an rc), else None."""
-    rec = app.state.snapshot.state(stage) if app.state.snapshot else None
-    return rec if rec and rec.rc is not None else None
-
-
-async def _dialog(pilot, app, key: str):
-    """Press a key and wait for the confirmation dialog it opens (Cancel focused)."""
-    from samai.console.screens.dialogs import ConfirmDialog
-    from tests.helpers import pilot_until
-
-    await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, ConfirmDialog))
-    await pilot.press(key)
-    return await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
-
-
-async def _confirmed(pilot, app, key: str, stage: str, timeout: float = 600):
-    """Fire (or restart) through the dialog, not blocked, and wait for the new run to end well."""
-    from tests.helpers import pilot_until
-
-    before = app.state.runs.get(stage)
-    dialog = await _dialog(pilot, app, key)
-    assert not [c.text for c in dialog.checks if c.severity == "error"], dialog.checks
-    await pilot.click("#confirm")
-    await pilot_until(pilot, lambda: app.state.runs.get(stage) not in (None, before), timeout=60)
-    rec = await pilot_until(pilot, lambda: _ended(app, stage), timeout=timeout)
-    assert rec.rc == 0, f"{stage} rc={rec.rc}:\n{_log_of(app, stage)[-3000:]}"
-    return rec
-
-
-def _log_of(app, stage: str) -> str:
-    return (Path(app.config.workspace) / app.config.stage(stage).log).read_text(errors="replace")
-
-
-async def test_the_incident_drill_through_the_tui(pipeline_ws: Path) -> None:
-    """The issue's drills as an operator runs them, keys and dialogs only: a run that diverges
-    raises an alert and is not done; merge is refused with the finding; the operator fixes the
-    learning rate and restarts train from the alert; the healthy run goes down the pipeline;
-    the running server is replaced by its own key; eval passes against the new one."""
-    from samai.console.app import SamaiApp
-    from samai.widgets.curves import CurvesPane
-    from samai.widgets.evals import EvalTable
-    from samai.widgets.logview import LogView
-    from tests.helpers import pilot_until
-
-    port = free_port()
-    cfg = tiny(pipeline_ws, port)
-    # What the operator edits between the runs: train's extra flags (the diverging learning rate).
-    flags = pipeline_ws / "train.flags"
-    flags.write_text("--max-steps 16 --diverge-after 4\n")
-    cfg = with_command(cfg, "train", cfg.stage("train").command + ' $(cat "$SAMAI_WORKSPACE/train.flags")')
-    cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.3))
-    app = SamaiApp(cfg)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await pilot_until(pilot, lambda: app.state.snapshot)
-        await _confirmed(pilot, app, "2", "fetch")
-
-        # 1. The run diverges: not done, an alert that names it, merge marked blocked.
-        dialog = await _dialog(pilot, app, "3")
-        await pilot.click("#confirm")
-        rec = await pilot_until(pilot, lambda: _ended(app, "train"), timeout=600)
-        assert rec.rc == 3 and rec.status == "failed", _log_of(app, "train")[-3000:]
-        await pilot_until(pilot, lambda: "train ✗ failed rc=3" in _bar(app) and "merge ■ blocked" in _bar(app))
-        alert = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.active
-                                                        and a.code == "hidden_nan"), None))
-        assert alert.action == FixAction.restart("train") and "l log" in alert.hint
-        assert "TRAIN_NAN" in str(app.box_screen.query_one("#alerts").render())
-        assert not (pipeline_ws / "runs" / "train" / "final").exists()
-
-        # 2. Merge is refused: the dialog names the training log's finding; the operator cancels.
-        dialog = await _dialog(pilot, app, "4")
-        assert any(c.severity == "error" and "train's log, last run: hidden_nan" in c.text for c in dialog.checks)
-        assert "anyway" in str(dialog.query_one("#confirm").label)
-        await pilot.press("escape")
-        await pilot_until(pilot, lambda: not app.busy)
-        assert not (pipeline_ws / cfg.stage("merge").log).exists()
-
-        # 3. The fix: the learning rate back to normal, then the alert's log (l) and a restart (r)
-        # that clears the diverged run's TRAIN_NAN before it fires again.
-        flags.write_text("\n")
-        await pilot.press("l")
-        assert app.state.shown_stage == "train" and "log · train" in str(app.box_screen.query_one(LogView).border_title)
-        restart = await _dialog(pilot, app, "r")
-        assert restart.plan.action == "restart" and "runs/train/TRAIN_NAN" in restart.plan.paths
-        diverged = app.state.runs["train"]
-        await pilot.click("#confirm")
-        await pilot_until(pilot, lambda: app.state.runs.get("train") != diverged)
-        # The new run starts clean: no marker, curve or log line of the diverged run on screen.
-        await pilot_until(pilot, lambda: "train ● running" in _bar(app))
-        log = app.box_screen.query_one(LogView)
-        assert "TRAIN_NAN" not in _bar(app), _bar(app)
-        assert not any("TRAIN_NAN" in line for line in log.lines), list(log.lines)[-20:]
-        rec = await pilot_until(pilot, lambda: _ended(app, "train"), timeout=600)
-        assert rec.rc == 0, _log_of(app, "train")[-3000:]
-        curve = app.box_screen.query_one(CurvesPane).points  # the healthy run's steps alone, none of the diverged one's
-        assert curve and not any(p.hidden_nan or not math.isfinite(p.grad_norm or 0.0) for p in curve)
-        assert [p.step for p in curve] == sorted({p.step for p in curve})
-        assert (pipeline_ws / "runs" / "train" / "TRAIN_DONE").exists()
-        await pilot_until(pilot, lambda: "train ✓ done" in _bar(app) and "merge ■" not in _bar(app))
-        assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]
-        assert alert.code in {a.code for a in app.state.alerts if not a.active}  # resolved, kept as history
-        assert app.state.previous["train"].status == "failed"
-
-        # 4. Healthy: merge (its preflight now finds the run clean), convert, quantize.
-        merge = await _dialog(pilot, app, "4")
-        assert any(c.severity == "ok" and "train's log, last run:" in c.text for c in merge.checks)
-        await pilot.press("escape")
-        for key, stage in (("4", "merge"), ("5", "convert"), ("6", "quantize")):
-            await _confirmed(pilot, app, key, stage)
-        assert check_file(str(pipeline_ws / "gguf" / "tiny-q8_0.gguf"))["ok"]
-
-        # 5. Serve, then replace the running server with its own key (a restart, not a block).
-        await pilot_until(pilot, lambda: not app.busy)
-        serve = await _dialog(pilot, app, "7")
-        await pilot.click("#confirm")
-        await pilot_until(pilot, lambda: "serve ● running" in _bar(app) and "SMOKE_OK" in _bar(app), timeout=180)
-        old = app.state.snapshot.state("serve")
-        serve = await _dialog(pilot, app, "7")
-        assert serve.plan.action == "restart" and "its key restarts it" in serve.plan.details[0]
-        assert not [c.text for c in serve.checks if c.severity == "error"], serve.checks
-        await pilot.click("#confirm")
-        await pilot_until(pilot, lambda: app.state.snapshot.state("serve").fired_at != old.fired_at, timeout=60)
-        await pilot_until(pilot, lambda: "serve ● running" in _bar(app) and "SMOKE_OK" in _bar(app), timeout=180)
-        snap = app.state.snapshot
-        gone = snap.process(old.pid)  # exited (a zombie until this machine's init reaps it, if it does)
-        assert gone is None or gone.state == "Z", gone
-        (listener,) = [s for s in snap.listeners if s.port == port]  # one server: the new run's
-        assert snap.process(listener.pid).pgid == snap.state("serve").pgid != old.pgid
-
-        # 6. Eval against the new server.
-        await _confirmed(pilot, app, "8", "eval")
-        assert "EVAL_RC=0" in _log_of(app, "eval")
-        (summary,) = (pipeline_ws / "runs" / "eval").glob("*/summary.json")
-        assert json.loads(summary.read_text())["accuracy"] >= 0.9
-        await pilot_until(pilot, lambda: app.state.eval_checked and app.state.eval_checked[1] is not None)
-        assert app.state.eval_checked[1].problems == ()  # check eval on its items, as the console did
-        evals = app.box_screen.query_one(EvalTable)  # the eval pane shows the run
-        await pilot_until(pilot, lambda: evals.row_count == 1)
-        assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]
-
-        # 7. The server dies (the OOM killer's way): an alert in its own words; eval is then held back.
-        os.kill(listener.pid, signal.SIGKILL)
-        died = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.active and "died" in a.text),
-                                                     None), timeout=60)
-        assert died.stage == "serve" and died.text.startswith("stage serve: pid ") and "died (rc=137)" in died.text
-        said = f"SERVER_DIED llama-server pid {listener.pid} killed by SIGKILL; its last words (logs/server.log)"
-        assert said in died.text and said in _log_of(app, "serve")  # in its own log, and quoted by the alert
-        assert "l log" in died.hint and died.action == FixAction.restart("serve")
-        await pilot_until(pilot, lambda: not [s for s in app.state.snapshot.listeners if s.port == port])
-        held = await _dialog(pilot, app, "8")
-        assert any(c.severity == "error" and f"nothing listens on port {port}: fire serve (key 7) first" in c.text
-                   for c in held.checks), held.checks
-        await pilot.press("escape")
-        await pilot_until(pilot, lambda: not app.busy)
-
-
-def vlm_tiny(workspace: Path, port: int) -> config.Config:
-    """The built-in vlm-tiny pipeline in this workspace, serving on a free port."""
-    cfg = config.load_builtin("vlm-tiny")
-    ports = {"18081": str(port), "18082": str(free_port())}  # the server's, and the reward-driven round's
-
-    def moved(s: config.Stage) -> config.Stage:
-        command = s.command.replace("18081", ports["18081"]).replace("18082", ports["18082"])
-        return replace(s, command=command, ports=tuple(int(ports[str(p)]) for p in s.ports))
-
-    stages = tuple(moved(s) for s in cfg.stages)
-    return replace(cfg, workspace=str(workspace), stages=stages, target=replace(cfg.target, poll_interval=0.3))
-
-
-def _venv_stage(ws: Path, module: str, *args: str) -> subprocess.CompletedProcess:
-    """A stage run by hand in the workspace with the box venv, as its command would run it
-    (module "-c": the box venv's python on a program, with the box tools importable)."""
-    python = str(ws / "venv" / "bin" / "python")
-    argv = [python, "-c", *args] if module == "-c" else stage_argv(module, *args, python=python)
-    return subprocess.run(argv, cwd=ws, env=dict(stage_env(), SAMAI_WORKSPACE=str(ws)), capture_output=True,
-                          text=True, timeout=600)
-
-
-# One training example of the fetched data as the train stage batches it.
-PREFIX_MASK_PROBE = """
-import json
-from samai_box.stages import vision
-tok, image_processor = vision.load_processor("models/base")
-example = vision.load_examples("data/train.jsonl")[:1]
-batch = vision.encode(tok, image_processor, example)
-answer = tok(example[0][1][-1]["content"] + tok.eos_token, add_special_tokens=False)["input_ids"]
-print(json.dumps({"ids": batch["input_ids"][0].tolist(), "labels": batch["labels"][0].tolist(), "answer": answer,
-                  "image_pad": tok.convert_tokens_to_ids(vision.IMAGE_PAD)}))
-"""
-
-
-async def test_the_vlm_pipeline_end_to_end_from_the_keys(pipeline_ws: Path, spawn) -> None:
-    """Playbook §10 on this CPU, keys and dialogs only: a tiny Qwen2.5-VL fetched, LoRA-trained on
-    its language model alone (a text model's target list, which catches the ViT, refused before
-    a step), merged whole, converted to the model and its projector, quantized, served by the real
-    llama-server with --mmproj (smoke: an image's colour), evaluated with images (the photo-sized
-    one capped at 1120 px); a serve without its projector refused, a server without --mmproj found."""
-    from samai.console.app import SamaiApp
-    from tests.helpers import pilot_until
-
-    port = free_port()
-    cfg = vlm_tiny(pipeline_ws, port)
-    app = SamaiApp(cfg)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await pilot_until(pilot, lambda: app.state.snapshot)
-        await _confirmed(pilot, app, "2", "fetch", timeout=900)
-
-        # The trap: the text pipeline's target names also match the ViT's gate/up/down_proj.
-        text_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-        trap = _venv_stage(pipeline_ws, "stages.train", "--base", "models/base", "--data", "data/train.jsonl",
-                           "--out", "runs/trap", "--lora-targets", text_targets)
-        assert trap.returncode == 2 and "TRAIN_REFUSED" in trap.stdout, trap.stdout[-2000:] + trap.stderr[-2000:]
-        assert "LoRA targets matched vision modules" in trap.stdout and "visual.blocks" in trap.stdout
-        assert not (pipeline_ws / "runs" / "trap" / "final").exists()
-        # The NaN guard and the poison files hold for an image-text run too.
-        sick = _venv_stage(pipeline_ws, "stages.train", "--base", "models/base", "--data", "data/train.jsonl",
-                           "--out", "runs/sick", "--inject-nan", "--max-steps", "6")
-        assert sick.returncode == 3 and "TRAIN_NAN" in sick.stdout, sick.stdout[-2000:] + sick.stderr[-2000:]
-        again = _venv_stage(pipeline_ws, "stages.train", "--base", "models/base", "--data", "data/train.jsonl",
-                            "--out", "runs/sick")
-        assert again.returncode == 2 and "poison files" in again.stdout
-
-        # The prefix mask: the question and the image's tokens labelled -100, the answer learned.
-        masked = _venv_stage(pipeline_ws, "-c", PREFIX_MASK_PROBE)
-        batch = json.loads(masked.stdout.strip().splitlines()[-1]) if masked.returncode == 0 else masked.stderr
-        answer, ids, labels = batch["answer"], batch["ids"], batch["labels"]
-        assert ids[-len(answer):] == answer and labels == [-100] * (len(ids) - len(answer)) + answer
-        assert ids.count(batch["image_pad"]) >= 8  # the image's merged tokens, all in the masked prefix
-
-        await _confirmed(pilot, app, "3", "train")
-        train_log = _log_of(app, "train")
-        by_part = next(line for line in train_log.splitlines() if line.startswith("trainable parameters by part:"))
-        assert "vision 0, merger 0," in by_part and int(by_part.split("language ")[1].split(",")[0]) > 0
-        for key, stage in (("4", "merge"), ("5", "convert"), ("6", "quantize")):
-            await _confirmed(pilot, app, key, stage)
-        model, mmproj = pipeline_ws / "gguf" / "vlm-q8_0.gguf", pipeline_ws / "gguf" / "vlm-mmproj-f16.gguf"
-        assert check_file(str(model))["ok"] and check_file(str(mmproj))["ok"]
-        box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
-        try:
-            kvs = {kv.key: kv.value for kv in (await box.gguf_show(str(mmproj))).kvs}
-        finally:
-            await box.close()
-        assert kvs["general.architecture"] == "clip" and "qwen2.5vl" in kvs["clip.projector_type"]
-        assert not (pipeline_ws / "models" / "merged").exists()  # the intermediate went
-
-        # Serve without its projector: the dialog refuses it, naming the file.
-        await pilot_until(pilot, lambda: not app.busy)
-        mmproj.rename(mmproj.with_suffix(".away"))
-        refused = await _dialog(pilot, app, "7")
-        assert any(c.severity == "error" and "vlm-mmproj-f16.gguf" in c.text for c in refused.checks), refused.checks
-        await pilot.press("escape")
-        await pilot_until(pilot, lambda: not app.busy)
-        mmproj.with_suffix(".away").rename(mmproj)
-
-        await pilot_until(pilot, lambda: not app.busy)
-        serve = await _dialog(pilot, app, "7")
-        assert not [c.text for c in serve.checks if c.severity == "error"], serve.checks
-        await pilot.click("#confirm")
-        await pilot_until(pilot, lambda: "serve ● running" in _bar(app) and "SMOKE_OK" in _bar(app), timeout=300)
-        assert "SMOKE_OK colour? -> red" in _log_of(app, "serve")
-
-        await _confirmed(pilot, app, "8", "eval")
-        assert "EVAL_RC=0" in _log_of(app, "eval")
-        (run,) = (pipeline_ws / "runs" / "eval").iterdir()
-        assert json.loads((run / "summary.json").read_text())["accuracy"] >= 0.9
-        items = [json.loads(line) for line in (run / "items.jsonl").read_text().splitlines()]
-        photo = next(i["image"] for i in items if i["image"]["width"] == 1600)
-        assert photo["resized"] and (photo["sent_width"], photo["sent_height"]) == (1120, 840)
-        assert all(max(i["image"]["sent_width"], i["image"]["sent_height"]) <= 1120 for i in items)
-        assert check_eval((run / "items.jsonl").read_text().splitlines()).problems == ()
-        assert not [f for f in detect(cfg, app.state.snapshot) if f.code == "serve_without_mmproj"]
-
-        # A server of this pipeline started by hand without --mmproj: doctor's finding.
-        blind_port = free_port()
-        blind = spawn(str(pipeline_ws / "venv" / "llama.cpp" / "bin" / "llama-server"), "-m", str(model),
-                      "--port", str(blind_port), "-c", "256", cwd=pipeline_ws)
-        found = await pilot_until(pilot, lambda: next((f for f in detect(cfg, app.state.snapshot)
-                                                       if f.code == "serve_without_mmproj"), None), timeout=60)
-        assert f"llama-server pid {blind.pid} runs without --mmproj" in found.message
-        await pilot_until(pilot, lambda: any(a.active and a.code == "serve_without_mmproj" for a in app.state.alerts))
-
-        # §10's second half: the served model operates web pages in headless Chromium, then one
-        # reward-driven round (sample, keep the rewarded, LoRA, merge, convert, serve) from its key.
-        await pilot_until(pilot, lambda: not app.busy)
-        await _confirmed(pilot, app, "0", "cu_eval")
-        assert "CU_EVAL_RC=0" in _log_of(app, "cu_eval")
-        (cu_run,) = (pipeline_ws / "runs" / "cu").iterdir()
-        episodes = (cu_run / "episodes.jsonl").read_text().splitlines()
-        rows = [json.loads(line) for line in episodes]
-        assert len(rows) == 28 and all(r["error"] is None and r["sent"] == [224, 224] for r in rows), rows[:2]
-        assert {r["split"] for r in rows} == {"heldout"} and 0 < sum(r["reward"] for r in rows) < len(rows)
-        assert check_episodes(episodes).n == 28
-        await pilot_until(pilot, lambda: any(
-            r.name == cu_run.name and r.kind == "cu" for r in app.state.last_update.evals))
-
-        await pilot_until(pilot, lambda: not app.busy)
-        await _confirmed(pilot, app, "p", "rft", timeout=900)
-        rft_log = _log_of(app, "rft")
-        assert "RFT_DONE held-out success" in rft_log and "rft: reward per round:" in rft_log
-        assert "vision 0, merger 0," in rft_log  # the same train stage and its guards
-        (round_dir,) = (pipeline_ws / "runs" / "rft").iterdir()
-        summary = json.loads((round_dir / "summary.json").read_text())
-        assert summary["kept"] > 0 and summary["before"]["n"] == summary["after"]["n"] == 28
-        assert summary["after"]["errors"] == 0 and check_file(str(pipeline_ws / summary["model"]))["ok"]
-        before, after = summary["before"]["success_rate"], summary["after"]["success_rate"]
-        print(f"rft round: held-out success {before} -> {after}, kept {summary['kept']} of {summary['sampled']}")
-        assert not (round_dir / "merged").exists() and not (round_dir / "vlm-f16.gguf").exists()
-        assert not holders(app.config.stage("rft").ports[0])  # the round's server was stopped
-
-
-async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_the_keys(pipeline_ws: Path) -> None:
-    """Issue 31: the train run is killed from outside after its second checkpoint; its alert
-    says why and offers the resume; `x` and the dialog continue it from a checkpoint, and it
-    ends done at the full step count, having run fewer steps than a restart would."""
-    from samai.console.app import SamaiApp
-    from tests.helpers import pilot_until
-
-    cfg = tiny(pipeline_ws, free_port())
-    cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.3))
-    folder = pipeline_ws / "runs" / "train" / "checkpoints"
-    app = SamaiApp(cfg)
-    async with app.run_test(size=(160, 50)) as pilot:
-        await pilot_until(pilot, lambda: app.state.snapshot)
-        await _confirmed(pilot, app, "2", "fetch")
-        await _dialog(pilot, app, "3")
-        await pilot.click("#confirm")
-        await pilot_until(pilot, lambda: len(list(folder.glob("checkpoint-*/trainer_state.json"))) >= 2, timeout=600)
-        first = app.state.runs["train"]
-        snap = app.state.snapshot
-        rec = snap.state("train")
-        trainer = next(p for p in snap.processes if p.pid in rec.group and "samai_box.stages.train" in p.command)
-        os.kill(trainer.pid, signal.SIGKILL)  # the OOM killer's way, as far as the console can tell
-        died = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.active
-                                                      and a.action == FixAction.resume("train")), None), timeout=60)
-        assert "stage train failed rc=137: signal: killed by SIGKILL" in died.text, died.text
-        killed_at = max(int(p.name.split("-")[1]) for p in folder.glob("checkpoint-*"))
-        (folder / f"checkpoint-{killed_at}" / "optimizer.pt").unlink()  # the newest made incomplete
-
-        dialog = await _dialog(pilot, app, "x")
-        assert dialog.plan.action == "resume"
-        assert dialog.plan.checkpoint.startswith("runs/train/checkpoints/checkpoint-")
-        step = int(dialog.plan.checkpoint.rsplit("-", 1)[1])
-        assert 0 < step < killed_at and "--resume-from" in dialog.plan.chain  # the one before it
-        assert f"passed over checkpoint-{killed_at}: missing optimizer.pt or optimizer.bin or global_step*" \
-            in dialog.plan.details
-        await pilot.click("#confirm")
-        await pilot_until(pilot, lambda: app.state.runs.get("train") not in (None, first), timeout=60)
-        rec = await pilot_until(pilot, lambda: _ended(app, "train"), timeout=600)
-        log = _log_of(app, "train")
-        assert rec.rc == 0, log[-3000:]
-        assert "TRAIN_RESUMED" in log and f"/{dialog.plan.checkpoint} (step {step})" in log
-        done = (pipeline_ws / "runs" / "train" / "TRAIN_DONE").read_text()
-        total = int(done.split()[0])
-        resumed_steps = sum(1 for line in log.splitlines() if line.startswith("{'loss'"))
-        assert total > step and resumed_steps <= total - step + 1, (total, step, resumed_steps)
-        await pilot_until(pilot, lambda: "train ✓ done" in _bar(app))
-        from samai.widgets.curves import CurvesPane
-
-        pane = app.box_screen.query_one(CurvesPane)  # one curve: the dead run's steps to the checkpoint, then on
-        steps = await pilot_until(pilot, lambda: pane.resumed_at == step and [p.step for p in pane.points])
-        assert steps == sorted(set(steps)) and steps[0] == 1 and steps[-1] == total, steps
-
-
-
-async def test_a_killed_training_run_is_resumed_by_the_watcher_with_nobody_at_the_keys(
-        pipeline_ws: Path, json_receiver) -> None:
-    """Issue 32: the headless watcher with `recover = ["resume_train"]` sees the train run killed
-    from outside, tells the receiver why, resumes it from its newest good checkpoint through the
-    action layer (audited "by the watcher"), says so, and the run ends done."""
-    from samai.console.core.connect import open_box
-    from samai.console.core.watch.sender import Sender, receivers
-    from samai.console.core.watch.watcher import BoxWatcher, Identity, watch
-    from tests.helpers import until
-
-    cfg = tiny(pipeline_ws, free_port())
-    cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.3),
-                  watch=replace(cfg.watch, interval=0.3, recover=("resume_train",)))
-    sender = Sender(receivers([json_receiver.url]), print, retry_s=(0.2, 0.2))
-    watcher = BoxWatcher("", cfg, open_box, sender, Identity("w1", "op@watchhost", "watchhost"), say=print)
-    folder = pipeline_ws / "runs" / "train" / "checkpoints"
-    box = Box(LocalTransport(), str(pipeline_ws), python=sys.executable)
-    task = asyncio.ensure_future(watch([watcher]))
-    try:
-        actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=_anyway)
-        assert "FETCH_DONE" in await run_stage(box, cfg, "fetch")
-        assert (await actions.fire("train")).ok
-        await until(lambda: len(list(folder.glob("checkpoint-*/trainer_state.json"))) >= 2, timeout=600)
-        snap = await box.snapshot(processes=True)
-        trainer = next(p for p in snap.processes
-                       if p.pid in snap.state("train").group and "samai_box.stages.train" in p.command)
-        os.kill(trainer.pid, signal.SIGKILL)
-        await until(lambda: any(t.startswith("samai: resumed train from checkpoint-") for t in json_receiver.titles()),
-                    timeout=120)
-        train_log = pipeline_ws / cfg.stage("train").log
-        await until(lambda: "CHAIN_DONE" in train_log.read_text(errors="replace"), timeout=600)
-        await until(lambda: any("train" in t and "resolved" in t for t in json_receiver.titles()), timeout=60)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await box.close()
-    titles = json_receiver.titles()
-    [died] = [r for r in json_receiver.got if r.title.startswith("samai: stage train failed rc=137")]
-    assert "signal: killed by SIGKILL" in died.title and "resume train" in died.body, died.body
-    [resumed] = [t for t in titles if t.startswith("samai: resumed train from checkpoint-")]
-    step = int(resumed.rsplit("-", 1)[1])
-    log = train_log.read_text(errors="replace")
-    assert "TRAIN_RESUMED" in log and f"checkpoint-{step} (step {step})" in log, log[-2000:]
-    assert "CHAIN_DONE rc=0" in log and "TRAIN_DONE" in log, log[-2000:]
-    audit = [json.loads(line) for line in paths.audit_log().read_text().splitlines()]
-    by_watcher = [e for e in audit if e.get("via") == "by the watcher" and e.get("phase") == "intent"]
-    assert [e["action"] for e in by_watcher] == ["resume"], by_watcher
 
 GUARD_SEEDED = """
 import json, sys

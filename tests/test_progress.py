@@ -21,7 +21,7 @@ from samai.remote.box.markers import Markers, marker_hits
 from samai.remote.safe_text import visible
 from samai.widgets.logview import LogView
 from samai.widgets.stages import stage_item
-from tests.helpers import pilot_until
+from tests.helpers import confirm_dialog, pilot_until
 
 FETCH_LINE = "base.bin: 1.0 GiB / 4.0 GiB (25%) 100.0 MiB/s"  # as fetch.py's Progress prints it
 TQDM_LINE = " 15%|#5        | 12/80 [00:03<00:17,  4.10it/s]"
@@ -159,7 +159,7 @@ async def test_the_stages_bar_shows_a_running_stages_progress_and_drops_it_when_
         await pilot_until(pilot, lambda: app.state.snapshot)
         await pilot.press("2")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: "base.bin: 1.1 GB/4.3 GB 25%" in _bar(app))
         (workspace / "next").touch()
         await pilot_until(pilot, lambda: "12/80 15% · 17s left" in _bar(app))
@@ -210,7 +210,7 @@ async def test_a_build_step_is_shown_but_a_servers_own_command_line_is_not(tmp_p
             await pilot_until(pilot, lambda: not app.busy)
             await pilot.press(key)
             await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-            await pilot.click("#confirm")
+            await confirm_dialog(pilot)
             await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app.busy)
         await pilot_until(pilot, lambda: "CONVERTING" in _bar(app) and "SERVING" in _bar(app))
         assert "step: python convert_hf_to_gguf.py merged --outfile f16.gguf" in _bar(app)

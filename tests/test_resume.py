@@ -28,7 +28,7 @@ from samai.remote import model
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from tests import factories
-from tests.helpers import run_cli, wait_for
+from tests.helpers import confirm_dialog, run_cli, wait_for
 from tests.test_checkpoints import FOLDER, checkpoint
 
 STEP = "{{'loss': {loss}, 'grad_norm': {grad}, 'learning_rate': 0.0002, 'epoch': {epoch}}}\n"
@@ -290,6 +290,6 @@ async def test_the_prune_from_the_alert_deletes_the_old_checkpoints_and_keeps_th
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.screen)
         assert dialog.plan.action == "prune" and dialog.plan.paths == (f"{FOLDER}/checkpoint-4",)
         assert "kept checkpoint-8 (step 8): a resume would take it" in dialog.plan.details
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: not (ws / FOLDER / "checkpoint-4").exists())
         assert sorted(p.name for p in (ws / FOLDER).iterdir()) == ["checkpoint-12", "checkpoint-16", "checkpoint-8"]

@@ -20,7 +20,7 @@ from samai.console.core.actions import operator
 from samai.console.screens.dialogs import ConfirmDialog
 from samai.widgets.curves import CurvesPane
 from samai.widgets.logview import LogView
-from tests.helpers import collect_toasts, pilot_until, polls_after, run_cli
+from tests.helpers import collect_toasts, confirm_dialog, pilot_until, polls_after, run_cli
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: real processes, sockets or an app, waited on
 
@@ -61,7 +61,7 @@ async def _fire_in_tui(pilot, app: SamaiApp, key: str) -> None:
     await pilot_until(pilot, lambda: not app.busy)
     await pilot.press(key)
     await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-    await pilot.click("#confirm")
+    await confirm_dialog(pilot)
     await pilot_until(pilot, lambda: not isinstance(app.screen, ConfirmDialog) and not app.busy)
 
 
@@ -231,7 +231,7 @@ command = "echo serving; sleep 30"
         await pilot_until(pilot, lambda: "running" in _bar(app))
         await pilot.press("s")
         await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: "stopped by the operator" in _bar(app))
         await polls_after(pilot, 2)
         bar = _bar(app)

@@ -28,7 +28,7 @@ from samai.remote import model
 from samai.remote.box import packages
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
-from tests.helpers import run_cli, wait_for
+from tests.helpers import confirm_dialog, run_cli, wait_for
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -332,7 +332,7 @@ async def test_the_tui_raises_it_and_x_uninstalls_through_the_confirmation(tmp_p
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused and app.screen)
         shown = " ".join(str(w.render()) for w in dialog.query("Static"))
         assert "venv/bin/python -m pip uninstall -y torchao" in shown and app.focused.id == "cancel"
-        await pilot.click("#confirm")
+        await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: not any(a.active for a in app.state.alerts if a.code == "torchao_beside_peft"),
                           120)  # resolved: the environment read again after the uninstall
     assert not list(_site(venv).glob("torchao*")) and list(_site(venv).glob("peft*"))
