@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from importlib import resources
+from pathlib import Path
 
 from textual.theme import Theme
 
@@ -59,4 +59,4 @@ DEFAULT_THEME = SAMAI_DARK.name
 
 
 def stylesheet() -> str:
-    return resources.files("samai.themes").joinpath("samai.tcss").read_text("utf-8")
+    return Path(__file__).with_name("samai.tcss").read_text("utf-8")  # package data, as the pipelines are

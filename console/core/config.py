@@ -17,7 +17,6 @@ import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -337,7 +336,8 @@ def load_builtin(name: str) -> Config:
 def builtin_text(name: str) -> str:
     if name not in BUILTIN_PIPELINES:
         raise ConfigError("(built-in)", "pipeline", f"one of {', '.join(BUILTIN_PIPELINES)}", name)
-    return resources.files("samai.console").joinpath("pipelines", f"{name}.toml").read_text("utf-8")
+    # package data beside this package (importlib.resources would cost the start-up its import)
+    return (Path(__file__).parents[1] / "pipelines" / f"{name}.toml").read_text("utf-8")
 
 
 def parse(text: str, source: str) -> Config:

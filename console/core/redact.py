@@ -20,6 +20,7 @@ A value that is only a variable reference (`$HF_TOKEN`) is no secret and stays r
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,11 +49,18 @@ _SECRET_NAME_ONLY = re.compile(_SECRET_NAME, re.IGNORECASE)
 _NAME_WORDS = "token key secret auth pass pwd"
 
 
-def _rule(needles: str, pattern: str, named: bool = False) -> tuple[tuple[str, ...], re.Pattern, bool]:
+def _rule(needles: str, pattern: str, named: bool = False) -> tuple[tuple[str, ...], str, bool]:
     """A pattern, and the words (lower case) one of which a text holds if it can match: most
     texts hold none, and a search for a word is much cheaper than the pattern's. named: the
     value is a secret by its name only, and a switch there is none (`add_bos_token=true`)."""
-    return tuple(needles.split()), re.compile(pattern), named
+    return tuple(needles.split()), pattern, named
+
+
+@functools.cache
+def _compiled(pattern: str) -> re.Pattern:
+    """A rule's pattern compiled when a text first holds one of its words, not at import: the
+    console's start redacts a target like `local`, which holds none."""
+    return re.compile(pattern)
 
 
 _RULES = (
@@ -240,7 +248,7 @@ def redact(text: str) -> str:
     lowered = text.lower()
     for needles, pattern, named in _RULES:
         if any(n in lowered for n in needles):
-            text = pattern.sub(_mask_named if named else _mask, text)
+            text = _compiled(pattern).sub(_mask_named if named else _mask, text)
     return text
 
 
