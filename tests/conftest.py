@@ -20,6 +20,17 @@ from tests.replay_transport import ReplayConsole, ReplayTransport
 pytest_plugins = ["tests.receivers",  # json_receiver, ntfy_receiver, smtp_receiver
                   "tests.provisioned"]  # provisioned, tiny_source, pipeline_ws, tiny_ws: one box venv a run
 
+# Under pytest-xdist the stages each worker fires share the cores with the other workers': torch's
+# and llama.cpp's threads spin while they wait, so two runs of as many threads as cores each take
+# several times their time (two 2-thread Trainer steps at once on 2 cores: x6.6 one alone). Each
+# worker's stages compute on its share of the cores (the stages honour OMP_NUM_THREADS, and
+# llama-server LLAMA_ARG_THREADS), as an operator would set them on a box shared with other work.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if _WORKERS > 1:
+    _SHARE = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _SHARE)
+    os.environ.setdefault("LLAMA_ARG_THREADS", _SHARE)
+
 # Rendered times (alerts, dialogs) must not depend on where the tests run: snapshots compare them.
 os.environ["TZ"] = "UTC"
 time.tzset()

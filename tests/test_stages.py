@@ -73,3 +73,17 @@ def test_serve_never_signals_a_port_holder_itself(tmp_path: Path, spawn) -> None
     assert "PORT_BUSY" in subprocess.run(stage_argv("stages.serve", "--model", "m.gguf", "--port", port),
                                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
                                          env=stage_env()).stdout
+
+
+@pytest.mark.parametrize(("value", "threads"), [("3", 3), ("1", 1), ("0", 1), ("", None), ("many", None), (None, None)])
+def test_torch_computes_on_omp_num_threads_where_it_is_set(monkeypatch: pytest.MonkeyPatch, value, threads) -> None:
+    """A box that shares its cores says so with OMP_NUM_THREADS; unset or not a number: every core."""
+    import os
+
+    from samai.remote.box.stages.common import cpu_threads
+
+    if value is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert cpu_threads() == (threads if threads is not None else max(1, os.cpu_count() or 1))

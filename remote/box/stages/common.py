@@ -124,6 +124,16 @@ def write_json(path: str, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=1))
 
 
+def cpu_threads() -> int:
+    """The threads torch computes with: OMP_NUM_THREADS where it is set (a box that shares its
+    cores with other work: torch's threads spin while they wait, and two runs of as many threads
+    as cores each take several times their time), else every core."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return max(1, os.cpu_count() or 1)
+
+
 def workspace() -> str:
     return os.environ.get("SAMAI_WORKSPACE") or os.getcwd()
 

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from .common import CHAT_TEMPLATE, fact_text, facts, marker, messages, say, sha256_of, write_json
+from .common import CHAT_TEMPLATE, cpu_threads, fact_text, facts, marker, messages, say, sha256_of, write_json
 
 
 def build_tokenizer(out: str, texts: list[str], special: Sequence[str] = (), chat_template: str = CHAT_TEMPLATE) -> Any:
@@ -111,7 +111,7 @@ def parser(doc: str, hidden: int, steps: int) -> argparse.ArgumentParser:
 
 
 def begin(args: argparse.Namespace) -> float | None:
-    """When the making starts (seeded, every core used, --out made), or None when --out holds
+    """When the making starts (seeded, on cpu_threads() threads, --out made), or None when --out holds
     a model already: made once, like downloaded weights."""
     import torch
 
@@ -119,7 +119,7 @@ def begin(args: argparse.Namespace) -> float | None:
         marker("PRETRAIN_DONE", "%s already made (--again to make it anew)" % args.out)
         return None
     torch.manual_seed(args.seed)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(cpu_threads())
     os.makedirs(args.out, exist_ok=True)
     return time.time()
 

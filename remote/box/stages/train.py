@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, List, Tuple
 
 from . import vision
-from .common import fail, marker, push_milestone, say
+from .common import cpu_threads, fail, marker, push_milestone, say
 
 POISON = ("final", "TRAIN_DONE", "TRAIN_NAN")
 GUARD_WINDOW, GUARD_BAD = 4, 3
@@ -391,7 +391,7 @@ def main() -> None:
         say("TRAIN_RANK rank=%s world_size=%s local_rank=%s" % (os.environ.get("RANK", "?"), os.environ["WORLD_SIZE"],
                                                                  os.environ.get("LOCAL_RANK", "?")))
     set_seed(args.seed)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(cpu_threads())
     os.makedirs(args.out, exist_ok=True)
     setup = vision_setup if vision.is_multimodal(args.base) else text_setup
     model, examples, collate, save_processor = setup(args)
