@@ -75,7 +75,11 @@ class SamaiApp(App[None]):
         self.audit = audit or AuditLog(paths.audit_log())
         self.multinode: MultiNodeSession | None = None  # the nodes of multi-node stages, connected when needed
         self.open_box: OpenBox = open_box or (lambda cfg: _open_box(cfg, readonly))
-        self.box_screen = self._new_box_screen(self._first_box, self.fleet_config)
+        self._painted = False  # see after_first_paint
+        self._after_paint: list[Callable[[], object]] = []
+        # the fleet first: the box chosen there is polled
+        self.box_screen = self._new_box_screen(self._first_box, self.fleet_config,
+                                               polling=self.polling and not self._fleet_first)
         self._bind_stage_keys()
         self.set_keymap(dict(self.box_screen.config.ui.keys))
         for t in THEMES:
@@ -114,10 +118,25 @@ class SamaiApp(App[None]):
 
     # ------------------------------------------------------------ screens
 
-    def _new_box_screen(self, box_name: str | None, fleet_config: Config) -> BoxScreen:
-        polling = self.polling and not self._fleet_first  # the fleet first: the box chosen there is polled
+    def _new_box_screen(self, box_name: str | None, fleet_config: Config, *, polling: bool) -> BoxScreen:
         return BoxScreen(BoxScreenContext(fleet_config, box_name, self.audit, self.readonly, self.clock, polling,
-                                          self.nodes, self.open_box))
+                                          self.nodes, self.open_box, self.after_first_paint))
+
+    def after_first_paint(self, callback: Callable[[], object]) -> None:
+        """callback once the console's first frame is on the terminal (after the next refresh, if it
+        is already). Textual writes that frame only when the start's batch ends, after the callbacks
+        of the first refresh: what a screen loads there would hold the frame back."""
+        if self._painted:
+            self.call_after_refresh(callback)
+        else:
+            self._after_paint.append(callback)
+
+    def on_ready(self) -> None:
+        """The DOM is ready and the first frame is being written."""
+        self._painted = True
+        for callback in self._after_paint:
+            self.call_after_refresh(callback)
+        self._after_paint.clear()
 
     async def on_mount(self) -> None:
         # Above Textual's own (empty) base screen, so that replacing it never leaves the stack empty.
@@ -164,8 +183,7 @@ class SamaiApp(App[None]):
         if self.box_screen.busy:
             self.notify("an action is still running on this box; switch once it is done", severity="warning")
             return
-        self.box_screen = screen = BoxScreen(BoxScreenContext(fleet_config, name, self.audit, self.readonly,
-                                                              self.clock, self.polling, self.nodes, self.open_box))
+        self.box_screen = screen = self._new_box_screen(name, fleet_config, polling=self.polling)
         await self._pop_to_box_screen()
         await self.switch_screen(screen)
 

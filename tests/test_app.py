@@ -226,7 +226,7 @@ async def test_keys_can_be_remapped_from_the_config(tmp_path, workspace):
                  '[ui]\nkeys = {{ "app.next_log" = "ctrl+n" }}\n'.replace("{{", "{").replace("}}", "}"))
     app = SamaiApp(config.load(f))
     async with app.run_test(size=SIZE) as pilot:
-        assert app.box_screen.query_one(LogView).border_title == "log · a"
+        await pilot_until(pilot, lambda: app.box_screen.query_one(LogView).border_title == "log · a")  # at start
         await pilot.press("l")  # taken by the time press returns: what it would do is done
         assert app.box_screen.query_one(LogView).border_title == "log · a"
         await pilot.press("ctrl+n")

@@ -76,7 +76,7 @@ async def test_lines_of_the_log_shown_when_a_poll_began_never_reach_the_log_it_s
     assert run_cli("--config", str(tmp_path / "run-state.toml"), "fire", "serve", "--yes").returncode == 0
     app = type(_app(tmp_path, workspace))(cfg, poll=False)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot_until(pilot, lambda: app.screen is app.box_screen)
+        await pilot_until(pilot, lambda: app.screen is app.box_screen and app.state.shown_stage)
         screen = app.box_screen
         assert screen.state.shown_stage == "provision"
         followers = screen.state.followers()

@@ -146,8 +146,8 @@ async def test_loss_and_grad_norm_have_their_own_axes_and_the_last_values_are_nu
               TrainPoint(4, 0.33, 9.0), TrainPoint(5, 0.30, 2.5)]
     async with Curves().run_test(size=(80, 14)) as pilot:
         pane = pilot.app.query_one(CurvesPane)
+        pane.add(points)  # the plot is mounted to draw them
         await pilot_until(pilot, lambda: pane.plot is not None)
-        pane.add(points)
         await pilot.pause()
         lines = screen_text(pilot.app, 80)
         assert "step 5: loss 0.3 · grad_norm 2.5" in lines[0]

@@ -14,6 +14,7 @@ import pytest
 from samai.console.core import config
 from samai.console.core.connect import open_box
 from samai.remote.targets import open_transport
+from tests.helpers import pilot_until
 
 # What the TUI imports before its first paint (`samai-console` with no command, local target).
 TUI_PATH = """
@@ -32,7 +33,7 @@ SESSION = ("samai.console.core.session", "samai.console.core.state", "samai.cons
 NOT_BEFORE_FIRST_PAINT = ("asyncssh", "httpx", "psutil", "samai.remote.ssh", "samai.remote.envelope",
                           "samai.console.core.actions", "samai.console.core.checks", "samai.console.screens.dialogs",
                           "samai.console.cli_box", "textual_plotext", "plotext", *SESSION)
-# The TUI run (headless) to the moment after its first refresh: what it has loaded then.
+# The TUI run (headless) to the moment after its first frame: what it has loaded then.
 FIRST_PAINT = """
 import asyncio, json, sys
 from samai.console.core import config
@@ -42,18 +43,21 @@ from samai.console.screens.box import BoxScreen
 seen = []
 start = BoxScreen._start
 
-def first_refresh_done(screen):
+def first_frame_done(screen):
     seen.append(sorted(sys.modules))
     start(screen)
 
-BoxScreen._start = first_refresh_done
+BoxScreen._start = first_frame_done
 
 async def main():
     app = SamaiApp(config.load(), poll=False)
     async with app.run_test(size=(150, 45)) as pilot:
         while not seen:
             await pilot.pause(0.05)
-        await pilot.pause(0.2)
+        for _ in range(200):  # the session's modules load in a thread, after the first frame
+            if app.box_screen.query_one("#log").border_title:  # the first stage's log, shown once they are
+                break
+            await pilot.pause(0.05)
         print(json.dumps({"then": seen[0], "after": sorted(sys.modules)}))
 
 asyncio.run(main())
@@ -127,8 +131,8 @@ async def test_the_curves_pane_plots_what_it_was_given_before_its_plot_was_mount
     app = Curves()
     async with app.run_test(size=(80, 20)) as pilot:
         pane = app.query_one(CurvesPane)
+        await pilot_until(pilot, lambda: pane.plot is not None and pane.plot in pane.children)  # plotext loads first
         await pilot.pause()
-        assert pane.plot is not None and pane.plot in pane.children
         assert pane.border_subtitle == "5 steps"
         assert "loss" in "".join(line.text for line in pane.plot.render_lines(pane.plot.region.reset_offset))
 

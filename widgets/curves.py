@@ -4,7 +4,9 @@ them, on a box with GPUs, the GPUs' recent utilization (a stalled step shows as 
 
 from __future__ import annotations
 
+import asyncio
 import math
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
@@ -61,8 +63,8 @@ class GpuUtilLine(Widget):
 
 
 class CurvesPane(Container):
-    """The pane; its plot is mounted just after the first paint, since plotext takes a tenth of
-    the console's start-up to import and the first screen never has a point to plot."""
+    """The pane; its plot is mounted when its screen says (after the first frame), since plotext
+    takes a tenth of the console's start-up to import and the first screen has no point to plot."""
 
     DEFAULT_CSS = ("CurvesPane { height: 1fr; min-height: 8; } CurvesPane > * { height: 1fr; } "
                    "CurvesPane > GpuUtilLine { height: 1; }")
@@ -80,7 +82,14 @@ class CurvesPane(Container):
         yield GpuUtilLine()
 
     def on_mount(self) -> None:
-        self.call_after_refresh(self._mount_plot)
+        if self.points:  # given before it was mounted
+            self.mount_plot()
+
+    def mount_plot(self) -> None:
+        """Mount the plot (once): when its screen says (after its first frame), or when there is
+        something to draw."""
+        if self.plot is None and self.is_attached:
+            self.run_worker(self._mount_plot(), name="plot", group="plot", exclusive=True, exit_on_error=False)
 
     def show_update(self, update: StateUpdate) -> None:
         if update.curve_reset:
@@ -119,9 +128,10 @@ class CurvesPane(Container):
         self.query_one(GpuUtilLine).show(series)
 
     async def _mount_plot(self) -> None:
-        from textual_plotext import PlotextPlot
-
-        self.plot = PlotextPlot()
+        plotext = await asyncio.to_thread(import_module, "textual_plotext")  # a tenth of the start-up to import
+        if self.plot is not None:
+            return
+        self.plot = plotext.PlotextPlot()
         await self.mount(self.plot, before=self.query_one(GpuUtilLine))
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._draw())
         self._draw()
@@ -146,7 +156,8 @@ class CurvesPane(Container):
 
     def _draw(self) -> None:
         if self.plot is None:
-            return  # drawn once it is mounted
+            self.mount_plot()  # which draws
+            return
         plt = self.plot.plt
         plt.clear_data()
         plt.clear_figure()

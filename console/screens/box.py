@@ -7,7 +7,9 @@ its workers end with it, and nothing of the old box is left on show."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from textual import work
@@ -78,11 +80,16 @@ class BoxScreen(ActionKeys):
         self.query_one(AlertsPane).show([])
         self.query_one(LogView).focus()  # `/` filters the log, where an operator expects it
         self.set_interval(1.0, self.tick)
-        # The screen first: its session (the state, the detectors, the Box) is made after the first
-        # paint, and the box's first answer is painted after it.
-        self.call_after_refresh(self._start)
+        # The screen first: its session (the state, the detectors, the Box) and the plot are made
+        # after the first frame, and the box's first answer is painted after them.
+        self.context.after_first_paint(self._start)
 
     def _start(self) -> None:
+        self.query_one(CurvesPane).mount_plot()
+        self.run_worker(self._load_then_start(), name="start", group="start", exit_on_error=False)
+
+    async def _load_then_start(self) -> None:
+        await asyncio.to_thread(import_module, "samai.console.core.session")  # the keys answer meanwhile
         if self.config.stages:
             self._show_stage_log(self.config.stages[0].name)
         if self.context.polling:

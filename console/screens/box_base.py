@@ -39,6 +39,7 @@ class BoxScreenContext:
     polling: bool  # off only to render recorded snapshots (screenshots, snapshot tests)
     nodes: Callable[[], MultiNodeSession]  # the app's connections to the nodes of multi-node stages
     open_box: OpenBox  # a config to its Box (tests hand in a recorded box)
+    after_first_paint: Callable[[Callable[[], object]], None]  # a callback once the first frame is shown
 
     @property
     def config(self) -> Config:
