@@ -13,7 +13,10 @@ import pytest
 
 from samai.console.core import config
 from samai.console.core.actions import ActionPlan, Decision
+from samai.console.core.detectors import detect
+from samai.console.core.problems import Finding
 from samai.remote.boxapi import Box
+from samai.remote.model import Snapshot
 
 PROVISION_TIMEOUT = 45 * 60
 STAGES_TIMEOUT = 20 * 60
@@ -35,6 +38,14 @@ def tiny(workspace: Path, port: int) -> config.Config:
     stages = tuple(replace(s, command=s.command.replace("18080", str(port)), ports=(port,) if s.ports else ())
                    for s in cfg.stages)
     return replace(cfg, workspace=str(workspace), stages=stages)
+
+
+def own_server_findings(cfg: config.Config, snap: Snapshot, code: str) -> list[Finding]:
+    """The findings of one code about the server listening on this pipeline's serve port: other
+    workers' llama-servers run on this machine too, and the detectors read every one of them."""
+    ports = set(cfg.stage("serve").ports)
+    pids = {s.pid for s in snap.listeners if s.port in ports}
+    return [f for f in detect(cfg, snap) if f.code == code and f.action is not None and f.action.pid in pids]
 
 
 def with_command(cfg: config.Config, name: str, command: str) -> config.Config:

@@ -33,6 +33,7 @@ from tests.pipeline_helpers import (
     anyway,
     confirm,
     free_port,
+    own_server_findings,
     run_stage,
     tiny,
     until_async,
@@ -83,7 +84,7 @@ async def test_the_tiny_pipeline_end_to_end(tiny_ws: Path, spawn) -> None:
         assert len(listeners) == 1
         argv = snap.process(listeners[0].pid).argv
         assert Path(argv[0]).name == "llama-server" and argv[argv.index("--reasoning-format") + 1] == "none", argv
-        assert "reasoning_split" not in {f.code for f in detect(cfg, snap)}
+        assert not own_server_findings(cfg, snap, "reasoning_split")
 
         log = await _serving_while_the_eval_runs(box, cfg, port)
         assert "EVAL_RC=0" in log, log[-3000:]
@@ -361,7 +362,7 @@ async def _the_fake_zero_with_the_real_server(box: Box, cfg: config.Config, ws: 
     assert fired.state == "running", fired.reason
     log = await wait_marker(box, cfg, "serve", "SMOKE_OK")
     assert "SMOKE_OK" in log and "391" in log, log[-3000:]
-    split = [f for f in detect(cfg, await box.snapshot()) if f.code == "reasoning_split"]
+    split = own_server_findings(cfg, await box.snapshot(), "reasoning_split")
     assert split and "without --reasoning-format" in split[0].message and "needs --reasoning-format none" in \
         split[0].message
     naive = cfg.stage("eval").command.replace("--max-tokens 2048", "--max-tokens 16 --answer-from content")

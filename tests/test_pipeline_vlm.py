@@ -27,6 +27,7 @@ from tests.pipeline_helpers import (
     free_port,
     log_of,
     open_dialog,
+    own_server_findings,
 )
 
 pytestmark = LONG
@@ -145,16 +146,19 @@ async def test_the_vlm_pipeline_end_to_end_from_the_keys(pipeline_ws: Path, spaw
         assert photo["resized"] and (photo["sent_width"], photo["sent_height"]) == (1120, 840)
         assert all(max(i["image"]["sent_width"], i["image"]["sent_height"]) <= 1120 for i in items)
         assert check_eval((run / "items.jsonl").read_text().splitlines()).problems == ()
-        assert not [f for f in detect(cfg, app.state.snapshot) if f.code == "serve_without_mmproj"]
+        assert not own_server_findings(cfg, app.state.snapshot, "serve_without_mmproj")
 
         # A server of this pipeline started by hand without --mmproj: doctor's finding.
         blind_port = free_port()
         blind = spawn(str(pipeline_ws / "venv" / "llama.cpp" / "bin" / "llama-server"), "-m", str(model),
                       "--port", str(blind_port), "-c", "256", cwd=pipeline_ws)
+        # (Other workers' llama-servers run on this machine too: the finding about this one.)
         found = await pilot_until(pilot, lambda: next((f for f in detect(cfg, app.state.snapshot)
-                                                       if f.code == "serve_without_mmproj"), None), timeout=60)
+                                                       if f.code == "serve_without_mmproj" and f.action
+                                                       and f.action.pid == blind.pid), None), timeout=60)
         assert f"llama-server pid {blind.pid} runs without --mmproj" in found.message
-        await pilot_until(pilot, lambda: any(a.active and a.code == "serve_without_mmproj" for a in app.state.alerts))
+        await pilot_until(pilot, lambda: any(a.active and a.code == "serve_without_mmproj" and a.action
+                                             and a.action.pid == blind.pid for a in app.state.alerts))
 
         # §10's second half: the served model operates web pages in headless Chromium, then one
         # reward-driven round (sample, keep the rewarded, LoRA, merge, convert, serve) from its key.

@@ -77,6 +77,7 @@ class CurvesPane(Container):
         self.reference = ReferenceCurve()  # the last good run's, drawn beside this run's
         self.evals: list[tuple[int, float]] = []  # the run's eval losses, (step, loss)
         self.plot: PlotextPlot | None = None
+        self.plot_asked = False  # its worker started: the plot is mounted once
 
     def compose(self) -> ComposeResult:
         yield GpuUtilLine()
@@ -88,8 +89,10 @@ class CurvesPane(Container):
     def mount_plot(self) -> None:
         """Mount the plot (once): when its screen says (after its first frame), or when there is
         something to draw."""
-        if self.plot is None and self.is_attached:
-            self.run_worker(self._mount_plot(), name="plot", group="plot", exclusive=True, exit_on_error=False)
+        if not self.plot_asked and self.is_attached:
+            self.plot_asked = True
+            # The method, not a coroutine: a worker cancelled before it starts (the app leaving) awaits nothing.
+            self.run_worker(self._mount_plot, name="plot", group="plot", exit_on_error=False)
 
     def show_update(self, update: StateUpdate) -> None:
         if update.curve_reset:
@@ -129,8 +132,6 @@ class CurvesPane(Container):
 
     async def _mount_plot(self) -> None:
         plotext = await asyncio.to_thread(import_module, "textual_plotext")  # a tenth of the start-up to import
-        if self.plot is not None:
-            return
         self.plot = plotext.PlotextPlot()
         await self.mount(self.plot, before=self.query_one(GpuUtilLine))
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._draw())
