@@ -74,3 +74,23 @@ async def test_the_box_going_quiet_is_one_alert_naming_its_box_once(recorded_box
         recorded_box.down = None
         await pilot_until(pilot, lambda: app.connection.state == "connected")
         await pilot_until(pilot, lambda: "(resolved " in _plain(alerts) and "box not answering" in _plain(alerts))
+
+
+async def test_an_idle_status_line_holds_still_from_poll_to_poll(app: SamaiApp) -> None:
+    """The round trip is said at most every RTT_EVERY_S and the snapshot's age only once it is
+    late: a line that changed at each poll would be repainted each second by an idle console."""
+    from samai.console.screens.box import LATE_POLLS, RTT_EVERY_S
+
+    async with app.run_test(size=SIZE) as pilot:
+        bar = app.box_screen.status_bar
+        await pilot_until(pilot, lambda: " rtt " in _plain(bar))
+        started, said, rtts = time.monotonic(), {_plain(bar)}, set()
+        for _ in range(20):
+            await polls_after(pilot, 1)
+            said.add(_plain(bar))
+            rtts.add(app.state.snapshot.rtt)
+        assert len(rtts) > 1 and len(said) <= 1 + (time.monotonic() - started) // RTT_EVERY_S, said
+        assert not [line for line in said if " old" in line]
+
+        app.workers.cancel_group(app.box_screen, "poll")  # the box stops answering
+        await pilot_until(pilot, lambda: " old" in _plain(bar), timeout=LATE_POLLS * 0.05 + 5)

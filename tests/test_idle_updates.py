@@ -281,6 +281,20 @@ def test_ages_tick_each_second_only_in_the_first_minute() -> None:
         "?", "5s", "59s", "1m", "1m", "59m", "1h00m", "1h01m", "1d01h"]
 
 
+def test_a_running_stage_reads_the_same_through_a_minute() -> None:
+    """Its time beside it ticks in seconds in its first minute only: an idle bar with a server up
+    for hours repaints once a minute, not each second."""
+    from samai.console.core.state import StageView
+    from samai.widgets.stages import stage_item
+
+    view = StageView("serve", "7", "running", NOW - 600, 4242, None, None)
+    items = [stage_item(view, NOW + s) for s in range(0, 60, 7)]
+    assert all(item.is_same(items[0]) for item in items) and items[0].plain.endswith("running 10m")
+    fresh = StageView("train", "3", "running", NOW, 4243, None, None)
+    assert stage_item(fresh, NOW + 5).plain.endswith("running 5s")
+    assert not stage_item(fresh, NOW + 6).is_same(stage_item(fresh, NOW + 5))
+
+
 class _PaneApp(App):
     CSS = "Pane { width: 30; }"
 

@@ -42,7 +42,7 @@ def stage_item(v: StageView, now: float) -> Content:
     parts: list = [(f"[{visible(v.key)}]", "bold $accent"), " ", (v.name, "bold"), " ",
                    (f"{glyph} {SAID.get(v.status, v.status)}", style)]
     if v.since and v.status == "running":
-        parts.append(f" {units.duration(now - v.since)}")
+        parts.append(f" {units.age(now - v.since)}")  # minutes after the first: an idle bar repaints once a minute
         if v.progress is not None:  # the box's words (a build step): plain text, control characters as stand-ins
             parts += [" · ", (visible(v.progress.text), "bold")]
     elif v.rc is not None and v.status not in ("done", "stopped"):

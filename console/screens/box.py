@@ -38,8 +38,11 @@ if TYPE_CHECKING:
     from samai.console.core.session import PollFailed
     from samai.console.core.state import StateUpdate
     from samai.console.screens.box_base import BoxScreenContext
+    from samai.remote.model import Snapshot
 
 STALE_POLLS = 3  # a snapshot older than this many poll intervals is stale
+LATE_POLLS = 2  # its age is said from this many intervals on: a figure that changes each second repaints the line
+RTT_EVERY_S = 10.0  # the round trip said at most this often, for the same reason
 PANE_TITLES = {"#stages": "stages", "#disk": "disk budget", "#gpus": "GPUs", "#serving": "serving",
                "#processes": "processes & ports", "#curves": "training", "#evals": "eval runs", "#alerts": "alerts"}
 
@@ -50,6 +53,8 @@ class BoxScreen(ActionKeys):
     def __init__(self, context: BoxScreenContext) -> None:
         super().__init__(context)
         self.connection = Connection(self.target_label(), readonly=self.readonly)
+        self.rtt_said_at = 0.0
+        self.status_bar = StatusBar(id="status")
 
     def target_label(self) -> str:
         """The status bar's target: with [boxes], the box's name before its url (a password in it masked)."""
@@ -58,7 +63,7 @@ class BoxScreen(ActionKeys):
 
     def compose(self) -> ComposeResult:
         name = self.context.box_name if self.context.fleet_config.boxes else None
-        yield StatusBar(id="status")
+        yield self.status_bar
         yield StagesBar(id="stages")
         with Horizontal(id="middle"):
             with Vertical(id="left"):
@@ -76,7 +81,7 @@ class BoxScreen(ActionKeys):
     def on_mount(self) -> None:
         for selector, title in PANE_TITLES.items():
             self.query_one(selector).border_title = title
-        self.query_one(StatusBar).show(self.connection)
+        self.status_bar.show(self.connection)
         self.query_one(AlertsPane).show([])
         self.query_one(LogView).focus()  # `/` filters the log, where an operator expects it
         self.set_interval(1.0, self.tick)
@@ -86,7 +91,7 @@ class BoxScreen(ActionKeys):
 
     def _start(self) -> None:
         self.query_one(CurvesPane).mount_plot()
-        self.run_worker(self._load_then_start(), name="start", group="start", exit_on_error=False)
+        self.run_worker(self._load_then_start, name="start", group="start", exit_on_error=False)
 
     async def _load_then_start(self) -> None:
         await asyncio.to_thread(import_module, "samai.console.core.session")  # the keys answer meanwhile
@@ -151,7 +156,7 @@ class BoxScreen(ActionKeys):
         if self.state.watchers_due(self.clock()):
             self.read_watchers()
         snap = u.snapshot
-        self.connection = Connection(self.target_label(), snap.host, "connected", 0.0, None if first else snap.rtt,
+        self.connection = Connection(self.target_label(), snap.host, "connected", 0.0, self._rtt_to_say(snap, first),
                                      False, self.readonly, connect_s=snap.rtt if first else self.connection.connect_s,
                                      watched=self.connection.watched, watched_ok=self.connection.watched_ok)
         self._follow_busiest_stage(u.stages)
@@ -163,6 +168,15 @@ class BoxScreen(ActionKeys):
             if a.severity == "error":
                 self.notify(self.named(a).text, severity="error", timeout=8, markup=False)  # never markup
         self.tick()
+
+    def _rtt_to_say(self, snap: Snapshot, first: bool) -> float | None:
+        """This poll's round trip when the last one said is RTT_EVERY_S old, else that one; none
+        for the first snapshot after a (re)connect, which timed the handshake too."""
+        now = self.clock()
+        if first or self.connection.rtt is None or now - self.rtt_said_at >= RTT_EVERY_S:
+            self.rtt_said_at = now
+            return None if first else snap.rtt
+        return self.connection.rtt
 
     @work(group="watchers", exclusive=True, exit_on_error=False)
     async def read_watchers(self) -> None:
@@ -199,8 +213,10 @@ class BoxScreen(ActionKeys):
     def tick(self) -> None:
         received = self.state.received_at
         age = max(self.clock() - received, 0.0) if received else None
-        stale = age is not None and age > STALE_POLLS * self.config.target.poll_interval
-        self.connection = replace(self.connection, age=age, stale=stale)
+        interval = self.config.target.poll_interval
+        stale = age is not None and age > STALE_POLLS * interval
+        late = age is not None and age >= LATE_POLLS * interval
+        self.connection = replace(self.connection, age=age if late else None, stale=stale)
         self.set_class(stale, "-stale")
-        for bar in self.query(StatusBar):  # none once the screen is being taken down
-            bar.show(self.connection)
+        if self.status_bar.is_attached:  # not once the screen is being taken down
+            self.status_bar.show(self.connection)
