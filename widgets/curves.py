@@ -9,6 +9,7 @@ import math
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from textual import work
 from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Container
@@ -91,8 +92,7 @@ class CurvesPane(Container):
         something to draw."""
         if not self.plot_asked and self.is_attached:
             self.plot_asked = True
-            # The method, not a coroutine: a worker cancelled before it starts (the app leaving) awaits nothing.
-            self.run_worker(self._mount_plot, name="plot", group="plot", exit_on_error=False)
+            self._mount_plot()
 
     def show_update(self, update: StateUpdate) -> None:
         if update.curve_reset:
@@ -130,6 +130,9 @@ class CurvesPane(Container):
         """The GPUs' mean utilization by poll, oldest first (empty: no GPU, the line is hidden)."""
         self.query_one(GpuUtilLine).show(series)
 
+    # A worker given the method (@work), not a coroutine: cancelled before it starts (the app
+    # leaving), it leaves no coroutine never awaited.
+    @work(name="plot", group="plot", exit_on_error=False)
     async def _mount_plot(self) -> None:
         plotext = await asyncio.to_thread(import_module, "textual_plotext")  # a tenth of the start-up to import
         self.plot = plotext.PlotextPlot()

@@ -91,8 +91,9 @@ class BoxScreen(ActionKeys):
 
     def _start(self) -> None:
         self.query_one(CurvesPane).mount_plot()
-        self.run_worker(self._load_then_start, name="start", group="start", exit_on_error=False)
+        self._load_then_start()
 
+    @work(name="start", group="start", exit_on_error=False)
     async def _load_then_start(self) -> None:
         await asyncio.to_thread(import_module, "samai.console.core.session")  # the keys answer meanwhile
         if self.config.stages:

@@ -4,9 +4,10 @@ keys (box_logs.py) and the action keys (box_actions.py)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
@@ -44,6 +45,12 @@ class BoxScreenContext:
     @property
     def config(self) -> Config:
         return self.fleet_config.on_box(self.box_name) if self.box_name else self.fleet_config
+
+
+@functools.cache
+def _shows_updates(cls: type) -> bool:
+    """Whether a widget class is a pane (a runtime Protocol check costs tens of microseconds: once per class)."""
+    return issubclass(cls, ShowsUpdates)
 
 
 class BoxScreenBase(Screen[None]):
@@ -130,10 +137,10 @@ class BoxScreenBase(Screen[None]):
     def show_panes(self, u: StateUpdate) -> None:
         """Every pane is handed the update (as the panes take it), each on its own."""
         u = self._for_panes(u)
-        for pane in self.query("*"):
-            if isinstance(pane, ShowsUpdates) and isinstance(pane, Widget):
+        for pane in self.walk_children(Widget):
+            if _shows_updates(type(pane)):
                 try:
-                    pane.show_update(u)
+                    cast(ShowsUpdates, pane).show_update(u)
                 except Exception as e:  # a bug in one pane costs that pane, never the others or the poll
                     self.internal_error(f"showing {pane.id or type(pane).__name__}", e)
 
