@@ -56,6 +56,7 @@ class Box:
         self._probe_generation = 0
         self._processes = HeldProcesses()
         self._held = HeldRequest()
+        self._converted = model.ProcessCache()  # what snapshot() made of the processes _processes holds
         self.last_request_bytes = 0  # the last request line sent to the probe (a steady poll fits one packet)
 
     # ------------------------------------------------------------ plumbing
@@ -169,7 +170,7 @@ class Box:
         raw = await self.ask_probe(self.snapshot_request(
             artifacts=artifacts, logs=logs, reports=reports, processes=processes, writers=writers,
             binaries=binaries, artifact_budget_s=artifact_budget_s, serving=serving, props=props, canary=canary))
-        snap = model.snapshot(raw, time.monotonic() - started)
+        snap = model.snapshot(raw, time.monotonic() - started, self._converted)
         if len(snap.logs) != len(logs):  # each entry answers the cursor in its place: none may be missing
             raise BoxError(f"malformed reply: {len(snap.logs)} log entries for the {len(logs)} logs asked")
         return snap

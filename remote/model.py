@@ -8,7 +8,7 @@ import math
 import re
 import types
 import typing
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass, is_dataclass, replace
 from typing import Any, Literal, NamedTuple
 
 from samai.remote.box.identity import same_start as same_start  # the box tools' rule, re-exported
@@ -603,12 +603,42 @@ def checked_cursor(chunk: LogChunk) -> LogChunk:
 @_converting
 def process(raw: dict[str, Any], now: float) -> Process:
     """A process entry, with its CPU use averaged over its life so far (at least a second)."""
-    percent = round(100 * raw["cpu_time"] / max(now - raw["start_time"], 1.0), 1)
-    return _pick(Process, raw, argv=tuple(_items(raw, "argv")), cpu_percent=percent)
+    return _pick(Process, raw, argv=tuple(_items(raw, "argv")), cpu_percent=_lifetime_percent(raw, now))
+
+
+def _lifetime_percent(raw: dict[str, Any], now: float) -> float:
+    return round(100 * raw["cpu_time"] / max(now - raw["start_time"], 1.0), 1)
+
+
+class ProcessCache:
+    """The last reply's processes as converted, by pid. An entry handed again as the very same
+    object (the running probe said it had not changed: boxapi.HeldProcesses keeps it) was
+    checked when it came: only its lifetime CPU average is worked out again, for the reply's
+    time. A box has hundreds of kernel threads and idle processes that never change."""
+
+    def __init__(self) -> None:
+        self.by_pid: dict[int, tuple[dict[str, Any], Process]] = {}
+
+    def convert(self, entries: list[Any], now: float) -> tuple[Process, ...]:
+        held, self.by_pid = self.by_pid, {}
+        converted = []
+        for raw in entries:
+            known = held.get(raw.get("pid")) if type(raw) is dict else None
+            if known is not None and known[0] is raw:
+                proc, percent = known[1], _lifetime_percent(raw, now)
+                if proc.cpu_percent != percent:
+                    proc = replace(proc, cpu_percent=percent)
+            else:
+                proc = process(raw, now)
+            self.by_pid[proc.pid] = (raw, proc)
+            converted.append(proc)
+        return tuple(converted)
 
 
 @_converting
-def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
+def snapshot(raw: dict[str, Any], rtt: float, processes: ProcessCache | None = None) -> Snapshot:
+    """The probe's reply; processes: the cache of the last replies' (a Box keeps one for its probe)."""
+    entries = _items(raw, "processes")
     return _typed(
         Snapshot,
         time=raw["time"],
@@ -617,7 +647,7 @@ def snapshot(raw: dict[str, Any], rtt: float) -> Snapshot:
         rtt=rtt,
         disks=tuple(_pick(Disk, d) for d in _items(raw, "disks")),
         artifacts=tuple(_pick(ArtifactSize, a) for a in _items(raw, "artifacts")),
-        processes=tuple(process(p, raw["time"]) for p in _items(raw, "processes")),
+        processes=(processes or ProcessCache()).convert(entries, raw["time"]),
         listeners=tuple(_pick(Listener, s) for s in _items(raw, "listeners")),
         logs=tuple(log_chunk(c) for c in _items(raw, "logs")),
         states=tuple(_stage_record(s) for s in _items(raw, "states")),

@@ -358,6 +358,27 @@ def test_a_mutated_probe_reply_is_a_snapshot_or_a_box_error(real_reply, data) ->
     converts_or_refuses(model.snapshot, reply, 0.01)
 
 
+@FUZZ
+@given(data=st.data())
+def test_processes_made_again_from_the_cache_are_those_made_afresh(real_reply, data) -> None:
+    """A Box's ProcessCache skips the checks of an entry handed again as the same object: it
+    gives what a fresh conversion gives, at any later reply time, and an entry that changed (a
+    new object) is checked again."""
+    cache = model.ProcessCache()
+    model.snapshot(real_reply, 0.01, cache)
+    entries = list(real_reply["processes"])
+    i = data.draw(st.integers(0, len(entries) - 1))
+    entries[i] = data.draw(mutated(entries[i]))
+    later = {**real_reply, "processes": entries, "time": real_reply["time"] + data.draw(st.floats(0, 1e6))}
+    try:
+        fresh = model.snapshot(later, 0.01)
+    except BoxError:
+        with pytest.raises(BoxError):
+            model.snapshot(later, 0.01, cache)
+        return
+    assert model.snapshot(later, 0.01, cache).processes == fresh.processes
+
+
 @pytest.mark.slow
 @FUZZ
 @given(reply=st.dictionaries(st.sampled_from(["time", "boot_time", "host", "disks", "processes", "logs", "states",

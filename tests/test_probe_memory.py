@@ -322,6 +322,23 @@ async def test_the_box_makes_each_reply_whole_again(box: Box, spawn) -> None:
     assert pids == sorted(pids) and len(set(pids)) == len(pids)
 
 
+async def test_a_process_the_probe_left_unchanged_is_not_converted_again(box: Box, spawn) -> None:
+    """The Box keeps what it made of each process: an entry the probe said had not changed comes
+    back as the very same Process (a box's hundreds of idle processes cost nothing per poll), and
+    one that changed is made anew."""
+    _sleeper(spawn, "stays")
+    before = await _settle(box)
+    after = await box.snapshot()
+    # Equal is unchanged here: the probe resends an entry when one of its fields changed, and a
+    # lifetime CPU average that rounds otherwise is a new Process too.
+    same = [(p, after.process(p.pid)) for p in before.processes if after.process(p.pid) == p]
+    assert same and all(a is b for a, b in same)
+    busy = spawn(sys.executable, "-c", "while True: pass")
+    await box.snapshot()
+    spun = (await box.snapshot()).process(busy.pid)
+    assert spun is not None and spun is not (await box.snapshot()).process(busy.pid)
+
+
 def probe_pids(snap: model.Snapshot, box: Box) -> list[int]:
     """The box's probe as the processes pane lists it: `python -S TOOLS probe --serve`."""
     return [p.pid for p in snap.processes if box.tools_dir in p.argv and "--serve" in p.argv]
