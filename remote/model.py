@@ -623,7 +623,7 @@ class ProcessCache:
         held, self.by_pid = self.by_pid, {}
         converted = []
         for raw in entries:
-            known = held.get(raw.get("pid")) if type(raw) is dict else None
+            known = held.get(raw["pid"]) if type(raw) is dict and "pid" in raw else None
             if known is not None and known[0] is raw:
                 proc, percent = known[1], _lifetime_percent(raw, now)
                 if proc.cpu_percent != percent:
