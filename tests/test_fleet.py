@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import sys
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -181,17 +182,26 @@ async def test_the_fleet_model_polls_each_box_on_its_own(tmp_path: Path, silent_
 # ------------------------------------------------------------------ the fleet screen
 
 
-def _live_probes() -> set[int]:
-    """The pids of the live probes among this process's children (local boxes' probes). Only
-    those: under load a box's one-shot reads and children not yet reaped are there too."""
-    probes = set()
+def _live_probes() -> dict[int, str]:
+    """The live probes among this process's children (local boxes' probes): pid -> the workspace
+    its tools run from (`python -S -c STARTER WS/.samai/tools/DIGEST probe --serve`), "" for one
+    loaded from stdin (a read-only box's: the fleet's rows). Only those: under load a box's
+    one-shot reads and children not yet reaped are there too."""
+    probes = {}
     for child in psutil.Process().children():
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and child.cmdline()[-2:] == ["probe", "--serve"]:
-                probes.add(child.pid)
+            argv = child.cmdline()
+            if child.status() != psutil.STATUS_ZOMBIE and argv[-2:] == ["probe", "--serve"]:
+                probes[child.pid] = str(Path(argv[-3]).parents[2]) if argv[-3].startswith("/") else ""
         except psutil.Error:  # ended between the listing and the look
             pass
     return probes
+
+
+def _probes_since(before: set[int], spaces: dict[str, Path]) -> Counter[str]:
+    """The probes started since `before`, by box (the box screen's) or as "row" (the fleet's)."""
+    names = {str(space): name for name, space in spaces.items()}
+    return Counter(names.get(ws, ws) if ws else "row" for pid, ws in _live_probes().items() if pid not in before)
 
 
 def _cell(table: FleetTable, box: str, column: str) -> str:
@@ -229,7 +239,7 @@ def _palette_choice(app: SamaiApp) -> str:
 
 async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: dict[str, Path], sshd_server) -> None:
     app = SamaiApp(config.load(f))
-    before = _live_probes()  # an earlier test's, left running: not this console's
+    before = set(_live_probes())  # an earlier test's, left running: not this console's
     async with app.run_test(size=(170, 45)) as pilot:
         fleet = await pilot_until(pilot, lambda: isinstance(app.screen, FleetScreen) and app.screen)  # at start
         table = fleet.query_one(FleetTable)
@@ -280,7 +290,10 @@ async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: di
                           and app.state.snapshot is not None)
         assert app.config.workspace == str(spaces["c"]) and app.box is not b_box
         # b's probe ended with its connection: the local boxes' probes are the fleet's three and c's one.
-        await pilot_until(pilot, lambda: len(_live_probes() - before) == 4)
+        try:
+            await pilot_until(pilot, lambda: _probes_since(before, spaces) == Counter(row=3, c=1))
+        except AssertionError:
+            raise AssertionError(f"probes by box: {dict(_probes_since(before, spaces))}") from None
         assert app.state.snapshot.state("slow") is None  # c's own state: nothing of b's
 
         # An alert on c says it is c's, in the alerts pane and on c's row of the fleet.

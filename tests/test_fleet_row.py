@@ -91,8 +91,9 @@ async def test_a_row_says_what_the_box_screen_says_of_a_run_that_dies(tmp_path: 
         _, row = await _poll_until(session, watch, lambda u, r: r.running == ("work",))
         held = {pid for rec in watch.state.snapshot.states for pid in rec.group}
         assert {p.pid for p in watch.state.snapshot.processes} <= held
+        # Both have read the end: the session polls first, so the run can end between its poll and the row's.
         await _poll_until(session, watch, lambda u, r: not r.running and r.alert is not None
-                          and "failed" in r.alert.text)
+                          and "failed" in r.alert.text and any("failed" in a.text for a in session.state.alerts))
         said = [a.text for a in session.state.alerts if a.active]
         row_said = [a.text for a in watch.state.alerts if a.active]
         assert any("rc=3" in t and "OOPS 7" in t for t in row_said), row_said
