@@ -40,12 +40,16 @@ def tiny(workspace: Path, port: int) -> config.Config:
     return replace(cfg, workspace=str(workspace), stages=stages)
 
 
-def own_server_findings(cfg: config.Config, snap: Snapshot, code: str) -> list[Finding]:
-    """The findings of one code about the server listening on this pipeline's serve port: other
-    workers' llama-servers run on this machine too, and the detectors read every one of them."""
-    ports = set(cfg.stage("serve").ports)
-    pids = {s.pid for s in snap.listeners if s.port in ports}
+def findings_about(cfg: config.Config, snap: Snapshot, code: str, pids: set[int | None]) -> list[Finding]:
+    """The findings of one code about these processes: other workers' llama-servers run on this
+    machine too, and the detectors read every one of them."""
     return [f for f in detect(cfg, snap) if f.code == code and f.action is not None and f.action.pid in pids]
+
+
+def own_server_findings(cfg: config.Config, snap: Snapshot, code: str) -> list[Finding]:
+    """The findings of one code about the server listening on this pipeline's serve port."""
+    ports = set(cfg.stage("serve").ports)
+    return findings_about(cfg, snap, code, {s.pid for s in snap.listeners if s.port in ports})
 
 
 def with_command(cfg: config.Config, name: str, command: str) -> config.Config:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from samai.console.core import config
 from samai.console.core.cucheck import check_episodes
-from samai.console.core.detectors import detect
 from samai.console.core.evalcheck import check_eval
 from samai.remote.box.gguf_check import check_file
 from samai.remote.box.stages.serve import holders
@@ -23,6 +22,7 @@ from tests.helpers import confirm_dialog
 from tests.pipeline_helpers import (
     LONG,
     bar,
+    findings_about,
     fire_confirmed,
     free_port,
     log_of,
@@ -152,10 +152,8 @@ async def test_the_vlm_pipeline_end_to_end_from_the_keys(pipeline_ws: Path, spaw
         blind_port = free_port()
         blind = spawn(str(pipeline_ws / "venv" / "llama.cpp" / "bin" / "llama-server"), "-m", str(model),
                       "--port", str(blind_port), "-c", "256", cwd=pipeline_ws)
-        # (Other workers' llama-servers run on this machine too: the finding about this one.)
-        found = await pilot_until(pilot, lambda: next((f for f in detect(cfg, app.state.snapshot)
-                                                       if f.code == "serve_without_mmproj" and f.action
-                                                       and f.action.pid == blind.pid), None), timeout=60)
+        found = await pilot_until(pilot, lambda: next(iter(findings_about(
+            cfg, app.state.snapshot, "serve_without_mmproj", {blind.pid})), None), timeout=60)
         assert f"llama-server pid {blind.pid} runs without --mmproj" in found.message
         await pilot_until(pilot, lambda: any(a.active and a.code == "serve_without_mmproj" and a.action
                                              and a.action.pid == blind.pid for a in app.state.alerts))
