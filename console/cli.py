@@ -210,6 +210,10 @@ def _eval_parser(parent: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _replace_unencodable(sys.stdout, sys.stderr)
+    from samai.console.core.paths import warnings_log
+    from samai.console.warnings_log import route_to
+
+    route_to(warnings_log())  # a library's warning never breaks the one-line stderr contract
     try:
         code = _main(argv)
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit

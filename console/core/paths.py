@@ -34,6 +34,11 @@ def audit_log() -> Path:
     return state_dir() / "audit.jsonl"
 
 
+def warnings_log() -> Path:
+    """Where the libraries' warnings go (console/warnings_log.py), never to stderr."""
+    return state_dir() / "warnings.log"
+
+
 def config_dir() -> Path:
     return _xdg("XDG_CONFIG_HOME", ".config")
 
