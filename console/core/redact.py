@@ -12,6 +12,7 @@ Redacted, wherever they stand (a command line, a log line, a JSON record):
 - by the tool: flags that are a password only for that tool (`sshpass -p`, `mysql -pX`,
   `docker login -p`, `redis-cli -a`, `ldapsearch -w`, `sqlcmd -P`, `curl -u user:***`,
   `smbclient -U user%***`, `openssl -pass pass:***`, `wandb login KEY`): elsewhere `-p` is a port;
+  also among one-letter options written as one word (`curl -sfu user:***`, `ldapsearch -xw***`);
 - by their shape: Authorization and Cookie headers, bearer tokens, tokens known by their prefix
   (hf_, ghp_, sk-, sk-ant-, xoxb-, glpat-, AKIA…, AIza…), JSON web tokens, private key blocks.
 
@@ -134,23 +135,30 @@ class _Tool:
     flags: dict[str, str] = field(default_factory=dict)
     options_first: bool = False  # its options end at the first operand (sshpass: then the command)
     operand: bool = False  # the first operand is the secret (`wandb login KEY`)
+    # Its one-letter options combine in one word (`-sfu user:pass`, `-xwPASS`, as getopt reads
+    # them); `values`: the letters of those that take a value, where such a word's letters end
+    # (`curl -XPUT`: PUT is the method, not -P, -U and -T).
+    clusters: bool = True
+    values: str = ""
 
 
-_MYSQL = _Tool({"-p": "attached"})
-_MONGO = _Tool({"-p": "all"})
-_LDAP = _Tool({"-w": "all"})
+_MYSQL = _Tool({"-p": "attached"}, values="hPuDeSAO")
+_MONGO = _Tool({"-p": "all"}, values="uh")
+_LDAP = _Tool({"-w": "all"}, values="bDHhpsfcleoPOYRUXyEITaz")
 _TOOLS = {
-    "sshpass": _Tool({"-p": "all"}, options_first=True),
-    "login": _Tool({"-p": "all"}),  # docker, podman, oc, az, helm registry … login
+    "sshpass": _Tool({"-p": "all"}, options_first=True, values="fdP"),
+    "login": _Tool({"-p": "all"}, values="u"),  # docker, podman, oc, az, helm registry … login
     "wandb login": _Tool(operand=True),
-    "curl": _Tool({"-u": ":", "--user": ":", "-U": ":", "--proxy-user": ":", "-b": "all", "--cookie": "all"}),
-    "http": _Tool({"-a": ":", "--auth": ":"}),  # httpie
-    "https": _Tool({"-a": ":", "--auth": ":"}),
-    "redis-cli": _Tool({"-a": "all"}),
-    "smbclient": _Tool({"-U": "%", "--user": "%"}),
-    "sqlcmd": _Tool({"-P": "all"}),
-    "bcp": _Tool({"-P": "all"}),
-    "openssl": _Tool({"-pass": "pass:", "-passin": "pass:", "-passout": "pass:", "-k": "all"}),
+    "curl": _Tool({"-u": ":", "--user": ":", "-U": ":", "--proxy-user": ":", "-b": "all", "--cookie": "all"},
+                  values="AcCdDeEFHKmoPQrtTwxXyYz"),
+    "http": _Tool({"-a": ":", "--auth": ":"}, values="Aop"),  # httpie
+    "https": _Tool({"-a": ":", "--auth": ":"}, values="Aop"),
+    "redis-cli": _Tool({"-a": "all"}, values="hpsnu"),
+    "smbclient": _Tool({"-U": "%", "--user": "%"}, values="RsOMiIpnWdDTLcmtlbA"),
+    "sqlcmd": _Tool({"-P": "all"}, values="SUdQqiohHltw"),
+    "bcp": _Tool({"-P": "all"}, values="SUdQqiohHltwfeFLbamr"),
+    # single-dash long options (-pass, -keyform): no letters to combine
+    "openssl": _Tool({"-pass": "pass:", "-passin": "pass:", "-passout": "pass:", "-k": "all"}, clusters=False),
     **dict.fromkeys(("mysql", "mysqldump", "mysqladmin", "mysqlimport", "mysqlshow", "mysqlcheck", "mysqlpump",
                      "mysqlbinlog", "mysqlslap", "mariadb", "mariadb-dump", "mariadb-admin"), _MYSQL),
     **dict.fromkeys(("mongo", "mongosh", "mongodump", "mongorestore", "mongoexport", "mongoimport"), _MONGO),
@@ -205,6 +213,23 @@ def _tool_word(tool: _Tool, word: str, at: int) -> tuple[_Tool | None, str, list
         value_at = _attached_value(flag, word)
         if value_at:
             return tool, "", list(_value_span(word, value_at, len(word), "all" if where == "attached" else where, at))
+    if tool.clusters and not word.startswith("--"):
+        return _cluster(tool, word, at)
+    return tool, "", []
+
+
+def _cluster(tool: _Tool, word: str, at: int) -> tuple[_Tool, str, list[tuple[int, int]]]:
+    """A word of one-letter options (`-sfu`, `-sfuUSER:PASS`, `-vpPASS`): a password flag among
+    them takes the rest of the word, or the next word when it is the last letter."""
+    for i in range(1, len(word)):
+        letter = word[i]
+        where = tool.flags.get("-" + letter)
+        if where is not None:
+            if i + 1 < len(word):
+                return tool, "", list(_value_span(word, i + 1, len(word), "all" if where == "attached" else where, at))
+            return tool, ("" if where == "attached" else where), []
+        if letter in tool.values or not letter.isalnum():
+            break  # the rest is that option's value, or this is no word of options (-1.5, -=)
     return tool, "", []
 
 
@@ -252,10 +277,15 @@ def redact(text: str) -> str:
     return text
 
 
+def secret_name(name: str) -> bool:
+    """Whether a variable's name is a secret's (HF_TOKEN, MYSQL_PWD, SSHPASS): its value is one, whatever its shape."""
+    return bool(_SECRET_NAME_ONLY.fullmatch(name))
+
+
 def redact_assignment(name: str, value: str) -> str:
     """`NAME=value` as shown: the whole value of a secret name (HF_TOKEN) masked, however it is
     written (blanks, quotes, line breaks: a text pattern could stop short); any other redacted."""
-    if _SECRET_NAME_ONLY.fullmatch(name) and not _no_secret(value) and not _switch(value):
+    if secret_name(name) and not _no_secret(value) and not _switch(value):
         return f"{name}={MASK}"
     return redact(f"{name}={value}")
 
