@@ -5,6 +5,7 @@ confined to the workspace; and the train stage's `checkpoints` key validated."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -32,8 +33,8 @@ def checkpoint(ws: Path, step: int, *, weights: dict[str, np.ndarray] | None = N
     folder = ws / FOLDER / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     files = {"trainer_state.json": json.dumps({"global_step": step, "log_history": []}).encode(),
-             "optimizer.pt": b"\0" * 2048, "scheduler.pt": b"\0" * 512, "rng_state.pth": b"\0" * 256,
-             "adapter_config.json": b"{}", "training_args.bin": b"\0" * 64}
+             "optimizer.pt": torch_like(2048), "scheduler.pt": torch_like(512), "rng_state.pth": torch_like(256),
+             "adapter_config.json": b"{}", "training_args.bin": torch_like(64)}
     for name, data in files.items():
         if name != drop:
             (folder / name).write_bytes(data)
@@ -45,6 +46,15 @@ def checkpoint(ws: Path, step: int, *, weights: dict[str, np.ndarray] | None = N
     if settled:
         settle(folder)
     return folder
+
+
+def torch_like(size: int) -> bytes:
+    """What torch.save writes since 1.6: a zip archive of the pickle and its storages."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        z.writestr("archive/data/0", b"\1" * size)
+    return out.getvalue()
 
 
 def settle(folder: Path) -> Path:

@@ -3,7 +3,8 @@
 Runs ON the box. Request on stdin: {"workspace", "folder", "weights"?} (folder: a train stage's
 `checkpoints`, inside the workspace; weights false: sizes and completeness only, the adapter not
 read for NaN, as the console's watch of a running run's checkpoints asks every half minute).
-Reply: {"folder", "checkpoints": [...], "error"?}, newest step first, each
+Reply: {"folder", "checkpoints": [...], "unjudged", "error"?}, newest step first (the newest
+MAX_CHECKPOINTS; unjudged: how many older ones were left out), each
 
   {"name": "checkpoint-1200", "step": 1200, "mtime", "bytes", "files",
    "complete": bool, "missing": [...], "temporary": [...], "settling": bool,
@@ -11,8 +12,13 @@ Reply: {"folder", "checkpoints": [...], "error"?}, newest step first, each
    "problems": [one line each]}
 
 complete: the Trainer's own state is all there (trainer_state.json, the optimizer's and the
-scheduler's state, the adapter's weights) and whole (trainer_state.json parses; a torch file in
-zip form has its end record: a save cut short has none), and no temporary file is left.
+scheduler's state, the weights, and adapter_config.json beside an adapter's weights), no temporary
+file is left, and it is whole by its content, never by its names (tensorfiles.py): every entry a
+regular file or a folder (a symlink, a FIFO, a device is a problem: the resumed run would follow
+or hang on it), every file a resume loads non-empty, every safetensors file exactly as long as its
+header says, every torch file a zip with its end record (or an old pickle), trainer_state.json an object whose
+global_step is the folder's step (the Trainer names the folder checkpoint-GLOBAL_STEP and writes
+that state into it). Each problem is one line of "problems" and makes it not complete.
 settling: something in it was written in the last SETTLE_S seconds: while its run still runs, a
 save may be under way (the console weighs that; a dead run writes nothing more). finite: every float in
 the adapter's safetensors is a number (no NaN, no inf); None when there is no safetensors file to
@@ -26,26 +32,28 @@ import json
 import os
 import re
 import stat
-import struct
 import sys
 import time
 from typing import Any
 
 from .confine import Escape, open_folder, open_root, parts_inside, workspace_root
 from .procfs import serve
+from .tensorfiles import CHUNK, Unfit, json_object, open_regular, safetensors_header, said, torch_file, what_kind
 
 CHECKPOINT = re.compile(r"^checkpoint-(?P<step>\d{1,12})$")
 MAX_CHECKPOINTS = 200
-MAX_FILES = 2000  # in one checkpoint folder
+MAX_FILES = 2000  # entries in one checkpoint folder (and in each folder inside it): more is a problem, said
+MAX_PROBLEMS = 20  # lines of problems per checkpoint; the rest counted in one more
 SETTLE_S = 5.0
-HEADER_LIMIT = 64 << 20  # a safetensors header larger than this is not one we read
+STATE_LIMIT = 64 << 20  # trainer_state.json and adapter_config.json are read whole up to this
 WEIGHTS_LIMIT = 8 << 30  # an adapter larger than this is not read for NaN (said as such)
-CHUNK = 16 << 20
-ZIP_TAIL = 65536 + 22  # a zip's end record sits in its last 22 bytes plus a comment of at most 64 KiB
 # What a Trainer checkpoint holds (transformers' trainer.py: TRAINER_STATE_NAME, OPTIMIZER_NAME,
 # SCHEDULER_NAME; peft's adapter files). DeepSpeed keeps the optimizer in global_stepN/ instead.
 NEEDED = (("trainer_state.json",), ("optimizer.pt", "optimizer.bin", "global_step*"), ("scheduler.pt",),
           ("adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "pytorch_model.bin"))
+ADAPTER_CONFIG = "adapter_config.json"  # peft reads it to load the adapter's weights
+TORCH = (".pt", ".pth", ".bin")
+LOADED = TORCH + (".safetensors", ".json")  # what a resume loads: an empty one is a save cut short
 TEMPORARY = re.compile(r"(?:\.tmp|\.temp|\.partial|\.incomplete|\.lock)$|^tmp|^\.")
 # Where NaN and inf live in each float type, little-endian: (item size, (byte index, mask) pairs
 # that an exponent of all ones sets). A value is not finite when every listed byte has its mask set.
@@ -55,19 +63,21 @@ SET = dict((mask, bytes(1 if b & mask == mask else 0 for b in range(256)))  # by
            for _, lanes in FLOATS.values() for _, mask in lanes)
 
 
-def matches(name: str, pattern: str) -> bool:
-    return name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
+def matches(name: str, st: os.stat_result, pattern: str) -> bool:
+    """Whether an entry is what a NEEDED name stands for (NAME*: DeepSpeed's folder of that prefix)."""
+    return name.startswith(pattern[:-1]) and stat.S_ISDIR(st.st_mode) if pattern.endswith("*") else name == pattern
 
 
-def entries(fd: int) -> list[tuple[str, os.stat_result]]:
-    """The folder's entries (not followed), at most MAX_FILES."""
+def entries(fd: int) -> tuple[list[tuple[str, os.stat_result]], int]:
+    """The folder's entries (lstat: never followed), at most MAX_FILES, and how many more it holds."""
+    names = sorted(os.listdir(fd))
     out = []
-    for name in sorted(os.listdir(fd))[:MAX_FILES]:
+    for name in names[:MAX_FILES]:
         try:
             out.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
         except OSError:
             continue
-    return out
+    return out, max(0, len(names) - MAX_FILES)
 
 
 def tree_bytes(fd: int, name: str, st: os.stat_result) -> int:
@@ -79,7 +89,7 @@ def tree_bytes(fd: int, name: str, st: os.stat_result) -> int:
     except OSError:
         return 0
     try:
-        return sum(s.st_size for _, s in entries(sub) if stat.S_ISREG(s.st_mode))
+        return sum(s.st_size for _, s in entries(sub)[0] if stat.S_ISREG(s.st_mode))
     finally:
         os.close(sub)
 
@@ -87,36 +97,27 @@ def tree_bytes(fd: int, name: str, st: os.stat_result) -> int:
 def nonfinite_tensors(fd: int, name: str) -> tuple[list[str], str | None]:
     """The tensors of a safetensors file holding a NaN or an inf, and a problem reading it."""
     try:
-        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-    except OSError as e:
-        return [], "%s cannot be opened: %s" % (name, e.strerror)
+        f = open_regular(fd, name)
+    except Unfit as e:
+        return [], str(e)
     try:
         size = os.fstat(f).st_size
         if size > WEIGHTS_LIMIT:
-            return [], "%s is %d bytes: not read for NaN" % (name, size)
-        head = os.read(f, 8)
-        if len(head) < 8:
-            return [], "%s is truncated (no header)" % name
-        (n,) = struct.unpack("<Q", head)
-        if n > HEADER_LIMIT or 8 + n > size:
-            return [], "%s has a header of %d bytes, more than the file holds" % (name, n)
-        header = json.loads(read_exactly(f, n).decode("utf-8"))
-        if not isinstance(header, dict):
-            return [], "%s has no tensor table" % name
+            return [], "%s is %d bytes: not read for NaN" % (said(name), size)
+        n, header = safetensors_header(f, said(name), size)
         bad: list[str] = []
         for tensor, info in sorted(header.items()):
-            if tensor == "__metadata__" or not isinstance(info, dict) or info.get("dtype") not in FLOATS:
+            if tensor == "__metadata__" or info["dtype"] not in FLOATS:
                 continue
-            offsets = info.get("data_offsets")
-            if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-                    and 0 <= offsets[0] <= offsets[1] and 8 + n + offsets[1] <= size):
-                return bad, "%s: tensor %s has data offsets outside the file" % (name, tensor[:80])
-            os.lseek(f, 8 + n + offsets[0], os.SEEK_SET)
-            if not finite(f, offsets[1] - offsets[0], info["dtype"]):
+            begin, end = info["data_offsets"]
+            os.lseek(f, 8 + n + begin, os.SEEK_SET)
+            if not finite(f, end - begin, info["dtype"]):
                 bad.append(tensor[:200])
         return bad, None
+    except Unfit as e:
+        return [], str(e)
     except (OSError, ValueError) as e:
-        return [], "%s cannot be read: %s" % (name, e)
+        return [], "%s cannot be read: %s" % (said(name), e)
     finally:
         os.close(f)
 
@@ -151,65 +152,113 @@ def finite(f: int, n: int, dtype: str) -> bool:
     return True
 
 
-def parsed(data: bytes) -> Any:
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-
-
-def cut_short(fd: int, names: list[str]) -> list[str]:
-    """What in a checkpoint a save left unfinished: trainer_state.json that does not parse, a
-    torch file in zip form (torch.save's, since 1.6) without its end-of-central-directory record."""
+def unfit_files(fd: int, files: list[tuple[str, os.stat_result]], step: int,
+                prefix: str = "") -> list[tuple[str, str]]:
+    """(name, one line) for each entry a resume could not load as it is: not a regular file (a
+    link, a FIFO, a device; a folder only at the top and not named as a file, as DeepSpeed's
+    global_stepN, read one level down), empty, or not whole by its content."""
     found = []
-    for name in names:
-        if name != "trainer_state.json" and not name.endswith((".pt", ".pth", ".bin")):
-            continue
-        try:
-            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-        except OSError:
-            continue
-        try:
-            size = os.fstat(f).st_size
-            if name == "trainer_state.json":
-                if size > HEADER_LIMIT or not isinstance(parsed(read_exactly(f, size)), dict):
-                    found.append("trainer_state.json does not parse as a JSON object")
-            elif os.read(f, 4) == b"PK\x03\x04":
-                os.lseek(f, max(0, size - ZIP_TAIL), os.SEEK_SET)
-                if b"PK\x05\x06" not in read_exactly(f, min(size, ZIP_TAIL)):
-                    found.append("%s is cut short (its zip has no end record)" % name)
-        except (OSError, ValueError):
-            found.append("%s cannot be read whole" % name)
-        finally:
-            os.close(f)
+    for name, st in files:
+        shown = prefix + said(name)
+        if stat.S_ISDIR(st.st_mode) and not prefix and not name.endswith(LOADED):
+            found += [(name, line) for _, line in unfit_folder(fd, name, step)]
+        elif not stat.S_ISREG(st.st_mode):
+            found.append((name, "%s is %s, not a regular file" % (shown, what_kind(st.st_mode))))
+        elif st.st_size == 0 and name.endswith(LOADED):
+            found.append((name, "%s is empty" % shown))
+        elif name.endswith(LOADED):
+            try:
+                whole(fd, name, shown, step if not prefix else None)
+            except Unfit as e:
+                found.append((name, str(e)))
+            except (OSError, ValueError) as e:
+                found.append((name, "%s cannot be read whole: %s" % (shown, e)))
     return found
+
+
+def unfit_folder(fd: int, name: str, step: int) -> list[tuple[str, str]]:
+    try:
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    except OSError as e:
+        return [(name, "%s/ cannot be opened: %s" % (said(name), e.strerror))]
+    try:
+        files, more = entries(sub)
+        cut = [(name, "%s/ holds %d entries more than the %d judged" % (said(name), more, MAX_FILES))] if more else []
+        return unfit_files(sub, files, step, said(name) + "/") + cut
+    finally:
+        os.close(sub)
+
+
+def whole(fd: int, name: str, shown: str, step: int | None) -> None:
+    """Unfit unless this file a resume loads is whole by its content (step: the folder's, for
+    its trainer_state.json)."""
+    f = open_regular(fd, name)
+    try:
+        size = os.fstat(f).st_size
+        if name.endswith(TORCH):
+            torch_file(f, shown, size)
+        elif name.endswith(".safetensors"):
+            safetensors_header(f, shown, size)
+        elif name == "trainer_state.json" and step is not None:
+            state = json_object(f, shown, size, STATE_LIMIT)
+            global_step = state.get("global_step")
+            if type(global_step) is not int or global_step != step:
+                raise Unfit("%s says global_step %s, not the folder's step %d" % (
+                    shown, "(none)" if global_step is None else json.dumps(global_step)[:40], step))
+        elif name == ADAPTER_CONFIG:
+            json_object(f, shown, size, STATE_LIMIT)
+    finally:
+        os.close(f)
 
 
 def judge(fd: int, name: str, now: float, read_weights: bool = True) -> dict[str, Any]:
     m = CHECKPOINT.match(name)
     assert m is not None
-    files = entries(fd)
+    step = int(m.group("step"))
+    files, more = entries(fd)
     names = [n for n, _ in files]
-    missing = [" or ".join(alts) for alts in NEEDED if not any(matches(n, a) for n in names for a in alts)]
-    temporary = [n for n in names if TEMPORARY.search(n)][:20]
-    short = cut_short(fd, names)
-    newest = max([s.st_mtime for _, s in files] or [0.0])
-    settling = now - newest < SETTLE_S
+    missing = [" or ".join(alts) for alts in NEEDED if not any(matches(n, s, a) for n, s in files for a in alts)]
     weights = next((n for n in names if n.endswith(".safetensors") and n.startswith(("adapter_model", "model"))),
                    None)
-    nonfinite, problem = nonfinite_tensors(fd, weights) if weights and read_weights else ([], None)
-    problems = ["missing " + x for x in missing] + ["a temporary file is left: " + t for t in temporary] + short
+    if any(n.startswith("adapter_model.") for n in names) and ADAPTER_CONFIG not in names:
+        missing.append(ADAPTER_CONFIG)
+    temporary = [n for n in names if TEMPORARY.search(n)][:20]
+    unfit = unfit_files(fd, files, step)
+    if more:
+        unfit.append(("", "holds %d entries more than the %d judged" % (more, MAX_FILES)))
+    newest = max([s.st_mtime for _, s in files] or [0.0])
+    settling = now - newest < SETTLE_S
+    scan = weights is not None and read_weights and all(n != weights for n, _ in unfit)
+    nonfinite, problem = nonfinite_tensors(fd, weights) if scan and weights else ([], None)
+    broken = (["missing " + x for x in missing] + ["a temporary file is left: " + said(t) for t in temporary]
+              + [line for _, line in unfit])
+    problems = broken[:MAX_PROBLEMS] + (["and %d more problems" % (len(broken) - MAX_PROBLEMS)]
+                                        if len(broken) > MAX_PROBLEMS else [])
     if settling:
         problems.append("written %.0f s ago: a save may still be under way" % max(now - newest, 0))
     if problem:
         problems.append(problem)
     if nonfinite:
-        problems.append("NaN or inf in %d tensor(s) of %s, first %s" % (len(nonfinite), weights, nonfinite[0]))
-    return {"name": name, "step": int(m.group("step")), "mtime": newest, "files": len(files),
+        problems.append("NaN or inf in %d tensor(s) of %s, first %s" % (len(nonfinite), said(weights or ""),
+                                                                               said(nonfinite[0])))
+    return {"name": name, "step": step, "mtime": newest, "files": len(files),
             "bytes": sum(tree_bytes(fd, n, s) for n, s in files),
-            "complete": not missing and not temporary and not short, "missing": missing, "temporary": temporary,
-            "settling": settling, "finite": None if weights is None or problem or not read_weights else not nonfinite,
+            "complete": not broken, "missing": missing, "temporary": temporary,
+            "settling": settling, "finite": None if not scan or problem else not nonfinite,
             "nonfinite": nonfinite[:20], "weights": weights, "problems": problems}
+
+
+def not_a_folder(fd: int, name: str, error: OSError) -> dict[str, Any]:
+    """A checkpoint-STEP entry that cannot be opened as a folder of its own (a link, a file): listed
+    as not complete, with why, so that a resume passes over it saying so."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        why = "%s is %s, not a folder" % (name, what_kind(st.st_mode))
+        mtime = st.st_mtime
+    except OSError:
+        why, mtime = "%s cannot be opened: %s" % (name, error.strerror), 0.0
+    return {"name": name, "step": int(name.split("-", 1)[1]), "mtime": mtime, "files": 0, "bytes": 0,
+            "complete": False, "settling": False, "finite": None, "problems": [why]}
 
 
 def checkpoints(req: dict[str, Any]) -> dict[str, Any]:
@@ -229,12 +278,14 @@ def checkpoints(req: dict[str, Any]) -> dict[str, Any]:
         return {"folder": folder, "checkpoints": [], "error": "%s: %s" % (folder, e)}
     now, found = time.time(), []
     try:
-        names = [n for n, s in entries(fd) if CHECKPOINT.match(n) and stat.S_ISDIR(s.st_mode)]
+        names = [n for n in os.listdir(fd) if CHECKPOINT.match(n)]  # every one: the newest are judged
         names.sort(key=lambda n: int(n.split("-", 1)[1]), reverse=True)
         for name in names[:MAX_CHECKPOINTS]:
             try:
-                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                              dir_fd=fd)
+            except OSError as e:
+                found.append(not_a_folder(fd, name, e))
                 continue
             try:
                 found.append(judge(sub, name, now, read_weights))
@@ -242,7 +293,7 @@ def checkpoints(req: dict[str, Any]) -> dict[str, Any]:
                 os.close(sub)
     finally:
         os.close(fd)
-    return {"folder": folder, "checkpoints": found}
+    return {"folder": folder, "checkpoints": found, "unjudged": max(0, len(names) - MAX_CHECKPOINTS)}
 
 
 if __name__ == "__main__":
