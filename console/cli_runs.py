@@ -11,7 +11,7 @@ from pathlib import Path
 
 from samai.console.core import config as config_mod
 from samai.console.core.evaldiff import EvalDiff, diff
-from samai.console.core.evalruns import read_run_items, run_items_path
+from samai.console.core.evalruns import NotReadWhole, read_run_items, run_items_path
 from samai.console.core.timeline import read_timeline
 from samai.console.report import describe_diff, describe_timeline
 from samai.remote.boxapi import Box
@@ -20,7 +20,8 @@ EXIT_OK = 0
 
 
 class RunMissing(Exception):
-    """A run named on the command line whose items the box does not have."""
+    """A run named on the command line whose items the box does not have, or could not give whole
+    (a diff of a part is refused, never judged as if it were the whole)."""
 
 
 async def eval_command(args: argparse.Namespace, cfg: config_mod.Config, box: Box) -> int:
@@ -33,7 +34,10 @@ async def eval_diff(box: Box, cfg: config_mod.Config, a: str, b: str) -> EvalDif
     runs = []
     for run in (a, b):
         name, path = run_items_path(cfg.workspace, cfg.ui.eval_reports, run)
-        items = await read_run_items(box, name, path)
+        try:
+            items = await read_run_items(box, name, path)
+        except NotReadWhole as e:
+            raise RunMissing(f"eval run {run!r}: {e}") from None
         if items is None:
             raise RunMissing(f"eval run {run!r}: no {path} on the box")
         runs.append(items)

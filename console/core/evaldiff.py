@@ -4,7 +4,10 @@ accuracy change is more than noise.
 
 Both runs are items.jsonl files from the box (the eval stage's format: id, gold, pred, correct,
 finish_reason, content, reasoning_content), so untrusted: a line that is not an item is counted,
-never raised on; an id seen twice counts once (its first line); every text is cut to a bound.
+never raised on; an id seen twice counts once (its first line); every text is cut to a bound
+(an id cut keeps a digest of the whole, so two long ids stay two). A run is read a batch of lines
+at a time (RunReader), keeping per item only what the diff needs; a run of more than MAX_ITEMS
+items is refused (TooManyItems), never judged on its first MAX_ITEMS.
 
 The change is judged on the items both runs hold (paired): Newcombe's square-and-add interval
 for a difference of paired proportions (Wilson score intervals of each run, with the
@@ -14,21 +17,26 @@ items that changed. "Noise" is an interval holding 0.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from samai.console.core.evalread import matches
 
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 TEXT_BOUND = 200  # characters of an id, a gold or an answer kept per item
-MAX_ITEMS = 200_000  # per run: far more than any eval set
+MAX_ITEMS = 500_000  # per run: far more than any eval set (each kept in a few hundred bytes: ~0.2 KB at 120,000)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One item of one run, as far as the diff needs it."""
+class TooManyItems(ValueError):
+    """A run with more items than the diff keeps: refused whole, said in one line."""
+
+
+class Outcome(NamedTuple):
+    """One item of one run, as far as the diff needs it (a tuple: made for every item of a run)."""
 
     correct: bool
     answer: str
@@ -101,21 +109,41 @@ class EvalDiff:
         }
 
 
-def read_run(name: str, lines: Iterable[str]) -> RunItems:
-    """The items of one run's items.jsonl; what is not an item is counted, not raised on."""
-    items: dict[str, Outcome] = {}
-    unreadable = duplicates = 0
-    for line in lines:
-        if not line.strip():
-            continue
-        read = _item(line)
-        if read is None:
-            unreadable += 1
-        elif read[0] in items:
-            duplicates += 1
-        elif len(items) < MAX_ITEMS:
-            items[read[0]] = read[1]
-    return RunItems(name, items, unreadable, duplicates)
+@dataclass
+class RunReader:
+    """One run's items, fed a batch of lines at a time (mutable: one per read)."""
+
+    name: str
+    max_items: int = MAX_ITEMS
+    items: dict[str, Outcome] = field(default_factory=dict)
+    unreadable: int = 0
+    duplicates: int = 0
+
+    def feed(self, lines: Iterable[str]) -> None:
+        """What is not an item is counted, not raised on; TooManyItems past max_items."""
+        for line in lines:
+            if not line.strip():
+                continue
+            read = _item(line)
+            if read is None:
+                self.unreadable += 1
+            elif read[0] in self.items:
+                self.duplicates += 1
+            elif len(self.items) >= self.max_items:
+                raise TooManyItems(f"holds more than {self.max_items:,} items, more than a diff keeps: not compared "
+                                   "(a diff of a part would be judged as if it were the whole)")
+            else:
+                self.items[read[0]] = read[1]
+
+    def result(self) -> RunItems:
+        return RunItems(self.name, self.items, self.unreadable, self.duplicates)
+
+
+def read_run(name: str, lines: Iterable[str], max_items: int = MAX_ITEMS) -> RunItems:
+    """The items of one run's items.jsonl, all of them (TooManyItems past max_items)."""
+    reader = RunReader(name, max_items)
+    reader.feed(lines)
+    return reader.result()
 
 
 def _item(line: str) -> tuple[str, Outcome] | None:
@@ -130,7 +158,7 @@ def _item(line: str) -> tuple[str, Outcome] | None:
     empty = not pred.strip()
     reasoning = _text(raw.get("reasoning_content") or raw.get("reasoning"))
     in_reasoning = empty and bool(gold.strip()) and gold.strip() in reasoning
-    return _bounded(_text(raw["id"])), Outcome(correct, _bounded(pred), _bounded(gold), empty,
+    return _key(_text(raw["id"])), Outcome(correct, _bounded(pred), _bounded(gold), empty,
                                                raw.get("finish_reason") == "length", in_reasoning)
 
 
@@ -150,6 +178,15 @@ def _text(value: object) -> str:
 
 def _bounded(text: str) -> str:
     return text if len(text) <= TEXT_BOUND else text[:TEXT_BOUND] + "…"
+
+
+def _key(text: str) -> str:
+    """An id as kept: whole, or cut with a digest of the whole (two ids that share their first
+    TEXT_BOUND characters stay two items)."""
+    if len(text) <= TEXT_BOUND:
+        return text
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{text[:TEXT_BOUND]}…#{digest}"
 
 
 def diff(a: RunItems, b: RunItems) -> EvalDiff:

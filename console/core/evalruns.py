@@ -3,21 +3,31 @@
 
 A summary is a file on the box, so anyone may have written it: any text at all comes in. A
 summary that is not one (not JSON, nested too deep, a count of 1e400) is that file's finding
-and costs nothing else: the other runs, and the rest of the snapshot, are shown as usual."""
+and costs nothing else: the other runs, and the rest of the snapshot, are shown as usual.
+
+A run's items (items.jsonl, a cu run's episodes.jsonl) are read whole, a read at a time
+(item_batches): `check eval`, the TUI's check of a finished run and `eval diff` judge every line
+or none. A file that cannot be read whole (not a regular file, replaced or cut while it was
+read, more items than a diff keeps) is NotReadWhole, with why: never judged on a part."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import posixpath
+import threading
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from samai.console.core.cucheck import EpisodesResult, check_episodes
 from samai.console.core.evalcheck import EvalResult, check_eval
-from samai.console.core.evaldiff import RunItems, read_run
+from samai.console.core.evaldiff import MAX_ITEMS, RunItems, RunReader, TooManyItems
 from samai.console.core.problems import Finding
+from samai.remote.errors import BoxError
+from samai.remote.follow import LogFollower
 from samai.remote.model import Report
 from samai.remote.safe_text import visible
 
@@ -25,7 +35,8 @@ if TYPE_CHECKING:
     from samai.remote.boxapi import Box
 
 RunCheck = EvalResult | EpisodesResult  # `check eval` of an eval run's items, or of a cu run's episodes
-EVAL_ITEMS_READ = 4 << 20  # of a finished eval's items.jsonl, checked once: thousands of items
+ITEMS_READ = 4 << 20  # one read of a run's items: the bytes (and their lines) held at once
+ITEM_LINE = 16 << 20  # the longest line kept whole (a longer one is no item: counted as such, and said)
 MAX_COUNT = 10**12  # items in one eval run: far more than any eval set, far less than a float's integer range
 
 
@@ -116,28 +127,86 @@ def newest_run(runs: list[EvalRun]) -> EvalRun | None:
     return max(runs, key=lambda run: run.mtime, default=None)
 
 
-async def check_items(box: Box, run: EvalRun, max_bytes: int = EVAL_ITEMS_READ) -> RunCheck | None:
-    """`check eval` on a run's items (a cu run's episodes), its first max_bytes read from the box
-    (whole lines only); None where the box has no such file to read. The box's errors are the caller's."""
-    lines = await items_lines(box, run.items, max_bytes)
-    if lines is None:
+class NotReadWhole(BoxError):
+    """A run's items that could not be read whole: judged on none of them. Its message says why."""
+
+
+class ItemsMissing(NotReadWhole):
+    """There is no such file on the box (at its first read)."""
+
+
+async def item_batches(box: Box, path: str, max_bytes: int = ITEMS_READ) -> AsyncGenerator[list[str], None]:
+    """Every line of a run's items file on the box, one read at a time, to its end: memory holds
+    one read's lines. ItemsMissing where there is no such file; NotReadWhole where it cannot be
+    read, or changes under the read other than by growing (replaced, truncated, deleted)."""
+    follower = LogFollower(path, offset=0, max_bytes=max_bytes, max_line=ITEM_LINE)
+    first = True
+    while True:
+        chunk = await box.read_log(follower.cursor())
+        if chunk.missing and first:
+            raise ItemsMissing(f"no {visible(path)} on the box")
+        if chunk.error is not None:
+            raise NotReadWhole(f"{visible(path)} cannot be read whole: {visible(chunk.error)}")
+        if chunk.rotated or chunk.truncated or chunk.drain is not None or chunk.gone is not None:
+            raise NotReadWhole(f"{visible(path)} was replaced or truncated while it was read: not judged on a part")
+        first = False
+        update = follower.consume(chunk)
+        if update.more:
+            yield update.lines
+            continue
+        last = follower.decoder.flush()
+        yield update.lines + ([last] if last is not None else [])
+        return
+
+
+async def check_items(box: Box, run: EvalRun) -> RunCheck | None:
+    """`check eval` on a run's whole items (a cu run's episodes), streamed from the box to the
+    check in its thread; None where the box has no such file. The box's errors, NotReadWhole
+    among them, are the caller's."""
+    batches, stopped = item_batches(box, run.items), threading.Event()
+    try:
+        try:
+            first = await anext(batches)
+        except ItemsMissing:
+            return None
+        loop = asyncio.get_running_loop()
+
+        async def following() -> list[str] | None:
+            return None if stopped.is_set() else await anext(batches, None)
+
+        def lines() -> Iterator[str]:  # in the check's thread: each next read asked of the loop
+            yield from first
+            while (batch := asyncio.run_coroutine_threadsafe(following(), loop).result()) is not None:
+                yield from batch
+
+        return await asyncio.to_thread(check_episodes if run.kind == "cu" else check_eval, lines())
+    finally:
+        stopped.set()  # a check cancelled half-way asks for no more reads
+        await batches.aclose()
+
+
+async def read_run_items(box: Box, name: str, path: str, max_items: int = MAX_ITEMS) -> RunItems | None:
+    """A run's items for a diff (console/core/evaldiff.py), all of them; None where the box has
+    no such file. NotReadWhole where they cannot all be read or kept."""
+    reader = RunReader(name, max_items)
+    feeding: asyncio.Future | None = None  # one read's lines parsed while the next is read
+    try:
+        async with contextlib.aclosing(item_batches(box, path)) as batches:
+            async for batch in batches:
+                if feeding is not None:
+                    await feeding
+                feeding = asyncio.ensure_future(asyncio.to_thread(reader.feed, batch))
+                feeding.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised where awaited, or not
+        if feeding is not None:
+            await feeding
+    except ItemsMissing:
         return None
-    return await asyncio.to_thread(check_episodes if run.kind == "cu" else check_eval, lines)
-
-
-async def items_lines(box: Box, path: str, max_bytes: int = EVAL_ITEMS_READ) -> list[str] | None:
-    """The whole lines of a file's first max_bytes on the box; None where there is no such file."""
-    chunk = await box.tail(path, offset=0, max_bytes=max_bytes)
-    if chunk.error or chunk.missing:
-        return None
-    whole = chunk.data if not chunk.more or chunk.line_end is None else chunk.data[:chunk.line_end]
-    return whole.decode("utf-8", "replace").splitlines()
-
-
-async def read_run_items(box: Box, name: str, path: str) -> RunItems | None:
-    """A run's items for a diff (console/core/evaldiff.py); None where the box has no such file."""
-    lines = await items_lines(box, path)
-    return None if lines is None else await asyncio.to_thread(read_run, name, lines)
+    except TooManyItems as e:
+        raise NotReadWhole(f"{visible(path)} {e}") from None
+    finally:
+        if feeding is not None:  # the read failed: its parse is not waited for
+            feeding.cancel()
+    return reader.result()
 
 
 def run_items_path(workspace: str, reports_glob: str, run: str) -> tuple[str, str]:
