@@ -328,3 +328,22 @@ def test_each_problem_is_one_line_whatever_the_names(workspace: Path) -> None:
             in judged["problems"])
     assert all(line.isprintable() for line in judged["problems"])
 
+
+
+def test_a_real_torch_save_is_whole_and_any_cut_of_it_is_not(tmp_path: Path) -> None:
+    """tests/data/scheduler_torch.pt: a real Trainer checkpoint's scheduler.pt (torch 2.14's
+    torch.save, whose zip has zip64 end records): whole as it is, cut short at any length not."""
+    data = (Path(__file__).parent / "data" / "scheduler_torch.pt").read_bytes()
+    assert b"PK\x06\x06" in data[-120:]
+    for cut in [0, *range(1, 120), *range(120, len(data), 97)]:
+        path = tmp_path / "scheduler.pt"
+        path.write_bytes(data[:len(data) - cut])
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            tensorfiles.torch_file(fd, "scheduler.pt", len(data) - cut)
+            whole = True
+        except tensorfiles.Unfit:
+            whole = False
+        finally:
+            os.close(fd)
+        assert whole is (cut == 0), cut
