@@ -10,7 +10,13 @@ A task file is JSONL, one task per line, its pages in the same folder:
               {"check": "value", "selector": "#name", "equals": "ada"},
               {"check": "attribute", "selector": "#red", "name": "aria-pressed", "equals": "true"}],
    "split": "train" | "heldout"}
-An element's action is "click" (the default), "type" or "select". The model's answer is read as
+An element's action is "click" (the default), "type" or "select". An assertion's text is literal (there
+is no pattern kind: a regex over untrusted page text has no time limit in the standard library), and is
+compared with the value read with surrounding whitespace cut from both; a url assertion reads the URL
+from the page server's path on ("/pages/t1.html#pressed"). An assertion that holds without the right
+action proves nothing and is refused when the task is read: one that asks for no text (an empty
+page passes it), and a url assertion that holds on the task's own page before any action. A task has at
+most MAX_CHECKS assertions. The model's answer is read as
   click NAME | press the NAME button | NAME  (a click on the element called NAME)
   type NAME TEXT...                       (fill the field with TEXT)
   select NAME OPTION                      (choose OPTION of the list)
@@ -26,8 +32,10 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
-from dataclasses import dataclass
+import urllib.parse
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping, Sequence
 
 from .images import inside
@@ -40,6 +48,7 @@ CHECKS = ("text", "attribute", "value", "url")
 MATCHES = ("equals", "contains")
 MAX_TASK_LINE = 64 * 1024
 MAX_TEXT = 1000  # a typed text, an expected value: what a task may ask for
+MAX_CHECKS = 16  # what success looks like, in a few assertions: each may wait for its element
 WORD = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -63,6 +72,11 @@ class Check:
     expected: str
     selector: str | None = None
     attribute: str | None = None
+
+    def holds(self, value: str | None) -> bool:
+        """Whether the value read on the page (None: nothing to read) is what the assertion wants."""
+        seen = (value or "").strip()
+        return seen == self.expected if self.match == "equals" else self.expected in seen
 
     def describe(self) -> str:
         what = {"text": "text of %s", "value": "value of %s", "url": "the URL"}.get(self.check)
@@ -100,6 +114,18 @@ class Action:
         return out
 
 
+def page_path(page: str) -> str:
+    """The path the page server serves a task's page at: what a url assertion reads on that page
+    before any action."""
+    return "/" + urllib.parse.quote(page)
+
+
+def url_read(url: str, origin: str) -> str:
+    """What a url assertion reads: the page's URL from the page server's path on (its origin is a
+    port chosen at each run); a URL elsewhere (an error page) whole."""
+    return url[len(origin):] if url.startswith(origin + "/") else url
+
+
 def _text(value: Any, what: str, limit: int = MAX_TEXT) -> str:
     if not isinstance(value, str) or not value or len(value) > limit or "\0" in value:
         raise TaskError("%s must be a text of 1 to %d characters, not %s" % (what, limit, _shown(value)))
@@ -119,7 +145,8 @@ def parse_task(raw: Any, folder: str) -> Task:
     if isinstance(task_id, bool) or not isinstance(task_id, (str, int)):
         raise TaskError("a task needs an id (a text or a number), not %s" % _shown(task_id))
     task_id = _text(str(task_id), "id", 200)
-    page = _text(raw.get("page"), "task %s: page" % task_id, 1000)
+    # Lexically normalized as the browser's URL is: the path a url assertion reads is the one sent.
+    page = posixpath.normpath(_text(raw.get("page"), "task %s: page" % task_id, 1000))
     try:
         inside(folder, page)
     except ValueError as e:
@@ -130,12 +157,15 @@ def parse_task(raw: Any, folder: str) -> Task:
     checks = raw.get("assert")
     if not isinstance(checks, list) or not checks:
         raise TaskError("task %s: assert must be a list of one or more DOM assertions" % task_id)
+    if len(checks) > MAX_CHECKS:
+        raise TaskError("task %s: %d assertions, over the %d a task may have" % (task_id, len(checks), MAX_CHECKS))
     split = raw.get("split", "train")
     if split not in ("train", "heldout"):
         raise TaskError("task %s: split is train or heldout, not %s" % (task_id, _shown(split)))
     return Task(id=task_id, page=page, instruction=_text(raw.get("instruction"), "task %s: instruction" % task_id),
                 elements=tuple(_element(task_id, name, spec) for name, spec in elements.items()),
-                checks=tuple(_check(task_id, c) for c in checks), split=split)
+                checks=tuple(_check(task_id, n, c, page_path(page)) for n, c in enumerate(checks, 1)),
+                split=split)
 
 
 def _element(task_id: str, name: Any, spec: Any) -> Element:
@@ -150,7 +180,7 @@ def _element(task_id: str, name: Any, spec: Any) -> Element:
     return Element(name.lower(), _text(spec.get("selector"), "task %s: element %s: selector" % (task_id, name)), action)
 
 
-def _check(task_id: str, raw: Any) -> Check:
+def _check(task_id: str, number: int, raw: Any, start: str) -> Check:
     if not isinstance(raw, Mapping) or raw.get("check") not in CHECKS:
         raise TaskError("task %s: an assertion is an object whose check is one of %s" % (task_id, ", ".join(CHECKS)))
     kind = raw["check"]
@@ -166,7 +196,19 @@ def _check(task_id: str, raw: Any) -> Check:
         selector = _text(raw.get("selector"), "task %s: a %s assertion's selector" % (task_id, kind))
     if kind == "attribute":
         attribute = _text(raw.get("name"), "task %s: an attribute assertion's name" % task_id, 200)
-    return Check(kind, found[0], expected, selector, attribute)
+    check = Check(kind, found[0], expected.strip(), selector, attribute)
+    # Any action earns the reward of an assertion that holds without it.
+    if not check.expected:  # an empty page passes it (a URL is never empty: there it never holds)
+        raise TaskError("task %s: assertion %d (%s) asks for no text: it must name what the right action makes true"
+                        % (task_id, number, _clipped(replace(check, expected=expected).describe())))
+    if kind == "url" and check.holds(start):
+        raise TaskError("task %s: assertion %d (%s) holds on the task's own page (%s) before any action"
+                        % (task_id, number, _clipped(check.describe()), _clipped(start)))
+    return check
+
+
+def _clipped(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def read_tasks(path: str) -> Iterator[Task | TaskError]:
