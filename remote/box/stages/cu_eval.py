@@ -9,11 +9,13 @@ assertions. The reward is 1 when the answer was an action and every assertion pa
 Writes OUT/episodes.jsonl, one JSON object per episode: task, instruction, sample, sent and
 original ([width, height]), answer (the model's raw text), action (an object, or null when the
 answer is not an action), parse_error, error (null, or what kept the episode from running: the
-page, the browser, the server), assertions ([{"check", "passed", "actual"}]), reward, seconds,
+page, the browser, the server), assertions ([{"check", "passed", "actual", "wait_s"}], wait_s the
+most its element was waited for), reward, seconds,
 url (where the page was at the end), shot (the screenshot, inside OUT);
 OUT/summary.json (n, successes, success_rate, parse_failures, errors, tasks, seconds, browser);
 then prints CU_EVAL_RC=N (0: done; 1: success rate under --min-success; 2: errors, no browser,
-no task file). Bounded: each episode by --episode-timeout, the run by --run-timeout (the
+no task file). Bounded: each episode by --episode-timeout (its request to the model, its action
+and every assertion's wait together), the run by --run-timeout (the
 episodes left are errors that say so); a page that hangs or crashes is its episode's error.
 
 Runs ON the box, in the box venv:
@@ -32,7 +34,7 @@ import urllib.error
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
-from .browser import Browser, EpisodeError, PageServer, check, first_line, perform, screenshot
+from .browser import CHECK_S, SETTLE_S, Browser, EpisodeError, PageServer, check, first_line, ms, perform, screenshot
 from .chromium import BrowserMissing, find_browser
 from .common import marker, say, write_json
 from .eval import first_choice, pixels, unreachable
@@ -67,12 +69,14 @@ class ServerDown(RuntimeError):
 def episode(browser: Browser, server: PageServer, task: Task, asking: Asking, shots: str,
             sample: int) -> dict[str, Any]:
     """One episode's record: observe, ask, act, check; within the browser's episode limit, each
-    step given what is left of it."""
+    step (the model's request, the action and its settling, each assertion's wait) given at most
+    what is left of it."""
     started = time.monotonic()
     deadline = started + browser.timeout_s
     row = blank_row(sample, task)
     try:
         with browser.page(server.url(task.page)) as page:
+            page.set_default_timeout(ms(left(deadline, browser)))  # the screenshot's wait: what the load left
             shot = os.path.join(shots, "%s-%d.png" % (safe_name(task.id), sample))
             screenshot(page, shot)
             row["shot"] = os.path.relpath(shot, os.path.dirname(shots))
@@ -84,9 +88,10 @@ def episode(browser: Browser, server: PageServer, task: Task, asking: Asking, sh
             action, row["parse_error"] = parse_action(row["answer"], task)
             if action is not None:
                 row["action"] = action.as_json()
-                page.set_default_timeout(left(deadline, browser) * 1000)
-                perform(page, action)
-            row["assertions"] = [check(page, c) for c in task.checks]
+                page.set_default_timeout(ms(left(deadline, browser)))
+                perform(page, action, settle_s=min(SETTLE_S, left(deadline, browser)))
+            for c in task.checks:  # kept as they are read: an episode past its limit says which were
+                row["assertions"].append(check(page, c, server.origin, min(CHECK_S, left(deadline, browser))))
             row["url"] = page.url
     except (EpisodeError, ImageError) as e:
         row["error"] = str(e)
