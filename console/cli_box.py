@@ -283,11 +283,12 @@ async def _check(args, cfg, box: Box) -> int:
             if args.against:
                 return await _against(args, cfg, box, path, result)
         else:
-            from samai.console.core.cucheck import check_episodes, looks_like_episodes
-            from samai.console.core.evalcheck import check_eval
+            from samai.console.core.evalruns import NotReadWhole, check_file
 
-            lines = await checks.read_lines(box, path)
-            result = check_episodes(lines) if looks_like_episodes(lines) else check_eval(lines)
+            try:
+                result = await check_file(box, path)  # whole, streamed: an item of megabytes stays one item
+            except NotReadWhole as e:
+                return _fail(str(e), EXIT_USAGE)
     except (checks.Unreadable, ValueError) as e:  # ValueError: a trainer_state.json that is not JSON
         return _fail(str(e), EXIT_USAGE)
     shown = result.to_json()  # the JSON contract; the text report reads the same figures

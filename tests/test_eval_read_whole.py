@@ -184,3 +184,13 @@ def test_a_run_read_a_read_at_a_time_is_the_run_read_whole(tmp_path_factory, pie
     whole = read_run("a", [p.removesuffix("\r") for p in text.encode("utf-8", "surrogatepass")
                            .decode("utf-8", "replace").split("\n")])
     assert asyncio.run(streamed()) == whole
+
+
+def test_check_eval_counts_an_item_of_megabytes_as_one_item(workspace: Path, tmp_path: Path) -> None:
+    """`check eval` read each line up to 64 KiB: a reasoning model's long item was "malformed"."""
+    (workspace / "items.jsonl").write_text(line(1, True) + line(2, True, pad=" and so" * 300_000) + line(3, False))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[workspace]\npath = "{workspace}"\n')
+    r = run_cli("--config", str(cfg), "check", "eval", "items.jsonl", "--json", timeout=120)
+    got = json.loads(r.stdout)
+    assert (got["n"], got["correct"], got["malformed"]) == (3, 2, 0), r.stderr

@@ -22,12 +22,12 @@ from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from samai.console.core.cucheck import EpisodesResult, check_episodes
+from samai.console.core.cucheck import EpisodesResult, check_episodes, looks_like_episodes
 from samai.console.core.evalcheck import EvalResult, check_eval
 from samai.console.core.evaldiff import MAX_ITEMS, RunItems, RunReader, TooManyItems
 from samai.console.core.problems import Finding
 from samai.remote.errors import BoxError
-from samai.remote.follow import LogFollower
+from samai.remote.follow import LogFollower, missing_notice
 from samai.remote.model import Report
 from samai.remote.safe_text import visible
 
@@ -144,7 +144,7 @@ async def item_batches(box: Box, path: str, max_bytes: int = ITEMS_READ) -> Asyn
     while True:
         chunk = await box.read_log(follower.cursor())
         if chunk.missing and first:
-            raise ItemsMissing(f"no {visible(path)} on the box")
+            raise ItemsMissing(missing_notice(path))
         if chunk.error is not None:
             raise NotReadWhole(f"{visible(path)} cannot be read whole: {visible(chunk.error)}")
         if chunk.rotated or chunk.truncated or chunk.drain is not None or chunk.gone is not None:
@@ -160,15 +160,21 @@ async def item_batches(box: Box, path: str, max_bytes: int = ITEMS_READ) -> Asyn
 
 
 async def check_items(box: Box, run: EvalRun) -> RunCheck | None:
-    """`check eval` on a run's whole items (a cu run's episodes), streamed from the box to the
-    check in its thread; None where the box has no such file. The box's errors, NotReadWhole
-    among them, are the caller's."""
-    batches, stopped = item_batches(box, run.items), threading.Event()
+    """`check eval` on a run's whole items (a cu run's episodes); None where the box has no such
+    file. The box's errors, NotReadWhole among them, are the caller's."""
     try:
-        try:
-            first = await anext(batches)
-        except ItemsMissing:
-            return None
+        return await check_file(box, run.items, episodes=run.kind == "cu")
+    except ItemsMissing:
+        return None
+
+
+async def check_file(box: Box, path: str, episodes: bool | None = None) -> RunCheck:
+    """`check eval` on a whole file of the box, streamed from the box to the check in its thread
+    (episodes None: a cu run's episodes or an eval's items, told by its first lines). ItemsMissing,
+    NotReadWhole and the box's errors are the caller's."""
+    batches, stopped = item_batches(box, path), threading.Event()
+    try:
+        first = await anext(batches)
         loop = asyncio.get_running_loop()
 
         async def following() -> list[str] | None:
@@ -179,7 +185,8 @@ async def check_items(box: Box, run: EvalRun) -> RunCheck | None:
             while (batch := asyncio.run_coroutine_threadsafe(following(), loop).result()) is not None:
                 yield from batch
 
-        return await asyncio.to_thread(check_episodes if run.kind == "cu" else check_eval, lines())
+        cu = looks_like_episodes(first) if episodes is None else episodes
+        return await asyncio.to_thread(check_episodes if cu else check_eval, lines())
     finally:
         stopped.set()  # a check cancelled half-way asks for no more reads
         await batches.aclose()
