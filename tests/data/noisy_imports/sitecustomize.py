@@ -12,7 +12,7 @@ class WarnOnImport:
     def find_spec(self, name, path=None, target=None):
         if name in NOISY:
             NOISY.discard(name)
-            warnings.warn("%s 99.0 deprecates this" % name, UserWarning, stacklevel=2)
+            warnings.warn(f"{name} 99.0 deprecates this", UserWarning, stacklevel=2)
         return None  # the real import goes on
 
 
