@@ -2,7 +2,12 @@
 
 The box screen (samai.console.screens.box) shows one box and holds its session and workers; the
 fleet screen every box. Switching box or target replaces the box screen, so nothing of the old
-one survives. Every change to the box goes through the action layer (samai.console.core.actions)."""
+one survives. Every change to the box goes through the action layer (samai.console.core.actions).
+
+A replay (an incident bundle, `recording=`) has no box: every box it could open is opened by its
+one factory, which refuses (samai.console.replay), and its keys that would reach a box say so.
+What the console shows or writes passes through the config's SecretMask (a replay's: redact only,
+no variable a bundle names is read)."""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from samai.console.core import paths
 from samai.console.core.audit import AuditLog
 from samai.console.core.commands import BY_ID, CHANGES_BOX, SCOPE_TITLES, Command
 from samai.console.core.redact import redact
+from samai.console.core.secret_mask import SecretMask
 from samai.console.screens.box import BoxScreen
 from samai.console.screens.box_base import BoxScreenContext
 from samai.remote.safe_text import visible
@@ -32,6 +38,11 @@ from samai.widgets.keys import bindings
 from samai.widgets.pane import literal_markup
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from textual.actions import ActionParseResult
+    from textual.dom import DOMNode
+
     from samai.console.core.config import Config
     from samai.console.core.incident import Bundle
     from samai.console.core.multinode.session import MultiNodeSession
@@ -63,18 +74,24 @@ class SamaiApp(App[None]):
                  box: str | None = None, open_box: OpenBox | None = None, recording: dict | None = None) -> None:
         """box: the [boxes.NAME] box to open at once; None: with 2+ boxes the fleet screen comes first.
         open_box: a config to its Box (by default on the config's target; tests hand in a recorded box).
-        recording: a recorded box (console/replay.py, an incident bundle) shown instead of polling."""
+        recording: a recorded box (console/replay.py, an incident bundle) shown instead of polling: a
+        replay, which opens no box (no open_box with it)."""
         super().__init__()
         self.recording = recording
+        self.replay = recording is not None
+        if self.replay and open_box is not None:
+            raise ValueError("a replay opens no box")
+        # The secrets the console masks wherever its text goes: a replay's config is data, its variables unread.
+        self.secret_mask = SecretMask() if self.replay else SecretMask.of_config(config)
         self.fleet_config = config  # every box; the box screen's config is this as seen on its box
         self._first_box = box or (config.boxes[0].name if config.boxes else None)
         self._fleet_first = box is None and len(config.boxes) >= 2
         self.polling = poll  # off only to render recorded snapshots (screenshots, snapshot tests)
         self.clock = clock
         self.readonly = readonly
-        self.audit = audit or AuditLog(paths.audit_log())
+        self.audit = audit or AuditLog(paths.audit_log(), self.secret_mask)
         self.multinode: MultiNodeSession | None = None  # the nodes of multi-node stages, connected when needed
-        self.open_box: OpenBox = open_box or (lambda cfg: _open_box(cfg, readonly))
+        self.open_box: OpenBox = open_box or self._box_factory(readonly)
         self._painted = False  # see after_first_paint
         self._after_paint: list[Callable[[], object]] = []
         # the fleet first: the box chosen there is polled
@@ -86,6 +103,28 @@ class SamaiApp(App[None]):
             self.register_theme(t)
         chosen = theme or prefs.load().get("theme") or config.ui.theme
         self.theme = chosen if chosen in self.available_themes else DEFAULT_THEME
+
+    @classmethod
+    def replaying(cls, bundle: Bundle, *, theme: str | None = None) -> SamaiApp:
+        """An incident bundle shown as the console showed the box: read-only, nothing polled, no box."""
+        return cls(bundle.config, readonly=True, theme=theme, poll=False, clock=lambda: bundle.made_at,
+                   recording=bundle.data)
+
+    def _box_factory(self, readonly: bool) -> OpenBox:
+        """How this console opens a box (its screen's, the fleet's rows'): a replay's refuses."""
+        if self.replay:
+            from samai.console.replay import no_box
+
+            return no_box
+        return lambda cfg: _open_box(cfg, readonly)
+
+    def _refuse_in_replay(self) -> bool:
+        """In a replay: say that there is no box, and True (the caller does nothing more)."""
+        if self.replay:
+            from samai.console.replay import REFUSAL
+
+            self.notify(REFUSAL, severity="warning")
+        return self.replay
 
     # ------------------------------------------------------------ what the box screen shows (tests read these)
 
@@ -157,6 +196,10 @@ class SamaiApp(App[None]):
         """The connections to every node of the multi-node stages: one set for the console, opened when needed."""
         from samai.console.core.multinode.session import MultiNodeSession  # connects only once a stage needs it
 
+        if self.replay:
+            from samai.console.replay import REFUSAL, NoBox
+
+            raise NoBox(REFUSAL)
         if self.multinode is None:
             self.multinode = MultiNodeSession(self.fleet_config, self.audit, readonly=self.readonly,
                                               confirm=lambda plan: self.box_screen.confirm(plan))
@@ -165,6 +208,8 @@ class SamaiApp(App[None]):
     @work(group="switch", exclusive=True, exit_on_error=False)
     async def open_box_screen(self, name: str) -> None:
         """The box screen, for box `name` (Enter on the fleet, the palette): the screens above it closed."""
+        if self._refuse_in_replay():
+            return
         await self._pop_to_box_screen()
         await self.switch_box(name)
 
@@ -191,6 +236,8 @@ class SamaiApp(App[None]):
     async def switch_target(self) -> None:
         from samai.console.screens.dialogs import PathDialog  # each dialog's module is imported when one opens
 
+        if self._refuse_in_replay():
+            return
         url = await self.push_screen_wait(PathDialog("switch target", "local or ssh://user@host[:port]",
                                                      self.config.target.url))
         if not url or url == self.config.target.url:
@@ -207,10 +254,10 @@ class SamaiApp(App[None]):
         from samai.console.core.fleet import Fleet
         from samai.console.screens.fleet import FleetScreen
 
-        if not self.fleet_config.boxes or isinstance(self.screen, FleetScreen):
+        if not self.fleet_config.boxes or isinstance(self.screen, FleetScreen) or self._refuse_in_replay():
             return
         if not self.is_screen_installed(FLEET_SCREEN):
-            fleet = Fleet(self.fleet_config, lambda cfg: _open_box(cfg, True), clock=self.clock)
+            fleet = Fleet(self.fleet_config, self._box_factory(True), clock=self.clock)
             self.install_screen(FleetScreen(fleet), FLEET_SCREEN)
         self.push_screen(FLEET_SCREEN)
 
@@ -246,9 +293,20 @@ class SamaiApp(App[None]):
     def _on_fleet(self) -> bool:
         return self.is_screen_installed(FLEET_SCREEN) and self.screen is self.get_screen(FLEET_SCREEN)
 
+    async def run_action(self, action: str | ActionParseResult, default_namespace: DOMNode | None = None,
+                         namespaces: Mapping[str, DOMNode] | None = None) -> bool:
+        """Every key's and click's action: in a replay, one that would reach a box says so instead."""
+        if self.replay:
+            from samai.console.replay import refuses
+
+            if refuses(action if isinstance(action, str) else action[1]):
+                self._refuse_in_replay()
+                return True
+        return await super().run_action(action, default_namespace, namespaces)
+
     def on_key(self, event: events.Key) -> None:
-        """Read-only: a key that would change the box says why it does nothing."""
-        if not self.readonly:
+        """Read-only: a key that would change the box says why it does nothing (a replay's: run_action)."""
+        if not self.readonly or self.replay:
             return
         active = self.screen.active_bindings.get(event.key)
         if active is not None and active.binding.action.split("(")[0].split(".")[-1] in CHANGES_BOX:
@@ -273,6 +331,10 @@ class SamaiApp(App[None]):
                 continue
             key = keymap.get(c.id, c.key)
             off = " (read-only: off)" if self.readonly and c.changes_box else ""
+            if self.replay:
+                from samai.console.replay import refuses
+
+                off = " (replay: no box)" if refuses(c.action) else ""
             shown = self.get_key_display(Binding(key.split(",")[0], c.action))
             rows.append((SCOPE_TITLES[c.scope], shown, c.description + off, c.id))
         rows.append(("console", "ctrl+p", "command palette: fire, stop, open log, theme, target", ""))
@@ -286,8 +348,9 @@ class SamaiApp(App[None]):
         """Textual's toast, literal unless a caller asks for markup: a toast mostly says what the box
         said (a path, a stage's output, an error quoting a URL), so its secrets are redacted and its
         control characters shown as stand-ins, whoever calls."""
-        message = "\n".join(visible(redact(line)) for line in message.split("\n"))
-        super().notify(message, title=visible(redact(title)), severity=severity, timeout=timeout, markup=markup)
+        message = "\n".join(visible(self.secret_mask(line)) for line in message.split("\n"))
+        super().notify(message, title=visible(self.secret_mask(title)), severity=severity, timeout=timeout,
+                       markup=markup)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -305,6 +368,9 @@ class SamaiApp(App[None]):
                                     lambda n=name: box.action_stop(n))
                 yield SystemCommand(literal_markup(f"Restart {name}"), "stop, clear poison files, fire",
                                     lambda n=name: box.action_restart(n))
+        if self.replay:  # no box: nothing below could be done
+            yield from self._theme_commands()
+            return
         yield SystemCommand("Open file…", "any file on the box, in the log pane", box.action_open_file)
         if self.fleet_config.boxes:
             yield SystemCommand("Fleet", "every box on one line each (F)", self.action_fleet)
@@ -312,6 +378,9 @@ class SamaiApp(App[None]):
             yield SystemCommand(literal_markup(f"Switch to box {spec.name}"), literal_markup(redact(spec.target.url)),
                                 lambda n=spec.name: self.open_box_screen(n))
         yield SystemCommand("Switch target…", "local, ssh://user@host[:port]", self.switch_target)
+        yield from self._theme_commands()
+
+    def _theme_commands(self) -> Iterable[SystemCommand]:
         for theme in THEMES:
             yield SystemCommand(f"Theme: {theme.name}", "switch the colours", lambda n=theme.name: self._set_theme(n))
 
@@ -330,11 +399,10 @@ class SamaiApp(App[None]):
 
 
 def run_replay(bundle: Bundle, *, theme: str | None = None) -> int:
-    """An incident bundle shown as the console showed the box: read-only, nothing polled."""
+    """An incident bundle shown as the console showed the box: read-only, nothing polled, no box."""
     gc.freeze()
     gc.enable()
-    SamaiApp(bundle.config, readonly=True, theme=theme, poll=False, clock=lambda: bundle.made_at,
-             recording=bundle.data).run()
+    SamaiApp.replaying(bundle, theme=theme).run()
     return 0
 
 

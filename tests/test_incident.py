@@ -22,14 +22,26 @@ from tests.helpers import pilot_until, run_cli, wait_for
 TOKEN = "hf_" + "Zq8" * 12  # a Hub token's shape
 PASSWORD = "pw-" + "x7" * 10
 API_KEY = "sk-" + "Q9" * 20
+# The credentials of notification URLs, by where each service keeps them (no shape of their own).
+NOTIFY_SECRETS = {"tgram://123456789:{}/98765": "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+                  "discord://4174216298/{}": "JHMHI8qBe7bk2ZwO5U711o3dV_js",
+                  "slack://T1JJ3T3L2/A1BRTD4JD/{}/#ops": "TIiajkdnlazkcOXrIdevi7FQ",
+                  "gotify://gotify.example.com/{}": "AbCdEf1234567",
+                  "pover://uQiRzpo4DXghDmr9QzzfQu27cmVRsG@{}": "azGDORePK8gMaC0QOYAMyEEuzJnyUi",
+                  "ntfy://{}": "opsTopic4711", "mailto://op:{}@mail.example.com": "Pw5x9"}
+
+
+NOTIFY_URLS = ", ".join(f'"{url.format(secret)}"' for url, secret in NOTIFY_SECRETS.items())
+PUSHOVER_USER = "uQiRzpo4DXghDmr9QzzfQu27cmVRsG"
+SAID = " ".join([*NOTIFY_SECRETS.values(), PUSHOVER_USER])  # what the stage prints: its log holds them too
 
 
 def _config(tmp_path: Path, workspace: Path) -> Path:
     f = tmp_path / "incident.toml"
     f.write_text(f'[target]\npython = "{sys.executable}"\n[workspace]\npath = "{workspace}"\n'
-                 f'[notify]\nurls = ["mailto://op:{PASSWORD}@mail.example.com"]\n'
+                 f'[notify]\nurls = ["mailto://op:{PASSWORD}@mail.example.com", {NOTIFY_URLS}]\n'
                  f'[stages.job]\nkey = "j"\n'
-                 f'command = "echo JOB_UP; echo using {TOKEN}; for i in $(seq 1 400); do echo line $i; done; '
+                 f'command = "echo JOB_UP; echo using {TOKEN} {SAID}; for i in $(seq 1 400); do echo line $i; done; '
                  f'{sys.executable} -c \'import time; time.sleep(60)\' --token {TOKEN}"\n'
                  f'env = {{ HF_TOKEN = "{TOKEN}", OPENAI_API_KEY = "{API_KEY}" }}\n'
                  'markers = [{ name = "JOB_UP" }]\n')
@@ -48,9 +60,10 @@ def test_a_bundle_holds_the_incident_and_no_secret_and_replays_in_a_fresh_home(t
     run_cli("--config", str(cfg), "stop", "job", "--yes")
     assert made.returncode == 0, made.stderr
     text = out.read_text()
-    for secret in (TOKEN, PASSWORD, API_KEY):
+    for secret in (TOKEN, PASSWORD, API_KEY, *NOTIFY_SECRETS.values(), PUSHOVER_USER):
         assert secret not in text, secret
     bundle = json.loads(text)
+    assert bundle["config"]["notify"]["urls"][:3] == ["mailto://***", "tgram://***", "discord://***"]
     assert bundle["format"] == "samai-incident/1" and any(e["text"] == "JOB_UP" for e in bundle["timeline"])
     assert len(bundle["logs"]["job"].splitlines()) == MAX_LINES and "line 400" in bundle["logs"]["job"]
     assert any(e["kind"] == "started" and e["stage"] == "job" for e in bundle["timeline"])

@@ -1,4 +1,7 @@
-"""The audit log: JSON lines in ASCII, append-only, secrets redacted, and it fails closed.
+"""The audit log: JSON lines in ASCII, append-only, secrets masked, and it fails closed.
+
+Its secrets: by their shape (redact), and by where the config keeps them when the log is given
+the config's SecretMask (its notification URLs, the values of the variables its `*_env` keys name).
 
 Each action that runs has two lines with one id: an "intent" line, written and fsync'd before
 the action (if it cannot be written, the action does not run), and an "outcome" line after
@@ -11,11 +14,11 @@ import json
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from samai.console.core.redact import redact_all
+from samai.console.core.secret_mask import SecretMask
 
 MIN_FREE_BYTES = 256 * 1024
 
@@ -31,6 +34,7 @@ def new_id() -> str:
 @dataclass
 class AuditLog:
     path: Path
+    mask: SecretMask = field(default_factory=SecretMask)  # the config's: SecretMask.of_config
 
     def ensure_writable(self) -> None:
         """A courtesy check before asking the operator; the intent line is the real guarantee."""
@@ -63,7 +67,7 @@ class AuditLog:
         self.outcome(None, **entry)
 
     def _write(self, entry: dict[str, Any]) -> None:
-        entry = redact_all({"time": round(time.time(), 3), **entry})
+        entry = self.mask.all({"time": round(time.time(), 3), **entry})
         # ASCII: a C1 control, U+0085 or U+2028 from a killed process's argv is \uXXXX, never raw (a
         # reader or terminal would act on it, or take it for a line break: one line is one entry).
         data = (json.dumps(entry, ensure_ascii=True, default=str) + "\n").encode("ascii")

@@ -2,7 +2,9 @@
 read-only): the box's snapshot as the probe answered it, the last lines of each stage's log, the
 timeline, what doctor finds now, and the config with its secrets masked.
 
-Everything in it passes through redact_all before it is written, and every part is bounded: at
+Everything in it passes through the config's SecretMask before it is written (its secrets by
+shape, and by where the config keeps them: every notification URL and its parts, the values of
+the variables its `*_env` keys name), and every part is bounded: at
 most MAX_LINES lines of each log (each cut to LINE_CHARS), MAX_EVENTS events, MAX_PROCESSES
 processes, so a bundle stays under a few MB whatever the box holds. Its format is the recording
 console/replay.py renders ({"workspace", "probe", "logs"}), with the rest beside it."""
@@ -10,6 +12,7 @@ console/replay.py renders ({"workspace", "probe", "logs"}), with the rest beside
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,7 +20,8 @@ from typing import Any
 
 from samai.console import __version__
 from samai.console.core import config as config_mod
-from samai.console.core.redact import redact, redact_all, redact_assignment
+from samai.console.core.redact import MASK, redact_assignment
+from samai.console.core.secret_mask import SecretMask
 from samai.console.core.timeline import Event, read_timeline
 from samai.console.replay import log_key
 from samai.remote import model
@@ -28,6 +32,7 @@ MAX_LINES = 200  # of each stage's log, its last ones
 LINE_CHARS = 1000
 MAX_EVENTS = 5000
 MAX_PROCESSES = 2000
+SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}")  # a notification URL's service, kept in a bundle
 MAX_BUNDLE = 64 << 20  # a file to replay is refused past this (a bundle made here is far below it)
 
 
@@ -57,8 +62,9 @@ class Bundle:
 
 
 async def make_bundle(box: Box, cfg: config_mod.Config, audit: Path, *, since: float | None,
-                      findings: list[dict]) -> dict[str, Any]:
-    """The bundle's content, masked and bounded."""
+                      findings: list[dict], mask: SecretMask | None = None) -> dict[str, Any]:
+    """The bundle's content, masked (by the config's mask, unless one is given) and bounded."""
+    mask = mask or SecretMask.of_config(cfg)
     raw = await box.ask_probe(box.snapshot_request(writers=True))
     raw["processes"] = list(raw.get("processes") or [])[:MAX_PROCESSES]
     logs = {}
@@ -67,34 +73,45 @@ async def make_bundle(box: Box, cfg: config_mod.Config, audit: Path, *, since: f
         lines = chunk.data.decode("utf-8", "replace").splitlines()[-MAX_LINES:]
         logs[log_key(stage.log)] = "".join(line[:LINE_CHARS] + "\n" for line in lines)
     events: list[Event] = await read_timeline(box, cfg, audit, since=since)
-    return redact_all({
+    return mask.all({
         "format": FORMAT, "made_at": time.time(), "console": __version__, "target": cfg.target.url,
-        "workspace": cfg.workspace, "config": config_tables(cfg), "probe": raw, "logs": logs,
+        "workspace": cfg.workspace, "config": config_tables(cfg, mask), "probe": raw, "logs": logs,
         "timeline": [e.to_json() for e in events[-MAX_EVENTS:]], "findings": findings,
     })
 
 
-def config_tables(cfg: config_mod.Config) -> dict[str, Any]:
-    """The config's own tables (a built-in pipeline's as shipped), masked: every text as
-    redact() masks it, and in a stage's env the whole value of a secret's name (HF_TOKEN)."""
-    source = cfg.source
+def config_tables(cfg: config_mod.Config, mask: SecretMask | None = None) -> dict[str, Any]:
+    """The config's own tables (a built-in pipeline's as shipped), masked: every text by the mask,
+    in a stage's env the whole value of a secret's name (HF_TOKEN), and each notification URL
+    but its scheme (the service: `tgram://***`), whatever its shape."""
+    source, mask = cfg.source, mask or SecretMask()
     try:
         if source.startswith("(built-in "):
             text = config_mod.builtin_text(source[len("(built-in "):-1])
         else:
             text = config_mod.read_capped(source, source).decode("utf-8", "replace")
-        return _masked(config_mod.toml(text, source))
+        tables = config_mod.toml(text, source)
     except (OSError, config_mod.ConfigError):
         return {}
+    notify = tables.get("notify")
+    if isinstance(notify, dict) and isinstance(notify.get("urls"), list):
+        tables["notify"] = {**notify, "urls": [service_only(u) for u in notify["urls"]]}
+    return _masked(tables, mask)
 
 
-def _masked(value: Any, env: bool = False) -> Any:
+def service_only(url: Any) -> str:
+    """A notification URL as a bundle keeps it: its scheme (the service), nothing after."""
+    scheme = url.split("://", 1)[0] if isinstance(url, str) else ""
+    return f"{scheme}://{MASK}" if SCHEME.fullmatch(scheme) else f"unknown://{MASK}"
+
+
+def _masked(value: Any, mask: SecretMask, env: bool = False) -> Any:
     if isinstance(value, dict):
-        return {k: redact_assignment(k, v).split("=", 1)[1] if env and isinstance(v, str)
-                else _masked(v, env=k == "env") for k, v in value.items()}
+        return {k: mask(redact_assignment(k, v).split("=", 1)[1]) if env and isinstance(v, str)
+                else _masked(v, mask, env=k == "env") for k, v in value.items()}
     if isinstance(value, list):
-        return [_masked(v) for v in value]
-    return redact(value) if isinstance(value, str) else value
+        return [_masked(v, mask) for v in value]
+    return mask(value) if isinstance(value, str) else value
 
 
 def write_bundle(content: dict[str, Any], out: Path) -> int:

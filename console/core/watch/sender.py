@@ -2,53 +2,27 @@
 
 The URLs may hold secrets (a password, a webhook token): nothing here prints, logs or returns
 one. A receiver is named by its service and number ("ntfy #1"); apprise's own log records
-pass through SecretMask before the watcher's log sees them."""
+pass through the config's SecretMask (console/core/secret_mask.py) before the watcher's log sees them."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
-import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from samai.console.core.redact import redact
+from samai.console.core.secret_mask import SecretMask
 from samai.console.core.watch.policy import Message
 
 RETRY_S = (5.0, 15.0, 60.0, 300.0, 900.0)  # the pause before each retry of one message to one receiver
 SEND_DEADLINE_S = 60.0  # one send may not hold the watcher longer (apprise's own timeouts are shorter)
 MAX_PENDING = 200  # messages waiting for a retry, over all receivers: the oldest give way
 NOTIFY_TYPE = {"info": "info", "warning": "warning", "error": "failure"}
-MIN_TOKEN = 8  # a path segment or query value this long may be a token (a port, "hook", "topic" are not)
-MIN_PASSWORD = 3  # a user name or password shorter than this would mask every such letter of a line
 
 
 class NotifyConfigError(ValueError):
     """A notification URL apprise cannot use: said by its number and scheme, never its text."""
-
-
-class SecretMask:
-    """Masks every secret part of the notification URLs in a text: the URLs whole, their
-    passwords and user names, their path segments and query values (tokens live there)."""
-
-    def __init__(self, urls: Sequence[str]) -> None:
-        parts: set[str] = set()
-        for url in urls:
-            parts.add(url)
-            split = urllib.parse.urlsplit(url)
-            tokens = (split.netloc.split("@")[0] if "@" in split.netloc else "", *split.path.split("/"),
-                      *(v for _, v in urllib.parse.parse_qsl(split.query)))
-            pieces = [p for p in (split.username, split.password) if p and len(p) >= MIN_PASSWORD]
-            for piece in pieces + [t for t in tokens if len(t) >= MIN_TOKEN]:
-                parts |= {piece, urllib.parse.unquote(piece), urllib.parse.quote(piece, safe="")}
-        self._pattern = re.compile("|".join(re.escape(p) for p in sorted(parts, key=len, reverse=True))) \
-            if parts else None
-
-    def __call__(self, text: str) -> str:
-        masked = self._pattern.sub("***", text) if self._pattern else text
-        return redact(masked)
 
 
 @dataclass
