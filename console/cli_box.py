@@ -407,8 +407,9 @@ def _actions(args, cfg, box: Box) -> Actions:
     from samai.console.core.actions import Actions  # the action layer (and psutil): only for a command that acts
     from samai.console.core.audit import AuditLog
     from samai.console.core.paths import audit_log
+    from samai.console.core.secret_mask import SecretMask
 
-    return Actions(box, cfg, AuditLog(audit_log()), readonly=args.readonly,
+    return Actions(box, cfg, AuditLog(audit_log(), SecretMask.of_config(cfg)), readonly=args.readonly,
                    confirm=_confirmer(args.yes, getattr(args, "force", False)))
 
 
@@ -446,12 +447,16 @@ def _show(plan: ActionPlan) -> None:
         print("  BLOCKED by the preflight (✗ above): --force runs it anyway", file=sys.stderr)
 
 
-def _report(outcome: ActionOutcome) -> int:
+def _report(outcome: ActionOutcome, cfg: config_mod.Config) -> int:
+    """What came of an action, its secrets masked as its audit line's are (the config's, by place too)."""
+    from samai.console.core.secret_mask import SecretMask
+
+    mask = SecretMask.of_config(cfg)
     result = outcome.result
     stream = sys.stdout if outcome.ok else sys.stderr
-    print(f"samai-console: {visible(redact(outcome.message))}", file=stream)
+    print(f"samai-console: {visible(mask(outcome.message))}", file=stream)
     for line in getattr(result, "stage_tail", ()) if not outcome.ok else ():
-        print(f"  | {visible(redact(line))}", file=stream)
+        print(f"  | {visible(mask(line))}", file=stream)
     return EXIT_OK if outcome.ok else EXIT_PROBLEM
 
 
@@ -465,10 +470,10 @@ async def _fire(args, cfg, box: Box) -> int:
         from samai.console.core.resume import NothingToResume
 
         try:
-            return _report(await _actions(args, cfg, box).resume(args.stage, args.resume or None))
+            return _report(await _actions(args, cfg, box).resume(args.stage, args.resume or None), cfg)
         except NothingToResume as e:  # names checkpoints (box text): said inert
             return _fail(f"cannot resume {args.stage}: {e}", EXIT_PROBLEM)
-    return _report(await _actions(args, cfg, box).fire(args.stage))
+    return _report(await _actions(args, cfg, box).fire(args.stage), cfg)
 
 
 async def _stop(args, cfg, box: Box) -> int:
@@ -477,13 +482,13 @@ async def _stop(args, cfg, box: Box) -> int:
     if cli_multinode.is_multi_node(cfg, args.stage):
         return await cli_multinode.stop(cfg, args.stage, readonly=args.readonly, confirm=_confirmer(args.yes),
                                         grace=args.grace)
-    return _report(await _actions(args, cfg, box).stop(args.stage, grace=args.grace))
+    return _report(await _actions(args, cfg, box).stop(args.stage, grace=args.grace), cfg)
 
 
 async def _kill(args, cfg, box: Box) -> int:
     outcome = await _actions(args, cfg, box).kill(args.pid, args.start_time, signal=args.signal, grace=args.grace,
                                                   group=args.group)
-    return _report(outcome)
+    return _report(outcome, cfg)
 
 
 # ------------------------------------------------------------------ gguf
@@ -501,7 +506,7 @@ async def _gguf(args, cfg, box: Box) -> int:
     stream = sys.stdout if outcome.ok else sys.stderr
     for a in getattr(result, "assertions", ()):
         print(f"  {'✓' if a.ok else '✗'} {a.name}: {visible(a.detail)}", file=stream)
-    rc = _report(outcome)
+    rc = _report(outcome, cfg)
     if rc != EXIT_OK or not args.smoke:
         return rc
     from samai.console.core.smoke import smoke

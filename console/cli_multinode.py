@@ -5,6 +5,7 @@ line of outcome and one per node."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from samai.console.core.actions import Confirm
 from samai.console.core.audit import AuditLog
@@ -14,6 +15,7 @@ from samai.console.core.multinode.actions import MultiOutcome
 from samai.console.core.multinode.session import MultiNodeSession, multi_node_stage
 from samai.console.core.paths import audit_log
 from samai.console.core.redact import redact
+from samai.console.core.secret_mask import SecretMask
 from samai.remote.safe_text import visible
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
@@ -32,7 +34,8 @@ async def stop(cfg: Config, stage_name: str, *, readonly: bool, confirm: Confirm
 
 
 async def _act(cfg: Config, stage_name: str, readonly: bool, confirm: Confirm, what) -> int:
-    session = MultiNodeSession(cfg, AuditLog(audit_log()), readonly=readonly, confirm=confirm)
+    mask = SecretMask.of_config(cfg)  # its secrets by place too, in the audit log and what is said here
+    session = MultiNodeSession(cfg, AuditLog(audit_log(), mask), readonly=readonly, confirm=confirm)
     try:
         outcome = await what(session.actions())
     except MultiNodeError as e:
@@ -40,14 +43,14 @@ async def _act(cfg: Config, stage_name: str, readonly: bool, confirm: Confirm, w
         return EXIT_USAGE
     finally:
         await session.close()
-    return report(outcome)
+    return report(outcome, mask)
 
 
-def report(outcome: MultiOutcome) -> int:
+def report(outcome: MultiOutcome, mask: Callable[[str], str] = redact) -> int:
     stream = sys.stdout if outcome.ok else sys.stderr
-    print(f"samai-console: {visible(redact(outcome.message))}", file=stream)
+    print(f"samai-console: {visible(mask(outcome.message))}", file=stream)
     for node, done in outcome.nodes:
         if not done.ok:
             for line in getattr(done.result, "stage_tail", ()):
-                print(f"  | box {visible(node)}: {visible(redact(line))}", file=stream)
+                print(f"  | box {visible(node)}: {visible(mask(line))}", file=stream)
     return EXIT_OK if outcome.ok else EXIT_PROBLEM

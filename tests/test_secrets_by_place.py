@@ -19,14 +19,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
-from samai.console.core import config
+from samai.console.core import config, paths
 from samai.console.core.audit import AuditLog
 from samai.console.core.incident import make_bundle, write_bundle
 from samai.console.core.secret_mask import SecretMask
 from samai.console.core.watch.sender import route_apprise_log
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
-from tests.helpers import pilot_until
+from tests.helpers import pilot_until, run_cli
 
 TOKEN_ENV, URLS_ENV = "PLACE_TEST_GATEWAY_TOKEN", "PLACE_TEST_NOTIFY_URLS"
 # A token as services write them: letters and digits (a host-shaped one, with a dot, is a host).
@@ -156,3 +156,17 @@ async def test_a_toast_never_shows_a_secret_the_config_keeps(tmp_path: Path, wor
         toasts = await pilot_until(pilot, lambda: "\n".join(str(t.render()) for t in app.screen.query("Toast")))
         assert "the gateway said ***" in toasts
         assert _leaked(["gw-Tok3n", "AAbbCC11ddEE", "Pw5x9"], toasts) == []
+
+
+@pytest.mark.slow  # a stage fired through the CLI, waited on
+def test_a_failed_fire_on_the_command_line_says_and_audits_no_secret_the_config_keeps(tmp_path: Path,
+                                                                                      workspace: Path) -> None:
+    bot, gateway = "AAbbCC11ddEEff", "gw-Tok3nQx"
+    path = tmp_path / "samai.toml"
+    path.write_text(f'[target]\npython = "{sys.executable}"\ntoken_env = "{TOKEN_ENV}"\n'
+                    f'[workspace]\npath = "{workspace}"\n[notify]\nurls = ["tgram://123456789:{bot}/98765"]\n'
+                    f'[stages.job]\nkey = "j"\ncommand = "echo bot {bot}; echo gateway ${TOKEN_ENV}; exit 3"\n')
+    fired = run_cli("--config", str(path), "fire", "job", "--yes", env={TOKEN_ENV: gateway})
+    assert fired.returncode == 1 and "| bot ***" in fired.stderr and "| gateway ***" in fired.stderr, fired.stderr
+    audit = paths.audit_log().read_text()
+    assert '"fire"' in audit and _leaked([bot, gateway], fired.stdout, fired.stderr, audit) == []
