@@ -15,8 +15,9 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass, field
 
+from samai.remote.box.chainline import read_header
 from samai.remote.decode import DEFAULT_MAX_LINE, LineDecoder
-from samai.remote.model import RUN_HEADER, LogChunk, Marker, MarkerHit
+from samai.remote.model import LogChunk, Marker, MarkerHit
 from samai.remote.safe_text import visible
 
 DEFAULT_READ = 256 * 1024
@@ -30,12 +31,14 @@ def missing_notice(path: str) -> str:
     return f"No such file on the box: {visible(path)}"
 
 
-def last_run(lines: list[str]) -> list[str] | None:
-    """The lines after the last run header among lines; None when there is no header (all of
-    them belong to the run already being read). The launcher starts each run's log afresh, but a
-    log written by other means may hold several runs."""
-    starts = [i for i, line in enumerate(lines) if line.startswith(RUN_HEADER)]
-    return lines[starts[-1] + 1:] if starts else None
+def new_run(lines: list[str], first_line: int | None) -> list[str] | None:
+    """The lines of a run that starts among `lines`: those after its header, the first line of
+    a log file (first_line: its index here, when lines hold one). None when no run starts here.
+    The launcher starts each run's log afresh with its header, written before the stage runs
+    (remote/box/chainline.py): a header-shaped line anywhere else is the stage's text."""
+    if first_line is None or not 0 <= first_line < len(lines) or read_header(lines[first_line]) is None:
+        return None
+    return lines[first_line + 1:]
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class TailUpdate:
     notice: str | None = None  # rotation, truncation, a missing file: said once
     more: bool = False  # the file has more bytes than one read returned
     cut_line: bool = False  # an unfinished line ended here (rotation, truncation): raw bytes need a line break
+    first_line: int | None = None  # the index in lines of a file's first line (that file read from its start)
 
 
 @dataclass
@@ -110,6 +114,7 @@ class LogFollower:
     drained: bool = False
     older: tuple[int, ...] | None = None
     size: int | None = None  # of the file read, when last read: what a file gone since held unread
+    line_one: bool = False  # the next line decoded is the first of its file
     decoder: LineDecoder = field(init=False)
     read_bytes: int = field(init=False)  # what the next read asks for
 
@@ -145,10 +150,14 @@ class LogFollower:
             update.cut_line = bool(cut)
             update.notice = self._switch_notice(chunk)
             self.check, self.line_start = b"", None
+        self._starts_file(chunk)
         self.draining = chunk.drain
         self.drained = chunk.drain is not None and not chunk.more
         if self.want_data:
+            before = len(update.lines)
             update.lines.extend(self.decoder.feed(chunk.data))
+            if self.line_one and len(update.lines) > before:
+                update.first_line, self.line_one = before, False
         update.hits = chunk.hits
         update.more = chunk.more
         self.read_bytes = max(self.max_bytes, min(2 * self.read_bytes, self.catch_up_bytes)) if chunk.more \
@@ -162,6 +171,15 @@ class LogFollower:
         self.offset, self.inode, self.dev, self.mtime = chunk.next_offset, chunk.inode, chunk.dev, chunk.mtime
         self.older, self.size = chunk.older, chunk.size
         return update
+
+    def _starts_file(self, chunk: LogChunk) -> None:
+        """Whether the next line decoded is its file's first: the chunk is read from byte 0 of a
+        file not read before (the first read, or the next file of a rotation). A file truncated
+        in place starts again with whatever its writer writes next: no first line of a log."""
+        if chunk.offset == 0 and not chunk.truncated and (chunk.rotated or self.offset in (None, 0)):
+            self.line_one = True
+        elif chunk.rotated or chunk.truncated:
+            self.line_one = False
 
     def _rotation_notice(self, chunk: LogChunk) -> str:
         old = visible(chunk.old_file) or "its old file"

@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, is_dataclass, replace
 from typing import Any, Literal, NamedTuple
 
+from samai.remote.box.chainline import is_nonce, said_by_chain
 from samai.remote.box.identity import same_start as same_start  # the box tools' rule, re-exported
 from samai.remote.errors import BoxError as BoxError  # re-exported: what a malformed reply raises
 from samai.remote.marker import Marker as Marker  # re-exported: a stage's marker, the probe's request
@@ -191,6 +192,11 @@ class StageRecord:
     stopped_by: str = ""  # by whom: the console's user@host and what it did (box text: shown inert)
     death: Death | None = None  # why it died, as its chain said (rc other than 0)
     boot_id: str | None = None  # the boot it was fired on
+    nonce: str = ""  # what its chain's lines in the log carry (remote/box/chainline.py); '' if not recorded
+
+    def said_by_chain(self, line: str) -> str | None:
+        """A log line's text when it is one of this run's chain's lines (None: the stage's text)."""
+        return said_by_chain(line, self.nonce)
 
     @property
     def status(self) -> RunStatus:
@@ -398,19 +404,13 @@ class FireResult:
     rc: int | None = None
     log: str | None = None
     log_tail: tuple[str, ...] = ()
+    nonce: str = ""  # what its chain's lines carry
 
     @property
     def stage_tail(self) -> tuple[str, ...]:
-        """The stage's own last lines: log_tail without the chain's bookkeeping around them
-        (CHAIN_LINES) and blank lines."""
-        return tuple(line for line in self.log_tail if line.strip() and not line.startswith(CHAIN_LINES))
-
-
-# What the box's chain writes into a stage's log around the stage's own output (launch.py):
-# the first line of each run, the disk lines at its start and end, what its end stopped, the
-# cause of its death (death.py) and the last line.
-RUN_HEADER = "=== samai chain "
-CHAIN_LINES = (RUN_HEADER, "SAMAI_DISK ", "SAMAI_SURVIVORS ", "SAMAI_DEATH ", "CHAIN_DONE")
+        """The stage's own last lines: log_tail without its chain's lines around them (those that
+        carry this run's nonce; a copy the stage printed is its own text) and blank lines."""
+        return tuple(line for line in self.log_tail if line.strip() and said_by_chain(line, self.nonce) is None)
 
 
 @dataclass(frozen=True)
@@ -704,7 +704,15 @@ def _memory(raw: Any) -> Memory:
 
 
 def _stage_record(raw: dict[str, Any]) -> StageRecord:
-    return _pick(StageRecord, raw, group=tuple(_items(raw, "group")), death=_death(raw.get("death")))
+    return _pick(StageRecord, raw, group=tuple(_items(raw, "group")), death=_death(raw.get("death")),
+                 nonce=_nonce(raw))
+
+
+def _nonce(raw: dict[str, Any]) -> str:
+    """A record's or reply's run nonce: one of the launcher's shape, else none (a record anyone
+    on the box could have rewritten: an odd value costs its chain lines their trust, not the reply)."""
+    nonce = raw.get("nonce")
+    return nonce if isinstance(nonce, str) and is_nonce(nonce) else ""
 
 
 def _death(raw: Any) -> Death | None:
@@ -790,7 +798,7 @@ def _binary(raw: Any) -> BinaryCheck:
 
 @_converting
 def fire_result(raw: dict[str, Any], stage: str) -> FireResult:
-    return _pick(FireResult, raw, stage=stage, log_tail=tuple(_items(raw, "log_tail")))
+    return _pick(FireResult, raw, stage=stage, log_tail=tuple(_items(raw, "log_tail")), nonce=_nonce(raw))
 
 
 @_converting

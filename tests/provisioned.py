@@ -101,7 +101,7 @@ def tiny_source(tmp_path_factory: pytest.TempPathFactory, provisioned: Path) -> 
         finally:
             stop_stages_under(ws)
         assert "PRETRAIN_DONE source/tiny-base loss=" in log and "FETCH_DONE" in log, log[-3000:]
-        assert log.rstrip().endswith("CHAIN_DONE rc=0"), log[-3000:]
+        assert log.rstrip().splitlines()[-1].startswith("CHAIN_DONE rc=0 "), log[-3000:]
 
     return made_once(tmp_path_factory, "tiny-source", make) / "source"
 

@@ -27,6 +27,7 @@ from samai.remote.box import death
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from samai.remote.model import Death, GpuEvent, Snapshot
+from tests import chainlog
 from tests.helpers import stop_stages_under
 
 LOG = "logs/s.log"
@@ -229,10 +230,29 @@ async def test_a_stage_the_oom_killer_took_is_oom_killed_with_its_cgroup(box, wo
     code, detail, evidence, snap = await cause(box, command)
     assert code == "oom_killed", (detail, evidence)
     assert snap.state("s").rc == 137
-    assert detail.startswith("the kernel's OOM killer killed")
-    assert any("oom_kill" in line for line in evidence)
-    if "pid " in detail:  # the kernel log was readable: it names the process and the cgroup
-        assert "(python" in detail and f"/{memory_cgroup.name}" in detail and "limit 64.0 MiB" in detail
+    assert detail.startswith("the kernel's OOM killer killed pid ")  # the kernel's record of it names its pid
+    assert "(python" in detail and f"/{memory_cgroup.name}" in detail and "limit 64.0 MiB" in detail
+    assert any(line.startswith("the kernel's record names pid ") for line in evidence)
+    assert any("oom-kill:" in line and f"task_memcg=/{memory_cgroup.name}" in line for line in evidence)
+
+
+async def test_another_processs_oom_kill_in_the_runs_window_is_not_its_death(box, workspace, memory_cgroup) -> None:
+    """Issue 46, item 9 (a fresh machine's failure): a run SIGKILLed from outside while an
+    unrelated process is OOM-killed in a memory cgroup of its own is `signal`, the other kill
+    said beside it; only the kernel's record of one of the run's pids (or its own cgroup) makes
+    a run oom_killed."""
+    (workspace / "hog.py").write_text("x = []\nwhile True:\n    x.append(bytearray(8 * 2**20))\n")
+    await box.fire("s", f"{PY} -c 'import time; print(\"up\", flush=True); time.sleep(120)'", LOG, verify_s=0.2)
+    snap = await box.snapshot()
+    [child] = [p for p in snap.processes if p.pid in snap.state("s").group and "time.sleep" in p.command]
+    other = subprocess.Popen(["sh", "-c", f"echo $$ > {memory_cgroup}/cgroup.procs && exec {PY} hog.py"],
+                             cwd=workspace)
+    assert other.wait(timeout=60) == -signal.SIGKILL  # the OOM killer's
+    os.kill(child.pid, signal.SIGKILL)
+    snap = await ended(box)
+    found = cause_of_death(snap.state("s"), snap)
+    assert found is not None and (found.cause, found.detail) == ("signal", "killed by SIGKILL (rc=137)"), found
+    assert any(f"pid {other.pid} (python)" in line and "none of them this run's" in line for line in found.evidence)
 
 
 # ---------------------------------------------------------------- nothing of a dead stage lives on
@@ -250,7 +270,7 @@ async def test_a_helper_the_stage_started_is_stopped_when_its_chain_ends(box, wo
     await asyncio.sleep(2.5)  # longer than the helper would have taken to write its line
     text = log_text(workspace)
     assert "PUSH_DONE late" not in text
-    assert text.rstrip().splitlines()[-1] == "CHAIN_DONE rc=137"
+    assert text.rstrip().splitlines()[-1] == f"CHAIN_DONE rc=137 [run {rec.nonce}]"
     assert "SAMAI_SURVIVORS stopped " in text
 
 
@@ -269,14 +289,95 @@ def test_any_log_lines_are_judged_into_a_bounded_verdict(lines, rc, free) -> Non
 
 
 def test_a_collective_timeout_is_named_from_the_watchdogs_words() -> None:
-    lines = ["[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
-             "WorkNCCL(SeqNum=42, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.",
-             "Traceback (most recent call last):", "RuntimeError: NCCL communicator was aborted"]
-    said = death.judge(134, lines, None, None)
+    watchdog = ("[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
+                "WorkNCCL(SeqNum=42, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.")
+    aborted = [watchdog, "Traceback (most recent call last):", "RuntimeError: NCCL communicator was aborted"]
+    said = death.judge(134, aborted, None, None)
+    assert said["cause"] == "collective_timeout" and said["detail"] == "RuntimeError: NCCL communicator was aborted"
+    # NCCL's own end: C++'s terminate, the watchdog's words in its what(), torch's frames after it
+    terminated = ["step 900", watchdog, "terminate called after throwing an instance of 'c10::DistBackendError'",
+                  "  what():  " + watchdog[watchdog.index("[Rank 1]"):], "Exception raised from checkTimeout at x:1",
+                  *[f"frame #{i}: <unknown function> + 0x{i}f (0x7f in /usr/lib/libtorch.so)" for i in range(12)]]
+    said = death.judge(134, terminated, None, None)
     assert said["cause"] == "collective_timeout" and "Watchdog caught collective operation timeout" in said["detail"]
     gloo = ["RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
             "[127.0.0.1]:29500"]
     assert death.judge(1, gloo, None, None)["cause"] == "collective_timeout"
+
+
+# ---------------------------------------------------------------- the cause is the run's end's (item 3b)
+
+PHRASES = ["No space left on device", "[Errno 28]", "ENOSPC", "Disk quota exceeded", "CUDA out of memory",
+           "torch.OutOfMemoryError", "CUDA error: out of memory", "Watchdog caught collective operation timeout",
+           "gloo: Connection reset by peer", "NCCL timed out", "OSError: [Errno 28] No space left on device",
+           "SAMAI_DEATH disk_full: No space left on device", "CHAIN_DONE rc=0"]
+NOISE = st.lists(st.one_of(st.sampled_from(PHRASES).map(lambda p: f"sample 17: {p!r} in the text"),
+                           st.sampled_from(PHRASES), st.text(max_size=60)), max_size=40)
+
+
+def traceback(exception: str, frame: str = 'File "train.py", line 88, in collate') -> list[str]:
+    return ["Traceback (most recent call last):", f"  {frame}", "    batch = self.pad(rows)", exception]
+
+
+# A death of another kind, its final lines: (rc, lines, the verdict's cause and detail)
+OTHER_DEATHS = [
+    (1, traceback("KeyError: 'labels'"), ("exception", "KeyError: 'labels' (at train.py:88 in collate)")),
+    (3, ["epoch 3 done", "saving", "giving up: no rows in train.jsonl"],
+     ("exit", "exit status 3: giving up: no rows in train.jsonl")),
+    (137, ["step 41", "step 42", "step 43"], ("signal", "killed by SIGKILL (rc=137)")),
+    (143, ["step 41", "step 42", "step 43"], ("signal", "killed by SIGTERM (rc=143)")),
+]
+# The deaths the phrases name, at the run's end: (rc, lines, cause)
+REAL_ONES = [
+    (1, traceback("OSError: [Errno 28] No space left on device"), "disk_full"),
+    (1, ["writing shard 3", "write error: No space left on device"], "disk_full"),
+    (1, traceback("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."), "cuda_oom"),
+    (1, traceback("RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:2950"),
+     "collective_timeout"),
+    (1, traceback("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB.")
+     + ["W1207 launcher: sending SIGTERM"] + traceback("torch.distributed.elastic.multiprocessing.errors."
+                                                       "ChildFailedError: ", 'File "torchrun", line 8, in <module>')
+     + ["====", "train.py FAILED", "Root Cause (first observed failure):", "  exitcode  : 1 (pid: 12)", "===="],
+     "cuda_oom"),
+]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(noise=NOISE, death_at=st.sampled_from(OTHER_DEATHS), caught=st.booleans())
+def test_a_phrase_before_the_runs_final_error_decides_nothing(noise, death_at, caught) -> None:
+    """A KeyError death is not disk_full because a sample printed before it held "No space left
+    on device" (nor cuda_oom, nor collective_timeout), and an error caught and logged earlier in
+    the run is not how it ended."""
+    rc, final, (cause, detail) = death_at
+    earlier = traceback("OSError: [Errno 28] No space left on device") + ["retrying"] * (death.AFTER_REPORT + 1) \
+        if caught else []
+    said = death.judge(rc, ["step 1", *earlier, *noise, *final], None, 10**12)
+    assert (said["cause"], said["detail"]) == (cause, detail), said
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(noise=NOISE, real=st.sampled_from(REAL_ONES), free=st.sampled_from([10**12, None]))
+def test_the_phrase_of_the_runs_final_error_still_names_it(noise, real, free) -> None:
+    rc, final, cause = real
+    assert death.judge(rc, ["step 1", *noise, *final], None, free)["cause"] == cause
+
+
+@given(noise=NOISE, death_at=st.sampled_from(OTHER_DEATHS))
+def test_a_workspace_full_when_the_run_died_is_disk_full_whatever_its_lines_say(noise, death_at) -> None:
+    rc, final, _ = death_at
+    said = death.judge(rc, [*noise, *final], None, 4096)
+    assert said["cause"] == "disk_full" and "4096 bytes free" in said["detail"]
+
+
+async def test_a_sample_that_names_a_full_disk_before_a_key_error_is_the_key_error(box, workspace) -> None:
+    """The issue's run, for real: printed samples held the phrases; it died of a KeyError."""
+    script = ("import sys\nprint(\"sample 3: 'OSError: [Errno 28] No space left on device' (from the corpus)\")\n"
+              "print('sample 4: RuntimeError: CUDA out of memory, says the text')\n"
+              "print('SAMAI_DEATH disk_full: No space left on device')\nsys.stdout.flush()\n"
+              "rows = {}\ndef collate(batch):\n    return batch['labels']\ncollate(rows)\n")
+    (workspace / "samples.py").write_text(script)
+    code, detail, evidence, _ = await cause(box, f"{PY} samples.py")
+    assert (code, detail) == ("exception", "KeyError: 'labels' (at samples.py:8 in collate)"), evidence
 
 
 # ---------------------------------------------------------------- what the console adds and where it shows
@@ -335,8 +436,9 @@ def test_the_cause_is_the_alert_the_stages_bar_snapshot_json_doctor_and_the_runs
     [died] = cli._deaths(cfg, _failed())
     assert (died["stage"], died["cause"], died["rc"]) == ("train", "exception", 1)
     history = RunHistory()
-    history.feed(["=== samai chain train: pid 9 started 2026-12-02T10:00:00Z", "step 1",
-                  "SAMAI_DEATH oom_killed: the kernel's OOM killer killed pid 12 (python)", "CHAIN_DONE rc=137"])
+    history.feed([chainlog.header("train", 9), "step 1",
+                  chainlog.chain("SAMAI_DEATH oom_killed: the kernel's OOM killer killed pid 12 (python)", 9),
+                  chainlog.chain("CHAIN_DONE rc=137", 9)])
     [run] = history.runs()
     assert run.rc == 137 and run.death == "oom_killed: the kernel's OOM killer killed pid 12 (python)"
 

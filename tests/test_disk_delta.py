@@ -37,7 +37,7 @@ async def test_a_stage_log_has_the_disk_line_at_its_start_and_end(box: Box, work
         lines = log.read_text().splitlines()
         disk = [i for i, line in enumerate(lines) if line.startswith("SAMAI_DISK ")]
         assert len(disk) == 2 and disk[0] < lines.index("wrote") < disk[1] == len(lines) - 2  # CHAIN_DONE last
-        assert lines[disk[0]].endswith(f'path="{workspace}"')
+        assert lines[disk[0]].endswith(f'path="{workspace}" [run {result.nonce}]')
         start, end = _readings(log)
         assert (start.phase, end.phase) == ("start", "end") and start.size == end.size
         grew.append(end.used - start.used)

@@ -47,7 +47,7 @@ async def test_a_chain_whose_command_does_not_exist_is_reported_failed(box: Box)
                                              verify_s=600.0), timeout=60)
     assert not result.ok and result.state == "failed" and result.rc == 127
     assert any("no-such-command-xyz" in line and "not found" in line for line in result.log_tail)
-    assert result.log_tail[-1] == "CHAIN_DONE rc=127"
+    assert result.log_tail[-1] == f"CHAIN_DONE rc=127 [run {result.nonce}]"
 
 
 async def test_a_quick_successful_stage_is_done_not_failed(box: Box) -> None:

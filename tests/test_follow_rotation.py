@@ -626,3 +626,42 @@ async def test_a_special_file_leaves_the_serve_probe_serving(box: Box, workspace
     assert snap.logs[0].data == b"still served\n" and snap.logs[1].special == "socket"
     refused = {Path(e["what"]).name: e["error"] for e in snap.errors}
     assert refused == {"summary.json": "not a regular file: fifo", "hello.json": "not a regular file: fifo"}
+
+
+# ------------------------------------------------------------ where a run's log starts (issue 46, item 3)
+
+
+async def test_the_follower_marks_a_files_first_line_and_no_other(box: Box, workspace: Path) -> None:
+    """A run's header counts only as its log's first line (remote/box/chainline.py): the follower
+    says which line that is, read from byte 0 of a file (the first read, or the new file of a
+    rename rotation, its first line in pieces included), never a line read in the middle or the
+    first line of a file truncated in place (whatever its writer writes next)."""
+    log = workspace / "e.log"
+    log.write_text("=== header one\nstep 1\n")
+    follower = LogFollower(str(log), offset=0, max_bytes=8)  # the first line comes in two reads
+    seen = []
+    while True:
+        update = follower.consume(await box.read_log(follower.cursor()))
+        seen.append((update.lines, update.first_line))
+        if not update.more:
+            break
+    assert [s for s in seen if s[1] is not None] == [(["=== header one"], 0)]
+    with open(log, "a") as f:
+        f.write("step 2\n")
+    assert follower.consume(await box.read_log(follower.cursor())).first_line is None
+    log.rename(f"{log}.1")
+    log.write_text("=== header two\nstep 1\n")
+    lines, first = [], []
+    while "step 1" not in lines[1:]:  # the old file read to its end, then the new one from its start
+        update = follower.consume(await box.read_log(follower.cursor()))
+        first += [len(lines) + update.first_line] if update.first_line is not None else []
+        lines += update.lines
+    assert lines == ["step 2", "=== header two", "step 1"][-len(lines):] and [lines[i] for i in first] == [
+        "=== header two"]
+    log.write_text("=== cut\n")  # truncated in place: the same inode, shorter
+    update = follower.consume(await box.read_log(follower.cursor()))
+    assert update.lines == ["=== cut"] and update.first_line is None and "truncated" in (update.notice or "")
+    middle = LogFollower(str(log), last_lines=1)
+    log.write_text("first\nsecond\nthird\n")
+    update = middle.consume(await box.read_log(middle.cursor()))
+    assert update.lines == ["third"] and update.first_line is None

@@ -151,7 +151,8 @@ async def test_a_stage_whose_chain_finished_stops_the_setsid_child_it_left(box: 
         wait_for(lambda: not _alive(daemon), timeout=20)  # TERM ignored: KILL after the grace
         log_file = workspace / "logs" / "daemon.log"
         log = wait_for(lambda: "CHAIN_DONE" in log_file.read_text() and log_file.read_text())
-        assert f"SAMAI_SURVIVORS stopped {daemon}:" in log and log.rstrip().endswith("CHAIN_DONE rc=0")
+        last = log.rstrip().splitlines()[-1]
+        assert f"SAMAI_SURVIVORS stopped {daemon}:" in log and last.startswith("CHAIN_DONE rc=0 ")
         snap = await box.snapshot()
         assert snap.state("daemon").status == "done" and snap.state("daemon").group == ()
     finally:
@@ -246,7 +247,7 @@ async def test_a_stage_killed_outright_gets_its_chain_done_only_in_a_log_inside_
         assert result.ok and result.result == "killed"
     assert not _alive(inside.pid) and not _alive(outside.pid)
     lines = (workspace / "logs" / "inside.log").read_text().splitlines()
-    assert lines[-1] == "CHAIN_DONE rc=137 (killed by samai-console)"
+    assert lines[-1] == f"CHAIN_DONE rc=137 (killed by samai-console) [run {inside.nonce}]"
     assert elsewhere.read_text() == "not the console's\n"  # a record pointing out of the workspace wrote nothing
 
 

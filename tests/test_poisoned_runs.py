@@ -16,9 +16,13 @@ from samai.console.core.audit import AuditLog
 from samai.console.core.fixes import FixAction
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
+from tests import chainlog
 
 TRAIN_OK = "TRAIN_DONE runs/train/final after 80 steps in 9 s\n"
-HEADER = "=== samai chain train: pid {} started 2026-12-01T00:00:00Z\n"
+
+
+def header(pid: int) -> str:
+    return chainlog.header("train", pid) + "\n"
 
 
 def v5(loss: float, grad_norm: float, step: int) -> str:
@@ -85,12 +89,13 @@ async def test_a_healthy_run_lets_merge_fire_and_a_missing_log_does_not(workspac
         (workspace / cfg.stage("train").log).unlink()
         plan = await actions.plan_fire("merge")
         assert any(c.severity == "error" and "train's log cannot be read" in c.text for c in plan.checks)
-        (workspace / cfg.stage("train").log).write_text(HEADER.format(1) + dead_gradients_log()
-                                                         + HEADER.format(2) + healthy_log())
-        plan = await actions.plan_fire("merge")  # the log holds both runs: only the last one counts
+        log = workspace / cfg.stage("train").log
+        Path(f"{log}.1").write_text(header(1) + dead_gradients_log())  # as the launcher keeps the run before
+        log.write_text(header(2) + healthy_log())
+        plan = await actions.plan_fire("merge")  # only the last run counts
         assert not plan.blocked and any("40 steps, no error-level finding" in c.text for c in plan.checks)
-        (workspace / cfg.stage("train").log).write_text(HEADER.format(1) + healthy_log()
-                                                         + HEADER.format(2) + dead_gradients_log())
+        Path(f"{log}.1").write_text(header(1) + healthy_log())
+        log.write_text(header(2) + dead_gradients_log())
         assert (await actions.plan_fire("merge")).blocked
         convert = await actions.plan_fire("convert")  # it consumes no training stage's artifact
         assert not any("train's log" in c.text for c in convert.checks)
@@ -125,13 +130,14 @@ def _bar_of(app) -> str:
 
 @pytest.mark.slow
 async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_holds_the_last_run_only(workspace):
-    """The console started on a log that holds two runs: the curve and the alerts are the last
+    """The console started on a stage's logs of two runs: the curve and the alerts are the last
     run's; merge is marked blocked while that run's log has an error-level finding."""
     from samai.console.app import SamaiApp
     from samai.widgets.curves import CurvesPane
     from tests.helpers import pilot_until, polls_after
 
-    cfg = finished_run(workspace, HEADER.format(1) + dead_gradients_log() + HEADER.format(2) + healthy_log())
+    cfg = finished_run(workspace, header(2) + healthy_log())
+    Path(f"{workspace / cfg.stage('train').log}.1").write_text(header(1) + dead_gradients_log())
     cfg = replace(cfg, target=replace(cfg.target, poll_interval=0.2, python=sys.executable))
     log = workspace / cfg.stage("train").log
     app = SamaiApp(cfg)
@@ -143,8 +149,8 @@ async def test_the_bar_shows_merge_blocked_by_the_runs_findings_and_the_curve_ho
         assert not [a.text for a in app.state.alerts if a.stage == "train" and a.severity == "error"]
         assert "merge ○ idle" in _bar_of(app)
 
-        with log.open("a") as f:  # a third run, whose gradients die: merge is blocked from the bar on
-            f.write(HEADER.format(3) + dead_gradients_log())
+        log.rename(f"{log}.1")  # a third run, as the launcher starts it, whose gradients die: merge is blocked
+        log.write_text(header(3) + dead_gradients_log())
         dead = await pilot_until(pilot, lambda: next((a for a in app.state.alerts if a.code == "dead_gradients"), None))
         assert dead.action == FixAction.restart("train") and "l log · x restart" == dead.hint
         await pilot_until(pilot, lambda: "merge ■ blocked" in _bar_of(app))

@@ -14,15 +14,20 @@ from hypothesis import strategies as st
 from samai.console.core.lineage import last_run_check, until_step
 from samai.console.core.preflight.evidence import run_verdict
 from samai.console.core.trainlog import TrainLogCheck
+from tests import chainlog
 
 STEP = "{{'loss': {loss}, 'grad_norm': {grad}, 'learning_rate': 0.0002, 'epoch': 0.1}}\n"
-HEADER = "=== samai chain train: pid {pid} started 2026-12-02T0{pid}:00:00Z\n"
 
 
-def _run(pid: int, losses: list[str], resumed: int | None = None, ended: str = "CHAIN_DONE rc=137\n") -> str:
+def header(pid: int) -> str:
+    return chainlog.header("train", pid, f"2026-12-02T0{pid}:00:00Z") + "\n"
+
+
+def _run(pid: int, losses: list[str], resumed: int | None = None, rc: int | None = 137) -> str:
     said = f"TRAIN_RESUMED from runs/train/checkpoints/checkpoint-{resumed} (step {resumed})\n" if resumed else ""
-    return HEADER.format(pid=pid) + said + "".join(STEP.format(loss=x, grad="nan" if x == "nan" else 1.1)
-                                                     for x in losses) + ended
+    ended = "" if rc is None else chainlog.chain(f"CHAIN_DONE rc={rc}", pid) + "\n"
+    return header(pid) + said + "".join(STEP.format(loss=x, grad="nan" if x == "nan" else 1.1)
+                                        for x in losses) + ended
 
 
 def healthy(n: int) -> list[str]:
@@ -39,7 +44,7 @@ def logs(workspace: Path) -> Path:
 async def test_a_resumed_run_is_judged_with_the_steps_it_continues_and_not_those_thrown_away(box, logs) -> None:
     # steps 1..9 healthy, 10..15 NaN, killed; resumed from checkpoint-8: steps 9..20 healthy
     (logs / "train.log.1").write_text(_run(1, healthy(9) + ["nan"] * 6))
-    (logs / "train.log").write_text(_run(2, healthy(12), resumed=8, ended="CHAIN_DONE rc=0\n"))
+    (logs / "train.log").write_text(_run(2, healthy(12), resumed=8, rc=0))
     result = await last_run_check(box, str(logs / "train.log"))
     assert result.steps == 8 + 12 and [p.step for p in result.points] == list(range(1, 21))
     assert not [p for p in result.problems if p.severity == "error"]
@@ -48,7 +53,7 @@ async def test_a_resumed_run_is_judged_with_the_steps_it_continues_and_not_those
 
 async def test_a_run_resumed_from_past_its_first_nan_carries_the_nan_into_the_gate(box, logs) -> None:
     (logs / "train.log.1").write_text(_run(1, healthy(9) + ["nan"] * 6))
-    (logs / "train.log").write_text(_run(2, healthy(8), resumed=12, ended="CHAIN_DONE rc=0\n"))
+    (logs / "train.log").write_text(_run(2, healthy(8), resumed=12, rc=0))
     result = await last_run_check(box, str(logs / "train.log"))
     errors = [p for p in result.problems if p.severity == "error"]
     assert errors and errors[0].step == 10, result.problems  # the resumed run alone looks healthy
@@ -58,7 +63,7 @@ async def test_a_run_resumed_from_past_its_first_nan_carries_the_nan_into_the_ga
 async def test_a_lineage_of_two_resumes_and_one_rotated_away(box, logs) -> None:
     (logs / "train.log.2").write_text(_run(1, healthy(6)))
     (logs / "train.log.1").write_text(_run(2, healthy(6), resumed=4))  # steps 5..10, killed
-    (logs / "train.log").write_text(_run(3, healthy(5), resumed=8, ended="CHAIN_DONE rc=0\n"))  # 9..13
+    (logs / "train.log").write_text(_run(3, healthy(5), resumed=8, rc=0))  # 9..13
     result = await last_run_check(box, str(logs / "train.log"))
     assert [p.step for p in result.points] == list(range(1, 14))
     (logs / "train.log.2").unlink()
@@ -69,9 +74,22 @@ async def test_a_lineage_of_two_resumes_and_one_rotated_away(box, logs) -> None:
 
 async def test_a_log_that_resumed_nothing_is_its_last_run_as_before(box, logs) -> None:
     (logs / "train.log.1").write_text(_run(1, ["nan"] * 8))  # an earlier run, not resumed: not judged
-    (logs / "train.log").write_text(_run(1, healthy(3)) + _run(2, healthy(4), ended=""))
+    (logs / "train.log").write_text(_run(2, healthy(4), rc=None))
     result = await last_run_check(box, str(logs / "train.log"))
     assert [p.step for p in result.points] == [1, 2, 3, 4] and not result.problems
+
+
+async def test_a_header_the_run_printed_after_its_nan_hides_nothing_from_the_gate(box, logs) -> None:
+    """Issue 46, item 3: a run header printed by the stage (a copy of its own, an earlier run's,
+    one with no nonce) is its text: the NaN before it stays in the run the merge gate judges."""
+    forged = [header(2).strip(), header(1).strip(), "=== samai chain train: pid 9 started 2026-12-02T09:00:00Z"]
+    for copy in forged:
+        (logs / "train.log").write_text(_run(2, healthy(4) + ["nan"], rc=None) + copy + "\n"
+                                        + "".join(STEP.format(loss=x, grad=1.1) for x in healthy(6)))
+        result = await last_run_check(box, str(logs / "train.log"))
+        errors = [p for p in result.problems if p.severity == "error"]
+        assert errors and errors[0].step == 5 and len(result.points) == 11, (copy, result.problems)
+        assert run_verdict("train", result)[0].severity == "error"
 
 
 def test_the_resume_line_numbers_the_next_steps_and_a_garbled_one_is_no_resume() -> None:
@@ -104,7 +122,7 @@ async def test_the_curve_of_a_resumed_run_goes_on_from_the_run_it_resumed_with_t
     from tests.helpers import pilot_until
 
     (logs / "train.log.1").write_text(_run(1, healthy(9) + ["nan"] * 6))
-    (logs / "train.log").write_text(_run(2, healthy(12), resumed=8, ended=""))
+    (logs / "train.log").write_text(_run(2, healthy(12), resumed=8, rc=None))
     (workspace / "samai.toml").write_text(f'[workspace]\npath = "{workspace}"\n[stages.train]\nkey = "t"\n'
                                           'role = "train"\ncommand = "true"\nlog = "logs/train.log"\n')
     app = SamaiApp(config.load(workspace / "samai.toml"))
@@ -116,7 +134,7 @@ async def test_the_curve_of_a_resumed_run_goes_on_from_the_run_it_resumed_with_t
 
 
 async def test_the_resume_step_is_said_to_the_panes_once_per_run(recorded_console, recorded_box) -> None:
-    recorded_box.write_log("logs/train.log", HEADER.format(pid=1) + "TRAIN_RESUMED from c/checkpoint-8 (step 8)\n"
+    recorded_box.write_log("logs/train.log", header(1) + "TRAIN_RESUMED from c/checkpoint-8 (step 8)\n"
                            + STEP.format(loss=1, grad=1))
     first = await recorded_console.poll()
     assert first.curve_resumed_at == 8 and [p.step for p in first.new_points] == [9]

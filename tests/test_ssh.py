@@ -17,9 +17,9 @@ from samai.console.core import config
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.connect import open_box
+from samai.remote.box.chainline import looks_like_chain
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import LogFollower
-from samai.remote.model import CHAIN_LINES
 from samai.remote.ssh import SshOptions, SshTarget, SshTransport
 from samai.remote.transport import TransportError, TransportTimeout
 from tests import sshd
@@ -111,7 +111,7 @@ async def test_a_non_root_user_with_a_workspace_in_its_home(sshd_server, ssh_hom
         assert fired.ok
         home = Path(f"/home/{sshd.TEST_USER}")
         said = (home / "samai" / "tiny" / "logs" / "whoami.log").read_text().splitlines()
-        assert [line for line in said if not line.startswith(CHAIN_LINES)][0] == sshd.TEST_USER
+        assert [line for line in said if not looks_like_chain(line)][0] == sshd.TEST_USER
         assert psutil.Process(fired.pid).username() == sshd.TEST_USER
         # a non-root user cannot signal root's processes, and says so
         me = psutil.Process()

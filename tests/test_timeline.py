@@ -21,6 +21,7 @@ from samai.console.screens.dialogs import TimelineScreen
 from samai.remote.boxapi import Box
 from samai.remote.model import Marker
 from samai.widgets.logview import LogView
+from tests import chainlog
 from tests.helpers import pilot_until, run_cli, wait_for
 from tests.replay_transport import ReplayTransport
 
@@ -30,9 +31,9 @@ HOSTILE = "\x1b]0;pwned\x07[b]x[/b]"
 def test_a_run_s_events_take_their_times_from_its_header_and_its_file() -> None:
     history = RunHistory([Marker("TRAIN_DONE", "TRAIN_DONE", "info"), Marker("NAN", "nan", "error")])
     history.start_file("logs/train.log.1")
-    history.feed(["=== samai chain train: pid 7 started 2026-12-03T10:00:00Z", "SAMAI_DISK start used=1",
-                  "step 1", "loss nan", "TRAIN_DONE", "SAMAI_DEATH nan_guard: stopped at step 3",
-                  "SAMAI_DISK end used=2", "CHAIN_DONE rc=3"])
+    history.feed([chainlog.header("train", 7, "2026-12-03T10:00:00Z"), chainlog.chain("SAMAI_DISK start used=1", 7),
+                  "step 1", "loss nan", "TRAIN_DONE", chainlog.chain("SAMAI_DEATH nan_guard: stopped at step 3", 7),
+                  chainlog.chain("SAMAI_DISK end used=2", 7), chainlog.chain("CHAIN_DONE rc=3", 7)])
     history.end_file(mtime=1796292000.0 + 600)
     [run] = history.runs()
     events = run_events("train", [run])

@@ -22,6 +22,7 @@ from samai.console.core.trainref import Reference, at_step, compare, last_good_r
 from samai.console.screens.dialogs import RunsScreen
 from samai.remote.boxapi import Box
 from samai.widgets.curves import CurvesPane
+from tests import chainlog
 from tests.helpers import pilot_until, run_cli
 from tests.replay_transport import ReplayTransport
 
@@ -85,8 +86,7 @@ def trainer_log(losses: list[float], rc: int = 0, lr: float = 2e-4) -> str:
     """A training log as the box's launcher keeps it: a run header, the Trainer's dicts, its end."""
     rows = [f"{{'loss': {loss}, 'grad_norm': 1.0, 'learning_rate': {lr}, 'epoch': {i / 10}}}"
             for i, loss in enumerate(losses, 1)]
-    return "\n".join(["=== samai chain train: pid 1 started 2026-12-03T00:00:00Z", *rows,
-                      f"CHAIN_DONE rc={rc}"]) + "\n"
+    return chainlog.run_log("train", 1, rows, rc, started="2026-12-03T00:00:00Z")
 
 
 async def test_the_last_good_run_is_the_newest_kept_one_that_ended_well(box: Box, workspace: Path) -> None:
@@ -144,7 +144,7 @@ async def test_the_console_compares_the_followed_run_with_the_last_good_one(reco
     """The recorded box's running train stage (losses 2.31, 2.04, a hidden NaN, 1.73, 1.51) and its
     log's kept generation from a run that went well (1.0, 0.9, ..): the alert, and the pane's reference."""
     recorded_box.write_log("logs/train.log.1", trainer_log([1.0, 0.9, 0.8, 0.7, 0.6, 0.5]).replace(
-        "CHAIN_DONE", "{'eval_loss': 0.8, 'epoch': 0.6}\nCHAIN_DONE"))
+        "\nCHAIN_DONE", "\n{'eval_loss': 0.8, 'epoch': 0.6}\nCHAIN_DONE"))
     recorded_box.write_log("logs/train.log", "{'eval_loss': 1.9, 'eval_runtime': 0.1, 'epoch': 0.5}\n", append=True)
     tiny = config.load_builtin("tiny")
     cfg = replace(tiny, workspace=recorded_box.workspace, target=replace(tiny.target, poll_interval=0.05),

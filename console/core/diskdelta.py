@@ -1,5 +1,7 @@
 """What a stage did to the workspace's disk: the SAMAI_DISK lines its chain writes at the run's
 start and end (remote/box/diskline.py), read from the stage logs the console already follows.
+Only the chain's own count: a line that carries its run's nonce (StageRecord.said_by_chain, the
+runs list's reader in history.py); one the stage printed is its text, whatever it says.
 
 Pure parsing, no I/O. The lines are the box's words: a line that is not exactly the expected
 shape, or whose numbers cannot be a file system's, is ignored; nothing here raises."""

@@ -1,10 +1,13 @@
-"""A stage's runs, read back from its logs. The box's launcher opens each run with a header line
-(`=== samai chain STAGE: pid N started TIME`), closes it with `CHAIN_DONE rc=N`, and keeps the
-logs of the runs before as NAME.1 .. NAME.5: so the logs are the history, and it outlives the
-console. (A log written by other means may hold several runs: each header starts one.)
+"""A stage's runs, read back from its logs. The box's launcher starts each run's log afresh and
+keeps the logs of the runs before as NAME.1 .. NAME.5: so the logs are the history, and it
+outlives the console. A run's chain opens its log with the run's header (`=== samai chain STAGE:
+pid N started TIME [run NONCE]`) and closes it with `CHAIN_DONE rc=N [run NONCE]`, its cause of
+death and disk lines between (remote/box/chainline.py).
 
-The log is box text: a line that only looks like a header is taken as one (the stage wrote it;
-it cannot do worse than split its own run in two), and nothing here is ever markup."""
+The log is box text. The header counts only as a file's first line (written before the stage
+runs), and the chain's other lines only with that header's nonce: a line that only looks like
+one of them is the stage's text, which starts no run, ends none and says no cause. Nothing here
+is ever markup."""
 
 from __future__ import annotations
 
@@ -13,12 +16,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from samai.console.core.config import CHAIN_DONE
+from samai.remote.box.chainline import Header, read_header, said_by_chain
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.model import RUN_HEADER, Marker
+from samai.remote.model import Marker
 from samai.remote.transport import TransportError
 
-HEADER = re.compile(r"=== samai chain (?P<stage>\S{1,64}): pid (?P<pid>\d{1,10}) started (?P<started>\S{1,40})$")
-DONE = re.compile(r"CHAIN_DONE rc=(?P<rc>\d{1,3})$")
+DONE = re.compile(r"CHAIN_DONE rc=(?P<rc>\d{1,3})$")  # a chain's line, its tag taken off
 DEATH = re.compile(r"SAMAI_DEATH (?P<cause>[a-z_]{1,40}): (?P<detail>.{0,400})$")  # remote/box/death.py
 LOG_GENERATIONS = 5  # the earlier runs' logs the box's launcher keeps (confine.LOG_GENERATIONS)
 MAX_RUNS = 100  # the newest ones kept: a log of a stage fired every minute for days stays small here
@@ -31,7 +34,7 @@ class RunRecord:
     number: int  # 1: the oldest run read
     started: str  # the header's time (UTC), as the box wrote it
     pid: int | None
-    rc: int | None  # None: no CHAIN_DONE (running now, or the chain itself was killed)
+    rc: int | None  # None: no CHAIN_DONE of its chain (running now, or the chain itself was killed)
     lines: int
     last_marker: str = ""  # the run's last line that matched one of the stage's markers
     severity: str = "info"  # that marker's
@@ -60,6 +63,7 @@ class _Run:
     number: int
     started: str = ""
     pid: int | None = None
+    nonce: str = ""  # its header's: what its chain's other lines carry ('' : none of them is trusted)
     rc: int | None = None
     lines: int = 0
     last_marker: str = ""
@@ -92,6 +96,7 @@ class RunHistory:
         """One log file read to its end (its last write at mtime): the next file's lines are another run's."""
         last = self._current
         self._keep()
+        self._line_number = 0
         if last is not None and mtime is not None:
             self._runs[-1] = replace(self._runs[-1], last_write=mtime,
                                      ended_at=mtime if last.rc is not None else None)
@@ -99,8 +104,9 @@ class RunHistory:
     def feed(self, lines: Iterable[str]) -> None:
         for line in lines:
             self._line_number += 1
-            if line.startswith(RUN_HEADER):
-                self._start(line)
+            header = read_header(line) if self._line_number == 1 else None
+            if header is not None:
+                self._start(header)
             else:
                 self._line(line)
 
@@ -108,11 +114,10 @@ class RunHistory:
         runs = self._runs + ([self._current.record()] if self._current else [])
         return runs[-MAX_RUNS:]
 
-    def _start(self, line: str) -> None:
+    def _start(self, header: Header) -> None:
         self._keep()
-        header = HEADER.match(line)
-        self._current = _Run(self._number, header["started"] if header else "?",
-                             int(header["pid"]) if header else None, path=self._path, first_line=self._line_number)
+        self._current = _Run(self._number, header.started, header.pid, header.nonce, path=self._path,
+                             first_line=self._line_number)
         self._number += 1
 
     def _line(self, line: str) -> None:
@@ -121,21 +126,27 @@ class RunHistory:
             self._number += 1
         run = self._current
         run.lines += 1
-        done = DONE.match(line)
-        if done:
-            run.rc = int(done["rc"])
-            return
-        death = DEATH.match(line)
-        if death:
-            run.death = f"{death['cause']}: {death['detail']}"[:SHOWN_CHARS]
-            return
-        if line.startswith("SAMAI_DISK "):
-            self._mark(Mark(self._line_number, "disk", "info", line[:SHOWN_CHARS]))
+        said = said_by_chain(line, run.nonce)
+        if said is not None:
+            self._chain_line(run, said)
             return
         hit = next((m for m, pattern in self._markers if pattern and pattern.search(line)), None)
         if hit:
             run.last_marker, run.severity = line[:SHOWN_CHARS], hit.severity
             self._mark(Mark(self._line_number, hit.name, hit.severity, line[:SHOWN_CHARS]))
+
+    def _chain_line(self, run: _Run, said: str) -> None:
+        """One of the run's chain's lines (its tag taken off): its end, its cause, a disk line."""
+        done = DONE.match(said)
+        if done:
+            run.rc = int(done["rc"])
+            return
+        death = DEATH.match(said)
+        if death:
+            run.death = f"{death['cause']}: {death['detail']}"[:SHOWN_CHARS]
+            return
+        if said.startswith("SAMAI_DISK "):
+            self._mark(Mark(self._line_number, "disk", "info", said[:SHOWN_CHARS]))
 
     def _mark(self, mark: Mark) -> None:
         marks = self._current.marks if self._current else []

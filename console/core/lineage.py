@@ -1,15 +1,20 @@
 """A training run and the runs it resumed, read as one: the last run in a stage's log and, while
-its TRAIN_RESUMED line names the step it continues from, the earlier generation's last run (the
+its TRAIN_RESUMED line names the step it continues from, the earlier generation's run (the
 launcher keeps it as NAME.1, NAME.2 ..) up to that step. Their steps up to it made the weights
 too; the steps after it were thrown away. The merge gate judges the whole lineage
-(last_run_check); the curves pane shows it as one curve (earlier_points)."""
+(last_run_check); the curves pane shows it as one curve (earlier_points).
+
+Each log file holds one run: the launcher starts each run's log afresh, its header the first line
+(remote/box/chainline.py). A header-shaped line anywhere else is the stage's text: it hides none
+of the run's steps (a NaN before it stays the run's)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from samai.remote.follow import last_run
-from samai.remote.model import RUN_HEADER
+from samai.remote.box.chainline import Header, read_header, said_by_chain
 
 if TYPE_CHECKING:
     from samai.console.core.trainlog import TrainLogCheck, TrainLogResult, TrainPoint
@@ -17,30 +22,35 @@ if TYPE_CHECKING:
 
 
 async def last_run_check(box: Box, path: str) -> TrainLogResult:
-    """check_trainlog over the last run in a stage's log on the box, streamed, read on from the
-    steps of the runs it resumed (each generation's, up to the step it was resumed from). A run
-    that resumed nothing is read once; a resumed one a second time, after the runs it continues."""
+    """check_trainlog over the run in a stage's log on the box, streamed, read on from the steps
+    of the runs it resumed (each generation's, up to the step it was resumed from). A run that
+    resumed nothing is read once; a resumed one a second time, after the runs it continues."""
     from samai.console.core.trainlog import TrainLogCheck
 
-    check, headers = TrainLogCheck(), 0
-    async for batch in _batches(box, path):
-        newest = last_run(batch)
-        if newest is not None:
-            check = TrainLogCheck()  # a new run: what came before it is another run's
-            headers += sum(1 for line in batch if line.startswith(RUN_HEADER))
-        check.feed(batch if newest is None else newest)
+    check = TrainLogCheck()
+    await read_run(box, path, check.feed)
     if check.resumed_from is None:
         return check.result()
     check = await _lineage_check(box, path, check.resumed_from)
-    seen = 0
-    async for batch in _batches(box, path):
-        start = 0
-        for i, line in enumerate(batch):
-            if line.startswith(RUN_HEADER):
-                seen, start = seen + 1, i + 1
-        if seen == headers:  # the last run's lines: after its header, or all of a batch past it
-            check.feed(batch[start:])
+    await read_run(box, path, check.feed)
     return check.result()
+
+
+async def read_run(box: Box, path: str, feed: Callable[[list[str]], object]) -> Header | None:
+    """A log file's run, streamed to `feed` in batches: every line but its header (its first
+    line, when that is one, which is returned; None when it is not: a log written by other means,
+    or by a launcher that wrote no header)."""
+    from samai.console.core.checks import line_batches
+
+    header, first = None, True
+    async for batch in line_batches(box, path, pieces=True):
+        if first and batch:
+            first = False
+            header = read_header(batch[0])
+            if header is not None:
+                batch = batch[1:]
+        feed(batch)
+    return header
 
 
 async def _lineage_check(box: Box, path: str, step: int) -> TrainLogCheck:
@@ -51,12 +61,6 @@ async def _lineage_check(box: Box, path: str, step: int) -> TrainLogCheck:
     for older, cut in await _lineage(box, path, step):
         check.feed(until_step(older, cut))
     return check
-
-
-def _batches(box: Box, path: str):
-    from samai.console.core.checks import line_batches
-
-    return line_batches(box, path, pieces=True)
 
 
 async def _lineage(box: Box, path: str, step: int | None) -> list[tuple[list[str], int]]:
@@ -84,18 +88,34 @@ def _resumed_step(line: str, step: int | None) -> int | None:
     return int(found.group(1)) if found else step
 
 
-async def last_run_lines(box: Box, path: str) -> list[str] | None:
-    """An earlier generation's last run, its lines (None: no such file)."""
+@dataclass(frozen=True)
+class KeptRun:
+    """An earlier generation's run: its lines (its header aside) and the rc its chain wrote
+    (None: none, or no line of its chain's, whatever the stage printed)."""
+
+    lines: list[str]
+    rc: int | None
+
+
+async def kept_run(box: Box, path: str) -> KeptRun | None:
+    """An earlier generation's run (None: no such file)."""
     from samai.console.core.checks import Unreadable
+    from samai.console.core.history import DONE
 
     lines: list[str] = []
     try:
-        async for batch in _batches(box, path):
-            newest = last_run(batch)
-            lines = list(newest) if newest is not None else lines + batch
+        header = await read_run(box, path, lines.extend)
     except Unreadable:
         return None
-    return lines
+    nonce = header.nonce if header else ""
+    ends = [m for m in (DONE.match(said_by_chain(line, nonce) or "") for line in lines) if m]
+    return KeptRun(lines, int(ends[-1]["rc"]) if ends else None)
+
+
+async def last_run_lines(box: Box, path: str) -> list[str] | None:
+    """An earlier generation's run, its lines (None: no such file)."""
+    run = await kept_run(box, path)
+    return None if run is None else run.lines
 
 
 def until_step(lines: list[str], cut: int) -> list[str]:

@@ -63,6 +63,8 @@ class ResumeChoice:
 def judged(ck: Checkpoint, first_anomaly: int | None, writing: bool = False) -> str:
     """Why this checkpoint cannot be resumed from ('' when it can). writing: its run still runs,
     so one written a moment ago may be a save under way (a dead run's is as whole as it looks)."""
+    if ck.name != f"checkpoint-{ck.step}":  # the reply is read as untrusted: its name becomes a path
+        return "not a checkpoint-STEP folder of its own step"
     if not ck.complete:
         return (ck.problems[0] if ck.problems else "incomplete")[:160]
     if writing and ck.settling:
@@ -180,36 +182,26 @@ async def prune_choice(box: Box, cfg: Config, stage: Stage, keep: int = PRUNE_KE
 
 async def run_anomalies(box: Box, log: str) -> list[RunAnomaly]:
     """Each run in a training stage's log and its kept generations, oldest first, with its first
-    anomalous step (check trainlog's reading, streamed). A generation not there is no problem."""
-    from samai.console.core.checks import Unreadable, line_batches
-    from samai.console.core.history import HEADER, LOG_GENERATIONS
+    anomalous step (check trainlog's reading, streamed). A generation not there is no problem.
+    Each file is one run, started at its header's time (its first line, lineage.read_run): a
+    header-shaped line the stage printed after a NaN starts no run, so the NaN stays before
+    every checkpoint written after it."""
+    from samai.console.core.checks import Unreadable
+    from samai.console.core.history import LOG_GENERATIONS
+    from samai.console.core.lineage import read_run
     from samai.console.core.trainlog import TrainLogCheck
-    from samai.remote.model import RUN_HEADER
 
     runs: list[RunAnomaly] = []
-    check, started = TrainLogCheck(), 0.0
-
-    def close() -> None:
-        runs.append(RunAnomaly(started, first_anomaly_step(check.result().problems)))
-
     for path in [f"{log}.{n}" for n in range(LOG_GENERATIONS, 0, -1)] + [log]:
+        check = TrainLogCheck()
         try:
-            async for batch in line_batches(box, path, pieces=True):
-                segment: list[str] = []
-                for line in batch:
-                    if line.startswith(RUN_HEADER):
-                        check.feed(segment)
-                        segment = []
-                        close()
-                        header = HEADER.match(line)
-                        check, started = TrainLogCheck(), header_time(header["started"]) if header else 0.0
-                    else:
-                        segment.append(line)
-                check.feed(segment)
+            header = await read_run(box, path, check.feed)
         except Unreadable as e:
             if path == log or "No such file" not in str(e):
                 raise
-    close()
+            continue
+        started = header_time(header.started) if header else 0.0
+        runs.append(RunAnomaly(started, first_anomaly_step(check.result().problems)))
     return [r for r in runs if r.started or r.first_anomaly is not None]
 
 

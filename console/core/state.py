@@ -289,7 +289,7 @@ class ConsoleState:
             if follower is self.shown:  # (a log shown since the request is not this follower)
                 update.log_lines, update.log_notice, update.log_source = tail.lines, tail.notice, follower
             elif follower is self.train_log:
-                update.new_points = self._train_lines(tail.lines, update)
+                update.new_points = self._train_lines(tail.lines, update, tail.first_line)
                 name = self.train_stage or ""  # set with train_log
                 update.new_alerts += [self._run_alert(name, a.severity, f"{name}: {a.message}", a.code)
                                       for a in self.trainlog.drain_anomalies()]
@@ -316,9 +316,9 @@ class ConsoleState:
         upcoming = next((self.config.stage(v.name) for v in update.stages if v.status in ("idle", "blocked")), None)
         return project(self.config, update.budget, upcoming) if upcoming else None
 
-    def _train_lines(self, lines: list[str], update: StateUpdate) -> list[TrainPoint]:
+    def _train_lines(self, lines: list[str], update: StateUpdate, first_line: int | None) -> list[TrainPoint]:
         """The training curve's new points: of the log's last run only."""
-        self.trainlog, restarted, points = newest_run_points(self.trainlog, lines)
+        self.trainlog, restarted, points = newest_run_points(self.trainlog, lines, first_line)
         update.curve_reset |= restarted
         update.new_evals = self.trainlog.drain_evals()
         resumed = self.trainlog.resumed_from
@@ -501,7 +501,11 @@ class ConsoleState:
     # ------------------------------------------------------------ helpers
 
     def _hits(self, stage: Stage, hits, update: StateUpdate) -> None:
+        rec = self.snapshot.state(stage.name) if self.snapshot else None
         for hit in hits:
+            chains = hit.marker in (CHAIN_DONE.name, DISK_MARKER_NAME)
+            if chains and (rec is None or rec.said_by_chain(hit.line) is None):
+                continue  # the stage's own text shaped like its chain's line (remote/box/chainline.py)
             if hit.marker == PROGRESS_MARKER_NAME:
                 self._progress_hit(stage, hit.line)
                 continue

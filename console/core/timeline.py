@@ -3,7 +3,8 @@ how they ended and why), the operator's stops, the audit log's actions, the GPUs
 console's alerts, raised and resolved, each with its source.
 
 A log line carries no time of its own: a run's start is its header's, its end its log file's
-last write (CHAIN_DONE is the last line a chain writes), and the marker lines between are placed
+last write (CHAIN_DONE is the last line a chain writes; the runs and their ends are its chain's
+lines, as history.py reads them, never a copy the stage printed), and the marker lines between are placed
 in order right after their run's start, marked `approx` with the run's window. Everything here is
 box text (or the audit log's, which holds box text): shown through visible(), never markup."""
 

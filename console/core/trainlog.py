@@ -40,7 +40,7 @@ from typing import Any
 
 from samai.console.core.chunked_lines import PieceDecoder
 from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
-from samai.remote.follow import last_run
+from samai.remote.follow import new_run
 from samai.remote.model import Severity
 
 FIELDS = ("loss", "grad_norm", "learning_rate", "epoch")
@@ -798,11 +798,13 @@ class TrainLogCheck:
         return self.parser.feed(head)
 
 
-def newest_run_points(check: TrainLogCheck, lines: list[str]) -> tuple[TrainLogCheck, bool, list[TrainPoint]]:
-    """A followed training log's next lines: the check that reads on (a new one after a run
-    header: the log holds every run appended when written by other means, and at start-up it is
-    read from its beginning), whether it is a new one, and the new points of the newest run."""
-    newest = last_run(lines)
+def newest_run_points(check: TrainLogCheck, lines: list[str],
+                      first_line: int | None = None) -> tuple[TrainLogCheck, bool, list[TrainPoint]]:
+    """A followed training log's next lines: the check that reads on (a new one where a run
+    starts: a run header as the first line of a file, first_line its index in lines, as the
+    follower says it), whether it is a new one, and the new points of the newest run. A header
+    anywhere else is the stage's text: it starts nothing, so the run's anomalies stay its own."""
+    newest = new_run(lines, first_line)
     if newest is None:
         return check, False, check.feed(lines)
     check = TrainLogCheck()

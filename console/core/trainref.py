@@ -186,20 +186,19 @@ async def last_good_run(box: Box, log: str, train: Train) -> Reference | None:
 
 async def _finished_runs(box: Box, log: str) -> list[Reference]:
     """The kept generations (newest first) that ended with rc 0 and hold no error-level finding."""
-    from samai.console.core.history import DONE, LOG_GENERATIONS
-    from samai.console.core.lineage import last_run_lines
+    from samai.console.core.history import LOG_GENERATIONS
+    from samai.console.core.lineage import kept_run
     from samai.console.core.trainlog import TrainLogCheck
 
     found = []
     for n in range(1, LOG_GENERATIONS + 1):
-        lines = await last_run_lines(box, f"{log}.{n}")
-        if lines is None:
+        run = await kept_run(box, f"{log}.{n}")
+        if run is None:
             break  # the generations end here
-        ends = [m.group("rc") for m in map(DONE.match, (line.strip() for line in lines[-50:])) if m]
-        if ends[-1:] != ["0"]:
-            continue  # failed, stopped, or cut: not what good looked like
+        if run.rc != 0:
+            continue  # failed, stopped, or cut (its chain's CHAIN_DONE, never a line the stage printed)
         check = TrainLogCheck()
-        check.feed(lines)
+        check.feed(run.lines)
         result = check.result()
         if result.points and not any(p.severity == "error" for p in result.problems):
             found.append(Reference(f"{log.rsplit('/', 1)[-1]}.{n}", result.points, tuple(check.drain_evals())))

@@ -1,22 +1,30 @@
 """Why a stage's run ended badly, said by its chain as it ends, and nothing of it left running.
 
-Runs ON the box: `python3 -S -m samai_box.death RC CHAIN_PID`, from the chain script's finish
-(launch.py), before it writes CHAIN_DONE. Standard library only, Python >= 3.8. It
+Runs ON the box: `python3 -S -m samai_box.death RC CHAIN_PID STAGE_PID`, from the chain script's
+finish (launch.py), the run's nonce on its stdin, before it writes CHAIN_DONE. Standard library
+only, Python >= 3.8. It
 
 1. stops every process the chain started that still runs (a helper that outlived the stage
    would go on writing into its log after CHAIN_DONE), TERM then KILL, each by pid and start
    time, never the chain itself or this process;
-2. for an rc other than 0, judges the cause from what the box shows (the kernel's OOM counters
-   and log, the workspace's file system, the stage's last log lines) and writes it as JSON to
-   $SAMAI_DEATH_FILE: {"cause", "detail", "evidence": [...]}, and as one line into the log:
-   `SAMAI_DEATH CAUSE: DETAIL`.
+2. for an rc other than 0, judges the cause from the evidence at the run's end and writes it as
+   JSON to $SAMAI_DEATH_FILE: {"cause", "detail", "evidence": [...]}, and as one line into the
+   log: `SAMAI_DEATH CAUSE: DETAIL [run NONCE]` (chainline.py).
+
+The evidence at the run's end: its final error report (the last Python traceback, or a C++
+`terminate called ... what():`, when the log ends with it: its exception and the lines it spans;
+else the run's last few lines), the exit status, the workspace's file system, and the kernel's
+record of an OOM kill that names one of the run's pids or its own memory cgroup. A phrase
+earlier in the log (a sample that held "No space left on device", an error caught and logged)
+decides nothing, and neither does an OOM kill of another process on the box.
 
 The log lines are the stage's (anyone's) text: each is cut to a bounded length and the verdict
-is built from what was matched, never by evaluating it. The console adds what only it knows (a
-stop by the operator, a reboot, a GPU's Xid, a peer rank's death): console/core/death.py.
+is built from what was matched, never by evaluating it; a line shaped like the chain's is
+evidence of nothing (the chain's own, or a copy). The console adds what only it knows (a stop
+by the operator, a reboot, a GPU's Xid, a peer rank's death): console/core/death.py.
 
 The baseline the OOM verdict compares against is taken by launch.py before the chain starts
-(SAMAI_DEATH_WATCH: {"oom_kill", "cgroup", "cgroup_oom_kill"}).
+(SAMAI_DEATH_WATCH: {"oom_kill", "cgroup", "cgroup_version", "cgroup_oom_kill", "fired_at"}).
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ import re
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Iterable, NamedTuple, Optional
 
-from .procfs import boot_time, read_regular_file, read_stat, start_epoch
+from .chainline import looks_like_chain, read_nonce, said_by_chain, signed
+from .procfs import boot_time, read_marker, read_regular_file, read_stat, start_epoch
 
 TAIL_BYTES = 256 * 1024
 TAIL_LINES = 400
@@ -40,21 +49,30 @@ EVIDENCE_LINES = 4
 KMSG_RECORDS = 20000  # at most read of the kernel's ring buffer
 SURVIVOR_GRACE_S = 3.0
 DISK_FULL_BYTES = 1 << 20  # a workspace with less free than this when the run died is full
+FINAL_LINES = 3  # with no error report at its end, a run's last lines are its final words
+AFTER_REPORT = 20  # lines after an error report that leave it the run's last (a launcher's summary, a logger's flush)
+REPORT_LINES = 400  # the most lines one report spans (interleaved output of other ranks included)
 
 DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|Errno 28\b|ENOSPC|Disk quota exceeded|"
                        r"\[Errno 122\]|EDQUOT")
 CUDA_OOM = re.compile(r"CUDA out of memory|(?:torch\.(?:cuda\.)?)OutOfMemoryError|CUDA error: out of memory")
 COLLECTIVE = re.compile(r"Watchdog caught collective operation timeout|ProcessGroupNCCL's watchdog got stuck|"
+                        r"NCCL communicator was aborted|"
                         r"(?:gloo|nccl|NCCL|Gloo|ProcessGroup|c10d|collective).*(?:Connection reset by peer|"
                         r"Connection closed by peer|timed out|Timed out)|"
                         r"(?:Connection reset by peer|Connection closed by peer).*(?:gloo|nccl|ProcessGroup|c10d)")
 TRACEBACK = "Traceback (most recent call last):"
+TERMINATE = re.compile(r"^terminate called after throwing an instance of ")
+WHAT = re.compile(r"^\s*what\(\):\s+(?P<text>.*)$")
+CPP_FRAME = re.compile(r"^(?:frame #\d{1,4}:|Exception raised from )")
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]{1,400})", line (?P<line>\d{1,9}), in (?P<func>\S{1,200})')
 EXCEPTION = re.compile(r"^(?P<name>[A-Za-z_][\w.]{0,120}(?:Error|Exception|Exit|Interrupt|Warning|Fault)|"
                        r"[A-Za-z_][\w.]{0,120}\.[A-Z]\w{0,80})(?::\s?(?P<text>.*))?$")
 OOM_KILLED = re.compile(r"Killed process (?P<pid>\d{1,10}) \((?P<name>[^)]{0,64})\)")
-OOM_MEMCG = re.compile(r"oom_memcg=(?P<memcg>[^,\s]{1,300})")
-CHAIN_LINES = re.compile(r"^(?:CHAIN_DONE rc=|SAMAI_DISK |SAMAI_DEATH |SAMAI_SURVIVORS |=== samai chain )")
+# The kernel's record of one kill (Linux >= 4.19): the pid is the last but one field, after a
+# task name that may hold anything.
+OOM_RECORD = re.compile(r"oom-kill:(?P<head>.{0,2000}?),task=.{0,64},pid=(?P<pid>\d{1,10}),uid=\d{1,10}\s*$")
+WRAPPERS = ("ChildFailedError",)  # a launcher's report of a child whose own traceback came before it
 SIGNAL_NAMES = dict((int(s), s.name) for s in signal.Signals)
 
 
@@ -81,40 +99,107 @@ def signal_name(signum: int) -> str:
 
 
 def meaningful(lines: list[str]) -> list[str]:
-    """The stage's own lines: not the chain's bookkeeping, not blank."""
-    return [line for line in lines if line.strip() and not CHAIN_LINES.match(line)]
+    """The stage's own lines: not blank, and not shaped like the chain's (the chain's own, or a
+    copy the stage printed: either way no evidence of how the stage ended)."""
+    return [line for line in lines if line.strip() and not looks_like_chain(line)]
 
 
-def last_exception(lines: list[str]) -> tuple[str, str, list[str]] | None:
-    """The last traceback's exception line and the frame it came from, (exception, frame,
-    evidence), or None when the lines hold no traceback that ends in one."""
-    start = max((i for i, line in enumerate(lines) if line.strip() == TRACEBACK), default=None)
-    if start is None:
-        return None
-    frame, exception = "", ""
-    for line in lines[start + 1:]:
+class Report(NamedTuple):
+    """One error report in the stage's lines: where it starts and ends (indices), its exception
+    line and the frame it was raised in (Python), or C++'s what()."""
+
+    start: int
+    end: int
+    exception: str
+    frame: str
+
+    @property
+    def wrapper(self) -> bool:
+        name = self.exception.split(":", 1)[0]
+        return name.rsplit(".", 1)[-1] in WRAPPERS
+
+
+def python_report(own: list[str], start: int) -> Report | None:
+    """The traceback that starts at own[start]: up to its exception line (the first unindented
+    line that is one; other unindented lines are another process's, interleaved), or None when
+    it ends before one (cut, or another traceback begins)."""
+    frame = ""
+    for i in range(start + 1, min(len(own), start + REPORT_LINES)):
+        line = own[i]
+        if line.strip() == TRACEBACK:
+            return None
         m = FRAME.match(line)
         if m:
             frame = "%s:%s in %s" % (m.group("file").rsplit("/", 1)[-1], m.group("line"), m.group("func"))
             continue
         if not line.startswith((" ", "\t")) and EXCEPTION.match(line.strip()):
-            exception = line.strip()
-    if not exception:
+            return Report(start, i, cut(line.strip(), 200), cut(frame, 120))
+    return None
+
+
+def cpp_report(own: list[str], start: int) -> Report | None:
+    """C++'s std::terminate at own[start]: its what() (the exception's message) and the frames
+    after it (torch's `Exception raised from ...`, `frame #N: ...`)."""
+    what, end = "", start
+    for i in range(start + 1, min(len(own), start + REPORT_LINES)):
+        m = WHAT.match(own[i])
+        if m and not what:
+            what, end = m.group("text"), i
+        elif what and CPP_FRAME.match(own[i].strip()):
+            end = i
+        elif what:
+            break
+    if not what:
         return None
-    return cut(exception, 200), cut(frame, 120), [cut(TRACEBACK), cut(exception)]
+    name = own[start][len("terminate called after throwing an instance of "):].strip().strip("'")
+    return Report(start, end, cut("%s: %s" % (name, what), 200), "")
 
 
-def from_lines(lines: list[str]) -> dict[str, Any] | None:
-    """A cause the log's last lines name by themselves, most specific first."""
-    own = meaningful(lines)
+def reports(own: list[str]) -> list[Report]:
+    """Every whole error report in the stage's lines, in order."""
+    out = []
+    for i, line in enumerate(own):
+        found = python_report(own, i) if line.strip() == TRACEBACK else \
+            cpp_report(own, i) if TERMINATE.match(line) else None
+        if found is not None:
+            out.append(found)
+    return out
+
+
+class FinalError(NamedTuple):
+    """What the run's end says of how it ended: the lines a cause may be read from (its final
+    error report's, or its last few lines), and that report."""
+
+    lines: list[str]
+    report: Optional[Report]
+
+
+def final_error(own: list[str]) -> FinalError:
+    """The run's final error: its last error report when the log ends with it (at most
+    AFTER_REPORT lines after it; a launcher's report of a failed child stands for the child's
+    report before it), else its last FINAL_LINES lines. What came before says nothing."""
+    found = reports(own)
+    last = found[-1] if found else None
+    if last is None or len(own) - 1 - last.end > AFTER_REPORT:
+        return FinalError(own[-FINAL_LINES:], None)
+    if last.wrapper and len(found) > 1:
+        child = found[-2]
+        return FinalError(own[child.start: child.end + 1] + own[last.start: last.end + 1], child)
+    return FinalError(own[last.start: last.end + 1], last)
+
+
+def from_end(lines: list[str]) -> dict[str, Any] | None:
+    """A cause the run's final error names by itself, most specific first."""
+    end = final_error(meaningful(lines))
     for cause, pattern in (("disk_full", DISK_FULL), ("cuda_oom", CUDA_OOM), ("collective_timeout", COLLECTIVE)):
-        hits = [line for line in own if pattern.search(line)]
+        hits = [line for line in end.lines if pattern.search(line)]
         if hits:
             return verdict(cause, cut(hits[-1], DETAIL_CHARS), [cut(h) for h in hits[-EVIDENCE_LINES:]])
-    exc = last_exception(own)
-    if exc is not None:
-        exception, frame, evidence = exc
-        return verdict("exception", exception + (" (at %s)" % frame if frame else ""), evidence)
+    if end.report is not None:
+        report = end.report
+        first = TRACEBACK if end.lines[0].strip() == TRACEBACK else end.lines[0]
+        return verdict("exception", report.exception + (" (at %s)" % report.frame if report.frame else ""),
+                       [cut(first), cut(report.exception)])
     return None
 
 
@@ -122,14 +207,15 @@ def verdict(cause: str, detail: str, evidence: list[str]) -> dict[str, Any]:
     return {"cause": cause, "detail": cut(detail, DETAIL_CHARS), "evidence": [cut(e) for e in evidence][:8]}
 
 
-def judge(rc: int | None, lines: list[str], oom: dict[str, Any] | None, disk_free: int | None) -> dict[str, Any]:
+def judge(rc: int | None, lines: list[str], oom: dict[str, Any] | None, disk_free: int | None,
+          elsewhere: Iterable[str] = ()) -> dict[str, Any]:
     """The cause of a run that ended with rc (None: no exit status), most specific first. oom:
-    what the kernel's OOM killer did while it ran (oom_evidence), disk_free: the workspace's
-    free bytes when it died."""
+    the run's own OOM kill (oom_evidence), disk_free: the workspace's free bytes when it died,
+    elsewhere: the OOM kills of other processes in its window (said beside a SIGKILL, never its cause)."""
     signum = signal_of(rc)
     if signum == signal.SIGKILL and oom is not None:
         return verdict("oom_killed", oom["detail"], oom["evidence"])
-    said = from_lines(lines)
+    said = from_end(lines)
     if said is not None and said["cause"] == "disk_full":
         return said
     if disk_free is not None and disk_free < DISK_FULL_BYTES:
@@ -138,7 +224,8 @@ def judge(rc: int | None, lines: list[str], oom: dict[str, Any] | None, disk_fre
     if said is not None:
         return said
     if signum is not None:
-        return verdict("signal", "killed by %s (rc=%d)" % (signal_name(signum), rc or 0), [])
+        return verdict("signal", "killed by %s (rc=%d)" % (signal_name(signum), rc or 0),
+                       list(elsewhere) if signum == signal.SIGKILL else [])
     own = meaningful(lines)
     last = cut(own[-1], DETAIL_CHARS) if own else "no line of its own in its log"
     return verdict("exit", "exit status %s: %s" % ("unknown" if rc is None else rc, last), [last] if own else [])
@@ -234,30 +321,116 @@ def kernel_lines(since: float) -> list[str]:
     return out
 
 
-def oom_evidence(watch: dict[str, Any], fired_at: float) -> dict[str, Any] | None:
-    """What the OOM killer did while the run ran, or None when no counter moved and the kernel
-    log names no kill since it was fired."""
-    evidence, moved = [], False
-    before, now = watch.get("oom_kill"), vmstat_oom_kill()
-    if isinstance(before, int) and now is not None and now > before:
-        moved = True
-        evidence.append("the kernel's OOM killer ran %d time(s) while it ran (/proc/vmstat oom_kill %d -> %d)"
-                        % (now - before, before, now))
-    kernel = kernel_lines(fired_at)
-    killed = [m for m in (OOM_KILLED.search(line) for line in kernel) if m]
-    if not moved and not killed:
+class OomKill(NamedTuple):
+    """One OOM kill as the kernel logged it: the pid and name it killed, the memory cgroup it
+    was in and the one whose limit was hit ('' where the kernel's lines do not say)."""
+
+    pid: int
+    name: str
+    task_memcg: str
+    oom_memcg: str
+    lines: tuple
+
+
+def oom_kills(kernel: list[str]) -> list[OomKill]:
+    """The OOM kills in kernel log messages: each `Killed process PID (NAME)` with the
+    `oom-kill:...,oom_memcg=...,task_memcg=...,task=NAME,pid=PID,uid=U` record before it."""
+    records: dict[int, tuple[str, str, str]] = {}
+    out = []
+    for line in kernel:
+        m = OOM_RECORD.search(line)
+        if m:
+            head = m.group("head")
+            records[int(m.group("pid"))] = (field_of(head, "task_memcg"), field_of(head, "oom_memcg"), line)
+            continue
+        m = OOM_KILLED.search(line)
+        if m:
+            pid = int(m.group("pid"))
+            task_memcg, oom_memcg, record = records.pop(pid, ("", "", ""))
+            lines = tuple(cut(x) for x in (record, line) if x)
+            out.append(OomKill(pid, cut(m.group("name"), 64), task_memcg, oom_memcg, lines))
+    return out
+
+
+def field_of(head: str, name: str) -> str:
+    """NAME=VALUE among the comma-separated fields of an oom-kill record ('' if absent)."""
+    for part in head.split(","):
+        key, _, value = part.partition("=")
+        if key == name:
+            return value[:300]
+    return ""
+
+
+def cgroup_folder(version: Any, path: Any) -> str | None:
+    """Where a memory cgroup is in /sys/fs/cgroup (None for the root, an unknown one, or a path
+    that leaves it)."""
+    if version not in (1, 2) or not isinstance(path, str) or path in ("", "/"):
         return None
+    rel = path.lstrip("/")
+    if ".." in rel.split("/"):
+        return None
+    return os.path.join("/sys/fs/cgroup", "memory" if version == 1 else "", rel)
+
+
+def own_cgroup(watch: dict[str, Any], chain_id: str) -> bool:
+    """Whether the run's memory cgroup (the one it was fired in) is its own: every process in it
+    now is one its chain started (it carries the chain's marker). A cgroup the run shares with
+    anything else (the box's, a container's, a session's) is not, and an OOM kill in it says
+    nothing about this run."""
+    folder = cgroup_folder(watch.get("cgroup_version"), watch.get("cgroup"))
+    if folder is None or not chain_id:
+        return False
+    try:
+        pids = [int(p) for p in read_regular_file(os.path.join(folder, "cgroup.procs"), 1 << 20).split()]
+    except (OSError, ValueError):
+        return False
+    return bool(pids) and all(read_marker(pid) == chain_id for pid in pids)
+
+
+def oom_evidence(watch: dict[str, Any], fired_at: float, pids: Iterable[int],
+                 chain_id: str = "") -> tuple[dict[str, Any] | None, list[str]]:
+    """The run's own OOM kill while it ran, or None; and what the OOM killer did elsewhere on
+    the box meanwhile (said beside the verdict, never its cause). A kill is the run's when the
+    kernel's record names one of its pids, or when the run's memory cgroup is its own and the
+    kill was in it (the record's task_memcg or oom_memcg, or that cgroup's own oom_kill counter
+    moved since the baseline). The box's /proc/vmstat counter says only that some process was
+    killed somewhere."""
+    mine, cgroup = set(pids), watch.get("cgroup")
+    own = own_cgroup(watch, chain_id)
+    kills = oom_kills(kernel_lines(fired_at))
+    ours = [k for k in kills if k.pid in mine or (own and cgroup in (k.task_memcg, k.oom_memcg))]
+    moved = ""
+    if own:
+        before = watch.get("cgroup_oom_kill")
+        now = cgroup_memory(watch.get("cgroup_version") or 0, str(cgroup)).get("oom_kill")
+        if isinstance(before, int) and isinstance(now, int) and now > before:
+            moved = "its own memory cgroup's OOM kills went from %d to %d while it ran" % (before, now)
+    others = [k for k in kills if k not in ours]
+    elsewhere = []
+    if others:
+        named = ", ".join("pid %d (%s)" % (k.pid, k.name) for k in others[-3:])
+        elsewhere.append(cut("the kernel's OOM killer killed %d other process(es) on the box while it ran, none of "
+                             "them this run's: %s" % (len(others), named)))
+    else:
+        before, now = watch.get("oom_kill"), vmstat_oom_kill()
+        if isinstance(before, int) and now is not None and now > before:
+            elsewhere.append("the kernel's OOM killer ran %d time(s) on the box while it ran (/proc/vmstat "
+                             "oom_kill %d -> %d), in no process known to be this run's" % (now - before, before, now))
+    if not ours and not moved:
+        return None, elsewhere
+    evidence = [moved] if moved else []
     detail = "the kernel's OOM killer killed it"
-    if killed:
-        last = killed[-1]
-        detail = "the kernel's OOM killer killed pid %s (%s)" % (last.group("pid"), cut(last.group("name"), 64))
-        evidence += [cut(m.string) for m in killed[-2:]]
-    memcgs = [m.group("memcg") for m in (OOM_MEMCG.search(line) for line in kernel) if m]
-    cgroup = cgroup_said(memcgs[-1] if memcgs else watch.get("cgroup"), watch.get("cgroup_version"))
-    if cgroup:
-        detail += ", " + cgroup
-        evidence.append(cgroup)
-    return {"detail": detail, "evidence": evidence}
+    if ours:
+        last = ours[-1]
+        detail = "the kernel's OOM killer killed pid %d (%s)" % (last.pid, last.name)
+        evidence.append("the kernel's record names pid %d, one of the run's" % last.pid if last.pid in mine
+                        else "the kernel's record names the run's own memory cgroup")
+        evidence += list(last.lines)
+    said = cgroup_said(ours[-1].oom_memcg or ours[-1].task_memcg if ours else cgroup, watch.get("cgroup_version"))
+    if said:
+        detail += ", " + said
+        evidence.append(said)
+    return {"detail": detail, "evidence": evidence}, []
 
 
 def cgroup_said(path: Any, version: Any) -> str:
@@ -293,20 +466,22 @@ def workspace_free(workspace: str) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-DISK_START = re.compile(rb"^SAMAI_DISK start used=(\d{1,20}) ", re.M)
+DISK_START = re.compile(r"^SAMAI_DISK start used=(\d{1,20}) ")
 
 
-def disk_growth(log: str, workspace: str) -> int | None:
+def disk_growth(log: str, workspace: str, nonce: str) -> int | None:
     """How much the workspace's file system gained while the run ran: its used bytes now against
-    the chain's SAMAI_DISK start line at the head of the run's log (None: not known)."""
+    the chain's own SAMAI_DISK start line (this run's nonce) at the head of the run's log (None:
+    not known)."""
     from .disk import disk_usage
 
     try:
-        found = DISK_START.search(read_regular_file(log, 8192))
+        head = read_regular_file(log, 8192).decode("utf-8", "replace").splitlines()
         used = disk_usage("workspace", workspace)["used"]
     except (OSError, KeyError, TypeError, ValueError):
         return None
-    return used - int(found.group(1)) if found and isinstance(used, int) else None
+    starts = [m for m in (DISK_START.match(said_by_chain(line, nonce) or "") for line in head) if m]
+    return used - int(starts[0].group(1)) if starts and isinstance(used, int) else None
 
 
 def with_growth(said: dict[str, Any], growth: int | None) -> dict[str, Any]:
@@ -354,34 +529,50 @@ def stop_survivors(chain_pid: int, chain_id: str) -> list[int]:
     return first
 
 
+def say(text: str, nonce: str) -> None:
+    """One of the chain's lines into the log (this process's stdout), with the run's tag."""
+    sys.stdout.write(signed(" ".join(text.split()), nonce) + "\n")
+    sys.stdout.flush()
+
+
+def death_watch(env: Any) -> dict[str, Any]:
+    """launch.py's baseline (SAMAI_DEATH_WATCH), or {} where it is not one."""
+    try:
+        watch = json.loads(env.get("SAMAI_DEATH_WATCH") or "{}")
+        if isinstance(watch, dict):
+            watch["fired_at"] = float(watch.get("fired_at") or 0.0)
+            return watch
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return {"fired_at": 0.0}
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or not argv[1].lstrip("-").isdigit() or not argv[2].isdigit():
-        sys.stderr.write("usage: python3 -m samai_box.death RC CHAIN_PID\n")
+    if len(argv) not in (3, 4) or not argv[1].lstrip("-").isdigit() or not all(a.isdigit() for a in argv[2:]):
+        sys.stderr.write("usage: python3 -m samai_box.death RC CHAIN_PID [STAGE_PID]\n")
         return 2
     rc, chain_pid = int(argv[1]), int(argv[2])
+    stage_pid = int(argv[3]) if len(argv) == 4 else 0  # $!: the process the chain started the stage as
+    nonce = read_nonce()
     env = os.environ
-    stopped = stop_survivors(chain_pid, env.get("SAMAI_CHAIN", ""))
+    chain_id = env.get("SAMAI_CHAIN", "")
+    stopped = stop_survivors(chain_pid, chain_id)
     if stopped:
-        sys.stdout.write("SAMAI_SURVIVORS stopped %s: processes the stage started, still running at its end\n"
-                         % " ".join(str(p) for p in stopped))
-        sys.stdout.flush()
+        say("SAMAI_SURVIVORS stopped %s: processes the stage started, still running at its end"
+            % " ".join(str(p) for p in stopped), nonce)
     path = env.get("SAMAI_DEATH_FILE")
     if rc == 0 or not path:
         return 0
-    try:
-        watch = json.loads(env.get("SAMAI_DEATH_WATCH") or "{}")
-    except ValueError:
-        watch = {}
-    fired_at = float(watch.get("fired_at") or 0.0) if isinstance(watch, dict) else 0.0
-    oom = oom_evidence(watch, fired_at) if isinstance(watch, dict) else None
+    watch = death_watch(env)
+    pids = set([p for p in (chain_pid, stage_pid) if p > 0] + stopped)
+    oom, elsewhere = oom_evidence(watch, watch["fired_at"], pids, chain_id)
     workspace = env.get("SAMAI_WORKSPACE", "/")
-    said = judge(rc, log_lines(env.get("SAMAI_LOG", "")), oom, workspace_free(workspace))
-    said = with_growth(said, disk_growth(env.get("SAMAI_LOG", ""), workspace))
+    said = judge(rc, log_lines(env.get("SAMAI_LOG", "")), oom, workspace_free(workspace), elsewhere)
+    said = with_growth(said, disk_growth(env.get("SAMAI_LOG", ""), workspace, nonce))
     said["rc"] = rc
     said["time"] = time.time()
-    # In the log too, where the runs list (H) reads each run's cause back: one line, no newline.
-    sys.stdout.write("SAMAI_DEATH %s: %s\n" % (said["cause"], said["detail"]))
-    sys.stdout.flush()
+    # In the log too, where the runs list (H) reads each run's cause back: one line.
+    say("SAMAI_DEATH %s: %s" % (said["cause"], said["detail"]), nonce)
     try:
         with open(path, "w") as f:
             f.write(json.dumps(said))

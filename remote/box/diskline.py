@@ -1,12 +1,14 @@
 """The disk line every stage's chain writes into its log at the run's start and end (§4.1).
 
 Runs ON the box: `python3 -S -m samai_box.diskline start|end`, from the chain script (launch.py),
-for the file system of $SAMAI_WORKSPACE. Standard library only, Python >= 3.8. One line:
+for the file system of $SAMAI_WORKSPACE, the run's nonce on its stdin. Standard library only,
+Python >= 3.8. One line:
 
-  SAMAI_DISK start used=41300000000 avail=18700000000 size=60000000000 (41.3 GB used, ...) path="/ws"
+  SAMAI_DISK start used=41300000000 avail=18700000000 size=60000000000 (41.3 GB used, ...) path="/ws" [run N]
 
-Exact bytes first (what the console reads), a human form, the path last as a JSON string (so a
-workspace name with spaces or control characters cannot break the line).
+Exact bytes first (what the console reads), a human form, the path as a JSON string (so a
+workspace name with spaces or control characters cannot break the line), the run's tag last
+(chainline.py: what tells the chain's line from a copy the stage printed).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import sys
 
+from .chainline import read_nonce, signed
 from .disk import disk_usage
 
 PHASES = ("start", "end")
@@ -44,8 +47,8 @@ def main(argv: list[str]) -> int:
     try:
         line = disk_line(argv[1], workspace)
     except OSError as e:  # one line in the log, never a failed stage
-        line = "SAMAI_DISK %s unreadable: %s" % (argv[1], e)
-    sys.stdout.write(line + "\n")
+        line = "SAMAI_DISK %s unreadable: %s" % (argv[1], " ".join(str(e).split()))
+    sys.stdout.write(signed(line, read_nonce()) + "\n")
     sys.stdout.flush()
     return 0
 

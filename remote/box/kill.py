@@ -36,6 +36,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable
 
+from .chainline import is_nonce, signed
 from .confine import Escape, open_append, open_folder, open_parent, open_root, unlink, write_file
 from .identity import same_start, started_before
 from .procfs import (
@@ -435,8 +436,16 @@ def stop_stage(req: dict[str, Any]) -> dict[str, Any]:
         wait_until(lambda: not chain.look(), KILL_WAIT_S, CHAIN_POLL_S)
     left = chain.look()
     if isinstance(rec.get("log"), str) and chain_killed and rec["pid"] not in left:
-        append_line(workspace(req), rec["log"], "CHAIN_DONE rc=137 (killed by samai-console)")
+        append_line(workspace(req), rec["log"], chain_done_killed(rec))
     return outcome(result, chain.ident, Identity(chain.btime), rec.get("pgid"), set(signalled))
+
+
+def chain_done_killed(rec: dict[str, Any]) -> str:
+    """The last line of a chain killed before it could write its own: with its run's tag
+    (chainline.py) when the record names it, so that readers take it as the chain's."""
+    text = "CHAIN_DONE rc=137 (killed by samai-console)"
+    nonce = rec.get("nonce")
+    return signed(text, str(nonce)) if is_nonce(nonce) else text
 
 
 def state_folder(workspace: str) -> int:

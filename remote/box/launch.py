@@ -6,13 +6,19 @@ Reply: {"ok", "state": "running"|"done"|"failed"|"refused", "reason", "pid", "pg
         "start_time", "boot_time", "boot_id", "rc", "log", "chain", "log_tail"}
 
 The chain runs in a new session (so a stop can signal its whole process group), with
-stdin from /dev/null (an open stdin keeps SSH sessions hanging) and its own log. Its
+stdin a pipe that holds only the run's nonce and then /dev/null (an open stdin keeps SSH
+sessions hanging), and its own log. Its
 pid is written from inside the chain and must equal the pid we started: `setsid` the
 command forks when its caller leads a group, and then the pid the caller sees is wrong.
 At its start and its end the chain writes a SAMAI_DISK line (diskline.py) into the log: the
 workspace's file system then, so the console can tell what the stage added (§4.1). At its end,
 before CHAIN_DONE, death.py stops what the stage left running and, for an rc other than 0,
 writes why it died (STAGE.death) beside its rc.
+
+Every line the chain writes carries the run's nonce (chainline.py): the chain reads it from its
+stdin (a pipe the launcher fills and closes) and hands it to its tools on theirs, so that no
+environment holds it, and starts the stage without it; the record keeps it, for kill.py's line
+and for the console.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import sys
 import time
 from typing import Any, Mapping
 
+from .chainline import new_nonce
 from .confine import (
     Escape,
     open_append,
@@ -56,27 +63,39 @@ TAIL_LINES = 20
 
 CHAIN = """#!/bin/sh
 # samai-console chain for stage %(stage)s: written by the console, rewritten on every fire.
+read -r samai_nonce
+exec </dev/null
 echo $$ > "$SAMAI_PID_FILE"
+say() {
+    printf '%%s [run %%s]\\n' "$*" "$samai_nonce"
+}
+tool() {
+    name=$1
+    shift
+    printf '%%s\\n' "$samai_nonce" | "$SAMAI_BOX_PYTHON" -S -m "samai_box.$name" "$@" 2>/dev/null
+}
 disk_line() {
-    "$SAMAI_BOX_PYTHON" -S -m samai_box.diskline "$1" 2>/dev/null || echo "SAMAI_DISK $1 unavailable"
+    tool diskline "$1" || say "SAMAI_DISK $1 unavailable"
 }
 finish() {
-    "$SAMAI_BOX_PYTHON" -S -m samai_box.death "$1" $$ 2>/dev/null
+    tool death "$1" $$ "${samai_stage_pid:-0}"
     disk_line end
-    echo "CHAIN_DONE rc=$1"
+    say "CHAIN_DONE rc=$1"
     echo "$1" > "$SAMAI_RC_FILE"
     exit "$1"
 }
 trap 'finish 129' HUP
 trap 'finish 130' INT
 trap 'finish 143' TERM
-echo "=== samai chain $SAMAI_STAGE: pid $$ started $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)"
+say "=== samai chain $SAMAI_STAGE: pid $$ started $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)"
 cd "$SAMAI_WORKSPACE" || finish 2
 disk_line start
 (
+unset samai_nonce
 %(command)s
 ) &
-wait $!
+samai_stage_pid=$!
+wait $samai_stage_pid
 finish $?
 """
 
@@ -153,6 +172,17 @@ def log_tail(path: str, n: int = TAIL_LINES, limit: int = 64 * 1024) -> list[str
     return [line.decode("utf-8", "replace") for line in data.splitlines()[-n:]]
 
 
+def nonce_pipe(nonce: str) -> int:
+    """The chain's stdin: a pipe that holds the run's nonce and then its end (the chain reads the
+    line and goes on with /dev/null): its read end, for the caller to close once the chain has it."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, (nonce + "\n").encode("ascii"))  # far below a pipe's buffer: never blocks
+    finally:
+        os.close(write_end)
+    return read_end
+
+
 def wait_for_pidfile(path: str, proc: subprocess.Popen[bytes], deadline: float) -> int | None:
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -194,10 +224,15 @@ def launch(req: dict[str, Any]) -> dict[str, Any]:
                **tools_env(env))  # SAMAI_BOX_PYTHON: what writes the chain's disk lines (diskline.py)
     # What an OOM kill moves, before the chain starts: death.py compares against it at the end.
     env["SAMAI_DEATH_WATCH"] = json.dumps(dict(death_baseline(), fired_at=time.time()))
-    with os.fdopen(log_fd, "ab") as out, open(os.devnull, "rb") as devnull:
-        env.update(places.chain_files())
-        proc = subprocess.Popen(["/bin/sh", paths["chain"]], stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
-                                cwd="/", env=env, start_new_session=True, close_fds=True, pass_fds=(places.state,))
+    nonce = new_nonce()
+    stdin = nonce_pipe(nonce)
+    try:
+        with os.fdopen(log_fd, "ab") as out:
+            env.update(places.chain_files())
+            proc = subprocess.Popen(["/bin/sh", paths["chain"]], stdin=stdin, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd="/", env=env, start_new_session=True, close_fds=True, pass_fds=(places.state,))
+    finally:
+        os.close(stdin)
     st = read_stat(proc.pid)  # readable even if it already exited: unreaped until we poll
     fired_at = time.time()
     verify_s = float(req.get("verify_s", 3.0))
@@ -207,7 +242,8 @@ def launch(req: dict[str, Any]) -> dict[str, Any]:
               "start_time": start_epoch(st["starttime"], btime) if st else None,
               "boot_time": btime, "boot_id": boot_id(),  # what start_time is read against: record_btime
               "log": log, "cmd": command, "chain": paths["chain"], "fired_at": fired_at,
-              "chain_id": chain_id}  # the SAMAI_CHAIN its processes carry
+              "chain_id": chain_id,  # the SAMAI_CHAIN its processes carry
+              "nonce": nonce}  # what the chain's lines in the log carry (chainline.py)
     places.record(json.dumps(record, indent=1))
     if reported is not None and reported != proc.pid:
         return dict(record, ok=False, state="failed",
