@@ -923,16 +923,59 @@ class WatcherBeat:
     held: int = 0  # messages the hourly cap held back
     unsent: int = 0  # messages that could not be sent (after their retries)
     leading: bool = False
+    at: float | None = None  # the watcher's clock when it beat, under its signature
+    key: str = ""  # the id of the key it signed with (console/core/watch/trust.py)
+    mac: str = ""
 
 
 @dataclass(frozen=True)
 class WatchShared:
     watchers: tuple[WatcherBeat, ...]
-    leader: str | None  # the id holding the lease to send
+    leader: str | None  # the id holding the lease to send (the box gives it only while its holder beats)
     leading: bool  # the asking watcher holds it
     ledger: dict[str, Any]  # the leader's, as written: read by the console's policy, defensively
     acks: dict[str, Any]  # KEY -> {by, at, text}
     now: float  # the box's clock
+    leader_since: float | None = None  # the box's clock when the leader took the lease
+    problems: tuple[str, ...] = ()  # files of the folder the box could not read (too big, not JSON, a link)
+
+    def beat_of(self, watcher: str | None) -> WatcherBeat | None:
+        return next((b for b in self.watchers if b.id == watcher), None) if watcher else None
+
+
+MAX_WATCH_TIME = 2.0**40  # seconds since the epoch: any clock's reading for the next 30,000 years
+BEAT_TIMES = ("since", "written", "last_poll", "last_sent", "at")
+BEAT_COUNTS = ("pid", "sent", "held", "unsent")
+BEAT_TEXTS = {"id": 64, "who": 200, "host": 200, "last_error": 500, "key": 64, "mac": 128}
+
+
+def watch_time(value: object) -> float | None:
+    """A time read from the watch folder: a finite number of seconds since the epoch, in range
+    (an int of 400 digits, inf, NaN or a negative time is none)."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        t = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        return None
+    return t if math.isfinite(t) and 0.0 <= t <= MAX_WATCH_TIME else None
+
+
+def _checked_beat(beat: WatcherBeat) -> WatcherBeat:
+    """The beat if every number is one arithmetic can take and every text is short."""
+    for name in BEAT_TIMES:
+        value = getattr(beat, name)
+        if value is not None and watch_time(value) is None:
+            raise BoxError(f"malformed reply: WatcherBeat.{name} out of range")
+    if not 0 < beat.interval <= 86400.0 or not math.isfinite(beat.interval):
+        raise BoxError("malformed reply: WatcherBeat.interval out of range")
+    if not all(0 <= getattr(beat, name) < 2**53 for name in BEAT_COUNTS):
+        raise BoxError("malformed reply: WatcherBeat count out of range")
+    if any(len(getattr(beat, name)) > limit for name, limit in BEAT_TEXTS.items()):
+        raise BoxError("malformed reply: WatcherBeat text too long")
+    floats: dict[str, Any] = {name: float(getattr(beat, name)) for name in (*BEAT_TIMES, "interval")
+                              if getattr(beat, name) is not None}  # an int of JSON as the float it stands for
+    return replace(beat, **floats)
 
 
 @_converting
@@ -940,13 +983,19 @@ def watch_shared(raw: dict[str, Any]) -> WatchShared:
     beats = []
     for item in _items(raw, "watchers")[:64]:
         try:
-            beats.append(_pick(WatcherBeat, item))
-        except (BoxError, TypeError):  # one watcher's unreadable beat costs only its own line
+            beats.append(_checked_beat(_pick(WatcherBeat, item)))
+        except (BoxError, TypeError, OverflowError):  # one watcher's unreadable beat costs only its own line
             continue
     leader = raw.get("leader")
-    leader_id = leader.get("id") if isinstance(leader, dict) and isinstance(leader.get("id"), str) else None
+    leader = leader if isinstance(leader, dict) else {}
+    leader_id = leader.get("id") if isinstance(leader.get("id"), str) else None
+    problems = tuple(str(p)[:200] for p in _items(raw, "problems")[:16])
+    now = watch_time(raw.get("now"))
+    if now is None:
+        raise BoxError("malformed reply: WatchShared.now out of range")
     return WatchShared(tuple(beats), leader_id, raw.get("leading") is True, _items(raw, "ledger", dict),
-                       _items(raw, "acks", dict), float(raw.get("now") or 0.0))
+                       _items(raw, "acks", dict), now, watch_time(leader.get("since")) if leader_id else None,
+                       problems)
 
 
 # ------------------------------------------------------------ GGUF surgery (box/gguf_surgery.py)

@@ -25,6 +25,7 @@ from samai.console.core.audit import AuditLog
 from samai.console.core.connect import open_box
 from samai.console.core.paths import audit_log
 from samai.console.core.watch.sender import Sender, receivers
+from samai.console.core.watch.trust import contents
 from samai.console.core.watch.watcher import BoxWatcher, Identity, watch
 from tests.helpers import run_cli, unavailable_here, until, wait_for
 from tests.receivers import PASSWORD, HttpReceiver, SmtpReceiver, free_port
@@ -279,7 +280,7 @@ def test_watch_once_from_cron_tells_a_death_once(tmp_path: Path, workspace: Path
     assert run_cli("--config", str(path), "fire", "job", "--yes").returncode == 0
     first = run_cli("--config", str(path), "watch", "--once")  # sees it running: leaves that in the ledger
     assert first.returncode == 0, first.stdout + first.stderr
-    ledger = json.loads((workspace / ".samai" / "watch" / "ledger.json").read_text())
+    ledger = contents(json.loads((workspace / ".samai" / "watch" / "ledger.json").read_text()))
     assert ledger["statuses"]["job"] == "running"
     deadline = time.monotonic() + 30
     while "job" not in _rc_files(workspace) and time.monotonic() < deadline:

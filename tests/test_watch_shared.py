@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,69 @@ def test_whatever_else_wrote_the_folder_a_read_and_a_beat_answer(workspace: Path
                                            "lease_s": 30.0, "ledger": None}))
     assert "me" in {w.id for w in shared.watchers}
     watch_shared(watchers.handle({"workspace": ws, "op": "ack", "keys": ["k"], "by": "op"}))
+
+
+def _beat(ws: str, watcher: str, interval: float = 10.0) -> dict:
+    return watchers.handle({"workspace": ws, "op": "beat", "id": watcher, "heartbeat": {"who": f"op@{watcher}",
+                                                                                         "interval": interval},
+                            "lease_s": 30.0, "ledger": None})
+
+
+def test_a_lease_is_held_only_while_its_holder_beats(workspace: Path) -> None:
+    """A forged leader.json (a far `until`, a holder that never beat or beat long ago) holds
+    nobody back: the next watcher to beat takes it. A live holder keeps it, whatever `until` says."""
+    ws, folder = str(workspace), watch_folder(workspace)
+    folder.mkdir(parents=True)
+    (folder / "leader.json").write_text(json.dumps({"id": "ghost", "until": 1e308}))
+    taken = watch_shared(_beat(ws, "me"))
+    assert taken.leading and taken.leader == "me"
+    (folder / "W-ghost.json").write_text(json.dumps({"id": "ghost", "interval": 1e9, "written": time.time() - 901}))
+    (folder / "leader.json").write_text(json.dumps({"id": "ghost", "until": 10**400}))
+    assert watch_shared(_beat(ws, "me")).leading  # beat 901 s ago: past any interval's bound
+    (folder / "W-ghost.json").write_text(json.dumps({"id": "ghost", "interval": 10, "written": time.time()}))
+    (folder / "leader.json").write_text(json.dumps({"id": "ghost", "until": time.time() + 60, "since": 5.0}))
+    kept = watch_shared(_beat(ws, "me"))
+    assert not kept.leading and kept.leader == "ghost" and kept.leader_since == 5.0
+    lease = json.loads((folder / "leader.json").read_text())
+    assert lease["id"] == "ghost" and lease["since"] == 5.0  # untouched while its holder beats
+
+
+def test_the_lease_written_is_bounded_and_keeps_when_it_was_taken(workspace: Path) -> None:
+    ws, folder = str(workspace), watch_folder(workspace)
+    first = watch_shared(watchers.handle({"workspace": ws, "op": "beat", "id": "me", "heartbeat": {},
+                                          "lease_s": 1e12, "ledger": None}))
+    lease = json.loads((folder / "leader.json").read_text())
+    assert first.leading and lease["until"] <= time.time() + watchers.MAX_LEASE_S
+    again = watch_shared(_beat(ws, "me"))
+    assert again.leader_since == first.leader_since == lease["since"]
+
+
+@pytest.mark.parametrize("name", ["ledger.json", "acks.json", "leader.json", "W-other.json"])
+def test_a_file_the_box_cannot_read_whole_is_said_not_dropped_silently(workspace: Path, name: str) -> None:
+    folder = watch_folder(workspace)
+    folder.mkdir(parents=True)
+    ws = str(workspace)
+    (folder / name).write_bytes(b'{"pad": "' + b"x" * watchers.MAX_FILE + b'"}')
+    shared = watch_shared(watchers.handle({"workspace": ws, "op": "read"}))
+    assert any(p.startswith(f"{name}: more than") for p in shared.problems), shared.problems
+    (folder / name).write_bytes(b"{not json")
+    shared = watch_shared(watchers.handle({"workspace": ws, "op": "read"}))
+    assert f"{name}: not JSON" in shared.problems
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.sampled_from([10**400, -(10**400), float("inf"), float("nan"), -1, 1e308, 0, "1", None, True]),
+       field=st.sampled_from(["written", "interval", "since", "last_poll", "last_sent", "at", "pid", "sent"]))
+def test_a_beat_with_a_number_no_arithmetic_takes_costs_only_its_own_line(workspace: Path, value, field) -> None:
+    folder = watch_folder(workspace)
+    folder.mkdir(parents=True, exist_ok=True)
+    beat = {"id": "other", "who": "op@x", "interval": 10, "written": time.time(), field: value}
+    (folder / "W-other.json").write_text(json.dumps(beat))
+    (folder / "leader.json").write_text(json.dumps({"id": "other", "until": value, "since": value}))
+    shared = watch_shared(watchers.handle({"workspace": str(workspace), "op": "read"}))
+    for b in shared.watchers:
+        assert all(isinstance(getattr(b, n), float) and math.isfinite(getattr(b, n))
+                   for n in ("since", "interval", "written"))
+    from samai.console.core.watch.seen import watched_words
+
+    watched_words(shared, shared.now)  # no arithmetic on it raises

@@ -191,6 +191,9 @@ class ConsoleState:
         self._cpu: dict[tuple[int, float], tuple[float, float]] = {}
         self._statuses: dict[str, str] = {}
         self._fired_unseen_after: float | None = None  # a watcher's: the box time of the last watcher's look
+        # Each stage's run (fired_at; None: no record) at the last poll: a run not among them ran since.
+        self._looked_runs: dict[str, float | None] = {}
+        self._unread_runs: set[str] = set()  # stages whose new run's log this poll's snapshot did not read
         self._rcs: dict[str, int | None] = {}
         self._last_said: dict[str, str] = {}  # each stage's last marker line of this run, CHAIN_DONE aside
         self._progress: dict[str, Progress] = {}  # each stage's last progress line of this run
@@ -297,6 +300,7 @@ class ConsoleState:
             else:
                 self._hits(self._stages[watched[id(follower)]], tail.hits, update)
         update.stages = [self._stage_view(s, snap, update) for s in self.config.stages]
+        self._unread_runs.clear()
         update.disk_delta = self._disk_delta(snap, update.stages)
         update.new_alerts += self._findings(ctx)
         update.serving = tuple(self.serving.views.values())  # as the serving detector just read them
@@ -390,6 +394,14 @@ class ConsoleState:
                                if name in known and status == "running" and name not in self._statuses})
         self._fired_unseen_after = looked_at
 
+    def _ran_unseen(self, stage: str, rec: StageRecord, now: float) -> bool:
+        """Whether this run started after the last look at the box: one this state did not see at
+        its last poll (whoever fired it, however fast it ended); at the first poll, one fired after
+        the last watcher's look (seed_statuses). A run's identity is its fired_at."""
+        if stage in self._looked_runs:
+            return self._looked_runs[stage] != rec.fired_at
+        return self._statuses.get(stage) is None and self._fired_since_last_look(rec, now)
+
     def _fired_since_last_look(self, rec: StageRecord, now: float) -> bool:
         """Whether the run was fired after the last watcher's look, which was recent: a watcher
         back after a long gap does not tell again every run that ended meanwhile."""
@@ -455,6 +467,7 @@ class ConsoleState:
             self.previous[stage.name] = PreviousRun(before[0], self._statuses.get(stage.name, "?"),
                                                     self._rcs.get(stage.name), marker)
             self.watches[stage.name] = self._watch(stage)
+            self._unread_runs.add(stage.name)  # its log is read from the next poll on
             if stage.name == self.shown_stage and self.shown is not None:
                 # The shown log starts again with the new run's file (the last run's is NAME.1).
                 self.shown = LogFollower(self.shown.path, offset=0, catch_up_bytes=SHOWN_CATCH_UP)
@@ -546,14 +559,20 @@ class ConsoleState:
                                                        or self.unproven(stage)):
             status = "blocked"
         before = self._statuses.get(stage.name)
-        if before is None and rec is not None and self._fired_since_last_look(rec, snap.time):
-            before = "running"  # fired after the last watcher's look and over before this one's
+        unseen = rec is not None and self._ran_unseen(stage.name, rec, snap.time)
+        if unseen:
+            before = "running"  # it ran between two looks: over already, it ended since
+        # A new run already over is judged at the next poll, once its log is read: its end is one
+        # alert, with its last words, beside the alerts of its own output.
+        later = unseen and status != "running" and stage.name in self._unread_runs
+        if not later:
+            self._looked_runs[stage.name] = rec.fired_at if rec else None
         self._statuses[stage.name] = status
         self._rcs[stage.name] = rec.rc if rec else None
         if before is not None and before != status:
             self.sizer.refresh_all()  # what it made (or removed) is sized in the next poll
         death = self.runs_seen.explained(rec, cause_of_death(rec, snap)) if rec else None
-        if before == "running" and rec is not None:
+        if before == "running" and rec is not None and not later:
             ended = self._ended(stage, rec, status, death)
             if ended:
                 update.new_alerts.append(ended)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from samai.console.core.config import Config
 from samai.console.core.kinds import ActionKind
 from samai.console.core.state import RUN_ENDED, Alert
-from samai.console.core.watch.policy import HOUR_S, Message, alert_identity, plain
+from samai.console.core.watch.policy import HOUR_S, REST, Message, alert_identity, plain
+from samai.remote.model import watch_time
 
 BY_THE_WATCHER = "by the watcher"
 # Each recovery: the fix its alert offers, the role of the stage it is for, and the alert's code.
@@ -53,15 +54,12 @@ class RecoveryBook:
             return book
         done, times = raw.get("done"), raw.get("times")
         if isinstance(done, dict):
-            book.done = {k: float(v) for k, v in done.items() if isinstance(k, str) and _number(v)}
+            book.done = {k: t for k, t in ((k, watch_time(v)) for k, v in list(done.items())[:400])
+                         if isinstance(k, str) and len(k) <= 400 and t is not None}
         if isinstance(times, dict):
-            book.times = {k: [float(t) for t in v if _number(t)][-100:] for k, v in times.items()
-                          if isinstance(k, str) and isinstance(v, list)}
+            book.times = {k: [t for t in map(watch_time, v[-100:]) if t is not None]
+                          for k, v in list(times.items())[:100] if isinstance(k, str) and isinstance(v, list)}
         return book
-
-
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
 
 def recoveries_due(config: Config, alerts: list[Alert], book: RecoveryBook) -> list[Due]:
@@ -86,7 +84,9 @@ def recovery_message(box: str, due: Due, ok: bool, words: str) -> Message:
     title += words if ok else f"not recovered: {due.stage}"
     body = (f"{words}\n" if not ok else "") + f"after: {plain(due.alert.text)}" + (
         "" if ok else "\nNothing was forced: fix it at the console and press x.")
-    return Message(f"recovery|{due.key}", "recovery", "info" if ok else "error", title, body)
+    # A recovery that failed is an error the watcher judged itself: a lane of its own, per stage.
+    return Message(f"recovery|{due.key}", "recovery", "info" if ok else "error", title, body,
+                   REST if ok else f"error|recovery|{due.stage}")
 
 
 async def recover(actions, config: Config, box: str, due: Due, book: RecoveryBook, now: float) -> Message:

@@ -8,6 +8,7 @@ from samai.remote.model import WatcherBeat, WatchShared
 
 SILENT_INTERVALS = 3  # a watcher that has not beaten for this many of its intervals is silent
 MIN_SILENT_S = 60.0
+FUTURE_S = 5.0  # a beat "written" later than the box's now was not written by the box's tool: none
 
 
 def _silent_for(beat: WatcherBeat, now: float) -> float:
@@ -17,17 +18,23 @@ def _silent_for(beat: WatcherBeat, now: float) -> float:
 
 
 def watched_words(shared: WatchShared | None, now: float) -> tuple[str, bool]:
-    """The words, and whether they are good news. now: the box's clock (a beat's `written` is)."""
+    """The words, and whether they are good news. now: the box's clock (a beat's `written` is).
+    "watched by" only from a live heartbeat of the lease's holder: the box names a holder only
+    while it beats, and its beat must be alive here too; any other watcher alive is standing by."""
     if shared is None:
         return "", True
-    alive = [b for b in shared.watchers if not _silent_for(b, now)]
-    if not alive:
-        silent = max(shared.watchers, key=lambda b: b.written, default=None)
-        if silent is None:
-            return "not watched", False
-        return f"watcher {silent.who or silent.id} silent for {units.duration(now - silent.written)}", False
-    leader = next((b for b in alive if b.id == shared.leader), alive[0])
-    words = f"watched by {leader.who or leader.id}"
+    beats = [b for b in shared.watchers if now - b.written >= -FUTURE_S]
+    alive = [b for b in beats if not _silent_for(b, now)]
+    leader = next((b for b in alive if b.id == shared.leader), None)
+    if leader is None:
+        held = [b for b in beats if b.id == shared.leader]
+        silent = held[0] if held else max(beats, key=lambda b: b.written, default=None)
+        if silent is not None and _silent_for(silent, now):
+            return f"watcher {_name(silent)} silent for {units.duration(now - silent.written)}", False
+        if alive:
+            return f"no watcher leads ({len(alive)} standing by)", False
+        return "not watched", False
+    words = f"watched by {_name(leader)}"
     if len(alive) > 1:
         words += f" (+{len(alive) - 1} standing by)"
     if leader.last_sent is not None and leader.last_poll is not None:
@@ -42,3 +49,7 @@ def watched_words(shared: WatchShared | None, now: float) -> tuple[str, bool]:
     if leader.last_error:
         problems.append(leader.last_error[:80])
     return words + ("".join(f" · {p}" for p in problems)), not problems
+
+
+def _name(beat: WatcherBeat) -> str:
+    return beat.who or beat.id

@@ -3,26 +3,38 @@ policy over the state's alerts, the outage rule, and this watcher's share of the
 folder (its heartbeat, the lease to send, the leader's ledger, the acknowledgements).
 
 Only the watcher holding the lease sends, so two watchers of one box send once; the ledger it
-leaves lets the next one (a restart, a cron run) go on without sending again."""
+leaves lets the next one (a restart, a cron run) go on without sending again. The folder is the
+box's, so it is read as untrusted input (trust.py): a lease lapses when its holder stops beating,
+a ledger is believed only when this watcher's key sealed it, and a watcher stands by quietly only
+for a leader whose live beat that key signed. Under any other leader it stands by and sends the
+error-level alerts itself: nothing written on the box keeps a death from being sent."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
+from samai.console.core import units
 from samai.console.core.config import Config
 from samai.console.core.session import BoxSession, OpenBox, PollFailed
-from samai.console.core.watch.policy import NotifyPolicy, OutageWatch
+from samai.console.core.watch.ledger import read_ledger, sealed_ledger
+from samai.console.core.watch.policy import Message, NotifyPolicy, OutageWatch, clock, plain
 from samai.console.core.watch.recover import BY_THE_WATCHER, RecoveryBook, recover, recoveries_due
 from samai.console.core.watch.sender import Sender
-from samai.remote.model import WatchShared
+from samai.console.core.watch.trust import Trust
+from samai.remote.model import WatcherBeat, WatchShared
 
 LEASE_INTERVALS = 3  # the lease to send outlives this many missed beats
 MIN_LEASE_S = 30.0
+MAX_LIVE_S = 900.0  # the box's bound on a lease (box/watchers.py MAX_LEASE_S)
+
+# lead: it sends; standby: a leader this watcher's key vouches for sends; shadow: another leader
+# holds the lease (unsigned, another key, or none): this one sends the error-level alerts too.
+Role = Literal["lead", "standby", "shadow"]
 
 
 @dataclass
@@ -44,41 +56,45 @@ def console_command(config: Config) -> str:
     return "samai-console" + ("" if builtin else f" --config {shlex.quote(config.source)}")
 
 
-def ledger_statuses(ledger: dict) -> dict[str, str]:
-    raw = ledger.get("statuses")
-    return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(raw, dict) else {}
-
-
-def ledger_looked_at(ledger: dict) -> float | None:
-    """The box's time at the last poll of the watcher that wrote the ledger."""
-    at = ledger.get("box_at")
-    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at) else None
+def live_within(beat: WatcherBeat) -> float:
+    """How recent a watcher's beat must be for it to be alive: a few of its intervals, bounded."""
+    return min(max(LEASE_INTERVALS * beat.interval, MIN_LEASE_S), MAX_LIVE_S)
 
 
 class BoxWatcher:
     def __init__(self, name: str, config: Config, open_box: OpenBox, sender: Sender, me: Identity, *,
                  readonly: bool = False, say: Callable[[str], None] = print,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, trust: Trust | None = None) -> None:
         self.name, self.config, self.sender, self.me = name, config, sender, me
         self.readonly, self.clock = readonly, clock
+        self.trust = trust or Trust.load()
         self.say = (lambda line: say(f"{name}: {line}")) if name else say
         self.session = BoxSession(config, open_box, clock=clock)
         self.policy = NotifyPolicy(config.notify, name, console_command(config))
         self.outage = OutageWatch(name, config.watch.unreachable_after)
-        self.leading = readonly  # read-only: it writes no heartbeat and takes no lease, so it sends alone
+        # read-only: it writes no heartbeat and takes no lease, so it sends alone
+        self.role: Role = "lead" if readonly else "shadow"
         self.acked: set[str] = set()
         self.book = RecoveryBook()  # the deaths recovered (or not) by policy
         self.last_poll: float | None = None
         self.last_error = ""
         self._seeded = False
+        self._leader_said: tuple[str | None, bool] | None = None  # the leader last said in the log, and trusted
+        self._leader_seen: str | None = None  # the lease's holder at the last beat
+        self._problems_said: tuple[str, ...] = ()
         self.polls = 0  # cycles done (tests wait on it)
 
     @property
     def state(self):
         return self.session.state
 
+    @property
+    def leading(self) -> bool:
+        return self.role == "lead"
+
     async def cycle(self) -> PollFailed | None:
-        """One poll, what it calls for sent (by the leader), and the heartbeat."""
+        """One poll, what it calls for sent (by the leader; the error-level alerts by a watcher in
+        shadow too), and the heartbeat."""
         if not self._seeded:
             await self._seed()
         result = await self.session.poll_once()
@@ -89,21 +105,35 @@ class BoxWatcher:
             if result.bug:
                 self.say(f"internal error: {result.error}")
             down = self.outage.failed(result.error, now)
-            if down and self.leading:  # the last known leader says it (the box holds the lease)
+            if down and self.role != "standby":  # the last known leader says it (the box holds the lease)
                 await self.sender.send(self.policy.capped([down], now), now)
             return result
         self.last_poll, self.last_error = now, ""
         back = self.outage.answered(now)
         shared = await self._beat(now)
         if shared is not None:
-            self.acked = set(shared.acks)
-        if self.leading:  # a watcher standing by sends nothing and keeps no ledger of its own
+            self._read_acks(shared)
+        if self.role != "standby":  # a watcher standing by for a trusted leader sends nothing
             messages = self.policy.capped([back], now) if back else []
-            snap = self.state.snapshot
-            runs = {r.stage: r.fired_at for r in snap.states} if snap else {}
-            await self.sender.send(messages + self.policy.due(self.state.alerts, self.acked, now, runs), now)
+            await self.sender.send(messages + self._due(now), now)
+        if self.leading:
             await self._recover(now)
         return None
+
+    def _due(self, now: float, *, wait: bool = True) -> list[Message]:
+        snap = self.state.snapshot
+        runs = {r.stage: r.fired_at for r in snap.states} if snap else {}
+        running = frozenset(name for name, status in self.state.stage_statuses().items() if status == "running")
+        alerts = self.state.alerts
+        if self.role == "shadow":  # beside a leader it cannot vouch for: what must always go
+            alerts = [a for a in alerts if a.severity == "error"]
+        return self.policy.due(alerts, self.acked, now, runs, running, wait=wait, only_errors=self.role == "shadow")
+
+    async def flush(self) -> None:
+        """What waits for a run's end (its output's alerts) sent now: the watcher ends."""
+        if self.role != "standby" and self.last_poll is not None:
+            now = self.clock()
+            await self.sender.send(self._due(now, wait=False), now)
 
     async def _recover(self, now: float) -> None:
         """The fixes [watch] recover lets it run, for the deaths that stand (read-only: none)."""
@@ -132,30 +162,50 @@ class BoxWatcher:
                        confirm=confirm)
 
     async def _seed(self) -> None:
-        """What an earlier watcher of this box left: the alerts it sent (not sent again) and the
-        stages it saw running (one over now is an ended run)."""
+        """What an earlier watcher of this box left: the alerts it sent (not sent again, when this
+        watcher's key sealed its ledger) and the stages it saw running (one over now is an ended run)."""
         try:
             shared = await self.session.connected_box().watchers()
         except Exception as e:  # the box is not answering yet: the poll says so
             self.last_error = str(e)
             return
         self._seeded = True
-        self.policy.adopt(shared.ledger)  # sends nothing it already sent
-        self.book = RecoveryBook.of(shared.ledger.get("recoveries"))
-        self.state.seed_statuses(ledger_statuses(shared.ledger), ledger_looked_at(shared.ledger))
-        self.acked = set(shared.acks)
+        read = self._adopt(shared)
+        self.state.seed_statuses(read.statuses, read.box_at)
+        self._read_acks(shared)
 
-    def heartbeat(self) -> dict:
+    def _adopt(self, shared: WatchShared):
+        """The box's ledger as this watcher may use it (said in the log when its key did not seal it)."""
+        read = read_ledger(shared.ledger, self.trust, self.clock())
+        if read.why:
+            self.say(f"the ledger on the box is {read.why}: what it says was sent is not taken as sent "
+                     f"(a watcher holding this machine's watch key wrote none)")
+        self.policy.adopt(read)
+        if read.trusted:
+            self.book = RecoveryBook.of(read.recoveries)
+        return read
+
+    def _read_acks(self, shared: WatchShared) -> None:
+        """The alerts acknowledged on the box (no more repeats of them); each new one said once."""
+        acks = {k for k in shared.acks if isinstance(k, str) and len(k) <= 1000}
+        for key in sorted(acks - self.acked & set(self.policy.sent))[:20]:
+            entry = shared.acks.get(key)
+            by = entry.get("by") if isinstance(entry, dict) else ""
+            self.say(f"acknowledged on the box by {plain(str(by), 80) or '?'}: {plain(key, 120)}")
+        self.acked = acks
+
+    def heartbeat(self, now: float) -> dict:
         return {"who": self.me.who, "host": self.me.host, "pid": self.me.pid, "since": self.me.since,
                 "interval": self.config.watch.interval, "last_poll": self.last_poll,
                 "last_sent": self.sender.last_sent, "last_error": self.last_error or self.sender.last_error,
                 "sent": self.sender.sent, "held": self.policy.held, "unsent": self.sender.unsent,
-                "leading": self.leading}
+                "leading": self.leading, **self.trust.sign_beat(self.me.id, now)}
 
     def ledger(self) -> dict:
         snap = self.state.snapshot
-        return {**self.policy.ledger(), "statuses": self.state.stage_statuses(), "recoveries": self.book.to_json(),
+        data = {**self.policy.ledger(), "statuses": self.state.stage_statuses(), "recoveries": self.book.to_json(),
                 "at": self.clock(), "box_at": snap.time if snap else None}
+        return sealed_ledger(self.trust, data, self.policy.sent)
 
     async def _beat(self, now: float) -> WatchShared | None:
         """The heartbeat (and the ledger, if this one leads); None when it could not be written."""
@@ -163,28 +213,72 @@ class BoxWatcher:
         try:
             if self.readonly:
                 return await box.watchers()
-            was = self.leading
+            was = self.role
             lease = max(LEASE_INTERVALS * self.config.watch.interval, MIN_LEASE_S)
-            shared = await box.watch_beat(self.me.id, self.heartbeat(), lease, self.ledger() if was else None)
+            shared = await box.watch_beat(self.me.id, self.heartbeat(now), lease,
+                                          self.ledger() if was == "lead" else None)
         except Exception as e:  # the heartbeat is bookkeeping: a failed one is said and the watch goes on
             self.last_error = f"heartbeat: {e}"
             self.say(self.last_error)
             return None
-        self.leading = shared.leading
-        if shared.leading and not was:
-            self.policy.adopt(shared.ledger)  # the last leader's: not sent again
-            self.book = RecoveryBook.of(shared.ledger.get("recoveries"))
-            self.say("leading: this watcher sends for the box")
-        elif was and not shared.leading:
-            self.say(f"standing by: watcher {shared.leader} sends for the box")
+        self._say_problems(shared)
+        if shared.leading:
+            if was != "lead":
+                self._adopt(shared)  # the last leader's: not sent again
+                self.say(self._took_over(shared))
+            self.role = "lead"
+        else:
+            self.role = self._standing_by(shared, now)
+            if self.role == "standby" and was != "standby":
+                self.policy.sent.clear()  # the leader's ledger says what was sent, from now on
+        self._leader_seen = shared.leader
         return shared
 
+    def _took_over(self, shared: WatchShared) -> str:
+        before = self._leader_seen
+        gone = shared.beat_of(before) if before and before != self.me.id else None
+        self._leader_said = (self.me.id, True)
+        if gone is None:
+            return "leading: this watcher sends for the box"
+        return (f"leading: watcher {plain(gone.who or gone.id, 80)} stopped beating (its last beat "
+                f"{units.duration(shared.now - gone.written)} ago): this watcher sends for the box")
+
+    def _standing_by(self, shared: WatchShared, now: float) -> Role:
+        """standby when a leader this watcher's key vouches for beats; shadow otherwise. Said in
+        the log whenever who leads, or whether it is vouched for, changes."""
+        beat = shared.beat_of(shared.leader)
+        trusted = beat is not None and self.trust.signed(beat, now, live_within(beat))
+        if self._leader_said != (shared.leader, trusted):
+            self._leader_said = (shared.leader, trusted)
+            if shared.leader is None:
+                self.say("no watcher holds the lease: this watcher sends the error-level alerts")
+            else:
+                who = plain(beat.who or beat.id, 80) if beat else plain(shared.leader, 80)
+                since = f" since {clock(shared.leader_since)}" if shared.leader_since is not None else ""
+                words = f"standing by: watcher {who} leads{since}"
+                if not trusted:
+                    words += ("; its beat is not signed with this machine's watch key, so this watcher sends "
+                              "the error-level alerts too")
+                self.say(words)
+        return "standby" if trusted else "shadow"
+
+    def _say_problems(self, shared: WatchShared) -> None:
+        if shared.problems != self._problems_said:
+            self._problems_said = shared.problems
+            for problem in shared.problems:
+                self.say(f"the box's watch folder: {plain(problem, 200)}")
+
     async def close(self) -> None:
-        """The last heartbeat leaves the ledger for the next watcher; then the box is closed."""
+        """What waits is sent; the last heartbeat leaves the ledger for the next watcher; then the
+        box is closed."""
+        try:
+            await asyncio.wait_for(self.flush(), 30.0)
+        except Exception as e:
+            self.say(f"not sent before the end: {e}")
         if self.leading and not self.readonly and self.last_poll is not None:
             try:
                 await asyncio.wait_for(self.session.connected_box().watch_beat(
-                    self.me.id, self.heartbeat(), MIN_LEASE_S, self.ledger(), release=True), 10.0)
+                    self.me.id, self.heartbeat(self.clock()), MIN_LEASE_S, self.ledger(), release=True), 10.0)
             except Exception as e:
                 self.say(f"last heartbeat not written: {e}")
         await self.session.close()
@@ -222,6 +316,7 @@ async def _once(w: BoxWatcher) -> bool:
     if failed is None and any(status == "running" for status in w.state.stage_statuses().values()):
         await asyncio.sleep(ONCE_SETTLE_S)
         failed = await w.cycle()
+    await w.flush()  # nothing waits for a next poll that will not come
     deadline = w.clock() + ONCE_RETRY_S
     while w.sender.pending and w.clock() < deadline:
         await asyncio.sleep(max(0.1, min(p.due for p in w.sender.pending) - w.clock()))
