@@ -297,6 +297,7 @@ CYCLES_TO_LEAD_OR_SHADOW = 2  # its first beat decides: it leads, or it sends th
 CYCLES_TO_TELL = 12  # a death is seen, its log read and it is sent within this many polls
 
 
+@pytest.mark.timeout(900)  # twenty real watchers, each until a death is received, on a busy machine
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(files=FILES)
@@ -339,3 +340,29 @@ def test_nothing_written_in_the_watch_folder_stops_silences_or_holds_back_a_deat
 
     asyncio.run(example())
     assert len(deaths(json_receiver)) == before + 1, (json_receiver.titles(), lines)
+
+
+async def test_a_server_the_watcher_restarts_that_dies_at_once_is_told_each_time_and_capped(
+        tmp_path: Path, workspace: Path, json_receiver: HttpReceiver) -> None:
+    """Each restart by the watcher is a new run: its death is told too, however fast, and every
+    try counts towards [watch] max_recoveries (a restart that dies at once is no loop)."""
+    from samai.console.core.paths import audit_log
+    from tests.test_watch import fire
+
+    serve = job("echo 'bind failed'; exit 9", name="serve", key="v", extra='role = "serve"')
+    policy = 'interval = 0.3\nrecover = ["restart_serve"]\nmax_recoveries = 2'
+    cfg = load(tmp_path, toml(workspace, serve, watch=policy))
+    w = watcher(cfg, [json_receiver.url], [])
+    task = await watching(w)
+    try:
+        await fire(cfg, "serve")
+        await until(lambda: any("2 recoveries of serve" in r.body for r in json_receiver.got), timeout=120)
+        await running(w, 10)
+    finally:
+        await stop(task)
+    died = [t for t in json_receiver.titles() if t.startswith("samai: stage serve failed rc=9")]
+    assert len(died) == 3, "\n".join(json_receiver.titles())  # the run fired, and each of the two restarts
+    audit = [json.loads(line) for line in audit_log().read_text().splitlines()]
+    restarts = [e for e in audit if e.get("via") == "by the watcher" and e.get("phase") == "intent"]
+    assert [e["action"] for e in restarts] == ["restart", "restart"]
+

@@ -106,8 +106,10 @@ async def recover(actions, config: Config, box: str, due: Due, book: RecoveryBoo
             outcome = await actions.restart(due.stage)
     except NothingToResume as e:
         return recovery_message(box, due, False, f"nothing to resume from: {e}")
+    # Every try counts, not only those that went well: a run the watcher restarted that dies within
+    # its fire's verify window is a new death, recovered again only while the hour allows.
+    book.times.setdefault(due.stage, []).append(now)
     if outcome.status in ("ok", "done") or outcome.ok:
-        book.times.setdefault(due.stage, []).append(now)
         checkpoint = getattr(outcome.plan, "checkpoint", "")
         did = f"resumed {due.stage} from {checkpoint.rsplit('/', 1)[-1]}" if checkpoint else f"restarted {due.stage}"
         return recovery_message(box, due, True, did)
