@@ -108,7 +108,8 @@ async def test_a_failed_stage_reaches_each_receiver_once_with_its_cause_then_its
 async def test_an_acknowledged_alert_is_not_repeated(tmp_path: Path, workspace: Path,
                                                      json_receiver: HttpReceiver) -> None:
     cfg = load(tmp_path, toml(workspace, job("sleep 1; exit 4"), watch="interval = 0.3", notify="repeat_after = 1"))
-    w = watcher(cfg, [json_receiver.url], [])
+    lines: list[str] = []
+    w = watcher(cfg, [json_receiver.url], lines)
     task = asyncio.ensure_future(watch([w]))
     try:
         await running(w)
@@ -128,6 +129,8 @@ async def test_an_acknowledged_alert_is_not_repeated(tmp_path: Path, workspace: 
         await asyncio.sleep(2.5)  # more than two repeat_after: it would have repeated twice
         await running(w, 2)
         assert len(json_receiver.got) == seen
+        # anyone on the box can write an acknowledgement: each is said in the watcher's log
+        assert f"acknowledged on the box by op@laptop: {alert_identity(alert)}" in lines, lines
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

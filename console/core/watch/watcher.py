@@ -21,7 +21,7 @@ from typing import Literal
 from samai.console.core import units
 from samai.console.core.config import Config
 from samai.console.core.session import BoxSession, OpenBox, PollFailed
-from samai.console.core.watch.ledger import read_ledger, sealed_ledger
+from samai.console.core.watch.ledger import LedgerRead, read_ledger, sealed_ledger
 from samai.console.core.watch.policy import Message, NotifyPolicy, OutageWatch, clock, plain
 from samai.console.core.watch.recover import BY_THE_WATCHER, RecoveryBook, recover, recoveries_due
 from samai.console.core.watch.sender import Sender
@@ -174,7 +174,7 @@ class BoxWatcher:
         self.state.seed_statuses(read.statuses, read.box_at)
         self._read_acks(shared)
 
-    def _adopt(self, shared: WatchShared):
+    def _adopt(self, shared: WatchShared) -> LedgerRead:
         """The box's ledger as this watcher may use it (said in the log when its key did not seal it)."""
         read = read_ledger(shared.ledger, self.trust, self.clock())
         if read.why:
@@ -188,7 +188,7 @@ class BoxWatcher:
     def _read_acks(self, shared: WatchShared) -> None:
         """The alerts acknowledged on the box (no more repeats of them); each new one said once."""
         acks = {k for k in shared.acks if isinstance(k, str) and len(k) <= 1000}
-        for key in sorted(acks - self.acked & set(self.policy.sent))[:20]:
+        for key in sorted((acks - self.acked) & set(self.policy.sent))[:20]:
             entry = shared.acks.get(key)
             by = entry.get("by") if isinstance(entry, dict) else ""
             self.say(f"acknowledged on the box by {plain(str(by), 80) or '?'}: {plain(key, 120)}")
