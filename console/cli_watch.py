@@ -41,12 +41,18 @@ def notify_urls(cfg: Config, given: Sequence[str]) -> list[str]:
 
 
 def credential_in(url: str) -> str:
-    """Why a URL looks like it holds a credential ("" when it does not)."""
+    """Why a URL holds a credential ("" when it does not): a part apprise keeps private for its
+    service (a bot token, an app token, a password: url_privacy), or a password or token by its shape."""
     import urllib.parse
+
+    from samai.console.core.watch.url_privacy import private_parts
 
     split = urllib.parse.urlsplit(url)
     if split.password or (split.username and "@" in split.netloc and ":" in split.netloc.split("@")[0]):
         return "it holds a password"
+    private = private_parts(url)
+    if private:
+        return f"it holds what apprise keeps private for its service ({', '.join(private)})"
     if redact(url) != url:
         return "it holds a token"
     parts = [*split.path.split("/"), *(v for _, v in urllib.parse.parse_qsl(split.query)), split.username or ""]
@@ -73,7 +79,7 @@ async def run(cfg: Config, *, notify: Sequence[str], once: bool, all_boxes: bool
 
     try:
         urls = notify_urls(cfg, notify)
-        mask = SecretMask(urls)
+        mask = SecretMask.of_config(cfg, urls=urls)  # the URLs, and every variable the config names
         log = lambda line: say(mask(line))  # noqa: E731
         sender = Sender(receivers(urls), log)
     except (WatchUsage, NotifyConfigError) as e:
