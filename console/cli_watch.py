@@ -75,6 +75,7 @@ async def run(cfg: Config, *, notify: Sequence[str], once: bool, all_boxes: bool
     from samai.console.core.connect import open_box
     from samai.console.core.fleet import fleet_configs
     from samai.console.core.watch.sender import NotifyConfigError, SecretMask, Sender, receivers, route_apprise_log
+    from samai.console.core.watch.trust import Trust, TrustError
     from samai.console.core.watch.watcher import BoxWatcher, Identity, watch
 
     try:
@@ -82,7 +83,8 @@ async def run(cfg: Config, *, notify: Sequence[str], once: bool, all_boxes: bool
         mask = SecretMask.of_config(cfg, urls=urls)  # the URLs, and every variable the config names
         log = lambda line: say(mask(line))  # noqa: E731
         sender = Sender(receivers(urls), log)
-    except (WatchUsage, NotifyConfigError) as e:
+        trust = Trust.load()  # this machine's watch key: what it sealed on a box is believed
+    except (WatchUsage, NotifyConfigError, TrustError) as e:
         print(f"samai-console: {visible(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     route_apprise_log(mask, log)
@@ -96,7 +98,7 @@ async def run(cfg: Config, *, notify: Sequence[str], once: bool, all_boxes: bool
             box_cfg = replace(box_cfg, watch=replace(box_cfg.watch, interval=interval))
         box_cfg = replace(box_cfg, target=replace(box_cfg.target, poll_interval=box_cfg.watch.interval))
         watchers.append(BoxWatcher(name, box_cfg, lambda c: open_box(c, readonly=readonly), sender, ident,
-                                   readonly=readonly, say=log))
+                                   readonly=readonly, say=log, trust=trust))
     receivers_said = ", ".join(r.name for r in sender.receivers) or "none"
     log(f"watching {len(watchers)} box(es) every {watchers[0].config.watch.interval:g} s as {ident.who} "
         f"(pid {ident.pid}); receivers: {receivers_said}" + ("; read-only" if readonly else ""))
