@@ -280,3 +280,23 @@ def test_a_records_nonce_of_any_shape_costs_its_chain_lines_their_trust_not_the_
     assert said is None or (line.rstrip("\r") == chainline.signed(said, rec.nonce) and chainline.looks_like_chain(line))
     assert fire.stage_tail == (() if said is not None or not line.strip() else (line,))
     chainline.read_header(line)  # never raises
+
+
+@pytest.mark.slow
+async def test_a_disk_line_stays_the_chains_in_a_workspace_of_a_long_path(tmp_path: Path) -> None:
+    """The probe keeps 400 bytes of a marker's line: the disk line's path is cut short enough
+    that its run's tag, which makes it the chain's, is still there."""
+    workspace = tmp_path / ("w" * 200) / ("s" * 200)
+    workspace.mkdir(parents=True)
+    (workspace / "samai.toml").write_text(f'[workspace]\npath = "{workspace}"\n[stages.job]\nkey = "j"\n'
+                                          'command = "true"\n')
+    session = BoxSession(config.load(workspace / "samai.toml"),
+                         lambda _cfg: Box(LocalTransport(), str(workspace), python=sys.executable))
+    try:
+        await session.connected_box().fire("job", "echo wrote", "logs/job.log", verify_s=0.2)
+        update = await poll_until(session, lambda u: u.disk_delta is not None and u.disk_delta.end is not None)
+        assert update.disk_delta.start is not None and update.stages[0].status == "done"
+        assert all(len(line.encode()) < 400 for line in (workspace / "logs" / "job.log").read_text().splitlines())
+    finally:
+        if session.box is not None:
+            await session.box.close()

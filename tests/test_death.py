@@ -305,6 +305,24 @@ def test_a_collective_timeout_is_named_from_the_watchdogs_words() -> None:
     assert death.judge(1, gloo, None, None)["cause"] == "collective_timeout"
 
 
+MEMCG = st.text(st.characters(blacklist_characters=",\n", blacklist_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(comm=st.text(st.characters(blacklist_characters="\n)", blacklist_categories=("Cs",)), max_size=15),
+       pid=st.integers(1, 4 * 10**6), task_memcg=MEMCG, oom_memcg=MEMCG, noise=st.lists(st.text(max_size=200)))
+def test_the_kernels_oom_records_are_read_for_the_pid_and_cgroups_they_name(comm, pid, task_memcg, oom_memcg,
+                                                                            noise) -> None:
+    """A task's name is anything its process set (prctl): it cannot move the pid or the cgroups
+    an OOM record names, and no line of any shape breaks the reading."""
+    record = (f"oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg={oom_memcg},"
+              f"task_memcg={task_memcg},task={comm},pid={pid},uid=0")
+    killed = f"Memory cgroup out of memory: Killed process {pid} ({comm}) total-vm:79572kB, anon-rss:65280kB"
+    kills = death.oom_kills([*noise, record, killed])
+    assert [(k.pid, k.task_memcg, k.oom_memcg) for k in kills][-1:] == [(pid, task_memcg, oom_memcg)]
+    assert all(len(line) <= death.LINE_CHARS for k in kills for line in k.lines)
+
+
 # ---------------------------------------------------------------- the cause is the run's end's (item 3b)
 
 PHRASES = ["No space left on device", "[Errno 28]", "ENOSPC", "Disk quota exceeded", "CUDA out of memory",
