@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, NoReturn
 
 from samai.console import __version__
 from samai.console.core import config as config_mod
-from samai.console.core.redact import redact
 from samai.remote.errors import BoxError
 from samai.remote.safe_text import visible
 from samai.remote.targets import TargetError
@@ -255,6 +254,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if argv[:1] in (["envelope-server"], ["lint-payload"]):  # tools that need neither a config nor a box
         return _standalone(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
+    cfg: config_mod.Config | None = None
     try:
         cfg = config_mod.load(args.config)
         if args.command == "watch":
@@ -283,7 +283,10 @@ def _main(argv: Sequence[str] | None) -> int:
     except (config_mod.ConfigError, UsageError, TargetError) as e:
         return _fail(str(e), EXIT_USAGE)
     except (BoxError, TransportError) as e:
-        return _fail(redact(f"cannot reach {args.target or 'the target'}: {e}"), EXIT_USAGE)  # a URL may hold one
+        from samai.console.core.secret_mask import SecretMask
+
+        mask = SecretMask.of_config(cfg) if cfg is not None else SecretMask()  # a URL or the box may quote one
+        return _fail(mask(f"cannot reach {args.target or 'the target'}: {e}"), EXIT_USAGE)
     except KeyboardInterrupt:
         return 130
 

@@ -82,7 +82,7 @@ async def run(cfg: Config, *, notify: Sequence[str], once: bool, all_boxes: bool
         urls = notify_urls(cfg, notify)
         mask = SecretMask.of_config(cfg, urls=urls)  # the URLs, and every variable the config names
         log = lambda line: say(mask(line))  # noqa: E731
-        sender = Sender(receivers(urls), log)
+        sender = Sender(receivers(urls), log, mask=mask)
         trust = Trust.load()  # this machine's watch key: what it sealed on a box is believed
     except (WatchUsage, NotifyConfigError, TrustError) as e:
         print(f"samai-console: {visible(str(e))}", file=sys.stderr)

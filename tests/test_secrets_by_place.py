@@ -26,7 +26,7 @@ from samai.console.core.secret_mask import SecretMask
 from samai.console.core.watch.sender import route_apprise_log
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
-from tests.helpers import pilot_until, run_cli
+from tests.helpers import pilot_until, run_cli, wait_for
 
 TOKEN_ENV, URLS_ENV = "PLACE_TEST_GATEWAY_TOKEN", "PLACE_TEST_NOTIFY_URLS"
 # A token as services write them: letters and digits (a host-shaped one, with a dot, is a host).
@@ -170,3 +170,34 @@ def test_a_failed_fire_on_the_command_line_says_and_audits_no_secret_the_config_
     assert fired.returncode == 1 and "| bot ***" in fired.stderr and "| gateway ***" in fired.stderr, fired.stderr
     audit = paths.audit_log().read_text()
     assert '"fire"' in audit and _leaked([bot, gateway], fired.stdout, fired.stderr, audit) == []
+
+
+@pytest.mark.slow  # a stage fired and watched through the CLI, a real receiver
+def test_a_message_to_a_receiver_never_quotes_a_secret_the_config_keeps(tmp_path: Path, workspace: Path) -> None:
+    """A stage that prints its gateway token and its notification URL's path token as it dies: the
+    watcher's message quotes its last words, masked by the config's places."""
+    from tests.receivers import HttpReceiver
+
+    receiver = HttpReceiver("json")
+    try:
+        bot, gateway = "AAbbCC11ddEEff", "gw-Tok3nQx"  # the hook's token (its URL's path), the gateway's
+        path = tmp_path / "samai.toml"
+        path.write_text(f'[target]\npython = "{sys.executable}"\ntoken_env = "{TOKEN_ENV}"\n'
+                        f'[workspace]\npath = "{workspace}"\n'
+                        f'[notify]\nurls = ["{receiver.url}/{bot}"]\n'
+                        "[stages.job]\nkey = \"j\"\n"
+                        f"command = '''sleep 8; echo BOT {bot} gateway ${TOKEN_ENV}; "
+                        f"echo 'Traceback (most recent call last):'; echo RuntimeError: {gateway}; exit 3'''\n"
+                        'markers = [{ name = "BOT", severity = "error" }]\n')
+        env = {TOKEN_ENV: gateway}
+        assert run_cli("--config", str(path), "fire", "job", "--yes", env=env).returncode == 0
+        seen = run_cli("--config", str(path), "watch", "--once", env=env)  # sees it running
+        assert seen.returncode == 0, seen.stdout + seen.stderr
+        wait_for(lambda: (workspace / ".samai" / "state" / "job.rc").exists(), timeout=60)
+        told = run_cli("--config", str(path), "watch", "--once", env=env)
+        assert told.returncode == 0, told.stdout + told.stderr
+        said = " ".join(f"{r.title} {r.body} {json.dumps(r.raw)}" for r in receiver.got)
+        assert "job failed rc=3" in said, said  # its death, with its last words
+        assert _leaked([bot, gateway], said, seen.stdout, told.stdout, told.stderr) == [], said
+    finally:
+        receiver.close()

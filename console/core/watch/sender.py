@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from samai.console.core.redact import redact
 from samai.console.core.secret_mask import SecretMask
 from samai.console.core.watch.policy import Message
 
@@ -66,6 +67,8 @@ class Sender:
     last_sent: float | None = None
     last_error: str = ""
     retry_s: tuple[float, ...] = RETRY_S
+    # What leaves for a receiver: box text may quote a secret the config keeps (a stage that prints its token).
+    mask: Callable[[str], str] = redact
 
     async def send(self, messages: Sequence[Message], now: float) -> None:
         """Each message to every receiver now; a receiver that fails gets it again later (retry)."""
@@ -102,8 +105,8 @@ class Sender:
     async def _deliver(self, m: Message, r: Receiver) -> bool:
         try:
             return bool(await asyncio.wait_for(asyncio.to_thread(
-                r.sends.notify, body=m.body, title=m.title, notify_type=NOTIFY_TYPE.get(m.severity, "info"),
-                body_format="text"),
+                r.sends.notify, body=self.mask(m.body), title=self.mask(m.title),
+                notify_type=NOTIFY_TYPE.get(m.severity, "info"), body_format="text"),
                 SEND_DEADLINE_S))
         except Exception as e:  # a plugin's bug or a deadline is a failed send, never the watcher's end
             self.say(f"{r.name}: {type(e).__name__}")

@@ -151,6 +151,7 @@ class BoxWatcher:
         from samai.console.core.actions import Actions, Decision
         from samai.console.core.audit import AuditLog
         from samai.console.core.paths import audit_log
+        from samai.console.core.secret_mask import SecretMask
 
         async def confirm(plan):
             if plan.blocked:
@@ -158,8 +159,8 @@ class BoxWatcher:
                 return Decision.declined(plan, f"the preflight blocks it (a watcher never overrides): {errors}")
             return Decision.confirmed(plan, BY_THE_WATCHER)
 
-        return Actions(self.session.connected_box(), self.config, AuditLog(audit_log()), readonly=self.readonly,
-                       confirm=confirm)
+        audit = AuditLog(audit_log(), SecretMask.of_config(self.config))  # its secrets masked by place too
+        return Actions(self.session.connected_box(), self.config, audit, readonly=self.readonly, confirm=confirm)
 
     async def _seed(self) -> None:
         """What an earlier watcher of this box left: the alerts it sent (not sent again, when this
