@@ -14,6 +14,10 @@ logs and ranges come back raw after the reply's JSON rather than base64 inside i
 A read-only Box writes nothing on the box, not even the workspace: its probe runs by LOADER
 from stdin (its code sent ahead of the first request), and it refuses every tool that changes
 the box (launch, kill, clean) by itself, whatever the layers above it allow.
+
+Each request is built as its tool's request type and each reply taken as its reply type
+(box/wire.py, which the tools import too), so that the type checker sees a key renamed on either
+side; the reply's values are checked where they are read (model.py).
 """
 
 from __future__ import annotations
@@ -23,9 +27,28 @@ import json
 import posixpath
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from samai.remote import model
+from samai.remote.box.wire import (
+    CheckpointsReply,
+    CheckpointsRequest,
+    CleanReply,
+    CleanRequest,
+    GgufRequest,
+    GgufWriteReply,
+    KillReply,
+    KillRequest,
+    LaunchReply,
+    LaunchRequest,
+    LogSpec,
+    ProbeReply,
+    ProbeRequest,
+    Tool,
+    WatchersReply,
+    WatchersRequest,
+)
 from samai.remote.boxtools import LOADER, STARTER, ToolSet, module_of
 from samai.remote.boxtools import tool_names as tool_names  # re-exported: the Box's callers list the tools here
 from samai.remote.follow import LogCursor
@@ -34,10 +57,30 @@ from samai.remote.request_delta import HeldRequest
 from samai.remote.transport import Stream, Transport
 
 READY = ".ready"
-GGUF_TOOL = "gguf_surgery.py"
-GGUF_WRITE = "gguf_surgery.py (set_kv, add_tensors, extract)"  # its show and plans only read
-WRITING_TOOLS = ("launch.py", "kill.py", "clean.py", "install.py", GGUF_WRITE, "watchers.py")
+GGUF_TOOL = Tool.GGUF_SURGERY
+GGUF_WRITE = f"{Tool.GGUF_SURGERY} (set_kv, add_tensors, extract)"  # its show and plans only read
+WRITING_TOOLS = (Tool.LAUNCH, Tool.KILL, Tool.CLEAN, Tool.INSTALL, GGUF_WRITE, Tool.WATCHERS)
 SERVING_BUDGET_S = 0.8  # all serving ports' answers, asked at once: a stopped server costs this, no more
+
+Req = TypeVar("Req", bound=Mapping[str, Any])
+Rep = TypeVar("Rep", bound=Mapping[str, Any])
+
+
+@dataclass(frozen=True)
+class ToolCall(Generic[Req, Rep]):
+    """A box tool with the types of its request and reply (box/wire.py): Box._run takes only that
+    request for it, and hands back its reply as that type."""
+
+    tool: str
+
+
+LAUNCH = ToolCall[LaunchRequest, LaunchReply](Tool.LAUNCH)
+KILL = ToolCall[KillRequest, KillReply](Tool.KILL)
+CLEAN = ToolCall[CleanRequest, CleanReply](Tool.CLEAN)
+CHECKPOINTS = ToolCall[CheckpointsRequest, CheckpointsReply](Tool.CHECKPOINTS)
+WATCHERS = ToolCall[WatchersRequest, WatchersReply](Tool.WATCHERS)
+GGUF_SHOW = ToolCall[GgufRequest, dict[str, Any]](Tool.GGUF_SURGERY)  # the header: read by model.gguf_header
+GGUF_SURGERY = ToolCall[GgufRequest, GgufWriteReply](Tool.GGUF_SURGERY)
 
 
 class Box:
@@ -63,7 +106,7 @@ class Box:
 
     async def ensure_tools(self) -> None:
         """Install the tools unless this connection has already seen them (by their hash)."""
-        self._refuse_in_readonly("install.py")
+        self._refuse_in_readonly(Tool.INSTALL)
         if self._tools_checked == self.transport.generation:
             return
         marker = posixpath.join(self.tools_dir, READY)
@@ -73,12 +116,12 @@ class Box:
         self._tools_checked = self.transport.generation
 
     async def _install(self) -> None:
-        stdin = self.tools.loader_for("install.py") + self.tools.archive()
-        result = await self.transport.run(self._loader_argv("install.py", self.workspace, self.tools.digest),
+        stdin = self.tools.loader_for(Tool.INSTALL) + self.tools.archive()
+        result = await self.transport.run(self._loader_argv(Tool.INSTALL, self.workspace, self.tools.digest),
                                           stdin=stdin, timeout=self.timeout + 30)
         if result.rc != 0:
-            raise BoxError(f"install.py failed (rc={result.rc}): {result.stderr_text()[-500:]}")
-        _reply("install.py", result.stdout)
+            raise BoxError(f"{Tool.INSTALL} failed (rc={result.rc}): {result.stderr_text()[-500:]}")
+        _reply(Tool.INSTALL, result.stdout)
 
     def _refuse_in_readonly(self, tool: str) -> None:
         if self.readonly and tool in WRITING_TOOLS:
@@ -114,7 +157,15 @@ class Box:
             raise BoxError(f"{tool} failed (rc={result.rc}): {result.stderr_text()[-500:]}")
         return _reply(tool, result.stdout)
 
-    async def ask_probe(self, request: Mapping[str, Any], *, timeout: float | None = None) -> dict:
+    async def _run(self, call: ToolCall[Req, Rep], request: Req, *, reads_only: bool = False,
+                   timeout: float | None = None) -> Rep:
+        """call's tool for its own request type; its reply as the tool declares it (box/wire.py):
+        a promise of the tool's code, not of the bytes that came back, so every value is still
+        checked where it is read (model.py). reads_only: as call_readonly."""
+        run = self.call_readonly if reads_only else self.call
+        return cast(Rep, await run(call.tool, request, timeout=timeout))
+
+    async def ask_probe(self, request: ProbeRequest, *, timeout: float | None = None) -> ProbeReply:
         """One request to the running probe (started on first use, and again after a failure)."""
         async with self._probe_lock:
             if self._probe is not None and self._probe_generation != self.transport.generation:
@@ -131,20 +182,20 @@ class Box:
                 stream, self._probe = self._probe, None
                 await asyncio.shield(stream.close())  # a half-answered probe is never asked again
                 raise
-            return self._processes.fold(_checked("probe.py", reply))
+            return self._processes.fold(cast(ProbeReply, _checked(Tool.PROBE, reply)))  # checked as read: model.py
 
-    async def _ask(self, stream: Stream, request: dict, timeout: float) -> dict:
+    async def _ask(self, stream: Stream, request: ProbeRequest, timeout: float) -> dict[str, Any]:
         """The probe's reply to request, sent as changes to the last one where the probe holds
         it, and again whole when it does not; the tools' archive goes ahead of it when the
         starter found no tools."""
         whole = json.dumps(request).encode()
         line = json.dumps(self._held.compact(request)).encode() if stream.persistent else whole
         self.last_request_bytes = len(line)
-        reply = _unpack("probe.py", await stream.request(line, timeout=timeout))
+        reply = _unpack(Tool.PROBE, await stream.request(line, timeout=timeout))
         if reply.get("held_unknown"):
-            reply = _unpack("probe.py", await stream.request(whole, timeout=timeout))
+            reply = _unpack(Tool.PROBE, await stream.request(whole, timeout=timeout))
         if reply.get("tools_missing") and not self.readonly:
-            reply = _unpack("probe.py", await stream.request(self.tools.archive() + whole, timeout=timeout + 30))
+            reply = _unpack(Tool.PROBE, await stream.request(self.tools.archive() + whole, timeout=timeout + 30))
         self._held.answered(request, reply.get("held"))
         if "error" not in reply and not self.readonly:
             self._tools_checked = self.transport.generation  # the starter ran the probe from them
@@ -152,9 +203,10 @@ class Box:
 
     async def _open_probe(self) -> Stream:
         if self.readonly:  # nothing installed: the probe's code goes ahead of its first request
-            return await self.transport.open_stream(self._loader_argv("probe.py", "--serve"),
-                                                    preamble=self.tools.loader_for("probe.py"))
-        return await self.transport.open_stream([self.python, "-S", "-c", STARTER, self.tools_dir, "probe", "--serve"])
+            return await self.transport.open_stream(self._loader_argv(Tool.PROBE, "--serve"),
+                                                    preamble=self.tools.loader_for(Tool.PROBE))
+        return await self.transport.open_stream([self.python, "-S", "-c", STARTER, self.tools_dir,
+                                                 module_of(Tool.PROBE), "--serve"])
 
     # ------------------------------------------------------------ reads
 
@@ -179,13 +231,13 @@ class Box:
                          reports: Sequence[str] = (), processes: bool | Literal["stages"] = True, writers: bool = False,
                          binaries: Sequence[str] = (), artifact_budget_s: float = 1.0,
                          serving: Sequence[int] = (), props: Sequence[int] | None = None,
-                         canary: Sequence[int] = ()) -> dict:
+                         canary: Sequence[int] = ()) -> ProbeRequest:
         """The probe request behind snapshot()."""
-        request = {
+        request: ProbeRequest = {
             "workspace": self.workspace,
             "artifacts": [{"name": name, "path": path} for name, path in artifacts],
             "artifact_budget_s": artifact_budget_s,
-            "logs": [c.request() for c in logs],
+            "logs": [_log_spec(c) for c in logs],
             "reports": [{"glob": g} for g in reports],
             "processes": processes,
             "writers": writers,
@@ -199,16 +251,16 @@ class Box:
 
     async def disk_users(self, top: int = 10, budget_s: float = 2.0) -> model.DiskUsers:
         """The workspace's largest entries, two levels down, biggest first."""
-        request = {"workspace": self.workspace, "users": {"top": top, "budget_s": budget_s},
-                   "processes": False, "states": False}
+        request: ProbeRequest = {"workspace": self.workspace, "users": {"top": top, "budget_s": budget_s},
+                                 "processes": False, "states": False}
         return model.disk_users(await self.ask_probe(request))
 
     async def list_dir(self, path: str, prefix: str = "", limit: int = 1000) -> model.Listing:
         """The names in a folder on the box (relative: in the workspace) that start with prefix,
         folders ending in "/"; BoxError when it cannot be listed. Names that are not text are left
         out (no one types them)."""
-        request = {"workspace": self.workspace, "listing": {"path": path, "prefix": prefix, "max": limit},
-                   "processes": False, "states": False}
+        request: ProbeRequest = {"workspace": self.workspace, "listing": {"path": path, "prefix": prefix, "max": limit},
+                                 "processes": False, "states": False}
         got = (await self.ask_probe(request)).get("listing")
         if not isinstance(got, dict):
             raise BoxError("malformed reply: no listing")
@@ -224,37 +276,40 @@ class Box:
                               ) -> tuple[model.PythonPackages, ...]:
         """The distributions installed beside each Python (relative: in the workspace), read from
         its site-packages without starting it; only those named, when names are given."""
-        request = {"workspace": self.workspace, "processes": False, "states": False,
-                   "packages": [{"python": p, "names": list(names)} for p in pythons]}
+        request: ProbeRequest = {"workspace": self.workspace, "processes": False, "states": False,
+                                 "packages": [{"python": p, "names": list(names)} for p in pythons]}
         return model.python_packages(await self.ask_probe(request))
 
     async def checkpoints(self, folder: str, *, weights: bool = True) -> model.Checkpoints:
         """A training run's checkpoint-STEP folders under `folder` (in the workspace), newest
         first, each judged whole and finite by the box (box/checkpoints.py). weights=False: their
         sizes and completeness only (finite None), without reading the adapters."""
-        request = {"workspace": self.workspace, "folder": folder, "weights": weights}
-        return model.checkpoints(await self.call_readonly("checkpoints.py", request))
+        request: CheckpointsRequest = {"workspace": self.workspace, "folder": folder, "weights": weights}
+        return model.checkpoints(await self._run(CHECKPOINTS, request, reads_only=True))
 
     async def watchers(self) -> model.WatchShared:
         """Who watches this box, who leads, what was sent and acknowledged (box/watchers.py): read only."""
-        return model.watch_shared(await self.call_readonly("watchers.py", {"workspace": self.workspace, "op": "read"}))
+        request: WatchersRequest = {"workspace": self.workspace, "op": "read"}
+        return model.watch_shared(await self._run(WATCHERS, request, reads_only=True))
 
     async def watch_beat(self, watcher: str, heartbeat: Mapping[str, Any], lease_s: float,
                          ledger: Mapping[str, Any] | None, *, release: bool = False) -> model.WatchShared:
         """A watcher's heartbeat; it takes or renews the lease to send when free, and the leader's
         ledger is kept (release: its last beat, the lease left free). Refused read-only (it
         writes in the workspace's .samai)."""
-        request = {"workspace": self.workspace, "op": "beat", "id": watcher, "heartbeat": dict(heartbeat),
-                   "lease_s": lease_s, "ledger": dict(ledger) if ledger is not None else None, "release": release}
-        return model.watch_shared(await self.call("watchers.py", request))
+        request: WatchersRequest = {
+            "workspace": self.workspace, "op": "beat", "id": watcher, "heartbeat": dict(heartbeat), "lease_s": lease_s,
+            "ledger": dict(ledger) if ledger is not None else None, "release": release}
+        return model.watch_shared(await self._run(WATCHERS, request))
 
     async def acknowledge(self, keys: Sequence[str], by: str, texts: Mapping[str, str]) -> model.WatchShared:
         """Alerts acknowledged: no watcher of this box repeats them."""
-        request = {"workspace": self.workspace, "op": "ack", "keys": list(keys), "by": by, "text": dict(texts)}
-        return model.watch_shared(await self.call("watchers.py", request))
+        request: WatchersRequest = {"workspace": self.workspace, "op": "ack", "keys": list(keys), "by": by,
+                                    "text": dict(texts)}
+        return model.watch_shared(await self._run(WATCHERS, request))
 
     async def read_log(self, cursor: LogCursor) -> LogChunk:
-        request = {"logs": [cursor.request()], "processes": False, "states": False}
+        request: ProbeRequest = {"logs": [_log_spec(cursor)], "processes": False, "states": False}
         raw = await self.ask_probe(request)
         return model.log_chunk(model.only_entry(raw, "logs"))
 
@@ -264,7 +319,7 @@ class Box:
 
     async def file_size(self, path: str) -> int:
         """The size of a file on the box (BoxError if it cannot be read)."""
-        request = {"ranges": [{"path": path, "start": 0, "end": 0}], "processes": False, "states": False}
+        request: ProbeRequest = {"ranges": [{"path": path, "start": 0, "end": 0}], "processes": False, "states": False}
         got = model.byte_range(model.only_entry(await self.ask_probe(request), "ranges"))
         if got.error is not None:
             raise BoxError(f"{path}: {got.error}")
@@ -272,7 +327,8 @@ class Box:
 
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes start..end inclusive; fails unless the file really holds all of them."""
-        request = {"ranges": [{"path": path, "start": start, "end": end}], "processes": False, "states": False}
+        request: ProbeRequest = {"ranges": [{"path": path, "start": start, "end": end}], "processes": False,
+                                 "states": False}
         got = model.byte_range(model.only_entry(await self.ask_probe(request), "ranges"))
         if got.error is not None:
             raise BoxError(f"read {path} [{start}-{end}]: {got.error}")
@@ -284,39 +340,39 @@ class Box:
                         redirect_hosts: Sequence[str] = ()) -> model.GgufHeader:
         """A GGUF file's header, KVs and tensor table (bounded), with the checker's problems;
         reads only the header, even of a multi-GB file (a URL redirects to redirect_hosts too)."""
-        request = {"op": "show", "workspace": self.workspace, "path": path, "redirect_hosts": list(redirect_hosts)}
-        return model.gguf_header(await self.call_readonly(GGUF_TOOL, request, timeout=timeout))
+        request: GgufRequest = {"op": "show", "workspace": self.workspace, "path": path,
+                                "redirect_hosts": list(redirect_hosts)}
+        return model.gguf_header(await self._run(GGUF_SHOW, request, reads_only=True, timeout=timeout))
 
     async def gguf_plan(self, request: Mapping[str, Any], *, timeout: float | None = None) -> model.GgufWriteResult:
         """What a set_kv, add_tensors or extract would write (its size, the tensors it adds),
-        with nothing written: the donor's header is read, never its tensors."""
-        raw = await self.call_readonly(GGUF_TOOL, {**request, "workspace": self.workspace, "plan": True},
-                                       timeout=timeout)
-        return model.gguf_write_result(raw)
+        with nothing written: the donor's header is read, never its tensors. request: the
+        operator's (the action layer checks it first), a GgufRequest but for its workspace."""
+        planned = _gguf_request(request, self.workspace, plan=True)
+        return model.gguf_write_result(await self._run(GGUF_SURGERY, planned, reads_only=True, timeout=timeout))
 
     # ------------------------------------------------------------ actions (called by the action layer)
 
     async def gguf_write(self, request: Mapping[str, Any], timeout: float) -> model.GgufWriteResult:
         """Run a set_kv, add_tensors or extract: OUT.part written, asserted, then renamed."""
         self._refuse_in_readonly(GGUF_WRITE)
-        raw = await self.call(GGUF_TOOL, {**request, "workspace": self.workspace, "plan": False}, timeout=timeout)
-        return model.gguf_write_result(raw)
+        written = _gguf_request(request, self.workspace, plan=False)
+        return model.gguf_write_result(await self._run(GGUF_SURGERY, written, timeout=timeout))
 
     async def fire(self, stage: str, command: str, log: str, *, env: Mapping[str, str] | None = None,
                    verify_s: float = 3.0) -> FireResult:
-        request = {"stage": stage, "workspace": self.workspace, "command": command, "log": log,
-                   "env": dict(env or {}), "verify_s": verify_s}
-        raw = await self.call("launch.py", request, timeout=self.timeout + verify_s)
-        return model.fire_result(raw, stage)
+        request: LaunchRequest = {"stage": stage, "workspace": self.workspace, "command": command, "log": log,
+                                  "env": dict(env or {}), "verify_s": verify_s}
+        return model.fire_result(await self._run(LAUNCH, request, timeout=self.timeout + verify_s), stage)
 
     async def stop(self, stage: str, *, signal: str = "TERM", grace: float = 10.0,
                    protect: Sequence[int] = (), by: str = "") -> SignalResult:
         """Signal every process the stage's chain started (its group, and any that left it for
         a session of its own); what outlives SIGKILL comes back as the result's survivors. by:
         who stops it (kept on the box with the stop: the run's cause of death names them)."""
-        request = {"stage": stage, "workspace": self.workspace, "signal": signal, "grace": grace,
-                   "protect": list(protect), "by": by}
-        return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))
+        request: KillRequest = {"stage": stage, "workspace": self.workspace, "signal": signal, "grace": grace,
+                                "protect": list(protect), "by": by}
+        return model.signal_result(await self._run(KILL, request, timeout=self.timeout + grace))
 
     async def kill(self, pid: int, start_time: float, *, boot: Boot | None = None, signal: str = "TERM",
                    grace: float = 5.0, protect: Sequence[int] = (), group: bool = False) -> SignalResult:
@@ -324,16 +380,16 @@ class Box:
         boot of the snapshot it came from; without it, the box's boot time now): that process
         alone, or with group its whole process group. Its children and group that are left
         running come back as the result's remaining."""
-        request = {"pid": pid, "start_time": start_time, "signal": signal, "grace": grace,
-                   "protect": list(protect), "group": bool(group)}
+        request: KillRequest = {"pid": pid, "start_time": start_time, "signal": signal, "grace": grace,
+                                "protect": list(protect), "group": bool(group)}
         if boot is not None:
-            request.update(boot_time=boot.time, boot_id=boot.id)
-        return model.signal_result(await self.call("kill.py", request, timeout=self.timeout + grace))
+            request["boot_time"], request["boot_id"] = boot.time, boot.id
+        return model.signal_result(await self._run(KILL, request, timeout=self.timeout + grace))
 
     async def remove(self, paths: Sequence[str]) -> CleanResult:
         """Delete workspace paths; anything that resolves outside the workspace is refused."""
-        raw = await self.call("clean.py", {"workspace": self.workspace, "paths": list(paths)})
-        return model.clean_result(raw)
+        request: CleanRequest = {"workspace": self.workspace, "paths": list(paths)}
+        return model.clean_result(await self._run(CLEAN, request))
 
     async def close(self) -> None:
         if self._probe is not None:
@@ -350,12 +406,12 @@ class HeldProcesses:
         self.by_pid: dict[int, dict] = {}
         self.mark: str | None = None
 
-    def ask(self, request: Mapping[str, Any]) -> Mapping[str, Any]:
+    def ask(self, request: ProbeRequest) -> ProbeRequest:
         if self.mark is None or not request.get("processes", True):
             return request
         return {**request, "processes_since": self.mark}
 
-    def fold(self, reply: dict) -> dict:
+    def fold(self, reply: ProbeReply) -> ProbeReply:
         """The reply with every process in "processes", in pid order."""
         model.check_process_delta(reply)
         mark = reply.pop("processes_mark", None)
@@ -374,10 +430,22 @@ class HeldProcesses:
                 self.by_pid = dict(sorted(self.by_pid.items()))
         else:
             expected, self.by_pid, self.mark = self.mark, {}, None  # the next reply: every process
-            raise BoxError(f"probe.py answered changes since {since}, not since {expected}")
+            raise BoxError(f"{Tool.PROBE} answered changes since {since}, not since {expected}")
         self.mark = mark
         reply["processes"] = list(self.by_pid.values())
         return reply
+
+
+def _log_spec(cursor: LogCursor) -> LogSpec:
+    """A log's entry of a probe request: the cursor's own (follow.py builds it; tests/test_wire.py
+    holds its keys to LogSpec's)."""
+    return cast(LogSpec, cursor.request())
+
+
+def _gguf_request(request: Mapping[str, Any], workspace: str, *, plan: bool) -> GgufRequest:
+    """The operator's GGUF request for this workspace, planned or written (the box checks each
+    value: box/gguf_surgery.py)."""
+    return cast(GgufRequest, {**request, "workspace": workspace, "plan": plan})
 
 
 def _is_text(name: str) -> bool:

@@ -1,4 +1,7 @@
-"""Typed data that crosses from the Box to the console: built from the box tools' JSON."""
+"""Typed data that crosses from the Box to the console: built from the box tools' JSON.
+
+Each parser takes its tool's reply as box/wire.py declares it (the keys the tool writes): the
+declaration is the tool's promise, not the bytes', so every value is checked here as before."""
 
 from __future__ import annotations
 
@@ -8,11 +11,24 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, is_dataclass, replace
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 from samai.remote.box.chainline import is_nonce, said_by_chain
 from samai.remote.box.identity import same_start as same_start  # the box tools' rule, re-exported
+from samai.remote.box.wire import (
+    BinaryEntry,
+    CheckpointsReply,
+    CleanReply,
+    GgufWriteReply,
+    GpuSection,
+    KillReply,
+    LaunchReply,
+    ProbeReply,
+    StageState,
+    WatchersReply,
+)
 from samai.remote.errors import BoxError as BoxError  # re-exported: what a malformed reply raises
 from samai.remote.marker import Marker as Marker  # re-exported: a stage's marker, the probe's request
 from samai.remote.marker import Severity as Severity
@@ -480,10 +496,14 @@ def normalised_name(name: str) -> str:
 # a view later. Every field is checked against its annotation.
 
 
-def _converting(convert):
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _converting(convert: Callable[P, R]) -> Callable[P, R]:
     """A converter whose malformed input is a BoxError."""
     @functools.wraps(convert)
-    def checked(*args: Any, **kwargs: Any):
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return convert(*args, **kwargs)
         except BoxError:
@@ -537,7 +557,7 @@ def _typed(cls, **values: Any):
         raise BoxError(f"malformed reply: {cls.__name__}: {e}") from None
 
 
-def _pick(cls, raw: dict[str, Any], **overrides: Any):
+def _pick(cls, raw: Mapping[str, Any], **overrides: Any):
     if not isinstance(raw, dict):
         raise BoxError(f"malformed reply: {cls.__name__} is {type(raw).__name__}, not an object")
     names = cls.__dataclass_fields__.keys()
@@ -546,7 +566,7 @@ def _pick(cls, raw: dict[str, Any], **overrides: Any):
     return _typed(cls, **values)
 
 
-def _items(raw: dict[str, Any], key: str, kind: type = list) -> Any:
+def _items(raw: Mapping[str, Any], key: str, kind: type = list) -> Any:
     """raw[key] when it is a `kind` (absent or null: an empty one)."""
     value = raw.get(key)
     if value is None:
@@ -636,8 +656,9 @@ class ProcessCache:
 
 
 @_converting
-def snapshot(raw: dict[str, Any], rtt: float, processes: ProcessCache | None = None) -> Snapshot:
-    """The probe's reply; processes: the cache of the last replies' (a Box keeps one for its probe)."""
+def snapshot(raw: ProbeReply | Mapping[str, Any], rtt: float, processes: ProcessCache | None = None) -> Snapshot:
+    """The probe's reply (or a recorded one, plain JSON: console/replay.py); processes: the cache
+    of the last replies' (a Box keeps one for its probe)."""
     entries = _items(raw, "processes")
     return _typed(
         Snapshot,
@@ -703,12 +724,12 @@ def _memory(raw: Any) -> Memory:
         return Memory()
 
 
-def _stage_record(raw: dict[str, Any]) -> StageRecord:
+def _stage_record(raw: StageState) -> StageRecord:
     return _pick(StageRecord, raw, group=tuple(_items(raw, "group")), death=_death(raw.get("death")),
                  nonce=_nonce(raw))
 
 
-def _nonce(raw: dict[str, Any]) -> str:
+def _nonce(raw: Mapping[str, Any]) -> str:
     """A record's or reply's run nonce: one of the launcher's shape, else none (a record anyone
     on the box could have rewritten: an odd value costs its chain lines their trust, not the reply)."""
     nonce = raw.get("nonce")
@@ -725,7 +746,7 @@ def _death(raw: Any) -> Death | None:
     return Death(raw["cause"], raw["detail"][:400], lines)
 
 
-def gpu_reading(raw: dict[str, Any]) -> GpuReading:
+def gpu_reading(raw: GpuSection | Mapping[str, Any]) -> GpuReading:
     """The reply's GPU section. A malformed one costs the GPUs (said in its error), not the
     snapshot: the rest of the reply is as good without them. Its events are read on their own,
     each one that is not of the documented shape left out."""
@@ -739,7 +760,7 @@ def gpu_reading(raw: dict[str, Any]) -> GpuReading:
 
 
 @_converting
-def _gpu_reading(raw: dict[str, Any], events: tuple[GpuEvent, ...], note: str | None) -> GpuReading:
+def _gpu_reading(raw: GpuSection | Mapping[str, Any], events: tuple[GpuEvent, ...], note: str | None) -> GpuReading:
     gpus = tuple(_gpu(g) for g in _items(raw, "gpus"))
     return _typed(GpuReading, gpus=gpus, error=raw.get("gpu_error"), driver=raw.get("gpu_driver"), events=events,
                   events_note=note)
@@ -774,7 +795,7 @@ def _gpu(raw: Any) -> Gpu:
 
 
 @_converting
-def disk_users(raw: dict[str, Any]) -> DiskUsers:
+def disk_users(raw: ProbeReply) -> DiskUsers:
     users = raw.get("users")
     if users is None and _items(raw, "errors"):  # the workspace could not be read: the probe's reason
         raise BoxError(str(_items(raw, "errors")[0].get("error", "the workspace could not be measured"))[:300])
@@ -789,7 +810,7 @@ def _shared_file(path: Any, pids: list[Any]) -> SharedFile:
     return SharedFile(path, tuple(pids))
 
 
-def _binary(raw: Any) -> BinaryCheck:
+def _binary(raw: BinaryEntry) -> BinaryCheck:
     checked = BinaryCheck(raw["path"], raw["exists"], raw["executable"])
     if type(checked.path) is not str or type(checked.exists) is not bool or type(checked.executable) is not bool:
         raise BoxError(f"malformed reply: binaries entry {repr(raw)[:60]}")
@@ -797,25 +818,25 @@ def _binary(raw: Any) -> BinaryCheck:
 
 
 @_converting
-def fire_result(raw: dict[str, Any], stage: str) -> FireResult:
+def fire_result(raw: LaunchReply, stage: str) -> FireResult:
     return _pick(FireResult, raw, stage=stage, log_tail=tuple(_items(raw, "log_tail")), nonce=_nonce(raw))
 
 
 @_converting
-def signal_result(raw: dict[str, Any]) -> SignalResult:
+def signal_result(raw: KillReply) -> SignalResult:
     return _pick(SignalResult, raw, signalled=tuple(raw.get("signalled") or ()),
                  survivors=tuple(raw.get("survivors") or ()), remaining=tuple(raw.get("remaining") or ()))
 
 
 @_converting
-def clean_result(raw: dict[str, Any]) -> CleanResult:
+def clean_result(raw: CleanReply) -> CleanResult:
     return _typed(CleanResult,
                   removed=tuple((r["path"], r["bytes"]) for r in _items(raw, "removed")),
                   refused=tuple((r["path"], r["reason"]) for r in _items(raw, "refused")),
                   missing=tuple(_items(raw, "missing")))
 
 
-def check_process_delta(reply: dict[str, Any]) -> None:
+def check_process_delta(reply: ProbeReply) -> None:
     """BoxError unless a --serve probe's marked reply has the shape HeldProcesses.fold reads:
     its marks are strings, "processes" a list of objects with an integer pid, "processes_gone"
     a list of pids."""
@@ -834,7 +855,7 @@ def check_process_delta(reply: dict[str, Any]) -> None:
 
 
 @_converting
-def only_entry(raw: dict[str, Any], key: str) -> dict[str, Any]:
+def only_entry(raw: ProbeReply, key: Literal["logs", "ranges"]) -> dict[str, Any]:
     """The one entry of raw[key], for a request that asked for one (a log, a range)."""
     entries = _items(raw, key)
     if len(entries) != 1 or not isinstance(entries[0], dict):
@@ -858,7 +879,7 @@ def _data(raw: dict[str, Any]) -> bytes:
 
 
 @_converting
-def python_packages(raw: dict[str, Any]) -> tuple[PythonPackages, ...]:
+def python_packages(raw: ProbeReply) -> tuple[PythonPackages, ...]:
     """The reply's "packages": one entry per environment asked for."""
     return tuple(_pick(PythonPackages, env, site=tuple(_items(env, "site")),
                        found=tuple(_pick(Distribution, d) for d in _items(env, "found")))
@@ -895,7 +916,7 @@ class Checkpoints:
 
 
 @_converting
-def checkpoints(raw: dict[str, Any]) -> Checkpoints:
+def checkpoints(raw: CheckpointsReply) -> Checkpoints:
     found = tuple(_pick(Checkpoint, c, **{k: tuple(_items(c, k)) for k in ("missing", "temporary", "nonfinite",
                                                                            "problems")})
                   for c in _items(raw, "checkpoints"))
@@ -979,7 +1000,7 @@ def _checked_beat(beat: WatcherBeat) -> WatcherBeat:
 
 
 @_converting
-def watch_shared(raw: dict[str, Any]) -> WatchShared:
+def watch_shared(raw: WatchersReply) -> WatchShared:
     beats = []
     for item in _items(raw, "watchers")[:64]:
         try:
@@ -1094,7 +1115,7 @@ def gguf_header(raw: dict[str, Any]) -> GgufHeader:
 
 
 @_converting
-def gguf_write_result(raw: dict[str, Any]) -> GgufWriteResult:
+def gguf_write_result(raw: GgufWriteReply) -> GgufWriteResult:
     """The tool's reply; its "failure" (a refusal, a failed assertion) is the result's error."""
     return _pick(GgufWriteResult, raw, added=tuple(_items(raw, "added")), error=raw.get("failure"),
                  assertions=tuple(_pick(GgufAssertion, a) for a in _items(raw, "assertions")))

@@ -24,6 +24,7 @@ save may be under way (the console weighs that; a dead run writes nothing more).
 the adapter's safetensors is a number (no NaN, no inf); None when there is no safetensors file to
 read. The folder is opened inside the workspace without following symlinks (confine.py); its
 names are anyone's, sent back as they are (the console shows them inert). Standard library only.
+(wire.py: CheckpointsRequest, CheckpointsReply, CheckpointEntry.)
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ import re
 import stat
 import sys
 import time
-from typing import Any
 
 from .confine import Escape, open_folder, open_root, parts_inside, workspace_root
 from .procfs import serve
 from .tensorfiles import CHUNK, Unfit, json_object, open_regular, safetensors_header, said, torch_file, what_kind
+from .wire import CheckpointEntry, CheckpointsReply, CheckpointsRequest
 
 CHECKPOINT = re.compile(r"^checkpoint-(?P<step>\d{1,12})$")
 MAX_CHECKPOINTS = 200
@@ -211,7 +212,7 @@ def whole(fd: int, name: str, shown: str, step: int | None) -> None:
         os.close(f)
 
 
-def judge(fd: int, name: str, now: float, read_weights: bool = True) -> dict[str, Any]:
+def judge(fd: int, name: str, now: float, read_weights: bool = True) -> CheckpointEntry:
     m = CHECKPOINT.match(name)
     assert m is not None
     step = int(m.group("step"))
@@ -248,7 +249,7 @@ def judge(fd: int, name: str, now: float, read_weights: bool = True) -> dict[str
             "nonfinite": nonfinite[:20], "weights": weights, "problems": problems}
 
 
-def not_a_folder(fd: int, name: str, error: OSError) -> dict[str, Any]:
+def not_a_folder(fd: int, name: str, error: OSError) -> CheckpointEntry:
     """A checkpoint-STEP entry that cannot be opened as a folder of its own (a link, a file): listed
     as not complete, with why, so that a resume passes over it saying so."""
     try:
@@ -261,7 +262,7 @@ def not_a_folder(fd: int, name: str, error: OSError) -> dict[str, Any]:
             "complete": False, "settling": False, "finite": None, "problems": [why]}
 
 
-def checkpoints(req: dict[str, Any]) -> dict[str, Any]:
+def checkpoints(req: CheckpointsRequest) -> CheckpointsReply:
     workspace, folder = workspace_root(req["workspace"]), req["folder"]
     read_weights = req.get("weights", True) is not False
     if not isinstance(folder, str) or not folder:

@@ -2,6 +2,7 @@
 
 Runs ON the box. Request on stdin: {"workspace": PATH, "paths": [PATH, ...]}
 Reply: {"removed": [{"path", "bytes"}], "refused": [{"path", "reason"}], "missing": [PATH]}
+(wire.py: CleanRequest, CleanReply.)
 
 A path is relative to the workspace or absolute under it; one that leaves it (`..`, `~`,
 another absolute path) is refused by its text. Every folder on the way is then opened
@@ -14,14 +15,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 from .confine import Escape, open_folder, open_root, parts_inside, remove_tree, workspace_root
 from .procfs import serve
+from .wire import CleanReply, CleanRequest
 
 
-def clean(req: dict[str, Any]) -> dict[str, Any]:
-    reply: dict[str, list[Any]] = {"removed": [], "refused": [], "missing": []}
+def clean(req: CleanRequest) -> CleanReply:
+    reply: CleanReply = {"removed": [], "refused": [], "missing": []}
     try:
         workspace = workspace_root(req["workspace"])
     except Escape as e:

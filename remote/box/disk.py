@@ -10,6 +10,8 @@ import stat
 import time
 from typing import Any, Iterable, List, Mapping, Tuple
 
+from .wire import ArtifactEntry, DiskEntry, DiskUserEntry, UsersReply
+
 
 def mount_point(path: str) -> str:
     path = os.path.realpath(path)
@@ -24,7 +26,7 @@ def mount_point(path: str) -> str:
     return path
 
 
-def disk_usage(label: str, path: str) -> dict[str, Any]:
+def disk_usage(label: str, path: str) -> DiskEntry:
     mount = mount_point(path)
     st = os.statvfs(mount)
     total = st.f_blocks * st.f_frsize
@@ -33,7 +35,7 @@ def disk_usage(label: str, path: str) -> dict[str, Any]:
     return {"label": label, "path": path, "mount": mount, "total": total, "used": used, "free": free}
 
 
-def disks(workspace: str | None, errors: list[dict[str, str]]) -> list[dict[str, Any]]:
+def disks(workspace: str | None, errors: list[dict[str, str]]) -> list[DiskEntry]:
     out = []
     seen = set()
     for label, path in (("workspace", workspace), ("root", "/")):
@@ -125,16 +127,16 @@ def tree_size(path: str, deadline: float, listings: Listings | None = None) -> t
 
 
 def artifacts(workspace: str | None, specs: Iterable[Mapping[str, Any]], budget_s: float,
-              listings: Listings | None = None) -> list[dict[str, Any]]:
+              listings: Listings | None = None) -> list[ArtifactEntry]:
     deadline = time.monotonic() + budget_s
     listings = listings or Listings()
     out = []
     for spec in specs:
         path = resolve(workspace, spec["path"])
-        entry = {"name": spec.get("name", path), "path": path, "exists": False}
+        entry: ArtifactEntry = {"name": spec.get("name", path), "path": path, "exists": False}
         try:
             size, alloc, files, complete = tree_size(path, deadline, listings)
-            entry.update(exists=True, bytes=size, allocated=alloc, files=files, complete=complete)
+            entry.update({"exists": True, "bytes": size, "allocated": alloc, "files": files, "complete": complete})
         except FileNotFoundError:
             pass
         except OSError as e:
@@ -151,7 +153,7 @@ def resolve(workspace: str | None, path: str) -> str:
     return path
 
 
-def workspace_users(workspace: str, top: int, budget_s: float, listings: Listings | None = None) -> dict[str, Any]:
+def workspace_users(workspace: str, top: int, budget_s: float, listings: Listings | None = None) -> UsersReply:
     """The workspace's `top` largest users, biggest (allocated) first: each top-level folder's
     entries, and each top-level file. Two levels name what to delete (models/merged, venv/lib)
     without a full tree. Links are counted as links, never followed; a walk cut by the time
@@ -167,7 +169,7 @@ def workspace_users(workspace: str, top: int, budget_s: float, listings: Listing
             candidates.append(name)  # unreadable: sized (or failing) as one entry below
             continue
         candidates.extend(name + "/" + child for child in inner_files + inner_dirs)
-    out: list[dict[str, Any]] = []
+    out: List[DiskUserEntry] = []
     for rel in candidates:
         try:
             size, alloc, count, complete = tree_size(os.path.join(workspace, rel), deadline, listings)

@@ -26,12 +26,12 @@ byte off, a header_end taken too early) is refused, its problem named.
 Write reply: {"ok", "op", "out", "planned", "bytes", "tensors", "last_tensor", "added",
 "fetched", "donor_size", "free", "pin", "assertions": [{"name", "ok", "detail"}], "failure"?};
 a write request this tool cannot read is a failure too ("bad request: ..."). Any other request
-that is not one of these is {"error": ...}.
+that is not one of these is {"error": ...}. (wire.py: GgufRequest, GgufWriteReply.)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, List, Mapping, Sequence, cast
 
 if TYPE_CHECKING:
     from .gguf_format import Span, Tensor
@@ -71,6 +71,7 @@ from .gguf_write import (
     write_part,
 )
 from .procfs import one_line, serve
+from .wire import Assertion, GgufRequest, GgufWriteReply
 
 MAX_SHOW_KVS = 256
 MAX_SHOW_TENSORS = 4096
@@ -92,10 +93,12 @@ class BadRequest(Exception):
     """The request is not one this tool reads: the field and what it must be."""
 
 
-def handle(req: Any) -> dict[str, Any]:
-    """The reply to one request; never raises for anything JSON can hold."""
-    if not isinstance(req, dict):
+def handle(raw: Any) -> dict[str, Any] | GgufWriteReply:
+    """The reply to one request; never raises for anything JSON can hold (each value is checked
+    where it is read: a GgufRequest names the keys, not what came)."""
+    if not isinstance(raw, dict):
         return {"error": "bad request: not an object"}
+    req = cast(GgufRequest, raw)
     op = req.get("op")
     try:
         if op == "show":
@@ -115,7 +118,7 @@ def handle(req: Any) -> dict[str, Any]:
         return failure(req, op, str(e))
 
 
-def failure(req: Mapping[str, Any], op: Any, why: str) -> dict[str, Any]:
+def failure(req: GgufRequest, op: Any, why: str) -> GgufWriteReply:
     out = req.get("out")
     return {"ok": False, "op": op, "out": out if isinstance(out, str) else "",
             "planned": bool(req.get("plan")), "failure": why, "assertions": []}
@@ -186,7 +189,7 @@ def read_exactly(source: Source, start: int, length: int) -> bytes:
 # show
 
 
-def show(req: Mapping[str, Any]) -> dict[str, Any]:
+def show(req: GgufRequest) -> dict[str, Any]:
     workspace = text(req, "workspace")
     path = text(req, "path")
     source = open_source(path, workspace, allowed_hosts=redirect_hosts(req))
@@ -303,7 +306,7 @@ def picked(header: Header, names: Iterable[str], role: str) -> list[OutTensor]:
     return [header.out_tensor(header.by_name[n]) for n in names]
 
 
-def set_kv_layout(req: Mapping[str, Any], headers: list[Header]) -> tuple[Layout, Sequence[str]]:
+def set_kv_layout(req: GgufRequest, headers: list[Header]) -> tuple[Layout, Sequence[str]]:
     main = headers[0]
     changes = req.get("set")
     types = req.get("types") or {}
@@ -352,7 +355,7 @@ def type_name(value_type: int, element: int | None) -> str:
     return VALUE_TYPE_NAMES[value_type]
 
 
-def add_tensors_layout(req: Mapping[str, Any], headers: list[Header]) -> tuple[Layout, Sequence[str]]:
+def add_tensors_layout(req: GgufRequest, headers: list[Header]) -> tuple[Layout, Sequence[str]]:
     main, donor = headers
     names = names_of(req, "tensors")
     present = [n for n in names if n in main.by_name]
@@ -363,7 +366,7 @@ def add_tensors_layout(req: Mapping[str, Any], headers: list[Header]) -> tuple[L
     return Layout(main.result["version"], kvs, main.kept_tensors() + added, main.result["alignment"]), names
 
 
-def extract_layout(req: Mapping[str, Any], headers: list[Header]) -> tuple[Layout, Sequence[str]]:
+def extract_layout(req: GgufRequest, headers: list[Header]) -> tuple[Layout, Sequence[str]]:
     main = headers[0]
     names = names_of(req, "tensors")
     kvs = [raw for _key, _type, raw in main.raw_kvs()]
@@ -373,7 +376,7 @@ def extract_layout(req: Mapping[str, Any], headers: list[Header]) -> tuple[Layou
 LAYOUTS = {"set_kv": set_kv_layout, "add_tensors": add_tensors_layout, "extract": extract_layout}
 
 
-def write(req: Mapping[str, Any], op: str) -> dict[str, Any]:
+def write(req: GgufRequest, op: str) -> GgufWriteReply:
     workspace = workspace_root(text(req, "workspace"))
     out = text(req, "out")
     given = [("input", text(req, "path"))] + ([("donor", text(req, "donor"))] if op == "add_tensors" else [])
@@ -448,8 +451,8 @@ def free_at(target: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def planned(req: Mapping[str, Any], op: str, out: str, layout: Layout, added: Sequence[str], sources: list[Source],
-            target: str) -> dict[str, Any]:
+def planned(req: GgufRequest, op: str, out: str, layout: Layout, added: Sequence[str], sources: list[Source],
+            target: str) -> GgufWriteReply:
     last = layout.tensors[-1].name if layout.tensors else None
     donor = sources[-1]
     return {"ok": True, "op": op, "out": out, "planned": bool(req.get("plan")), "bytes": layout.size,
@@ -472,7 +475,7 @@ def expectations(layout: Layout, expect_tensors: int | None, expect_last: str | 
 
 
 def carried_out(workspace: str, out: str, layout: Layout, expect_tensors: int, expect_last: str | None,
-                reply: Mapping[str, Any], sources: list[Source]) -> list[dict[str, Any]]:
+                reply: GgufWriteReply, sources: list[Source]) -> List[Assertion]:
     """Write OUT.part, assert, rename: OUT appears only when every assertion holds."""
     if reply["free"] < layout.size:
         raise Refused("OUT needs %d bytes and %d are free where it goes: refused, nothing written"

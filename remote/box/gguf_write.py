@@ -41,6 +41,7 @@ from .gguf_format import (
     VALUE_TYPE_NAMES,
     align,
 )
+from .wire import Assertion
 
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
@@ -284,11 +285,11 @@ def discard_part(folder_fd: int, name: str, fd: int) -> None:
 # The mandatory assertions
 
 
-def assertion(name: str, ok: object, detail: str) -> dict[str, Any]:
+def assertion(name: str, ok: object, detail: str) -> Assertion:
     return {"name": name, "ok": bool(ok), "detail": detail}
 
 
-def verify(fd: int, layout: Layout, expect_tensors: int, expect_last: str | None) -> list[dict[str, Any]]:
+def verify(fd: int, layout: Layout, expect_tensors: int, expect_last: str | None) -> List[Assertion]:
     """Read OUT.part back (fd): tensor count, last name, size, every tensor's sha256, the checker."""
     size = os.fstat(fd).st_size
     result, tensors, _spans = inspect(lambda o, n: os.pread(fd, n, o), size, expect_tensors, expect_last)
@@ -300,17 +301,17 @@ def verify(fd: int, layout: Layout, expect_tensors: int, expect_last: str | None
     return out
 
 
-def count_assertion(result: Mapping[str, Any], expected: int) -> dict[str, Any]:
+def count_assertion(result: Mapping[str, Any], expected: int) -> Assertion:
     got = result["tensor_count"]
     return assertion("tensor_count", got == expected, "tensor_count %s, expected %d" % (got, expected))
 
 
-def last_assertion(result: Mapping[str, Any], expected: str | None) -> dict[str, Any]:
+def last_assertion(result: Mapping[str, Any], expected: str | None) -> Assertion:
     got = result["last_tensor"]
     return assertion("last_tensor", got == expected, "last tensor %r, expected %r" % (got, expected))
 
 
-def size_assertion(size: int, result: Mapping[str, Any], layout: Layout) -> dict[str, Any]:
+def size_assertion(size: int, result: Mapping[str, Any], layout: Layout) -> Assertion:
     start, end = result["data_start"], layout.size - layout.data_start
     ok = size == layout.size and start == layout.data_start
     return assertion("size", ok, "size(OUT) %d, expected data_start %s + padded end of the last tensor's data %d"
@@ -318,7 +319,7 @@ def size_assertion(size: int, result: Mapping[str, Any], layout: Layout) -> dict
 
 
 def hash_assertion(fd: int, result: Mapping[str, Any], found: Mapping[str, Tensor],
-                   tensors: Sequence[OutTensor]) -> dict[str, Any]:
+                   tensors: Sequence[OutTensor]) -> Assertion:
     for t in tensors:
         read = found.get(t.name)
         if read is None or result["data_start"] is None:

@@ -37,6 +37,7 @@ from .nvml import (
     EVENT_XID,
     NvmlError,
 )
+from .wire import GpuSection
 
 KEEP = 32  # the recent events of each kind every reply carries
 MAX_DRAIN = 64  # events taken per read: a storm of them costs one read a bounded time
@@ -73,7 +74,7 @@ class EventWatch(object):
         if refused:
             self.note = ("no NVML events from " + ", ".join(refused))[:MAX_NOTE]
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> GpuSection:
         """The reply's event keys, after taking what has come since the last read."""
         failed = self.drain() if self.event_set is not None and self.registered else None
         kept = sorted((e for kind in self.recent.values() for e in kind), key=lambda e: e["time"])

@@ -27,6 +27,7 @@ import time
 from .gpu_events import EventWatch
 from .nvml import VALUE_NOT_AVAILABLE, Nvml, NvmlError
 from .nvml_replay import from_environment
+from .wire import GpuSection
 
 MAX_GPUS = 64
 MAX_PROCESSES = 256  # per GPU
@@ -67,23 +68,25 @@ class GpuSession(object):
         self.started, self.error = True, None
         self.driver = text(field(self.source.driver_version))
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> GpuSection:
         """The reply's GPU keys: {"gpus": [...], "gpu_error": why or None, "gpu_driver": ...,
         "gpu_events": [...], "gpu_events_note": why or None}."""
         self.start()
         source = self.source
         if not self.started or source is None:  # started: a source is there
-            return dict(no_events(), gpus=[], gpu_error=self.error, gpu_driver=None)
+            return GpuSection(**no_events(), gpus=[], gpu_error=self.error, gpu_driver=None)
         try:
             count = bounded(source.device_count(), MAX_GPUS)
         except NvmlError as e:
-            return dict(no_events(), gpus=[], gpu_error="NVML device count: %s" % text(str(e)), gpu_driver=self.driver)
+            return GpuSection(**no_events(), gpus=[], gpu_error="NVML device count: %s" % text(str(e)),
+                              gpu_driver=self.driver)
         if not count:
-            return dict(no_events(), gpus=[], gpu_error="no NVIDIA GPU found", gpu_driver=self.driver)
+            return GpuSection(**no_events(), gpus=[], gpu_error="no NVIDIA GPU found", gpu_driver=self.driver)
         gpus = [device(source, index) for index in range(count)]
-        return dict(self.read_events(source, count), gpus=gpus, gpu_error=None, gpu_driver=self.driver)
+        return GpuSection(**self.read_events(source, count), gpus=gpus, gpu_error=None, gpu_driver=self.driver)
 
-    def read_events(self, source: Source, count: int) -> dict[str, Any]:
+    def read_events(self, source: Source, count: int) -> GpuSection:
+        """The event keys alone (gpu_events, gpu_events_note)."""
         if not self.watch_events:
             return no_events()
         try:
@@ -92,7 +95,8 @@ class GpuSession(object):
                 self.events.start(count)
             return self.events.read()
         except Exception as e:  # a bug, or a library answering oddly, costs the events, not the GPUs
-            return dict(no_events(), gpu_events_note="NVML events failed: %s: %s" % (type(e).__name__, text(str(e))))
+            return {"gpu_events": [],
+                    "gpu_events_note": "NVML events failed: %s: %s" % (type(e).__name__, text(str(e)))}
 
     def close(self) -> None:
         if self.events is not None:
@@ -103,7 +107,7 @@ class GpuSession(object):
             field(self.source.shutdown)
 
 
-def read_once() -> dict[str, Any]:
+def read_once() -> GpuSection:
     """One reading in a session of its own (a probe run once, not --serve): no events, since
     NVML gives only those that happen after registration, and this session ends at once."""
     session = GpuSession(watch_events=False)
@@ -113,7 +117,7 @@ def read_once() -> dict[str, Any]:
         session.close()
 
 
-def no_events() -> dict[str, Any]:
+def no_events() -> GpuSection:
     return {"gpu_events": [], "gpu_events_note": None}
 
 

@@ -3,9 +3,10 @@
 Runs ON the box. Request on stdin, either a process or a recorded stage:
   {"pid", "start_time", "boot_time", "boot_id", "signal": "TERM"|"KILL"|"INT"|"HUP", "grace": 5.0,
    "group": false|true, "protect": [PID, ...]}
-  {"stage", "workspace", "signal", "grace", "protect"}   (every process of the stage, from its record)
+  {"stage", "workspace", "signal", "grace", "protect", "by"}   (every process of the stage, from its record)
 Reply: {"ok", "result": "exited"|"killed"|"failed"|"refused"|"gone", "reason", "pgid",
         "signalled": [PID...], "survivors": [PID...], "remaining": [PID...]}
+(wire.py: KillRequest, KillReply.)
 
 "group" is required: false signals this process only, true its whole process group. A stage
 is followed to every process its chain started (chain_pids: its group, the processes that
@@ -34,7 +35,7 @@ import re
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 from .chainline import is_nonce, signed
 from .confine import Escape, open_append, open_folder, open_parent, open_root, unlink, write_file
@@ -56,6 +57,7 @@ from .procfs import (
     settled_btime,
     start_epoch,
 )
+from .wire import KillReply, KillRequest
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT, "HUP": signal.SIGHUP}
 POLL_S = 0.05
@@ -64,11 +66,14 @@ STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # as launch.py na
 KILL_WAIT_S = 2.0
 
 
-def refuse(reason: str, **extra: Any) -> dict[str, Any]:
-    return dict(extra, ok=False, result="refused", reason=reason)
+def refuse(reason: str, pgid: Optional[int] = None) -> KillReply:
+    reply: KillReply = {"ok": False, "result": "refused", "reason": reason}
+    if pgid is not None:
+        reply["pgid"] = pgid
+    return reply
 
 
-def gone_reply(reason: str) -> dict[str, Any]:
+def gone_reply(reason: str) -> KillReply:
     return {"ok": True, "result": "gone", "reason": reason, "signalled": [], "survivors": [], "remaining": []}
 
 
@@ -177,7 +182,7 @@ def wait_until(done: Callable[[], object], seconds: float, poll: float = POLL_S)
 # ------------------------------------------------------------ checks before any signal
 
 
-def check_request(req: dict[str, Any]) -> tuple[str, float, dict[str, Any] | None]:
+def check_request(req: KillRequest) -> Tuple[str, float, Optional[KillReply]]:
     """(signal name, grace, None), or a refusal last."""
     name = str(req.get("signal", "TERM")).upper()
     if name not in SIGNALS:
@@ -185,7 +190,7 @@ def check_request(req: dict[str, Any]) -> tuple[str, float, dict[str, Any] | Non
     return name, float(req.get("grace", 5.0)), None
 
 
-def forbidden(pids: Iterable[int], req: dict[str, Any]) -> dict[str, Any] | None:
+def forbidden(pids: Iterable[int], req: KillRequest) -> KillReply | None:
     """A refusal if any of pids may never be signalled, else None."""
     protected = set(ancestors(os.getpid())) | set(int(p) for p in req.get("protect") or ()) | {1}
     hit = sorted(protected.intersection(pids))
@@ -201,7 +206,7 @@ def forbidden(pids: Iterable[int], req: dict[str, Any]) -> dict[str, Any] | None
 # ------------------------------------------------------------ one process or its group
 
 
-def kill(req: dict[str, Any]) -> dict[str, Any]:
+def kill(req: KillRequest) -> KillReply:
     if "stage" in req:
         return stop_stage(req)
     pid = req["pid"]
@@ -242,8 +247,8 @@ def born_before(pid: int, start_time: float, btime: float) -> bool:
     return st is not None and started_before(start_epoch(st["starttime"], btime), start_time)
 
 
-def kill_process(req: dict[str, Any], pid: int, pgid: int, start_time: float, btime: float, name: str,
-                 grace: float) -> dict[str, Any]:
+def kill_process(req: KillRequest, pid: int, pgid: int, start_time: float, btime: float, name: str,
+                 grace: float) -> KillReply:
     refusal = forbidden([pid], req)
     if refusal:
         return refusal
@@ -277,8 +282,8 @@ def kill_process(req: dict[str, Any], pid: int, pgid: int, start_time: float, bt
     return outcome(result, ident, others, None, [pid])
 
 
-def kill_group(req: dict[str, Any], pid: int, pgid: int, start_time: float, btime: float, name: str,
-               grace: float) -> dict[str, Any]:
+def kill_group(req: KillRequest, pid: int, pgid: int, start_time: float, btime: float, name: str,
+               grace: float) -> KillReply:
     if pgid <= 1:
         return refuse("pid %d has no process group of its own to signal (pgid %d)" % (pid, pgid))
     members = group_members(pgid)
@@ -324,11 +329,11 @@ def kill_group(req: dict[str, Any], pid: int, pgid: int, start_time: float, btim
 
 
 def outcome(result: str, ident: Identity, others: Identity, pgid: int | None,
-            signalled: Iterable[int]) -> dict[str, Any]:
+            signalled: Iterable[int]) -> KillReply:
     """The reply: what it was asked to end and still lives fails it, whatever was sent."""
     left = ident.living()
-    reply = {"ok": not left, "result": result, "pgid": pgid, "signalled": sorted(signalled), "survivors": left,
-             "remaining": [p for p in others.living() if p not in ident.started]}
+    reply: KillReply = {"ok": not left, "result": result, "pgid": pgid, "signalled": sorted(signalled),
+                        "survivors": left, "remaining": [p for p in others.living() if p not in ident.started]}
     if left:
         reply["result"] = "failed"
         reply["reason"] = "still alive after SIGKILL: %s" % ", ".join(still_alive(p) for p in left)
@@ -338,11 +343,11 @@ def outcome(result: str, ident: Identity, others: Identity, pgid: int | None,
 # ------------------------------------------------------------ every process of a stage
 
 
-def workspace(req: dict[str, Any]) -> str:
+def workspace(req: KillRequest) -> str:
     return os.path.abspath(os.path.expanduser(req["workspace"]))
 
 
-def stage_record(req: dict[str, Any]) -> dict[str, Any] | None:
+def stage_record(req: KillRequest) -> dict[str, Any] | None:
     if not isinstance(req["stage"], str) or not STAGE_NAME.match(req["stage"]):
         raise ValueError("bad stage name %r" % (req["stage"],))
     path = os.path.join(workspace(req), ".samai", "state", req["stage"] + ".json")
@@ -401,7 +406,7 @@ class Chain(object):
         return signalled, denied_pids
 
 
-def stop_stage(req: dict[str, Any]) -> dict[str, Any]:
+def stop_stage(req: KillRequest) -> KillReply:
     rec = stage_record(req)
     if rec is None:
         return gone_reply("the stage has never been fired")

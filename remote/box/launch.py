@@ -4,6 +4,7 @@ Runs ON the box. Request on stdin:
   {"stage", "workspace", "command", "log", "verify_s": 3.0, "env": {NAME: VALUE}}
 Reply: {"ok", "state": "running"|"done"|"failed"|"refused", "reason", "pid", "pgid",
         "start_time", "boot_time", "boot_id", "rc", "log", "chain", "log_tail"}
+(wire.py: LaunchRequest, LaunchReply; the stage's record is a LaunchRecord.)
 
 The chain runs in a new session (so a stop can signal its whole process group), with
 stdin a pipe that holds only the run's nonce and then /dev/null (an open stdin keeps SSH
@@ -57,6 +58,7 @@ from .procfs import (
     serve,
     start_epoch,
 )
+from .wire import LaunchRecord, LaunchReply, LaunchRequest
 
 STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TAIL_LINES = 20
@@ -195,7 +197,7 @@ def wait_for_pidfile(path: str, proc: subprocess.Popen[bytes], deadline: float) 
     return None
 
 
-def launch(req: dict[str, Any]) -> dict[str, Any]:
+def launch(req: LaunchRequest) -> LaunchReply:
     stage, command = req["stage"], req["command"]
     workspace = os.path.abspath(os.path.expanduser(req["workspace"]))  # the chain runs from /
     if not STAGE_NAME.match(stage):
@@ -238,27 +240,28 @@ def launch(req: dict[str, Any]) -> dict[str, Any]:
     verify_s = float(req.get("verify_s", 3.0))
     deadline = time.monotonic() + verify_s
     reported = wait_for_pidfile(paths["pid"], proc, deadline)
-    record = {"stage": stage, "pid": proc.pid, "pgid": proc.pid, "sid": proc.pid,
-              "start_time": start_epoch(st["starttime"], btime) if st else None,
-              "boot_time": btime, "boot_id": boot_id(),  # what start_time is read against: record_btime
-              "log": log, "cmd": command, "chain": paths["chain"], "fired_at": fired_at,
-              "chain_id": chain_id,  # the SAMAI_CHAIN its processes carry
-              "nonce": nonce}  # what the chain's lines in the log carry (chainline.py)
+    record: LaunchRecord = {
+        "stage": stage, "pid": proc.pid, "pgid": proc.pid, "sid": proc.pid,
+        "start_time": start_epoch(st["starttime"], btime) if st else None,
+        "boot_time": btime, "boot_id": boot_id(),  # what start_time is read against: record_btime
+        "log": log, "cmd": command, "chain": paths["chain"], "fired_at": fired_at,
+        "chain_id": chain_id,  # the SAMAI_CHAIN its processes carry
+        "nonce": nonce}  # what the chain's lines in the log carry (chainline.py)
     places.record(json.dumps(record, indent=1))
     if reported is not None and reported != proc.pid:
-        return dict(record, ok=False, state="failed",
-                    reason="chain reported pid %d, started pid %d" % (reported, proc.pid))
+        return LaunchReply(**record, ok=False, state="failed",
+                           reason="chain reported pid %d, started pid %d" % (reported, proc.pid))
 
     while time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     rc = proc.poll()
     if rc is None:
         if not alive(proc.pid, record["start_time"], btime):
-            return dict(record, ok=False, state="failed", reason="chain vanished", log_tail=log_tail(log))
-        return dict(record, ok=True, state="running", rc=None)
+            return LaunchReply(**record, ok=False, state="failed", reason="chain vanished", log_tail=log_tail(log))
+        return LaunchReply(**record, ok=True, state="running", rc=None)
     state = "done" if rc == 0 else "failed"
     reason = "" if rc == 0 else "chain exited with rc=%d within %.1f s" % (rc, verify_s)
-    return dict(record, ok=rc == 0, state=state, rc=rc, reason=reason, log_tail=log_tail(log))
+    return LaunchReply(**record, ok=rc == 0, state=state, rc=rc, reason=reason, log_tail=log_tail(log))
 
 
 if __name__ == "__main__":

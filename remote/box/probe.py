@@ -27,6 +27,7 @@ Reply: {"time", "boot_time", "boot_id", "clk_tck", "host", "disks", "artifacts",
         and, when asked, "serving": each port's monitoring answers, within the budget (serving.py)
   The bytes read into "logs" and "ranges" entries are base64 in their "data"; or, when the
   request asks to "attach" them, raw after the JSON line, at the entry's "data_at" (answer).
+  (wire.py: ProbeRequest, ProbeReply; check_request checks a request's every value.)
 
 A --serve probe marks each reply's processes ("processes_mark"). A request that names the mark
 of the last reply ("processes_since") gets only what changed since: "processes" holds the new
@@ -59,6 +60,17 @@ from .procs import Facts, processes
 from .request_cache import HeldRequest, HeldUnknown
 from .serving import ServingReader, check_serving_request, start_reading
 from .sockets import fd_links, listeners, watched_folder, writers
+from .wire import (
+    BinaryEntry,
+    GpuSection,
+    ListingReply,
+    ListingSpec,
+    MemoryReading,
+    ProbeReply,
+    ProbeRequest,
+    ReportSpec,
+    StageState,
+)
 
 MAX_REPORTS = 50
 MAX_REPORT_BYTES = 64 * 1024
@@ -66,10 +78,10 @@ MAX_DEATH_BYTES = 16 * 1024  # a stage's STAGE.death (death.py)
 CHAIN_MARKERS = ChainMarkers()  # kept by a --serve probe: a process's marker is read once
 
 
-def binaries(workspace: str | None, paths: Iterable[str]) -> list[dict[str, Any]]:
+def binaries(workspace: str | None, paths: Iterable[str]) -> list[BinaryEntry]:
     """Each declared binary: does it exist, and may it be executed (the tar-prefix trap)? One
     named without a folder ("chromium") is looked for on the PATH, as a shell would."""
-    out = []
+    out: list[BinaryEntry] = []
     for path in paths:
         if "/" not in path:
             import shutil  # only for a name on the PATH: the poll's start-up stays small
@@ -85,7 +97,7 @@ def binaries(workspace: str | None, paths: Iterable[str]) -> list[dict[str, Any]
 # ---------------------------------------------------------------- reports
 
 
-def reports(workspace: str | None, specs: Iterable[Mapping[str, Any]],
+def reports(workspace: str | None, specs: Iterable[ReportSpec],
             errors: list[dict[str, str]]) -> list[dict[str, Any]]:
     """Small files (eval summaries and the like) matching workspace globs, newest first."""
     out = []
@@ -108,7 +120,7 @@ def reports(workspace: str | None, specs: Iterable[Mapping[str, Any]],
 
 
 def stage_states(workspace: str, by_pid: Mapping[int, Mapping[str, Any]], btime: float,
-                 errors: list[dict[str, str]]) -> list[dict[str, Any]]:
+                 errors: list[dict[str, str]]) -> list[StageState]:
     """Recorded stage launches under WORKSPACE/.samai/state, each with whether it still runs."""
     state_dir = os.path.join(workspace, ".samai", "state")
     try:
@@ -153,10 +165,10 @@ def stage_states(workspace: str, by_pid: Mapping[int, Mapping[str, Any]], btime:
     return out
 
 
-def memory_limits() -> dict[str, Any]:
+def memory_limits() -> MemoryReading:
     """The box's RAM (/proc/meminfo) and the memory cgroup limit the probe runs under (its stages
     run under it too, unless they move): what a stage's memory is measured against."""
-    out: dict[str, Any] = {}
+    out: MemoryReading = {}
     try:
         for line in read_regular("/proc/meminfo", 1 << 16).decode("ascii", "replace").splitlines():
             name, _, value = line.partition(":")
@@ -168,7 +180,7 @@ def memory_limits() -> dict[str, Any]:
     if found is not None:
         limit = cgroup_memory(*found).get("limit")
         if limit:
-            out.update(cgroup=found[1][:300], limit=limit)
+            out.update({"cgroup": found[1][:300], "limit": limit})
     return out
 
 
@@ -288,7 +300,7 @@ def check_listing_request(req: Mapping[str, Any]) -> None:
         optional(listing_spec, "prefix", "request.listing", str)
 
 
-def listing(workspace: str | None, spec: Mapping[str, Any]) -> dict[str, Any]:
+def listing(workspace: str | None, spec: ListingSpec) -> ListingReply:
     """One folder's entry names that start with spec["prefix"], folders ending in "/" (the
     console completes a typed path from them): at most spec["max"] of them, dot files only when
     the prefix starts with a dot (as shells complete). "complete" says whether that was all of
@@ -406,7 +418,7 @@ class Memory(object):
         self.serving = ServingReader()  # the serving endpoints' requests, some in flight across polls
 
 
-def process_reply(reply: dict[str, Any], procs: list[dict[str, Any]], since: Any, memory: Memory | None) -> None:
+def process_reply(reply: ProbeReply, procs: list[dict[str, Any]], since: Any, memory: Memory | None) -> None:
     """Fill in the reply's processes: all of them, or (to a request that holds the last reply's
     processes) what changed since. An entry unchanged since is the very object given then."""
     if memory is None:
@@ -426,19 +438,19 @@ def process_reply(reply: dict[str, Any], procs: list[dict[str, Any]], since: Any
 
 
 def stage_processes(procs: list[dict[str, Any]], pids: list[int],
-                    states: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+                    states: list[StageState]) -> tuple[list[dict[str, Any]], list[int]]:
     """The entries and user pids of the processes that belong to a recorded stage's chain."""
     ours = set(pid for rec in states for pid in rec["group"])  # the chain's leader is in its group
     return [p for p in procs if p["pid"] in ours], [pid for pid in pids if pid in ours]
 
 
-def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
+def probe(req: ProbeRequest, memory: Memory | None = None) -> ProbeReply:
     errors: list[dict[str, str]] = []
     btime = boot_time()
     workspace: str | None = req.get("workspace")
     if workspace:
         workspace = os.path.expanduser(workspace)
-    reply: dict[str, Any] = {
+    reply: ProbeReply = {
         "time": time.time(),
         "boot_time": btime,
         "boot_id": boot_id(),  # with boot_time: what a start time here is read against (kill.py)
@@ -498,7 +510,7 @@ def probe(req: dict[str, Any], memory: Memory | None = None) -> dict[str, Any]:
     return reply
 
 
-def gpu_section(memory: Memory | None) -> dict[str, Any]:
+def gpu_section(memory: Memory | None) -> GpuSection:
     """The GPU keys of the reply. The session answers any NVML failure itself; a bug in reading
     one costs the GPU section, not the reply."""
     try:
@@ -513,6 +525,7 @@ def answer(text: str, memory: Memory | None = None) -> bytes:
     point into (raw bytes cost a third less than base64, and no encoding on either side).
     A request it cannot read gets an error reply."""
     blobs: list[bytes] = []
+    reply: ProbeReply
     try:
         req = json.loads(text or "{}")
         if memory is not None:
@@ -530,7 +543,7 @@ def answer(text: str, memory: Memory | None = None) -> bytes:
     return line + b"\n" + b"".join(blobs) if blobs else line
 
 
-def pack_data(reply: dict[str, Any], blobs: list[bytes] | None) -> None:
+def pack_data(reply: ProbeReply, blobs: list[bytes] | None) -> None:
     """The bytes read into each log and range entry: base64 in the JSON, or (blobs given) appended
     to blobs, the entry pointing at them."""
     at = 0  # from the first byte after the JSON's line end

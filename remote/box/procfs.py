@@ -84,7 +84,7 @@ def boot_id() -> str | None:
     return BOOT_ID[0]
 
 
-def record_btime(rec: dict[str, Any], btime: float) -> float:
+def record_btime(rec: Mapping[str, Any], btime: float) -> float:
     """The boot time to read a recorded start time against. /proc/stat's btime moves when the
     clock is stepped (chrony's makestep, a VM resumed); a process's start in ticks since boot
     does not. So a start time recorded with the boot time it was computed from ("boot_time")

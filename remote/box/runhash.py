@@ -4,7 +4,7 @@ Runs ON the box. Request on stdin:
   {"workspace": PATH, "python": PYTHON, "module": "pkg.mod"} or {..., "script": "train.py"}
 Reply: {"tools": DIGEST or null, "tools_note": TEXT, "program": PATH, "sha256": HEX, "bytes": N}
        or, for the program, "program_error": TEXT in place of program/sha256/bytes ("error" is the
-       tool's own failure, as for every tool).
+       tool's own failure, as for every tool). (wire.py: RunhashRequest, RunhashReply.)
 
 Every node of a multi-node run must run the same code: the console compares these across nodes
 before it fires. The tools' digest is read back from the files installed here (install.py's
@@ -19,11 +19,11 @@ import hashlib
 import os
 import subprocess
 import sys
-from typing import Any
 
 from .install import content_digest
 from .launch import tools_env
 from .procfs import serve
+from .wire import RunhashReply, RunhashRequest
 
 MAX_BYTES = 64 << 20  # a training program is a few KB: more is not one
 FIND_TIMEOUT_S = 30.0
@@ -79,10 +79,10 @@ def module_file(workspace: str, python: str, module: str) -> tuple[str | None, s
     return origin, None
 
 
-def runhash(req: dict[str, Any]) -> dict[str, Any]:
+def runhash(req: RunhashRequest) -> RunhashReply:
     workspace = os.path.abspath(os.path.expanduser(req["workspace"]))
     digest = tools_digest()
-    reply: dict[str, Any] = {"tools": digest,
+    reply: RunhashReply = {"tools": digest,
                              "tools_note": "" if digest else "the tools run from memory here (not installed)"}
     if req.get("module"):
         path, error = module_file(workspace, str(req.get("python") or "python3"), str(req["module"]))

@@ -30,6 +30,8 @@ import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .wire import ServingSpec
+
 MAX_BODY = 256 * 1024  # a /slots answer of a few dozen slots is far below it
 MAX_HEAD = 64 * 1024  # the status line and headers read at most beside the body
 MAX_PORTS = 8
@@ -181,7 +183,7 @@ class ServingReader(object):
             r.close()
         self.answered = []
 
-    def begin(self, spec: dict[str, Any]) -> Callable[[], list[dict[str, Any]]]:
+    def begin(self, spec: ServingSpec) -> Callable[[], list[dict[str, Any]]]:
         """Send what is not in flight already; the function returned collects by the budget."""
         self.after_reply()  # should the probe not have called it
         budget, asked = _asked(spec)
@@ -194,7 +196,7 @@ class ServingReader(object):
         send(fresh, deadline)
         return lambda: self._collect(fresh, deadline, asked)
 
-    def read(self, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    def read(self, spec: ServingSpec) -> list[dict[str, Any]]:
         return self.begin(spec)()
 
     def _collect(self, fresh: List[Request], deadline: float, asked: Dict[int, List[str]]) -> list[dict[str, Any]]:
@@ -225,7 +227,7 @@ def _unanswered(waited: float) -> dict[str, Any]:
     return {"error": "no answer within %.1f s" % waited, "seconds": round(waited, 4)}
 
 
-def _asked(spec: dict[str, Any]) -> Tuple[float, Dict[int, List[str]]]:
+def _asked(spec: ServingSpec) -> Tuple[float, Dict[int, List[str]]]:
     """The budget, and each port's paths to ask (its canary among them, as CANARY)."""
     budget = min(float(spec.get("budget_s", 0.8)), MAX_BUDGET_S)
     ports = [int(p) for p in spec.get("ports", ())][:MAX_PORTS]
@@ -234,7 +236,7 @@ def _asked(spec: dict[str, Any]) -> Tuple[float, Dict[int, List[str]]]:
     return budget, dict((port, paths + [path for path, where in extra if port in where]) for port in ports)
 
 
-def start_reading(spec: dict[str, Any]) -> Callable[[], list[dict[str, Any]]]:
+def start_reading(spec: ServingSpec) -> Callable[[], list[dict[str, Any]]]:
     """A one-shot probe's read: every path of every port sent at once, now; the function
     returned collects the answers (or gives them up) by the budget. The probe starts it first,
     so the rest of its reply is read while the servers answer."""
@@ -255,7 +257,7 @@ def start_reading(spec: dict[str, Any]) -> Callable[[], list[dict[str, Any]]]:
     return collect
 
 
-def read_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def read_ports(spec: ServingSpec) -> list[dict[str, Any]]:
     return start_reading(spec)()
 
 

@@ -18,6 +18,7 @@ Request on stdin: {"workspace", "op": "read" | "beat" | "ack", ...}
   ack   {"keys": [...], "by", "text": {KEY: text}}
 Reply: {"watchers": [...], "leader": {"id", "since", "who"} | null (only while its holder beats),
         "leading": bool, "ledger": {...}, "acks": {...}, "now", "problems": [what could not be read]}
+(wire.py: WatchersRequest, WatchersReply.)
 
 Every file is read bounded and parsed defensively: another process (or person) may write anything
 here. The folder is opened inside the workspace without following symlinks (confine.py)."""
@@ -35,6 +36,7 @@ from typing import Any, Dict, List, Optional
 from .atomic import replace_in
 from .confine import open_folder, open_root, workspace_root
 from .procfs import serve
+from .wire import Leader, WatchersReply, WatchersRequest
 
 FOLDER = (".samai", "watch")
 MAX_FILE = 256 * 1024  # one heartbeat, the ledger, the acks: far below this
@@ -120,7 +122,7 @@ def live(beat: Dict[str, Any], now: float) -> bool:
     return written is not None and -FUTURE_S <= now - written <= allowed
 
 
-def holder(fd: int, now: float, problems: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
+def holder(fd: int, now: float, problems: Optional[List[str]] = None) -> Optional[Leader]:
     """The lease as it holds now: {"id", "who", "since"} while its holder beats and `until` is
     ahead; None when it is free (missing, released, run out, or its holder silent)."""
     lease = _object(read_json(fd, "leader.json", problems))
@@ -136,7 +138,7 @@ def holder(fd: int, now: float, problems: Optional[List[str]] = None) -> Optiona
             "who": who[:200] if isinstance(who, str) else ""}
 
 
-def state(fd: int, own: Optional[str] = None) -> Dict[str, Any]:
+def state(fd: int, own: Optional[str] = None) -> WatchersReply:
     problems = []  # type: List[str]
     now = time.time()
     leader = holder(fd, now, problems)
@@ -146,7 +148,7 @@ def state(fd: int, own: Optional[str] = None) -> Dict[str, Any]:
             "acks": _object(read_json(fd, "acks.json", problems)), "problems": problems}
 
 
-def beat(fd: int, req: Dict[str, Any]) -> Dict[str, Any]:
+def beat(fd: int, req: WatchersRequest) -> WatchersReply:
     own = req["id"]
     if not isinstance(own, str) or not WATCHER_ID.match(own):
         raise ValueError("id must be letters, digits, '_' or '-' (at most 64)")
@@ -172,7 +174,7 @@ def beat(fd: int, req: Dict[str, Any]) -> Dict[str, Any]:
     return state(fd, own)
 
 
-def ack(fd: int, req: Dict[str, Any]) -> Dict[str, Any]:
+def ack(fd: int, req: WatchersRequest) -> WatchersReply:
     keys, texts = req["keys"], _object(req.get("text"))
     if not isinstance(keys, list) or not all(isinstance(k, str) and len(k) <= 1000 for k in keys):
         raise ValueError("keys must be a list of strings")
@@ -185,7 +187,7 @@ def ack(fd: int, req: Dict[str, Any]) -> Dict[str, Any]:
     return state(fd)
 
 
-def handle(req: Dict[str, Any]) -> Dict[str, Any]:
+def handle(req: WatchersRequest) -> WatchersReply:
     op = req["op"]
     if op not in ("read", "beat", "ack"):
         raise ValueError("op must be read, beat or ack")
