@@ -62,8 +62,8 @@ GGUF_WRITE = f"{Tool.GGUF_SURGERY} (set_kv, add_tensors, extract)"  # its show a
 WRITING_TOOLS = (Tool.LAUNCH, Tool.KILL, Tool.CLEAN, Tool.INSTALL, GGUF_WRITE, Tool.WATCHERS)
 SERVING_BUDGET_S = 0.8  # all serving ports' answers, asked at once: a stopped server costs this, no more
 
-Req = TypeVar("Req", bound=Mapping[str, Any])
-Rep = TypeVar("Rep", bound=Mapping[str, Any])
+Req = TypeVar("Req", bound=Mapping[str, object])
+Rep = TypeVar("Rep", bound=Mapping[str, object])
 
 
 @dataclass(frozen=True)
