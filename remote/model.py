@@ -164,12 +164,19 @@ class ByteRange:
 
 @dataclass(frozen=True)
 class Report:
-    """A small file read whole (an eval summary, say), found by a workspace glob."""
+    """A small file read whole (an eval summary, say), found by a workspace glob. One over the
+    box's limit comes without its text: its size says so (too_big), never a part as the whole."""
 
     glob: str
     path: str
     mtime: float
     text: str
+    size: int | None = None  # its bytes, as the box found them
+    limit: int | None = None  # the most the box reads of a report
+
+    @property
+    def too_big(self) -> bool:
+        return self.size is not None and self.limit is not None and self.size > self.limit
 
 
 # Why a run ended badly, most specific first (remote/box/death.py; console/core/death.py).
@@ -911,8 +918,19 @@ class Checkpoint:
 @dataclass(frozen=True)
 class Checkpoints:
     folder: str
-    checkpoints: tuple[Checkpoint, ...]  # newest step first
+    checkpoints: tuple[Checkpoint, ...]  # newest step first: the newest the box judges
     error: str | None = None
+    unjudged: int = 0  # older checkpoints the folder holds beyond those: neither judged nor listed
+
+    def left_out(self) -> str:
+        """What the listing leaves out, said ('' when it lists every checkpoint)."""
+        if not self.unjudged:
+            return ""
+        return (f"{self.unjudged:,} older checkpoint(s) in {self.folder} beyond the newest {len(self.checkpoints)} "
+                "were not judged")
+
+
+MAX_UNJUDGED = 10**12  # checkpoints a folder could hold: far more than any, far less than a float's integers
 
 
 @_converting
@@ -920,7 +938,10 @@ def checkpoints(raw: CheckpointsReply) -> Checkpoints:
     found = tuple(_pick(Checkpoint, c, **{k: tuple(_items(c, k)) for k in ("missing", "temporary", "nonfinite",
                                                                            "problems")})
                   for c in _items(raw, "checkpoints"))
-    return _pick(Checkpoints, raw, checkpoints=found)
+    listed = _pick(Checkpoints, raw, checkpoints=found)
+    if not 0 <= listed.unjudged <= MAX_UNJUDGED:
+        raise BoxError(f"malformed reply: Checkpoints.unjudged is {listed.unjudged!r:.40}, not a count")
+    return listed
 
 
 # ------------------------------------------------------------ watchers (box/watchers.py)

@@ -466,7 +466,8 @@ class Actions:
         chain = f"{stage.command} --resume-from {shlex.quote(choice.path)}"
         ck = choice.chosen
         details = (f"resume from {choice.path} (step {ck.step}, {units.size(ck.bytes)})",
-                   *(f"passed over {p.name}: {p.why}" for p in choice.passed), *base.details)
+                   *(f"passed over {p.name}: {p.why}" for p in choice.passed),
+                   *([choice.left_out] if choice.left_out else []), *base.details)
         fields_of = {f.name: getattr(base, f.name) for f in dataclass_fields(base)}
         return ResumePlan(**dict(fields_of, command=base.command.replace(f"fire: {stage.command}", f"fire: {chain}"),
                                  chain=chain, details=details, checks=base.checks + _next_checkpoint_check(ck, snap)),
@@ -483,7 +484,7 @@ class Actions:
         clean = self.plan_clean(paths, why=f"{stage.name}'s checkpoints older than its newest {keep}",
                                 sizes={posixpath.join(choice.folder, c.name): c.bytes for c in choice.deleted})
         kept = [f"kept {c.name} (step {c.step}){': a resume would take it' if c == choice.resume else ''}"
-                for c in choice.kept]
+                for c in choice.kept] + ([f"{choice.left_out}: none of them is deleted"] if choice.left_out else [])
         return PrunePlan(target=clean.target, subject=clean.subject, command=clean.command,
                          details=(*kept, *clean.details), checks=clean.checks, paths=paths, stage=stage.name)
 

@@ -25,16 +25,33 @@ from typing import TYPE_CHECKING, Any
 from samai.console.core.cucheck import EpisodesResult, check_episodes, looks_like_episodes
 from samai.console.core.evalcheck import EvalResult, check_eval
 from samai.console.core.evaldiff import MAX_ITEMS, RunItems, RunReader, TooManyItems
-from samai.console.core.problems import Finding
+from samai.console.core.problems import Finding, Problem
 from samai.remote.errors import BoxError
 from samai.remote.follow import LogFollower, missing_notice
 from samai.remote.model import Report
 from samai.remote.safe_text import visible
+from samai.remote.transport import TransportError
 
 if TYPE_CHECKING:
     from samai.remote.boxapi import Box
 
-RunCheck = EvalResult | EpisodesResult  # `check eval` of an eval run's items, or of a cu run's episodes
+FileCheck = EvalResult | EpisodesResult  # `check eval` of an eval run's items, or of a cu run's episodes
+
+
+@dataclass(frozen=True)
+class ItemsNotRead:
+    """A finished run's items that could not be read whole, so were not checked: its one problem
+    says so and why (a warning: the run's score stands unchecked, never checked on a part)."""
+
+    why: str
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        return (Problem("items_not_read", "warning", "its items could not be read whole, so they are not checked: "
+                        + visible(self.why)[:300]),)
+
+
+RunCheck = FileCheck | ItemsNotRead  # what the console holds of a finished run's check
 ITEMS_READ = 4 << 20  # one read of a run's items: the bytes (and their lines) held at once
 ITEM_LINE = 16 << 20  # the longest line kept whole (a longer one is no item: counted as such, and said)
 MAX_COUNT = 10**12  # items in one eval run: far more than any eval set, far less than a float's integer range
@@ -77,7 +94,10 @@ def read_eval_runs(reports: tuple[Report, ...]) -> tuple[list[EvalRun], list[Fin
 
 
 def eval_run(report: Report) -> EvalRun:
-    """NotASummary unless report's text is a summary with sound figures."""
+    """NotASummary unless report's text is a summary with sound figures (and all of it: one the
+    box found too big to read is said to be, with its size and the limit)."""
+    if report.too_big:
+        raise NotASummary(f"too big: {_bytes(report.size)}, over the {_bytes(report.limit)} a summary is read up to")
     try:
         raw = json.loads(report.text)
     except RecursionError:  # no ValueError: the decoder's stack ran out
@@ -110,6 +130,10 @@ def _fraction(raw: dict[str, Any], key: str) -> float | None:
     if type(value) not in (int, float) or not 0 <= value <= 1:  # NaN fails the range too
         raise NotASummary(f"{key} is {_shown(value)}, not a fraction from 0 to 1")
     return float(value)
+
+
+def _bytes(n: int | None) -> str:
+    return f"{n:,} bytes" if n is not None and 0 <= n < 10**18 else "? bytes"
 
 
 def _shown(value: Any) -> str:
@@ -161,14 +185,17 @@ async def item_batches(box: Box, path: str, max_bytes: int = ITEMS_READ) -> Asyn
 
 async def check_items(box: Box, run: EvalRun) -> RunCheck | None:
     """`check eval` on a run's whole items (a cu run's episodes); None where the box has no such
-    file. The box's errors, NotReadWhole among them, are the caller's."""
+    file; ItemsNotRead, with why, where they could not be read whole (NotReadWhole, the box or the
+    connection failing): the `eval` detector makes it a warning, so the operator sees it."""
     try:
         return await check_file(box, run.items, episodes=run.kind == "cu")
     except ItemsMissing:
         return None
+    except (BoxError, TransportError) as e:
+        return ItemsNotRead(str(e))
 
 
-async def check_file(box: Box, path: str, episodes: bool | None = None) -> RunCheck:
+async def check_file(box: Box, path: str, episodes: bool | None = None) -> FileCheck:
     """`check eval` on a whole file of the box, streamed from the box to the check in its thread
     (episodes None: a cu run's episodes or an eval's items, told by its first lines). ItemsMissing,
     NotReadWhole and the box's errors are the caller's."""

@@ -41,6 +41,7 @@ class RunRecord:
     death: str = ""  # why it died, as its chain said (`cause: detail`)
     path: str = ""  # the log file it was read from
     marks: tuple[Mark, ...] = ()  # its marker and disk lines, in order (the last MAX_MARKS)
+    marks_left_out: int = 0  # its earlier marker and disk lines not kept in marks (past MAX_MARKS): said
     ended_at: float | None = None  # its file's last write, for the last run of a file that ended (rc)
     first_line: int = 1  # its first line's number in its file (its header's)
     last_write: float | None = None  # its file's last write, for the last run of a file (running or not)
@@ -72,19 +73,21 @@ class _Run:
     path: str = ""
     marks: list[Mark] = field(default_factory=list)
     first_line: int = 1
+    marks_left_out: int = 0
 
     def record(self) -> RunRecord:
         return RunRecord(self.number, self.started, self.pid, self.rc, self.lines, self.last_marker, self.severity,
-                         self.death, self.path, tuple(self.marks), first_line=self.first_line)
+                         self.death, self.path, tuple(self.marks), self.marks_left_out, first_line=self.first_line)
 
 
 class RunHistory:
     """Feed a stage's log lines in order (`end_file` between files); `runs` are the runs seen,
-    oldest first, the newest MAX_RUNS of them."""
+    oldest first, the newest MAX_RUNS of them; `left_out` how many older ones they leave out."""
 
     def __init__(self, markers: Iterable[Marker] = ()) -> None:
         self._markers = [(m, _compiled(m.pattern)) for m in markers if m.name != CHAIN_DONE.name]
         self._runs: list[RunRecord] = []
+        self._dropped = 0  # the oldest runs read, past MAX_RUNS: counted, never silently gone
         self._current: _Run | None = None
         self._number = 1
         self._path, self._line_number = "", 0
@@ -113,6 +116,15 @@ class RunHistory:
     def runs(self) -> list[RunRecord]:
         runs = self._runs + ([self._current.record()] if self._current else [])
         return runs[-MAX_RUNS:]
+
+    def left_out(self) -> int:
+        """How many runs older than those `runs` lists were read and not kept."""
+        return self._dropped + max(0, len(self._runs) + (self._current is not None) - MAX_RUNS)
+
+    def notes(self) -> list[str]:
+        """What `runs` does not list, said (none when it lists every run read)."""
+        older = self.left_out()
+        return [f"{older:,} older runs not listed (the newest {MAX_RUNS} are)"] if older else []
 
     def _start(self, header: Header) -> None:
         self._keep()
@@ -149,20 +161,27 @@ class RunHistory:
             self._mark(Mark(self._line_number, "disk", "info", said[:SHOWN_CHARS]))
 
     def _mark(self, mark: Mark) -> None:
-        marks = self._current.marks if self._current else []
+        if self._current is None:
+            return
+        marks = self._current.marks
         marks.append(mark)
-        del marks[:-MAX_MARKS]
+        if len(marks) > MAX_MARKS:
+            del marks[0]
+            self._current.marks_left_out += 1
 
     def _keep(self) -> None:
         if self._current:
             self._runs.append(self._current.record())
-            del self._runs[:-MAX_RUNS]
+            if len(self._runs) > MAX_RUNS:
+                del self._runs[0]
+                self._dropped += 1
         self._current = None
 
 
 async def read_history(box: Box, log: str, markers: Iterable[Marker]) -> tuple[list[RunRecord], list[str]]:
-    """The runs in a stage's log and its kept generations, oldest first; and what could not be
-    read (a generation that is not there is no problem: a stage run less often has fewer)."""
+    """The runs in a stage's log and its kept generations, oldest first (the newest MAX_RUNS);
+    and what could not be read or is not listed (a generation that is not there is no problem: a
+    stage run less often has fewer; older runs than those listed are counted there)."""
     from samai.console.core.checks import Unreadable, line_batches
 
     history, problems = RunHistory(markers), []
@@ -178,7 +197,7 @@ async def read_history(box: Box, log: str, markers: Iterable[Marker]) -> tuple[l
         except (BoxError, TransportError) as e:
             problems.append(f"{path}: {e}")
         history.end_file(read.get("mtime"))
-    return history.runs(), problems
+    return history.runs(), problems + history.notes()
 
 
 def _compiled(pattern: str) -> re.Pattern[str] | None:

@@ -5,8 +5,9 @@ timeline, what doctor finds now, and the config with its secrets masked.
 Everything in it passes through the config's SecretMask before it is written (its secrets by
 shape, and by where the config keeps them: every notification URL and its parts, the values of
 the variables its `*_env` keys name), and every part is bounded: at
-most MAX_LINES lines of each log (each cut to LINE_CHARS), MAX_EVENTS events, MAX_PROCESSES
-processes, so a bundle stays under a few MB whatever the box holds. Its format is the recording
+most MAX_LINES lines of each log (each cut to LINE_CHARS), MAX_EVENTS events (the newest; an
+event says how many older ones it leaves out), MAX_PROCESSES processes, so a bundle stays under
+a few MB whatever the box holds. Its format is the recording
 console/replay.py renders ({"workspace", "probe", "logs"}), with the rest beside it."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from samai.console import __version__
 from samai.console.core import config as config_mod
 from samai.console.core.redact import MASK, redact_assignment
 from samai.console.core.secret_mask import SecretMask
-from samai.console.core.timeline import Event, read_timeline
+from samai.console.core.timeline import NOT_SHOWN, Event, read_timeline
 from samai.console.replay import log_key
 from samai.remote import model
 from samai.remote.boxapi import Box, BoxError
@@ -66,18 +67,33 @@ async def make_bundle(box: Box, cfg: config_mod.Config, audit: Path, *, since: f
     """The bundle's content, masked (by the config's mask, unless one is given) and bounded."""
     mask = mask or SecretMask.of_config(cfg)
     raw = await box.ask_probe(box.snapshot_request(writers=True))
-    raw["processes"] = list(raw.get("processes") or [])[:MAX_PROCESSES]
+    processes = list(raw.get("processes") or [])
+    raw["processes"] = processes[:MAX_PROCESSES]
+    if len(processes) > MAX_PROCESSES:  # said where the probe says what it could not read (snapshot's errors)
+        more = f"{len(processes) - MAX_PROCESSES:,} more not in this bundle (its first {MAX_PROCESSES:,} are)"
+        raw["errors"] = [*(raw.get("errors") or []), {"what": "processes", "error": more}]
     logs = {}
     for stage in cfg.stages:
         chunk = await box.tail(cfg.path_of(stage.log), last_lines=MAX_LINES)
         lines = chunk.data.decode("utf-8", "replace").splitlines()[-MAX_LINES:]
         logs[log_key(stage.log)] = "".join(line[:LINE_CHARS] + "\n" for line in lines)
-    events: list[Event] = await read_timeline(box, cfg, audit, since=since)
+    events: list[Event] = kept_events(await read_timeline(box, cfg, audit, since=since), MAX_EVENTS)
     return mask.all({
         "format": FORMAT, "made_at": time.time(), "console": __version__, "target": cfg.target.url,
         "workspace": cfg.workspace, "config": config_tables(cfg, mask), "probe": raw, "logs": logs,
-        "timeline": [e.to_json() for e in events[-MAX_EVENTS:]], "findings": findings,
+        "timeline": [e.to_json() for e in events], "findings": findings,
     })
+
+
+def kept_events(events: list[Event], limit: int) -> list[Event]:
+    """The newest `limit` events, and where older ones were cut, an event that says how many
+    (a bundle never holds a part of the timeline as if it were the whole)."""
+    if len(events) <= limit:
+        return events
+    kept = events[len(events) - limit:]
+    cut = Event(kept[0].time, "bundle", NOT_SHOWN, f"{len(events) - limit:,} older events not in this bundle "
+                f"(its newest {limit:,} are)", severity="warning")
+    return [cut, *kept]
 
 
 def config_tables(cfg: config_mod.Config, mask: SecretMask | None = None) -> dict[str, Any]:

@@ -46,6 +46,7 @@ class ResumeChoice:
     chosen: Checkpoint | None
     passed: tuple[Passed, ...]  # the newer ones (or the named one) passed over, newest first
     first_anomaly: int | None  # the first step the log shows sick, if any
+    left_out: str = ""  # the older checkpoints the box did not judge (beyond its newest 200), said; '' if none
 
     @property
     def path(self) -> str:
@@ -57,7 +58,8 @@ class ResumeChoice:
         if not self.passed:
             return f"no checkpoint in {self.folder}: the run kept none yet (a restart starts from step 0)"
         said = "; ".join(f"{p.name}: {p.why}" for p in self.passed[:3])
-        return f"no checkpoint of {self.folder} is fit to resume from ({said})"
+        return f"no checkpoint of {self.folder} is fit to resume from ({said})" + (
+            f"; {self.left_out}" if self.left_out else "")
 
 
 def judged(ck: Checkpoint, first_anomaly: int | None, writing: bool = False) -> str:
@@ -104,11 +106,12 @@ def choose(found: Checkpoints, runs: list[RunAnomaly], named: str | None = None,
         anomaly = writer_anomaly(ck, runs)
         why = judged(ck, anomaly, writing)
         if not why:
-            return ResumeChoice(found.folder, ck, tuple(passed), anomaly)
+            return ResumeChoice(found.folder, ck, tuple(passed), anomaly, found.left_out())
         passed.append(Passed(ck.name, why))
     if named is not None and not passed:
-        passed.append(Passed(named, f"no such checkpoint in {found.folder}"))
-    return ResumeChoice(found.folder, None, tuple(passed), None)
+        passed.append(Passed(named, f"not among the newest {len(found.checkpoints)} the box judged" if found.unjudged
+                             else f"no such checkpoint in {found.folder}"))
+    return ResumeChoice(found.folder, None, tuple(passed), None, found.left_out())
 
 
 def first_anomaly_step(problems) -> int | None:
@@ -152,6 +155,7 @@ class PruneChoice:
     deleted: tuple[Checkpoint, ...]  # oldest last, as listed
     kept: tuple[Checkpoint, ...]
     resume: Checkpoint | None  # the one a resume would take now (always kept)
+    left_out: str = ""  # the older checkpoints the box did not list (so neither judged nor deleted), said
 
     def paths(self) -> tuple[str, ...]:
         return tuple(posixpath.join(self.folder, c.name) for c in self.deleted)
@@ -160,7 +164,8 @@ class PruneChoice:
 def prunable(found: Checkpoints, resume: Checkpoint | None, keep: int = PRUNE_KEEP) -> PruneChoice:
     """Every checkpoint but the newest `keep` and the one a resume would take."""
     kept = [c for i, c in enumerate(found.checkpoints) if i < keep or c == resume]
-    return PruneChoice(found.folder, tuple(c for c in found.checkpoints if c not in kept), tuple(kept), resume)
+    return PruneChoice(found.folder, tuple(c for c in found.checkpoints if c not in kept), tuple(kept), resume,
+                       found.left_out())
 
 
 async def prune_choice(box: Box, cfg: Config, stage: Stage, keep: int = PRUNE_KEEP, *,

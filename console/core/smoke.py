@@ -10,22 +10,30 @@ import asyncio
 import posixpath
 import shlex
 import time
+from collections import deque
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.config import Config, Stage
+from samai.remote.errors import BoxError
+from samai.remote.transport import TransportError
+
+if TYPE_CHECKING:
+    from samai.remote.boxapi import Box
 
 SMOKE_STAGE = "gguf-smoke"
 SMOKE_LOG = "logs/gguf-smoke.log"
 SMOKE_DECISION = "smoke check"  # how the stop of an unanswered smoke stage is decided (and audited)
 VERDICTS = ("SMOKE_OK", "SMOKE_FAIL", "SERVE_FAILED", "SERVE_REFUSED", "SERVER_DIED")
+SHOWN_LOG = 1 << 20  # the log's last bytes kept with the result (its verdict is looked for in all of it)
 
 
 @dataclass(frozen=True)
 class SmokeResult:
     ok: bool
     said: str  # the stage's verdict line (SMOKE_OK ..., SMOKE_FAIL ...), or why there is none
-    log: str
+    log: str  # its last lines (up to SHOWN_LOG bytes)
 
 
 def smoke_config(cfg: Config, model: str) -> Config:
@@ -59,10 +67,33 @@ async def smoke(actions: Actions, model: str, *, timeout: float = 600.0) -> Smok
         await asyncio.sleep(0.5)
     else:
         return SmokeResult(False, f"no answer within {timeout:.0f} s: {await _stop(checked)}", "")
-    log = await actions.box.tail(posixpath.join(actions.config.workspace, SMOKE_LOG), offset=0, max_bytes=1 << 20)
-    text = log.data.decode("utf-8", "replace")
-    said = next((line for line in reversed(text.splitlines()) if line.startswith(VERDICTS)), "no verdict in its log")
-    return SmokeResult(said.startswith("SMOKE_OK"), said, text)
+    verdict, said, text = await read_verdict(actions.box, posixpath.join(actions.config.workspace, SMOKE_LOG))
+    return SmokeResult(verdict is not None and verdict.startswith("SMOKE_OK"), said, text)
+
+
+async def read_verdict(box: Box, path: str) -> tuple[str | None, str, str]:
+    """The log's verdict: its last line that is one (None when it holds none, or could not be
+    read whole), what to say of it, and the log's last lines (up to SHOWN_LOG bytes). The log is
+    read whole, a read at a time, for the verdict is at its end however long the server's own
+    lines before it run; one that cannot be read to its end gives no verdict, and says so."""
+    from samai.console.core.checks import Unreadable, line_batches
+
+    verdict: str | None = None
+    shown: deque[str] = deque()
+    held = 0
+    try:
+        async for batch in line_batches(box, path):
+            for line in batch:
+                if line.startswith(VERDICTS):
+                    verdict = line
+                shown.append(line)
+                held += len(line) + 1
+                while held > SHOWN_LOG and len(shown) > 1:
+                    held -= len(shown.popleft()) + 1
+    except (Unreadable, BoxError, TransportError) as e:
+        last = f"; the last verdict read before that: {verdict}" if verdict else ""
+        return None, f"no verdict: its log could not be read to its end ({e}){last}", "\n".join(shown)
+    return verdict, verdict or "no verdict in its log", "\n".join(shown)
 
 
 async def _stop(checked: Actions) -> str:

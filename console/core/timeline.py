@@ -13,17 +13,25 @@ from __future__ import annotations
 import calendar
 import json
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from samai.console.core.config import Config
 from samai.console.core.history import RunRecord
 from samai.remote.boxapi import Box, BoxError
+from samai.remote.follow import missing_notice
 from samai.remote.model import GpuEvent, Snapshot
 from samai.remote.transport import TransportError
 
-MAX_AUDIT_BYTES = 4 << 20  # the newest part of the audit log read: months of actions
+MAX_AUDIT_EVENTS = 20_000  # the newest audit events kept (from --since on); the older ones counted and said
+MAX_AUDIT_LINE = 1 << 20  # an audit line longer than this is no entry of ours: skipped, counted and said
+MAX_OPEN_INTENTS = 10_000  # intents awaiting their outcome (one whose outcome never came is forgotten past this)
+# The kind of an event that says what the timeline does not show: at the cut, what was cut there (N older
+# events), else at the end (the time it was read) what could not be read. Never an event left out silently.
+NOT_SHOWN = "not_shown"
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,9 @@ def run_events(stage: str, runs: Iterable[RunRecord]) -> list[Event]:
         end = run.ended_at
         if started is not None:
             out.append(Event(started, "log", "started", f"{stage} started (pid {run.pid})", stage, run.path, None))
+        if run.marks_left_out and started is not None:  # where its kept marks begin: the earlier ones are not
+            out.append(Event(started, "log", NOT_SHOWN, f"{run.marks_left_out:,} earlier marker lines of this run "
+                             f"not shown (its last {len(run.marks)} are)", stage, run.path, None, "warning"))
         for mark in run.marks:
             at_end = mark.name == "disk" and " end " in f" {mark.text} " and end is not None
             exact = at_end or (mark.name == "disk" and started is not None and " start " in f" {mark.text} ")
@@ -99,35 +110,80 @@ def gpu_events(events: Iterable[GpuEvent]) -> list[Event]:
                   severity="error") for e in events]
 
 
-def audit_events(path: Path, max_bytes: int = MAX_AUDIT_BYTES) -> list[Event]:
+def audit_events(path: Path, since: float | None = None, max_events: int = MAX_AUDIT_EVENTS) -> list[Event]:
     """The audit log's outcome lines (what was done, by whom, how it went), each at its intent's
     time when it has one (when the action began: a fire's outcome comes after its verify window);
-    a line that is not one (torn, or not ours) is left out."""
+    a line that is not one (torn, or not ours) is left out. The log is read whole, a line at a
+    time, and only events from `since` on are kept: the newest `max_events` of them. What was not
+    kept is said by a `not_shown` event where the cut is (and a line too long to read, or a log
+    that cannot be read, by one at the end), never dropped silently."""
+    kept: deque[Event] = deque(maxlen=max(1, max_events))
+    began: dict[str, float] = {}  # an intent's time by its id, until its outcome comes
+    older = too_long = 0
+    unread = ""
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - max_bytes))
-            data = f.read()
-    except OSError:
-        return []
-    out, began = [], {}
-    for raw in data.decode("utf-8", "replace").splitlines():
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict) or not _number(entry.get("time")):
-            continue
-        if entry.get("phase") == "intent" and isinstance(entry.get("id"), str):
-            began[entry["id"]] = float(entry["time"])
-        if entry.get("phase") != "outcome":
-            continue
-        action, subject = str(entry.get("action") or "action"), str(entry.get("subject") or entry.get("target") or "")
-        result = str(entry.get("result") or entry.get("verdict") or "")
-        who = str(entry.get("user") or "")
-        text = f"{action} {subject}" + (f" by {who}" if who else "") + (f": {result}" if result else "")
-        out.append(Event(began.get(str(entry.get("id")), float(entry["time"])), "audit", action, text[:300],
-                         severity="error" if result == "error" else "info"))
+            for raw in _bounded_lines(f):
+                if raw is None:
+                    too_long += 1
+                    continue
+                event = _audit_event(raw, began)
+                if event is None or (since is not None and event.time < since):
+                    continue
+                older += len(kept) == kept.maxlen
+                kept.append(event)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        unread = f"the audit log could not be read to its end: {e.strerror or e}"
+    out = list(kept)
+    if older:
+        out.insert(0, Event(min(e.time for e in out), "audit", NOT_SHOWN,
+                            f"{older:,} older audit events not shown (the newest {len(out):,} are)",
+                            severity="warning"))
+    if too_long:
+        unread = "; ".join(filter(None, [unread, f"{too_long:,} lines of the audit log over "
+                                                 f"{MAX_AUDIT_LINE >> 20} MiB not read"]))
+    if unread:
+        out.append(Event(time.time(), "audit", NOT_SHOWN, unread, severity="warning"))
     return out
+
+
+def _bounded_lines(f: BinaryIO) -> Iterator[bytes | None]:
+    """A file's lines, each of at most MAX_AUDIT_LINE bytes held at once; None for a longer one
+    (read past to its end, never held)."""
+    while line := f.readline(MAX_AUDIT_LINE + 1):
+        if len(line) <= MAX_AUDIT_LINE or line.endswith(b"\n"):
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):
+            line = f.readline(MAX_AUDIT_LINE)
+        yield None
+
+
+def _audit_event(raw: bytes, began: dict[str, float]) -> Event | None:
+    """An outcome line's event (None for any other line); an intent line's time kept in began,
+    the oldest forgotten past MAX_OPEN_INTENTS (an intent whose outcome never came: a crash)."""
+    try:
+        entry = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict) or not _number(entry.get("time")):
+        return None
+    entry_id = entry.get("id")
+    if entry.get("phase") == "intent" and isinstance(entry_id, str):
+        began[entry_id] = float(entry["time"])
+        while len(began) > MAX_OPEN_INTENTS:
+            del began[next(iter(began))]
+    if entry.get("phase") != "outcome":
+        return None
+    action, subject = str(entry.get("action") or "action"), str(entry.get("subject") or entry.get("target") or "")
+    result = str(entry.get("result") or entry.get("verdict") or "")
+    who = str(entry.get("user") or "")
+    text = f"{action} {subject}" + (f" by {who}" if who else "") + (f": {result}" if result else "")
+    at = began.pop(entry_id, None) if isinstance(entry_id, str) else None
+    return Event(float(entry["time"]) if at is None else at, "audit", action, text[:300],
+                 severity="error" if result == "error" else "info")
 
 
 def alert_events(alerts: Iterable) -> list[Event]:
@@ -165,16 +221,23 @@ async def read_timeline(box: Box, cfg: Config, audit: Path, *, since: float | No
     from samai.console.core.history import read_history
 
     snap = await box.snapshot(processes=False)
-    runs = []
+    runs, unread = [], []
     for stage in cfg.stages:
-        history, _problems = await read_history(box, cfg.path_of(stage.log), stage.markers)
+        log = cfg.path_of(stage.log)
+        history, problems = await read_history(box, log, stage.markers)
         runs.append(run_events(stage.name, history))
+        # What its runs leave out (a log not read, older runs not listed): said at the end, when it was read.
+        # A stage never fired has no log: no run of it is left out.
+        unread += [Event(snap.time, "log", NOT_SHOWN, problem, stage.name, severity="warning") for problem in problems
+                   if problem != missing_notice(log)]
     try:
         ledger = (await box.watchers()).ledger
-    except (BoxError, TransportError):
+    except (BoxError, TransportError) as e:
         ledger = {}
+        unread.append(Event(snap.time, "watcher", NOT_SHOWN, f"what the box's watchers sent was not read: {e}",
+                            severity="warning"))
     return merged(*runs, record_events(snap), gpu_events(snap.gpus.events), ledger_events(ledger),
-                  audit_events(audit), more, since=since)
+                  audit_events(audit, since, MAX_AUDIT_EVENTS), more, unread, since=since)
 
 
 LINES_BEFORE = 20  # a log opened at a line shows this many lines before it

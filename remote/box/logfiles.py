@@ -97,6 +97,28 @@ def read_regular(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
+class TooBig(ValueError):
+    """A small file (a record, a report) that holds more than it may: not read as if the part
+    read were the whole of it. Its size and the limit say why."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        ValueError.__init__(self, "too big: %d bytes, over the %d read of such a file" % (size, limit))
+        self.size, self.limit = size, limit
+
+
+def read_small(path: str, limit: int) -> bytes:
+    """All of a regular file of at most limit bytes; TooBig for a longer one (limit + 1 bytes
+    read to tell: a file that grows meanwhile is caught too), never a part as if the whole."""
+    fd, st = open_regular(path)
+    try:
+        data = pread(fd, 0, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise TooBig(max(st.st_size, len(data)), limit)
+    return data
+
+
 def pread(fd: int, offset: int, n: int) -> bytes:
     """n bytes at offset, fewer only at the end of the file: one read unless the kernel
     returns a short one (no file object, so no second copy through its buffer)."""

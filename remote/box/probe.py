@@ -52,7 +52,7 @@ from .death import cgroup_memory, memory_cgroup
 from .disk import Listings, artifacts, disks, resolve, workspace_users
 from .gpus import GpuSession, read_once
 from .identity import same_start
-from .logfiles import HeldLogs, logs, ranges, read_regular
+from .logfiles import HeldLogs, TooBig, logs, ranges, read_regular, read_small
 from .packages import check_request as check_packages_request
 from .packages import environments
 from .procfs import CLK_TCK, ChainMarkers, boot_id, boot_time, chain_pids, json_document, record_btime
@@ -99,7 +99,8 @@ def binaries(workspace: str | None, paths: Iterable[str]) -> list[BinaryEntry]:
 
 def reports(workspace: str | None, specs: Iterable[ReportSpec],
             errors: list[dict[str, str]]) -> list[dict[str, Any]]:
-    """Small files (eval summaries and the like) matching workspace globs, newest first."""
+    """Small files (eval summaries and the like) matching workspace globs, newest first: each
+    read whole, or (over MAX_REPORT_BYTES) sent without its text, its size said."""
     out = []
     for spec in specs:
         paths = glob.glob(resolve(workspace, spec["glob"]))
@@ -109,8 +110,14 @@ def reports(workspace: str | None, specs: Iterable[ReportSpec],
             pass  # one vanished meanwhile; the order matters less than the reply
         for path in paths[: int(spec.get("max", MAX_REPORTS))]:
             try:
-                text = read_regular(path, MAX_REPORT_BYTES).decode("utf-8", "replace")  # a FIFO would block
-                out.append({"glob": spec["glob"], "path": path, "mtime": os.path.getmtime(path), "text": text})
+                mtime = os.path.getmtime(path)
+                try:
+                    data = read_small(path, MAX_REPORT_BYTES)  # a regular file only: a FIFO would block
+                    text, size = data.decode("utf-8", "replace"), len(data)
+                except TooBig as e:  # sent without its text, its size said: never a part read as if whole
+                    text, size = "", e.size
+                out.append({"glob": spec["glob"], "path": path, "mtime": mtime, "text": text,
+                            "size": size, "limit": MAX_REPORT_BYTES})
             except OSError as e:
                 errors.append({"what": path, "error": str(e)})
     return out
@@ -134,7 +141,7 @@ def stage_states(workspace: str, by_pid: Mapping[int, Mapping[str, Any]], btime:
     for name in names:
         path = os.path.join(state_dir, name)
         try:
-            rec = json_document(read_regular(path, MAX_REPORT_BYTES))
+            rec = json_document(read_small(path, MAX_REPORT_BYTES))  # TooBig, a ValueError, says its size
         except (OSError, ValueError) as e:
             errors.append({"what": path, "error": str(e)})
             continue
@@ -150,7 +157,7 @@ def stage_states(workspace: str, by_pid: Mapping[int, Mapping[str, Any]], btime:
         rec["group"] = sorted(chain_pids(by_pid, rec, record_btime(rec, btime) - btime, CHAIN_MARKERS))
         rc_path = os.path.join(state_dir, name[: -len(".json")] + ".rc")
         try:
-            rec["rc"] = int(read_regular(rc_path, 64).strip())
+            rec["rc"] = int(read_small(rc_path, 64).strip())  # a longer file is no rc: never its first bytes
         except (OSError, ValueError):
             rec["rc"] = None
         if rec["rc"] is not None and not -(1 << 31) <= rec["rc"] < 1 << 31:
