@@ -42,6 +42,7 @@ from pathlib import Path
 from harness import argument_parser, median, ratio
 
 from samai.console.core.config import load_builtin
+from samai.console.core.logcursor import LogCursor
 from samai.console.core.sizing import REFRESH_S, REFRESH_S_PER_FILE
 from samai.console.core.state import ConsoleState
 from samai.remote.box.procfs import boot_time, read_stat, start_epoch
@@ -156,16 +157,17 @@ class Console:
     def __init__(self, workspace: str) -> None:
         config = dataclasses.replace(load_builtin("tiny"), workspace=workspace)
         self.state = ConsoleState(config)
-        self.state.show_stage_log(config.stages[0].name)  # the app opens on the first stage's log
+        self.cursor = LogCursor(config)
+        self.cursor.show_stage_log(config.stages[0].name)  # the app opens on the first stage's log
         self.box = Box(LocalTransport(), workspace, python=sys.executable)
         self.files = 0  # in the artifacts, as the last snapshot counted them
 
     async def poll(self) -> float:
-        followers = self.state.followers()
+        followers = self.state.followers(self.cursor)
         started = time.perf_counter()
         snap = await self.box.snapshot(**self.state.request(followers))
         took = time.perf_counter() - started
-        self.state.apply(snap, followers, time.time())
+        self.state.apply(snap, followers, time.time(), cursor=self.cursor)
         self.files = sum(a.files for a in self.state.snapshot.artifacts if a.exists)
         return took
 

@@ -26,7 +26,6 @@ from samai.remote.transport import TransportError
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions
-    from samai.console.core.evalruns import EvalRun, RunCheck
     from samai.console.core.problems import CheckResult
 
 FOLLOW_POLL_S = 0.5
@@ -151,23 +150,23 @@ async def _budget(args, cfg, box: Box) -> int:
 
 
 async def _doctor(args, cfg, box: Box) -> int:
-    """The TUI's detectors (the same registry) over one look at the box. With no history, the
-    GPU watch sees this snapshot as its first reading: what one reading shows, and no stall."""
-    from samai.console.core import detectors  # see _budget
-    from samai.console.core.preflight import poison_artifacts
+    """One look at the box through the same session as the TUI's and the watcher's (its poll, then
+    every read beside it that is due), judged by the same detectors. With no history, the GPU watch
+    sees this snapshot as its first reading: what one reading shows, and no stall."""
+    from samai.console.core.feeds import Surroundings
+    from samai.console.core.session import BoxSession, PollFailed
 
-    snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts] + poison_artifacts(cfg),
-                              writers=True, binaries=detectors.declared_binaries(cfg),
-                              reports=cfg.ui.reports, serving=_serving_ports(cfg))
-    pythons = detectors.peft_pythons(cfg)  # the training environments: what is installed beside peft (§9)
-    envs = await box.python_packages(list(pythons), detectors.WATCHED_PACKAGES) if pythons else ()
-    checked = await _newest_eval_checked(box, snap)  # the TUI checks the newest run's items once, too
+    session = BoxSession(cfg, lambda _: box, headless=True, around=Surroundings(one_look=True))
+    looked = await session.look_once()
+    if isinstance(looked, PollFailed):
+        raise looked.exception if not looked.bug else BoxError(looked.error)
+    for what, error in session.read_errors.items():  # the rest of the box is still worth its report
+        print(f"samai-console: {visible(what)} was not read: {visible(error)}", file=sys.stderr)
     from samai.console.gpu_report import describe_gpus
 
-    ctx = detectors.DetectorContext.of(cfg, snap, environments=tuple(envs), eval_checked=checked)
-    findings = detectors.DETECTORS.run(ctx)
+    snap = looked.snapshot
     deaths = _deaths(cfg, snap)
-    findings += await _resumable(box, cfg, deaths)
+    findings = doctor_findings(session, {d["stage"]: d["cause"] for d in deaths})
     if args.json:
         print(_json({"findings": [f.to_json() for f in findings], "gpus": asdict(snap.gpus), "deaths": deaths}))
     else:
@@ -181,6 +180,32 @@ async def _doctor(args, cfg, box: Box) -> int:
     return EXIT_PROBLEM if any(f.severity == "error" for f in findings) else EXIT_OK
 
 
+def doctor_findings(session, causes: dict[str, str]) -> list:
+    """What one look raised, as findings: the detectors' (the whole registry, on what was read),
+    then what the feeds raised themselves (a training run's anomalies, the reference it is worse
+    than, a rank that died), then the checkpoint each dead training run would resume from.
+    The alerts of a run's end are doctor's `deaths`."""
+    from samai.console.core.alertbook import FIRE_FAILED, RUN_ENDED
+    from samai.console.core.feeds.training import RESUME_AVAILABLE, TrainingFeed
+    from samai.console.core.fixes import FixAction
+    from samai.console.core.problems import Finding
+
+    state = session.state
+    assert state.snapshot is not None
+    findings = state.detectors.run(state.detector_context(state.snapshot))
+    skipped = {RUN_ENDED, FIRE_FAILED, RESUME_AVAILABLE, "box_unreachable"}
+    findings += [Finding(a.code, a.severity, a.text, a.action) for a in reversed(state.active_alerts())
+                 if a.code and a.finding is None and a.code not in skipped]
+    training = state.feed(TrainingFeed)
+    for stage, choice in (training.choices.items() if training else ()):
+        if stage in causes and choice.chosen is not None:
+            findings.append(Finding(RESUME_AVAILABLE, "warning",
+                                    f"stage {stage} died ({causes[stage]}); it can resume from {choice.path} (step "
+                                    f"{choice.chosen.step}) instead of step 0: fire {stage} --resume",
+                                    FixAction.resume(stage), checkpoint=choice.path))
+    return findings
+
+
 def _deaths(cfg: config_mod.Config, snap: Snapshot) -> list[dict]:
     """Each stage's last run that did not end well (a stop aside), with why."""
     from samai.console.core.death import cause_of_death, death_json
@@ -192,44 +217,6 @@ def _deaths(cfg: config_mod.Config, snap: Snapshot) -> list[dict]:
         if rec is not None and death is not None and death.cause != "stopped":
             found.append(dict(stage=stage.name, rc=rec.rc, fired_at=rec.fired_at, **(death_json(death) or {})))
     return found
-
-
-async def _resumable(box: Box, cfg: config_mod.Config, deaths: list[dict]) -> list:
-    """For each dead training run that kept checkpoints: the one it would resume from."""
-    from samai.console.core.fixes import FixAction
-    from samai.console.core.problems import Finding
-    from samai.console.core.resume import NothingToResume, resume_choice
-
-    found = []
-    for died in deaths:
-        stage = cfg.stage(died["stage"])
-        if stage is None or stage.role != "train" or not stage.checkpoints:
-            continue
-        try:
-            choice = await resume_choice(box, cfg, stage)
-        except (NothingToResume, BoxError, TransportError):
-            continue
-        if choice.chosen is not None:
-            found.append(Finding("resume_available", "warning",
-                                 f"stage {stage.name} died ({died['cause']}); it can resume from {choice.path} "
-                                 f"(step {choice.chosen.step}) instead of step 0: fire {stage.name} --resume",
-                                 FixAction.resume(stage.name), checkpoint=choice.path))
-    return found
-
-
-async def _newest_eval_checked(box: Box, snap: Snapshot) -> tuple[EvalRun, RunCheck | None] | None:
-    """The newest eval run and `check eval` of its items, as the TUI checks it (None: no run)."""
-    from samai.console.core.evalruns import check_items, newest_run, read_eval_runs
-
-    run = newest_run(read_eval_runs(snap.reports)[0])
-    if run is None:
-        return None
-    try:
-        return run, await check_items(box, run)
-    except (BoxError, TransportError) as e:  # the rest of the box is still worth its report
-        print(f"samai-console: eval run {visible(run.name)}: its items were not read: {visible(str(e))}",
-              file=sys.stderr)
-        return run, None
 
 
 async def _eval(args, cfg, box: Box) -> int:

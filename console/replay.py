@@ -101,6 +101,6 @@ def _chunk(follower: LogFollower, logs: dict[str, str]) -> dict:
 def show(app, recording: dict) -> None:
     """Render the recording into a running SamaiApp (started with poll=False)."""
     for _ in range(2):  # the second time with the log pane on the running stage it switched to
-        followers = app.state.followers()
+        followers = app.state.followers(app.box_screen.session.cursor)
         app.show_snapshot(recorded_snapshot(recording, followers), followers)
     app.box_screen.query_one("#log").flush_now()

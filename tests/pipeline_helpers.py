@@ -146,11 +146,11 @@ async def fire_confirmed(pilot, app, key: str, stage: str, timeout: float = 600)
     """Fire (or restart) through the dialog, not blocked, and wait for the new run to end well."""
     from tests.helpers import confirm_dialog, pilot_until
 
-    before = app.state.runs.get(stage)
+    before = app.state.stages.runs.get(stage)
     dialog = await open_dialog(pilot, app, key)
     assert not [c.text for c in dialog.checks if c.severity == "error"], dialog.checks
     await confirm_dialog(pilot)
-    await pilot_until(pilot, lambda: app.state.runs.get(stage) not in (None, before), timeout=60)
+    await pilot_until(pilot, lambda: app.state.stages.runs.get(stage) not in (None, before), timeout=60)
     rec = await pilot_until(pilot, lambda: ended(app, stage), timeout=timeout)
     assert rec.rc == 0, f"{stage} rc={rec.rc}:\n{log_of(app, stage)[-3000:]}"
     return rec

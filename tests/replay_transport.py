@@ -259,21 +259,34 @@ class ReplayProbe:
 
 
 class ReplayConsole:
-    """ConsoleState polled through a Box on a replay box, the way the app's poll loop does it."""
+    """The box screen's session (its state, its feeds, its log cursor) polled through a Box on a
+    replay box, the way the app's poll loop does it, at the box's time."""
 
     def __init__(self, transport: ReplayTransport, config: Any) -> None:
-        from samai.console.core.state import ConsoleState
+        from samai.console.core.session import BoxSession
         from samai.remote.boxapi import Box
 
         self.transport = transport
         self.box = Box(transport, transport.workspace)
-        self.state = ConsoleState(config)
+        self.session = BoxSession(config, lambda _: self.box, clock=lambda: transport.probe["time"], log=True)
+        self.state = self.session.state
+        self.cursor = self.session.cursor
 
     async def poll(self) -> Any:
         """One poll folded in at the box's time: its StateUpdate."""
-        followers = self.state.followers()
+        followers = self.state.followers(self.cursor)
         snap = await self.box.snapshot(**self.state.request(followers))
-        return self.state.apply(snap, followers, snap.time)
+        return self.state.apply(snap, followers, snap.time, cursor=self.cursor)
+
+    async def read(self) -> list[Any]:
+        """The feeds' reads due now, each folded in: the updates they made."""
+        return await self.session.read_due()
+
+    async def look(self) -> Any:
+        """A poll, then the reads due beside it (as the app's loop has them by its next poll): the last update."""
+        update = await self.poll()
+        read = await self.read()
+        return read[-1] if read else update
 
     def active(self, code: str = "", stage: str | None = None) -> list[Any]:
         """The active alerts, of this detector code (or marker alerts, code "") and stage if given."""
@@ -282,3 +295,23 @@ class ReplayConsole:
 
     async def close(self) -> None:
         await self.box.close()
+
+
+def view(update: Any, kind: type) -> Any:
+    """A feed's view in an update, which the test expects there."""
+    found = update.view(kind)
+    assert found is not None, f"no {kind.__name__} in this update"
+    return found
+
+
+def new_points(update: Any) -> list:
+    """The training curve's new points in an update (none when its view is not there)."""
+    from samai.console.core.feeds.training import TrainingView
+
+    found = update.view(TrainingView)
+    return found.new_points if found else []
+
+
+def log_lines(update: Any) -> list[str]:
+    """The log pane's new lines in an update."""
+    return update.log.lines if update.log else []

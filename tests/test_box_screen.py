@@ -29,7 +29,7 @@ async def test_switching_target_leaves_nothing_of_the_old_target_on_show(tmp_pat
         await pilot_until(pilot, lambda: "a line of the old target" in old.query_one(LogView).lines)
         await pilot.press("u")  # the largest users: a walk of the workspace, in flight or done
         old.query_one(CurvesPane).add([TrainPoint(step=s, loss=1.0 / s, grad_norm=1.0) for s in range(1, 4)])
-        assert old.query_one(DiskPane).largest and old._logs.recent_files
+        assert old.query_one(DiskPane).largest and old.logs.history.recent_files
 
         app.switch_target()
         dialog = await pilot_until(pilot, lambda: isinstance(app.screen, PathDialog) and app.screen)
@@ -46,9 +46,9 @@ async def test_switching_target_leaves_nothing_of_the_old_target_on_show(tmp_pat
             running = [(w.name, w.state) for w in app.workers if w.node is old]
             raise AssertionError(f"still running: {running}") from None
         assert app.config.target.url == UNREACHABLE and UNREACHABLE in app.connection.target
-        assert new.state.shown_stage == "hello" and str(new.query_one(LogView).border_title) == "log · hello"
+        assert new.shown_stage == "hello" and str(new.query_one(LogView).border_title) == "log · hello"
         assert "a line of the old target" not in new.query_one(LogView).lines
-        assert new._logs.recent_files == () and new._logs.current is not None  # the history starts again
+        assert new.logs.history.recent_files == () and new.logs.history.current is not None  # the history starts again
         assert new.query_one(CurvesPane).points == [] and not new.query_one(DiskPane).largest
         await pilot_until(pilot, lambda: app.connection.state != "connected" and app.connection.error)
 
@@ -76,12 +76,12 @@ async def test_lines_of_the_log_shown_when_a_poll_began_never_reach_the_log_it_s
     assert run_cli("--config", str(tmp_path / "run-state.toml"), "fire", "serve", "--yes").returncode == 0
     app = type(_app(tmp_path, workspace))(cfg, poll=False)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot_until(pilot, lambda: app.screen is app.box_screen and app.state.shown_stage)
+        await pilot_until(pilot, lambda: app.screen is app.box_screen and app.box_screen.shown_stage)
         screen = app.box_screen
-        assert screen.state.shown_stage == "provision"
+        assert screen.shown_stage == "provision"
         followers = screen.state.followers()
         snap = await screen.session.connected_box().snapshot(**screen.state.request(followers))
         screen.show_snapshot(snap, followers)  # provision's lines, and serve running: the pane follows serve
         log = screen.query_one(LogView)
-        assert screen.state.shown_stage == "serve" and "log · serve" in str(log.border_title)
+        assert screen.shown_stage == "serve" and "log · serve" in str(log.border_title)
         assert not any("provision line" in line for line in log.lines)

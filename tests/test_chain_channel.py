@@ -17,16 +17,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from samai.console.core import config, resume
+from samai.console.core.feeds.disk import DiskView
+from samai.console.core.feeds.training import TrainingFeed, TrainingView
 from samai.console.core.history import read_history
 from samai.console.core.lineage import last_run_check
 from samai.console.core.session import BoxSession
-from samai.console.core.state import StateUpdate
+from samai.console.core.update import StateUpdate
 from samai.remote.box import chainline
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from samai.remote.model import Snapshot
 from tests import chainlog
 from tests.helpers import run_cli
+from tests.replay_transport import new_points
 from tests.test_checkpoints import FOLDER, checkpoint
 from tests.test_fuzz_box_input import JSON
 
@@ -97,11 +100,12 @@ async def test_a_stage_that_prints_its_chains_lines_moves_no_run_rc_cause_nan_or
             polls.append(await poll_until(session, lambda u: True))
         polls += [await poll_until(session, lambda u: True) for _ in range(2)]  # the log read to its end
         # The curve, as the polls read it: one run, its NaN kept, never reset by the printed header.
-        first = next(i for i, u in enumerate(polls) if u.new_points)
-        assert not any(u.curve_reset for u in polls[first + 1:])  # (the run's own header starts it)
-        curve = [p.step for u in polls for p in u.new_points]
+        first = next(i for i, u in enumerate(polls) if new_points(u))
+        # (the run's own header starts it)
+        assert not any(u.view(TrainingView) and u.view(TrainingView).reset for u in polls[first + 1:])
+        curve = [p.step for u in polls for p in new_points(u)]
         assert curve == list(range(1, 21)), curve
-        assert 10 in [p.step for p in session.state.trainlog.result().problems if p.severity == "error"]
+        assert 10 in [p.step for p in session.state.feed(TrainingFeed).check.result().problems if p.severity == "error"]
         snap = await ended(box, "sft")
         checkpoint(workspace, 12, settled=False)  # written after the NaN and after the printed header
         rec = snap.state("sft")
@@ -149,16 +153,16 @@ async def test_the_console_takes_disk_and_chain_done_lines_only_from_its_chain(w
             update = await poll_until(session, lambda u: True)
         [view] = update.stages
         assert view.status == "running" and not (view.last_marker or "").startswith("CHAIN_DONE"), view
-        delta = update.disk_delta
+        delta = update.view(DiskView).delta
         chain_start = [line for line in log.read_text().splitlines() if line.startswith("SAMAI_DISK start")][0]
         assert delta is not None and delta.end is None and delta.start is not None
         assert f"used={delta.start.used} " in chain_start and chain_start.endswith(f"[run {view_nonce(session)}]")
         (workspace / "go").touch()
-        update = await poll_until(session, lambda u: u.stages[0].status == "done" and u.disk_delta is not None
-                                  and u.disk_delta.end is not None)
+        update = await poll_until(session, lambda u: u.stages[0].status == "done" and delta_of(u) is not None
+                                  and delta_of(u).end is not None)
         [view] = update.stages
         chain_end = log.read_text().splitlines()[-2]
-        assert chain_end.startswith("SAMAI_DISK end ") and f"used={update.disk_delta.end.used} " in chain_end
+        assert chain_end.startswith("SAMAI_DISK end ") and f"used={delta_of(update).end.used} " in chain_end
         assert view.last_marker == f"CHAIN_DONE rc=0 [run {view_nonce(session)}]"
     finally:
         if session.box is not None:
@@ -294,9 +298,15 @@ async def test_a_disk_line_stays_the_chains_in_a_workspace_of_a_long_path(tmp_pa
                          lambda _cfg: Box(LocalTransport(), str(workspace), python=sys.executable))
     try:
         await session.connected_box().fire("job", "echo wrote", "logs/job.log", verify_s=0.2)
-        update = await poll_until(session, lambda u: u.disk_delta is not None and u.disk_delta.end is not None)
-        assert update.disk_delta.start is not None and update.stages[0].status == "done"
+        update = await poll_until(session, lambda u: delta_of(u) is not None and delta_of(u).end is not None)
+        assert delta_of(update).start is not None and update.stages[0].status == "done"
         assert all(len(line.encode()) < 400 for line in (workspace / "logs" / "job.log").read_text().splitlines())
     finally:
         if session.box is not None:
             await session.box.close()
+
+
+def delta_of(update):
+    """What the last fired stage did to the disk, as the disk pane is handed it."""
+    view = update.view(DiskView)
+    return view.delta if view else None

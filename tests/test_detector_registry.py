@@ -22,10 +22,11 @@ from samai.console.core.detectors import (
     DetectorRegistry,
     detect,
 )
-from samai.console.core.evalcheck import check_eval
-from samai.console.core.evalruns import eval_run
+from samai.console.core.feeds.evals import EvalRuns
 from samai.console.core.problems import Finding, Problem
+from samai.console.core.session import BoxSession
 from samai.console.core.state import ConsoleState
+from samai.remote.errors import BoxError
 from samai.remote.model import (
     BinaryCheck,
     Distribution,
@@ -92,16 +93,27 @@ class StandInBox:
         self.asked: dict = {}
 
     async def snapshot(self, **asked) -> Snapshot:
+        """The snapshot, with an empty chunk of each log asked for (as a probe answers for logs not written)."""
         self.asked = asked
-        return self.snap
+        logs = tuple(LogChunk(c.path, b"", 0, 0, size=0) for c in asked.get("logs", ()))
+        return replace(self.snap, logs=logs)
+
+    async def checkpoints(self, folder: str, *, weights: bool = True):
+        raise BoxError("no checkpoints here")
+
+    async def watchers(self):
+        raise BoxError("nobody watches here")
 
     async def python_packages(self, pythons, names=()) -> tuple[PythonPackages, ...]:
         return ENVS
 
-    async def tail(self, path: str, offset=None, **cursor) -> LogChunk:
-        assert path == f"{WS}/runs/eval/split/items.jsonl"  # the newest run's
-        data = "".join(line + "\n" for line in self.items).encode()
-        return LogChunk(path, data, 0, len(data), line_end=len(data), size=len(data))
+    async def read_log(self, cursor) -> LogChunk:
+        if cursor.path != f"{WS}/runs/eval/split/items.jsonl":  # the newest run's items; no other file here
+            return LogChunk(cursor.path, missing=True, error="no such file")
+        whole = "".join(line + "\n" for line in self.items).encode()
+        data = whole[cursor.offset or 0:]
+        return LogChunk(cursor.path, data, cursor.offset or 0, len(whole), line_end=len(whole), size=len(whole),
+                        inode=1, dev=1)
 
 
 @pytest.fixture
@@ -114,16 +126,15 @@ async def doctor(cfg: config.Config, box: StandInBox, capsys) -> tuple[int, list
     return rc, json.loads(capsys.readouterr().out)["findings"]
 
 
-def tui_alerts(cfg: config.Config, snap: Snapshot, items: list[str]) -> list[str]:
-    """The codes of the alerts the TUI's state raises from its detectors on its first poll of snap,
-    its environments and eval check read as the app reads them."""
-    state = ConsoleState(cfg)
-    state.environments = ENVS
-    run = state.eval_to_check([eval_run(r) for r in snap.reports[:1]])
-    assert run is not None
-    state.eval_checked = (run, check_eval(items))
-    update = state.apply(snap, [], 100.0)
-    return [a.code for a in update.new_alerts if a.finding is not None]
+async def tui_alerts(cfg: config.Config, snap: Snapshot, items: list[str]) -> list[str]:
+    """The codes of the alerts the box screen's session raises from its detectors on its first poll
+    of snap and the reads beside it (its environments, the newest eval run's items)."""
+    session = BoxSession(cfg, lambda _: StandInBox(snap, items), log=True)  # type: ignore[arg-type,return-value]
+    try:
+        await session.look_once()
+    finally:
+        session.box = None
+    return [a.code for a in session.state.active_alerts() if a.finding is not None]
 
 
 # ---------------------------------------------------------------- doctor == the TUI
@@ -133,7 +144,7 @@ async def test_doctor_and_the_tui_find_the_same_for_the_same_box(cfg, capsys) ->
     snap = box_snapshot()
     rc, found = await doctor(cfg, StandInBox(snap, SPLIT), capsys)
     codes = [f["code"] for f in found]
-    assert codes == tui_alerts(cfg, snap, SPLIT)
+    assert sorted(codes) == sorted(await tui_alerts(cfg, snap, SPLIT))  # the same session, the same reads
     assert {"shared_writer", "stale_server", "reasoning_split", "binary_missing", "torchao_beside_peft",
             "gpu_ecc", "unreadable_summary", "fake_zero", "truncation", "empty_content"} <= set(codes)
     assert rc == 1
@@ -215,7 +226,7 @@ def test_a_raising_detector_costs_the_poll_nothing_and_is_one_standing_alert(cfg
     snap = box_snapshot()
     update = state.apply(snap, [], 100.0)
     assert [a.code for a in update.new_alerts] == [INTERNAL_ERROR, "fine"]
-    assert len(update.stages) == len(cfg.stages) and update.evals  # the rest of the poll is there
+    assert len(update.stages) == len(cfg.stages) and update.view(EvalRuns)  # the rest of the poll is there
     again = state.apply(replace(snap, time=101.0), [], 101.0)
     assert again.new_alerts == []  # the same failure is the same alert, not one a poll
     assert [a.code for a in state.active_alerts()] == ["fine", INTERNAL_ERROR]

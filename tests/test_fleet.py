@@ -340,8 +340,8 @@ async def test_escape_from_the_fleet_at_start_opens_the_first_box_and_box_opens_
 
 
 def test_a_row_shows_gpus_and_quotes_the_box_literally() -> None:
+    from samai.console.core.alertbook import Alert
     from samai.console.core.fleet import BoxRow
-    from samai.console.core.state import Alert
     from samai.widgets.fleet import cells
 
     row = BoxRow("a", "ssh://op@gpu-a", "lost", error="\x1b]0;owned\x07[/x] gone", running=("[bold]t",),

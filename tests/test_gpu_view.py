@@ -26,8 +26,10 @@ from samai.console.app import SamaiApp
 from samai.console.core import config as config_mod
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
+from samai.console.core.feeds.gpus import GpusFeed
 from samai.console.core.gpu_findings import STALL_S, XID_RECENT_S, GpuWatch, gpu_findings, holders_text
-from samai.console.core.state import ConsoleState, ProcessRow
+from samai.console.core.state import ConsoleState
+from samai.console.core.update import ProcessRow
 from samai.console.gpu_report import describe_gpus
 from samai.remote import model
 from samai.remote.box.gpus import GpuSession
@@ -269,7 +271,7 @@ def test_a_training_stage_on_idle_gpus_is_a_stall_alert_until_they_work_again(tm
     assert poll(30 + STALL_S, 88) == []  # working again: resolved
     assert [a.resolved_at for a in state.alerts if a.code == "gpu_stall"] == [t0 + 30 + STALL_S]
     # the utilization line's series, oldest first, with the dip in it
-    assert state.gpu.utilization() == [95, 93, 0, 1, 0, 0, 88]
+    assert state.feed(GpusFeed).watch.utilization() == [95, 93, 0, 1, 0, 0, 88]
 
 
 def test_a_run_that_never_used_its_gpu_gets_the_longer_startup_limit(tmp_path, workspace) -> None:

@@ -165,11 +165,11 @@ async def test_shift_h_lists_the_shown_stages_runs_newest_first(tmp_path: Path, 
         await pilot_until(pilot, lambda: app.state.snapshot)
         for script in ("echo DONE\n", "echo 'BAD [b]input\x1b[31m'; exit 3\n", "echo working; sleep 30\n"):
             (workspace / "run.sh").write_text(script)
-            before = app.state.runs.get("train")
+            before = app.state.stages.runs.get("train")
             await pilot.press("t")
             await pilot_until(pilot, lambda: isinstance(app.screen, ConfirmDialog) and app.focused)
             await confirm_dialog(pilot)
-            await pilot_until(pilot, lambda before=before: app.state.runs.get("train") not in (None, before))
+            await pilot_until(pilot, lambda before=before: app.state.stages.runs.get("train") not in (None, before))
             await pilot_until(pilot, lambda: not app.busy and not isinstance(app.screen, ConfirmDialog))
         await pilot_until(pilot, lambda: "working" in (workspace / "logs" / "train.log").read_text())
         await pilot.press("H")

@@ -11,7 +11,7 @@ from textual.geometry import Region
 from textual.widgets import Static
 
 from samai.console.core.evalruns import EvalRun
-from samai.console.core.state import ProcessRow
+from samai.console.core.update import ProcessRow
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter
 from samai.widgets.pane import Pane
@@ -284,7 +284,7 @@ def test_ages_tick_each_second_only_in_the_first_minute() -> None:
 def test_a_running_stage_reads_the_same_through_a_minute() -> None:
     """Its time beside it ticks in seconds in its first minute only: an idle bar with a server up
     for hours repaints once a minute, not each second."""
-    from samai.console.core.state import StageView
+    from samai.console.core.update import StageView
     from samai.widgets.stages import stage_item
 
     view = StageView("serve", "7", "running", NOW - 600, 4242, None, None)

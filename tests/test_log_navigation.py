@@ -130,7 +130,7 @@ async def test_picker_lists_stage_logs_and_recent_files_and_opens_one(tmp_path, 
         assert any("other" in p for p in prompts) and any("a.log" in p for p in prompts)
         assert "a.log" in prompts[options.highlighted]  # the one shown now
         await pilot.press("home", "enter")
-        await pilot_until(pilot, lambda: app.state.shown_stage == "hello")
+        await pilot_until(pilot, lambda: app.box_screen.shown_stage == "hello")
         assert not isinstance(app.screen, LogPicker)
 
 
@@ -140,19 +140,19 @@ async def test_brackets_go_back_and_forward_between_the_logs_shown(tmp_path, wor
     app = _app(tmp_path, workspace)
     async with app.run_test(size=SIZE) as pilot:
         await pilot_until(pilot, lambda: app.state.snapshot)
-        assert app.state.shown_stage == "hello"
+        assert app.box_screen.shown_stage == "hello"
         await pilot.press("l")  # other
-        await pilot_until(pilot, lambda: app.state.shown_stage == "other")
+        await pilot_until(pilot, lambda: app.box_screen.shown_stage == "other")
         await pilot.press("o")
         await pilot_until(pilot, lambda: isinstance(app.screen, PathDialog))
         await pilot.press(*"a.log", "enter")
         await pilot_until(pilot, lambda: "a.log" in _title(app))
         await pilot.press("left_square_bracket")
-        await pilot_until(pilot, lambda: app.state.shown_stage == "other")
+        await pilot_until(pilot, lambda: app.box_screen.shown_stage == "other")
         await pilot.press("left_square_bracket")
-        await pilot_until(pilot, lambda: app.state.shown_stage == "hello")
+        await pilot_until(pilot, lambda: app.box_screen.shown_stage == "hello")
         await pilot.press("right_square_bracket", "right_square_bracket")
-        await pilot_until(pilot, lambda: "a.log" in _title(app) and app.state.shown_stage is None)
+        await pilot_until(pilot, lambda: "a.log" in _title(app) and app.box_screen.shown_stage is None)
         view = app.box_screen.query_one(LogView)
         await pilot_until(pilot, lambda: list(view.lines) == ["from a"])
 

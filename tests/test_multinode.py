@@ -29,6 +29,7 @@ from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import ConfigError
 from samai.console.core.connect import open_box
+from samai.console.core.feeds.training import TrainingFeed
 from samai.console.core.multinode import (
     MultiNodeError,
     MultiRun,
@@ -539,7 +540,8 @@ async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tm
 
             await pilot_until(pilot, lambda: losses() == TRAINER_LOSSES, timeout=60)
             (tmp_path / "a" / "more").touch()
-            await pilot_until(pilot, lambda: app.state.trainlog.parser.points)  # a's own point was read...
+            training = app.state.feed(TrainingFeed)
+            await pilot_until(pilot, lambda: training.check.parser.points)  # a's own point was read...
             await polls_after(pilot, 2)
             await _node_readings(pilot, app, 2)
             assert losses() == TRAINER_LOSSES  # ...and is not on show
@@ -558,7 +560,7 @@ async def test_the_training_pane_shows_rank_zeros_curve_on_every_nodes_screen(tm
 
             app.open_box_screen("b")  # rank 0's own box: its curve once, not its own reading of it besides
             await pilot_until(pilot, lambda: app.box_name == "b" and app.state.snapshot is not None, timeout=60)
-            await pilot_until(pilot, lambda: len(app.state.trainlog.parser.points) == every, timeout=60)
+            await pilot_until(pilot, lambda: len(app.state.feed(TrainingFeed).check.parser.points) == every, timeout=60)
             await pilot_until(pilot, lambda: len(losses()) == every)
             await polls_after(pilot, 2)  # a few more polls of b
             await _node_readings(pilot, app, 2)

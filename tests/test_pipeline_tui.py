@@ -16,6 +16,7 @@ from pathlib import Path
 from samai.console.core import paths
 from samai.console.core.actions import Actions
 from samai.console.core.audit import AuditLog
+from samai.console.core.feeds.evals import EvalsFeed
 from samai.console.core.fixes import FixAction
 from samai.remote.box.gguf_check import check_file
 from samai.remote.boxapi import Box
@@ -85,12 +86,13 @@ async def test_the_incident_drill_through_the_tui(tiny_ws: Path) -> None:
         # that clears the diverged run's TRAIN_NAN before it fires again.
         flags.write_text("\n")
         await pilot.press("l")
-        assert app.state.shown_stage == "train" and "log · train" in str(app.box_screen.query_one(LogView).border_title)
+        log_title = str(app.box_screen.query_one(LogView).border_title)
+        assert app.box_screen.shown_stage == "train" and "log · train" in log_title
         restart = await open_dialog(pilot, app, "r")
         assert restart.plan.action == "restart" and "runs/train/TRAIN_NAN" in restart.plan.paths
-        diverged = app.state.runs["train"]
+        diverged = app.state.stages.runs["train"]
         await confirm_dialog(pilot)
-        await pilot_until(pilot, lambda: app.state.runs.get("train") != diverged)
+        await pilot_until(pilot, lambda: app.state.stages.runs.get("train") != diverged)
         # The new run starts clean: no marker, curve or log line of the diverged run on screen.
         await pilot_until(pilot, lambda: "train ● running" in bar(app))
         log = app.box_screen.query_one(LogView)
@@ -105,7 +107,7 @@ async def test_the_incident_drill_through_the_tui(tiny_ws: Path) -> None:
         await pilot_until(pilot, lambda: "train ✓ done" in bar(app) and "merge ■" not in bar(app))
         assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]
         assert alert.code in {a.code for a in app.state.alerts if not a.active}  # resolved, kept as history
-        assert app.state.previous["train"].status == "failed"
+        assert app.state.stages.previous["train"].status == "failed"
 
         # 4. Healthy: merge (its preflight now finds the run clean), convert, quantize.
         merge = await open_dialog(pilot, app, "4")
@@ -138,8 +140,9 @@ async def test_the_incident_drill_through_the_tui(tiny_ws: Path) -> None:
         assert "EVAL_RC=0" in log_of(app, "eval")
         (summary,) = (tiny_ws / "runs" / "eval").glob("*/summary.json")
         assert json.loads(summary.read_text())["accuracy"] >= 0.9
-        await pilot_until(pilot, lambda: app.state.eval_checked and app.state.eval_checked[1] is not None)
-        assert app.state.eval_checked[1].problems == ()  # check eval on its items, as the console did
+        evals = app.state.feed(EvalsFeed)
+        await pilot_until(pilot, lambda: evals.checked and evals.checked[1] is not None)
+        assert evals.checked[1].problems == ()  # check eval on its items, as the console did
         evals = app.box_screen.query_one(EvalTable)  # the eval pane shows the run
         await pilot_until(pilot, lambda: evals.row_count == 1)
         assert not [a.text for a in app.state.alerts if a.active and a.severity == "error"]
@@ -177,7 +180,7 @@ async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_
         await open_dialog(pilot, app, "3")
         await confirm_dialog(pilot)
         await pilot_until(pilot, lambda: len(list(folder.glob("checkpoint-*/trainer_state.json"))) >= 2, timeout=600)
-        first = app.state.runs["train"]
+        first = app.state.stages.runs["train"]
         snap = app.state.snapshot
         rec = snap.state("train")
         trainer = next(p for p in snap.processes if p.pid in rec.group and "samai_box.stages.train" in p.command)
@@ -196,7 +199,7 @@ async def test_a_killed_training_run_resumes_from_its_last_good_checkpoint_from_
         assert f"passed over checkpoint-{killed_at}: missing optimizer.pt or optimizer.bin or global_step*" \
             in dialog.plan.details
         await confirm_dialog(pilot)
-        await pilot_until(pilot, lambda: app.state.runs.get("train") not in (None, first), timeout=60)
+        await pilot_until(pilot, lambda: app.state.stages.runs.get("train") not in (None, first), timeout=60)
         rec = await pilot_until(pilot, lambda: ended(app, "train"), timeout=600)
         log = log_of(app, "train")
         assert rec.rc == 0, log[-3000:]

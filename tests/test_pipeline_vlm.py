@@ -13,6 +13,7 @@ from pathlib import Path
 from samai.console.core import config
 from samai.console.core.cucheck import check_episodes
 from samai.console.core.evalcheck import check_eval
+from samai.console.core.feeds.evals import EvalsFeed
 from samai.remote.box.gguf_check import check_file
 from samai.remote.box.stages.serve import holders
 from samai.remote.boxapi import Box
@@ -170,7 +171,7 @@ async def test_the_vlm_pipeline_end_to_end_from_the_keys(pipeline_ws: Path, spaw
         assert {r["split"] for r in rows} == {"heldout"} and 0 < sum(r["reward"] for r in rows) < len(rows)
         assert check_episodes(episodes).n == 28
         await pilot_until(pilot, lambda: any(
-            r.name == cu_run.name and r.kind == "cu" for r in app.state.last_update.evals))
+            r.name == cu_run.name and r.kind == "cu" for r in app.state.feed(EvalsFeed).reports[0]))
 
         await pilot_until(pilot, lambda: not app.busy)
         await fire_confirmed(pilot, app, "p", "rft", timeout=900)

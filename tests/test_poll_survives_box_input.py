@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.evalruns import NotASummary, eval_run
+from samai.console.core.feeds.evals import EvalRuns
 from samai.console.core.state import ConsoleState
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport
@@ -163,7 +164,7 @@ async def test_a_hostile_summary_is_its_own_finding_and_the_other_runs_are_shown
     state = ConsoleState(tiny)
     snap, followers = await one_snapshot(tiny, state)
     update = state.apply(snap, followers, 1.0)
-    assert [run.name for run in update.evals] == ["good"]
+    assert [run.name for run in update.view(EvalRuns).runs] == ["good"]
     found = [a for a in update.new_alerts if a.code == "unreadable_summary"]
     assert len(found) == 1 and "runs/eval/bad/summary.json cannot be read" in found[0].text
     assert len(found[0].text) < 400 and len(update.stages) == len(tiny.stages)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_PATTERN, Progress, latest, parse_line
-from samai.console.core.state import StageView
+from samai.console.core.update import StageView
 from samai.console.screens.dialogs import ConfirmDialog
 from samai.remote.box.markers import Markers, marker_hits
 from samai.remote.safe_text import visible

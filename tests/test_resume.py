@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from samai.console.core import config, resume
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
+from samai.console.core.feeds.training import TrainingFeed
 from samai.console.core.fixes import FixAction
 from samai.console.core.resume import NothingToResume
 from samai.console.core.state import ConsoleState
@@ -236,9 +237,11 @@ def _running_state(free: int) -> tuple[ConsoleState, model.Snapshot]:
 def test_a_running_runs_next_checkpoint_that_will_not_fit_is_an_alert_whose_fix_is_the_prune() -> None:
     state, snap = _running_state(free=300 * MB)
     state.apply(snap, [], 1.0)
-    assert [s.name for s in state.checkpoints_due(1.0)] == ["sft"]
-    assert state.checkpoints_due(2.0) == []  # asked for: not again before CHECKPOINT_READ_S
-    shown = state.read_checkpoints("sft", _listed(400 * MB, 390 * MB, 100 * MB), 3.0)
+    training = state.feed(TrainingFeed)
+    assert training is not None
+    (listing,) = [r for r in training.reads(1.0) if r.what == "sft's checkpoints"]
+    assert not [r for r in training.reads(2.0) if "checkpoints" in r.what]  # not again before CHECKPOINT_READ_S
+    shown = state.fold_read(training, listing, _listed(400 * MB, 390 * MB, 100 * MB), 3.0)
     assert shown is not None
     [alert] = [a for a in shown.new_alerts if a.code == "checkpoint_wont_fit"]
     assert alert.severity == "error" and alert.action == FixAction.prune("sft")
@@ -258,8 +261,8 @@ def test_a_running_runs_next_checkpoint_that_will_not_fit_is_an_alert_whose_fix_
 def test_a_run_that_is_not_running_has_no_next_checkpoint() -> None:
     state, snap = _running_state(free=10 * MB)
     state.apply(factories.snapshot(states=[factories.stage_record("sft", rc=1)], disks=snap.disks), [], 1.0)
-    assert state.checkpoints_due(1.0) == []
-    assert state.read_checkpoints("sft", _listed(400 * MB), 2.0) is None
+    training = state.feed(TrainingFeed)
+    assert training is not None and not [r for r in training.reads(1.0) if "checkpoints" in r.what]
     assert not [a for a in state.active_alerts() if a.code == "checkpoint_wont_fit"]
 
 

@@ -11,10 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from samai.console.core.feeds.training import TrainingView
 from samai.console.core.lineage import last_run_check, until_step
 from samai.console.core.preflight.evidence import run_verdict
 from samai.console.core.trainlog import TrainLogCheck
 from tests import chainlog
+from tests.replay_transport import new_points
 
 STEP = "{{'loss': {loss}, 'grad_norm': {grad}, 'learning_rate': 0.0002, 'epoch': 0.1}}\n"
 
@@ -137,7 +139,7 @@ async def test_the_resume_step_is_said_to_the_panes_once_per_run(recorded_consol
     recorded_box.write_log("logs/train.log", header(1) + "TRAIN_RESUMED from c/checkpoint-8 (step 8)\n"
                            + STEP.format(loss=1, grad=1))
     first = await recorded_console.poll()
-    assert first.curve_resumed_at == 8 and [p.step for p in first.new_points] == [9]
+    assert first.view(TrainingView).resumed_at == 8 and [p.step for p in new_points(first)] == [9]
     recorded_box.write_log("logs/train.log", STEP.format(loss=1, grad=1), append=True)
     again = await recorded_console.poll()
-    assert again.curve_resumed_at is None and [p.step for p in again.new_points] == [10]
+    assert again.view(TrainingView).resumed_at is None and [p.step for p in new_points(again)] == [10]

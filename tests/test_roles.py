@@ -18,12 +18,14 @@ from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.detectors import detect, peft_pythons
+from samai.console.core.feeds.training import TrainingFeed, TrainingView
 from samai.console.core.gpu_findings import GpuWatch
 from samai.console.core.preflight.evidence import training_sources
 from samai.console.core.smoke import SMOKE_STAGE, smoke_config
 from samai.console.core.state import ConsoleState
 from samai.remote.model import Snapshot, StageRecord
 from tests import factories
+from tests.replay_transport import new_points
 from tests.test_gpu_view import A5000_PID, reading, recorded
 from tests.test_poisoned_runs import dead_gradients_log, healthy_log
 
@@ -103,14 +105,14 @@ async def test_the_renamed_train_stage_keeps_its_curve_and_its_nan_alerts(worksp
     followers = state.followers()
     snap = running(await replay_box.snapshot(**state.request(followers)), "sft", 1000.0)
     update = state.apply(snap, followers, 2000.0)
-    assert [p.loss for p in update.new_points][:2] == [3.0, 2.5] and len(update.new_points) == 3
+    assert [p.loss for p in new_points(update)][:2] == [3.0, 2.5] and len(new_points(update)) == 3
     nan = [a for a in update.new_alerts if a.code == "nan_loss"]
     assert nan and nan[0].stage == "sft" and nan[0].text.startswith("sft: ") and nan[0].severity == "error"
     assert state.unproven(cfg.stage("merge"))  # the bar marks merge blocked by the followed run's finding
     followers = state.followers()  # a new run of sft: its curve starts again
     snap = running(await replay_box.snapshot(**state.request(followers)), "sft", 1100.0)
     update = state.apply(snap, followers, 2001.0)
-    assert update.curve_reset
+    assert update.view(TrainingView).reset
 
 
 def test_the_renamed_train_stage_gets_the_gpu_stall_finding(workspace: Path) -> None:
@@ -184,11 +186,11 @@ async def test_a_stage_named_train_of_role_other_has_no_curve_and_no_nan_alerts(
     assert cfg.stage("train").role == "other" and cfg.stage_by_role("train") is None
     write_log(workspace, cfg, "train", step(3.0, 1.0, 1) + step("nan", "nan", 2))
     state = ConsoleState(cfg)
-    assert state.train_log is None
+    assert state.feed(TrainingFeed).log is None
     followers = state.followers()
     snap = running(await replay_box.snapshot(**state.request(followers)), "train", 1000.0)
     update = state.apply(snap, followers, 2.0)
-    assert update.new_points == [] and not [a for a in update.new_alerts if a.code.startswith("nan_")]
+    assert new_points(update) == [] and not [a for a in update.new_alerts if a.code.startswith("nan_")]
     assert not state.unproven(cfg.stage("merge"))
 
 

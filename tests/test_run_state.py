@@ -93,7 +93,7 @@ markers = [{ name = "FIRST_DONE" }]
         # The second run: one step far above the first run's losses, then it runs on without a marker.
         script.write_text(f'echo "{STEP.format(loss=500.0)}"\nsleep 30\n')
         await _fire_in_tui(pilot, app, "t")
-        await pilot_until(pilot, lambda: app.state.runs.get("train", (first,))[0] != first)
+        await pilot_until(pilot, lambda: app.state.stages.runs.get("train", (first,))[0] != first)
         curve = app.box_screen.query_one(CurvesPane)
         await pilot_until(pilot, lambda: [p.loss for p in curve.points] == [500.0])
         await pilot_until(pilot, lambda: "running" in _bar(app))
@@ -104,7 +104,7 @@ markers = [{ name = "FIRST_DONE" }]
         shown = "\n".join(app.box_screen.query_one(LogView).lines)  # the log pane starts again with the new run's file
         assert "FIRST_DONE" not in shown and "a new run of train started" in shown and "train.log.1" in shown
         assert not [a.text for a in app.state.alerts if "jump" in a.text or "spike" in a.code]
-        previous = app.state.previous["train"]  # the earlier run is kept as history
+        previous = app.state.stages.previous["train"]  # the earlier run is kept as history
         assert previous.status == "done" and previous.last_marker.startswith("CHAIN_DONE rc=0")
 
 
@@ -127,7 +127,8 @@ command = "echo serve line one; echo serve line two; sleep 30"
     app = SamaiApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
         log = app.box_screen.query_one(LogView)
-        await pilot_until(pilot, lambda: app.state.shown_stage == "serve" and "serve line two" in "\n".join(log.lines))
+        screen = app.box_screen
+        await pilot_until(pilot, lambda: screen.shown_stage == "serve" and "serve line two" in "\n".join(log.lines))
         await polls_after(pilot, 2)  # a few more polls
         assert "log · serve" in str(log.border_title)
         lines = "\n".join(log.lines)
@@ -276,7 +277,7 @@ markers = [{{ name = "SERVING" }}]
 
         await pilot.press("l")  # the alert's log: serve's, not the next stage's (provision)
         log = app.box_screen.query_one(LogView)
-        assert app.state.shown_stage == "serve" and "log · serve" in str(log.border_title)
+        assert app.box_screen.shown_stage == "serve" and "log · serve" in str(log.border_title)
         await pilot_until(pilot, lambda: "SERVING on" in "\n".join(log.lines))
         await pilot.press("l")  # after that, `l` goes on to the next stage's log as before
-        assert app.state.shown_stage == "provision"
+        assert app.box_screen.shown_stage == "provision"

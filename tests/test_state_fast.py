@@ -8,12 +8,14 @@ import os
 import time
 
 from samai.console.core.actions import Actions, Decision
+from samai.console.core.alertbook import FIRE_FAILED, RUN_ENDED, run_error
 from samai.console.core.audit import AuditLog
+from samai.console.core.feeds.training import TrainingView
 from samai.console.core.fixes import FixAction
-from samai.console.core.state import FIRE_FAILED, RUN_ENDED, UNSEEN_GAP_S, run_error
+from samai.console.core.runs import UNSEEN_GAP_S
 from samai.remote.transport import TransportError
 from tests import factories
-from tests.replay_transport import ReplayConsole, ReplayTransport
+from tests.replay_transport import ReplayConsole, ReplayTransport, log_lines, new_points, view
 
 TRAIN_LOG = "logs/train.log"
 CLEAN_STEPS = "".join(f"{{'loss': {2.3 - i / 10:.4f}, 'grad_norm': 1.5, 'learning_rate': 0.0002, 'epoch': {i / 10}}}\n"
@@ -43,7 +45,7 @@ async def test_a_nan_appended_to_the_train_log_is_one_error_alert_on_the_next_po
         recorded_console: ReplayConsole, recorded_box: ReplayTransport) -> None:
     recorded_box.write_log(TRAIN_LOG, "=== samai chain train: pid 4242 started\n" + CLEAN_STEPS)
     first = await recorded_console.poll()
-    assert [p.loss for p in first.new_points] == [2.2, 2.1, 2.0]
+    assert [p.loss for p in new_points(first)] == [2.2, 2.1, 2.0]
     assert not recorded_console.active(stage="train")
     recorded_box.write_log(TRAIN_LOG, NAN_STEP, append=True)
     second = await recorded_console.poll()
@@ -63,13 +65,13 @@ async def test_a_new_train_run_resolves_the_last_runs_alerts_and_restarts_the_cu
     now = recorded_box.advance(60)
     recorded_box.set_state("train", pid=4300, pgid=4300, start_time=now, fired_at=now, group=(4300,))
     update = await recorded_console.poll()
-    assert update.curve_reset and not update.new_points  # the new run's log is read from the next poll on
+    assert view(update, TrainingView).reset and not new_points(update)  # its log is read from the next poll on
     assert not recorded_console.active(stage="train") and update.alerts_changed
-    assert [p.loss for p in (await recorded_console.poll()).new_points] == [2.2, 2.1, 2.0]
+    assert [p.loss for p in new_points(await recorded_console.poll())] == [2.2, 2.1, 2.0]
     old = next(a for a in recorded_console.state.alerts if a.code == "hidden_nan")
     assert old.resolved_at == now
-    view = next(s for s in update.stages if s.name == "train")
-    assert view.since == now and view.previous is not None and view.previous.status == "running"
+    train = next(s for s in update.stages if s.name == "train")
+    assert train.since == now and train.previous is not None and train.previous.status == "running"
 
 
 async def test_a_stale_server_is_killed_through_the_action_layer_and_its_alerts_resolve(
@@ -113,9 +115,8 @@ async def test_the_disk_reserve_alert_comes_with_a_full_disk_and_resolves_when_s
 
 async def test_a_rotated_log_is_said_and_read_on_without_a_line_lost_or_twice(
         recorded_console: ReplayConsole, recorded_box: ReplayTransport) -> None:
-    state = recorded_console.state
-    state.show_stage_log("train")
-    lines = list((await recorded_console.poll()).log_lines)
+    recorded_console.cursor.show_stage_log("train")
+    lines = list(log_lines(await recorded_console.poll()))
     assert lines[-1].startswith("step 5/40")
     path = recorded_box.path(TRAIN_LOG)
     with open(path, "a") as f:
@@ -125,8 +126,8 @@ async def test_a_rotated_log_is_said_and_read_on_without_a_line_lost_or_twice(
     notices = []
     for _ in range(4):  # the old file to its end, then (once it stayed there a poll) the new one
         update = await recorded_console.poll()
-        lines += update.log_lines
-        notices += [update.log_notice] if update.log_notice else []
+        lines += log_lines(update)
+        notices += [update.log.notice] if update.log and update.log.notice else []
         if "the first line of the new file" in lines:
             break
     assert lines[-2:] == ["written before the rotation", "the first line of the new file"]
@@ -221,7 +222,7 @@ async def test_a_refire_caught_halfway_keeps_the_last_runs_end(
     now = recorded_box.advance(1)
     recorded_box.set_state("train", pid=4300, pgid=4300, start_time=now, fired_at=now, alive=True, group=(4300,))
     await recorded_console.poll()
-    assert state.previous["train"].status == "failed" and state.previous["train"].rc == 3
+    assert state.stages.previous["train"].status == "failed" and state.stages.previous["train"].rc == 3
 
 
 async def test_a_box_that_stops_answering_is_one_alert_resolved_by_its_next_answer(
@@ -233,7 +234,7 @@ async def test_a_box_that_stops_answering_is_one_alert_resolved_by_its_next_answ
         raise AssertionError("a poll of a box that does not answer returned")
     except TransportError as e:
         shown = recorded_console.state.failed_poll(str(e), recorded_box.probe["time"])
-    assert shown is not None and shown.alerts_changed and not shown.log_lines and not shown.new_points
+    assert shown is not None and shown.alerts_changed and shown.log is None and not new_points(shown)
     [alert] = shown.new_alerts
     assert alert.code == "box_unreachable" and "connection lost" in alert.text and shown.alerts[0] == alert
     assert _codes(recorded_console.active("box_unreachable")) == ["box_unreachable"]
@@ -256,17 +257,19 @@ async def test_a_server_started_by_the_serve_stage_is_no_stale_server(
     assert next(s for s in update.stages if s.name == "serve").status == "running"
 
 
-async def test_a_watcher_tells_a_run_fired_since_the_last_look_that_is_over_at_its_first(
+async def test_a_consoles_first_look_shows_the_last_runs_death_whenever_it_died(
         recorded_console: ReplayConsole, recorded_box: ReplayTransport) -> None:
     """Seeded with the box's time of the last watcher's look: a run fired after it and already
-    over is news; one fired before it (that watcher saw it end) or after a look long ago is not."""
+    over is news at once; whenever it was fired, a console's first look shows each stage's last
+    run that died, standing, with its fix (a console opened after a death knows it; a watcher
+    sends it unless the ledger it trusts says it was sent)."""
     fired = recorded_box.probe["states"][2]["fired_at"]
     _ends(recorded_box)
-    for looked_at, told in ((fired - 30, True), (fired + 30, False), (fired - UNSEEN_GAP_S - 1, False),
-                            (None, False)):
+    for looked_at in (fired - 30, fired + 30, fired - UNSEEN_GAP_S - 1, None):
         console = ReplayConsole(recorded_box, recorded_console.state.config)
         console.state.seed_statuses({}, looked_at)
         update = await console.poll()
-        said = [a.text for a in update.new_alerts if a.code == RUN_ENDED and a.stage == "train"]
-        assert said == (["stage train failed rc=2"] if told else []), (looked_at, said)
+        said = [a for a in update.new_alerts if a.code == RUN_ENDED and a.stage == "train"]
+        assert [a.text for a in said] == ["stage train failed rc=2"], (looked_at, said)
+        assert said[0].action == FixAction.resume("train")
         await console.close()

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from samai.console.core import checks
 from samai.console.core.chunked_lines import PIECE, PieceDecoder
 from samai.console.core.config import load_builtin
+from samai.console.core.feeds.training import TrainingFeed
 from samai.console.core.state import ConsoleState
 from samai.console.core.trainlog import (
     MAX_ENTRY,
@@ -33,6 +34,7 @@ from samai.console.core.trainlog import (
     parse_trainer_state,
 )
 from samai.remote.boxapi import Box
+from tests.replay_transport import new_points
 
 DATA = Path(__file__).parent / "data"
 REAL_LOG = (DATA / "trainer_v5_tiny.log").read_text()
@@ -578,7 +580,7 @@ async def pane_reads(box: Box, workspace: Path, data: bytes) -> tuple[list[Train
     """What the training pane gets from a train log written in three appends, polled as the app
     polls: its new points, its train alerts' codes, and the log's path."""
     state = ConsoleState(dataclasses.replace(load_builtin("tiny"), workspace=str(workspace)))
-    log = Path(state.train_log.path)
+    log = Path(state.feed(TrainingFeed).log.path)
     log.parent.mkdir(parents=True, exist_ok=True)
     points, alerts = [], []
     cuts = [0, len(data) // 3, 2 * len(data) // 3 + 1, len(data)]
@@ -588,11 +590,11 @@ async def pane_reads(box: Box, workspace: Path, data: bytes) -> tuple[list[Train
         for _ in range(100):  # a read is at most 256 KiB
             followers = state.followers()
             update = state.apply(await box.snapshot(**state.request(followers)), followers, float(end))
-            points += update.new_points
+            points += new_points(update)
             alerts += [a.code for a in update.new_alerts if a.stage == "train" and a.code in SEVERITY]
-            if state.train_log.offset == end:
+            if state.feed(TrainingFeed).log.offset == end:
                 break
-        assert state.train_log.offset == end
+        assert state.feed(TrainingFeed).log.offset == end
     return points, alerts, str(log)
 
 

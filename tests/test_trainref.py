@@ -17,6 +17,7 @@ from textual.widgets import DataTable
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.config import Train
+from samai.console.core.feeds.training import TrainingFeed
 from samai.console.core.trainlog import TrainPoint
 from samai.console.core.trainref import Reference, at_step, compare, last_good_run, smoothed
 from samai.console.screens.dialogs import RunsScreen
@@ -184,10 +185,11 @@ async def test_a_run_picked_in_h_becomes_the_reference(recorded_box: ReplayTrans
     async with app.run_test(size=(150, 48)) as pilot:
         pane = app.box_screen.query_one(CurvesPane)
         await pilot_until(pilot, lambda: pane.reference.label == "train.log.1")  # the last one that went well
-        await pilot_until(pilot, lambda: app.state.shown_stage == "train")  # the running stage's log: H lists its runs
+        # the running stage's log: H lists its runs
+        await pilot_until(pilot, lambda: app.box_screen.shown_stage == "train")
         await pilot.press("H")
         screen = await pilot_until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen)
         screen.query_one(DataTable).move_cursor(row=2)  # newest first: the log, .1, then .2
         await pilot.press("enter")
         await pilot_until(pilot, lambda: pane.reference.label == "train.log.2")
-        assert [p.loss for p in app.state.reference.reference.points] == [9.0] * 5
+        assert [p.loss for p in app.state.feed(TrainingFeed).reference.reference.points] == [9.0] * 5

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 
 from samai.console.core import config
+from samai.console.core.feeds.disk import DiskView
+from samai.console.core.feeds.memory import MemoryFeed
 from samai.console.core.state import ConsoleState
 from samai.console.core.trends import ALERT_S, DiskWatch
 from samai.widgets.disk import DiskPane
@@ -51,7 +53,8 @@ def test_a_running_stage_that_would_fill_the_disk_soon_is_one_alert_until_it_slo
     assert codes == ["disk_filling"]  # raised once, standing while it holds
     [alert] = [a for a in state.active_alerts() if a.code == "disk_filling"]
     assert alert.severity == "warning" and "while train runs to be full within 15m00s" in alert.text
-    assert round(update.disk_trend.rate) == 100 * MB and "filling 100.0 MB/s" in update.disk_trend.text
+    trend = update.view(DiskView).trend
+    assert round(trend.rate) == 100 * MB and "filling 100.0 MB/s" in trend.text
     for t in range(100, 200, 10):  # faster: full within five minutes, said again as an error
         used += 3 * GB
         state.apply(at(t, used), [], factories.NOW + t)
@@ -65,7 +68,8 @@ def test_no_alert_while_nothing_runs_whatever_the_rate() -> None:
     state = ConsoleState(config.parse(CFG, "(test)"))
     for t in range(0, 60, 10):
         update = state.apply(at(t, 40 * GB + t * GB, running=False), [], factories.NOW + t)
-    assert update.disk_trend is not None and update.disk_trend.full_in is not None
+    trend = update.view(DiskView).trend
+    assert trend is not None and trend.full_in is not None
     assert not [a for a in state.alerts if a.code == "disk_filling"]
 
 
@@ -114,7 +118,8 @@ def test_a_stage_whose_memory_would_reach_its_cgroup_limit_soon_is_an_alert_unti
         poll(t, 6 * GB + t * 20 * MB)
     [alert] = [a for a in state.active_alerts() if a.code == "memory_filling"]
     assert "stage train's memory grows fast enough to reach its memory cgroup's limit (/train) (8.0 GB)" in alert.text
-    assert [t.stage for t in state.memory_trends] == ["train"] and state.memory_trends[0].full_in < 120
+    trends = state.feed(MemoryFeed).trends
+    assert [t.stage for t in trends] == ["train"] and trends[0].full_in < 120
     for t in range(60, 260, 10):  # it levels off: resolved
         poll(t, 6 * GB + 60 * 20 * MB)
     assert not [a for a in state.active_alerts() if a.code == "memory_filling"]

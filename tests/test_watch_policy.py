@@ -10,9 +10,9 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from samai.console.core.alertbook import RUN_ENDED, Alert
 from samai.console.core.config import Notify
 from samai.console.core.fixes import FixAction
-from samai.console.core.state import RUN_ENDED, Alert
 from samai.console.core.watch.ledger import LedgerRead, read_ledger, sealed_ledger
 from samai.console.core.watch.policy import (
     FOLD_POLLS,

@@ -1,11 +1,12 @@
 """A run's end as the state raises it for the watcher and the TUI alike, over the recorded box
 (tests/replay_transport.py): a run is new when its fired_at was not seen at the last poll, so a
 run fired and over between two polls (whoever fired it, however fast it died) is an ended run,
-told once, with its own last words; a console started after a run ended tells none of it."""
+told once, with its own last words; a console started after a run ended shows its death once,
+standing, with its fix (the watcher sends it unless the ledger it trusts says it was sent)."""
 
 from __future__ import annotations
 
-from samai.console.core.state import FIRE_FAILED, RUN_ENDED, run_error
+from samai.console.core.alertbook import FIRE_FAILED, RUN_ENDED, run_error
 from tests.replay_transport import ReplayConsole, ReplayTransport
 
 TRAIN_LOG = "logs/train.log"
@@ -54,11 +55,15 @@ async def test_two_fast_deaths_in_a_row_are_two_ended_alerts(recorded_console: R
     assert sorted(a.text for a in ended) == ["stage train failed rc=3", "stage train failed rc=4"]
 
 
-async def test_a_console_started_after_the_run_ended_tells_none_of_it(recorded_console: ReplayConsole,
-                                                                      recorded_box: ReplayTransport) -> None:
-    _fired_and_over(recorded_box, 2, REFUSED)
+async def test_a_console_started_after_the_run_ended_shows_its_death_once_with_its_fix(
+        recorded_console: ReplayConsole, recorded_box: ReplayTransport) -> None:
+    fired = _fired_and_over(recorded_box, 2, REFUSED)
+    [ended] = _ended(await recorded_console.poll())
+    assert ended.run == fired and ended.text.startswith("stage train failed rc=2: TRAIN_REFUSED poison files")
+    assert ended.action is not None and ended.action.kind == "resume"  # x: from its newest whole checkpoint
     for _ in range(3):
         assert not _ended(await recorded_console.poll())
+    assert [a.run for a in recorded_console.state.active_alerts() if a.code == RUN_ENDED] == [fired]
 
 
 async def test_a_fast_death_the_fire_said_is_one_alert_whichever_comes_first(

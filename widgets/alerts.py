@@ -13,7 +13,8 @@ from samai.console.core import units
 from samai.remote.safe_text import visible
 
 if TYPE_CHECKING:
-    from samai.console.core.state import Alert, StateUpdate
+    from samai.console.core.alertbook import Alert
+    from samai.console.core.update import StateUpdate
 
 STYLE = {"info": "$success", "warning": "$warning", "error": "$error bold"}
 RESOLVED = "$foreground 50%"

@@ -18,12 +18,14 @@ from textual.widget import Widget
 
 from samai.console.core.curve import Curve
 from samai.console.core.trainref import ReferenceCurve
+from samai.widgets.pane import inert
 
 if TYPE_CHECKING:
     from textual_plotext import PlotextPlot
 
-    from samai.console.core.state import StateUpdate
+    from samai.console.core.feeds.training import TrainingView
     from samai.console.core.trainlog import TrainPoint
+    from samai.console.core.update import StateUpdate
 
 LEVELS = " ▁▂▃▄▅▆▇█"  # a poll's utilization as one cell, 0 % to 100 %
 UTIL_LABEL = "GPU util "
@@ -95,20 +97,38 @@ class CurvesPane(Container):
             self._mount_plot()
 
     def show_update(self, update: StateUpdate) -> None:
-        if update.curve_reset:
+        from samai.console.core.feeds.gpus import GpuHistory
+        from samai.console.core.feeds.nodes import NodesView
+        from samai.console.core.feeds.training import TrainingView
+
+        training = update.view(TrainingView)
+        if training is not None:
+            self.show_training(training)
+        nodes = update.view(NodesView)
+        if nodes is not None:  # a multi-node run: its nodes in the title, rank 0's curve whichever box it runs on
+            self.border_title = inert(f"training · {nodes.marks}") if nodes.marks else "training"
+            if nodes.curve is not None:
+                self.show(nodes.curve)
+        gpus = update.view(GpuHistory)
+        if gpus is not None:
+            self.show_gpu_util(gpus.utilization)
+
+    def show_training(self, view: TrainingView) -> None:
+        if view.reset:
             self.reset()  # a new training run: its curve alone, unless it resumed the last one
-        if update.curve_resumed_at is not None:
-            self.resumed_at = update.curve_resumed_at
+        if view.resumed_at is not None:
+            self.resumed_at = view.resumed_at
             self.show_before(self.before)
-        if update.reference_curve is not None:
-            self.reference = update.reference_curve
+        if view.before is not None:
+            self.show_before(view.before)
+        if view.reference is not None:
+            self.reference = view.reference
             self._draw()
-        if update.new_evals:
-            self.evals.extend(update.new_evals)
-            if not update.new_points:
+        if view.new_evals:
+            self.evals.extend(view.new_evals)
+            if not view.new_points:
                 self._draw()
-        self.add(update.new_points)
-        self.show_gpu_util(update.gpu_utilization)
+        self.add(view.new_points)
 
     @property
     def points(self) -> list[TrainPoint]:

@@ -15,8 +15,8 @@ from samai.widgets.pane import Pane
 if TYPE_CHECKING:
     from samai.console.core.budget import DiskBudget, Projection
     from samai.console.core.diskdelta import DiskDelta
-    from samai.console.core.state import StateUpdate
     from samai.console.core.trends import DiskTrend
+    from samai.console.core.update import StateUpdate
     from samai.remote.model import DiskUsers
 
 BAR_WIDTH = 16
@@ -40,7 +40,7 @@ def usage_bar(used: int, total: int, adds: int = 0, width: int = BAR_WIDTH) -> l
 
 class DiskPane(Pane):
     """`toggle_largest` swaps the artifact list for the workspace's largest users, biggest first
-    (the app measures them when asked: `Toggled` says so; `show_users` hands the result in)."""
+    (the disk feed measures them while asked: `Toggled` says so; its view hands the result in)."""
 
     DEFAULT_CSS = "DiskPane { height: auto; padding: 0 1; }"
     largest = False  # showing the largest users instead of the artifacts in pipeline order
@@ -63,13 +63,16 @@ class DiskPane(Pane):
         self.toggle_largest()
 
     def show_update(self, update: StateUpdate) -> None:
-        self.show(update.budget, update.projection, update.disk_delta, update.disk_trend)
+        from samai.console.core.feeds.disk import DiskView
 
-    def show_users(self, users: DiskUsers | str, measured_at: float) -> None:
-        """A measure of the workspace's largest users (or why it failed), shown while `largest`."""
-        self._users, self._measured_at = users, measured_at
-        if self.largest and self._last is not None:
-            self.show(*self._last)
+        view = update.view(DiskView)
+        if view is None:
+            if not update.beside:  # (a poll of a fleet row's state has no projection)
+                self.show(update.budget)
+            return
+        if view.users is not None:
+            self._users, self._measured_at = view.users.found, view.users.measured_at
+        self.show(update.budget, view.projection, view.delta, view.trend)
 
     def show(self, budget: DiskBudget, next_stage: Projection | None = None, delta: DiskDelta | None = None,
              trend: DiskTrend | None = None) -> None:

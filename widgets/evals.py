@@ -13,7 +13,7 @@ from samai.widgets.pane import set_subtitle
 
 if TYPE_CHECKING:
     from samai.console.core.evalruns import EvalRun
-    from samai.console.core.state import StateUpdate
+    from samai.console.core.update import StateUpdate
 
 
 class EvalTable(DataTable):
@@ -27,7 +27,11 @@ class EvalTable(DataTable):
         self.add_columns("run", "n", "accuracy", "empty", "truncated")
 
     def show_update(self, update: StateUpdate) -> None:
-        self.show(update.evals)
+        from samai.console.core.feeds.evals import EvalRuns
+
+        runs = update.view(EvalRuns)
+        if runs is not None:
+            self.show(runs.runs)
 
     def show(self, runs: list[EvalRun]) -> None:
         newest_first = sorted(runs, key=lambda r: r.mtime, reverse=True)

@@ -13,7 +13,7 @@ from samai.remote.safe_text import visible
 from samai.widgets.pane import Pane, set_subtitle
 
 if TYPE_CHECKING:
-    from samai.console.core.state import StateUpdate
+    from samai.console.core.update import StateUpdate
     from samai.remote.model import Gpu, GpuReading
 
 BAR_WIDTH = 8

@@ -24,7 +24,7 @@ from samai.remote.safe_text import visible
 if TYPE_CHECKING:
     from textual.css.styles import RulesMap
 
-    from samai.console.core.state import StateUpdate
+    from samai.console.core.update import StateUpdate
 
 
 @runtime_checkable

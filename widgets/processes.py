@@ -37,7 +37,7 @@ from samai.widgets.keys import bindings
 from samai.widgets.pane import Pane, set_subtitle
 
 if TYPE_CHECKING:
-    from samai.console.core.state import ProcessRow, StateUpdate
+    from samai.console.core.update import ProcessRow, StateUpdate
     from samai.remote.model import GpuReading, Process
 
 COLUMNS = ("stage", "pid", "user", "cpu%", "rss", "age", "ports", "command")

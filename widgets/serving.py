@@ -15,7 +15,7 @@ from samai.widgets.pane import Pane, set_subtitle
 
 if TYPE_CHECKING:
     from samai.console.core.serving_watch import ServingView
-    from samai.console.core.state import StateUpdate
+    from samai.console.core.update import StateUpdate
 
 SPARKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 24
@@ -81,7 +81,11 @@ class ServePane(Pane):
     """
 
     def show_update(self, update: StateUpdate) -> None:
-        self.show(update.serving)
+        from samai.console.core.feeds.serving import ServingReadings
+
+        readings = update.view(ServingReadings)
+        if readings is not None:
+            self.show(readings.servers)
 
     def show(self, views: tuple[ServingView, ...]) -> None:
         shown = bool(views)

@@ -18,7 +18,7 @@ from samai.console.core import units
 from samai.remote.safe_text import visible
 
 if TYPE_CHECKING:
-    from samai.console.core.state import StageView, StateUpdate
+    from samai.console.core.update import StageView, StateUpdate
 
 STATUS_STYLE = {
     "idle": ("○", "$foreground 60%"),

@@ -66,6 +66,8 @@ class DetectorContext:
     checkpoints: tuple[tuple[str, Checkpoints], ...] = ()
     # The serving ports' readings, kept across polls like the GPU watch (None: doctor's one look).
     serving: ServingWatch | None = None
+    # The eval runs the snapshot's summaries hold, when the evals feed has read them (None: read here).
+    reports_read: tuple[list[EvalRun], list[Finding]] | None = None
 
     @classmethod
     def of(cls, config: Config, snapshot: Snapshot, budget: DiskBudget | None = None, *,
@@ -74,16 +76,17 @@ class DetectorContext:
            gpu: GpuWatch | None = None, disk_trend: DiskTrend | None = None,
            memory_trends: tuple[MemoryTrend, ...] = (),
            checkpoints: tuple[tuple[str, Checkpoints], ...] = (),
-           serving: ServingWatch | None = None) -> DetectorContext:
+           serving: ServingWatch | None = None,
+           eval_reports: tuple[list[EvalRun], list[Finding]] | None = None) -> DetectorContext:
         """A context on this snapshot, its budget computed unless the caller has it already."""
         return cls(config, snapshot, budget or disk_budget(config, snapshot), environments, eval_checked, gpu,
-                   disk_trend, memory_trends, checkpoints, serving)
+                   disk_trend, memory_trends, checkpoints, serving, eval_reports)
 
     @cached_property
     def eval_reports(self) -> tuple[list[EvalRun], list[Finding]]:
         """The eval runs whose summaries the snapshot brought back, and a finding for each that
-        cannot be read (read once per context: the evals pane shows the same runs)."""
-        return read_eval_runs(self.snapshot.reports)
+        cannot be read (read once per poll: the evals feed's, which the eval pane shows)."""
+        return self.reports_read if self.reports_read is not None else read_eval_runs(self.snapshot.reports)
 
 
 Detector = Callable[[DetectorContext], Iterable[Finding]]

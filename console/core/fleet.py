@@ -11,11 +11,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from samai.console.core.alertbook import Alert
 from samai.console.core.budget import project
 from samai.console.core.config import Config
 from samai.console.core.redact import redact
 from samai.console.core.session import BoxSession, OpenBox, PollFailed, error_text
-from samai.console.core.state import Alert, ConsoleState, StateUpdate
+from samai.console.core.state import ConsoleState
+from samai.console.core.update import StateUpdate
 from samai.remote.model import GpuReading
 
 DEFAULT_BOX = "default"  # the one box of a config without [boxes]

@@ -1,6 +1,8 @@
-"""What every part of the box screen shares: the box's session, its config, and the one way an
-action is run and reported. The screen itself (box.py) is assembled from its parts: the log
-keys (box_logs.py) and the action keys (box_actions.py)."""
+"""What the box screen and its helpers share: the box's session, its config, the one way an
+action is run and reported, and how an update reaches the panes. The screen (box.py) composes
+the panes and binds the keys; its helpers do the work of a group of keys: which log is shown
+(box_logs.py LogChoice), the actions (box_actions.py BoxActions), the reads the operator asks
+for (box_reads.py OperatorReads). Each is handed this base, never the screen's private state."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
+from textual import work
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widget import Widget
@@ -18,11 +21,15 @@ from samai.widgets.pane import ShowsUpdates
 
 if TYPE_CHECKING:
     from samai.console.core.actions import ActionOutcome, ActionPlan, Actions, Decision
+    from samai.console.core.alertbook import Alert
     from samai.console.core.audit import AuditLog
     from samai.console.core.config import Config
+    from samai.console.core.logcursor import LogCursor
     from samai.console.core.multinode.session import MultiNodeSession
-    from samai.console.core.session import BoxSession, OpenBox
-    from samai.console.core.state import Alert, ConsoleState, StateUpdate
+    from samai.console.core.session import BoxSession, OpenBox, PollFailed
+    from samai.console.core.state import ConsoleState
+    from samai.console.core.update import StateUpdate
+    from samai.console.screens.gguf import GgufScreen
     from samai.remote.boxapi import Box
 
 FAILED_TAIL_LINES = 5  # of a chain that failed at once, shown with the failure
@@ -62,6 +69,9 @@ class BoxScreenBase(Screen[None]):
         self.clock = context.clock
         self._session: BoxSession | None = None
         self._action_running = False
+        from samai.console.screens.box_logs import LogChoice
+
+        self.logs = LogChoice(self)
         self._errors_said: set[tuple[str, str, str]] = set()  # internal errors already shown (each once)
 
     @property
@@ -69,14 +79,28 @@ class BoxScreenBase(Screen[None]):
         """The box's session, made on first use: its modules (the state, the detectors, the Box)
         are loaded after the first paint, when the poll starts, not before it."""
         if self._session is None:
+            from samai.console.core.feeds import Surroundings
             from samai.console.core.session import BoxSession
 
-            self._session = BoxSession(self.config, self.context.open_box, clock=self.clock)
+            around = Surroundings(self.context.box_name, self.context.nodes)
+            self._session = BoxSession(self.config, self.context.open_box, clock=self.clock, around=around, log=True)
         return self._session
 
     @property
     def state(self) -> ConsoleState:
         return self.session.state
+
+    @property
+    def cursor(self) -> LogCursor:
+        """The log pane's: which log it shows."""
+        cursor = self.session.cursor
+        assert cursor is not None  # (the box screen's session is made with one)
+        return cursor
+
+    @property
+    def shown_stage(self) -> str | None:
+        """Whose log the log pane shows (None: a file, or none yet)."""
+        return self._session.cursor.stage if self._session is not None and self._session.cursor else None
 
     @property
     def box(self) -> Box | None:
@@ -91,16 +115,27 @@ class BoxScreenBase(Screen[None]):
         found = self.context.fleet_config.stage(stage)
         return found is not None and bool(found.nodes)
 
+    def report(self, result: StateUpdate | PollFailed) -> None:
+        """What the session reports (a poll, a read beside it): the box screen shows it."""
+        raise NotImplementedError
+
+    @work(group="gguf", exit_on_error=False)  # one per screen: a second one opened leaves the first's alone
+    async def read_gguf(self, screen: GgufScreen) -> None:
+        await self.logs.read_gguf(screen)
+
+    def read_bug(self, e: Exception) -> None:
+        self.internal_error("reading the box", e)
+
     # ------------------------------------------------------------ the action layer
 
-    def _actions(self) -> Actions:
+    def actions(self) -> Actions:
         from samai.console.core.actions import Actions  # with psutil: needed only once an action runs, not to start
 
         return Actions(self.session.connected_box(), self.config, self.context.audit, readonly=self.readonly,
                        confirm=self.confirm)
 
     async def confirm(self, plan: ActionPlan) -> Decision:
-        from samai.console.core.actions import Decision  # see _actions
+        from samai.console.core.actions import Decision  # see actions()
         from samai.console.screens.dialogs import ConfirmDialog  # each dialog's module is imported when one opens
 
         if not await self.app.push_screen_wait(ConfirmDialog(plan, plan.checks)):
@@ -108,7 +143,7 @@ class BoxScreenBase(Screen[None]):
         # The dialog showed this plan's checks; for a blocked plan its button is the override ("… anyway").
         return Decision.override(plan, "dialog") if plan.blocked else Decision.confirmed(plan, "dialog")
 
-    def _report(self, outcome: ActionOutcome) -> None:
+    def say_outcome(self, outcome: ActionOutcome) -> None:
         self.state.sizer.refresh_all()  # whatever the action made or removed is sized in the next poll
         severity: SeverityLevel = "information" if outcome.ok else "warning" if outcome.status == "cancelled" \
             else "error"
@@ -152,28 +187,25 @@ class BoxScreenBase(Screen[None]):
 
     def _for_panes(self, u: StateUpdate) -> StateUpdate:
         """The update as the panes take it: no lines of a log the pane no longer shows (this very
-        update may have switched it to the running stage's), the log pane's notices said for this
-        screen, and on several nodes no curve points from this box (rank 0's curve comes from
-        follow_nodes)."""
-        shown = self.state.shown
-        if u.log_source is not shown:
-            u = replace(u, log_lines=[], log_notice=None)
-        if u.log_restarted != self.state.shown_stage:
-            u = replace(u, log_restarted=None)
-        u = replace(u, shown_stage=self.state.shown_stage, shown_path=shown.path if shown else None,
-                    shown_markers=self.state.shown_markers())
-        u = replace(u, log_notice=self.log_notice(u.log_notice) if u.log_notice else u.log_notice)
-        if self.multi_node(self.context.fleet_config.role_name("train")):
-            u = replace(u, new_points=[], curve_reset=False)
-        return u
+        update may have switched it to the running stage's), and the log pane's notices said for
+        this screen."""
+        log, cursor = u.log, self.session.cursor
+        if log is None or cursor is None:
+            return u
+        if log.source is not cursor.follower:
+            log = replace(log, lines=[], notice=None)
+        if log.notice:
+            log = replace(log, notice=self.log_notice(log.notice))
+        return replace(u, log=log)
 
     def log_notice(self, notice: str) -> str:
         """The follower's notice, said for this pane: a stage log that is not there yet is one
         its stage has not written, and its key writes it."""
         from samai.remote.follow import missing_notice  # with the poll's modules, after the first paint
 
-        stage = self.config.stage(self.state.shown_stage or "")
-        if stage is None or self.state.shown is None or notice != missing_notice(self.state.shown.path):
+        cursor = self.session.cursor
+        stage = self.config.stage(cursor.stage or "") if cursor else None
+        if stage is None or cursor is None or cursor.path is None or notice != missing_notice(cursor.path):
             return notice
         if self.readonly:
             return f"no log yet: {stage.name} has not run here ({stage.log})"

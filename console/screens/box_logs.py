@@ -1,5 +1,6 @@
-"""The box screen's log keys: which log the log pane shows (a stage's, a file, one from the
-history), the picker, `o` (a file or a GGUF's header), Tab completion and saving shown lines."""
+"""Which log the box screen's log pane shows: a stage's, a file, one from its history; the
+picker, `o` (a file, or a GGUF's header on its own screen), Tab completion and saving the shown
+lines. The session's LogCursor is what the poll reads; this chooses it and resets the pane."""
 
 from __future__ import annotations
 
@@ -7,11 +8,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textual import work
-
 from samai.console.core import paths
 from samai.console.core.redact import redact
-from samai.console.screens.box_base import BoxScreenBase, BoxScreenContext
 from samai.remote.errors import BoxError
 from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
@@ -20,149 +18,142 @@ from samai.widgets.logview.history import LogHistory, ShownLog
 from samai.widgets.pane import inert
 
 if TYPE_CHECKING:
-    from samai.console.core.state import Alert, StageView
+    from samai.console.core.alertbook import Alert
+    from samai.console.core.update import StageView
+    from samai.console.screens.box_base import BoxScreenBase
     from samai.console.screens.dialogs import PathDialog
     from samai.console.screens.gguf import GgufScreen
     from samai.remote.model import Listing
 
 
-class LogKeys(BoxScreenBase):
-    def __init__(self, context: BoxScreenContext) -> None:
-        super().__init__(context)
-        self._log_chosen = False  # the operator picked a log: stop choosing one for them
-        self._log_hint_taken: Alert | None = None  # the alert whose stage log `l` last opened
-        self._logs = LogHistory()  # the logs shown: [ and ] go back and forward, L lists recent files
-        self._stage_views: list[StageView] = []  # the stages as last polled: the log picker shows their status
+class LogChoice:
+    def __init__(self, screen: BoxScreenBase) -> None:
+        self.screen = screen
+        self.chosen = False  # the operator picked a log: stop choosing one for them
+        self._hint_taken: Alert | None = None  # the alert whose stage log `l` last opened
+        self.history = LogHistory()  # the logs shown: [ and ] go back and forward, L lists recent files
+        self.stage_views: list[StageView] = []  # the stages as last polled: the picker shows their status
+
+    def _pane(self) -> LogView:
+        return self.screen.query_one(LogView)
 
     def open_stage_log(self, name: str) -> None:
-        self._log_chosen = True
-        self._show_stage_log(name)
+        self.chosen = True
+        self.show_stage_log(name)
 
-    def _show_stage_log(self, name: str, *, record: bool = True) -> None:
-        if name == self.state.shown_stage:
+    def show_stage_log(self, name: str, *, record: bool = True) -> None:
+        if name == self.screen.shown_stage:
             return  # already shown: starting over would blank what the operator is reading
-        shown = self.state.show_stage_log(name)
-        log = self.query_one(LogView)
-        log.reset(shown.path, self.state.shown_markers())
+        cursor = self.screen.cursor
+        shown = cursor.show_stage_log(name)
+        log = self._pane()
+        log.reset(shown.path, cursor.markers())
         log.border_title = inert(f"log · {name}")
         if record:
-            self._logs.visit(ShownLog(shown.path, name))
+            self.history.visit(ShownLog(shown.path, name))
 
-    def _follow_busiest_stage(self, stages: list[StageView]) -> None:
+    def follow_busiest_stage(self, stages: list[StageView]) -> None:
         """Until the operator picks a log, show the running stage's (else the last one fired)."""
-        if self._log_chosen:
+        self.stage_views = stages
+        if self.chosen:
             return
         fired = sorted((v for v in stages if v.since), key=lambda v: (v.status == "running", v.since))
-        if fired and fired[-1].name != self.state.shown_stage:
-            self._show_stage_log(fired[-1].name)
+        if fired and fired[-1].name != self.screen.shown_stage:
+            self.show_stage_log(fired[-1].name)
 
-    def _show_file(self, path: str, *, record: bool = True, offset: int | None = None) -> None:
+    def show_file(self, path: str, *, record: bool = True, offset: int | None = None) -> None:
         """A file on the box by path (relative: in the workspace), its last lines or (offset)
         from that byte on; the alarms mark its lines."""
-        self._log_chosen = True
-        follower = self.state.show_log(path, offset=offset)
-        log = self.query_one(LogView)
+        self.chosen = True
+        follower = self.screen.cursor.show_log(path, offset=offset)
+        log = self._pane()
         log.reset(follower.path, ())
         log.border_title = inert(f"file · {path}")
         if record:
-            self._logs.visit(ShownLog(path))
+            self.history.visit(ShownLog(path))
 
-    def _show_logged(self, log: ShownLog, *, record: bool) -> None:
+    def show_logged(self, log: ShownLog, *, record: bool) -> None:
         """A log from the history (not recorded again) or the picker, by what it was: a stage's
         (while the config still has that stage) or a file."""
-        self._log_chosen = True
-        if log.stage is not None and self.config.stage(log.stage):
-            self._show_stage_log(log.stage, record=record)
+        self.chosen = True
+        if log.stage is not None and self.screen.config.stage(log.stage):
+            self.show_stage_log(log.stage, record=record)
         else:
-            self._show_file(log.path, record=record)
+            self.show_file(log.path, record=record)
 
-    def action_log_back(self) -> None:
-        self._step_to(self._logs.back())
-
-    def action_log_forward(self) -> None:
-        self._step_to(self._logs.forward())
-
-    def _step_to(self, log: ShownLog | None) -> None:
+    def step_to(self, log: ShownLog | None) -> None:
         """[ or ]: the log before or after in the history (not recorded again); none there: a bell."""
         if log is None:
-            self.app.bell()
+            self.screen.app.bell()
         else:
-            self._show_logged(log, record=False)
+            self.show_logged(log, record=False)
 
-    @work(group="dialog", exclusive=True)
-    async def action_pick_log(self) -> None:
+    async def pick(self) -> None:
         from samai.console.screens.dialogs import LogPicker  # each dialog's module is imported when one opens
 
-        views = {v.name: v for v in self._stage_views}
-        stages = [(ShownLog(self.state.path_of(s.log), s.name), views.get(s.name)) for s in self.config.stages]
-        files = [ShownLog(path) for path in self._logs.recent_files]
-        chosen = await self.app.push_screen_wait(LogPicker(stages, files, self._logs.current, self.clock()))
+        views = {v.name: v for v in self.stage_views}
+        config = self.screen.config
+        stages = [(ShownLog(config.path_of(s.log), s.name), views.get(s.name)) for s in config.stages]
+        files = [ShownLog(path) for path in self.history.recent_files]
+        chosen = await self.screen.app.push_screen_wait(LogPicker(stages, files, self.history.current,
+                                                                  self.screen.clock()))
         if chosen is not None:
-            self._show_logged(chosen, record=True)
+            self.show_logged(chosen, record=True)
 
-    def action_next_log(self) -> None:
-        self._log_chosen = True
+    def next_log(self) -> None:
+        self.chosen = True
         hinted = self._alert_log()
         if hinted:
-            self._show_stage_log(hinted)
+            self.show_stage_log(hinted)
             return
-        names = [s.name for s in self.config.stages]
+        names = [s.name for s in self.screen.config.stages]
         if names:
-            current = self.state.shown_stage
-            nxt = names[(names.index(current) + 1) % len(names)] if current in names else names[0]
-            self._show_stage_log(nxt)
+            current = self.screen.shown_stage
+            self.show_stage_log(names[(names.index(current) + 1) % len(names)] if current in names else names[0])
 
     def _alert_log(self) -> str | None:
         """The stage of the newest active alert that offers `l log`, the first time `l` is pressed
         after it came (then `l` goes on to the next stage's log as usual)."""
-        alert = next((a for a in self.state.alerts if a.active and "l log" in a.hint and a.stage), None)
-        if alert is None or alert.stage is None or alert == self._log_hint_taken or not self.config.stage(alert.stage):
+        alert = next((a for a in self.screen.state.alerts if a.active and "l log" in a.hint and a.stage), None)
+        if alert is None or alert.stage is None or alert == self._hint_taken \
+                or not self.screen.config.stage(alert.stage):
             return None
-        self._log_hint_taken = alert
+        self._hint_taken = alert
         return alert.stage
 
-    @work(group="dialog", exclusive=True)
-    async def action_open_file(self) -> None:
-        from samai.console.screens.dialogs import PathDialog  # see action_pick_log
+    async def open_file(self) -> None:
+        from samai.console.screens.dialogs import PathDialog  # see pick
+        from samai.console.screens.gguf import GgufScreen
 
-        path = await self.app.push_screen_wait(PathDialog("open a file on the box in the log pane (a .gguf: its "
-                                                          "header and tensors) · Tab completes",
-                                                          "/path/on/box.log (relative: inside the workspace)",
-                                                          completes=True))
+        app = self.screen.app
+        path = await app.push_screen_wait(PathDialog("open a file on the box in the log pane (a .gguf: its "
+                                                     "header and tensors) · Tab completes",
+                                                     "/path/on/box.log (relative: inside the workspace)",
+                                                     completes=True))
         if path and path.lower().endswith(".gguf"):
-            await self._open_gguf(path)
+            screen = GgufScreen(path, readonly=self.screen.readonly)  # its header read while it is up
+            await app.push_screen(screen)
+            self.screen.read_gguf(screen)
         elif path:
-            from samai.console.screens.gguf import GgufScreen
+            while isinstance(app.screen, GgufScreen):
+                await app.pop_screen()  # `o` on a GGUF's screen: back to the log pane that shows the file
+            self.show_file(path)
 
-            while isinstance(self.app.screen, GgufScreen):
-                await self.app.pop_screen()  # `o` on a GGUF's screen: back to the log pane that shows the file
-            self._show_file(path)
-
-    @work(group="complete", exclusive=True, exit_on_error=False)
-    async def complete_path(self, dialog: PathDialog, text: str, folder: str) -> None:
+    async def complete(self, dialog: PathDialog, text: str, folder: str) -> None:
         """Tab in the path dialog: the folder's entries that start with the name typed, as the box lists them."""
         try:
-            if self.box is None:
+            box = self.screen.box
+            if box is None:
                 raise BoxError("not connected to the box yet")
-            listing: Listing | str = await self.box.list_dir(folder or ".", prefix=text[len(folder):])
+            listing: Listing | str = await box.list_dir(folder or ".", prefix=text[len(folder):])
         except (BoxError, TransportError) as e:
             listing = str(e) or type(e).__name__
         if dialog.is_attached:
             dialog.offer(text, listing)
 
-    async def _open_gguf(self, path: str) -> None:
-        """A .gguf opened with `o`: its header and tables on their own screen (Esc returns), read
-        in a worker while the screen is already up."""
-        from samai.console.screens.gguf import GgufScreen  # see action_pick_log
-
-        screen = GgufScreen(path, readonly=self.readonly)
-        await self.app.push_screen(screen)
-        self._read_gguf(screen)
-
-    @work(group="gguf", exit_on_error=False)  # one per screen: a second one opened leaves the first's alone
-    async def _read_gguf(self, screen: GgufScreen) -> None:
+    async def read_gguf(self, screen: GgufScreen) -> None:
         try:
-            header = await self.session.connected_box().gguf_show(screen.path)
+            header = await self.screen.session.connected_box().gguf_show(screen.path)
         except (BoxError, TransportError, TargetError) as e:
             if screen.is_attached:
                 screen.show_error(str(e) or type(e).__name__)
@@ -170,13 +161,10 @@ class LogKeys(BoxScreenBase):
         if screen.is_attached:  # not closed meanwhile
             screen.show_header(header)
 
-    def on_log_view_save_requested(self, event: LogView.SaveRequested) -> None:
-        self._save_lines(event.lines, self.state.shown_stage or "file")
-
-    @work(thread=True, group="save", exit_on_error=False)
-    def _save_lines(self, lines: tuple[str, ...], name: str) -> None:
+    def save(self, lines: tuple[str, ...], name: str) -> str:
+        """The lines written to the console's saved logs (no secrets kept); where."""
         folder = paths.saved_logs_dir()
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-        Path(target).write_text("\n".join(redact(line) for line in lines) + "\n", "utf-8")  # no secrets kept
-        self.app.call_from_thread(self.notify, f"saved {len(lines)} lines to {target}", markup=False)
+        Path(target).write_text("\n".join(redact(line) for line in lines) + "\n", "utf-8")
+        return f"saved {len(lines)} lines to {target}"

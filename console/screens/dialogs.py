@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not impo
     from samai.console.core.actions import ActionPlan, KillPlan
     from samai.console.core.history import RunRecord
     from samai.console.core.preflight import Check
-    from samai.console.core.state import StageView
     from samai.console.core.timeline import Event
+    from samai.console.core.update import StageView
     from samai.remote.model import Listing, Process
     from samai.widgets.logview.history import ShownLog
 

@@ -36,7 +36,7 @@ from samai.widgets.logview.styles import COMPONENT_CLASSES, LineStyler
 from samai.widgets.pane import inert
 
 if TYPE_CHECKING:
-    from samai.console.core.state import StateUpdate
+    from samai.console.core.update import StateUpdate
     from samai.remote.model import Marker
 
 FLUSH_INTERVAL = 0.1  # seconds: the most often buffered lines reach the screen
@@ -205,16 +205,19 @@ class LogView(ScrollView, can_focus=True):
     def show_update(self, update: StateUpdate) -> None:
         """A poll's lines of the shown log; a new run of its stage starts the pane again; the
         title says how far the shown stage is while it runs."""
-        if update.log_restarted and update.shown_path:
-            self.reset(update.shown_path, update.shown_markers)
+        log = update.log
+        if log is None:
+            return
+        if log.restarted:
+            self.reset(log.path, log.markers)
             when = units.local_time(update.now)
-            self.notice(f"a new run of {update.log_restarted} started at {when}: its log from the start "
-                        f"(the last run's is {update.shown_path}.1; H lists the runs)")
-        if update.log_notice:
-            self.notice(update.log_notice)
-        if update.log_lines:
-            self.append(update.log_lines)
-        view = next((v for v in update.stages if v.name == update.shown_stage), None)
+            self.notice(f"a new run of {log.restarted} started at {when}: its log from the start "
+                        f"(the last run's is {log.path}.1; H lists the runs)")
+        if log.notice:
+            self.notice(log.notice)
+        if log.lines:
+            self.append(log.lines)
+        view = next((v for v in update.stages if v.name == log.stage), None)
         if view is not None:
             title = inert(f"log · {view.name}" + (f" · {view.progress.text}" if view.progress else ""))
             if str(self.border_title) != str(title):

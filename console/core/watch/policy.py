@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from samai.console.core import units
+from samai.console.core.alertbook import FIRE_FAILED, RUN_ENDED, Alert
 from samai.console.core.config import SEVERITIES, Notify
-from samai.console.core.state import FIRE_FAILED, RUN_ENDED, Alert
 from samai.console.core.watch.ledger import MAX_TITLES, HeldBack, LedgerRead, Sent
 from samai.console.core.watch.ledger import ledger_sent as ledger_sent  # the timeline reads the box's ledger
 from samai.remote.safe_text import visible

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from samai.console.core.alertbook import RUN_ENDED, Alert
 from samai.console.core.config import Config
 from samai.console.core.kinds import ActionKind
-from samai.console.core.state import RUN_ENDED, Alert
 from samai.console.core.watch.policy import HOUR_S, REST, Message, alert_identity, plain
 from samai.remote.model import watch_time
 

@@ -20,7 +20,9 @@ from typing import Literal
 
 from samai.console.core import units
 from samai.console.core.config import Config
+from samai.console.core.feeds import Surroundings
 from samai.console.core.session import BoxSession, OpenBox, PollFailed
+from samai.console.core.update import StateUpdate
 from samai.console.core.watch.ledger import LedgerRead, read_ledger, sealed_ledger
 from samai.console.core.watch.policy import Message, NotifyPolicy, OutageWatch, clock, plain
 from samai.console.core.watch.recover import BY_THE_WATCHER, RecoveryBook, recover, recoveries_due
@@ -69,7 +71,10 @@ class BoxWatcher:
         self.readonly, self.clock = readonly, clock
         self.trust = trust or Trust.load()
         self.say = (lambda line: say(f"{name}: {line}")) if name else say
-        self.session = BoxSession(config, open_box, clock=clock)
+        # The same session as the TUI's: the same feeds (but the box screen's own), the same alerts.
+        around = Surroundings(name or None, self._nodes if any(s.nodes for s in config.stages) else None)
+        self.session = BoxSession(config, open_box, clock=clock, headless=True, around=around)
+        self._multinode = None
         self.policy = NotifyPolicy(config.notify, name, console_command(config))
         self.outage = OutageWatch(name, config.watch.unreachable_after)
         # read-only: it writes no heartbeat and takes no lease, so it sends alone
@@ -93,11 +98,31 @@ class BoxWatcher:
         return self.role == "lead"
 
     async def cycle(self) -> PollFailed | None:
-        """One poll, what it calls for sent (by the leader; the error-level alerts by a watcher in
-        shadow too), and the heartbeat."""
+        """One look (a poll and the reads due beside it), what it calls for sent (by the leader;
+        the error-level alerts by a watcher in shadow too), and the heartbeat."""
+        await self.before_poll()
+        result = await self.session.look_once()
+        return await self.polled(result)
+
+    async def before_poll(self) -> None:
         if not self._seeded:
             await self._seed()
-        result = await self.session.poll_once()
+
+    async def reported(self, result: StateUpdate | PollFailed) -> None:
+        """What the session reports as it runs: a poll (the heartbeat, what is due sent, recovery),
+        or a read beside it (what its alerts call for sent)."""
+        if isinstance(result, StateUpdate) and result.beside:
+            if self.role != "standby":
+                now = self.clock()
+                await self.sender.send(self._due(now), now)
+            return
+        await self.polled(result)
+        await self.sender.retry(self.clock())
+
+    def bug(self, e: Exception) -> None:
+        self.say(f"internal error: {type(e).__name__}: {e}")
+
+    async def polled(self, result: StateUpdate | PollFailed) -> PollFailed | None:
         self.polls += 1
         now = self.clock()
         if isinstance(result, PollFailed):
@@ -144,6 +169,20 @@ class BoxWatcher:
             message = await recover(self._actions(), self.config, self.name, due, self.book, now)
             self.say(f"{message.title}: {message.body.splitlines()[0]}")
             await self.sender.send(self.policy.capped([message], now), now)
+
+    def _nodes(self):
+        """The connections to the nodes of its multi-node stages (read only: a rank that died is said)."""
+        if self._multinode is None:
+            from samai.console.core.actions import Decision
+            from samai.console.core.audit import AuditLog
+            from samai.console.core.multinode.session import MultiNodeSession
+            from samai.console.core.paths import audit_log
+
+            async def decline(plan):
+                return Decision.declined(plan, "the watcher reads the nodes only")
+
+            self._multinode = MultiNodeSession(self.config, AuditLog(audit_log()), readonly=True, confirm=decline)
+        return self._multinode
 
     def _actions(self):
         """The action layer, answering for the watcher: it confirms what the preflight lets run and
@@ -283,6 +322,8 @@ class BoxWatcher:
             except Exception as e:
                 self.say(f"last heartbeat not written: {e}")
         await self.session.close()
+        if self._multinode is not None:
+            await self._multinode.close()
 
 
 ONCE_SETTLE_S = 1.0  # --once: a second poll this much later confirms a run seen gone (ConsoleState._confirm_lost)
@@ -301,15 +342,8 @@ async def watch(watchers: list[BoxWatcher], *, once: bool = False) -> bool:
 
 
 async def _forever(w: BoxWatcher) -> bool:
-    from samai.console.core.backoff import Backoff
-
-    backoff = Backoff(w.config.watch.interval)
-    while True:
-        failed = await w.cycle()
-        await w.sender.retry(w.clock())
-        if failed is None:
-            backoff.answered()
-        await asyncio.sleep(backoff.failed() if failed else backoff.interval)
+    await w.session.run(w.reported, w.bug, before=w.before_poll)  # the TUI's loop: polls, reads, backoff
+    return True
 
 
 async def _once(w: BoxWatcher) -> bool:
