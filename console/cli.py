@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from samai.console import __version__
+from samai.console.cli_common import EXIT_STDOUT_CLOSED, EXIT_USAGE, UsageError, fail
 from samai.console.core import config as config_mod
 from samai.remote.errors import BoxError
 from samai.remote.safe_text import visible
@@ -27,14 +28,6 @@ from samai.remote.transport import TransportError
 
 if TYPE_CHECKING:
     pass
-
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
-EXIT_STDOUT_CLOSED = 128 + 13  # what a shell reports for a tool that SIGPIPE ended
-
-
-class UsageError(Exception):
-    """A mistake in what the user asked for: reported in one line, exit 2."""
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -220,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError as e:
         if _stdout_gone():
             return _stdout_closed()
-        return _fail(f"a pipe broke: {e}", EXIT_USAGE)  # not stdout's: say so, in one line
+        return fail(f"a pipe broke: {e}", EXIT_USAGE)  # not stdout's: say so, in one line
 
 
 def _replace_unencodable(*streams) -> None:
@@ -281,12 +274,12 @@ def _main(argv: Sequence[str] | None) -> int:
 
         return asyncio.run(cli_box.run(args, cfg))
     except (config_mod.ConfigError, UsageError, TargetError) as e:
-        return _fail(str(e), EXIT_USAGE)
+        return fail(str(e), EXIT_USAGE)
     except (BoxError, TransportError) as e:
         from samai.console.core.secret_mask import SecretMask
 
         mask = SecretMask.of_config(cfg) if cfg is not None else SecretMask()  # a URL or the box may quote one
-        return _fail(mask(f"cannot reach {args.target or 'the target'}: {e}"), EXIT_USAGE)
+        return fail(mask(f"cannot reach {args.target or 'the target'}: {e}"), EXIT_USAGE)
     except KeyboardInterrupt:
         return 130
 
@@ -300,7 +293,7 @@ def _replay(args: argparse.Namespace) -> int:
     try:
         bundle = read_bundle(Path(args.file))
     except NotABundle as e:
-        return _fail(str(e), EXIT_USAGE)
+        return fail(str(e), EXIT_USAGE)
     gc.disable()  # as for the TUI: see run_app
     from samai.console.app import run_replay
 
@@ -341,10 +334,5 @@ def _standalone(command: str, argv: list[str]) -> int:
 
     return payload_lint.main(argv)
 
-
-def _fail(message: str, code: int) -> int:
-    """The one-line reason on stderr: box text in it (a path, a box error) shown inert, on one line."""
-    print(f"samai-console: {visible(message)}", file=sys.stderr)
-    return code
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from samai.console.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, _fail
+from samai.console.cli_common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, fail
 from samai.console.core import config as config_mod
 from samai.console.core.connect import open_box
 from samai.console.core.redact import redact
@@ -45,7 +45,7 @@ async def run(args: argparse.Namespace, cfg: config_mod.Config) -> int:
         handler = handlers[args.command]
         return await handler(args, cfg, box)
     except config_mod.UnknownStage as e:
-        return _fail(str(e), EXIT_USAGE)
+        return fail(str(e), EXIT_USAGE)
     finally:
         await box.close()
 
@@ -130,7 +130,7 @@ async def snapshot_all(args, cfg: config_mod.Config) -> int:
             print(visible(said) if not isinstance(got, Snapshot) else said)
     down = [name for name, got in found.items() if not isinstance(got, Snapshot)]
     if down:
-        _fail(f"{len(down)} of {len(found)} boxes did not answer: {', '.join(down)}", EXIT_PROBLEM)
+        fail(f"{len(down)} of {len(found)} boxes did not answer: {', '.join(down)}", EXIT_PROBLEM)
     return EXIT_OK if not down else EXIT_USAGE if len(down) == len(found) else EXIT_PROBLEM
 
 
@@ -225,7 +225,7 @@ async def _eval(args, cfg, box: Box) -> int:
     try:
         return await cli_runs.eval_command(args, cfg, box)
     except cli_runs.RunMissing as e:
-        return _fail(str(e), EXIT_USAGE)
+        return fail(str(e), EXIT_USAGE)
 
 
 async def _timeline(args, cfg, box: Box) -> int:
@@ -275,9 +275,9 @@ async def _check(args, cfg, box: Box) -> int:
             try:
                 result = await check_file(box, path)  # whole, streamed: an item of megabytes stays one item
             except NotReadWhole as e:
-                return _fail(str(e), EXIT_USAGE)
+                return fail(str(e), EXIT_USAGE)
     except (checks.Unreadable, ValueError) as e:  # ValueError: a trainer_state.json that is not JSON
-        return _fail(str(e), EXIT_USAGE)
+        return fail(str(e), EXIT_USAGE)
     shown = result.to_json()  # the JSON contract; the text report reads the same figures
     print(_json(shown) if args.json else describe_check(args.kind, path, shown))
     return EXIT_PROBLEM if checks.has_errors(result) else EXIT_OK
@@ -459,7 +459,7 @@ async def _fire(args, cfg, box: Box) -> int:
         try:
             return _report(await _actions(args, cfg, box).resume(args.stage, args.resume or None), cfg)
         except NothingToResume as e:  # names checkpoints (box text): said inert
-            return _fail(f"cannot resume {args.stage}: {e}", EXIT_PROBLEM)
+            return fail(f"cannot resume {args.stage}: {e}", EXIT_PROBLEM)
     return _report(await _actions(args, cfg, box).fire(args.stage), cfg)
 
 
@@ -545,7 +545,7 @@ async def _gguf_show(args, cfg, box: Box) -> int:
     try:
         header = await box.gguf_show(path, redirect_hosts=args.redirect_hosts or ())
     except BoxError as e:  # the box answered: the file or donor is refused (a bad reply header, a redirect)
-        return _fail(redact(f"gguf show {path}: {e}"), EXIT_PROBLEM)  # a pre-signed donor URL holds one
+        return fail(redact(f"gguf show {path}: {e}"), EXIT_PROBLEM)  # a pre-signed donor URL holds one
     if args.json:
         print(_json(dict(asdict(header), ok=header.ok)))
     else:

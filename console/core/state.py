@@ -23,7 +23,8 @@ from samai.console.core.detectors import (
     declared_binaries,
 )
 from samai.console.core.diskdelta import DiskDelta
-from samai.console.core.feeds import Feed, Poll, Read, Surroundings, feed_classes
+from samai.console.core.feeds import Feed, Poll, Read, Surroundings
+from samai.console.core.feeds.table import feed_classes
 from samai.console.core.kinds import ActionKind
 from samai.console.core.logcursor import LogCursor
 from samai.console.core.preflight import Preflight, poison_artifacts, preflight

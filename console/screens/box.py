@@ -23,6 +23,7 @@ from samai.console.core.commands import CHANGES_BOX
 from samai.console.core.redact import redact
 from samai.console.screens.box_actions import BoxActions
 from samai.console.screens.box_base import BoxScreenBase
+from samai.console.screens.box_logs import LogChoice
 from samai.console.screens.box_reads import OperatorReads
 from samai.widgets.alerts import AlertsPane
 from samai.widgets.curves import CurvesPane
@@ -54,12 +55,14 @@ PANE_TITLES = {"#stages": "stages", "#disk": "disk budget", "#gpus": "GPUs", "#s
 
 class BoxScreen(BoxScreenBase):
     BINDINGS = bindings("box") + bindings("disk")
+    logs: LogChoice
 
     def __init__(self, context: BoxScreenContext) -> None:
         super().__init__(context)
         self.connection = Connection(self.target_label(), readonly=self.readonly)
         self.rtt_said_at = 0.0
         self.status_bar = StatusBar(id="status")
+        self.logs = LogChoice(self)
         self.do = BoxActions(self)
         self.reads = OperatorReads(self)
 

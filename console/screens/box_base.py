@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from textual import work
 from textual.notifications import SeverityLevel
@@ -54,6 +54,16 @@ class BoxScreenContext:
         return self.fleet_config.on_box(self.box_name) if self.box_name else self.fleet_config
 
 
+class ChoosesLogs(Protocol):
+    """What the screen's helpers ask of its log choice (box_logs.py LogChoice)."""
+
+    def open_stage_log(self, name: str) -> None: ...
+
+    def show_file(self, path: str, *, record: bool = True, offset: int | None = None) -> None: ...
+
+    async def read_gguf(self, screen: GgufScreen) -> None: ...
+
+
 @functools.cache
 def _shows_updates(cls: type) -> bool:
     """Whether a widget class is a pane (a runtime Protocol check costs tens of microseconds: once per class)."""
@@ -69,9 +79,7 @@ class BoxScreenBase(Screen[None]):
         self.clock = context.clock
         self._session: BoxSession | None = None
         self._action_running = False
-        from samai.console.screens.box_logs import LogChoice
-
-        self.logs = LogChoice(self)
+        self.logs: ChoosesLogs  # which log the log pane shows (the screen's LogChoice)
         self._errors_said: set[tuple[str, str, str]] = set()  # internal errors already shown (each once)
 
     @property

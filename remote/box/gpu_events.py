@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Deque, Mapping
 
 if TYPE_CHECKING:
-    from .nvml import Source
+    from .nvml_source import Source
 
 import collections
 import time

@@ -11,7 +11,7 @@ methods from a recorded reading, so everything above this boundary runs without 
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import Any, Sequence
 
 LIBRARY = "libnvidia-ml.so.1"
 
@@ -50,12 +50,6 @@ PROCESS_SLACK = 8  # processes may start between the count and the list
 # nvmlEventType* bits (nvml.h): the events the probe registers for.
 EVENT_SINGLE_BIT_ECC, EVENT_DOUBLE_BIT_ECC, EVENT_XID = 0x1, 0x2, 0x8
 ERROR_EVENTS = EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_XID
-
-
-if TYPE_CHECKING:
-    from .nvml_replay import ReplayNvml
-
-    Source = Union["Nvml", ReplayNvml]  # what gpus.py and gpu_events.py read: the library, or a recording
 
 
 class NvmlError(Exception):

@@ -10,7 +10,7 @@ import socket
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from samai.remote.gateway.faults import FAULTS_THAT_SKIP_THE_RUN, Fault, FaultError, fault_from_spec
@@ -20,7 +20,26 @@ from samai.remote.gateway.replies import Reply, json_reply, outcome_reply, rende
 from samai.remote.gateway.runner import Outcome
 
 if TYPE_CHECKING:
-    from samai.remote.gateway.server import EnvelopeServer
+    import threading
+
+    from samai.remote.gateway.faults import FaultPlan
+    from samai.remote.gateway.limits import ConnectionSlots
+    from samai.remote.gateway.protocol import Settings
+    from samai.remote.gateway.runner import PayloadRunner
+
+
+class GatewayServer(Protocol):
+    """What a handler asks of the server it runs in (server.py EnvelopeServer is one)."""
+
+    settings: Settings
+    faults: FaultPlan
+    runner: PayloadRunner
+    slots: ConnectionSlots
+    stopping: threading.Event
+
+    def make_pending(self, conn: socket.socket, client: str, *, wait_s: float) -> None: ...
+
+    def log(self, line: str) -> None: ...
 
 # How long a closing connection keeps reading what the client still sends, so the kernel sends FIN, not RST,
 # and the client gets to read our reply (e.g. a 413 sent before a large body was read).
@@ -54,7 +73,7 @@ class HeadLimitedReader(io.BufferedReader):
 
 
 class EnvelopeHandler(BaseHTTPRequestHandler):
-    server: EnvelopeServer
+    server: GatewayServer  # type: ignore[assignment]  # (socketserver types it as its BaseServer)
     rfile: HeadLimitedReader
     protocol_version = "HTTP/1.1"
     timeout = SOCKET_TIMEOUT_S

@@ -3,7 +3,7 @@
 A feed may add to the poll's probe request (`request`) and follow logs in it (`followers`),
 folds each poll's snapshot (`fold`), may read the box beside the poll when that is due (`reads`:
 each a fetch and its fold), gives the detectors what it knows (`context`), and the panes a view of
-it (`view`). FEEDS is the one table: the box session runs every feed of it (a fleet row only
+it (`view`). feed_classes() (table.py) is the one table: the box session runs every feed of it (a fleet row only
 those marked `row`, `watch` and `doctor` those marked `headless`), so the TUI, the watcher,
 `doctor` and the fleet rows see the same box and raise the same alerts from it (k9s keeps one
 registry row per resource; nvitop's api serves every front end the same way).
@@ -15,17 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from samai.console.core.alertbook import Alert
+    from samai.console.core.alertbook import Alert, AlertBook
     from samai.console.core.budget import DiskBudget
+    from samai.console.core.config import Config
+    from samai.console.core.diskdelta import DiskDelta
     from samai.console.core.multinode.session import MultiNodeSession
-    from samai.console.core.state import ConsoleState
     from samai.console.core.update import StageView
     from samai.remote.boxapi import Box
     from samai.remote.follow import LogFollower
-    from samai.remote.model import LogChunk, Snapshot
+    from samai.remote.model import LogChunk, Severity, Snapshot
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,30 @@ class Surroundings:
     one_look: bool = False  # doctor's: one reading, no history (the serving watch judges it alone)
 
 
+class FeedHost(Protocol):
+    """What a feed reads of the state that runs it (console/core/state.py ConsoleState is one)."""
+
+    config: Config
+    row_only: bool
+    book: AlertBook
+    snapshot: Snapshot | None
+    received_at: float | None
+    disk_delta: DiskDelta | None
+
+    def clock(self) -> float: ...
+
+    def running(self) -> list[str]: ...
+
+    def run_alert(self, stage: str, severity: Severity, text: str, code: str = "") -> Alert: ...
+
+
 class Feed:
     name: ClassVar[str] = ""
     row: ClassVar[bool] = False  # a fleet row runs it too
     headless: ClassVar[bool] = True  # `watch` and `doctor` run it (False: the box screen's alone)
     detectors: ClassVar[tuple[str, ...]] = ()  # the detectors that judge it, run again after each read
 
-    def __init__(self, state: ConsoleState, around: Surroundings) -> None:
+    def __init__(self, state: FeedHost, around: Surroundings) -> None:
         self.state, self.config, self.around = state, state.config, around
 
     def followers(self) -> list[LogFollower]:
@@ -97,19 +115,3 @@ class Feed:
     def view(self) -> object | None:
         """What the panes show of it now (None: nothing new)."""
         return None
-
-
-def feed_classes() -> tuple[type[Feed], ...]:
-    """FEEDS, imported when a session is made (the feeds import their features' modules)."""
-    from samai.console.core.feeds.disk import DiskFeed
-    from samai.console.core.feeds.environments import EnvironmentsFeed
-    from samai.console.core.feeds.evals import EvalsFeed
-    from samai.console.core.feeds.gpus import GpusFeed
-    from samai.console.core.feeds.memory import MemoryFeed
-    from samai.console.core.feeds.nodes import NodesFeed
-    from samai.console.core.feeds.serving import ServingFeed
-    from samai.console.core.feeds.training import TrainingFeed
-    from samai.console.core.feeds.watchers import WatchersFeed
-
-    return (TrainingFeed, ServingFeed, GpusFeed, MemoryFeed, DiskFeed, EnvironmentsFeed, EvalsFeed, WatchersFeed,
-            NodesFeed)
