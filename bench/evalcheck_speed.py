@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness import Timings, argument_parser, print_figure, scratch_folder
 
-from samai.console.core.evalcheck import check_eval
+from samai.console.core.evals.check import check_eval
 
 THINK = "<think>Let me compute 17*23. 17*20 = 340, 17*3 = 51, so 340 + 51 = 391. Check: 391/17 = 23."
 

@@ -19,7 +19,7 @@ for scale. Both grow with the number of processes, so everything is measured twi
 machine as it is, and with 300 idle processes more (`sleep`, five of them Python listeners on TCP
 ports). Sizing the artifacts grows with their files instead (a provisioned tiny venv holds some
 38,000): its cost per 1000 files is printed, and the console walks a tree that no running stage
-makes only every REFRESH_S or files * REFRESH_S_PER_FILE (console/core/sizing.py), which the 1 Hz
+makes only every REFRESH_S or files * REFRESH_S_PER_FILE (console/core/disk/sizing.py), which the 1 Hz
 figure includes.
 
     python bench/probe_cost.py [--snapshots 100] [--seconds 30] [--extra 300] [--venv-files 38000]
@@ -42,8 +42,8 @@ from pathlib import Path
 from harness import argument_parser, median, ratio
 
 from samai.console.core.config import load_builtin
+from samai.console.core.disk.sizing import REFRESH_S, REFRESH_S_PER_FILE
 from samai.console.core.logcursor import LogCursor
-from samai.console.core.sizing import REFRESH_S, REFRESH_S_PER_FILE
 from samai.console.core.state import ConsoleState
 from samai.remote.box.procfs import boot_time, read_stat, start_epoch
 from samai.remote.boxapi import Box

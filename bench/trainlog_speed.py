@@ -30,7 +30,7 @@ from pathlib import Path
 
 from harness import Timings, argument_parser, print_figure, scratch_folder
 
-from samai.console.core.trainlog import check_trainlog_path
+from samai.console.core.training.trainlog import check_trainlog_path
 
 INFO = (
     "[2026-11-30 07:34:{s:02d},426] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) | fwd: 41.2 | bwd: 80.3",

@@ -61,14 +61,14 @@ async def _snapshot(args, cfg, box: Box) -> int:
 
 def _serving_ports(cfg: config_mod.Config) -> list[int]:
     """Every port a serve-role stage declares: asked in one look, read for the stages that run."""
-    from samai.console.core.serving_watch import ServingWatch
+    from samai.console.core.serving.watch import ServingWatch
 
     return sorted(ServingWatch(cfg).serving_ports(s.name for s in cfg.stages))
 
 
 def _snapshot_json(snap: Snapshot, cfg: config_mod.Config | None = None) -> dict:
     from samai.console.core.death import cause_of_death, death_json
-    from samai.console.core.gpu_findings import gpu_findings  # see _budget
+    from samai.console.core.gpus.findings import gpu_findings  # see _budget
 
     # what the GPUs show (the reading itself is the snapshot's "gpus")
     found = [f.to_json() for f in gpu_findings(snap)]
@@ -81,7 +81,7 @@ def _snapshot_json(snap: Snapshot, cfg: config_mod.Config | None = None) -> dict
 
 
 def _serving_json(snap: Snapshot, cfg: config_mod.Config) -> list[dict]:
-    from samai.console.core.serving_watch import ServingWatch
+    from samai.console.core.serving.watch import ServingWatch
 
     watch = ServingWatch(cfg, one_look=True)
     watch.observe(snap)
@@ -136,7 +136,7 @@ async def snapshot_all(args, cfg: config_mod.Config) -> int:
 
 async def _budget(args, cfg, box: Box) -> int:
     snap = await box.snapshot(artifacts=[(a.name, a.path) for a in cfg.artifacts], processes=False)
-    from samai.console.core.budget import disk_budget, plan_run  # each command imports what it uses
+    from samai.console.core.disk.budget import disk_budget, plan_run  # each command imports what it uses
 
     now = disk_budget(cfg, snap)
     peaks = plan_run(cfg, now.capacity)
@@ -186,9 +186,9 @@ def doctor_findings(session, causes: dict[str, str]) -> list:
     than, a rank that died), then the checkpoint each dead training run would resume from.
     The alerts of a run's end are doctor's `deaths`."""
     from samai.console.core.alertbook import FIRE_FAILED, RUN_ENDED
-    from samai.console.core.feeds.training import RESUME_AVAILABLE, TrainingFeed
     from samai.console.core.fixes import FixAction
     from samai.console.core.problems import Finding
+    from samai.console.core.training.feed import RESUME_AVAILABLE, TrainingFeed
 
     state = session.state
     assert state.snapshot is not None
@@ -270,7 +270,7 @@ async def _check(args, cfg, box: Box) -> int:
             if args.against:
                 return await _against(args, cfg, box, path, result)
         else:
-            from samai.console.core.evalruns import NotReadWhole, check_file
+            from samai.console.core.evals.runs import NotReadWhole, check_file
 
             try:
                 result = await check_file(box, path)  # whole, streamed: an item of megabytes stays one item
@@ -286,7 +286,7 @@ async def _check(args, cfg, box: Box) -> int:
 async def _against(args, cfg, box: Box, path: str, result) -> int:
     """`check trainlog A --against B`: A's check, and its comparison with B's points."""
     from samai.console.core import checks
-    from samai.console.core.trainref import Reference, compare
+    from samai.console.core.training.trainref import Reference, compare
 
     against = _on_target(cfg, args.against)
     reference = Reference(args.against, (await checks.check_trainlog(box, against)).points)
@@ -454,7 +454,7 @@ async def _fire(args, cfg, box: Box) -> int:
         return await cli_multinode.fire(cfg, args.stage, readonly=args.readonly,
                                         confirm=_confirmer(args.yes, getattr(args, "force", False)))
     if args.resume is not None:
-        from samai.console.core.resume import NothingToResume
+        from samai.console.core.training.resume import NothingToResume
 
         try:
             return _report(await _actions(args, cfg, box).resume(args.stage, args.resume or None), cfg)
@@ -496,7 +496,7 @@ async def _gguf(args, cfg, box: Box) -> int:
     rc = _report(outcome, cfg)
     if rc != EXIT_OK or not args.smoke:
         return rc
-    from samai.console.core.smoke import smoke
+    from samai.console.core.serving.smoke import smoke
 
     try:
         checked = await smoke(actions, _on_target(cfg, args.out))

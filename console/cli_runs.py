@@ -1,4 +1,4 @@
-"""The commands that look back: `eval diff` (two eval runs item by item, console/core/evaldiff.py),
+"""The commands that look back: `eval diff` (two eval runs item by item, console/core/evals/diff.py),
 `timeline` (what happened on the box, in order, console/core/timeline.py) and `incident` (all of
 it in one masked file, console/core/incident.py). As text or JSON (console/report.py writes the
 text: every text of the box's files through visible())."""
@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from samai.console.core import config as config_mod
-from samai.console.core.evaldiff import EvalDiff, diff
-from samai.console.core.evalruns import NotReadWhole, read_run_items, run_items_path
+from samai.console.core.evals.diff import EvalDiff, diff
+from samai.console.core.evals.runs import NotReadWhole, read_run_items, run_items_path
 from samai.console.core.timeline import read_timeline
 from samai.console.report import describe_diff, describe_timeline
 from samai.remote.boxapi import Box

@@ -16,9 +16,9 @@ from samai.console.core.redact import redact
 from samai.remote.safe_text import visible
 
 if TYPE_CHECKING:  # annotations only: a command that prints one report imports no more than it needs
-    from samai.console.core.budget import DiskBudget, StagePeak
     from samai.console.core.config import Config
-    from samai.console.core.evaldiff import Changed, EvalDiff
+    from samai.console.core.disk.budget import DiskBudget, StagePeak
+    from samai.console.core.evals.diff import Changed, EvalDiff
     from samai.console.core.timeline import Event
     from samai.remote.model import Snapshot
 

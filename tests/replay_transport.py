@@ -306,7 +306,7 @@ def view(update: Any, kind: type) -> Any:
 
 def new_points(update: Any) -> list:
     """The training curve's new points in an update (none when its view is not there)."""
-    from samai.console.core.feeds.training import TrainingView
+    from samai.console.core.training.feed import TrainingView
 
     found = update.view(TrainingView)
     return found.new_points if found else []

@@ -31,7 +31,7 @@ from samai.console.core.audit import AuditLog
 from samai.console.core.fixes import CLEAN, FIXES, FixAction
 from samai.console.core.kinds import ActionKind
 from samai.console.core.preflight import Check
-from samai.console.core.smoke import SMOKE_DECISION, SMOKE_STAGE, smoke
+from samai.console.core.serving.smoke import SMOKE_DECISION, SMOKE_STAGE, smoke
 from samai.remote.model import Process
 
 SECRET = "hf_" + "a1B2c3D4e5F6g7H8i9J0kLmNoPqRsTuV"  # a token known by its prefix: redacted wherever it stands

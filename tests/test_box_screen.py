@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textual.widgets import Input
 
-from samai.console.core.trainlog import TrainPoint
+from samai.console.core.training.trainlog import TrainPoint
 from samai.console.screens.box import BoxScreen
 from samai.console.screens.dialogs import PathDialog
 from samai.widgets.curves import CurvesPane

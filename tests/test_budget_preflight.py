@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from samai.console.core import config
-from samai.console.core.budget import GB, disk_budget, plan_run, project
+from samai.console.core.disk.budget import GB, disk_budget, plan_run, project
 from samai.console.core.preflight import poison_artifacts, preflight
-from samai.console.core.trainlog import TrainLogParser
+from samai.console.core.training.trainlog import TrainLogParser
 from samai.remote.boxapi import Box
 
 PIPE = """

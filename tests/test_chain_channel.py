@@ -16,12 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from samai.console.core import config, resume
-from samai.console.core.feeds.disk import DiskView
-from samai.console.core.feeds.training import TrainingFeed, TrainingView
-from samai.console.core.history import read_history
-from samai.console.core.lineage import last_run_check
+from samai.console.core import config
+from samai.console.core.disk.feed import DiskView
 from samai.console.core.session import BoxSession
+from samai.console.core.training import resume
+from samai.console.core.training.feed import TrainingFeed, TrainingView
+from samai.console.core.training.history import read_history
+from samai.console.core.training.lineage import last_run_check
 from samai.console.core.update import StateUpdate
 from samai.remote.box import chainline
 from samai.remote.boxapi import Box
@@ -258,7 +259,7 @@ def test_no_text_after_a_nan_hides_it_from_resume_the_gate_or_the_runs_list(work
 def test_the_followed_curve_starts_anew_only_at_its_files_first_line(said, cuts) -> None:
     """The live curve (newest_run_points, as the poll feeds it): however the lines come in reads,
     a run starts only at a file's first line, where the follower says one is."""
-    from samai.console.core.trainlog import TrainLogCheck, newest_run_points
+    from samai.console.core.training.trainlog import TrainLogCheck, newest_run_points
 
     lines = planted_run(said).splitlines()
     edges = sorted({0, len(lines), *(min(c, len(lines)) for c in cuts)})

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from samai.console.core import config, resume
+from samai.console.core import config
+from samai.console.core.training import resume
 from samai.remote import model
 from samai.remote.box import checkpoints as box_checkpoints
 from samai.remote.box import tensorfiles

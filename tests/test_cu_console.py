@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from samai.console.core import config
 from samai.console.core.browsers import browser_missing, browser_names, browser_stages
-from samai.console.core.cucheck import check_episodes, looks_like_episodes
 from samai.console.core.detectors import declared_binaries, detect
-from samai.console.core.evalruns import eval_run
+from samai.console.core.evals.cucheck import check_episodes, looks_like_episodes
+from samai.console.core.evals.runs import eval_run
 from samai.console.core.preflight import preflight
 from samai.remote.box.stages import vision
 from samai.remote.box.stages.webtasks import TaskError, parse_action, parse_task, read_tasks, summarize

@@ -1,4 +1,4 @@
-"""The curve the pane draws (console/core/curve.py): exact up to its limit, bounded past it with
+"""The curve the pane draws (console/core/training/curve.py): exact up to its limit, bounded past it with
 every spike kept, counts exact, and its per-column reduction the min/max downsampling that
 tsdownsample's MinMaxDownsampler does."""
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tsdownsample import MinMaxDownsampler
 
-from samai.console.core.curve import Curve
-from samai.console.core.trainlog import TrainPoint
+from samai.console.core.training.curve import Curve
+from samai.console.core.training.trainlog import TrainPoint
 
 VALUES = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32), st.none())
 

@@ -432,8 +432,8 @@ def test_a_gpu_xid_in_the_runs_window_explains_an_exception_and_a_reboot_a_lost_
 def test_the_cause_is_the_alert_the_stages_bar_snapshot_json_doctor_and_the_runs_list() -> None:
     from samai.console import cli_box as cli
     from samai.console.core import config
-    from samai.console.core.history import RunHistory
     from samai.console.core.state import ConsoleState
+    from samai.console.core.training.history import RunHistory
     from samai.widgets.stages import stage_item
     from tests import factories
 

@@ -22,7 +22,7 @@ from samai.console.core.detectors import (
     DetectorRegistry,
     detect,
 )
-from samai.console.core.feeds.evals import EvalRuns
+from samai.console.core.evals.feed import EvalRuns
 from samai.console.core.problems import Finding, Problem
 from samai.console.core.session import BoxSession
 from samai.console.core.state import ConsoleState
@@ -174,7 +174,7 @@ async def test_doctors_json_for_a_finding_keeps_its_four_keys(cfg, capsys) -> No
 async def test_doctors_gpu_watch_sees_one_reading_no_stall(cfg, capsys) -> None:
     """A training run whose GPU is idle: the TUI's watch raises the stall after STALL_S of
     polls; doctor sees one reading, which shows no stall (and the same as the TUI's first poll)."""
-    from samai.console.core.gpu_findings import STALL_S
+    from samai.console.core.gpus.findings import STALL_S
     from samai.remote.model import GpuProcess, StageRecord
 
     train = process(404, 404, "venv/bin/python", "-m", "samai_box.stages.train")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
-from samai.console.core.diskdelta import DiskDelta, DiskReading, latest, parse_disk_line
+from samai.console.core.disk.delta import DiskDelta, DiskReading, latest, parse_disk_line
 from samai.remote.boxapi import Box
 from samai.widgets.disk import DiskPane
 from tests.helpers import pilot_until, wait_for

@@ -1,4 +1,4 @@
-"""`eval diff` (console/core/evaldiff.py, console/cli_runs.py): two runs' items compared, the change
+"""`eval diff` (console/core/evals/diff.py, console/cli_runs.py): two runs' items compared, the change
 judged against noise with intervals checked against published values, untrusted files fuzzed,
 and the command on a workspace of the box."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
-from samai.console.core.evaldiff import diff, mcnemar_exact, paired_interval, read_run, wilson
+from samai.console.core.evals.diff import diff, mcnemar_exact, paired_interval, read_run, wilson
 from samai.console.screens.dialogs import EvalDiffScreen
 from samai.remote.boxapi import Box
 from samai.widgets.evals import EvalTable

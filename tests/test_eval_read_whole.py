@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from samai.console.core import evalruns
-from samai.console.core.evaldiff import MAX_ITEMS, RunReader, TooManyItems, diff, read_run
-from samai.console.core.evalruns import EvalRun, NotReadWhole, check_items, item_batches, read_run_items
+from samai.console.core.evals import runs as evalruns
+from samai.console.core.evals.diff import MAX_ITEMS, RunReader, TooManyItems, diff, read_run
+from samai.console.core.evals.runs import EvalRun, NotReadWhole, check_items, item_batches, read_run_items
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from tests.helpers import run_cli

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from samai.console.core.evalcheck import EvalResult, check_eval, has_errors
+from samai.console.core.evals.check import EvalResult, check_eval, has_errors
 from samai.console.core.problems import Problem
 from tests.box_tools import stage_argv, stage_env
 from tests.chatserver import ChatServer, serving

@@ -20,7 +20,7 @@ from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.alertbook import FIRE_FAILED, RUN_ENDED
 from samai.console.core.config import SEVERITIES, Train
-from samai.console.core.feeds.training import RESUME_AVAILABLE
+from samai.console.core.training.feed import RESUME_AVAILABLE
 from samai.console.core.watch.policy import Message
 from samai.console.core.watch.sender import Sender
 from samai.console.core.watch.trust import Trust

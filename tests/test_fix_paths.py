@@ -21,8 +21,8 @@ import pytest
 
 from samai.console.app import SamaiApp
 from samai.console.core import config, units
-from samai.console.core.budget import disk_budget
 from samai.console.core.detectors import detect
+from samai.console.core.disk.budget import disk_budget
 from samai.console.core.preflight import poison_artifacts, preflight
 from samai.console.screens.dialogs import ConfirmDialog
 from samai.widgets.alerts import AlertsPane

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from samai.console.core.evalcheck import check_eval
-from samai.console.core.trainlog import TrainLogCheck, TrainLogResult, check_trainlog
+from samai.console.core.evals.check import check_eval
+from samai.console.core.training.trainlog import TrainLogCheck, TrainLogResult, check_trainlog
 from samai.remote.box import gguf_check
 from samai.remote.payload_lint import Violation, lint, main
 

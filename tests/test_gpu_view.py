@@ -26,8 +26,8 @@ from samai.console.app import SamaiApp
 from samai.console.core import config as config_mod
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
-from samai.console.core.feeds.gpus import GpusFeed
-from samai.console.core.gpu_findings import STALL_S, XID_RECENT_S, GpuWatch, gpu_findings, holders_text
+from samai.console.core.gpus.feed import GpusFeed
+from samai.console.core.gpus.findings import STALL_S, XID_RECENT_S, GpuWatch, gpu_findings, holders_text
 from samai.console.core.state import ConsoleState
 from samai.console.core.update import ProcessRow
 from samai.console.gpu_report import describe_gpus

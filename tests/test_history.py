@@ -13,7 +13,7 @@ from rich.text import Text
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
-from samai.console.core.history import MAX_RUNS, RunHistory
+from samai.console.core.training.history import MAX_RUNS, RunHistory
 from samai.console.screens.dialogs import ConfirmDialog, RunsScreen
 from samai.remote.model import Marker
 from tests import chainlog
@@ -79,7 +79,7 @@ def test_a_long_history_keeps_the_newest_runs() -> None:
 async def test_the_launcher_keeps_the_last_runs_logs_and_the_history_reads_them_all(box, workspace: Path) -> None:
     """Each fire rotates the stage's log; LOG_GENERATIONS earlier logs stay, the oldest drop off;
     a planted folder where a generation goes costs that generation only."""
-    from samai.console.core.history import LOG_GENERATIONS, read_history
+    from samai.console.core.training.history import LOG_GENERATIONS, read_history
 
     (workspace / "logs").mkdir()
     (workspace / "logs" / "once.log.3").mkdir()  # not a log: never written, the rotation goes on

@@ -10,7 +10,7 @@ from textual.content import Content
 from textual.geometry import Region
 from textual.widgets import Static
 
-from samai.console.core.evalruns import EvalRun
+from samai.console.core.evals.runs import EvalRun
 from samai.console.core.update import ProcessRow
 from samai.widgets.evals import EvalTable
 from samai.widgets.footer import KeysFooter

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from samai.console.core import config
 from samai.console.core.audit import AuditLog
 from samai.console.core.checks import check_gguf
-from samai.console.core.evalcheck import IMAGE_CAP, check_eval
+from samai.console.core.evals.check import IMAGE_CAP, check_eval
 from samai.console.core.mmproj import ServeCommand, has_mmproj, serve_command
 from samai.console.core.preflight import poison_artifacts, preflight
 from samai.remote.box.gguf_check import check, check_file, summary

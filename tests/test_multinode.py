@@ -29,7 +29,6 @@ from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.config import ConfigError
 from samai.console.core.connect import open_box
-from samai.console.core.feeds.training import TrainingFeed
 from samai.console.core.multinode import (
     MultiNodeError,
     MultiRun,
@@ -45,6 +44,7 @@ from samai.console.core.multinode import (
 )
 from samai.console.core.multinode.actions import MultiNodeActions
 from samai.console.core.multinode.watch import watch
+from samai.console.core.training.feed import TrainingFeed
 from samai.remote.boxapi import Box
 from tests import sshd
 from tests.helpers import confirm_dialog, run_cli, stop_stages_under, unavailable_here

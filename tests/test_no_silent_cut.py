@@ -23,15 +23,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
-from samai.console.core import config, history, incident, resume, timeline
+from samai.console.core import config, incident, timeline
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.detectors import eval_findings
-from samai.console.core.evalruns import EvalRun, ItemsNotRead, NotASummary, check_items, eval_run, read_eval_runs
-from samai.console.core.history import RunHistory, read_history
-from samai.console.core.resume import NothingToResume
-from samai.console.core.smoke import read_verdict, smoke
+from samai.console.core.evals.runs import EvalRun, ItemsNotRead, NotASummary, check_items, eval_run, read_eval_runs
+from samai.console.core.serving.smoke import read_verdict, smoke
 from samai.console.core.timeline import NOT_SHOWN, audit_events, read_timeline
+from samai.console.core.training import history, resume
+from samai.console.core.training.history import RunHistory, read_history
+from samai.console.core.training.resume import NothingToResume
 from samai.console.screens.dialogs import TimelineScreen
 from samai.remote import model
 from samai.remote.box import probe

@@ -56,6 +56,8 @@ def _token(name: str, spec: dict) -> st.SearchStrategy[str]:
         return st.integers(max(spec.get("min") or 1, 1), min(spec.get("max") or 65535, 65535)).map(str)
     if name == "host":
         return st.just("host.example.com")
+    if name == "path":  # a path as a URL writes one: between slashes (glued to the host, it is the host)
+        return st.sampled_from(["/", "/hooks/", "/a/b/"])
     regex = spec.get("regex")
     if regex:
         pattern, flags = regex if isinstance(regex, tuple) else (regex, "")

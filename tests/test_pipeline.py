@@ -23,7 +23,7 @@ from samai.console.core import config, paths
 from samai.console.core.actions import Actions
 from samai.console.core.audit import AuditLog
 from samai.console.core.detectors import detect
-from samai.console.core.evalcheck import check_eval
+from samai.console.core.evals.check import check_eval
 from samai.remote.box.gguf_check import check_file
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
@@ -120,7 +120,7 @@ async def test_the_tiny_pipeline_end_to_end(tiny_ws: Path, spawn) -> None:
 async def _serving_while_the_eval_runs(box: Box, cfg: config.Config, port: int) -> str:
     """Issue 33: the real llama-server's figures, read as the console reads them, move while the
     eval stage asks it: requests running, tokens/s between polls, its slots; the eval's log."""
-    from samai.console.core.serving_watch import ServingWatch
+    from samai.console.core.serving.watch import ServingWatch
 
     watch, views = ServingWatch(cfg), []
     evaluating = asyncio.ensure_future(run_stage(box, cfg, "eval"))
@@ -143,7 +143,7 @@ async def _serving_while_the_eval_runs(box: Box, cfg: config.Config, port: int) 
 async def _a_stopped_server_is_hung_then_restarted(box: Box, cfg: config.Config, port: int, server: int) -> None:
     """SIGSTOP on the server: serve_hung within its window (3 s here), each poll within the probe's
     budget; SIGCONT resolves it; its fix, the serve stage's restart, serves again."""
-    from samai.console.core.serving_watch import ServingWatch
+    from samai.console.core.serving.watch import ServingWatch
     from samai.remote.boxapi import SERVING_BUDGET_S
 
     cfg = replace(cfg, serve=replace(cfg.serve, hung_after_s=3.0))
@@ -169,7 +169,7 @@ async def _a_stopped_server_is_hung_then_restarted(box: Box, cfg: config.Config,
 async def _a_server_without_metrics_shows_what_it_can(box: Box, cfg: config.Config, ws: Path, gguf: Path) -> None:
     """Issue 33: the operator's own serve command, the real llama-server without --metrics: the
     pane shows its health, slots and model, and says why the counters are missing."""
-    from samai.console.core.serving_watch import ServingWatch
+    from samai.console.core.serving.watch import ServingWatch
 
     await box.stop("serve", grace=5)
     port = free_port()
@@ -198,8 +198,8 @@ async def _a_server_without_metrics_shows_what_it_can(box: Box, cfg: config.Conf
 async def _the_diff_of_the_fake_zero_and_the_fix(box: Box, ws: Path, fixed: Path) -> None:
     """Issue 34: `eval diff` of the run at llama-server's default reasoning format (the fake 0 %)
     and the run with none, against a count by hand of the two items files."""
-    from samai.console.core.evaldiff import diff
-    from samai.console.core.evalruns import read_run_items
+    from samai.console.core.evals.diff import diff
+    from samai.console.core.evals.runs import read_run_items
 
     naive = ws / "runs" / "eval" / "naive"
     a = await read_run_items(box, "naive", str(naive / "items.jsonl"))
@@ -317,7 +317,7 @@ async def _surgery_then_smoke(box: Box, cfg: config.Config, ws: Path) -> None:
     """§5 on the pipeline's own GGUF (written by llama.cpp's converter and llama-quantize): a KV set
     through the action layer, then the new file served by the pipeline's llama-server on a free
     port and asked the smoke question (`gguf set-kv ... --smoke`)."""
-    from samai.console.core.smoke import smoke
+    from samai.console.core.serving.smoke import smoke
 
     actions = Actions(box, cfg, AuditLog(paths.audit_log()), readonly=False, confirm=confirm)
     source, out = ws / "gguf" / "tiny-q8_0.gguf", ws / "gguf" / "tiny-renamed.gguf"

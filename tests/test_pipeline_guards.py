@@ -14,7 +14,7 @@ from samai.console.core import config, paths
 from samai.console.core.actions import Actions
 from samai.console.core.audit import AuditLog
 from samai.console.core.checks import check_trainlog
-from samai.console.core.resume import resume_choice
+from samai.console.core.training.resume import resume_choice
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 from tests.pipeline_helpers import (
@@ -56,7 +56,7 @@ async def test_a_run_with_a_raised_learning_rate_is_worse_than_the_last_good_one
     another (another seed: not flagged against the first), one at lr 0.5 (flagged against the
     last good run); then `check trainlog --against` on the same two real logs."""
     from samai.console.core.checks import check_trainlog
-    from samai.console.core.trainref import compare, last_good_run
+    from samai.console.core.training.trainref import compare, last_good_run
     from tests.helpers import run_cli
 
     cfg = tiny(tiny_ws, free_port())

@@ -16,7 +16,7 @@ from pathlib import Path
 from samai.console.core import paths
 from samai.console.core.actions import Actions
 from samai.console.core.audit import AuditLog
-from samai.console.core.feeds.evals import EvalsFeed
+from samai.console.core.evals.feed import EvalsFeed
 from samai.console.core.fixes import FixAction
 from samai.remote.box.gguf_check import check_file
 from samai.remote.boxapi import Box

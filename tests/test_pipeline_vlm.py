@@ -11,9 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from samai.console.core import config
-from samai.console.core.cucheck import check_episodes
-from samai.console.core.evalcheck import check_eval
-from samai.console.core.feeds.evals import EvalsFeed
+from samai.console.core.evals.check import check_eval
+from samai.console.core.evals.cucheck import check_episodes
+from samai.console.core.evals.feed import EvalsFeed
 from samai.remote.box.gguf_check import check_file
 from samai.remote.box.stages.serve import holders
 from samai.remote.boxapi import Box

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
-from samai.console.core.evalruns import NotASummary, eval_run
-from samai.console.core.feeds.evals import EvalRuns
+from samai.console.core.evals.feed import EvalRuns
+from samai.console.core.evals.runs import NotASummary, eval_run
 from samai.console.core.state import ConsoleState
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.local import LocalTransport

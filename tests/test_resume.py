@@ -18,13 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samai.console.core import config, resume
+from samai.console.core import config
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.audit import AuditLog
-from samai.console.core.feeds.training import TrainingFeed
 from samai.console.core.fixes import FixAction
-from samai.console.core.resume import NothingToResume
 from samai.console.core.state import ConsoleState
+from samai.console.core.training import resume
+from samai.console.core.training.feed import TrainingFeed
+from samai.console.core.training.resume import NothingToResume
 from samai.remote import model
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport

@@ -4,7 +4,7 @@ is taken."""
 
 from __future__ import annotations
 
-from samai.console.core import resume
+from samai.console.core.training import resume
 from samai.remote import model
 from tests.test_checkpoints import FOLDER
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from samai.console.core.feeds.training import TrainingView
-from samai.console.core.lineage import last_run_check, until_step
 from samai.console.core.preflight.evidence import run_verdict
-from samai.console.core.trainlog import TrainLogCheck
+from samai.console.core.training.feed import TrainingView
+from samai.console.core.training.lineage import last_run_check, until_step
+from samai.console.core.training.trainlog import TrainLogCheck
 from tests import chainlog
 from tests.replay_transport import new_points
 

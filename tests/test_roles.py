@@ -18,11 +18,11 @@ from samai.console.core import config, paths
 from samai.console.core.actions import ActionPlan, Actions, Decision
 from samai.console.core.audit import AuditLog
 from samai.console.core.detectors import detect, peft_pythons
-from samai.console.core.feeds.training import TrainingFeed, TrainingView
-from samai.console.core.gpu_findings import GpuWatch
+from samai.console.core.gpus.findings import GpuWatch
 from samai.console.core.preflight.evidence import training_sources
-from samai.console.core.smoke import SMOKE_STAGE, smoke_config
+from samai.console.core.serving.smoke import SMOKE_STAGE, smoke_config
 from samai.console.core.state import ConsoleState
+from samai.console.core.training.feed import TrainingFeed, TrainingView
 from samai.remote.model import Snapshot, StageRecord
 from tests import factories
 from tests.replay_transport import new_points
@@ -238,3 +238,23 @@ launcher = "torchrun"
     session.states = {"sft": (NodeState("a", 0, True, "running"), NodeState("b", 1, True, "running"))}
     session.curve.node = "b"
     assert session.marks() == "sft: a alive · b alive · rank 0 on b"
+
+
+def test_a_role_is_a_type_that_says_what_it_means() -> None:
+    """A stage's role is a Role, not a string: each property answers for the roles it is true of,
+    so a call site asks what a role means (no `role == "train"` left in the console's code)."""
+    from samai.console.core.roles import ROLES, Role
+
+    assert ROLES == tuple(r.value for r in Role) and "other" in ROLES
+    meaning = {r: (r.trains, r.resumable, r.serves, r.runs_peft) for r in Role}
+    assert meaning[Role.TRAIN] == (True, True, False, True) and meaning[Role.SERVE] == (False, False, True, False)
+    assert meaning[Role.MERGE] == (False, False, False, True)
+    assert all(m == (False, False, False, False) for r, m in meaning.items() if r not in (Role.TRAIN, Role.SERVE,
+                                                                                          Role.MERGE))
+    cfg = config.parse('[stages.sft]\nkey = "t"\ncommand = "true"\nrole = "train"\n', "(test)")
+    assert isinstance(cfg.stage("sft").role, Role) and cfg.stage("sft").role.trains
+    root = Path(__file__).resolve().parent.parent
+    compared = [f"{p.relative_to(root)}:{i}" for folder in ("console", "widgets") for p in (root / folder).rglob("*.py")
+                for i, line in enumerate(p.read_text().splitlines(), 1)
+                if re.search(r"""(?<!self)\.role\s*[!=]=\s*["']|role_name\(["']|stage_by_role\(["']""", line)]
+    assert compared == []

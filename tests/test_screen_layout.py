@@ -13,7 +13,7 @@ from textual.app import App, ComposeResult
 
 from samai.console import replay
 from samai.console.app import SamaiApp
-from samai.console.core.trainlog import TrainPoint
+from samai.console.core.training.trainlog import TrainPoint
 from samai.console.core.update import StageView
 from samai.console.report import describe_snapshot
 from samai.remote.boxapi import Box

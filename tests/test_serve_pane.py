@@ -13,7 +13,7 @@ from textual.app import App, ComposeResult
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
-from samai.console.core.serving_watch import ServingWatch
+from samai.console.core.serving.watch import ServingWatch
 from samai.remote.boxapi import Box
 from samai.remote.model import EndpointAnswer, PortAnswers
 from samai.widgets.serving import ServePane, serving_block, sparkline

@@ -1,4 +1,4 @@
-"""Reading a serving engine's monitoring answers (console/core/serving.py): a real llama-server's,
+"""Reading a serving engine's monitoring answers (console/core/serving/metrics.py): a real llama-server's,
 recorded (tests/data/serving), vLLM's names as its prometheus_client registry writes them, older
 llama-server slot shapes, and anything at all, fuzzed."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from samai.console.core.serving import (
+from samai.console.core.serving.metrics import (
     EngineMetrics,
     ServingPoint,
     ServingSeries,

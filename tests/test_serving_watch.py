@@ -1,4 +1,4 @@
-"""The serving watch (console/core/serving_watch.py): which ports are asked and when, the view of
+"""The serving watch (console/core/serving/watch.py): which ports are asked and when, the view of
 a port from its answers (a real llama-server's, recorded), and serve_hung, serve_queue, ctx_full."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from samai.console.core import config
 from samai.console.core.kinds import ActionKind
-from samai.console.core.serving_watch import ServingWatch
+from samai.console.core.serving.watch import ServingWatch
 from samai.console.core.state import ConsoleState
 from samai.remote.model import EndpointAnswer, PortAnswers, Snapshot
 from tests import factories

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from samai.console.core.config import load_builtin
-from samai.console.core.sizing import REFRESH_S, REFRESH_S_PER_FILE, ArtifactSizer
+from samai.console.core.disk.sizing import REFRESH_S, REFRESH_S_PER_FILE, ArtifactSizer
 from samai.console.core.state import ConsoleState
 from samai.remote.boxapi import Box
 from tests import factories

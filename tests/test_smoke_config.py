@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from samai.console.core import config
-from samai.console.core.smoke import SMOKE_STAGE, smoke_config
+from samai.console.core.serving.smoke import SMOKE_STAGE, smoke_config
 
 
 @pytest.mark.parametrize("pipeline", ["tiny", "samai-8b"])

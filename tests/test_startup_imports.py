@@ -118,7 +118,7 @@ async def test_an_envelope_target_opens_its_transport_with_the_configured_token_
 async def test_the_curves_pane_plots_what_it_was_given_before_its_plot_was_mounted() -> None:
     from textual.app import App
 
-    from samai.console.core.trainlog import TrainPoint
+    from samai.console.core.training.trainlog import TrainPoint
     from samai.widgets.curves import CurvesPane
 
     class Curves(App):

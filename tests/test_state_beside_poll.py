@@ -10,15 +10,15 @@ from types import SimpleNamespace
 
 from samai.console.core import config
 from samai.console.core.alertbook import run_error
-from samai.console.core.evalcheck import check_eval
+from samai.console.core.evals.check import check_eval
+from samai.console.core.evals.feed import EvalsFeed
 from samai.console.core.feeds import Feed, Surroundings
 from samai.console.core.feeds.environments import EnvironmentsFeed
-from samai.console.core.feeds.evals import EvalsFeed
 from samai.console.core.feeds.nodes import NodesFeed
-from samai.console.core.feeds.training import TrainingView
 from samai.console.core.fixes import FixAction
 from samai.console.core.problems import Finding
 from samai.console.core.state import ConsoleState
+from samai.console.core.training.feed import TrainingView
 from samai.console.core.update import StateUpdate
 from tests.replay_transport import ReplayConsole, ReplayTransport, log_lines, new_points
 from tests.test_detector_registry import CONFIG, ENVS, SPLIT, box_snapshot

@@ -10,9 +10,9 @@ import time
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.alertbook import FIRE_FAILED, RUN_ENDED, run_error
 from samai.console.core.audit import AuditLog
-from samai.console.core.feeds.training import TrainingView
 from samai.console.core.fixes import FixAction
 from samai.console.core.runs import UNSEEN_GAP_S
+from samai.console.core.training.feed import TrainingView
 from samai.remote.transport import TransportError
 from tests import factories
 from tests.replay_transport import ReplayConsole, ReplayTransport, log_lines, new_points, view

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from samai.console.app import SamaiApp
 from samai.console.core import config
-from samai.console.core.history import Mark, RunHistory, RunRecord
 from samai.console.core.timeline import audit_events, header_time, merged, run_events
+from samai.console.core.training.history import Mark, RunHistory, RunRecord
 from samai.console.screens.dialogs import TimelineScreen
 from samai.remote.boxapi import Box
 from samai.remote.model import Marker

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from samai.console.core import checks
 from samai.console.core.chunked_lines import PIECE, PieceDecoder
 from samai.console.core.config import load_builtin
-from samai.console.core.feeds.training import TrainingFeed
 from samai.console.core.state import ConsoleState
-from samai.console.core.trainlog import (
+from samai.console.core.training.feed import TrainingFeed
+from samai.console.core.training.trainlog import (
     MAX_ENTRY,
     MAX_PINNED,
     MAX_POINTS,
@@ -290,7 +290,7 @@ def test_an_error_level_finding_blocks_the_merge_and_a_warning_does_not() -> Non
     preflight (and makes `check trainlog` exit 1); a warning is shown and blocks nothing."""
     from samai.console.core.preflight.evidence import run_verdict
     from samai.console.core.problems import Problem, has_errors
-    from samai.console.core.trainlog import TrainLogResult
+    from samai.console.core.training.trainlog import TrainLogResult
 
     assert set(SEVERITY.values()) == {"error", "warning"}
     for code, severity in SEVERITY.items():

@@ -1,4 +1,4 @@
-"""A training run against the last good run (console/core/trainref.py): smoothing and step
+"""A training run against the last good run (console/core/training/trainref.py): smoothing and step
 alignment, worse_than_reference only after N logged steps in a row, the last good run found
 among the kept generations of a real box's log, any points fuzzed, and `check trainlog --against`."""
 
@@ -17,9 +17,9 @@ from textual.widgets import DataTable
 from samai.console.app import SamaiApp
 from samai.console.core import config
 from samai.console.core.config import Train
-from samai.console.core.feeds.training import TrainingFeed
-from samai.console.core.trainlog import TrainPoint
-from samai.console.core.trainref import Reference, at_step, compare, last_good_run, smoothed
+from samai.console.core.training.feed import TrainingFeed
+from samai.console.core.training.trainlog import TrainPoint
+from samai.console.core.training.trainref import Reference, at_step, compare, last_good_run, smoothed
 from samai.console.screens.dialogs import RunsScreen
 from samai.remote.boxapi import Box
 from samai.widgets.curves import CurvesPane
@@ -164,7 +164,7 @@ async def test_the_console_compares_the_followed_run_with_the_last_good_one(reco
 
 
 def test_eval_losses_are_read_at_their_step_or_the_last_one_before() -> None:
-    from samai.console.core.trainlog import TrainLogCheck
+    from samai.console.core.training.trainlog import TrainLogCheck
 
     check = TrainLogCheck()
     check.feed(["{'loss': 2.0, 'grad_norm': 1.0, 'learning_rate': 0.1, 'epoch': 0.1}",

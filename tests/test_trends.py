@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from textual.app import App, ComposeResult
 
 from samai.console.core import config
-from samai.console.core.feeds.disk import DiskView
+from samai.console.core.disk.feed import DiskView
+from samai.console.core.disk.trends import ALERT_S, DiskWatch
 from samai.console.core.feeds.memory import MemoryFeed
 from samai.console.core.state import ConsoleState
-from samai.console.core.trends import ALERT_S, DiskWatch
 from samai.widgets.disk import DiskPane
 from tests import factories
 

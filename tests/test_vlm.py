@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from samai.console.core import config
-from samai.console.core.budget import GB, plan_run
+from samai.console.core.disk.budget import GB, plan_run
 from samai.remote.box.stages import vision
 from samai.remote.box.stages.images import inside
 

@@ -16,15 +16,15 @@ from textual.containers import Container
 from textual.content import Content
 from textual.widget import Widget
 
-from samai.console.core.curve import Curve
-from samai.console.core.trainref import ReferenceCurve
+from samai.console.core.training.curve import Curve
+from samai.console.core.training.trainref import ReferenceCurve
 from samai.widgets.pane import inert
 
 if TYPE_CHECKING:
     from textual_plotext import PlotextPlot
 
-    from samai.console.core.feeds.training import TrainingView
-    from samai.console.core.trainlog import TrainPoint
+    from samai.console.core.training.feed import TrainingView
+    from samai.console.core.training.trainlog import TrainPoint
     from samai.console.core.update import StateUpdate
 
 LEVELS = " ▁▂▃▄▅▆▇█"  # a poll's utilization as one cell, 0 % to 100 %
@@ -97,9 +97,9 @@ class CurvesPane(Container):
             self._mount_plot()
 
     def show_update(self, update: StateUpdate) -> None:
-        from samai.console.core.feeds.gpus import GpuHistory
         from samai.console.core.feeds.nodes import NodesView
-        from samai.console.core.feeds.training import TrainingView
+        from samai.console.core.gpus.feed import GpuHistory
+        from samai.console.core.training.feed import TrainingView
 
         training = update.view(TrainingView)
         if training is not None:

@@ -13,9 +13,9 @@ from samai.remote.safe_text import visible
 from samai.widgets.pane import Pane
 
 if TYPE_CHECKING:
-    from samai.console.core.budget import DiskBudget, Projection
-    from samai.console.core.diskdelta import DiskDelta
-    from samai.console.core.trends import DiskTrend
+    from samai.console.core.disk.budget import DiskBudget, Projection
+    from samai.console.core.disk.delta import DiskDelta
+    from samai.console.core.disk.trends import DiskTrend
     from samai.console.core.update import StateUpdate
     from samai.remote.model import DiskUsers
 
@@ -63,7 +63,7 @@ class DiskPane(Pane):
         self.toggle_largest()
 
     def show_update(self, update: StateUpdate) -> None:
-        from samai.console.core.feeds.disk import DiskView
+        from samai.console.core.disk.feed import DiskView
 
         view = update.view(DiskView)
         if view is None:

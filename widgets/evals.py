@@ -12,7 +12,7 @@ from samai.widgets.keys import bindings
 from samai.widgets.pane import set_subtitle
 
 if TYPE_CHECKING:
-    from samai.console.core.evalruns import EvalRun
+    from samai.console.core.evals.runs import EvalRun
     from samai.console.core.update import StateUpdate
 
 
@@ -27,7 +27,7 @@ class EvalTable(DataTable):
         self.add_columns("run", "n", "accuracy", "empty", "truncated")
 
     def show_update(self, update: StateUpdate) -> None:
-        from samai.console.core.feeds.evals import EvalRuns
+        from samai.console.core.evals.feed import EvalRuns
 
         runs = update.view(EvalRuns)
         if runs is not None:

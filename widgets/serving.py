@@ -14,7 +14,7 @@ from samai.widgets.gpus import bar
 from samai.widgets.pane import Pane, set_subtitle
 
 if TYPE_CHECKING:
-    from samai.console.core.serving_watch import ServingView
+    from samai.console.core.serving.watch import ServingView
     from samai.console.core.update import StateUpdate
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -81,7 +81,7 @@ class ServePane(Pane):
     """
 
     def show_update(self, update: StateUpdate) -> None:
-        from samai.console.core.feeds.serving import ServingReadings
+        from samai.console.core.serving.feed import ServingReadings
 
         readings = update.view(ServingReadings)
         if readings is not None:

@@ -33,8 +33,8 @@ import psutil
 
 from samai.console.core import units
 from samai.console.core.audit import AuditError, AuditLog
-from samai.console.core.budget import GB, disk_budget, workspace_disk
 from samai.console.core.config import Config, Stage, UnknownStage, command_words  # noqa: F401 (its callers import it here too)
+from samai.console.core.disk.budget import GB, disk_budget, workspace_disk
 from samai.console.core.kinds import ActionKind
 from samai.console.core.preflight import (
     Check,
@@ -48,7 +48,7 @@ from samai.console.core.preflight.evidence import training_evidence
 from samai.console.core.preflight.mmproj import projector_evidence
 from samai.console.core.preflight.nodes import multi_node_checks
 from samai.console.core.redact import redact, redact_assignment
-from samai.console.core.resume import PRUNE_KEEP, NothingToResume, prune_choice, resume_choice
+from samai.console.core.training.resume import PRUNE_KEEP, NothingToResume, prune_choice, resume_choice
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.model import (
     Boot,

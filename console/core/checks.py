@@ -18,7 +18,7 @@ from samai.remote.follow import LogFollower
 from samai.remote.model import Severity
 
 if TYPE_CHECKING:
-    from samai.console.core.trainlog import TrainLogResult
+    from samai.console.core.training.trainlog import TrainLogResult
 
 CHECK_READ = 4 * 1024 * 1024  # one read of a checked file: its bytes and their lines are what is held at once
 
@@ -122,7 +122,7 @@ async def read_lines(box: Box, path: str) -> list[str]:
 
 async def check_trainlog(box: Box, path: str) -> TrainLogResult:
     """check_trainlog over a log on the box, streamed: memory holds the points kept, never the log."""
-    from samai.console.core.trainlog import TrainLogCheck
+    from samai.console.core.training.trainlog import TrainLogCheck
 
     check = TrainLogCheck()
     async for batch in line_batches(box, path, pieces=True):

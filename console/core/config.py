@@ -22,13 +22,12 @@ from typing import Any
 
 from samai.console.core import paths
 from samai.console.core.commands import RESERVED_KEYS
+from samai.console.core.roles import ROLES, Role
 from samai.remote.marker import Marker
 
 SEVERITIES = ("info", "warning", "error")
 CHAIN_DONE = Marker("CHAIN_DONE", r"CHAIN_DONE rc=\d+", "info")
 BUILTIN_PIPELINES = ("tiny", "samai-8b", "vlm-tiny", "samai-vl")
-# What a stage is for: the console's behaviour follows the role, never the stage's name.
-ROLES = ("provision", "fetch", "train", "merge", "convert", "quantize", "serve", "eval", "push", "restore", "other")
 LAUNCHERS = ("torchrun", "deepspeed")  # the distributed launchers a multi-node stage runs under
 TARGET_KEYS = {"url", "python", "poll_interval", "timeout", "keepalive_interval", "keepalive_count",
                "connect_timeout", "max_channels", "token_env"}
@@ -148,7 +147,7 @@ class Stage:
     command: str
     log: str
     description: str = ""
-    role: str = "other"  # one of ROLES; the config's default is the stage's name when it is one
+    role: Role = Role.OTHER  # the config's default is the stage's name when it is one
     markers: tuple[Marker, ...] = ()
     needs: tuple[str, ...] = ()
     makes: tuple[str, ...] = ()
@@ -209,6 +208,10 @@ class Train:
     compare_factor: float = 1.5  # smoothed loss above this many times the reference's at the same step...
     compare_steps: int = 5  # ...at this many logged steps in a row: worse_than_reference
     compare_smooth: int = 5  # logged points in the moving mean both curves are smoothed with
+    # A resumed run's loss at a step its dead run logged too: off by more than this (relative), it
+    # is not the same run (resume_diverged). The tiny CPU pipeline's resume is exact to 1e-5.
+    resume_tolerance: float = 1e-3
+    max_loss_minutes: float = 30.0  # a save interval that loses more work than this to a death is said (not_resumable)
 
 
 @dataclass(frozen=True)
@@ -246,14 +249,14 @@ class Config:
         """A path on the box: a relative one is in the workspace."""
         return path if path.startswith("/") else posixpath.join(self.workspace, path)
 
-    def stages_with_role(self, role: str) -> tuple[Stage, ...]:
+    def stages_with_role(self, role: Role) -> tuple[Stage, ...]:
         return tuple(s for s in self.stages if s.role == role)
 
-    def stage_by_role(self, role: str) -> Stage | None:
+    def stage_by_role(self, role: Role) -> Stage | None:
         """The first stage of that role (the one followed where the console follows one: the curve)."""
         return next((s for s in self.stages if s.role == role), None)
 
-    def role_name(self, role: str) -> str:
+    def role_name(self, role: Role) -> str:
         """The name of stage_by_role(role); "" when no stage has it (no stage is named "")."""
         stage = self.stage_by_role(role)
         return stage.name if stage else ""
@@ -656,10 +659,10 @@ class _Reader:
             problem = escape_reason(path, workspace)
             if problem:
                 raise self.fail(f"{where}.poison[{i}]", f"a path inside the workspace ({problem})", path)
-        role = self.value(s, "role", where, "one of " + ", ".join(ROLES), lambda v: v in ROLES,
-                          name if name in ROLES else "other")
+        role = Role(self.value(s, "role", where, "one of " + ", ".join(ROLES), lambda v: v in ROLES,
+                               name if name in ROLES else "other"))
         checkpoints = self.path_inside(s, "checkpoints", where, workspace) if "checkpoints" in s else ""
-        if checkpoints and role != "train":
+        if checkpoints and not role.resumable:
             raise self.fail(f"{where}.checkpoints", "a stage of role train to keep checkpoints (this one's role is "
                             f"{role})", checkpoints)
         return Stage(name=name, key=key, command=command,
@@ -738,10 +741,13 @@ class _Reader:
                      self.integer(v, "queue_polls", "serve", 3, 1, 1000))
 
     def train(self, raw: Any) -> Train:
-        t = self.table(raw, "train", {"compare_factor", "compare_steps", "compare_smooth"})
+        t = self.table(raw, "train", {"compare_factor", "compare_steps", "compare_smooth", "resume_tolerance",
+                                      "max_loss_minutes"})
         return Train(float(self.number(t, "compare_factor", "train", 1.5, 1.01, 1000.0)),
                      self.integer(t, "compare_steps", "train", 5, 1, 100_000),
-                     self.integer(t, "compare_smooth", "train", 5, 1, 1000))
+                     self.integer(t, "compare_smooth", "train", 5, 1, 1000),
+                     float(self.number(t, "resume_tolerance", "train", 1e-3, 0.0, 1.0)),
+                     float(self.number(t, "max_loss_minutes", "train", 30.0, 0.1, 100_000.0)))
 
     def notify(self, raw: Any) -> Notify:
         n = self.table(raw, "notify", {"urls", "urls_env", "min_severity", "repeat_after", "max_per_hour"})

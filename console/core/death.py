@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from samai.console.core import units
-from samai.console.core.budget import workspace_disk
+from samai.console.core.disk.budget import workspace_disk
 from samai.remote.model import Death, Snapshot, StageRecord
 from samai.remote.safe_text import visible
 

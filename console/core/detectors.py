@@ -13,22 +13,23 @@ from functools import cached_property
 
 from samai.console.core import units
 from samai.console.core.browsers import browser_missing, browser_names
-from samai.console.core.budget import GB, DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage, command_words
-from samai.console.core.evalruns import EvalRun, RunCheck, read_eval_runs
-from samai.console.core.fixes import CLEAN, FixAction
-from samai.console.core.gpu_findings import GpuWatch
-from samai.console.core.mmproj import has_mmproj, mmproj_artifact
-from samai.console.core.preflight import present_poison
-from samai.console.core.problems import Finding
-from samai.console.core.serving_watch import ServingWatch
-from samai.console.core.trends import (
+from samai.console.core.disk.budget import GB, DiskBudget, disk_budget, project
+from samai.console.core.disk.trends import (
     DiskTrend,
     MemoryTrend,
     checkpoint_findings,
     filling_findings,
     memory_findings,
 )
+from samai.console.core.evals.runs import EvalRun, RunCheck, read_eval_runs
+from samai.console.core.fixes import CLEAN, FixAction
+from samai.console.core.gpus.findings import GpuWatch
+from samai.console.core.mmproj import has_mmproj, mmproj_artifact
+from samai.console.core.preflight import present_poison
+from samai.console.core.problems import Finding
+from samai.console.core.roles import Role
+from samai.console.core.serving.watch import ServingWatch
 from samai.remote.model import Checkpoints, Process, PythonPackages, Snapshot
 
 __all__ = ["DETECTORS", "DetectorContext", "DetectorRegistry", "Finding", "detect"]
@@ -38,7 +39,6 @@ BINARY_SETTINGS = ("llama_server", "llama_quantize")
 # The box's stage modules that import peft, the stage roles that run peft whatever module they run,
 # and the distributions their environment is checked for (§9).
 PEFT_MODULES = ("train", "merge")
-PEFT_ROLES = ("train", "merge")
 WATCHED_PACKAGES = ("peft", "torchao")
 PYTHON = re.compile(r"^python(3(\.[0-9]+)?)?$")
 INTERNAL_ERROR = "internal_error"  # the code of a detector that raised
@@ -226,7 +226,7 @@ REBUILT_WITHOUT = ("base", "adapter")
 def _restore_instead(ctx: DetectorContext) -> Iterator[Finding]:
     """§4.5: the base and the adapter gone, what the restore stage pulls back pushed and there:
     restore (minutes) instead of rebuilding (downloads and hours of training)."""
-    for restore in ctx.config.stages_with_role("restore"):
+    for restore in ctx.config.stages_with_role(Role.RESTORE):
         yield from _restore_one(restore, ctx.snapshot, ctx.budget)
 
 
@@ -335,7 +335,7 @@ def peft_pythons(cfg: Config) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def _peft_runners(role: str, command: str) -> list[str]:
+def _peft_runners(role: Role, command: str) -> list[str]:
     """The pythons in a command that run a peft stage: `venv/bin/python -m samai_box.stages.train`
     (or the old `venv/bin/python "$SAMAI_TOOLS/stages/train.py"`) and any python of a train-role stage."""
     words = command_words(command)
@@ -347,7 +347,7 @@ def _peft_runners(role: str, command: str) -> list[str]:
             continue
         script = words[i + 2] if words[i + 1] == "-m" and i + 2 < len(words) else words[i + 1]
         module = script.rsplit(".", 1)[-1] if words[i + 1] == "-m" else posixpath.basename(script).removesuffix(".py")
-        if role in PEFT_ROLES or module in PEFT_MODULES:
+        if role.runs_peft or module in PEFT_MODULES:
             found.append(word)
     return found
 
@@ -401,6 +401,15 @@ def _serving(ctx: DetectorContext) -> list[Finding]:
     return watch.findings(ctx.snapshot)
 
 
+def _not_resumable(ctx: DetectorContext) -> list[Finding]:
+    """Each training stage that could not be resumed as its command stands (the fire's preflight
+    says it too, with the step rate it last measured)."""
+    from samai.console.core.preflight.resumable import CODE, resumable_checks
+
+    return [Finding(CODE, severity, text.removeprefix(f"{CODE}: "))
+            for stage in ctx.config.stages for severity, text in resumable_checks(ctx.config, stage)]
+
+
 def _disk_filling(ctx: DetectorContext) -> list[Finding]:
     running = [r.stage for r in ctx.snapshot.states if r.status == "running"]
     return filling_findings(ctx.disk_trend, running)
@@ -430,6 +439,7 @@ SNAPSHOT_TRAPS: dict[str, Detector] = {
     "shared_writers": _shared_writers, "serve_ports": _serve_ports, "reasoning_format": _reasoning_format,
     "serve_without_mmproj": _serve_without_mmproj, "poison": _poison, "disk": _disk, "disk_reserve": _disk_reserve,
     "binaries": _binaries, "browser": _browser, "lost_stages": _lost_stages, "restore_instead": _restore_instead,
+    "not_resumable": _not_resumable,
 }
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from samai.console.core.alertbook import Alert
-from samai.console.core.budget import project
 from samai.console.core.config import Config
+from samai.console.core.disk.budget import project
 from samai.console.core.redact import redact
 from samai.console.core.session import BoxSession, OpenBox, PollFailed, error_text
 from samai.console.core.state import ConsoleState

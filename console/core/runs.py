@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from samai.console.core.alertbook import RUN_ENDED, Alert, AlertBook, run_error
-from samai.console.core.budget import workspace_disk
 from samai.console.core.config import CHAIN_DONE, Config, Stage
 from samai.console.core.death import RunWatch, cause_of_death, death_line, exit_words
-from samai.console.core.diskdelta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
+from samai.console.core.disk.budget import workspace_disk
+from samai.console.core.disk.delta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
 from samai.console.core.fixes import FixAction
-from samai.console.core.gpu_findings import oom_context
+from samai.console.core.gpus.findings import oom_context
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
 from samai.console.core.update import PreviousRun, StageStatus, StageView
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
@@ -238,7 +238,7 @@ class StageRuns:
         else:
             text = f"stage {stage.name} {status}{rc}{said}"
         alert = self.alert(stage.name, "error", text, RUN_ENDED)
-        if stage.checkpoints and stage.role == "train":  # recover from its last good state, not from step 0
+        if stage.checkpoints and stage.role.resumable:  # recover from its last good state, not from step 0
             alert = replace(alert, action=FixAction.resume(stage.name),
                             hint="l log · x resume from its last good checkpoint · r restart from step 0")
         return alert

@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from samai.console.core.alertbook import Alert, AlertBook
-from samai.console.core.budget import DiskBudget, disk_budget
 from samai.console.core.config import Config, Stage
 from samai.console.core.detectors import (
     DETECTORS,
@@ -22,7 +21,9 @@ from samai.console.core.detectors import (
     DetectorRegistry,
     declared_binaries,
 )
-from samai.console.core.diskdelta import DiskDelta
+from samai.console.core.disk.budget import DiskBudget, disk_budget
+from samai.console.core.disk.delta import DiskDelta
+from samai.console.core.disk.sizing import ArtifactSizer
 from samai.console.core.feeds import Feed, Poll, Read, Surroundings
 from samai.console.core.feeds.table import feed_classes
 from samai.console.core.kinds import ActionKind
@@ -30,7 +31,6 @@ from samai.console.core.logcursor import LogCursor
 from samai.console.core.preflight import Preflight, poison_artifacts, preflight
 from samai.console.core.preflight.evidence import training_sources
 from samai.console.core.runs import StageRuns
-from samai.console.core.sizing import ArtifactSizer
 from samai.console.core.update import ProcessRow, StageView, StateUpdate
 from samai.remote.follow import LogFollower
 from samai.remote.model import Severity, Snapshot
@@ -151,10 +151,18 @@ class ConsoleState:
     def _blocked(self, stage: Stage, snap: Snapshot, budget: DiskBudget) -> bool:
         """An idle stage its preflight would refuse, or one that takes on a training run whose log
         has an error-level finding (the fire's preflight reads the log itself)."""
-        return not self.row_only and (preflight(self.config, snap, stage, budget).blocked or self.unproven(stage))
+        return not self.row_only and (preflight(self.config, snap, stage, budget, self.step_rate()).blocked
+                                      or self.unproven(stage))
+
+    def step_rate(self) -> float | None:
+        """The training run's steps a second, as last measured (what a preflight weighs a save interval by)."""
+        from samai.console.core.training.feed import TrainingFeed
+
+        training = self.feed(TrainingFeed)
+        return training.step_rate() if training else None
 
     def unproven(self, stage: Stage) -> bool:
-        from samai.console.core.feeds.training import TrainingFeed
+        from samai.console.core.training.feed import TrainingFeed
 
         training = self.feed(TrainingFeed)
         train = self.config.stage(training.stage) if training and training.stage else None
@@ -250,7 +258,8 @@ class ConsoleState:
 
     def preflight(self, name: str) -> Preflight | None:
         stage = self.config.stage(name)
-        return preflight(self.config, self.snapshot, stage) if stage and self.snapshot else None
+        return preflight(self.config, self.snapshot, stage, step_rate=self.step_rate()) \
+            if stage and self.snapshot else None
 
     # ------------------------------------------------------------ what a watcher leaves for the next
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from samai.console.core.config import Config
-from samai.console.core.history import RunRecord
+from samai.console.core.training.history import RunRecord
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.follow import missing_notice
 from samai.remote.model import GpuEvent, Snapshot
@@ -54,7 +54,7 @@ class Event:
 
 
 def run_events(stage: str, runs: Iterable[RunRecord]) -> list[Event]:
-    """A stage's runs as its logs hold them (console/core/history.py)."""
+    """A stage's runs as its logs hold them (console/core/training/history.py)."""
     out: list[Event] = []
     for run in runs:
         started = header_time(run.started)
@@ -218,7 +218,7 @@ async def read_timeline(box: Box, cfg: Config, audit: Path, *, since: float | No
                         more: Iterable[Event] = ()) -> list[Event]:
     """Every stage's runs from its logs, the box's records and GPU events, what its watchers sent,
     and this machine's audit log, merged (with `more`: the TUI's own alerts)."""
-    from samai.console.core.history import read_history
+    from samai.console.core.training.history import read_history
 
     snap = await box.snapshot(processes=False)
     runs, unread = [], []

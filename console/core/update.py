@@ -11,7 +11,7 @@ from samai.remote.model import RunStatus
 
 if TYPE_CHECKING:
     from samai.console.core.alertbook import Alert
-    from samai.console.core.budget import DiskBudget
+    from samai.console.core.disk.budget import DiskBudget
     from samai.console.core.progress import Progress
     from samai.remote.follow import LogFollower
     from samai.remote.model import Death, Marker, Process, Snapshot

@@ -306,7 +306,7 @@ class BoxScreen(BoxScreenBase):
 
     def on_disk_pane_toggled(self, event: DiskPane.Toggled) -> None:
         """The disk pane lists the largest users (the disk feed measures them while it does) or the budget."""
-        from samai.console.core.feeds.disk import DiskFeed
+        from samai.console.core.disk.feed import DiskFeed
 
         disk = self.state.feed(DiskFeed)
         if disk is not None:

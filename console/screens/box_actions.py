@@ -79,7 +79,7 @@ class BoxActions:
 
     async def resume(self, stage: str) -> None:
         """A dead training run, continued from its newest fit checkpoint; with none, why not."""
-        from samai.console.core.resume import NothingToResume
+        from samai.console.core.training.resume import NothingToResume
 
         try:
             self.screen.say_outcome(await self.screen.actions().resume(stage, grace=STOP_GRACE_S))
@@ -89,7 +89,7 @@ class BoxActions:
 
     async def prune(self, stage: str) -> None:
         """A training run's older checkpoints deleted (the newest few and the resume's kept)."""
-        from samai.console.core.resume import NothingToPrune
+        from samai.console.core.training.resume import NothingToPrune
 
         try:
             self.screen.say_outcome(await self.screen.actions().prune(stage))
@@ -158,7 +158,9 @@ class BoxActions:
         screen.say_outcome(await actions.run(chosen, Decision.confirmed(chosen, "dialog")))
 
     async def clean(self) -> None:
-        from samai.console.core.budget import disk_budget  # the poll's modules: loaded with it, after the first paint
+        from samai.console.core.disk.budget import (
+            disk_budget,  # the poll's modules: loaded with it, after the first paint
+        )
 
         snap = self.screen.state.snapshot
         if snap is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from samai.console.core.roles import Role
 from samai.remote.errors import BoxError
 from samai.remote.safe_text import visible
 from samai.remote.transport import TransportError
@@ -23,7 +24,7 @@ class OperatorReads:
 
     async def runs(self) -> None:
         """The shown stage's runs, read back from its logs (the history outlives the console)."""
-        from samai.console.core.history import read_history
+        from samai.console.core.training.history import read_history
         from samai.console.screens.dialogs import RunsScreen  # each dialog's module is imported when one opens
 
         screen = self.screen
@@ -33,15 +34,15 @@ class OperatorReads:
             return
         runs, problems = await read_history(screen.box, screen.config.path_of(stage.log), stage.markers)
         chosen = await screen.app.push_screen_wait(RunsScreen(stage.name, runs, "; ".join(problems)))
-        if chosen is not None and stage.name == screen.config.role_name("train") and chosen.path:
+        if chosen is not None and stage.name == screen.config.role_name(Role.TRAIN) and chosen.path:
             await self._reference_from(chosen.path)
 
     async def _reference_from(self, path: str) -> None:
         """A run picked in H as the followed training run's reference, in place of the last good
         one: handed to the training feed, which compares the run with it at once."""
         from samai.console.core.checks import Unreadable, check_trainlog
-        from samai.console.core.feeds.training import TrainingFeed
-        from samai.console.core.trainref import Reference
+        from samai.console.core.training.feed import TrainingFeed
+        from samai.console.core.training.trainref import Reference
 
         screen = self.screen
         try:
@@ -89,8 +90,8 @@ class OperatorReads:
 
     async def eval_diff(self) -> None:
         """The eval run under the cursor against the one before it, read from the box (`eval diff`)."""
-        from samai.console.core.evaldiff import diff
-        from samai.console.core.evalruns import read_run_items
+        from samai.console.core.evals.diff import diff
+        from samai.console.core.evals.runs import read_run_items
         from samai.console.report import describe_diff
         from samai.console.screens.dialogs import EvalDiffScreen
         from samai.widgets.evals import EvalTable

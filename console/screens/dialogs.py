@@ -25,9 +25,9 @@ from samai.widgets.stages import stage_item
 
 if TYPE_CHECKING:  # annotations only: the action layer (and psutil) is not imported with the TUI
     from samai.console.core.actions import ActionPlan, KillPlan
-    from samai.console.core.history import RunRecord
     from samai.console.core.preflight import Check
     from samai.console.core.timeline import Event
+    from samai.console.core.training.history import RunRecord
     from samai.console.core.update import StageView
     from samai.remote.model import Listing, Process
     from samai.widgets.logview.history import ShownLog
@@ -285,7 +285,7 @@ class HelpScreen(ModalScreen[None]):
 
 
 class RunsScreen(ModalScreen["RunRecord | None"]):
-    """A stage's runs as its log holds them, newest first (see console/core/history.py); Enter
+    """A stage's runs as its log holds them, newest first (see console/core/training/history.py); Enter
     on a training stage's run makes it the run the current one is compared with."""
 
     DEFAULT_CSS = DIALOG_CSS.format(name="RunsScreen") + "RunsScreen DataTable { height: auto; max-height: 30; }"
@@ -323,7 +323,7 @@ class RunsScreen(ModalScreen["RunRecord | None"]):
 
 
 class EvalDiffScreen(ModalScreen[None]):
-    """Two eval runs compared (console/core/evaldiff.py), as `eval diff` prints it."""
+    """Two eval runs compared (console/core/evals/diff.py), as `eval diff` prints it."""
 
     DEFAULT_CSS = (DIALOG_CSS.format(name="EvalDiffScreen")
                    + "EvalDiffScreen VerticalScroll { height: auto; max-height: 34; }")

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from samai.console.core.alertbook import Alert, AlertBook
-    from samai.console.core.budget import DiskBudget
     from samai.console.core.config import Config
-    from samai.console.core.diskdelta import DiskDelta
+    from samai.console.core.disk.budget import DiskBudget
+    from samai.console.core.disk.delta import DiskDelta
     from samai.console.core.multinode.session import MultiNodeSession
     from samai.console.core.update import StageView
     from samai.remote.boxapi import Box

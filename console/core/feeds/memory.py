@@ -1,4 +1,4 @@
-"""The memory feed: each running stage's memory over the last polls (console/core/trends.py), so
+"""The memory feed: each running stage's memory over the last polls (console/core/disk/trends.py), so
 that one growing towards its limit is said before the OOM killer says it."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from samai.console.core.alertbook import Alert
+from samai.console.core.disk.trends import MemoryTrend, MemoryWatch
 from samai.console.core.feeds import Feed, Poll, Surroundings
-from samai.console.core.trends import MemoryTrend, MemoryWatch
 
 
 class MemoryFeed(Feed):

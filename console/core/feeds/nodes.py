@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from samai.console.core.alertbook import Alert
 from samai.console.core.feeds import Feed, Read, Surroundings
 from samai.console.core.problems import Finding
-from samai.console.core.trainlog import TrainPoint
+from samai.console.core.roles import Role
+from samai.console.core.training.trainlog import TrainPoint
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class NodesFeed(Feed):
                for f in findings if not self.state.book.standing(f.code, f.message)]
         assert self.around.nodes is not None
         session = self.around.nodes()
-        training = session.config.role_name("train")
+        training = session.config.role_name(Role.TRAIN)
         curve = None
         if multi_node(session.config, training) and session.curve.version != self._curve_shown:
             curve, self._curve_shown = list(session.curve.points), session.curve.version

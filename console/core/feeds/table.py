@@ -3,16 +3,16 @@ console/core/state.py). Adding a feed is its module and its line here."""
 
 from __future__ import annotations
 
+from samai.console.core.disk.feed import DiskFeed
+from samai.console.core.evals.feed import EvalsFeed
 from samai.console.core.feeds import Feed
-from samai.console.core.feeds.disk import DiskFeed
 from samai.console.core.feeds.environments import EnvironmentsFeed
-from samai.console.core.feeds.evals import EvalsFeed
-from samai.console.core.feeds.gpus import GpusFeed
 from samai.console.core.feeds.memory import MemoryFeed
 from samai.console.core.feeds.nodes import NodesFeed
-from samai.console.core.feeds.serving import ServingFeed
-from samai.console.core.feeds.training import TrainingFeed
 from samai.console.core.feeds.watchers import WatchersFeed
+from samai.console.core.gpus.feed import GpusFeed
+from samai.console.core.serving.feed import ServingFeed
+from samai.console.core.training.feed import TrainingFeed
 
 
 def feed_classes() -> tuple[type[Feed], ...]:

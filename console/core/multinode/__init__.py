@@ -248,7 +248,7 @@ def last_step_in_log(data: bytes) -> int | None:
     found = PROGRESS.findall(data)
     if found:
         return int(found[-1])
-    from samai.console.core.trainlog import check_trainlog  # only for a log without progress lines
+    from samai.console.core.training.trainlog import check_trainlog  # only for a log without progress lines
 
     points = check_trainlog(data.decode("utf-8", "replace")).points
     return points[-1].step if points else None

@@ -13,7 +13,7 @@ from samai.console.core.chunked_lines import piece_follower
 from samai.console.core.multinode import MultiRun, NodeRun, ranks_in_log
 from samai.console.core.multinode.watch import HEAD_BYTES, READ_ERRORS, NodeState, log_head
 from samai.console.core.problems import Problem
-from samai.console.core.trainlog import TrainLogCheck, TrainPoint, newest_run_points
+from samai.console.core.training.trainlog import TrainLogCheck, TrainPoint, newest_run_points
 from samai.remote.boxapi import Box
 from samai.remote.follow import CATCH_UP_READ, LogFollower
 

@@ -16,9 +16,10 @@ from samai.console.core.multinode import load_run
 from samai.console.core.multinode.actions import MultiNodeActions
 from samai.console.core.multinode.curve import RankZeroCurve
 from samai.console.core.multinode.watch import NodeState, watch
+from samai.console.core.roles import Role
 from samai.remote.boxapi import Box
 
-CURVE_ROLE = "train"  # the role of the stage whose curve the training pane shows (its first), on one box as on several
+CURVE_ROLE = Role.TRAIN  # whose stage's curve the training pane shows (its first), on one box as on several
 
 
 def multi_node_stage(cfg: Config, stage_name: str | None) -> bool:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from samai.console.core import units
 from samai.console.core.browsers import browser_missing, browser_stages
-from samai.console.core.budget import DiskBudget, disk_budget, project
 from samai.console.core.config import Config, Stage
+from samai.console.core.disk.budget import DiskBudget, disk_budget, project
 from samai.console.core.mmproj import declared, mmproj_artifact, projector_stage
+from samai.console.core.preflight.resumable import resumable_checks
 from samai.remote.model import Process, Snapshot, StageRecord
 
 POISON_PREFIX = "poison:"
@@ -53,8 +54,10 @@ def present_poison(stage: Stage, snap: Snapshot) -> tuple[str, ...]:
     return tuple(p for p in stage.poison if (found := sizes.get(poison_key(stage.name, p))) and found.exists)
 
 
-def preflight(cfg: Config, snap: Snapshot, stage: Stage, budget: DiskBudget | None = None) -> Preflight:
-    """budget: this snapshot's, when the caller has it already (a poll computes it once)."""
+def preflight(cfg: Config, snap: Snapshot, stage: Stage, budget: DiskBudget | None = None,
+              step_rate: float | None = None) -> Preflight:
+    """budget: this snapshot's, when the caller has it already (a poll computes it once); step_rate:
+    a training stage's optimizer steps a second, as last measured (whether a death loses too much)."""
     checks: list[Check] = []
     record = snap.state(stage.name)
     if record and record.alive:
@@ -77,6 +80,7 @@ def preflight(cfg: Config, snap: Snapshot, stage: Stage, budget: DiskBudget | No
     checks.extend(_projector_checks(cfg, budget, stage))
     if stage in browser_stages(cfg):
         checks.extend(Check("error", f.message) for f in browser_missing(cfg, snap, [stage]))
+    checks.extend(Check(severity, text) for severity, text in resumable_checks(cfg, stage, step_rate))
     return Preflight(stage.name, tuple(checks), poison)
 
 

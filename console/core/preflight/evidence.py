@@ -4,7 +4,7 @@ finds no error-level anomaly. `final/` and TRAIN_DONE say that a run ended; the 
 it learned (a run that diverged or whose gradients died used to leave both behind). A stage's log
 holds one run as the launcher writes it (earlier runs go to NAME.1 ..), but one written by other
 means may hold several: only its last run (after the last run header) is judged, with the runs
-it resumed (console/core/lineage.py)."""
+it resumed (console/core/training/lineage.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from samai.console.core.config import Config, Stage
-from samai.console.core.lineage import last_run_check
 from samai.console.core.preflight import Check
+from samai.console.core.training.lineage import last_run_check
 from samai.remote.boxapi import Box, BoxError
 from samai.remote.transport import TransportError
 
 if TYPE_CHECKING:
-    from samai.console.core.trainlog import TrainLogResult
+    from samai.console.core.training.trainlog import TrainLogResult
 
 TRAINING_MARKERS = frozenset({"TRAIN_DONE", "TRAIN_NAN"})  # a stage of another role that has them trains too
 SHOWN_FINDINGS = 3
@@ -28,7 +28,7 @@ def training_sources(cfg: Config, stage: Stage) -> list[Stage]:
     """The training stages (role train, or a training run's markers) that make an artifact this stage needs."""
     return [s for s in cfg.stages
             if s.name != stage.name and set(s.makes) & set(stage.needs)
-            and (s.role == "train" or TRAINING_MARKERS & {m.name for m in s.markers})]
+            and (s.role.trains or TRAINING_MARKERS & {m.name for m in s.markers})]
 
 
 async def training_evidence(box: Box, cfg: Config, stage: Stage) -> tuple[Check, ...]:

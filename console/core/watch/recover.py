@@ -11,15 +11,16 @@ from dataclasses import dataclass, field
 from samai.console.core.alertbook import RUN_ENDED, Alert
 from samai.console.core.config import Config
 from samai.console.core.kinds import ActionKind
+from samai.console.core.roles import Role
 from samai.console.core.watch.policy import HOUR_S, REST, Message, alert_identity, plain
 from samai.remote.model import watch_time
 
 BY_THE_WATCHER = "by the watcher"
 # Each recovery: the fix its alert offers, the role of the stage it is for, and the alert's code.
-RECOVERIES: dict[str, tuple[ActionKind, str, str]] = {
-    "resume_train": (ActionKind.RESUME, "train", RUN_ENDED),
-    "restart_serve": (ActionKind.RESTART, "serve", RUN_ENDED),
-    "restart_hung_serve": (ActionKind.RESTART, "serve", "serve_hung"),  # alive but stuck (serving_watch)
+RECOVERIES: dict[str, tuple[ActionKind, Role, str]] = {
+    "resume_train": (ActionKind.RESUME, Role.TRAIN, RUN_ENDED),
+    "restart_serve": (ActionKind.RESTART, Role.SERVE, RUN_ENDED),
+    "restart_hung_serve": (ActionKind.RESTART, Role.SERVE, "serve_hung"),  # alive but stuck (serving_watch)
 }
 
 
@@ -92,7 +93,7 @@ def recovery_message(box: str, due: Due, ok: bool, words: str) -> Message:
 async def recover(actions, config: Config, box: str, due: Due, book: RecoveryBook, now: float) -> Message:
     """Run one recovery through the action layer (its confirm answers for the watcher: never
     over a blocking preflight), or say why not; the death is handled either way."""
-    from samai.console.core.resume import NothingToResume
+    from samai.console.core.training.resume import NothingToResume
 
     book.done[due.key] = now
     recent = book.recent(due.stage, now)

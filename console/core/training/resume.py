@@ -125,7 +125,7 @@ async def resume_choice(box: Box, cfg: Config, stage: Stage, named: str | None =
     """The checkpoint a dead run of this train stage would resume from: the box's judgement of
     each, against the first anomaly of the stage's last run in its log. writing: its run still
     runs (a restart from a checkpoint stops it first)."""
-    if stage.role != "train" or not stage.checkpoints:
+    if not stage.role.resumable or not stage.checkpoints:
         raise NothingToResume(f"stage {stage.name} keeps no checkpoints (a train stage declares "
                               f'checkpoints = "FOLDER" in [stages.{stage.name}])')
     if named is not None:  # checkpoint-1200, or its path in the workspace as doctor gives it
@@ -172,7 +172,7 @@ async def prune_choice(box: Box, cfg: Config, stage: Stage, keep: int = PRUNE_KE
                        writing: bool = False) -> PruneChoice:
     """Which of this train stage's checkpoints a prune deletes, judged now (the resume choice
     read as `x` on a dead run would read it). writing: its run still runs."""
-    if stage.role != "train" or not stage.checkpoints:
+    if not stage.role.resumable or not stage.checkpoints:
         raise NothingToPrune(f"stage {stage.name} keeps no checkpoints")
     try:
         found, runs = await judged_checkpoints(box, cfg, stage)
@@ -192,9 +192,9 @@ async def run_anomalies(box: Box, log: str) -> list[RunAnomaly]:
     header-shaped line the stage printed after a NaN starts no run, so the NaN stays before
     every checkpoint written after it."""
     from samai.console.core.checks import Unreadable
-    from samai.console.core.history import LOG_GENERATIONS
-    from samai.console.core.lineage import read_run
-    from samai.console.core.trainlog import TrainLogCheck
+    from samai.console.core.training.history import LOG_GENERATIONS
+    from samai.console.core.training.lineage import read_run
+    from samai.console.core.training.trainlog import TrainLogCheck
 
     runs: list[RunAnomaly] = []
     for path in [f"{log}.{n}" for n in range(LOG_GENERATIONS, 0, -1)] + [log]:

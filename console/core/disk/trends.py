@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from samai.console.core import units
-from samai.console.core.budget import DiskBudget, workspace_disk
+from samai.console.core.disk.budget import DiskBudget, workspace_disk
 from samai.console.core.fixes import FixAction
 from samai.console.core.problems import Finding
-from samai.console.core.resume import PRUNE_KEEP
+from samai.console.core.training.resume import PRUNE_KEEP
 
 if TYPE_CHECKING:
     from samai.remote.model import Checkpoints, Snapshot, StageRecord

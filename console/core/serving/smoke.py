@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from samai.console.core.actions import Actions, Decision
 from samai.console.core.config import Config, Stage
+from samai.console.core.roles import Role
 from samai.remote.errors import BoxError
 from samai.remote.transport import TransportError
 
@@ -38,7 +39,7 @@ class SmokeResult:
 
 def smoke_config(cfg: Config, model: str) -> Config:
     """cfg with one more stage: its (first) serve-role stage's command on MODEL, port 0 (a free one), --smoke-only."""
-    serve = cfg.stage_by_role("serve")
+    serve = cfg.stage_by_role(Role.SERVE)
     if serve is None:
         raise ValueError("the pipeline has no serve stage (role serve) to smoke-test the GGUF with")
     argv = shlex.split(serve.command)

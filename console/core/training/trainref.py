@@ -20,7 +20,7 @@ from samai.console.core.problems import Problem
 
 if TYPE_CHECKING:
     from samai.console.core.config import Train
-    from samai.console.core.trainlog import TrainPoint
+    from samai.console.core.training.trainlog import TrainPoint
     from samai.remote.boxapi import Box
 
 CODE = "worse_than_reference"
@@ -186,9 +186,9 @@ async def last_good_run(box: Box, log: str, train: Train) -> Reference | None:
 
 async def _finished_runs(box: Box, log: str) -> list[Reference]:
     """The kept generations (newest first) that ended with rc 0 and hold no error-level finding."""
-    from samai.console.core.history import LOG_GENERATIONS
-    from samai.console.core.lineage import kept_run
-    from samai.console.core.trainlog import TrainLogCheck
+    from samai.console.core.training.history import LOG_GENERATIONS
+    from samai.console.core.training.lineage import kept_run
+    from samai.console.core.training.trainlog import TrainLogCheck
 
     found = []
     for n in range(1, LOG_GENERATIONS + 1):

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from samai.console.core.evalread import EXPECTED, EXPECTED_ANY, JSONL, EvalReader, EvalRecord, Malformed
+from samai.console.core.evals.read import EXPECTED, EXPECTED_ANY, JSONL, EvalReader, EvalRecord, Malformed
 from samai.console.core.problems import Problem, has_errors  # noqa: F401 (checkers' callers import has_errors here)
 from samai.remote.model import Severity
 

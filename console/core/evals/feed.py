@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from samai.console.core.alertbook import Alert
-from samai.console.core.evalruns import EvalRun, RunCheck, check_items, newest_run, read_eval_runs
+from samai.console.core.evals.runs import EvalRun, RunCheck, check_items, newest_run, read_eval_runs
 from samai.console.core.feeds import Feed, Poll, Read, Surroundings
 from samai.console.core.problems import Finding
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from samai.console.core.trainlog import TrainPoint
+    from samai.console.core.training.trainlog import TrainPoint
 
 LIMIT = 2048  # buckets kept: a draw reads at most a few points each
 MAX_BAD = 256  # NaN/inf points marked on the curve (all of them counted)

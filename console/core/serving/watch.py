@@ -18,7 +18,7 @@ from samai.console.core.config import Config
 from samai.console.core.fixes import FixAction
 from samai.console.core.kinds import ActionKind
 from samai.console.core.problems import Finding
-from samai.console.core.serving import (
+from samai.console.core.serving.metrics import (
     EngineMetrics,
     Props,
     ServingPoint,
@@ -108,7 +108,7 @@ class ServingWatch:
     def serving_ports(self, running: Iterable[str]) -> dict[int, str]:
         """port -> stage, for the serve-role stages running now."""
         names = set(running)
-        return {port: s.name for s in self.config.stages if s.role == "serve" and s.name in names for port in s.ports}
+        return {port: s.name for s in self.config.stages if s.role.serves and s.name in names for port in s.ports}
 
     def due(self, running: Iterable[str], now: float) -> list[int]:
         """The ports to ask in the next snapshot: none unless a serve stage runs and the last ask

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from samai.console.core.evalcheck import IMAGE_CAP, MALFORMED_LINES_SHOWN
+from samai.console.core.evals.check import IMAGE_CAP, MALFORMED_LINES_SHOWN
 from samai.console.core.problems import Problem
 from samai.remote.safe_text import visible
 

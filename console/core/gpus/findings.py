@@ -209,7 +209,7 @@ def oom_context(marker: str, snap: Snapshot | None) -> str:
 
 def training_stages(cfg: Config) -> list[Stage]:
     """The stages that train: those of role train, and any stage that runs the box's train module."""
-    return [s for s in cfg.stages if s.role == "train" or "stages.train" in s.command]
+    return [s for s in cfg.stages if s.role.trains or "stages.train" in s.command]
 
 
 class GpuWatch:

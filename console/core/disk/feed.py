@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from samai.console.core.alertbook import Alert
-from samai.console.core.budget import Projection, project
-from samai.console.core.diskdelta import DiskDelta
+from samai.console.core.disk.budget import Projection, project
+from samai.console.core.disk.delta import DiskDelta
+from samai.console.core.disk.trends import DiskTrend, DiskWatch
 from samai.console.core.feeds import Feed, Poll, Read, Surroundings
-from samai.console.core.trends import DiskTrend, DiskWatch
 from samai.remote.model import DiskUsers
 
 USERS_SHOWN = 12  # the largest users of the workspace the disk pane lists

@@ -1,6 +1,6 @@
 """The serving feed: each running server's ports asked in the poll every [serve] every_s (the
 probe asks their monitoring endpoints at once, within a budget), read into views and judged
-(serve_hung, serve_queue, ctx_full) by a watch kept across polls (console/core/serving_watch.py)."""
+(serve_hung, serve_queue, ctx_full) by a watch kept across polls (console/core/serving/watch.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from samai.console.core.feeds import Feed, Surroundings
-from samai.console.core.serving_watch import ServingView, ServingWatch
+from samai.console.core.serving.watch import ServingView, ServingWatch
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from samai.console.core.evalread import matches
+from samai.console.core.evals.read import matches
 
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 TEXT_BOUND = 200  # characters of an id, a gold or an answer kept per item

@@ -1,4 +1,4 @@
-"""The GPUs feed: the probe's GPU readings kept across polls (console/core/gpu_findings.py), so
+"""The GPUs feed: the probe's GPU readings kept across polls (console/core/gpus/findings.py), so
 what only a sequence shows (a stall, a training run that stopped using its GPU) is judged, and the
 curves pane draws the recent utilization."""
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from samai.console.core.feeds import Feed, Surroundings
-from samai.console.core.gpu_findings import GpuWatch
+from samai.console.core.gpus.findings import GpuWatch
 
 
 @dataclass(frozen=True)

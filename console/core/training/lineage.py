@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from samai.remote.box.chainline import Header, read_header, said_by_chain
 
 if TYPE_CHECKING:
-    from samai.console.core.trainlog import TrainLogCheck, TrainLogResult, TrainPoint
+    from samai.console.core.training.trainlog import TrainLogCheck, TrainLogResult, TrainPoint
     from samai.remote.boxapi import Box
 
 
@@ -25,7 +25,7 @@ async def last_run_check(box: Box, path: str) -> TrainLogResult:
     """check_trainlog over the run in a stage's log on the box, streamed, read on from the steps
     of the runs it resumed (each generation's, up to the step it was resumed from). A run that
     resumed nothing is read once; a resumed one a second time, after the runs it continues."""
-    from samai.console.core.trainlog import TrainLogCheck
+    from samai.console.core.training.trainlog import TrainLogCheck
 
     check = TrainLogCheck()
     await read_run(box, path, check.feed)
@@ -55,7 +55,7 @@ async def read_run(box: Box, path: str, feed: Callable[[list[str]], object]) -> 
 
 async def _lineage_check(box: Box, path: str, step: int) -> TrainLogCheck:
     """A check fed the runs a run resumed from `step` continues, up to that step (oldest first)."""
-    from samai.console.core.trainlog import TrainLogCheck
+    from samai.console.core.training.trainlog import TrainLogCheck
 
     check = TrainLogCheck()
     for older, cut in await _lineage(box, path, step):
@@ -65,7 +65,7 @@ async def _lineage_check(box: Box, path: str, step: int) -> TrainLogCheck:
 
 async def _lineage(box: Box, path: str, step: int | None) -> list[tuple[list[str], int]]:
     """The runs the last run resumed, oldest first: each one's lines and the step resumed from."""
-    from samai.console.core.history import LOG_GENERATIONS
+    from samai.console.core.training.history import LOG_GENERATIONS
 
     found: list[tuple[list[str], int]] = []
     for n in range(1, LOG_GENERATIONS + 1):
@@ -82,7 +82,7 @@ async def _lineage(box: Box, path: str, step: int | None) -> list[tuple[list[str
 
 
 def _resumed_step(line: str, step: int | None) -> int | None:
-    from samai.console.core.trainlog import TRAIN_RESUMED
+    from samai.console.core.training.trainlog import TRAIN_RESUMED
 
     found = TRAIN_RESUMED.match(line)
     return int(found.group(1)) if found else step
@@ -100,7 +100,7 @@ class KeptRun:
 async def kept_run(box: Box, path: str) -> KeptRun | None:
     """An earlier generation's run (None: no such file)."""
     from samai.console.core.checks import Unreadable
-    from samai.console.core.history import DONE
+    from samai.console.core.training.history import DONE
 
     lines: list[str] = []
     try:
@@ -120,7 +120,7 @@ async def last_run_lines(box: Box, path: str) -> list[str] | None:
 
 def until_step(lines: list[str], cut: int) -> list[str]:
     """A run's lines up to its last of step `cut` (its steps read as check_trainlog reads them)."""
-    from samai.console.core.trainlog import TrainLogCheck
+    from samai.console.core.training.trainlog import TrainLogCheck
 
     scratch = TrainLogCheck()
     for i, line in enumerate(lines):
@@ -133,3 +133,14 @@ async def earlier_points(box: Box, path: str, step: int) -> list[TrainPoint]:
     """The points of the runs a run resumed from `step` continues, oldest first (the curve before
     the resume point), as far as the kept generations reach."""
     return list((await _lineage_check(box, path, step)).result().points)
+
+
+async def dead_run_points(box: Box, path: str, step: int) -> list[TrainPoint]:
+    """The points the run a resumed run continues logged after `step`, the step it was resumed
+    from (the generation before it, NAME.1): the steps the resumed run logs again."""
+    from samai.console.core.training.trainlog import TrainLogCheck
+
+    lines = await last_run_lines(box, f"{path}.1")
+    check = TrainLogCheck()
+    check.feed(lines or [])
+    return [p for p in check.result().points if p.step > step]

@@ -22,9 +22,9 @@ from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from samai.console.core.cucheck import EpisodesResult, check_episodes, looks_like_episodes
-from samai.console.core.evalcheck import EvalResult, check_eval
-from samai.console.core.evaldiff import MAX_ITEMS, RunItems, RunReader, TooManyItems
+from samai.console.core.evals.check import EvalResult, check_eval
+from samai.console.core.evals.cucheck import EpisodesResult, check_episodes, looks_like_episodes
+from samai.console.core.evals.diff import MAX_ITEMS, RunItems, RunReader, TooManyItems
 from samai.console.core.problems import Finding, Problem
 from samai.remote.errors import BoxError
 from samai.remote.follow import LogFollower, missing_notice
@@ -220,7 +220,7 @@ async def check_file(box: Box, path: str, episodes: bool | None = None) -> FileC
 
 
 async def read_run_items(box: Box, name: str, path: str, max_items: int = MAX_ITEMS) -> RunItems | None:
-    """A run's items for a diff (console/core/evaldiff.py), all of them; None where the box has
+    """A run's items for a diff (console/core/evals/diff.py), all of them; None where the box has
     no such file. NotReadWhole where they cannot all be read or kept."""
     reader = RunReader(name, max_items)
     feeding: asyncio.Future | None = None  # one read's lines parsed while the next is read

@@ -1,0 +1,1 @@
+"""Eval and computer-use runs: their summaries, their items read whole and checked, two runs compared."""

@@ -1,0 +1,1 @@
+"""The GPUs: what their readings and their history show."""

@@ -1,0 +1,1 @@
+"""A running server: its monitoring endpoints read and judged, the smoke answer."""

@@ -1,0 +1,1 @@
+"""A training run: its log, its curve, its reference, its lineage, its checkpoints and its resume."""
