@@ -325,6 +325,15 @@ class Box:
             raise BoxError(f"{path}: {got.error}")
         return got.size
 
+    async def head(self, path: str, size: int) -> bytes:
+        """A file's first `size` bytes, or all of it when it is shorter (BoxError if it cannot be read)."""
+        request: ProbeRequest = {"ranges": [{"path": path, "start": 0, "end": max(size, 1) - 1}],
+                                 "processes": False, "states": False}
+        got = model.byte_range(model.only_entry(await self.ask_probe(request), "ranges"))
+        if got.error is not None:
+            raise BoxError(f"read the start of {path}: {got.error}")
+        return got.data[:size]
+
     async def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes start..end inclusive; fails unless the file really holds all of them."""
         request: ProbeRequest = {"ranges": [{"path": path, "start": start, "end": end}], "processes": False,

@@ -6,22 +6,32 @@ console that opens after it ended, the death of each stage's last run, standing,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from samai.console.core.alertbook import RUN_ENDED, Alert, AlertBook, run_error
 from samai.console.core.config import CHAIN_DONE, Config, Stage
 from samai.console.core.death import RunWatch, cause_of_death, death_line, exit_words
 from samai.console.core.disk.budget import workspace_disk
-from samai.console.core.disk.delta import DISK_MARKER, DISK_MARKER_NAME, DiskDelta, DiskReading, latest, parse_disk_line
+from samai.console.core.disk.delta import (
+    DISK_MARKER,
+    DISK_MARKER_NAME,
+    DiskDelta,
+    DiskReading,
+    latest,
+    parse_disk_line,
+    start_in_head,
+)
 from samai.console.core.fixes import FixAction
 from samai.console.core.gpus.findings import oom_context
 from samai.console.core.progress import PROGRESS_MARKER, PROGRESS_MARKER_NAME, Progress, parse_line
 from samai.console.core.update import PreviousRun, StageStatus, StageView
 from samai.remote.follow import MARKER_SCAN_READ, LogFollower
-from samai.remote.model import Death, Marker, MarkerHit, Severity, Snapshot, StageRecord
+from samai.remote.model import Death, LogChunk, Marker, MarkerHit, Severity, Snapshot, StageRecord
 
 UNSEEN_GAP_S = 3600.0  # a run fired since the last watcher looked is news if that look was this recent
 MARKER_HISTORY_LINES = 500  # how far back a stage log is scanned for markers at start-up
+HEAD_BYTES = 4096  # a log's first bytes: the run's header and the chain's SAMAI_DISK start line after it
+HEAD_TRIES = 3  # a head that could not be read is asked again at the next polls, this many times in all
 ENDED_BADLY = ("failed", "lost", "orphaned")
 
 
@@ -31,6 +41,17 @@ def _marker_of(stage: Stage, name: str) -> Marker | None:
 
 def _of_an_earlier_run(stage: str, fired_at: float) -> Callable[[Alert], bool]:
     return lambda a: a.stage == stage and a.run != fired_at
+
+
+@dataclass(frozen=True)
+class LogHead:
+    """The start of a run's log, to be read beside the poll: the watch began past it (a log longer
+    than the lines it scans at start) and the chain's start line was not among what it read."""
+
+    stage: str
+    fired_at: float  # the run it is of
+    path: str
+    tries: int = 1
 
 
 class StageRuns:
@@ -50,6 +71,7 @@ class StageRuns:
         self._last_said: dict[str, str] = {}  # each stage's last marker line of this run, CHAIN_DONE aside
         self._progress: dict[str, Progress] = {}  # each stage's last progress line of this run
         self._disk: dict[str, tuple[DiskReading | None, DiskReading | None]] = {}  # this run's (start, end)
+        self._heads: dict[str, LogHead] = {}  # the logs whose head is to be read for this run's start line
         self._lost_before: set[tuple[str, float]] = set()  # runs seen lost by the last poll
         self._rc_of_run: dict[tuple[str, float], int] = {}  # the rc each run was last seen with
 
@@ -111,7 +133,7 @@ class StageRuns:
                 continue
             new.add(stage.name)
             marker = self.last_markers.pop(stage.name, (None, "info"))[0]
-            for kept in (self._last_said, self._progress, self._disk):
+            for kept in (self._last_said, self._progress, self._disk, self._heads):
                 kept.pop(stage.name, None)
             self.previous[stage.name] = PreviousRun(before[0], self._statuses.get(stage.name, "?"),
                                                     self._rcs.get(stage.name), marker)
@@ -121,6 +143,38 @@ class StageRuns:
         return new, resolved
 
     # ------------------------------------------------------------ its log's marker lines
+
+    def read(self, stage: Stage, chunk: LogChunk, snap: Snapshot) -> list[Alert]:
+        """A poll's read of a stage's marker watch: its hits (the alerts of those above info). When
+        the watch's first read of this run began past the file's start (it scans the last
+        MARKER_HISTORY_LINES lines) without the chain's start line, the log's head is due."""
+        watch = self.watches[stage.name]
+        first = watch.offset is None
+        alerts = self.hits(stage, watch.consume(chunk).hits, snap)
+        rec = snap.state(stage.name)
+        if first and chunk.error is None and chunk.offset > 0 and rec is not None and rec.nonce \
+                and self._disk.get(stage.name, (None, None))[0] is None:
+            self._heads[stage.name] = LogHead(stage.name, rec.fired_at, watch.path)
+        return alerts
+
+    def heads_due(self) -> list[LogHead]:
+        """The logs whose head is to be read now (each taken once: asked again only if it fails)."""
+        due, self._heads = list(self._heads.values()), {}
+        return due
+
+    def head_unread(self, head: LogHead) -> None:
+        """A head that could not be read: asked again at the next poll, HEAD_TRIES times in all."""
+        if head.tries < HEAD_TRIES and self.run_of(head.stage) == head.fired_at:
+            self._heads.setdefault(head.stage, replace(head, tries=head.tries + 1))
+
+    def head_read(self, head: LogHead, data: bytes, snap: Snapshot) -> None:
+        """The first bytes of a run's log: its start line, when the chain wrote it for this run."""
+        rec = snap.state(head.stage)
+        if rec is None or rec.fired_at != head.fired_at or self.run_of(head.stage) != head.fired_at:
+            return  # fired again since: that run's watch reads its own log
+        start, end = self._disk.get(head.stage, (None, None))
+        if start is None:
+            self._disk[head.stage] = (start_in_head(data, rec.nonce), end)
 
     def hits(self, stage: Stage, hits: Iterable[MarkerHit], snap: Snapshot) -> list[Alert]:
         """A stage log's marker lines of this poll; the alerts of those above info."""

@@ -22,7 +22,6 @@ from samai.console.core.detectors import (
     declared_binaries,
 )
 from samai.console.core.disk.budget import DiskBudget, disk_budget
-from samai.console.core.disk.delta import DiskDelta
 from samai.console.core.disk.sizing import ArtifactSizer
 from samai.console.core.feeds import Feed, Poll, Read, Surroundings
 from samai.console.core.feeds.table import feed_classes
@@ -58,7 +57,6 @@ class ConsoleState:
         self.received_at: float | None = None
         self.stages = StageRuns(config, self.book, lambda: self.received_at or 0.0)
         self.sizer = ArtifactSizer([(a.name, a.path) for a in config.artifacts] + poison_artifacts(config))
-        self.disk_delta: DiskDelta | None = None
         self.last_update: StateUpdate | None = None  # the last poll's: what a read beside the poll amends
         self._cpu: dict[tuple[int, float], tuple[float, float]] = {}
         self._standing: set[tuple[str, str]] = set()
@@ -119,7 +117,7 @@ class ConsoleState:
         for stage in self.config.stages:
             watch = self.stages.watches[stage.name]
             if id(watch) in chunks:  # (replaced while this snapshot was in flight: a new run)
-                new_alerts += self.stages.hits(stage, watch.consume(chunks[id(watch)]).hits, snap)
+                new_alerts += self.stages.read(stage, chunks[id(watch)], snap)
         log = None
         if cursor is not None and cursor.follower is not None:
             shown = next((f for f in followers if f is cursor.follower), cursor.follower)
@@ -134,7 +132,6 @@ class ConsoleState:
         now_statuses = self.stages.statuses()
         if any(was != now_statuses.get(name) for name, was in statuses.items()):
             self.sizer.refresh_all()  # what a stage made (or removed) is sized in the next poll
-        self.disk_delta = self.stages.disk_delta(snap, stages)
         poll = Poll(snap, chunks, frozenset(new_runs), connected, stages, budget, now)
         for feed in self.feeds:
             new_alerts += feed.fold(poll)

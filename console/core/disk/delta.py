@@ -1,5 +1,6 @@
 """What a stage did to the workspace's disk: the SAMAI_DISK lines its chain writes at the run's
-start and end (remote/box/diskline.py), read from the stage logs the console already follows.
+start and end (remote/box/diskline.py), read from the stage logs the console already follows
+(and the start line from a log's head, when the watch began past it: start_in_head).
 Only the chain's own count: a line that carries its run's nonce (StageRecord.said_by_chain, the
 runs list's reader in history.py); one the stage printed is its text, whatever it says.
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from samai.console.core import units
+from samai.remote.box.chainline import read_header, said_by_chain
 from samai.remote.marker import Marker
 
 DISK_MARKER_NAME = "samai.disk"  # not a marker the operator declares: never shown as one
@@ -79,6 +81,23 @@ def parse_disk_line(line: str) -> DiskReading | None:
         return None
     phase: Phase = "start" if m["phase"] == "start" else "end"
     return DiskReading(phase, used, avail, size)
+
+
+def start_in_head(head: bytes, nonce: str) -> DiskReading | None:
+    """The run's SAMAI_DISK start reading in the first bytes of its log (the chain writes it right
+    after the run's header, before the stage runs): only when the file's first line is the header
+    that names this nonce, and only a whole line that carries it. A line the stage printed (no
+    nonce, another run's) is its text; a head cut inside a line or any other file holds none."""
+    lines = head.decode("utf-8", "replace").split("\n")[:-1]  # the last piece may be cut short
+    header = read_header(lines[0]) if lines else None
+    if header is None or not nonce or header.nonce != nonce:
+        return None
+    for line in lines[1:]:
+        said = said_by_chain(line, nonce)
+        reading = parse_disk_line(said) if said is not None and said.startswith("SAMAI_DISK start ") else None
+        if reading is not None and reading.phase == "start":
+            return reading
+    return None
 
 
 def latest(readings: dict[str, tuple[DiskReading | None, DiskReading | None]], fired: dict[str, float],

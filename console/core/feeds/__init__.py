@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from samai.console.core.alertbook import Alert, AlertBook
     from samai.console.core.config import Config
     from samai.console.core.disk.budget import DiskBudget
-    from samai.console.core.disk.delta import DiskDelta
     from samai.console.core.multinode.session import MultiNodeSession
+    from samai.console.core.runs import StageRuns
     from samai.console.core.update import StageView
     from samai.remote.boxapi import Box
     from samai.remote.follow import LogFollower
@@ -71,7 +71,7 @@ class FeedHost(Protocol):
     book: AlertBook
     snapshot: Snapshot | None
     received_at: float | None
-    disk_delta: DiskDelta | None
+    stages: StageRuns
 
     def clock(self) -> float: ...
 
