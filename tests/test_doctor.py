@@ -26,7 +26,8 @@ def _config(tmp_path: Path, workspace: Path, port: int, extra: str = "") -> Path
                  f'[model]\nllama_server = "{workspace}/bin/llama-server"\n'
                  '[artifacts.base]\npath = "base"\n'
                  f'[stages.serve]\nkey = "v"\ncommand = "sleep 30"\nports = [{port}]\n'
-                 '[stages.train]\nkey = "t"\ncommand = "sleep 30"\npoison = ["TRAIN_NAN"]\n' + extra)
+                 '[stages.train]\nkey = "t"\ncommand = "sleep 30"\npoison = ["TRAIN_NAN"]\n'
+                 'checkpoints = "ckpt"\n' + extra)
     return f
 
 

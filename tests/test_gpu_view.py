@@ -393,7 +393,8 @@ def test_doctor_and_snapshot_carry_the_gpus_and_their_findings(tmp_path, workspa
     recording = recorded("tesla_t4", {T4_PIDS[0]: sleeper.pid, T4_PIDS[1]: os.getpid()}, ecc_errors=[0, 1])
     (tmp_path / "nvml.json").write_text(json.dumps(recording))
     cfg = tmp_path / "doctor.toml"
-    cfg.write_text(f'[workspace]\npath = "{workspace}"\n[stages.train]\nkey = "t"\ncommand = "sleep 30"\n')
+    cfg.write_text(f'[workspace]\npath = "{workspace}"\n'
+                   '[stages.train]\nkey = "t"\ncommand = "sleep 30"\ncheckpoints = "ckpt"\n')
     replayed = {"SAMAI_NVML_REPLAY": str(tmp_path / "nvml.json")}
     r = run_cli("--config", str(cfg), "doctor", "--json", env=replayed)
     out = json.loads(r.stdout)
