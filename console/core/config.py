@@ -212,6 +212,9 @@ class Train:
     # is not the same run (resume_diverged). The tiny CPU pipeline's resume is exact to 1e-5.
     resume_tolerance: float = 1e-3
     max_loss_minutes: float = 30.0  # a save interval that loses more work than this to a death is said (not_resumable)
+    # A multi-node run none of whose ranks logged a step for this long (or one of whose ranks did
+    # not while another did) while every node's processes live is rank_stalled.
+    stall_after_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -742,12 +745,13 @@ class _Reader:
 
     def train(self, raw: Any) -> Train:
         t = self.table(raw, "train", {"compare_factor", "compare_steps", "compare_smooth", "resume_tolerance",
-                                      "max_loss_minutes"})
+                                      "max_loss_minutes", "stall_after_s"})
         return Train(float(self.number(t, "compare_factor", "train", 1.5, 1.01, 1000.0)),
                      self.integer(t, "compare_steps", "train", 5, 1, 100_000),
                      self.integer(t, "compare_smooth", "train", 5, 1, 1000),
                      float(self.number(t, "resume_tolerance", "train", 1e-3, 0.0, 1.0)),
-                     float(self.number(t, "max_loss_minutes", "train", 30.0, 0.1, 100_000.0)))
+                     float(self.number(t, "max_loss_minutes", "train", 30.0, 0.1, 100_000.0)),
+                     float(self.number(t, "stall_after_s", "train", 120.0, 1.0, 7 * 86400.0)))
 
     def notify(self, raw: Any) -> Notify:
         n = self.table(raw, "notify", {"urls", "urls_env", "min_severity", "repeat_after", "max_per_hour"})

@@ -1,7 +1,9 @@
 """The nodes feed: the multi-node stages' runs read on every node (console/core/multinode/): a rank
 that died while others run is an alert at once (rank_died, whose fix stops every node), resolved
-once the run has ended on every node; which nodes are alive, and rank 0's training curve, which
-the curves pane shows whichever box it runs on."""
+once the run has ended on every node; a rank that stalled while every node's processes live
+(rank_stalled, the same fix), resolved once it is no longer judged so (a step again, the run
+stopped); which nodes are alive, and rank 0's training curve, which the curves pane shows
+whichever box it runs on."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from samai.console.core.feeds import Feed, Read, Surroundings
 from samai.console.core.problems import Finding
 from samai.console.core.roles import Role
 from samai.console.core.training.trainlog import TrainPoint
+
+STALLED = "rank_stalled"  # console/core/multinode/stall.py's code
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class NodesFeed(Feed):
         findings, ended = reading
         self.state.book.resolve(lambda a: a.code == "rank_died" and a.action is not None
                                 and getattr(a.action, "stage", None) in ended, now)
+        stalled = {f.message for f in findings if f.code == STALLED}  # a stall stands while it is judged so
+        self.state.book.resolve(lambda a: a.code == STALLED and a.text not in stalled, now)
         new = [Alert(now, f.severity, f.message, code=f.code, action=f.action, hint="x stop all" if f.action else "")
                for f in findings if not self.state.book.standing(f.code, f.message)]
         assert self.around.nodes is not None

@@ -219,7 +219,7 @@ def _well_typed(node: NodeRun) -> bool:
 # The train stage's own line under a launcher; torch's prefix of a worker's lines; torchrun's summary.
 RANK_LINES = (re.compile(rb"TRAIN_RANK rank=(\d{1,6}) world_size=\d{1,6}"), re.compile(rb"(?m)^\[rank(\d{1,6})\]:"),
               re.compile(rb"rank\s*:\s*(\d{1,6}) \(local_rank"))
-PROGRESS = re.compile(rb"(?m)^train (\d{1,12})/\d{1,12} \[")  # the train stage's progress line
+PROGRESS = re.compile(rb"(?m)^train (\d{1,12})/(\d{1,12}) \[")  # the train stage's progress line: step/total
 
 
 def rank_in_log(data: bytes) -> int | None:
@@ -245,10 +245,16 @@ def world_size_in_log(data: bytes) -> int | None:
 
 def last_step_in_log(data: bytes) -> int | None:
     """The last training step the log shows: the progress line's, else the trainer's last logged point."""
-    found = PROGRESS.findall(data)
+    found = progress_in_log(data)
     if found:
-        return int(found[-1])
+        return found[0]
     from samai.console.core.training.trainlog import check_trainlog  # only for a log without progress lines
 
     points = check_trainlog(data.decode("utf-8", "replace")).points
     return points[-1].step if points else None
+
+
+def progress_in_log(data: bytes) -> tuple[int, int] | None:
+    """The last progress line's step and total steps (None: the bytes hold none)."""
+    found = PROGRESS.findall(data)
+    return (int(found[-1][0]), int(found[-1][1])) if found else None

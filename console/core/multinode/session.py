@@ -1,6 +1,7 @@
 """The connections a front end needs for its multi-node stages: one Box per node, opened when
 first needed and closed together; the multi-node action layer over them; and the watch of each
-multi-node stage's recorded run, as alerts, and the training (role train) stage's rank 0 curve."""
+multi-node stage's recorded run, as alerts (a rank that died, a rank that stalled), and the
+training (role train) stage's rank 0 curve."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from samai.console.core.fixes import FixAction
 from samai.console.core.multinode import load_run
 from samai.console.core.multinode.actions import MultiNodeActions
 from samai.console.core.multinode.curve import RankZeroCurve
+from samai.console.core.multinode.stall import StallWatch
 from samai.console.core.multinode.watch import NodeState, watch
 from samai.console.core.roles import Role
 from samai.remote.boxapi import Box
@@ -40,6 +42,7 @@ class MultiNodeSession:
         self.states: dict[str, tuple[NodeState, ...]] = {}  # each stage's nodes as last read
         self._read: dict[tuple[str, str], tuple[int | None, int | None]] = {}  # dead nodes' rank and step
         self.curve = RankZeroCurve()  # the train stage's, when it runs on several nodes
+        self.stalls: dict[str, StallWatch] = {}  # each stage's ranks' progress (rank_stalled)
 
     def _nodes(self) -> list[str]:
         return list(dict.fromkeys(n for s in self.config.stages for n in s.nodes))
@@ -56,9 +59,10 @@ class MultiNodeSession:
 
     async def poll(self, shown_box: str | None = None) -> tuple[list[Finding], list[str]]:
         """Each multi-node stage's recorded run, read on its nodes: what holds now (a rank that died
-        while others run, what rank 0's training log shows; each screen raises what it has not
-        shown yet), and the stages whose run has just ended on every node. shown_box: the box on
-        screen, whose own log's findings its screen raises itself."""
+        while others run, a rank that stalled while every node's processes live, what rank 0's
+        training log shows; each screen raises what it has not shown yet), and the stages whose
+        run has just ended on every node. shown_box: the box on screen, whose own log's findings
+        its screen raises itself."""
         standing: list[Finding] = []
         ended: list[str] = []
         for stage in (s for s in self.config.stages if s.nodes):
@@ -73,6 +77,8 @@ class MultiNodeSession:
                 await self.curve.read(run, states, boxes)
                 standing += self._curve_findings(stage.name) if self.curve.node != shown_box else []
             standing += findings
+            stalls = self.stalls.setdefault(stage.name, StallWatch())
+            standing += await stalls.judge(run, states, boxes, self.config.train.stall_after_s)
             if all(s.alive is False for s in states):
                 self._ended.add(run.run_id)
                 ended.append(stage.name)

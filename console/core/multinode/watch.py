@@ -1,25 +1,44 @@
 """Watch a multi-node run as one: each node's launch, identity-checked against the run's record,
 and the alert when one node's process has died while others run. Those others then wait in
 their next collective (or their next rendezvous) until it times out, so the alert comes at once,
-with the rank, the box and the last step the dead node's log shows, and "stop all" as its fix."""
+with the rank, the box and the last step the dead node's log shows, and "stop all" as its fix.
+With each live node's launch, the same reading takes its log's last lines and its processes'
+states: its progress, which stall.py judges (rank_stalled)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from samai.console.core.detectors import Finding
 from samai.console.core.fixes import FixAction
-from samai.console.core.multinode import MultiRun, NodeRun, last_step_in_log, rank_in_log
+from samai.console.core.multinode import MultiRun, NodeRun, last_step_in_log, progress_in_log, rank_in_log
 from samai.remote.boxapi import Box, BoxError
-from samai.remote.model import same_start
+from samai.remote.follow import LogCursor
+from samai.remote.model import Snapshot, StageRecord, same_start
 from samai.remote.safe_text import visible
 from samai.remote.transport import TransportError
 
 HEAD_BYTES = 256 * 1024  # where the rank line is, near the start of the log
 TAIL_LINES = 400  # where the last step is
+PROGRESS_LINES = 100  # a live node's log's last lines read at each reading: its last step
+PROGRESS_BYTES = 64 * 1024  # at most
+STOPPED = ("T", "t")  # a process's state in /proc when a signal (SIGSTOP, SIGTSTP) or a tracer stopped it
 READ_ERRORS = (BoxError, TransportError, OSError)  # a box that cannot be read now
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a live node's log and processes say at one reading."""
+
+    step: int | None  # its last progress line's step (None: none in the log's last lines)
+    total: int | None  # that line's total steps
+    quiet_s: float | None  # how long before the reading the log was last written (the box's clock)
+    read_at: float  # when the reply came (this machine's clock)
+    stopped: tuple[tuple[int, str], ...] = ()  # the run's processes on the node that are stopped: (pid, state)
 
 
 @dataclass(frozen=True)
@@ -29,6 +48,7 @@ class NodeState:
     alive: bool | None  # None: the box could not be read
     status: str  # the launch's status on the box (running, failed, stopped...), or why it is unknown
     pid: int | None = None
+    progress: Progress | None = None  # a live launch's
 
 
 async def node_states(run: MultiRun, boxes: Mapping[str, Box]) -> tuple[NodeState, ...]:
@@ -37,7 +57,8 @@ async def node_states(run: MultiRun, boxes: Mapping[str, Box]) -> tuple[NodeStat
 
 async def _state(run: MultiRun, node: NodeRun, box: Box) -> NodeState:
     try:
-        snap = await box.snapshot(processes=True)
+        snap = await box.snapshot(processes=True, logs=[LogCursor(node.log_path, None, last_lines=PROGRESS_LINES,
+                                                                  max_bytes=PROGRESS_BYTES)])
     except READ_ERRORS as e:
         return NodeState(node.node, node.rank, None, f"unreachable: {visible(str(e))[:200]}", node.pid)
     rec = snap.state(run.stage)
@@ -47,7 +68,22 @@ async def _state(run: MultiRun, node: NodeRun, box: Box) -> NodeState:
             and rec.start_time is not None and same_start(rec.start_time, node.start_time))
     if not ours:  # another launch of the stage replaced this run's on that box
         return NodeState(node.node, node.rank, False, f"replaced by pid {rec.pid}", node.pid)
-    return NodeState(node.node, node.rank, rec.alive, rec.status, node.pid)
+    return NodeState(node.node, node.rank, rec.alive, rec.status, node.pid,
+                     _progress(snap, rec, time.time()) if rec.alive else None)
+
+
+def _progress(snap: Snapshot, rec: StageRecord, read_at: float) -> Progress:
+    """The node's progress as this reading shows it: its log's last step and how long it has been
+    quiet (box values: a step or a time out of range is none), and its run's stopped processes."""
+    chunk = snap.logs[0] if snap.logs else None
+    found = progress_in_log(chunk.data) if chunk is not None else None
+    step, total = found if found is not None and found[0] <= found[1] else (None, None)
+    quiet = None
+    if chunk is not None and chunk.mtime is not None and math.isfinite(snap.time):
+        quiet = min(max(snap.time - chunk.mtime, 0.0), 365 * 86400.0)
+    stopped = tuple((p.pid, p.state) for p in (snap.process(pid) for pid in rec.group[:4096])
+                    if p is not None and p.state in STOPPED)
+    return Progress(step, total, quiet, read_at, stopped)
 
 
 async def death_findings(run: MultiRun, states: Sequence[NodeState], boxes: Mapping[str, Box],
