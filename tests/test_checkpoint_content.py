@@ -7,7 +7,9 @@ takes the newest whole one, passing over each newer one with why.
 
 The layouts are generated (hypothesis) and judged by the box's own tool; the judgement is compared
 with an oracle written plainly here. The safetensors header check is compared with the safetensors
-library itself, on files written by it and then altered."""
+library itself, on files written by it and then altered. Each layout is sealed as it is, with the
+completeness record the train stage writes last (tests/test_checkpoint_record.py holds a folder to
+its record): what is judged here is the content the record vouches for."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from samai.remote.box import checkpoints as box_checkpoints
 from samai.remote.box import tensorfiles
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
-from tests.test_checkpoints import FOLDER, OLD, checkpoint, settle, torch_like
+from tests.test_checkpoints import FOLDER, OLD, checkpoint, seal, settle, torch_like
 
 NEEDED = ("trainer_state.json", "optimizer.pt", "scheduler.pt", "adapter_model.safetensors", "adapter_config.json")
 OPTIONAL = ("rng_state.pth", "training_args.bin")
@@ -109,6 +111,7 @@ def make(ws: Path, outside: Path, step: int, layout: dict[str, str]) -> Path:
             (path / "inside").write_bytes(b"x")
         else:
             path.write_bytes(altered(name, step, state))
+    seal(folder)
     for entry in folder.iterdir():  # settled: a save long over
         os.utime(entry, (OLD, OLD), follow_symlinks=False)
     return folder
@@ -196,7 +199,7 @@ def test_a_real_trainer_state_is_whole_in_the_folder_of_its_step(workspace: Path
     state = (Path(__file__).parent / "data" / "trainer_state_tiny.json").read_bytes()
     for step in (12, 11):
         (checkpoint(workspace, step) / "trainer_state.json").write_bytes(state)
-        settle(workspace / FOLDER / f"checkpoint-{step}")
+        settle(seal(workspace / FOLDER / f"checkpoint-{step}"))
     raw = box_checkpoints.checkpoints({"workspace": str(workspace), "folder": FOLDER})
     by_step = {c["step"]: c for c in raw["checkpoints"]}
     assert by_step[12]["complete"] and not by_step[12]["problems"]

@@ -1,7 +1,9 @@
 """A training run's checkpoints, listed and judged by the box (issue 31, part 2's ground): whole
 (the Trainer's state all there, nothing temporary, not still being written) and finite (no NaN or
 inf in the adapter's weights, written here with the safetensors library itself); the folder
-confined to the workspace; and the train stage's `checkpoints` key validated."""
+confined to the workspace; and the train stage's `checkpoints` key validated. Each checkpoint
+made here is sealed as the train stage seals one (its completeness record written last, by the
+stage's own code): what is tested here is its content (tests/test_checkpoint_record.py: the record)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from safetensors.numpy import save_file
 from samai.console.core import config
 from samai.console.core.config import ConfigError
 from samai.remote.box import checkpoints as box_checkpoints
+from samai.remote.box import sealed
 from samai.remote.boxapi import BoxError
 
 FOLDER = "runs/train/checkpoints"
@@ -28,8 +31,9 @@ OLD = time.time() - 60  # written a minute ago: settled
 
 
 def checkpoint(ws: Path, step: int, *, weights: dict[str, np.ndarray] | None = None, drop: str = "",
-               extra: str = "", settled: bool = True) -> Path:
-    """A checkpoint-STEP folder as transformers' Trainer writes one for a peft model."""
+               extra: str = "", settled: bool = True, whole: bool = True) -> Path:
+    """A checkpoint-STEP folder as transformers' Trainer writes one for a peft model, sealed with
+    its completeness record as the train stage does (whole=False: no record)."""
     folder = ws / FOLDER / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     files = {"trainer_state.json": json.dumps({"global_step": step, "log_history": []}).encode(),
@@ -43,8 +47,16 @@ def checkpoint(ws: Path, step: int, *, weights: dict[str, np.ndarray] | None = N
                   str(folder / "adapter_model.safetensors"))
     if extra:
         (folder / extra).write_bytes(b"half")
+    if whole:
+        seal(folder)
     if settled:
         settle(folder)
+    return folder
+
+
+def seal(folder: Path) -> Path:
+    """The completeness record of what the folder holds now, written last as the train stage writes it."""
+    sealed.seal(str(folder), int(folder.name.split("-")[1]))
     return folder
 
 
@@ -98,8 +110,8 @@ async def test_a_save_cut_short_is_not_whole(box, workspace) -> None:
     _zip(checkpoint(workspace, 100) / "optimizer.pt")
     _zip(checkpoint(workspace, 200) / "optimizer.pt", cut=30)  # the end record gone
     (checkpoint(workspace, 300) / "trainer_state.json").write_text('{"global_step": 300, "log_hist')
-    for step in (100, 200, 300):
-        settle(workspace / FOLDER / f"checkpoint-{step}")
+    for step in (100, 200, 300):  # sealed as they are: what is judged here is their content
+        settle(seal(workspace / FOLDER / f"checkpoint-{step}"))
     by_step = {c.step: c for c in (await box.checkpoints(FOLDER)).checkpoints}
     assert by_step[100].complete and not by_step[100].problems
     assert not by_step[200].complete and by_step[200].problems == ("optimizer.pt is cut short (its zip has no end "

@@ -1,6 +1,6 @@
 """A training run's checkpoints, listed and judged: what a dead run could resume from.
 
-Runs ON the box. Request on stdin: {"workspace", "folder", "weights"?} (folder: a train stage's
+Runs ON the box. Request on stdin: {"workspace", "folder", "weights"?, "legacy"?} (folder: a train stage's
 `checkpoints`, inside the workspace; weights false: sizes and completeness only, the adapter not
 read for NaN, as the console's watch of a running run's checkpoints asks every half minute).
 Reply: {"folder", "checkpoints": [...], "unjudged", "error"?}, newest step first (the newest
@@ -11,9 +11,14 @@ MAX_CHECKPOINTS; unjudged: how many older ones were left out), each
    "finite": bool | None, "nonfinite": [tensor names], "weights": "adapter_model.safetensors" | None,
    "problems": [one line each]}
 
-complete: the Trainer's own state is all there (trainer_state.json, the optimizer's and the
-scheduler's state, the weights, and adapter_config.json beside an adapter's weights), no temporary
-file is left, and it is whole by its content, never by its names (tensorfiles.py): every entry a
+complete: the train stage sealed it whole (sealed.py: its completeness record, samai_complete.json,
+written last, names every file it holds with its size, and each is there, that large; a file a
+resume loads that it does not name is a problem; a folder without the record is not complete
+unless the request says "legacy": true, where such a folder, an older train stage's or another
+trainer's, is judged by its content alone), the Trainer's own state is all there (trainer_state.json,
+the optimizer's and the scheduler's state, the weights, and adapter_config.json beside an adapter's
+weights), no temporary file is left, and it is whole by its content, never by its names
+(tensorfiles.py): every entry a
 regular file or a folder (a symlink, a FIFO, a device is a problem: the resumed run would follow
 or hang on it), every file a resume loads non-empty, every safetensors file exactly as long as its
 header says, every torch file a zip with its end record (or an old pickle), trainer_state.json an object whose
@@ -38,7 +43,18 @@ import time
 
 from .confine import Escape, open_folder, open_root, parts_inside, workspace_root
 from .procfs import serve
-from .tensorfiles import CHUNK, Unfit, json_object, open_regular, safetensors_header, said, torch_file, what_kind
+from .sealed import RECORD, RECORD_LIMIT, Unsealed, read_record
+from .tensorfiles import (
+    CHUNK,
+    Unfit,
+    json_object,
+    open_regular,
+    read_at,
+    safetensors_header,
+    said,
+    torch_file,
+    what_kind,
+)
 from .wire import CheckpointEntry, CheckpointsReply, CheckpointsRequest
 
 CHECKPOINT = re.compile(r"^checkpoint-(?P<step>\d{1,12})$")
@@ -212,7 +228,61 @@ def whole(fd: int, name: str, shown: str, step: int | None) -> None:
         os.close(f)
 
 
-def judge(fd: int, name: str, now: float, read_weights: bool = True) -> CheckpointEntry:
+def held_to_record(fd: int, files: list[tuple[str, os.stat_result]], step: int, legacy: bool) -> list[str]:
+    """What does not hold to the checkpoint's completeness record, one line each: no record (unless
+    legacy), a record that is none or of another step, a file it names not there or of another
+    size, a file a resume loads that it does not name."""
+    if not any(n == RECORD for n, _ in files):
+        return [] if legacy else ["no %s: not known to be whole (its save was cut short, or an older train stage "
+                                  "or another trainer wrote it)" % RECORD]
+    try:
+        f = open_regular(fd, RECORD)
+    except Unfit as e:
+        return [str(e)]
+    try:
+        size = os.fstat(f).st_size
+        if size > RECORD_LIMIT:
+            return ["%s is %d bytes, more than this check reads (%d)" % (RECORD, size, RECORD_LIMIT)]
+        listed = read_record(read_at(f, 0, size), step)
+    except Unsealed as e:
+        return [str(e)]
+    except (OSError, ValueError) as e:
+        return ["%s cannot be read: %s" % (RECORD, e)]
+    finally:
+        os.close(f)
+    there = regular_sizes(fd, files)
+    problems = []
+    for name, size in sorted(listed.items()):
+        got = there.get(name)
+        if got is None:
+            problems.append("%s is not there as a regular file (%s names it)" % (said(name), RECORD))
+        elif got != size:
+            problems.append("%s is %d bytes, %s says %d" % (said(name), got, RECORD, size))
+    problems += ["%s is not named in %s: written after the checkpoint was sealed" % (said(n), RECORD)
+                 for n in sorted(there) if n not in listed and n.endswith(LOADED)]
+    return problems
+
+
+def regular_sizes(fd: int, files: list[tuple[str, os.stat_result]]) -> dict[str, int]:
+    """{NAME or FOLDER/NAME: size} of the regular files of the folder and of its folders one level
+    down (as sealed.listing names them), the record left out."""
+    sizes = {}
+    for name, st in files:
+        if stat.S_ISREG(st.st_mode) and name != RECORD:
+            sizes[name] = st.st_size
+        elif stat.S_ISDIR(st.st_mode):
+            try:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                sizes.update((name + "/" + n, s.st_size) for n, s in entries(sub)[0] if stat.S_ISREG(s.st_mode))
+            finally:
+                os.close(sub)
+    return sizes
+
+
+def judge(fd: int, name: str, now: float, read_weights: bool = True, legacy: bool = False) -> CheckpointEntry:
     m = CHECKPOINT.match(name)
     assert m is not None
     step = int(m.group("step"))
@@ -232,7 +302,7 @@ def judge(fd: int, name: str, now: float, read_weights: bool = True) -> Checkpoi
     scan = weights is not None and read_weights and all(n != weights for n, _ in unfit)
     nonfinite, problem = nonfinite_tensors(fd, weights) if scan and weights else ([], None)
     broken = (["missing " + x for x in missing] + ["a temporary file is left: " + said(t) for t in temporary]
-              + [line for _, line in unfit])
+              + [line for _, line in unfit] + held_to_record(fd, files, step, legacy))
     problems = broken[:MAX_PROBLEMS] + (["and %d more problems" % (len(broken) - MAX_PROBLEMS)]
                                         if len(broken) > MAX_PROBLEMS else [])
     if settling:
@@ -265,6 +335,7 @@ def not_a_folder(fd: int, name: str, error: OSError) -> CheckpointEntry:
 def checkpoints(req: CheckpointsRequest) -> CheckpointsReply:
     workspace, folder = workspace_root(req["workspace"]), req["folder"]
     read_weights = req.get("weights", True) is not False
+    legacy = req.get("legacy", False) is True
     if not isinstance(folder, str) or not folder:
         raise ValueError("folder must be a path in the workspace")
     try:
@@ -289,7 +360,7 @@ def checkpoints(req: CheckpointsRequest) -> CheckpointsReply:
                 found.append(not_a_folder(fd, name, e))
                 continue
             try:
-                found.append(judge(sub, name, now, read_weights))
+                found.append(judge(sub, name, now, read_weights, legacy))
             finally:
                 os.close(sub)
     finally:

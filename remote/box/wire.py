@@ -336,6 +336,7 @@ class CheckpointsRequest(TypedDict, total=False):
     workspace: str
     folder: str
     weights: bool
+    legacy: bool  # a checkpoint without a completeness record judged by its content alone
 
 
 class CheckpointEntry(TypedDict, total=False):

@@ -18,9 +18,12 @@
   grad_norm go nan), or lora_dropout 1.0 from step N on (grad_norm exactly 0, loss flat)
 - poison files of an earlier run (final/, TRAIN_DONE, TRAIN_NAN) make it refuse to start
 - Trainer checkpoints go to OUT/checkpoints/checkpoint-STEP (every --save-steps optimizer steps,
-  else every epoch; the newest --save-total-limit kept); --resume-from CHECKPOINT continues a
-  dead run from one of them with the Trainer's own resume_from_checkpoint: the global step, the
-  optimizer, the scheduler and the RNG state go on where they were
+  else every epoch; the newest --save-total-limit kept), each whole or absent: written into a
+  temporary sibling, sealed with its completeness record (samai_complete.json, written last) and
+  renamed into place, the old ones deleted only after (wholesave.py; SAMAI_FAULT_SAVE is its test
+  hook); --resume-from CHECKPOINT continues a dead run from one of them with the Trainer's own
+  resume_from_checkpoint: the global step, the optimizer, the scheduler and the RNG state go on
+  where they were
 
 Runs ON the box, in the box venv:
   python -m samai_box.stages.train --base models/base --data data/train.jsonl --out runs/train
@@ -38,6 +41,7 @@ from typing import Any, Callable, List, Tuple
 
 from . import vision
 from .common import cpu_threads, fail, marker, push_milestone, say
+from .wholesave import Faults, whole_saving_trainer
 
 POISON = ("final", "TRAIN_DONE", "TRAIN_NAN")
 GUARD_WINDOW, GUARD_BAD = 4, 3
@@ -384,7 +388,7 @@ def main() -> None:
     resume = resumable(args.out, args.resume_from) if args.resume_from else None
 
     import torch
-    from transformers import Trainer, TrainingArguments, set_seed
+    from transformers import TrainingArguments, set_seed
 
     started = time.time()
     if os.environ.get("WORLD_SIZE"):  # under a launcher (torchrun, DeepSpeed): which rank this node's log is
@@ -411,7 +415,9 @@ def main() -> None:
         save_total_limit=args.save_total_limit,
         fp16=False, bf16=args.bf16, deepspeed=args.deepspeed, report_to=[], seed=args.seed,
         use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, disable_tqdm=True)
-    trainer = Trainer(model=model, args=training, train_dataset=examples, data_collator=collate, callbacks=callbacks)
+    trainer = whole_saving_trainer()(model=model, args=training, train_dataset=examples, data_collator=collate,
+                                     callbacks=callbacks)
+    trainer.faults = Faults.from_env(lambda: trainer.state.global_step)
     if resume:
         marker("TRAIN_RESUMED", "from %s (step %d)" % (resume, checkpoint_step(resume)))
     trainer.train(resume_from_checkpoint=resume)
