@@ -103,7 +103,8 @@ def describe_check(kind: str, path: str, result: dict) -> str:
              "trainlog": ("lines", "unparsed"),
              "eval": ("format", "layout", "n", "correct", "accuracy", "pred_none", "truncated", "empty_content",
                       "malformed"),
-             "episodes": ("n", "successes", "success_rate", "parse_failures", "errors", "over_cap", "malformed")}[
+             "episodes": ("n", "successes", "success_rate", "parse_failures", "missed", "no_action", "errors",
+                          "over_cap", "malformed")}[
         "episodes" if result.get("format") == "episodes" else kind]
     lines = [f"{kind} {path}: " + "  ".join(f"{k} {_figure(k, result[k])}" for k in shown if result.get(k) is not None)]
     if kind == "gguf" and result.get("size_note"):

@@ -122,7 +122,7 @@ def test_vlm_tinys_tasks_are_all_runnable_and_each_has_its_answer(tmp_path: Path
 
 
 def test_a_run_whose_failures_are_mostly_no_action_is_a_fake_score() -> None:
-    rows = [episode()] + [episode(action=None, reward=0, answer="purplurple", parse_error="no action")] * 6 + \
+    rows = [episode()] + [episode(action=None, reward=0, answer="I see a shape", parse_error="no action")] * 6 + \
         [episode(reward=0, assertions=[{"check": "x", "passed": False}])]
     result = check_episodes(json.dumps(r) for r in rows)
     assert (result.n, result.successes, result.parse_failures, result.errors) == (8, 1, 6, 0)
@@ -158,7 +158,7 @@ def test_any_episodes_file_is_checked_without_raising(lines: list[str]) -> None:
 
 def test_check_eval_reads_episodes_from_the_cli(tmp_path: Path) -> None:
     bad = tmp_path / "episodes.jsonl"
-    bad.write_text("".join(json.dumps(episode(action=None, reward=0, answer="x")) + "\n" for _ in range(4)))
+    bad.write_text("".join(json.dumps(episode(action=None, reward=0, answer="no idea")) + "\n" for _ in range(4)))
     r = run_cli("check", "eval", str(bad), "--json")
     shown = json.loads(r.stdout)
     assert r.returncode == 1 and shown["format"] == "episodes" and shown["parse_failures"] == 4

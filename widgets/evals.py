@@ -54,11 +54,14 @@ class EvalTable(DataTable):
 
 def _figures(r: EvalRun) -> tuple[str, str, str]:
     """The accuracy and the two counts that expose a fake score: an eval run's empty answers and
-    truncations, a computer-use run's answers that were no action and its episodes that did not run."""
+    truncations, a computer-use run's answers that were no action (and the actions that missed: no
+    element on the page of that name) and its episodes that did not run."""
     acc = "?" if r.accuracy is None else f"{100 * r.accuracy:.1f} %"
-    if r.kind == "cu":
-        mostly_no_action = r.n and r.parse_failures > r.n // 2
-        return acc + (" cu (no actions?)" if mostly_no_action else " cu"), f"{r.parse_failures} no action", \
+    if r.kind == "cu":  # its answers that were no action of their task: no action at all, or actions that missed
+        no_action, missed = r.parse_failures - min(r.missed, r.parse_failures), min(r.missed, r.parse_failures)
+        mostly_no_action = r.n and no_action > r.n // 2
+        return acc + (" cu (no actions?)" if mostly_no_action else " cu"), \
+            f"{no_action} no action" + (f", {missed} missed" if missed else ""), \
             f"{r.errors} error{'s' if r.errors != 1 else ''}"
     suspicious = r.n and (r.empty_content > r.n // 2)
     return acc + (" (fake 0?)" if suspicious and not r.accuracy else ""), str(r.empty_content), str(r.truncated)

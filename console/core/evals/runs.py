@@ -69,8 +69,9 @@ class EvalRun:
     mtime: float = 0.0
     folder: str = ""  # on the box: where its items.jsonl (a cu run: its episodes.jsonl) is
     kind: str = "eval"  # or "cu": a computer-use run, whose accuracy is its success rate
-    parse_failures: int = 0  # a cu run's episodes whose answer was no action
+    parse_failures: int = 0  # a cu run's episodes whose answer was no action of their task
     errors: int = 0  # a cu run's episodes that did not run to their check
+    missed: int = 0  # of its parse failures: actions naming no element on the page (the rest: no action at all)
 
     @property
     def items(self) -> str:
@@ -109,7 +110,8 @@ def eval_run(report: Report) -> EvalRun:
     folder = posixpath.dirname(report.path)
     if "success_rate" in raw:  # cu_eval's summary (remote/box/stages/cu_eval.py)
         return EvalRun(posixpath.basename(folder), _count(raw, "n"), _fraction(raw, "success_rate"), 0, 0,
-                       report.mtime, folder, "cu", _count(raw, "parse_failures", 0), _count(raw, "errors", 0))
+                       report.mtime, folder, "cu", _count(raw, "parse_failures", 0), _count(raw, "errors", 0),
+                       _count(raw, "missed", 0))
     return EvalRun(posixpath.basename(folder), _count(raw, "n"), _fraction(raw, "accuracy"),
                    _count(raw, "empty_content", 0), _count(raw, "truncated", 0), report.mtime, folder)
 

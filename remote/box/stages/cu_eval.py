@@ -8,11 +8,13 @@ assertions. The reward is 1 when the answer was an action and every assertion pa
 
 Writes OUT/episodes.jsonl, one JSON object per episode: task, instruction, sample, sent and
 original ([width, height]), answer (the model's raw text), action (an object, or null when the
-answer is not an action), parse_error, error (null, or what kept the episode from running: the
+answer is not an action), parse_error, answer_kind ("action", or for one that is no action of the
+task "missed": in the action format, naming no element on the page, or "no_action": no action at
+all; null when it was not asked: webtasks.py), error (null, or what kept the episode from running: the
 page, the browser, the server), assertions ([{"check", "passed", "actual", "wait_s"}], wait_s the
 most its element was waited for), reward, seconds,
 url (where the page was at the end), shot (the screenshot, inside OUT);
-OUT/summary.json (n, successes, success_rate, parse_failures, errors, tasks, seconds, browser);
+OUT/summary.json (n, successes, success_rate, parse_failures, missed, errors, tasks, seconds, browser);
 then prints CU_EVAL_RC=N (0: done; 1: success rate under --min-success; 2: errors, no browser,
 no task file). Bounded: each episode by --episode-timeout (its request to the model, its action
 and every assertion's wait together), the run by --run-timeout (the
@@ -39,7 +41,7 @@ from .chromium import BrowserMissing, find_browser
 from .common import marker, say, write_json
 from .eval import first_choice, pixels, unreachable
 from .images import IMAGE_CAP, ImageError, chat_content
-from .webtasks import Task, TaskError, parse_action, read_tasks, summarize
+from .webtasks import Action, Task, TaskError, read_answer, read_tasks, summarize
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,9 @@ def episode(browser: Browser, server: PageServer, task: Task, asking: Asking, sh
             content, image = chat_content(shot, task.instruction, asking.image_cap)
             row["original"] = [image["width"], image["height"]]
             row["sent"] = [image["sent_width"], image["sent_height"]]
-            row["answer"] = ask(replace(asking, timeout=min(asking.timeout, left(deadline, browser))), content,
-                                seed=sample)
-            action, row["parse_error"] = parse_action(row["answer"], task)
+            action = answered(row, ask(replace(asking, timeout=min(asking.timeout, left(deadline, browser))),
+                                       content, seed=sample), task)
             if action is not None:
-                row["action"] = action.as_json()
                 page.set_default_timeout(ms(left(deadline, browser)))
                 perform(page, action, settle_s=min(SETTLE_S, left(deadline, browser)))
             for c in task.checks:  # kept as they are read: an episode past its limit says which were
@@ -99,6 +99,15 @@ def episode(browser: Browser, server: PageServer, task: Task, asking: Asking, sh
                         and all(a["passed"] for a in row["assertions"]))
     row["seconds"] = round(time.monotonic() - started, 3)
     return row
+
+
+def answered(row: dict[str, Any], answer: str, task: Task) -> Action | None:
+    """The model's answer into the episode's record (answer, action, parse_error, answer_kind);
+    the action it asks for, None when it is no action of the task."""
+    read = read_answer(answer, task)
+    row.update(answer=answer, action=read.action.as_json() if read.action else None, parse_error=read.error,
+               answer_kind=read.kind)
+    return read.action
 
 
 def left(deadline: float, browser: Browser) -> float:
@@ -157,8 +166,8 @@ def blank_row(sample: int, task: Task | None = None, error: str | None = None) -
     """An episode's record before anything happened in it (with error: one that never ran)."""
     return {"task": task.id if task else None, "instruction": task.instruction if task else None,
             "split": task.split if task else None, "sample": sample, "sent": None, "original": None, "answer": None,
-            "action": None, "parse_error": None, "error": error, "assertions": [], "reward": 0, "url": None,
-            "shot": None, "seconds": 0.0}
+            "action": None, "parse_error": None, "answer_kind": None, "error": error, "assertions": [], "reward": 0,
+            "url": None, "shot": None, "seconds": 0.0}
 
 
 def refused_row(error: str, sample: int, task: Task | None = None) -> dict[str, Any]:
@@ -242,8 +251,8 @@ def main() -> None:
         sys.exit(2)
     say(json.dumps(summary))
     rc = 2 if summary["errors"] else 1 if (summary["success_rate"] or 0) < args.min_success else 0
-    marker("CU_EVAL_RC=%d" % rc, "success rate %s on %d episodes (%d parse failures, %d errors)"
-           % (summary["success_rate"], summary["n"], summary["parse_failures"], summary["errors"]))
+    marker("CU_EVAL_RC=%d" % rc, "success rate %s on %d episodes (%d parse failures, %d of them missed, %d errors)"
+           % (summary["success_rate"], summary["n"], summary["parse_failures"], summary["missed"], summary["errors"]))
     sys.exit(rc)
 
 

@@ -137,8 +137,9 @@ def cu_run(args: argparse.Namespace, url: str, out: str, split: str, samples: in
     say("rft: cu_eval %s on %s (%d sample(s) per task, temperature %g) -> %s" % (split, url, samples, temperature, out))
     asking = Asking(url, args.max_tokens, temperature, args.request_timeout, args.image_cap)
     summary = cu_evaluate(run_args, asking, out)
-    say("rft: %s: success rate %s on %d episodes (%d parse failures, %d errors)"
-        % (os.path.basename(out), summary["success_rate"], summary["n"], summary["parse_failures"], summary["errors"]))
+    say("rft: %s: success rate %s on %d episodes (%d parse failures, %d of them missed, %d errors)"
+        % (os.path.basename(out), summary["success_rate"], summary["n"], summary["parse_failures"], summary["missed"],
+           summary["errors"]))
     return summary
 
 

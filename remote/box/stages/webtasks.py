@@ -21,8 +21,14 @@ most MAX_CHECKS assertions. The model's answer is read as
   type NAME TEXT...                       (fill the field with TEXT)
   select NAME OPTION                      (choose OPTION of the list)
 where NAME is one of the task's elements: the first word of the answer (thinking cut away) that
-is a verb or a name decides. An answer that is none of these is no action: a parse failure, the
-computer-use form of the fake 0 %.
+is a verb or a name decides. An answer that is none of these is a parse failure, of one of two
+kinds (its `answer_kind`, beside "action" for one that is):
+  missed     in the action format, but no action the page can take: a verb, or an answer of one
+             word (the bare NAME form), that names no element on the page ("gren", "click yele":
+             a misspelt or made-up name), or names one as it is not used. The model acts and
+             misses: its low score is a real one.
+  no_action  no action at all (no verb, no element's name, and more than one word; or nothing):
+             the model does not speak the action format, the computer-use form of the fake 0 %.
 
 Runs ON the box. Standard library only: everything here reads untrusted files and answers, and
 raises TaskError (one task's error, never a traceback) for what it cannot use.
@@ -50,6 +56,9 @@ MAX_TASK_LINE = 64 * 1024
 MAX_TEXT = 1000  # a typed text, an expected value: what a task may ask for
 MAX_CHECKS = 16  # what success looks like, in a few assertions: each may wait for its element
 WORD = re.compile(r"[A-Za-z0-9_-]+")
+# What an answer was (an episode's answer_kind): see the module's doc.
+ACTION, MISSED, NO_ACTION = "action", "missed", "no_action"
+ANSWER_KINDS = (ACTION, MISSED, NO_ACTION)
 
 
 class TaskError(ValueError):
@@ -235,19 +244,47 @@ def answer_text(content: str) -> str:
     return content.split("<think>", 1)[0]
 
 
+@dataclass(frozen=True)
+class Answer:
+    """The model's answer as read: the action it asks for, or why it is none; and its kind
+    (ACTION, MISSED or NO_ACTION: see the module's doc)."""
+
+    action: Action | None
+    error: str | None
+    kind: str
+
+
 def parse_action(answer: str, task: Task) -> tuple[Action | None, str | None]:
     """(the action the answer asks for, None) or (None, why it is not one of the task's actions)."""
+    read = read_answer(answer, task)
+    return read.action, read.error
+
+
+def read_answer(answer: str, task: Task) -> Answer:
+    """The answer read as one of the task's actions, or why not and which kind of miss it is."""
     words = WORD.findall(answer_text(answer)[:4000])
     for i, word in enumerate(words):
         lowered = word.lower()
         if lowered in VERBS:
-            return _verb_action(VERBS[lowered], words[i + 1:], task)
-        element = task.element(lowered)
-        if element is not None:
-            return _verb_action("click", words[i:], task)
-    shown = answer.strip()[:80]
+            action, error = _verb_action(VERBS[lowered], words[i + 1:], task)
+        elif task.element(lowered) is not None:
+            action, error = _verb_action("click", words[i:], task)
+        else:
+            continue
+        return Answer(action, error, ACTION if action is not None else MISSED)
     names = ", ".join(e.name for e in task.elements)
-    return None, "no action in the answer %s (names: %s)" % (json.dumps(shown), names)
+    if len(words) == 1:  # the bare NAME form, of a name the page does not have
+        return Answer(None, "%s: no such element (names: %s)" % (json.dumps(words[0][:60]), names), MISSED)
+    shown = answer.strip()[:80]
+    return Answer(None, "no action in the answer %s (names: %s)" % (json.dumps(shown), names), NO_ACTION)
+
+
+def answer_kind(answer: object) -> str:
+    """The kind of an answer that was no action of its task, told without the task (an episode
+    recorded before episodes said their answer_kind): MISSED when it takes the action format (a
+    verb among its words, or one word alone), else NO_ACTION."""
+    words = WORD.findall(answer_text(answer)[:4000]) if isinstance(answer, str) else []
+    return MISSED if len(words) == 1 or any(w.lower() in VERBS for w in words) else NO_ACTION
 
 
 def _verb_action(do: str, rest: list[str], task: Task) -> tuple[Action | None, str | None]:
@@ -270,10 +307,12 @@ def _verb_action(do: str, rest: list[str], task: Task) -> tuple[Action | None, s
 
 
 def summarize(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A cu run's summary: its success rate and what kept the rest from succeeding."""
+    """A cu run's summary: its success rate and what kept the rest from succeeding (parse_failures:
+    the answers that were no action of the task, `missed` of them in the action format)."""
     n = len(episodes)
     successes = sum(1 for e in episodes if e.get("reward") == 1)
+    failed = [e for e in episodes if e.get("action") is None and e.get("error") is None]
     return {"n": n, "successes": successes, "success_rate": round(successes / n, 4) if n else None,
-            "parse_failures": sum(1 for e in episodes if e.get("action") is None and e.get("error") is None),
+            "parse_failures": len(failed), "missed": sum(1 for e in failed if e.get("answer_kind") == MISSED),
             "errors": sum(1 for e in episodes if e.get("error") is not None),
             "tasks": len({e.get("task") for e in episodes})}
