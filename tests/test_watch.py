@@ -299,10 +299,12 @@ def _rc_files(workspace: Path) -> set[str]:
     return {p.stem for p in (workspace / ".samai" / "state").glob("*.rc")}
 
 
-async def test_recovery_restarts_a_dead_server_by_the_watcher_and_the_cap_stops_a_death_loop(
+async def test_recovery_restarts_a_killed_server_by_the_watcher_and_the_cap_stops_a_death_loop(
         tmp_path: Path, workspace: Path, json_receiver: HttpReceiver) -> None:
-    serve = job("sleep 4; echo 'bind failed'; exit 9", name="serve", key="v", extra='role = "serve"')
-    policy = 'interval = 0.3\nrecover = ["restart_serve"]\nmax_recoveries = 2'
+    """A server killed from outside (SIGKILL) is restarted, with a backoff between two tries; past
+    [watch] max_recoveries in the hour it is not, and the message says so."""
+    serve = job("sleep 4; sh -c 'kill -9 $$'", name="serve", key="v", extra='role = "serve"')
+    policy = 'interval = 0.3\nrecover = ["restart_serve"]\nmax_recoveries = 2\nbackoff_s = 1'
     cfg = load(tmp_path, toml(workspace, serve, watch=policy))
     lines: list[str] = []
     w = watcher(cfg, [json_receiver.url], lines)
@@ -318,11 +320,36 @@ async def test_recovery_restarts_a_dead_server_by_the_watcher_and_the_cap_stops_
         await asyncio.gather(task, return_exceptions=True)
     titles = json_receiver.titles()
     assert titles.count("samai: restarted serve") == 2, lines
+    restarted = next(r for r in json_receiver.got if r.title == "samai: restarted serve")
+    assert "why: an external kill: it came from outside the run" in restarted.body
     [capped] = [r for r in json_receiver.got if r.title.startswith("samai: not recovered")]
-    assert "2 recoveries of serve in the last hour" in capped.body and "max_recoveries" in capped.body
+    assert "2 recoveries in the last hour" in capped.body and "max_recoveries" in capped.body
     audit = [json.loads(line) for line in audit_log().read_text().splitlines()]
     by_watcher = [e for e in audit if e.get("via") == "by the watcher" and e.get("phase") == "intent"]
     assert [e["action"] for e in by_watcher] == ["restart", "restart"]
+    declined = [e for e in audit if e.get("result") == "declined" and e.get("stage") == "serve"]
+    assert len(declined) == 1 and "max_recoveries" in declined[0]["message"] and declined[0]["cause"] == "signal"
+
+
+async def test_a_server_that_dies_the_same_way_twice_is_not_restarted_again_and_says_why(
+        tmp_path: Path, workspace: Path, json_receiver: HttpReceiver) -> None:
+    """Its own exit (`bind failed`) twice in a row: a restart would die the same way (no crash loop)."""
+    serve = job("sleep 4; echo 'bind failed'; exit 9", name="serve", key="v", extra='role = "serve"')
+    policy = 'interval = 0.3\nrecover = ["restart_serve"]\nmax_recoveries = 5\nbackoff_s = 0'
+    cfg = load(tmp_path, toml(workspace, serve, watch=policy))
+    w = watcher(cfg, [json_receiver.url], [])
+    task = asyncio.ensure_future(watch([w]))
+    try:
+        await running(w)
+        await fire(cfg, "serve")
+        await until(lambda: any(t.startswith("samai: not recovered: serve") for t in json_receiver.titles()),
+                    timeout=90)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert json_receiver.titles().count("samai: restarted serve") == 1
+    [stopped] = [r for r in json_receiver.got if r.title.startswith("samai: not recovered")]
+    assert "not restarted: exit twice in a row: it would die the same way again" in stopped.body
 
 
 async def test_a_recovery_the_preflight_blocks_is_notified_not_forced(

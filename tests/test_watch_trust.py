@@ -349,18 +349,18 @@ async def test_a_server_the_watcher_restarts_that_dies_at_once_is_told_each_time
     from samai.console.core.paths import audit_log
     from tests.test_watch import fire
 
-    serve = job("echo 'bind failed'; exit 9", name="serve", key="v", extra='role = "serve"')
-    policy = 'interval = 0.3\nrecover = ["restart_serve"]\nmax_recoveries = 2'
+    serve = job("sh -c 'kill -9 $$'", name="serve", key="v", extra='role = "serve"')  # killed: retried
+    policy = 'interval = 0.3\nrecover = ["restart_serve"]\nmax_recoveries = 2\nbackoff_s = 0'
     cfg = load(tmp_path, toml(workspace, serve, watch=policy))
     w = watcher(cfg, [json_receiver.url], [])
     task = await watching(w)
     try:
         await fire(cfg, "serve")
-        await until(lambda: any("2 recoveries of serve" in r.body for r in json_receiver.got), timeout=120)
+        await until(lambda: any("2 recoveries in the last hour" in r.body for r in json_receiver.got), timeout=120)
         await running(w, 10)
     finally:
         await stop(task)
-    died = [t for t in json_receiver.titles() if t.startswith("samai: stage serve failed rc=9")]
+    died = [t for t in json_receiver.titles() if t.startswith("samai: stage serve failed rc=137")]
     assert len(died) == 3, "\n".join(json_receiver.titles())  # the run fired, and each of the two restarts
     audit = [json.loads(line) for line in audit_log().read_text().splitlines()]
     restarts = [e for e in audit if e.get("via") == "by the watcher" and e.get("phase") == "intent"]

@@ -201,7 +201,7 @@ class RestartPlan(LaunchPlan):
     async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> FireResult:
         stage = self.stage or ""
         stopped = await actions.box.stop(stage, grace=self.grace, protect=actions._protect(),
-                                         by=operator(self.action))
+                                         by=operator(self.action, decision.by))
         if not stopped.ok:
             return FireResult(False, "refused", stage, f"stop failed: {stopped.reason}")
         if self.paths:
@@ -229,7 +229,7 @@ class StopPlan(ActionPlan):
 
     async def execute(self, actions: Actions, decision: Decision, audit_id: str) -> SignalResult:
         return await actions.box.stop(self.stage or "", grace=self.grace, protect=actions._protect(),
-                                      by=operator(self.action))
+                                      by=operator(self.action, decision.by))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,19 +317,25 @@ class Decision:
     plan: ActionPlan
     verdict: str  # confirmed | override | declined
     how: str  # how it was given ("--yes", "prompt", "dialog", "--force --yes"), or why it was declined
+    by: str = ""  # who decided, when not the operator of this console (a watcher: "watcher op@host (pid N)")
 
     @classmethod
-    def confirmed(cls, plan: ActionPlan, how: str) -> Decision:
-        return cls(plan, "confirmed", how)
+    def confirmed(cls, plan: ActionPlan, how: str, *, by: str = "") -> Decision:
+        return cls(plan, "confirmed", how, by)
 
     @classmethod
-    def override(cls, plan: ActionPlan, how: str) -> Decision:
+    def override(cls, plan: ActionPlan, how: str, *, by: str = "") -> Decision:
         """Run a plan shown as blocked anyway: valid only for a blocked plan."""
-        return cls(plan, "override", how)
+        return cls(plan, "override", how, by)
 
     @classmethod
-    def declined(cls, plan: ActionPlan, why: str) -> Decision:
-        return cls(plan, "declined", why)
+    def declined(cls, plan: ActionPlan, why: str, *, by: str = "") -> Decision:
+        return cls(plan, "declined", why, by)
+
+    @property
+    def actor(self) -> str:
+        """Who acts, as the audit log's "user" names them: the decision's `by`, else this console's user."""
+        return self.by or user_name()
 
     @property
     def confirmation(self) -> str:
@@ -743,7 +749,7 @@ class Actions:
         pid, start_time = plan.audited_process()
         return dict(target=plan.target, action=plan.action, subject=plan.subject, command=plan.command,
                     pid=pid, start_time=start_time, confirmation=decision.confirmation,
-                    via=decision.how, user=os.environ.get("USER") or str(os.getuid()))
+                    via=decision.how, user=decision.actor)
 
 
 # ------------------------------------------------------------------ helpers
@@ -813,6 +819,17 @@ def needed_artifact_checks(config: Config, paths: Sequence[str], by: str | None 
     return tuple(checks)
 
 
+def user_name() -> str:
+    """This console's user, by name: $USER, else the account's name (cron and systemd set no
+    $USER; a bare uid names nobody), its uid only where the account has no name."""
+    import getpass
+
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
 def me() -> str:
     """This console's user@host: who acts, acknowledges or watches."""
     import getpass
@@ -825,10 +842,10 @@ def me() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def operator(action: str) -> str:
-    """Who stops a run, as its cause of death says: this console's user@host, and how (stop,
-    restart, resume)."""
-    return f"{me()} ({action})"
+def operator(action: str, by: str = "") -> str:
+    """Who stops a run, as its cause of death says: this console's user@host (or `by`, who
+    decided: a watcher), and how (stop, restart, resume)."""
+    return f"{by or me()} ({action})"
 
 
 def _alive(snap: Snapshot, stage: str) -> bool:

@@ -190,6 +190,7 @@ class Watch:
     unreachable_after: float = 300.0  # a box silent this long is a notification (once), and its return another
     recover: tuple[str, ...] = ()  # RECOVERIES the watcher may run by itself; none: it only notifies
     max_recoveries: int = 3  # per stage per hour
+    backoff_s: float = 30.0  # before a stage's second recovery within the hour; doubled for each one after
 
 
 @dataclass(frozen=True)
@@ -728,14 +729,15 @@ class _Reader:
                   self.path_inside(u, "cu_reports", "ui", workspace, "runs/cu/*/summary.json"))
 
     def watch(self, raw: Any) -> Watch:
-        w = self.table(raw, "watch", {"interval", "unreachable_after", "recover", "max_recoveries"})
+        w = self.table(raw, "watch", {"interval", "unreachable_after", "recover", "max_recoveries", "backoff_s"})
         recover = self.names(w, "recover", "watch")
         unknown = [r for r in recover if r not in RECOVERIES]
         if unknown:
             raise self.fail("watch.recover", "a list of " + ", ".join(RECOVERIES), unknown[0])
         return Watch(float(self.number(w, "interval", "watch", 10.0, 0.1, 86400.0)),
                      float(self.number(w, "unreachable_after", "watch", 300.0, 0.0, 7 * 86400.0)),
-                     tuple(dict.fromkeys(recover)), self.integer(w, "max_recoveries", "watch", 3, 0, 1000))
+                     tuple(dict.fromkeys(recover)), self.integer(w, "max_recoveries", "watch", 3, 0, 1000),
+                     float(self.number(w, "backoff_s", "watch", 30.0, 0.0, 3600.0)))
 
     def serve(self, raw: Any) -> Serve:
         v = self.table(raw, "serve", {"hung_after_s", "every_s", "queue_polls"})

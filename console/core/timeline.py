@@ -1,6 +1,7 @@
 """One time-ordered account of the box: every stage's runs (started, their marker and disk lines,
-how they ended and why), the operator's stops, the audit log's actions, the GPUs' events and the
-console's alerts, raised and resolved, each with its source.
+how they ended and why), the operator's stops, the audit log's actions, the GPUs' events, each
+message the box's watchers sent (from their ledger on the box) and the console's alerts, raised
+and resolved, each with its source.
 
 A log line carries no time of its own: a run's start is its header's, its end its log file's
 last write (CHAIN_DONE is the last line a chain writes; the runs and their ends are its chain's
@@ -37,7 +38,7 @@ NOT_SHOWN = "not_shown"
 @dataclass(frozen=True)
 class Event:
     time: float
-    source: str  # "log", "record", "audit", "gpu", "alert"
+    source: str  # "log", "record", "audit", "gpu", "watcher", "alert"
     kind: str  # started, marker, disk, ended, died, stopped, an action's name, raised, resolved, an Xid
     text: str
     stage: str = ""
@@ -196,12 +197,46 @@ def alert_events(alerts: Iterable) -> list[Event]:
     return out
 
 
-def ledger_events(ledger: dict) -> list[Event]:
-    """What the box's watchers sent (their leader's ledger): each alert when it was first sent."""
-    from samai.console.core.watch.policy import ledger_sent
+def ledger_events(ledger: dict, unverified: str = "") -> list[Event]:
+    """Each message the box's watchers sent, as their leader's ledger on the box keeps it: when it
+    reached its first receiver, its kind (alert, repeat, resolved, recovery, ...), its title and the
+    receivers that took it; and, where the ledger let older ones go, how many (a not_shown event
+    before its oldest). A ledger written before ledgers kept every message says only the alerts
+    still standing, each when it was first sent. Anyone on the box may write the ledger: its text
+    is only shown (inert), and `unverified` (why this machine's watch key does not vouch for it)
+    is said on each of its events."""
+    from samai.console.core.watch.ledger import ledger_sent, ledger_told
 
-    return [Event(sent.first, "watcher", "sent", sent.text, sent.stage, severity=sent.severity or "info")
-            for sent in ledger_sent(ledger).values()]
+    note = f" (unverified: the ledger {unverified})" if unverified else ""
+    told = ledger_told(ledger)
+    if told is None:
+        return [Event(sent.first, "watcher", "sent", sent.text + note, sent.stage,
+                      severity=sent.severity if sent.severity in ("info", "warning", "error") else "info")
+                for sent in ledger_sent(ledger).values()]
+    messages, dropped = told
+    out = [Event(t.at, "watcher", t.kind, t.title + (f": {t.detail}" if t.detail else "")
+                 + (f" (to {', '.join(t.to)})" if t.to else "") + note, t.stage, severity=t.severity)
+           for t in messages]
+    if dropped:
+        at = messages[0].at if messages else time.time()
+        out.insert(0, Event(at, "watcher", NOT_SHOWN, f"{dropped:,} earlier messages the watchers sent are not "
+                            f"shown: the ledger on the box keeps the newest {len(messages):,}", severity="warning"))
+    return out
+
+
+def ledger_unverified(ledger: dict) -> str:
+    """Why this machine's watch key does not vouch for the box's ledger ("" when it sealed it, or
+    there is none). The key is read, never made: a console that never watched has none."""
+    from samai.console.core.watch.trust import Trust, TrustError, key_path
+
+    if not ledger:
+        return ""
+    if not key_path().exists():
+        return "cannot be checked: this machine has no watch key"
+    try:
+        return Trust.load().open(ledger).why
+    except TrustError as e:
+        return f"cannot be checked: {e}"
 
 
 def merged(*sources: Iterable[Event], since: float | None = None) -> list[Event]:
@@ -236,7 +271,8 @@ async def read_timeline(box: Box, cfg: Config, audit: Path, *, since: float | No
         ledger = {}
         unread.append(Event(snap.time, "watcher", NOT_SHOWN, f"what the box's watchers sent was not read: {e}",
                             severity="warning"))
-    return merged(*runs, record_events(snap), gpu_events(snap.gpus.events), ledger_events(ledger),
+    return merged(*runs, record_events(snap), gpu_events(snap.gpus.events),
+                  ledger_events(ledger, ledger_unverified(ledger)),
                   audit_events(audit, since, MAX_AUDIT_EVENTS), more, unread, since=since)
 
 

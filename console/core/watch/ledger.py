@@ -1,7 +1,11 @@
 """The leader's ledger: what it sent and what it saw, left on the box for the next leader (a
-restart, a cron run, another watcher). Read like every file from the box: each number bounded
-before any arithmetic, each text cut short (and made inert where it is said), and its "sent"
-believed only when this watcher's key sealed it (trust.py)."""
+restart, a cron run, another watcher) and for the timeline. Read like every file from the box:
+each number bounded before any arithmetic, each text cut short (and made inert where it is said),
+and its "sent" believed only when this watcher's key sealed it (trust.py).
+
+"sent" holds the alerts sent and still standing (what not to send again); "told" every message
+the watchers sent, the newest MAX_TOLD (with "told_dropped", how many older ones it no longer
+holds): when, its kind, severity and title, its stage, and the receivers that took it (by name)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ from samai.console.core.watch.trust import MAX_SEALED, Opened, Trust, contents
 from samai.remote.model import watch_time
 
 MAX_SENT = 300  # alerts kept in the ledger, the most recent
+MAX_TOLD = 200  # messages sent kept in the ledger, the newest
+MAX_TO = 10  # receivers named for one message
+TOLD_KINDS = frozenset({"alert", "repeat", "resolved", "capped", "suppressed", "unreachable", "reachable", "recovery"})
 MAX_KEY = 400
 MAX_TITLES = 10  # titles of held-back messages the summary shows (its count is kept whole)
 FUTURE_S = 86400.0  # a time this far past now was not written by a watcher's clock
@@ -32,6 +39,25 @@ class Sent:
     def to_json(self) -> dict[str, object]:
         return {"first": self.first, "last": self.last, "text": self.text, "severity": self.severity,
                 "stage": self.stage, "run": self.run, "folded": self.folded}
+
+
+@dataclass
+class Told:
+    """One message the watchers sent: when it first reached a receiver, what it was (its title,
+    and for a recovery the first line of its body) and which receivers took it (their names, such
+    as "ntfy #1": never a URL)."""
+
+    at: float
+    kind: str
+    severity: str
+    title: str
+    stage: str = ""
+    detail: str = ""
+    to: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {"at": self.at, "kind": self.kind, "severity": self.severity, "title": self.title,
+                "stage": self.stage, "detail": self.detail, "to": self.to}
 
 
 @dataclass
@@ -64,6 +90,8 @@ class LedgerRead:
     statuses: dict[str, str] = field(default_factory=dict)
     box_at: float | None = None
     recoveries: object = None  # RecoveryBook.of reads it
+    told: list[Told] = field(default_factory=list)
+    told_dropped: int = 0
 
 
 def _time(value: object, now: float) -> float | None:
@@ -94,6 +122,35 @@ def ledger_sent(raw: dict) -> dict[str, Sent]:
     """What a ledger on the box says was sent, unverified: for a view of the box's history (the
     timeline), never to decide what this watcher sends."""
     return read_sent(contents(raw).get("sent"), float("inf"))
+
+
+def read_told(raw: object, now: float) -> list[Told]:
+    """The ledger's messages sent, each checked (anyone may have written the file), oldest first."""
+    out: list[Told] = []
+    for v in raw[-MAX_TOLD:] if isinstance(raw, list) else ():
+        at = _time(v.get("at"), now) if isinstance(v, dict) else None
+        if at is None:
+            continue
+        kind, severity, to = v.get("kind"), v.get("severity"), v.get("to")
+        out.append(Told(at, kind if kind in TOLD_KINDS else "sent",
+                        severity if severity in ("info", "warning", "error") else "info",
+                        _text(v.get("title"), 300), _text(v.get("stage"), 100), _text(v.get("detail"), 300),
+                        [_text(r, 40) for r in to[:MAX_TO] if isinstance(r, str)] if isinstance(to, list) else []))
+    return sorted(out, key=lambda t: t.at)
+
+
+def told_dropped(raw: object) -> int:
+    return raw if type(raw) is int and 0 <= raw < 2**53 else 0
+
+
+def ledger_told(raw: dict) -> tuple[list[Told], int] | None:
+    """Every message a ledger on the box says the watchers sent, and how many older ones it no
+    longer holds, unverified (for the timeline); None for a ledger that keeps no such list (one
+    written before ledgers did: its `sent` is all it says)."""
+    data = contents(raw)
+    if "told" not in data:
+        return None
+    return read_told(data.get("told"), float("inf")), told_dropped(data.get("told_dropped"))
 
 
 def _windows(raw: object, now: float) -> dict[str, list[float]]:
@@ -134,15 +191,23 @@ def read_ledger(raw: dict, trust: Trust, now: float) -> LedgerRead:
         read.held = _held(data.get("held"), now)
         read.box_at = watch_time(data.get("box_at"))
         read.recoveries = data.get("recoveries")
+        read.told, read.told_dropped = read_told(data.get("told"), now), told_dropped(data.get("told_dropped"))
     return read
 
 
-def sealed_ledger(trust: Trust, data: dict, sent: dict[str, Sent]) -> dict:
-    """The ledger to leave on the box: `data` and the newest sent alerts, as many as its bound
-    allows (the oldest give way first; the box reads the file whole or not at all)."""
+def sealed_ledger(trust: Trust, data: dict, sent: dict[str, Sent], told: list[Told] | None = None,
+                  dropped: int = 0) -> dict:
+    """The ledger to leave on the box: `data`, the newest sent alerts and the newest messages
+    sent, as many as its bound allows (the oldest give way first, the messages counted in
+    told_dropped; the box reads the file whole or not at all)."""
     newest = sorted(sent.items(), key=lambda kv: kv[1].last, reverse=True)[:MAX_SENT]
+    kept = [t.to_json() for t in (told or [])[-MAX_TOLD:]]
+    dropped += len(told or []) - len(kept)
     while True:
-        sealed = trust.seal({**data, "sent": {k: v.to_json() for k, v in newest}})
-        if len(json.dumps(sealed)) <= MAX_SEALED or not newest:
+        sealed = trust.seal({**data, "sent": {k: v.to_json() for k, v in newest}, "told": kept,
+                             "told_dropped": dropped})
+        if len(json.dumps(sealed)) <= MAX_SEALED or not (newest or kept):
             return sealed
         newest = newest[: len(newest) * 3 // 4]
+        cut = len(kept) - len(kept) * 3 // 4
+        kept, dropped = kept[cut:], dropped + cut

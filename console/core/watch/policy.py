@@ -22,7 +22,6 @@ from samai.console.core import units
 from samai.console.core.alertbook import FIRE_FAILED, RUN_ENDED, Alert
 from samai.console.core.config import SEVERITIES, Notify
 from samai.console.core.watch.ledger import MAX_TITLES, HeldBack, LedgerRead, Sent
-from samai.console.core.watch.ledger import ledger_sent as ledger_sent  # the timeline reads the box's ledger
 from samai.remote.safe_text import visible
 
 MAX_TEXT = 600  # characters of box text in one line of a message
@@ -55,6 +54,7 @@ class Message:
     title: str
     body: str
     lane: str = REST  # the hourly cap's lane it spends (see the module's doc)
+    stage: str = ""  # the stage it is about, where it is about one
 
     def __post_init__(self) -> None:
         lines = self.body.split("\n")
@@ -261,14 +261,15 @@ class NotifyPolicy:
         if kind == "repeat":
             lines.append("Press A on the console's alerts to acknowledge it and stop the repeats.")
         return Message(key, kind, a.severity, self._title(again + plain(a.text, 120)),
-                       "\n".join(line for line in lines if line), lane_of(a) if kind == "alert" else REST)
+                       "\n".join(line for line in lines if line), lane_of(a) if kind == "alert" else REST,
+                       a.stage or "")
 
     def _resolution(self, key: str, now: float) -> list[Message]:
         was = self.sent.pop(key)
         if was.folded:  # said inside its run's death message: that one's resolution says it
             return []
         return [Message(key, "resolved", "info", self._title("resolved: " + was.text),
-                        f"resolved at {clock(now)} (raised at {clock(was.first)}).")]
+                        f"resolved at {clock(now)} (raised at {clock(was.first)}).", stage=was.stage)]
 
     def _title(self, text: str) -> str:
         return f"samai {self.box}: {text}" if self.box else f"samai: {text}"

@@ -1,8 +1,9 @@
 """Recovery by policy, opt-in ([watch] recover): a fix the TUI offers for an alert, run by the
-watcher when the alert stands and nobody is at the keys. Through the same action layer (its
-identity checks, its preflight, its audit line, via "by the watcher"), never over a preflight
-that blocks, never twice for one death, at most [watch] max_recoveries per stage per hour, and
-always said in a message."""
+watcher when the alert stands and nobody is at the keys. Decided by the death's cause (retry.py:
+never a crash loop), through the same action layer (its identity checks, its preflight, its audit
+line, via "by the watcher"), never over a preflight that blocks, never twice for one death, at most
+[watch] max_recoveries per stage per hour with a backoff between tries; every decision, to retry
+or not, is an audit line and a message that says why."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from samai.console.core.config import Config
 from samai.console.core.kinds import ActionKind
 from samai.console.core.roles import Role
 from samai.console.core.watch.policy import HOUR_S, REST, Message, alert_identity, plain
+from samai.console.core.watch.retry import Death, decide
 from samai.remote.model import watch_time
 
 BY_THE_WATCHER = "by the watcher"
@@ -38,6 +40,7 @@ class RecoveryBook:
 
     done: dict[str, float] = field(default_factory=dict)  # alert identity -> when it was handled
     times: dict[str, list[float]] = field(default_factory=dict)  # stage -> recoveries run, in the last hour
+    deaths: dict[str, list[tuple[str, int | None]]] = field(default_factory=dict)  # stage -> (cause, step) handled
 
     def recent(self, stage: str, now: float) -> list[float]:
         kept = [t for t in self.times.get(stage, []) if now - t < HOUR_S]
@@ -45,7 +48,8 @@ class RecoveryBook:
         return kept
 
     def to_json(self) -> dict:
-        return {"done": dict(sorted(self.done.items(), key=lambda kv: kv[1])[-200:]), "times": self.times}
+        return {"done": dict(sorted(self.done.items(), key=lambda kv: kv[1])[-200:]), "times": self.times,
+                "deaths": {stage: [list(d) for d in kept[-20:]] for stage, kept in self.deaths.items()}}
 
     @classmethod
     def of(cls, raw: object) -> RecoveryBook:
@@ -60,7 +64,21 @@ class RecoveryBook:
         if isinstance(times, dict):
             book.times = {k: [t for t in map(watch_time, v[-100:]) if t is not None]
                           for k, v in list(times.items())[:100] if isinstance(k, str) and isinstance(v, list)}
+        deaths = raw.get("deaths")
+        if isinstance(deaths, dict):
+            book.deaths = {k: [d for d in map(_death, v[-20:]) if d is not None]
+                           for k, v in list(deaths.items())[:100] if isinstance(k, str) and isinstance(v, list)}
         return book
+
+
+def _death(raw: object) -> tuple[str, int | None] | None:
+    """A handled death's (cause, step) from the ledger: a short word and a step in range, or nothing."""
+    if not (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str) and len(raw[0]) <= 40):
+        return None
+    step = raw[1]
+    if step is not None and not (type(step) is int and 0 <= step < 10**12):
+        return None
+    return raw[0], step
 
 
 def recoveries_due(config: Config, alerts: list[Alert], book: RecoveryBook) -> list[Due]:
@@ -79,27 +97,37 @@ def recoveries_due(config: Config, alerts: list[Alert], book: RecoveryBook) -> l
     return out
 
 
-def recovery_message(box: str, due: Due, ok: bool, words: str) -> Message:
-    """What the operator is told: what the watcher did (or why it did not), and about what."""
+def recovery_message(box: str, due: Due, ok: bool, words: str, why: str = "") -> Message:
+    """What the operator is told: what the watcher did (or why it did not), why, and about what."""
     title = f"samai {box}: " if box else "samai: "
     title += words if ok else f"not recovered: {due.stage}"
-    body = (f"{words}\n" if not ok else "") + f"after: {plain(due.alert.text)}" + (
+    body = (f"{words}\n" if not ok else f"why: {why}\n" if why else "") + f"after: {plain(due.alert.text)}" + (
         "" if ok else "\nNothing was forced: fix it at the console and press x.")
     # A recovery that failed is an error the watcher judged itself: a lane of its own, per stage.
     return Message(f"recovery|{due.key}", "recovery", "info" if ok else "error", title, body,
-                   REST if ok else f"error|recovery|{due.stage}")
+                   REST if ok else f"error|recovery|{due.stage}", due.stage)
 
 
-async def recover(actions, config: Config, box: str, due: Due, book: RecoveryBook, now: float) -> Message:
-    """Run one recovery through the action layer (its confirm answers for the watcher: never
-    over a blocking preflight), or say why not; the death is handled either way."""
+async def recover(actions, config: Config, box: str, due: Due, book: RecoveryBook, now: float,
+                  death: Death) -> Message | None:
+    """Decide one recovery by its death's cause (retry.decide) and run it through the action layer
+    (its confirm answers for the watcher: never over a blocking preflight), or say why not; the
+    death is handled either way, but for a backoff (None: asked again at a later cycle)."""
     from samai.console.core.training.resume import NothingToResume
 
+    stage = config.stage(due.stage)
+    verdict = decide(death, book.deaths.get(due.stage, []), book.recent(due.stage, now), now,
+                     config.watch.max_recoveries, trains=bool(stage and stage.role.trains),
+                     backoff_s=config.watch.backoff_s)
+    if verdict.wait_s > 0:
+        return None
     book.done[due.key] = now
-    recent = book.recent(due.stage, now)
-    if len(recent) >= config.watch.max_recoveries:
-        return recovery_message(box, due, False, f"{len(recent)} recoveries of {due.stage} in the last hour, the "
-                                                 f"most [watch] max_recoveries allows: not run again")
+    book.deaths.setdefault(due.stage, []).append((death.cause, death.step))
+    verb = "resumed" if due.kind is ActionKind.RESUME else "restarted"
+    if not verdict.retry:
+        actions.audit.record(action=due.kind.value, stage=due.stage, by=BY_THE_WATCHER, result="declined",
+                             cause=death.cause, step=death.step, message=f"not {verb}: {verdict.why}")
+        return recovery_message(box, due, False, f"not {verb}: {verdict.why}")
     try:
         if due.kind is ActionKind.RESUME:
             outcome = await actions.resume(due.stage)
@@ -113,5 +141,5 @@ async def recover(actions, config: Config, box: str, due: Due, book: RecoveryBoo
     if outcome.status in ("ok", "done") or outcome.ok:
         checkpoint = getattr(outcome.plan, "checkpoint", "")
         did = f"resumed {due.stage} from {checkpoint.rsplit('/', 1)[-1]}" if checkpoint else f"restarted {due.stage}"
-        return recovery_message(box, due, True, did)
+        return recovery_message(box, due, True, did, verdict.why)
     return recovery_message(box, due, False, plain(outcome.message, 300))

@@ -32,12 +32,17 @@ class Receiver:
     sends: Any  # an apprise.Apprise holding this URL's service alone
 
 
+# Told of each delivery: the message, the receiver's name, when (the watcher keeps what it sent).
+Told = Callable[[Message, str, float], None]
+
+
 @dataclass
 class Pending:
     message: Message
     receiver: Receiver
     attempts: int
     due: float
+    told: Told | None = None
 
 
 def receivers(urls: Sequence[str]) -> list[Receiver]:
@@ -70,11 +75,12 @@ class Sender:
     # What leaves for a receiver: box text may quote a secret the config keeps (a stage that prints its token).
     mask: Callable[[str], str] = redact
 
-    async def send(self, messages: Sequence[Message], now: float) -> None:
-        """Each message to every receiver now; a receiver that fails gets it again later (retry)."""
+    async def send(self, messages: Sequence[Message], now: float, told: Told | None = None) -> None:
+        """Each message to every receiver now; a receiver that fails gets it again later (retry).
+        told: called for each delivery, now or at a retry."""
         for m in messages:
             for r in self.receivers:
-                await self._attempt(Pending(m, r, 0, now), now)
+                await self._attempt(Pending(m, r, 0, now, told), now)
 
     async def retry(self, now: float) -> None:
         """The messages whose retry is due, oldest first."""
@@ -88,6 +94,8 @@ class Sender:
             self.sent += 1
             self.last_sent = now
             self.say(f"sent {p.message.kind} to {p.receiver.name}: {p.message.title}")
+            if p.told is not None:
+                p.told(p.message, p.receiver.name, now)
             return
         if p.attempts >= len(self.retry_s):
             self.unsent += 1
@@ -97,7 +105,7 @@ class Sender:
         pause = self.retry_s[p.attempts]
         self.last_error = f"{p.receiver.name} did not take {p.message.kind} message; retry in {pause:.0f} s"
         self.say(self.last_error)
-        self.pending.append(Pending(p.message, p.receiver, p.attempts + 1, now + pause))
+        self.pending.append(Pending(p.message, p.receiver, p.attempts + 1, now + pause, p.told))
         if len(self.pending) > MAX_PENDING:
             self.pending.pop(0)
             self.unsent += 1

@@ -23,9 +23,10 @@ from samai.console.core.config import Config
 from samai.console.core.feeds import Surroundings
 from samai.console.core.session import BoxSession, OpenBox, PollFailed
 from samai.console.core.update import StateUpdate
-from samai.console.core.watch.ledger import LedgerRead, read_ledger, sealed_ledger
+from samai.console.core.watch.ledger import MAX_TOLD, LedgerRead, Told, read_ledger, sealed_ledger
 from samai.console.core.watch.policy import Message, NotifyPolicy, OutageWatch, clock, plain
 from samai.console.core.watch.recover import BY_THE_WATCHER, RecoveryBook, recover, recoveries_due
+from samai.console.core.watch.retry import Death
 from samai.console.core.watch.sender import Sender
 from samai.console.core.watch.trust import Trust
 from samai.remote.model import WatcherBeat, WatchShared
@@ -48,6 +49,11 @@ class Identity:
     host: str
     pid: int = field(default_factory=os.getpid)
     since: float = field(default_factory=time.time)
+
+    @property
+    def actor(self) -> str:
+        """Who acts when this watcher runs a recovery, as the audit log and a stop's record name it."""
+        return f"watcher {self.who} (pid {self.pid})"
 
 
 def console_command(config: Config) -> str:
@@ -88,6 +94,11 @@ class BoxWatcher:
         self._leader_seen: str | None = None  # the lease's holder at the last beat
         self._problems_said: tuple[str, ...] = ()
         self.polls = 0  # cycles done (tests wait on it)
+        # Every message this watcher sent (with those an earlier leader sealed), the newest MAX_TOLD, for
+        # the ledger (the timeline reads it); told_dropped: how many older ones were let go.
+        self.told: list[Told] = []
+        self.told_dropped = 0
+        self._told_of: dict[int, tuple[Message, Told]] = {}  # a message being delivered: its entry
 
     @property
     def state(self):
@@ -114,7 +125,7 @@ class BoxWatcher:
         if isinstance(result, StateUpdate) and result.beside:
             if self.role != "standby":
                 now = self.clock()
-                await self.sender.send(self._due(now), now)
+                await self._send(self._due(now), now)
             return
         await self.polled(result)
         await self.sender.retry(self.clock())
@@ -131,7 +142,7 @@ class BoxWatcher:
                 self.say(f"internal error: {result.error}")
             down = self.outage.failed(result.error, now)
             if down and self.role != "standby":  # the last known leader says it (the box holds the lease)
-                await self.sender.send(self.policy.capped([down], now), now)
+                await self._send(self.policy.capped([down], now), now)
             return result
         self.last_poll, self.last_error = now, ""
         back = self.outage.answered(now)
@@ -140,10 +151,32 @@ class BoxWatcher:
             self._read_acks(shared)
         if self.role != "standby":  # a watcher standing by for a trusted leader sends nothing
             messages = self.policy.capped([back], now) if back else []
-            await self.sender.send(messages + self._due(now), now)
+            await self._send(messages + self._due(now), now)
         if self.leading:
             await self._recover(now)
         return None
+
+    async def _send(self, messages: list[Message], now: float) -> None:
+        await self.sender.send(messages, now, self._told)
+
+    def _told(self, message: Message, receiver: str, now: float) -> None:
+        """A receiver took a message: kept (once per message, with every receiver that took it)."""
+        mine = self._told_of.get(id(message))
+        if mine is None or mine[0] is not message:
+            detail = message.body.split("\n", 1)[0] if message.kind == "recovery" else ""
+            mine = (message, Told(now, message.kind, message.severity, message.title, message.stage, detail[:300]))
+            self._told_of[id(message)] = mine
+            self.told.append(mine[1])
+            self._keep_told()
+            while len(self._told_of) > MAX_TOLD:
+                del self._told_of[next(iter(self._told_of))]
+        if receiver not in mine[1].to:
+            mine[1].to.append(receiver)
+
+    def _keep_told(self) -> None:
+        if len(self.told) > MAX_TOLD:
+            self.told_dropped += len(self.told) - MAX_TOLD
+            self.told = self.told[-MAX_TOLD:]
 
     def _due(self, now: float, *, wait: bool = True) -> list[Message]:
         snap = self.state.snapshot
@@ -158,17 +191,37 @@ class BoxWatcher:
         """What waits for a run's end (its output's alerts) sent now: the watcher ends."""
         if self.role != "standby" and self.last_poll is not None:
             now = self.clock()
-            await self.sender.send(self._due(now, wait=False), now)
+            await self._send(self._due(now, wait=False), now)
 
     async def _recover(self, now: float) -> None:
         """The fixes [watch] recover lets it run, for the deaths that stand (read-only: none)."""
         if self.readonly or not self.config.watch.recover:
             return
         for due in recoveries_due(self.config, self.state.alerts, self.book):
-            self.say(f"recovering {due.stage}: {due.kind.value} ({BY_THE_WATCHER})")
-            message = await recover(self._actions(), self.config, self.name, due, self.book, now)
+            message = await recover(self._actions(), self.config, self.name, due, self.book, now, self._death(due))
+            if message is None:  # the backoff: asked again at a later cycle
+                continue
             self.say(f"{message.title}: {message.body.splitlines()[0]}")
-            await self.sender.send(self.policy.capped([message], now), now)
+            await self._send(self.policy.capped([message], now), now)
+
+    def _death(self, due) -> Death:
+        """What the watcher knows of a death it may recover: its cause, its run's last step and
+        its log's error-level finding (a training stage's), and whether the disk has room again."""
+        from samai.console.core.death import cause_of_death
+        from samai.console.core.training.feed import TrainingFeed
+
+        snap, update = self.state.snapshot, self.state.last_update
+        rec = snap.state(due.stage) if snap else None
+        died = cause_of_death(rec, snap) if rec and snap else None
+        cause = "serve_hung" if due.alert.code == "serve_hung" else died.cause if died else "exit"
+        training = self.state.feed(TrainingFeed)
+        step, anomaly = None, ""
+        if training is not None and training.stage == due.stage:
+            points = training.check.parser.points
+            step = points[-1].step if points else None
+            anomaly = next((a.message for a in training.check.anomalies if a.severity == "error"), "")
+        room = update is None or update.budget.free > self.config.budget.reserve_gb * (1 << 30)
+        return Death(cause, step, anomaly[:200], room)
 
     def _nodes(self):
         """The connections to the nodes of its multi-node stages (read only: a rank that died is said)."""
@@ -179,7 +232,7 @@ class BoxWatcher:
             from samai.console.core.paths import audit_log
 
             async def decline(plan):
-                return Decision.declined(plan, "the watcher reads the nodes only")
+                return Decision.declined(plan, "the watcher reads the nodes only", by=self.me.actor)
 
             self._multinode = MultiNodeSession(self.config, AuditLog(audit_log()), readonly=True, confirm=decline)
         return self._multinode
@@ -195,8 +248,9 @@ class BoxWatcher:
         async def confirm(plan):
             if plan.blocked:
                 errors = "; ".join(c.text for c in plan.checks if c.severity == "error")
-                return Decision.declined(plan, f"the preflight blocks it (a watcher never overrides): {errors}")
-            return Decision.confirmed(plan, BY_THE_WATCHER)
+                return Decision.declined(plan, f"the preflight blocks it (a watcher never overrides): {errors}",
+                                         by=self.me.actor)
+            return Decision.confirmed(plan, BY_THE_WATCHER, by=self.me.actor)
 
         audit = AuditLog(audit_log(), SecretMask.of_config(self.config))  # its secrets masked by place too
         return Actions(self.session.connected_box(), self.config, audit, readonly=self.readonly, confirm=confirm)
@@ -223,7 +277,16 @@ class BoxWatcher:
         self.policy.adopt(read)
         if read.trusted:
             self.book = RecoveryBook.of(read.recoveries)
+            self._adopt_told(read)
         return read
+
+    def _adopt_told(self, read: LedgerRead) -> None:
+        """The messages an earlier leader sealed, before (and beside) this watcher's own: one
+        history on the box. Only from a ledger this key sealed: a made-up one is never sealed anew."""
+        mine = {(t.at, t.title) for t in self.told}
+        self.told = sorted([t for t in read.told if (t.at, t.title) not in mine] + self.told, key=lambda t: t.at)
+        self.told_dropped = max(self.told_dropped, read.told_dropped)
+        self._keep_told()
 
     def _read_acks(self, shared: WatchShared) -> None:
         """The alerts acknowledged on the box (no more repeats of them); each new one said once."""
@@ -245,7 +308,7 @@ class BoxWatcher:
         snap = self.state.snapshot
         data = {**self.policy.ledger(), "statuses": self.state.stage_statuses(), "recoveries": self.book.to_json(),
                 "at": self.clock(), "box_at": snap.time if snap else None}
-        return sealed_ledger(self.trust, data, self.policy.sent)
+        return sealed_ledger(self.trust, data, self.policy.sent, self.told, self.told_dropped)
 
     async def _beat(self, now: float) -> WatchShared | None:
         """The heartbeat (and the ledger, if this one leads); None when it could not be written."""
