@@ -97,7 +97,7 @@ class Kept(Sender):
         super().__init__([], lambda line: None)
         self.messages: list[Message] = []
 
-    async def send(self, messages, now: float) -> None:
+    async def send(self, messages, now: float, told=None) -> None:
         self.messages += messages
 
 
