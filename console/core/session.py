@@ -28,6 +28,7 @@ from samai.remote.targets import TargetError
 from samai.remote.transport import TransportError
 
 CATCH_UP_S = 0.05  # the log pane behind a flood asks again at once
+MIN_GAP = 0.1  # of the interval, between a poll that took longer than the interval and the next
 BOX_ERRORS = (BoxError, TransportError, TargetError, OSError, TimeoutError)
 
 OpenBox = Callable[[Config], Box]
@@ -65,11 +66,13 @@ async def _handed(report: Report, result: StateUpdate | PollFailed) -> None:
 
 class BoxSession:
     """row_only: a fleet row's share of the box; headless: the watcher's and doctor's (no log pane,
-    no feed that only the box screen shows); log: the box screen's, with the log pane's cursor."""
+    no feed that only the box screen shows); log: the box screen's, with the log pane's cursor.
+    monotonic and sleep time the poll loop (a test's own clock)."""
 
     def __init__(self, config: Config, open_box: OpenBox, *, clock: Callable[[], float] = time.time,
                  row_only: bool = False, headless: bool = False, around: Surroundings | None = None,
-                 log: bool = False) -> None:
+                 log: bool = False, monotonic: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.config = config
         self.state = ConsoleState(config, row_only=row_only, headless=headless, around=around, clock=clock)
         self.cursor = LogCursor(config) if log else None
@@ -77,6 +80,7 @@ class BoxSession:
         self.link: Link = "connecting"
         self.read_errors: dict[str, str] = {}  # each read beside the poll that failed last, and why
         self._open_box, self._clock = open_box, clock
+        self._monotonic, self._sleep = monotonic, sleep
         self._reads: dict[str, asyncio.Task[None]] = {}  # the reads in flight, by what they read
 
     def connected_box(self) -> Box:
@@ -175,13 +179,16 @@ class BoxSession:
 
     async def run(self, report: Report, on_bug: Callable[[Exception], None], *,
                   before: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Poll until cancelled, the next poll when the last is done and shown; a box that does not
-        answer is asked again with backoff. After each poll the due reads start beside it. A bug
+        """Poll until cancelled, a poll every interval from the start of the last (a poll that took
+        longer is followed after a tenth of the interval: what happens on the box is seen at most
+        an interval plus one poll after it, however slow the box or its reader); a box that does
+        not answer is asked again with backoff. After each poll the due reads start beside it. A bug
         folding in or showing a snapshot goes to on_bug and ends nothing. before: awaited ahead of
         each poll (the watcher's first look at what the last watcher left)."""
         backoff = Backoff(self.config.target.poll_interval)
         while True:
             result: StateUpdate | PollFailed | None
+            started = self._monotonic()
             try:
                 if before is not None:
                     await before()
@@ -193,10 +200,14 @@ class BoxSession:
                 on_bug(e)
                 result = None
             if isinstance(result, PollFailed):
-                await asyncio.sleep(backoff.failed())
+                await self._sleep(backoff.failed())
                 continue
             backoff.answered()
-            await asyncio.sleep(CATCH_UP_S if result is not None and self._behind(result) else backoff.interval)
+            if result is not None and self._behind(result):
+                await self._sleep(CATCH_UP_S)
+            else:
+                took = self._monotonic() - started
+                await self._sleep(max(backoff.interval * MIN_GAP, backoff.interval - took))
 
     def _behind(self, u: StateUpdate) -> bool:
         """Whether the shown log has more bytes waiting than one poll brought."""
