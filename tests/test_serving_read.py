@@ -104,7 +104,8 @@ def test_vllm_s_metrics_under_either_name_of_its_kv_gauge() -> None:
 
 
 def test_what_is_not_an_engine_s_metrics_is_said() -> None:
-    assert isinstance(parse_metrics("x{ 1"), str)
+    assert isinstance(parse_metrics("vllm:num_requests_running{ 1"), str)  # a line of a figure read, broken
+    assert parse_metrics("x{ 1") == EngineMetrics("")  # another metric's line is not parsed, broken or not
     assert parse_metrics("# nothing here\nother_metric 1\n") == EngineMetrics("")
     assert parse_slots("{}") == "not a list of slots" and parse_slots("[") == "not JSON: JSONDecodeError"
     assert isinstance(parse_props("[1]"), str)

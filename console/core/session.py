@@ -98,6 +98,7 @@ class BoxSession:
         except Exception as e:  # nothing read from the box ends the poll: it is said, and asked again
             return self._failed(e)
         connected, self.link = self.link != "connected", "connected"
+        await asyncio.to_thread(self.state.prepare, snap)  # a large /metrics body parsed off the event loop
         return self.state.apply(snap, followers, self._clock(), cursor=self.cursor, connected=connected)
 
     def _failed(self, e: BaseException) -> PollFailed:

@@ -103,6 +103,11 @@ class ConsoleState:
         return {"artifacts": artifacts, "logs": logs, "reports": self.config.ui.reports, "writers": True,
                 "binaries": declared_binaries(self.config), **parts}
 
+    def prepare(self, snap: Snapshot) -> None:
+        """The feeds' parsing of a snapshot, ahead of apply: the session runs it in a worker thread."""
+        for feed in self.feeds:
+            feed.prepare(snap)
+
     def apply(self, snap: Snapshot, followers: list[LogFollower], now: float, *, cursor: LogCursor | None = None,
               connected: bool = False) -> StateUpdate:
         """Fold in a snapshot taken with the cursors of `followers` (in that order). connected: the

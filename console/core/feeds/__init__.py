@@ -97,6 +97,11 @@ class Feed:
         """Its part of the probe's request."""
         return {}
 
+    def prepare(self, snap: Snapshot) -> None:
+        """Parse what of the snapshot costs to parse, into the feed's own keeping for fold: called in
+        a worker thread before the poll is folded in (pure work; nothing else of the state is read
+        or written there)."""
+
     def fold(self, poll: Poll) -> list[Alert]:
         """A poll folded in; the alerts it raises of its own (the detectors' are the state's)."""
         return []

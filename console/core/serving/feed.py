@@ -9,6 +9,7 @@ from typing import Any
 
 from samai.console.core.feeds import Feed, Surroundings
 from samai.console.core.serving.watch import ServingView, ServingWatch
+from samai.remote.model import Snapshot
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class ServingFeed(Feed):
         # One look (doctor's) asks every serve stage's ports: which of them run, its answers say.
         asked = [s.name for s in self.config.stages] if self.around.one_look else self.state.running()
         return self.watch.request(asked, self.state.received_at or 0.0)
+
+    def prepare(self, snap: Snapshot) -> None:
+        self.watch.prepare(snap)  # the /metrics bodies, parsed off the event loop
 
     def context(self) -> dict[str, Any]:
         return {"serving": self.watch}

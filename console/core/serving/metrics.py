@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_SLOTS = 256  # a /slots answer with more is cut: the pane shows a handful, the sums stay bounded
+MAX_METRIC_LINES = 2048  # the read figures' lines taken from one /metrics body (a label set each); more are said
 
 # Each figure by engine: the sample names that give it (the first found wins; vLLM renamed its KV
 # gauge from gpu_cache_usage_perc to kv_cache_usage_perc).
@@ -34,6 +35,12 @@ VLLM = {
 }
 
 
+# The sample names read, and their families' names (a counter's family drops _total): only their
+# lines are parsed, so a body's cost is what those lines cost, whatever else it holds.
+READ = frozenset(n for table in (LLAMACPP, VLLM) for names in table.values() for n in names)
+FAMILIES = READ | {n.removesuffix("_total") for n in READ}
+
+
 @dataclass(frozen=True)
 class EngineMetrics:
     """What one /metrics answer says, summed over its label sets (vLLM labels by model)."""
@@ -44,6 +51,7 @@ class EngineMetrics:
     running: float | None = None  # gauges: now
     waiting: float | None = None
     kv_use: float | None = None  # 0..1, where the engine exports it
+    left_out: int = 0  # lines of the figures read past MAX_METRIC_LINES, not read (the pane says so)
 
 
 @dataclass(frozen=True)
@@ -65,12 +73,14 @@ class Props:
 
 
 def parse_metrics(text: str) -> EngineMetrics | str:
-    """The engine's figures from its Prometheus text, or what is wrong with the text."""
+    """The engine's figures from its Prometheus text, or what is wrong with the lines that carry
+    them (another metric's lines are not parsed: neither their cost nor their errors are ours)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    lines, left_out = read_lines(text)
     sums: dict[str, float] = {}
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(lines):
             for sample in family.samples:
                 if isinstance(sample.value, (int, float)) and math.isfinite(sample.value):
                     sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
@@ -79,8 +89,30 @@ def parse_metrics(text: str) -> EngineMetrics | str:
     for engine, names in (("llama.cpp", LLAMACPP), ("vllm", VLLM)):
         if any(n in sums for ns in names.values() for n in ns):
             found = {figure: next((sums[n] for n in ns if n in sums), None) for figure, ns in names.items()}
-            return EngineMetrics(engine, **found)
+            return EngineMetrics(engine, **found, left_out=left_out)
     return EngineMetrics("")
+
+
+def read_lines(text: str) -> tuple[str, int]:
+    """The lines of a /metrics body that carry the figures read (their samples, their families'
+    HELP and TYPE lines), the first MAX_METRIC_LINES of them; and how many more there were."""
+    kept: list[str] = []
+    left_out = 0
+    for line in text.split("\n"):  # the format's line end (a label may hold any other)
+        words = line.split(None, 3)
+        if not words:
+            continue
+        if words[0] == "#":
+            wanted = len(words) >= 3 and words[1] in ("HELP", "TYPE") and words[2] in FAMILIES
+        else:
+            wanted = words[0].split("{", 1)[0] in READ
+        if not wanted:
+            continue
+        if len(kept) < MAX_METRIC_LINES:
+            kept.append(line)
+        else:
+            left_out += 1
+    return "".join(f"{line}\n" for line in kept), left_out
 
 
 def parse_slots(raw: str) -> tuple[Slot, ...] | str:

@@ -19,6 +19,7 @@ from samai.console.core.fixes import FixAction
 from samai.console.core.kinds import ActionKind
 from samai.console.core.problems import Finding
 from samai.console.core.serving.metrics import (
+    MAX_METRIC_LINES,
     EngineMetrics,
     Props,
     ServingPoint,
@@ -104,6 +105,21 @@ class ServingWatch:
         self.asked_at: float | None = None
         self.views: dict[int, ServingView] = {}
         self._ports: dict[int, _Port] = {}
+        self._prepared: dict[int, tuple[str, EngineMetrics | str]] = {}  # port -> (its /metrics body, parsed)
+
+    def prepare(self, snap: Snapshot) -> None:
+        """Parse the snapshot's /metrics bodies now: the session calls it in a worker thread before
+        the snapshot is folded in, so a large body never holds the event loop (observe takes them)."""
+        prepared = {}
+        for answers in snap.serving:
+            got = answers.get("/metrics")
+            if got is not None and got.status == 200:
+                prepared[answers.port] = (got.body, parse_metrics(got.body))
+        self._prepared = prepared
+
+    def _parse_metrics(self, port: int) -> Callable[[str], EngineMetrics | str]:
+        prepared = self._prepared.pop(port, None)
+        return lambda body: prepared[1] if prepared is not None and prepared[0] is body else parse_metrics(body)
 
     def serving_ports(self, running: Iterable[str]) -> dict[int, str]:
         """port -> stage, for the serve-role stages running now."""
@@ -171,7 +187,8 @@ class ServingWatch:
         health, health_ok, seconds = _health(answers.get("/health"))
         answered = seconds is not None
         state.silent_since = None if answered else (state.silent_since if state.silent_since is not None else at)
-        metrics, metrics_note = _read(answers.get("/metrics"), parse_metrics, "/metrics")
+        metrics, metrics_note = _read(answers.get("/metrics"), self._parse_metrics(answers.port), "/metrics")
+        metrics_note = metrics_note or _metrics_cut(answers.get("/metrics"), metrics)
         slots, slots_note = _read(answers.get("/slots"), parse_slots, "/slots")
         state.props = _read(answers.get("/props"), parse_props, "/props")[0] or state.props
         if metrics is not None and not metrics.engine:
@@ -189,6 +206,15 @@ class ServingWatch:
             at - state.silent_since if state.silent_since is not None else None,
             metrics.kv_use if metrics is not None and metrics.kv_use is not None else kv_use(slots) if slots else None,
             tuple(state.history), canary, canary_waiting)
+
+
+def _metrics_cut(answer: EndpointAnswer | None, metrics: EngineMetrics | None) -> str:
+    """What a /metrics body read in part leaves out: never a silent cut."""
+    if metrics is not None and metrics.left_out:
+        return f"/metrics: {metrics.left_out} lines of its figures past the first {MAX_METRIC_LINES} not read"
+    if metrics is not None and answer is not None and answer.truncated:
+        return f"/metrics over {len(answer.body) // 1024} KiB, cut at the probe's bound: figures after it missing"
+    return ""
 
 
 def _health(answer: EndpointAnswer | None) -> tuple[str, bool, float | None]:
