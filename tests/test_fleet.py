@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -245,8 +246,9 @@ async def _drive_the_fleet(tmp_path: Path, f: Path, names: list[str], spaces: di
         table = fleet.query_one(FleetTable)
         await pilot_until(pilot, lambda: all(_cell(table, n, "connection") == "connected" for n in names))
         assert [k.value for k in table.rows] == [*names, "hung"] and app.box is None  # no box screen polled yet
-        await pilot_until(pilot, lambda: "unreachable: " in _cell(table, "hung", "connection")
+        await pilot_until(pilot, lambda: _cell(table, "hung", "connection") == "unreachable"
                           and fleet.fleet.watch("hung").row.error)
+        await pilot_until(pilot, lambda: _cell(table, "hung", "alert"))  # why, in the row's widest column
         assert all(_cell(table, n, "rtt").endswith(" ms") and " / " in _cell(table, n, "disk") for n in names)
 
         # A stage fired on b (by another console: the CLI) shows on b's row, and on no other.
@@ -349,8 +351,10 @@ def test_a_row_shows_gpus_and_quotes_the_box_literally() -> None:
                  alert=Alert(1.0, "error", "[@click=app.quit]x[/] \x1b[31mred"))
     shown = {k: str(v) for k, v in cells(row).items()}
     assert shown["gpu"] == "2× 38 % · 3.0 GB / 80.0 GB"
-    assert "\x1b" not in "".join(shown.values()) and "[/x] gone" in shown["connection"]
+    assert "\x1b" not in "".join(shown.values()) and shown["connection"] == "lost"
     assert shown["running"] == "[bold]t" and shown["alert"].startswith("error [@click=app.quit]x[/] ")
+    why = str(cells(replace(row, alert=None))["alert"])  # no alert: why it is not read, literally
+    assert "\x1b" not in why and why.endswith("[/x] gone")
 
 
 @pytest.mark.slow
