@@ -349,11 +349,11 @@ def test_a_row_shows_gpus_and_quotes_the_box_literally() -> None:
     row = BoxRow("a", "ssh://op@gpu-a", "lost", error="\x1b]0;owned\x07[/x] gone", running=("[bold]t",),
                  gpu_count=2, gpu_util=37.5, gpu_memory_used=3_000_000_000, gpu_memory_total=80_000_000_000,
                  alert=Alert(1.0, "error", "[@click=app.quit]x[/] \x1b[31mred"))
-    shown = {k: str(v) for k, v in cells(row).items()}
+    shown = {k: str(v) for k, v in cells(row, 0.0).items()}
     assert shown["gpu"] == "2× 38 % · 3.0 GB / 80.0 GB"
     assert "\x1b" not in "".join(shown.values()) and shown["connection"] == "lost"
     assert shown["running"] == "[bold]t" and shown["alert"].startswith("error [@click=app.quit]x[/] ")
-    why = str(cells(replace(row, alert=None))["alert"])  # no alert: why it is not read, literally
+    why = str(cells(replace(row, alert=None), 0.0)["alert"])  # no alert: why it is not read, literally
     assert "\x1b" not in why and why.endswith("[/x] gone")
 
 

@@ -17,11 +17,11 @@ from samai.widgets.keys import bindings
 if TYPE_CHECKING:
     from samai.console.core.fleet import BoxRow
 
-COLUMNS = (("box", "box"), ("connection", "connection"), ("rtt", "rtt"), ("running", "running"),
+COLUMNS = (("box", "box"), ("connection", "connection"), ("age", "read"), ("rtt", "rtt"), ("running", "running"),
            ("disk", "disk used / peak"), ("gpu", "GPU util · memory"), ("alert", "newest alert"))
 # Which columns stay when the table is narrower than them all: the first ones; the others give way
 # from the end (rtt first). The alert takes the width left, at least ALERT_MIN, ellipsized.
-KEPT_FIRST = ("box", "connection", "alert", "running", "disk", "gpu", "rtt")
+KEPT_FIRST = ("box", "connection", "age", "alert", "running", "disk", "gpu", "rtt")
 ALERT_MIN = 24
 SCROLLBAR = 2  # the vertical scroll bar's columns, once the rows overflow
 STATE_STYLE = {"connected": "green", "connecting": "yellow", "unreachable": "bold red", "lost": "bold red"}
@@ -33,8 +33,22 @@ def _bytes(n: int | None) -> str:
     return "?" if n is None else units.size(n)
 
 
-def cells(row: BoxRow) -> dict[str, Text]:
-    """The row's cells by column key."""
+FRESH_S = 10.0  # a row read this recently is "now": a fleet's boxes are polled every 1-6 s
+
+
+def age(row: BoxRow, now: float) -> Text:
+    """How long ago the row's box was last read: "now" while as fresh as its polls make it (so a
+    healthy fleet's ages do not change every second), else the age, bold once a minute old."""
+    if row.seen_at is None:
+        return Text("—")
+    seconds = max(0.0, now - row.seen_at)
+    if seconds < FRESH_S:
+        return Text("now", "dim")
+    return Text(units.age(seconds) + " ago", "bold yellow" if seconds >= 60 else "yellow")
+
+
+def cells(row: BoxRow, now: float) -> dict[str, Text]:
+    """The row's cells by column key, its age as of now."""
     state = Text(row.state, STATE_STYLE.get(row.state, ""))
     disk = "" if row.disk_used is None else f"{_bytes(row.disk_used)} / {_bytes(row.disk_peak)}"
     if disk and row.disk_capacity:
@@ -49,7 +63,7 @@ def cells(row: BoxRow) -> dict[str, Text]:
         alert.append(visible(row.alert.text)[:ALERT_CHARS])
     elif row.error and row.state != "connected":  # why it cannot be read, in the row's widest column
         alert.append(visible(row.error)[:ALERT_CHARS], "dim")
-    return {"box": Text(visible(row.name), "bold"), "connection": state,
+    return {"box": Text(visible(row.name), "bold"), "connection": state, "age": age(row, now),
             "rtt": Text("" if row.rtt is None else f"{row.rtt * 1000:.0f} ms"),
             "running": Text(visible(", ".join(row.running)) if row.running else "—"),
             "disk": Text(disk), "gpu": Text(gpu), "alert": alert}
@@ -98,13 +112,13 @@ class FleetTable(DataTable):
     def on_resize(self) -> None:
         self._lay_out()
 
-    def show(self, rows: list[BoxRow]) -> None:
+    def show(self, rows: list[BoxRow], now: float) -> None:
         for row in rows:
-            self.show_row(row)
+            self.show_row(row, now)
 
-    def show_row(self, row: BoxRow) -> None:
-        """Add the box's row, or change the cells that changed."""
-        new = cells(row)
+    def show_row(self, row: BoxRow, now: float) -> None:
+        """Add the box's row, or change the cells that changed (its age as of now)."""
+        new = cells(row, now)
         old = self._cells.get(row.name)
         self._cells[row.name] = new
         wider = {key: w for key, w in natural_widths([new]).items() if w > self._natural[key]}

@@ -94,6 +94,7 @@ class Target:
     connect_timeout: float = 10.0
     max_channels: int = 6  # SSH: concurrent channels on the one connection
     token_env: str = "SAMAI_ENVELOPE_TOKEN"  # envelope: the variable holding the gateway's token
+    poll_interval_given: bool = False  # set in the config (a fleet adapts the interval of the others to its size)
 
     @property
     def is_local(self) -> bool:
@@ -583,7 +584,8 @@ class _Reader:
                       self.integer(t, "keepalive_count", where, 3, 1, 1000),
                       float(self.number(t, "connect_timeout", where, 10.0, 0.5, 3600.0)),
                       self.integer(t, "max_channels", where, 6, 1, 1000),
-                      self.text(t, "token_env", where, "SAMAI_ENVELOPE_TOKEN"))
+                      self.text(t, "token_env", where, "SAMAI_ENVELOPE_TOKEN"),
+                      "poll_interval" in t)
 
     def workspace(self, raw: Any, pipeline: str, target: Target, where: str = "workspace.path") -> str:
         w = self.table(raw, where.rsplit(".", 1)[0], {"path"})

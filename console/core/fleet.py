@@ -32,6 +32,21 @@ def fleet_configs(cfg: Config) -> list[tuple[str, Config]]:
     return [(b.name, cfg.on_box(b.name)) for b in cfg.boxes]
 
 
+def fleet_interval(boxes: int) -> float:
+    """The poll interval of a fleet's box that sets none: 1 s for up to 10 boxes, then longer with
+    the fleet's size, up to 6 s from 60 (as all-smi does: a row read every second is no use to
+    an operator scanning 64 of them, and costs a core)."""
+    return min(6.0, max(1.0, boxes / 10))
+
+
+def polled_configs(cfg: Config) -> list[tuple[str, Config]]:
+    """fleet_configs, each box's poll interval its own where its config sets one, else the fleet's."""
+    configs = fleet_configs(cfg)
+    adaptive = fleet_interval(len(configs))
+    return [(name, c if c.target.poll_interval_given else replace(c, target=replace(c.target, poll_interval=adaptive)))
+            for name, c in configs]
+
+
 def deadline_of(cfg: Config) -> float:
     """The longest one box may take to answer once: its connect, then one call."""
     return cfg.target.connect_timeout + cfg.target.timeout
@@ -166,7 +181,7 @@ class Fleet:
 
     def __init__(self, config: Config, open_box: OpenBox, clock: Callable[[], float] = time.time) -> None:
         self.config = config
-        self.watches = [BoxWatch(name, cfg, open_box, clock) for name, cfg in fleet_configs(config)]
+        self.watches = [BoxWatch(name, cfg, open_box, clock) for name, cfg in polled_configs(config)]
 
     @property
     def names(self) -> list[str]:
