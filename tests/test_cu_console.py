@@ -176,7 +176,7 @@ def test_a_cu_runs_summary_is_an_eval_pane_row_with_its_own_figures() -> None:
     assert run.items == "/w/runs/cu/rft-1-after/episodes.jsonl"
     from samai.widgets.evals import _figures
 
-    assert _figures(run) == ("42.9 % cu (no actions?)", "15 no action", "1 error")
+    assert _figures(run) == ("cu", "42.9 %", "15 no action, 0 missed, 1 error (no actions?)")
 
 
 # ---------------------------------------------------------------- the browser, before the stage is fired

@@ -217,7 +217,7 @@ def test_the_eval_pane_counts_each_kind() -> None:
 
     summary = {"n": 28, "successes": 6, "success_rate": 0.2143, "parse_failures": 17, "missed": 16, "errors": 0}
     run = eval_run(Report("runs/cu/*/summary.json", "/w/runs/cu/vlm-tiny/summary.json", 5.0, json.dumps(summary)))
-    assert run.missed == 16 and _figures(run) == ("21.4 % cu", "1 no action, 16 missed", "0 errors")
+    assert run.missed == 16 and _figures(run) == ("cu", "21.4 %", "1 no action, 16 missed, 0 errors")
     summary.update(missed=0)
     run = eval_run(Report("runs/cu/*/summary.json", "/w/runs/cu/vlm-tiny/summary.json", 5.0, json.dumps(summary)))
-    assert _figures(run) == ("21.4 % cu (no actions?)", "17 no action", "0 errors")
+    assert _figures(run) == ("cu", "21.4 %", "17 no action, 0 missed, 0 errors (no actions?)")
