@@ -29,6 +29,7 @@ from samai.remote.transport import TransportError
 
 CATCH_UP_S = 0.05  # the log pane behind a flood asks again at once
 MIN_GAP = 0.1  # of the interval, between a poll that took longer than the interval and the next
+MIN_PAUSE_S = 0.25  # and at least this (or the interval, if shorter): a slow box is never asked back to back
 BOX_ERRORS = (BoxError, TransportError, TargetError, OSError, TimeoutError)
 
 OpenBox = Callable[[Config], Box]
@@ -62,6 +63,12 @@ async def _handed(report: Report, result: StateUpdate | PollFailed) -> None:
     said = report(result)
     if inspect.isawaitable(said):
         await said
+
+
+def pause_after(interval: float, took: float) -> float:
+    """The pause after a poll that took `took` seconds: the rest of the interval, or a tenth of
+    it (at least MIN_PAUSE_S, at most the interval) after a poll that took longer."""
+    return max(interval - took, interval * MIN_GAP, min(interval, MIN_PAUSE_S))
 
 
 class BoxSession:
@@ -181,7 +188,7 @@ class BoxSession:
     async def run(self, report: Report, on_bug: Callable[[Exception], None], *,
                   before: Callable[[], Awaitable[None]] | None = None) -> None:
         """Poll until cancelled, a poll every interval from the start of the last (a poll that took
-        longer is followed after a tenth of the interval: what happens on the box is seen at most
+        longer is followed after a short pause, pause_after: what happens on the box is seen at most
         an interval plus one poll after it, however slow the box or its reader); a box that does
         not answer is asked again with backoff. After each poll the due reads start beside it. A bug
         folding in or showing a snapshot goes to on_bug and ends nothing. before: awaited ahead of
@@ -208,7 +215,7 @@ class BoxSession:
                 await self._sleep(CATCH_UP_S)
             else:
                 took = self._monotonic() - started
-                await self._sleep(max(backoff.interval * MIN_GAP, backoff.interval - took))
+                await self._sleep(pause_after(backoff.interval, took))
 
     def _behind(self, u: StateUpdate) -> bool:
         """Whether the shown log has more bytes waiting than one poll brought."""

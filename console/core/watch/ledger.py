@@ -132,8 +132,8 @@ def read_told(raw: object, now: float) -> list[Told]:
         if at is None:
             continue
         kind, severity, to = v.get("kind"), v.get("severity"), v.get("to")
-        out.append(Told(at, kind if kind in TOLD_KINDS else "sent",
-                        severity if severity in ("info", "warning", "error") else "info",
+        out.append(Told(at, kind if isinstance(kind, str) and kind in TOLD_KINDS else "sent",
+                        severity if isinstance(severity, str) and severity in ("info", "warning", "error") else "info",
                         _text(v.get("title"), 300), _text(v.get("stage"), 100), _text(v.get("detail"), 300),
                         [_text(r, 40) for r in to[:MAX_TO] if isinstance(r, str)] if isinstance(to, list) else []))
     return sorted(out, key=lambda t: t.at)
