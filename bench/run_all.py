@@ -37,6 +37,8 @@ BENCHES = [  # the issue's table first, in its order; then the other figures
     ("a fleet of 1, 4 and 16 boxes polled at 1 s: console CPU, memory, change to model", ["fleet.py"]),
     ("the probe's poll with two serving ports, one stopped, vs without", ["serving_probe.py", "--runs", "30"]),
     ("a live training curve at 50 steps/s: minute 1 vs after 27,000 more steps", ["live_curve.py"]),
+    ("the fleet screen in a terminal, 16 and 64 boxes at 1 s, now vs before this round",
+     ["fleet_tui.py", "--boxes", "1", "16", "64"]),
     ("a 256 KiB /metrics body: the console's read vs the whole body parsed", ["metrics_parse.py"]),
     ("a resumed run vs the same seed uninterrupted: the largest relative difference", ["resume_fidelity.py"]),
     ("death to the operator's phone: 10 kills, watch at 10 s, to the message and the resumed run",
