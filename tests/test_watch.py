@@ -331,17 +331,26 @@ async def test_recovery_restarts_a_killed_server_by_the_watcher_and_the_cap_stop
     assert len(declined) == 1 and "max_recoveries" in declined[0]["message"] and declined[0]["cause"] == "signal"
 
 
+class Said(list):
+    """A watcher's log kept and printed as it comes, with the time (a test that fails shows it)."""
+
+    def append(self, line: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} watcher: {line}", flush=True)
+        super().append(line)
+
+
 async def test_a_server_that_dies_the_same_way_twice_is_not_restarted_again_and_says_why(
         tmp_path: Path, workspace: Path, json_receiver: HttpReceiver) -> None:
     """Its own exit (`bind failed`) twice in a row: a restart would die the same way (no crash loop)."""
     serve = job("sleep 4; echo 'bind failed'; exit 9", name="serve", key="v", extra='role = "serve"')
     policy = 'interval = 0.3\nrecover = ["restart_serve"]\nmax_recoveries = 5\nbackoff_s = 0'
     cfg = load(tmp_path, toml(workspace, serve, watch=policy))
-    w = watcher(cfg, [json_receiver.url], [])
+    w = watcher(cfg, [json_receiver.url], Said())  # its log on stdout: shown if the test fails
     task = asyncio.ensure_future(watch([w]))
     try:
         await running(w)
         await fire(cfg, "serve")
+        print("fired serve; the watcher's polls:", w.polls, flush=True)
         await until(lambda: any(t.startswith("samai: not recovered: serve") for t in json_receiver.titles()),
                     timeout=90)
     finally:
