@@ -31,12 +31,9 @@ import time
 from pathlib import Path
 
 from harness import argument_parser, percentile
-from tiny_training import fetched_workspace, losses, train_command, trainer_pid
+from tiny_training import confirming_actions, fetched_workspace, home_in, losses, train_command, trainer_pid
 
 from samai.console.core import config
-from samai.console.core.actions import ActionPlan, Actions, Decision
-from samai.console.core.audit import AuditLog
-from samai.console.core.paths import audit_log
 from tests.receivers import HttpReceiver, Received
 
 DIED = "samai: stage train failed"
@@ -68,9 +65,6 @@ def config_text(ws: Path, command: str, interval: float) -> str:
             f'\n[watch]\ninterval = {interval}\nrecover = ["resume_train"]\nmax_recoveries = 1000\nbackoff_s = 0\n')
 
 
-async def confirmed(plan: ActionPlan) -> Decision:
-    return Decision.confirmed(plan, "bench")
-
 
 async def first_step_of_next_run(log: Path, dead_inode: int, timeout: float = 180) -> float:
     """When the log the resume started (a new file: the fire keeps the dead run's as NAME.1)
@@ -90,9 +84,7 @@ async def main(venv: Path | None, source: Path | None, kills: int, interval: flo
                max_steps: int, save_steps: int, worst: bool) -> None:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="samai-incident-") as tmp:
-        os.environ["HOME"] = tmp  # the watcher's key, state and audit log, and ours: not the user's
-        for name in ("XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
-            os.environ.pop(name, None)
+        home_in(tmp)
         ws = Path(tmp, "ws")
         box = await fetched_workspace(ws, venv, source)
         path = Path(tmp, "samai.toml")
@@ -107,7 +99,7 @@ async def main(venv: Path | None, source: Path | None, kills: int, interval: flo
         threading.Thread(target=lambda: said.extend(watcher.stdout or ()), daemon=True).start()
         rows: list[tuple[int, float, float]] = []  # (step killed after, to the message, to the first step)
         try:
-            actions = Actions(box, cfg, AuditLog(audit_log()), readonly=False, confirm=confirmed)
+            actions = confirming_actions(box, cfg)
             if not (fired := await actions.fire("train")).ok:
                 raise SystemExit(f"train refused: {fired.message}")
             last_killed = 0

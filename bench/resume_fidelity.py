@@ -34,12 +34,19 @@ from pathlib import Path
 
 from harness import argument_parser
 from populated import run
-from tiny_training import fetched_workspace, losses, newest_history, points, tiny_config, train_command, trainer_pid
+from tiny_training import (
+    confirming_actions,
+    fetched_workspace,
+    home_in,
+    losses,
+    newest_history,
+    points,
+    tiny_config,
+    train_command,
+    trainer_pid,
+)
 
-from samai.console.core.actions import ActionPlan, Actions, Decision
-from samai.console.core.audit import AuditLog
 from samai.console.core.config import Config
-from samai.console.core.paths import audit_log
 from samai.console.core.training.fidelity import first_divergence
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
@@ -47,9 +54,6 @@ from samai.remote.model import StageRecord
 
 TARGET = 1e-5
 
-
-async def confirmed(plan: ActionPlan) -> Decision:
-    return Decision.confirmed(plan, "bench")
 
 
 async def ended(box: Box, not_fired_at: float | None) -> StageRecord:
@@ -67,7 +71,7 @@ async def killed_and_resumed(ws: Path, cfg: Config, kill_at: int) -> tuple[int, 
     box = Box(LocalTransport(), str(ws), python=sys.executable)
     log = ws / cfg.stage("train").log
     try:
-        actions = Actions(box, cfg, AuditLog(audit_log()), readonly=False, confirm=confirmed)
+        actions = confirming_actions(box, cfg)
         fired = await actions.fire("train")
         if not fired.ok:
             raise SystemExit(f"train refused: {fired.message}")
@@ -145,9 +149,7 @@ async def scenario(folder: Path, venv: Path | None, source: Path | None, max_ste
 async def main(venv: Path | None, source: Path | None, max_steps: int, save_steps: list[int]) -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="samai-fidelity-") as tmp:
-        os.environ["HOME"] = tmp  # the resumes' audit log, the console's state: not the user's
-        for name in ("XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
-            os.environ.pop(name, None)
+        home_in(tmp)
         largest = [await scenario(Path(tmp), venv, source, max_steps, s) for s in save_steps]
     print(f"\nlargest relative difference over {len(save_steps)} resumes: {max(largest):.2e} "
           f"(target <= {TARGET:g}: {'met' if max(largest) <= TARGET else 'NOT met'}); "

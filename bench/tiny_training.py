@@ -9,6 +9,7 @@ base, once: --source hands it one already made, as tests/provisioned.py does).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from dataclasses import replace
@@ -17,11 +18,30 @@ from pathlib import Path
 from populated import run
 
 from samai.console.core import config
+from samai.console.core.actions import ActionPlan, Actions, Decision
+from samai.console.core.audit import AuditLog
+from samai.console.core.paths import audit_log
 from samai.console.core.training.trainlog import TrainPoint, check_trainlog, parse_trainer_state
 from samai.remote.boxapi import Box
 from samai.remote.local import LocalTransport
 
 CHECKPOINTS = "runs/train/checkpoints"
+
+
+def home_in(folder: str) -> None:
+    """HOME (the console's state, audit log and watcher key) in folder: never the user's."""
+    os.environ["HOME"] = folder
+    for name in ("XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
+        os.environ.pop(name, None)
+
+
+def confirming_actions(box: Box, cfg: config.Config) -> Actions:
+    """The action layer as `x` and the watcher use it, every plan confirmed (and audited) by the bench."""
+
+    async def confirmed(plan: ActionPlan) -> Decision:
+        return Decision.confirmed(plan, "bench")
+
+    return Actions(box, cfg, AuditLog(audit_log()), readonly=False, confirm=confirmed)
 
 
 def train_command(max_steps: int, save_steps: int, keep: int = 3) -> str:
@@ -32,7 +52,7 @@ def train_command(max_steps: int, save_steps: int, keep: int = 3) -> str:
 def tiny_config(ws: Path, train: str, port: int = 18080) -> config.Config:
     """The built-in tiny pipeline on ws, its train stage running `train`."""
     cfg = config.load_builtin("tiny")
-    stages = tuple(replace(s, command=train) if s.name == "train" else
+    stages = tuple(replace(s, command=train) if s.role.trains else
                    replace(s, command=s.command.replace("18080", str(port)), ports=(port,) if s.ports else ())
                    for s in cfg.stages)
     return replace(cfg, workspace=str(ws), stages=stages)
